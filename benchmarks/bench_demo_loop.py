@@ -1,0 +1,99 @@
+"""Is the demo's training loop as fast as a bare loop over the same model? And how much memory does it use?
+
+Runs, each in a fresh process so peak memory is the run's own:
+  plain:    a minimal hand-written loop (random tokens, one AdamW, bf16 autocast, no data loader, no
+            logging, no validation) over the demo model — the "plain 4-layer, 256-wide GPT" reference;
+  plain-muon: the same minimal loop but with the demo's Muon + Adam optimizers;
+  demo:     `speedrun train` on the demo recipe, short (train.steps=N, no validation until the end).
+Prints tokens/s of each, the demo/plain-muon ratio (1.0 = no loop overhead) and the demo's peak RSS.
+
+    python benchmarks/bench_demo_loop.py --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _plain(steps: int, warmup: int, optimizer: str) -> dict:
+    import torch
+
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes import load_recipe
+    from speedrun.train.optimizers import build_optimizers
+
+    cfg = load_recipe("demo", [f"optim.name={optimizer}"])
+    t = cfg.train
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opts = build_optimizers(model, cfg)
+    B = t.micro_batch_tokens // t.seq_len
+    x = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
+    y = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
+    elapsed = 0.0
+    for step in range(steps + warmup):
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, y)
+        loss.backward()
+        for opt in opts:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        if step >= warmup:
+            elapsed += time.perf_counter() - start
+    return {"tokens_per_s": steps * t.micro_batch_tokens / elapsed, "peak_rss_mib": _rss_mib()}
+
+
+def _demo(steps: int, warmup: int) -> dict:
+    from speedrun.recipes import load_recipe
+    from speedrun.train.loop import train
+
+    cfg = load_recipe(
+        "demo", [f"train.steps={steps + warmup}", f"train.timing_warmup_steps={warmup}", "train.val_every=0",
+                 "train.warmdown_steps=0", "train.log_every=1000000"]
+    )
+    with tempfile.TemporaryDirectory() as out:
+        summary = train(cfg, Path(out) / "run")
+    return {"tokens_per_s": summary["tokens_per_s"], "peak_rss_mib": _rss_mib(),
+            "final_val_loss": summary["final_val_loss"]}
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--child", choices=["plain", "plain-muon", "demo"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        if args.child == "demo":
+            result = _demo(args.steps, args.warmup)
+        else:
+            result = _plain(args.steps, args.warmup, "adamw" if args.child == "plain" else "muon")
+        print("RESULT " + json.dumps(result))
+        return
+    results = {}
+    for kind in ("plain", "plain-muon", "demo"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", kind, "--steps", str(args.steps), "--warmup", str(args.warmup)],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        results[kind] = json.loads(out.split("RESULT ", 1)[1])
+        print(f"{kind:<11} {results[kind]['tokens_per_s']:>9,.0f} tok/s  peak RSS {results[kind]['peak_rss_mib']:,.0f} MiB",
+              flush=True)
+    ratio = results["demo"]["tokens_per_s"] / results["plain-muon"]["tokens_per_s"]
+    print(f"demo loop / plain loop (same model and optimizers): {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

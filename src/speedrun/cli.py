@@ -1,0 +1,94 @@
+"""Command line: `speedrun train | prepare | recipes`. User mistakes end in one stderr line, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from speedrun.errors import ConfigError, SpeedrunError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, instead of usage + error
+        raise ConfigError(f"{self.prog}: {message} (see --help)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="speedrun", description="Train GPT-2-class models fast: the NanoGPT speedrun as a package.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train a recipe (default: the CPU demo)")
+    train.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
+    train.add_argument("--out", type=Path, default=None, help="run directory (default runs/<recipe>-<time>)")
+    train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
+    train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
+    train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50")
+
+    prep = sub.add_parser("prepare", help="build token shards from a text source")
+    prep.add_argument("source", help="wiki-vital | text:PATH | fineweb10B[:N]")
+    prep.add_argument("--tokenizer", default="gpt2", help="gpt2 | bpe:N (default gpt2)")
+    prep.add_argument("--data-dir", type=Path, default=None, help="output folder (default data/<source>)")
+
+    recipes = sub.add_parser("recipes", help="list the bundled recipes")
+    recipes.add_argument("name", nargs="?", help="show one recipe's resolved config")
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from speedrun.recipes import load_recipe
+
+    if args.resume is not None:
+        raise ConfigError("--resume is not available yet: checkpointing lands with the reliability work")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if args.dry_run:
+        from speedrun.model.gpt import GPT
+        from speedrun.model.summary import model_summary
+
+        import torch
+
+        print(json.dumps(cfg.to_dict(), indent=2))
+        with torch.device("meta"):  # counts and shapes only: no memory, no init time
+            model = GPT(cfg.model)
+        print(model_summary(model, cfg.train.seq_len))
+        return 0
+    from speedrun.train.loop import train
+
+    train(cfg, args.out)
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from speedrun.data.prepare import prepare
+
+    path = prepare(args.source, args.tokenizer, args.data_dir)
+    print(f"prepared {args.source} in {path}")
+    return 0
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from speedrun.recipes import load_recipe, recipe_names
+
+    if args.name:
+        print(json.dumps(load_recipe(args.name).to_dict(), indent=2))
+        return 0
+    for name in recipe_names():
+        desc = " ".join(load_recipe(name).description.split())
+        print(f"{name:<18} {desc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv or ["train"])
+        handler = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes}[args.command]
+        return handler(args)
+    except SpeedrunError as e:
+        print(f"speedrun: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("speedrun: interrupted", file=sys.stderr)
+        return 130

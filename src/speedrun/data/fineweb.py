@@ -1,0 +1,112 @@
+"""`speedrun prepare fineweb10B[:N]`: fetch modded-nanogpt's pre-tokenized GPT-2 FineWeb shards.
+
+The one place that uses the network. Files come from the Hugging Face dataset repo (default
+`kjj0/fineweb10B-gpt2`: `fineweb_val_000000.bin` plus `fineweb_train_000001.bin` ...), each is
+validated (header, body length, ids < 50,257) before `meta.json` is written, and `meta.json` is
+written last, so an interrupted download never looks complete; running it again resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from speedrun.data.prepare import META_FILE, META_FORMAT, META_VERSION, write_json_atomic
+from speedrun.data.shards import open_shard
+from speedrun.data.tokenizers import gpt2_tokenizer
+from speedrun.errors import ConfigError, DataError
+
+DEFAULT_REPO = "kjj0/fineweb10B-gpt2"
+VAL_FILE = "fineweb_val_000000.bin"
+
+
+def fineweb_file_names(num_train_shards: int) -> list[str]:
+    """The val shard, then train shards 1..N (modded-nanogpt's numbering: shard 0 is val)."""
+    return [VAL_FILE] + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train_shards + 1)]
+
+
+def _fetch(repo_id: str, name: str, data_dir: Path, endpoint: str | None) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(
+            repo_id=repo_id, filename=name, repo_type="dataset", local_dir=data_dir, endpoint=endpoint
+        )
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # network, HTTP status, missing file, disk: all end the same way for the user
+        root = e.__cause__ or e  # "not in local cache" wraps the real reason (HTTP 500, refused, ...)
+        first_line = (str(root).strip().splitlines() or [""])[0]
+        where = endpoint or "the Hugging Face Hub"
+        raise DataError(
+            f"cannot download {name} from dataset {repo_id} on {where}: {type(root).__name__}: {first_line}"
+        ) from None
+    return Path(path)
+
+
+def _scan(path: Path, vocab_size: int, eot_id: int) -> tuple[int, int]:
+    """Validate a shard fully (header, length, id range) and count its documents (eot tokens)."""
+    try:
+        tokens = open_shard(path, vocab_size=vocab_size)
+    except DataError:
+        path.unlink(missing_ok=True)  # a corrupt file would otherwise be trusted on the next run
+        raise
+    block = 1 << 24
+    docs = sum(int(np.count_nonzero(tokens[i : i + block] == eot_id)) for i in range(0, len(tokens), block))
+    return len(tokens), docs
+
+
+def download_fineweb(
+    num_train_shards: int,
+    data_dir: Path,
+    repo_id: str = DEFAULT_REPO,
+    log: Callable[[str], object] = print,
+    endpoint: str | None = None,
+) -> Path:
+    """Download, validate and describe (meta.json) `num_train_shards` train shards plus the val shard.
+
+    `endpoint` overrides the Hub address (the HF_ENDPOINT environment variable works too)."""
+    if num_train_shards < 1:
+        raise ConfigError(f"fineweb10B:N needs N >= 1 train shards, got {num_train_shards}")
+    data_dir = Path(data_dir)
+    meta_path = data_dir / META_FILE
+    if meta_path.is_file():
+        try:
+            old_source = str(json.loads(meta_path.read_text()).get("source", ""))
+        except (OSError, ValueError, AttributeError):
+            old_source = ""
+        if not old_source.startswith("fineweb10B"):
+            raise DataError(f"{meta_path}: folder holds other prepared data; choose another --data-dir")
+        meta_path.unlink()  # the folder is not complete again until the new meta.json is written
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    tok = gpt2_tokenizer()
+    splits: dict[str, dict] = {s: {"tokens": 0, "documents": 0, "shards": []} for s in ("val", "train")}
+    for name in fineweb_file_names(num_train_shards):
+        log(f"fineweb: {name}")
+        path = _fetch(repo_id, name, data_dir, endpoint)
+        tokens, docs = _scan(path, tok.vocab_size, tok.eot_id)
+        if path.resolve() != (data_dir / name).resolve():
+            raise DataError(f"{path}: downloaded to an unexpected place (expected {data_dir / name})")
+        entry = splits["val" if name == VAL_FILE else "train"]
+        entry["tokens"] += tokens
+        entry["documents"] += docs
+        entry["shards"].append(name)
+    meta = {
+        "format": META_FORMAT,
+        "version": META_VERSION,
+        "source": f"fineweb10B:{num_train_shards}",
+        "repo_id": repo_id,
+        "tokenizer": tok.name,
+        "tokenizer_hash": tok.hash,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "splits": splits,
+    }
+    write_json_atomic(meta_path, meta)
+    train, val = splits["train"]["tokens"], splits["val"]["tokens"]
+    log(f"fineweb: {train:,} train and {val:,} val tokens in {data_dir}")
+    return data_dir

@@ -1,0 +1,381 @@
+"""The distributed token loader: every optimizer step sees the same tokens on 1, 2 or 8 processes.
+
+A step consumes one global batch of `global_batch_tokens` tokens, cut into `n = global / micro`
+chunks of `micro_batch_tokens` (+1 token for the shifted targets), in stream order. Rank r's k-th
+micro-step of a step gets chunk `k * world_size + r`, so one process calling `next_batch()`
+`accumulation_steps` times reads exactly the chunks that W processes read together in one step.
+
+Where the chunks lie is decided per *global* batch from the stream alone (never from the rank or the
+world size): when the global batch does not fit in the rest of a shard, the step moves to the start of
+the next shard (and, with `loop=True`, from the last shard back to the first). With `align_to_bos`,
+chunk j starts at the first BOS token at or after the end of chunk j-1's inputs. Each rank then reads
+only its own `micro + 1` tokens from a memory map.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from threading import Lock
+
+import numpy as np
+import torch
+
+from speedrun.data.shards import open_shard, read_header
+from speedrun.errors import ConfigError, DataError
+
+_SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
+
+
+@dataclass(frozen=True)
+class _Step:
+    """Where one global batch lies: shard index, the cursor it was planned from, chunk starts."""
+
+    shard: int
+    pos: int
+    starts: np.ndarray
+    end: int
+    wraps: int
+
+
+def _check_batch_shape(micro_batch_tokens: int, seq_len: int) -> None:
+    if seq_len < 1 or micro_batch_tokens < 1:
+        raise ConfigError(
+            f"seq_len ({seq_len}) and micro_batch_tokens ({micro_batch_tokens}) must be positive"
+        )
+    if micro_batch_tokens % seq_len:
+        raise ConfigError(f"micro_batch_tokens {micro_batch_tokens} is not a multiple of seq_len {seq_len}")
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
+
+
+def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Path, start: int):
+    """inputs/targets (B, T) int64 host tensors from `micro + 1` tokens, ids range-checked."""
+    if vocab_size is not None and chunk.size and int(chunk.max()) >= vocab_size:
+        bad = int(chunk.max())
+        where = start + int(np.argmax(chunk >= vocab_size))
+        raise DataError(
+            f"{path}: token id {bad} at position {where} is out of range for vocab_size {vocab_size}"
+        )
+    x = torch.from_numpy(chunk[:-1].astype(np.int64)).view(-1, seq_len)
+    y = torch.from_numpy(chunk[1:].astype(np.int64)).view(-1, seq_len)
+    return x, y
+
+
+class _DeviceFeed:
+    """Host -> device transfer: on CUDA through pinned buffers and non-blocking copies (a buffer is
+    reused only after the event recorded behind its last copy has completed)."""
+
+    def __init__(self, device: torch.device, shape: tuple[int, int], slots: int = 3):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._slots = []
+        if self.cuda:
+            for _ in range(slots):
+                pair = tuple(torch.empty(shape, dtype=torch.int64).pin_memory() for _ in range(2))
+                self._slots.append([pair, None])
+        self._next = 0
+
+    def claim(self) -> int:
+        slot = self._next
+        self._next = (self._next + 1) % max(1, len(self._slots))
+        return slot
+
+    def stage(self, slot: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy into the pinned slot (worker thread); a no-op off CUDA."""
+        if not self.cuda:
+            return x, y
+        (hx, hy), event = self._slots[slot]
+        if event is not None:
+            event.synchronize()
+        hx.copy_(x)
+        hy.copy_(y)
+        return hx, hy
+
+    def send(self, slot: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Issue the device copies (calling thread's stream)."""
+        if not self.cuda:
+            return (x, y) if self.device.type == "cpu" else (x.to(self.device), y.to(self.device))
+        dx, dy = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        self._slots[slot][1] = event
+        return dx, dy
+
+
+class TokenLoader:
+    """World-size-invariant training batches from `.bin` shards (see the module docstring)."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        global_batch_tokens: int,
+        micro_batch_tokens: int,
+        seq_len: int,
+        rank: int = 0,
+        world_size: int = 1,
+        align_to_bos: bool = False,
+        bos_id: int | None = None,
+        vocab_size: int | None = None,
+        device: str | torch.device = "cpu",
+        loop: bool = True,
+        prefetch: bool | None = None,
+    ):
+        _check_batch_shape(micro_batch_tokens, seq_len)
+        _check_rank(rank, world_size)
+        if global_batch_tokens < 1 or global_batch_tokens % (world_size * micro_batch_tokens):
+            raise ConfigError(
+                f"global_batch_tokens {global_batch_tokens} is not a multiple of world_size {world_size} "
+                f"x micro_batch_tokens {micro_batch_tokens} = {world_size * micro_batch_tokens}"
+            )
+        if align_to_bos and bos_id is None:
+            raise ConfigError("align_to_bos needs bos_id (the end-of-text token that starts every document)")
+        self.files = [Path(f) for f in files]
+        if not self.files:
+            raise DataError("no shard files given to the loader")
+        self.global_batch_tokens = global_batch_tokens
+        self.micro_batch_tokens = micro_batch_tokens
+        self.seq_len = seq_len
+        self.rank, self.world_size = rank, world_size
+        self.align_to_bos, self.bos_id = align_to_bos, bos_id
+        self.vocab_size = vocab_size
+        self.loop = loop
+        self.accumulation_steps = global_batch_tokens // (world_size * micro_batch_tokens)
+        self.n_chunks = global_batch_tokens // micro_batch_tokens
+        self.last_wait_s = 0.0
+        self._lengths = [read_header(f) for f in self.files]
+        self._maps: dict[int, np.ndarray] = {}
+        self._bos: tuple[int, np.ndarray] | None = None
+        self._plan_cache: _Step | None = None
+        self._lock = Lock()  # the prefetch thread and the caller share the caches above
+        # State = where the next micro-batch of this rank comes from; only ever advanced by next_batch.
+        self._shard, self._pos, self._micro, self._epoch = 0, 0, 0, 0
+        self._plan(0, 0, loop=True)  # fail now, not mid-training, when no shard can fill a global batch
+        self.device = torch.device(device)
+        self._feed = _DeviceFeed(self.device, (micro_batch_tokens // seq_len, seq_len))
+        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
+        )
+        self._future: Future | None = None
+
+    # ------------------------------------------------------------------------------ planning
+    def _tokens(self, i: int) -> np.ndarray:
+        if i not in self._maps:
+            self._maps[i] = open_shard(self.files[i])
+        return self._maps[i]
+
+    def _bos_positions(self, i: int) -> np.ndarray:
+        """Sorted BOS positions of shard i, scanned in blocks (only the positions are kept)."""
+        if self._bos is None or self._bos[0] != i:
+            tokens = self._tokens(i)
+            parts = [
+                np.flatnonzero(tokens[s : s + _SCAN_BLOCK] == self.bos_id) + s
+                for s in range(0, len(tokens), _SCAN_BLOCK)
+            ]
+            self._bos = (i, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+        return self._bos[1]
+
+    def _starts_in(self, i: int, pos: int) -> tuple[np.ndarray, int] | None:
+        """Chunk starts and end cursor of a global batch planned from `pos` in shard i, or None."""
+        m, length = self.micro_batch_tokens, self._lengths[i]
+        if not self.align_to_bos:
+            if pos + self.global_batch_tokens + 1 > length:
+                return None
+            return pos + m * np.arange(self.n_chunks, dtype=np.int64), pos + self.global_batch_tokens
+        bos = self._bos_positions(i)
+        starts = np.empty(self.n_chunks, dtype=np.int64)
+        cursor = pos
+        for j in range(self.n_chunks):
+            k = int(np.searchsorted(bos, cursor, side="left"))
+            if k == len(bos) or int(bos[k]) + m + 1 > length:
+                return None
+            starts[j] = int(bos[k])
+            cursor = starts[j] + m
+        return starts, int(cursor)
+
+    def _plan(self, shard: int, pos: int, loop: bool | None = None) -> _Step:
+        """The global batch at cursor (shard, pos), moving on shard by shard until one fits."""
+        loop = self.loop if loop is None else loop
+        cached = self._plan_cache
+        if cached is not None and (cached.shard, cached.pos) == (shard, pos):
+            return cached
+        i, p, wraps = shard, pos, 0
+        for _ in range(len(self.files) + 1):
+            found = self._starts_in(i, p)
+            if found is not None:
+                # Cached under the cursor where it was found (wraps 0 from there): the later
+                # micro-steps of this step look it up with that cursor.
+                self._plan_cache = _Step(i, p, found[0], found[1], 0)
+                return replace(self._plan_cache, wraps=wraps)
+            i, p = i + 1, 0
+            if i == len(self.files):
+                if not loop:
+                    raise DataError(
+                        f"training data exhausted after {len(self.files)} shard(s) "
+                        f"({self.files[0].parent}); use loop=True or more data"
+                    )
+                i, wraps = 0, wraps + 1
+        need = f"{self.global_batch_tokens} + 1 tokens" + (
+            f" in {self.n_chunks} chunks that start with bos_id {self.bos_id}" if self.align_to_bos else ""
+        )
+        raise DataError(
+            f"{self.files[0].parent}: too little data: no shard can fill one global batch of {need} "
+            f"(largest shard has {max(self._lengths)} tokens, {len(self.files)} shard(s))"
+        )
+
+    def _produce(self, state: tuple[int, int, int, int], slot: int):
+        """Read this rank's micro-batch at `state`; return host tensors and the following state."""
+        shard, pos, micro, epoch = state
+        with self._lock:
+            step = self._plan(shard, pos)
+            start = int(step.starts[micro * self.world_size + self.rank])
+            chunk = np.asarray(self._tokens(step.shard)[start : start + self.micro_batch_tokens + 1])
+        x, y = _to_batch(chunk, self.seq_len, self.vocab_size, self.files[step.shard], start)
+        x, y = self._feed.stage(slot, x, y)
+        epoch += step.wraps
+        if micro + 1 < self.accumulation_steps:
+            nxt = (step.shard, step.pos, micro + 1, epoch)
+        else:
+            nxt = (step.shard, step.end, 0, epoch)
+        return x, y, nxt
+
+    # ------------------------------------------------------------------------------ public
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's next micro-batch: inputs and targets, int64, shape (B, T)."""
+        t0 = time.perf_counter()
+        state = (self._shard, self._pos, self._micro, self._epoch)
+        if self._future is not None:
+            future, self._future = self._future, None
+            x, y, nxt, slot = future.result()
+        else:
+            slot = self._feed.claim()
+            x, y, nxt = self._produce(state, slot)
+        self.last_wait_s = time.perf_counter() - t0
+        self._shard, self._pos, self._micro, self._epoch = nxt
+        if self._executor is not None:
+            next_slot = self._feed.claim()
+            self._future = self._executor.submit(lambda: (*self._produce(nxt, next_slot), next_slot))
+        return self._feed.send(slot, x, y)
+
+    @property
+    def epoch(self) -> int:
+        """How many times the loader has wrapped around to the first shard."""
+        return self._epoch
+
+    def state_dict(self) -> dict:
+        """Position of the next micro-batch. At a step boundary (micro_step 0) it is independent of
+        rank and world size, so a run may resume on a different number of processes."""
+        return {
+            "version": 1,
+            "files": [f.name for f in self.files],
+            "shard": self._shard,
+            "pos": self._pos,
+            "micro_step": self._micro,
+            "epoch": self._epoch,
+            "world_size": self.world_size,
+            "global_batch_tokens": self.global_batch_tokens,
+            "micro_batch_tokens": self.micro_batch_tokens,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume exactly where `state_dict()` was taken."""
+        if state.get("files") != [f.name for f in self.files]:
+            raise DataError(
+                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
+            )
+        same_split = all(
+            state.get(k) == getattr(self, k)
+            for k in ("world_size", "global_batch_tokens", "micro_batch_tokens")
+        )
+        if state["micro_step"] != 0 and not same_split:
+            raise ConfigError(
+                "loader state taken mid-step can only resume with the same world size and batch sizes"
+            )
+        if (
+            not 0 <= state["shard"] < len(self.files)
+            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
+        ):
+            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
+        self._drain()
+        self._shard, self._pos = int(state["shard"]), int(state["pos"])
+        self._micro, self._epoch = int(state["micro_step"]), int(state.get("epoch", 0))
+
+    def _drain(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+            try:
+                self._future.result()
+            except Exception:  # the prefetched batch is discarded, and so is its error
+                pass
+            self._future = None
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        self._drain()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+def val_batches(
+    files: list[Path],
+    val_tokens: int,
+    micro_batch_tokens: int,
+    seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+    vocab_size: int | None = None,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The first `val_tokens` tokens of the val shards (not aligned), as chunks `k * W + r` for rank r,
+    so the summed loss over all ranks is the same for every world size. Checks run at call time."""
+    _check_batch_shape(micro_batch_tokens, seq_len)
+    _check_rank(rank, world_size)
+    per_round = world_size * micro_batch_tokens
+    if val_tokens < 1 or val_tokens % per_round:
+        raise ConfigError(
+            f"val_tokens {val_tokens} is not a positive multiple of world_size {world_size} "
+            f"x micro_batch_tokens {micro_batch_tokens} = {per_round}"
+        )
+    files = [Path(f) for f in files]
+    if not files:
+        raise DataError("no validation shard files given")
+    lengths = [read_header(f) for f in files]
+    if sum(lengths) < val_tokens + 1:
+        raise DataError(
+            f"{files[0].parent}: val shards hold {sum(lengths)} tokens, "
+            f"fewer than val_tokens {val_tokens} + 1"
+        )
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    maps: dict[int, np.ndarray] = {}
+    feed = _DeviceFeed(torch.device(device), (micro_batch_tokens // seq_len, seq_len), slots=2)
+
+    def read(a: int, b: int) -> tuple[np.ndarray, Path, int]:
+        """Tokens [a, b) of the concatenated val stream (a chunk may straddle two shards)."""
+        parts, first = [], int(np.searchsorted(offsets, a, side="right") - 1)
+        for i in range(first, len(files)):
+            lo, hi = max(a, offsets[i]) - offsets[i], min(b, offsets[i + 1]) - offsets[i]
+            if hi > lo:
+                if i not in maps:
+                    maps[i] = open_shard(files[i])
+                parts.append(np.asarray(maps[i][lo:hi]))
+            if offsets[i + 1] >= b:
+                break
+        return np.concatenate(parts), files[first], int(a - offsets[first])
+
+    def generate() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for k in range(val_tokens // per_round):
+            a = (k * world_size + rank) * micro_batch_tokens
+            chunk, path, where = read(a, a + micro_batch_tokens + 1)
+            slot = feed.claim()
+            x, y = feed.stage(slot, *_to_batch(chunk, seq_len, vocab_size, path, where))
+            yield feed.send(slot, x, y)
+
+    return generate()

@@ -1,0 +1,135 @@
+"""The `.bin` token shard format, byte-compatible with modded-nanogpt / llm.c files.
+
+Layout: a header of 256 little-endian int32 (magic 20240520, version 1, token count, zeros), then the
+tokens as little-endian uint16. uint16 is why vocabularies above 65,535 are refused at write time:
+silently truncating ids would corrupt the data, and a wider body needs a new version number.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from speedrun.errors import DataError
+
+MAGIC = 20240520
+VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+MAX_TOKEN_ID = np.iinfo(np.uint16).max  # 65,535: the largest id version 1 can store
+_TOKEN_DTYPE = np.dtype("<u2")
+SCAN_BLOCK = 1 << 24  # tokens per block when scanning a memmap, to bound temporary memory
+
+
+def write_shard(path: Path, tokens: np.ndarray) -> None:
+    """Write `tokens` as a shard atomically (temporary name, fsync, rename) so a crash never leaves
+    a file under the final name that looks valid but is cut short."""
+    path = Path(path)
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise DataError(f"{path}: tokens must be a 1-D array, got shape {tokens.shape}")
+    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
+        raise DataError(f"{path}: tokens must be integers, got dtype {tokens.dtype}")
+    if tokens.size:
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi > MAX_TOKEN_ID:
+            bad = hi if hi > MAX_TOKEN_ID else lo
+            raise DataError(
+                f"{path}: token id {bad} does not fit shard version {VERSION} "
+                f"(uint16, ids 0..{MAX_TOKEN_ID}); vocabularies above 65,535 need a new shard version"
+            )
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
+    body = tokens.astype(_TOKEN_DTYPE, copy=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; shards are ordinary readable data
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.tobytes())
+            f.write(body.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_header(path: Path) -> int:
+    """Validate a shard's header and body length and return its token count.
+
+    Checking the body length catches truncated downloads and interrupted copies, which would
+    otherwise be read as garbage tokens or crash deep inside training."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise DataError(f"{path}: shard file not found") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read shard: {e.strerror or e}") from None
+    if len(raw) < HEADER_BYTES:
+        raise DataError(f"{path}: file is {size} bytes, shorter than the {HEADER_BYTES}-byte shard header")
+    header = np.frombuffer(raw, dtype="<i4")
+    if int(header[0]) != MAGIC:
+        raise DataError(f"{path}: bad magic number {int(header[0])} (expected {MAGIC}); not a token shard")
+    if int(header[1]) != VERSION:
+        raise DataError(f"{path}: unsupported shard version {int(header[1])} (expected {VERSION})")
+    count = int(header[2])
+    if count < 0:
+        raise DataError(f"{path}: negative token count {count} in header")
+    body = size - HEADER_BYTES
+    if body != 2 * count:
+        kind = "truncated" if body < 2 * count else "overlong"
+        raise DataError(
+            f"{path}: {kind} body: header says {count} tokens ({2 * count} bytes) but body has {body} bytes"
+        )
+    return count
+
+
+def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
+    """Map a validated shard's tokens read-only (no whole-file read); optionally check the ids fit
+    `vocab_size`, because an out-of-range id would otherwise crash (or silently misindex) the
+    embedding on the GPU."""
+    path = Path(path)
+    count = read_header(path)
+    if count == 0:
+        tokens = np.zeros(0, dtype=_TOKEN_DTYPE)
+    else:
+        tokens = np.memmap(path, dtype=_TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+    if vocab_size is not None:
+        check_token_range(tokens, vocab_size, path)
+    return tokens
+
+
+def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: int = 0) -> None:
+    """Raise a DataError naming the file and the id when any token is >= vocab_size.
+
+    Scans in blocks so a 100 M-token memmap is never materialized as one temporary array."""
+    for start in range(0, len(tokens), SCAN_BLOCK):
+        part = tokens[start : start + SCAN_BLOCK]
+        hi = int(part.max())
+        if hi >= vocab_size:
+            where = offset + start + int(np.argmax(part >= vocab_size))
+            raise DataError(
+                f"{path}: token id {hi} is out of range for vocab_size {vocab_size} "
+                f"(first bad token at {where})"
+            )
+
+
+def find_shards(data_dir: Path, split: str) -> list[Path]:
+    """Sorted `*_{split}_*.bin` files in `data_dir` (matches modded-nanogpt's `fineweb_train_000001.bin`)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(
+            f"{data_dir}: data folder not found (run `speedrun prepare SOURCE --data-dir {data_dir}`)"
+        )
+    files = sorted(p for p in data_dir.glob(f"*_{split}_*.bin") if p.is_file())
+    if not files:
+        raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin) found")
+    return files

@@ -1,0 +1,64 @@
+"""Named recipes: one TOML file per milestone of the record history, loaded into a typed Config.
+
+A recipe file may start from another with `base = "<name or path>"`; user files work the same way.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from speedrun.config import Config, apply_table, parse_overrides, read_toml, validate
+from speedrun.errors import ConfigError
+
+DEFAULT_RECIPE = "demo"
+
+
+def _recipe_dir() -> Path:
+    return Path(str(resources.files("speedrun.recipes")))
+
+
+def recipe_names() -> list[str]:
+    """Names of the bundled recipes, sorted."""
+    return sorted(p.stem for p in _recipe_dir().glob("*.toml"))
+
+
+def _resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"recipe file not found: {path}")
+        return path
+    bundled = _recipe_dir() / f"{name_or_path}.toml"
+    if not bundled.is_file():
+        raise ConfigError(f"unknown recipe '{name_or_path}' (known: {', '.join(recipe_names())})")
+    return bundled
+
+
+def _apply_file(cfg: Config, path: Path, seen: tuple[Path, ...]) -> None:
+    if path.resolve() in seen:
+        raise ConfigError(f"recipe {path} inherits from itself")
+    table = read_toml(path)
+    base = table.get("base")
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: base must be a recipe name or path, got {base!r}")
+        base_path = _resolve(base) if not (path.parent / base).is_file() else path.parent / base
+        _apply_file(cfg, base_path, (*seen, path.resolve()))
+    apply_table(cfg, table, str(path))
+
+
+def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None = None) -> Config:
+    """Build the resolved Config of a bundled recipe name or a TOML file, then apply key=value overrides."""
+    path = _resolve(name_or_path)
+    cfg = Config(recipe=path.stem)
+    _apply_file(cfg, path, ())
+    cfg.recipe = path.stem
+    parse_overrides(cfg, overrides or [])
+    validate(cfg)
+    return cfg
+
+
+def describe(name: str) -> str:
+    """First sentence-ish of a recipe's description, for `speedrun recipes`."""
+    return load_recipe(name).description

@@ -1,0 +1,97 @@
+"""Recipes resolve to typed configs; overrides are type-checked; parameter counts match the records."""
+
+import pytest
+import torch
+
+from speedrun.config import Config, parse_overrides
+from speedrun.errors import ConfigError
+from speedrun.model.gpt import GPT
+from speedrun.recipes import load_recipe, recipe_names
+
+FOUNDATION_RECIPES = ["demo", "demo-adamw", "gpt2-baseline", "muon-2024-10", "untied-2024-11"]
+
+
+def n_params(cfg: Config) -> int:
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_foundation_recipes_are_bundled_and_described():
+    names = recipe_names()
+    for name in FOUNDATION_RECIPES:
+        assert name in names
+        assert len(load_recipe(name).description) > 40
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, expected",
+    [
+        # llm.c GPT-2 124M: 124,439,808 with the 50,257 vocab; 124,475,904 padded to 50,304.
+        ("gpt2-baseline", ["model.pad_vocab_to=1"], 124_439_808),
+        ("gpt2-baseline", [], 124_475_904),
+        # 2024-10-10: 12 x (2304*768 + 768*768 + 2*768*3072) + 50,257*768 (tied, unpadded).
+        ("muon-2024-10", [], 12 * (2304 * 768 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768),
+        # 2024-11-03: same blocks + untied embedding and head of 50,304 rows each.
+        ("untied-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768),
+    ],
+)
+def test_parameter_counts(recipe, overrides, expected):
+    assert n_params(load_recipe(recipe, overrides)) == expected
+
+
+def test_overrides_are_typed():
+    cfg = load_recipe("demo", ["model.n_layer=2", "optim.betas=0.8,0.99", "train.compile=off", "model.bias=true"])
+    assert cfg.model.n_layer == 2 and cfg.optim.betas == (0.8, 0.99) and cfg.model.bias is True
+    assert cfg.train.compile == "off"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.n_layers=2", "unknown config key 'model.n_layers' (did you mean model.n_layer?)"),
+        ("model.n_layer=two", "model.n_layer: expected an integer"),
+        ("model.bias=maybe", "model.bias: expected true or false"),
+        ("optim.name=sgd", "optim.name: 'sgd' is not one of adamw, muon"),
+        ("optim.betas=0.9", "optim.betas: expected 2 comma-separated values"),
+        ("nosection=1", "unknown config key 'nosection'"),
+        ("justakey", "not of the form key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, fragment):
+    with pytest.raises(ConfigError, match=None) as info:
+        parse_overrides(Config(), [override])
+    assert fragment in str(info.value)
+
+
+def test_cross_field_validation():
+    with pytest.raises(ConfigError, match="multiple of train.seq_len"):
+        load_recipe("demo", ["train.micro_batch_tokens=1000"])
+    with pytest.raises(ConfigError, match="divisible by model.n_head"):
+        load_recipe("demo", ["model.n_head=3"])
+
+
+def test_unknown_recipe_lists_known_ones():
+    with pytest.raises(ConfigError, match="unknown recipe 'nope'.*demo"):
+        load_recipe("nope")
+
+
+def test_user_recipe_file_inherits_from_bundled(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('base = "demo"\ndescription = "mine"\n[model]\nn_layer = 2\n')
+    cfg = load_recipe(str(path))
+    assert cfg.recipe == "mine" and cfg.model.n_layer == 2
+    assert cfg.model.n_embd == load_recipe("demo").model.n_embd
+
+
+def test_user_recipe_file_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nwidth = 3\n")
+    with pytest.raises(ConfigError, match="unknown config key 'model.width'"):
+        load_recipe(str(bad))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[model\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_recipe(str(broken))
+    with pytest.raises(ConfigError, match="recipe file not found"):
+        load_recipe(str(tmp_path / "missing.toml"))
