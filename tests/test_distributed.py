@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import TINY, text_data  # noqa: F401  (shared tiny dataset fixture)
+from tests.conftest import TINY
 
 # fp32, so the only possible differences are floating-point rounding: DDP averages two half-batch
 # gradients as (g1 + g2) / 2, one process accumulates g1 / 2 + g2 / 2. Halving is exact in binary
@@ -28,7 +28,7 @@ def run(nproc: int, out: Path, data: Path, *extra: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
-def test_two_processes_match_one_process_with_accumulation(text_data, tmp_path, optimizer):  # noqa: F811
+def test_two_processes_match_one_process_with_accumulation(text_data, tmp_path, optimizer):
     one = run(1, tmp_path / "one", text_data, f"optim.name={optimizer}", "optim.lr=3e-3")
     two = run(2, tmp_path / "two", text_data, f"optim.name={optimizer}", "optim.lr=3e-3")
     # metrics.jsonl is written once, by rank 0: the same records, no duplicates

@@ -40,7 +40,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe
 
     if args.resume is not None:
-        raise ConfigError("--resume is not available yet: checkpointing lands with the reliability work")
+        return _resume(args)
     cfg = load_recipe(args.recipe, args.overrides)
     if args.dry_run:
         from speedrun.model.gpt import GPT
@@ -56,6 +56,36 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.train.loop import train
 
     train(cfg, args.out)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
+    from speedrun.config import RESUMABLE_CHANGES, changed_keys, config_from_dict, parse_overrides, validate
+    from speedrun.train.loop import train
+
+    run_dir = args.resume
+    try:
+        saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.json)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
+    old = config_from_dict(saved, str(run_dir / "config.json"))
+    cfg = config_from_dict(saved, str(run_dir / "config.json"))
+    parse_overrides(cfg, args.overrides)
+    validate(cfg)
+    for key, before, after in changed_keys(old, cfg):
+        if key not in RESUMABLE_CHANGES:
+            raise ConfigError(
+                f"cannot resume with {key} changed ({before!r} -> {after!r}); "
+                f"only {', '.join(k for k in RESUMABLE_CHANGES if k != 'description')} may change"
+            )
+        print(f"resume: {key} changed from {before!r} to {after!r}")
+    if args.dry_run:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    train(cfg, run_dir, resume=True)
     return 0
 
 

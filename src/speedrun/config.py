@@ -41,10 +41,31 @@ class ModelConfig:
     zero_init_proj: bool = False  # zero-init attention and MLP output projections
     zero_init_head: bool = False  # zero-init the (untied) lm_head
     init: str = "gpt2"  # "gpt2" (normal 0.02, residual projections scaled) | "torch" (PyTorch default)
+    #                     | "scaled-uniform" (uniform, std 0.5/sqrt(fan_in): Sub3Min)
     attn_residual_scale: bool = False  # scale attention output by 1/sqrt(2*n_layer) (2024-10-10)
     logit_softcap: float = 0.0  # tanh softcap value; 0 disables
     document_mask: bool = False  # attention never crosses end-of-text boundaries
     eot_id: int = 50256  # token that starts every document (used by document_mask)
+    # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt.py); every default = off ---
+    attention: str = "auto"  # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex
+    window: int = 0  # sliding window in tokens (final value when warmed up); 0 = unlimited
+    window_granularity: str = "token"  # token | block (Sub3Min: whole 128-token blocks enter/leave)
+    window_warmup: str = "none"  # none | floor (2024-11-24) | ceil (Sub3Min); see attention.window_tokens
+    window_warmup_start: int = 64  # s0 of the warmup formulas
+    window_unit: int = 64  # the window grows in multiples of this many tokens
+    window_pattern: str = ""  # per layer L (long) / S (short = half of long), e.g. LSSSLSSLSSSL; "" = all L
+    unet: bool = False  # U-Net skips: encoder layer i's output is added (learned weight) to layer L-1-i's input
+    x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
+    value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
+    value_embeds: str = "none"  # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2)
+    value_embed_tables: int = 3  # number of tables for value_embeds = "ends"
+    value_mix: str = "lerp"  # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5)
+    pad_embeddings: bool = True  # pad token/value embedding rows like the head (Sub3Min: only the head)
+    softcap_form: str = "tanh"  # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c)
+    attn_scale: float = 0.0  # attention logit scale; 0 = 1/sqrt(head_dim) (Sub3Min: 0.12)
+    rope_half_truncated: bool = False  # Sub3Min RoPE: head_dim/4 frequencies 1…1/1024, the rest unrotated
+    no_attention_layers: str = ""  # comma-separated layers that have only an MLP (Sub3Min: "7")
+    embed_dtype: str = "fp32"  # fp32 | bf16 (token/value embeddings stored in bf16, records from 11-08)
 
 
 @dataclass
@@ -103,6 +124,9 @@ class TrainConfig:
     compile: str = "auto"  # auto (on for CUDA only) | on | off
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 1337
+    checkpoint_every: int = 0  # save a checkpoint every N steps (0 = never, except as below)
+    checkpoint_at_end: bool = False  # save one after the last step
+    checkpoint_keep: int = 2  # keep the newest K checkpoints (0 = keep all)
 
 
 @dataclass
@@ -124,7 +148,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.positional": ("learned", "rotary"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.activation": ("gelu", "relu2"),
-    "model.init": ("gpt2", "torch"),
+    "model.init": ("gpt2", "torch", "scaled-uniform"),
+    "model.attention": ("auto", "sdpa", "flex"),
+    "model.window_granularity": ("token", "block"),
+    "model.window_warmup": ("none", "floor", "ceil"),
+    "model.value_embeds": ("none", "per-layer", "unet", "ends"),
+    "model.value_mix": ("lerp", "lambdas"),
+    "model.softcap_form": ("tanh", "sigmoid"),
+    "model.embed_dtype": ("fp32", "bf16"),
     "optim.name": ("adamw", "muon"),
     "optim.muon_backend": ("newton_schulz", "polar_express", "svd"),
     "optim.muon_shape_scale": ("ratio", "max_dim", "rms"),
@@ -245,6 +276,43 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
         set_value(cfg, key.strip(), value.strip())
 
 
+# Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
+RESUMABLE_CHANGES = (
+    "description",
+    "train.val_every",
+    "train.log_every",
+    "train.timing_warmup_steps",
+    "train.compile",
+    "train.device",
+    "train.checkpoint_every",
+    "train.checkpoint_at_end",
+    "train.checkpoint_keep",
+)
+
+
+def config_from_dict(data: dict[str, Any], origin: str) -> Config:
+    """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
+    cfg = Config()
+    apply_table(cfg, data, origin)
+    return cfg
+
+
+def changed_keys(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """(key, old value, new value) for every dotted key whose value differs."""
+    a, b = flatten(old.to_dict()), flatten(new.to_dict())
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -283,3 +351,40 @@ def validate(cfg: Config) -> None:
         )
     if m.tie_embeddings and m.zero_init_head:
         raise ConfigError("model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)")
+    _validate_model_switches(m)
+
+
+def _validate_model_switches(m: ModelConfig) -> None:
+    """Checks of the 2024-11 … 2025-01 architecture switches (model/gpt.py, model/attention.py)."""
+    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
+        raise ConfigError("model.window, model.window_unit and model.window_warmup_start must not be negative")
+    if m.window_warmup != "none" and m.window <= 0:
+        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
+    if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
+        raise ConfigError(
+            f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
+        )
+    if "S" in m.window_pattern and m.window <= 0:
+        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
+    try:
+        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
+    except ValueError:
+        raise ConfigError(
+            f"model.no_attention_layers: expected comma-separated layer numbers, got {m.no_attention_layers!r}"
+        ) from None
+    if any(not 0 <= i < m.n_layer for i in no_attn):
+        raise ConfigError(f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}")
+    if m.unet and m.n_layer < 2:
+        raise ConfigError("model.unet needs at least 2 layers")
+    if m.value_embeds == "unet" and m.n_layer % 2:
+        raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
+    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+        raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
+    if m.value_embeds != "none" and m.value_residual:
+        raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
+    if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
+        raise ConfigError("model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4")
+    if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
+        raise ConfigError("model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false")
+    if m.attn_scale < 0 or m.logit_softcap < 0:
+        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")

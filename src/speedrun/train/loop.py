@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,16 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from speedrun.config import Config
+from speedrun.config import RESUMABLE_CHANGES, Config, changed_keys, config_from_dict
 from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
 from speedrun.data.shards import find_shards
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.model.attention import window_tokens
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
+from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.optimizers import build_optimizers
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report, peak_memory_bytes
 from speedrun.train.schedule import lr_multiplier, muon_momentum
@@ -90,19 +94,86 @@ def evaluate(model, cfg: Config, val_files, token_bytes, ctx) -> tuple[float, fl
     return loss, bpb
 
 
+class RunInterrupted(SpeedrunError):
+    """SIGINT/SIGTERM: a checkpoint was saved at a step boundary; the run can be resumed."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+
+class StopSignals:
+    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary; a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:
+            os._exit(128 + signum)
+        self.received = signum
+
+    def install(self) -> StopSignals:
+        with contextlib.suppress(ValueError):  # signals can only be caught in the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def agreed(self, ctx: distributed.DistContext) -> int | None:
+        """The signal if any rank got one, so that every rank stops at the same step."""
+        if not ctx.distributed:
+            return self.received
+        flag = torch.tensor([self.received or 0], device=ctx.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return int(flag.item()) or None
+
+
+def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int, dict[str, Any]]:
+    """Load the newest checkpoint of `run_dir` into model/optimizers/loader; return (step, state)."""
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
+        raise DataError(f"no checkpoint in {run_dir} to resume from (enable train.checkpoint_every)")
+    state, saved = load_checkpoint(checkpoints[-1], model)
+    try:  # through the typed config, so fields added since the checkpoint compare as their defaults
+        saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
+    except ConfigError as e:
+        raise DataError(f"checkpoint {checkpoints[-1]} has an unusable config: {e}") from None
+    for key, before, after in changed_keys(saved_cfg, cfg):
+        if key not in RESUMABLE_CHANGES:
+            raise DataError(f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}")
+    if state["step"] >= cfg.train.steps:
+        raise DataError(f"run in {run_dir} already finished ({state['step']} of {cfg.train.steps} steps)")
+    for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
+        opt.load_state_dict(opt_state)
+    loader.load_state_dict(state["loader"])
+    torch.set_rng_state(state["rng"]["cpu"])
+    if torch.cuda.is_available() and state["rng"].get("cuda") is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"])
+    return state["step"], state
+
+
 def _fmt_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def train(cfg: Config, out_dir: Path | None = None) -> dict[str, Any]:
-    """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files."""
+def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
+    """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files.
+
+    With `resume`, `out_dir` is an existing run directory: training continues from its newest
+    checkpoint and produces the metrics the uninterrupted run would have.
+    """
     wall_start = time.perf_counter()
     t = cfg.train
     ctx = distributed.setup(t.device)
-    run = None
+    run, signals = None, StopSignals()
     try:
-        run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main)
+        run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         data_dir, meta = ensure_data(cfg, ctx, log=run.log)
@@ -136,9 +207,31 @@ def train(cfg: Config, out_dir: Path | None = None) -> dict[str, Any]:
             f"{t.steps} steps, device {ctx.device}, compile {use_compile}, dtype {t.dtype}"
         )
 
-        timed_s, timed_tokens, data_wait_s = 0.0, 0, 0.0
+        start_step, timed_s, timed_tokens, data_wait_s = 0, 0.0, 0, 0.0
+        if resume:
+            start_step, state = restore(run.path, cfg, model, optimizers, loader)
+            timed_s, timed_tokens, data_wait_s = state["timed_s"], state["timed_tokens"], state["data_wait_s"]
+            run.truncate_metrics(start_step)
+            run.log(f"resumed from checkpoint at step {start_step} in {run.path}")
+        untimed_until = start_step + t.timing_warmup_steps  # compile/warm-up again after a resume
+
+        def checkpoint(done_steps: int) -> Path | None:
+            state = {
+                "step": done_steps, "optimizers": [opt.state_dict() for opt in optimizers],
+                "loader": loader.state_dict(), "timed_s": timed_s, "timed_tokens": timed_tokens,
+                "data_wait_s": data_wait_s,
+                "rng": {"cpu": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None},
+            }
+            path = save_checkpoint(run.path, done_steps, model, state, cfg.to_dict(), t.checkpoint_keep) \
+                if ctx.is_main else None
+            if ctx.distributed:
+                torch.distributed.barrier()
+            return path
+
+        signals.install()
         val_loss = val_bpb = None
-        for step in range(t.steps + 1):
+        for step in range(start_step, t.steps + 1):
             last = step == t.steps
             # ---- validation (not timed) ----
             if last or (t.val_every > 0 and step % t.val_every == 0):
@@ -157,15 +250,17 @@ def train(cfg: Config, out_dir: Path | None = None) -> dict[str, Any]:
                 torch.cuda.synchronize(ctx.device)
             step_start = time.perf_counter()
             mult = lr_multiplier(step, t)
+            model.set_attention_window(window_tokens(step, t.steps, cfg.model))  # window warmup
             for opt in optimizers:
                 for group in opt.param_groups:
                     group["lr"] = group["initial_lr"] * mult
                     if "momentum" in group and cfg.optim.name == "muon":
                         group["momentum"] = muon_momentum(step, cfg.optim)
             loss_sum = torch.zeros((), device=ctx.device)
+            step_wait_s = 0.0
             for micro in range(accum):
                 x, y = loader.next_batch()
-                data_wait_s += getattr(loader, "last_wait_s", 0.0)
+                step_wait_s += loader.last_wait_s
                 sync = contextlib.nullcontext() if micro == accum - 1 or not ctx.distributed else fwd.no_sync()
                 with sync:
                     with autocast(cfg, ctx.device):
@@ -180,23 +275,39 @@ def train(cfg: Config, out_dir: Path | None = None) -> dict[str, Any]:
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
             step_s = time.perf_counter() - step_start
-            if step >= t.timing_warmup_steps:
+            data_wait_s += step_wait_s
+            if step >= untimed_until:
                 timed_s += step_s
                 timed_tokens += t.global_batch_tokens
 
-            # ---- logging ----
-            if step % t.log_every == 0 or step == t.steps - 1:
+            # ---- logging, checkpoints, signals ----
+            done = step + 1
+            save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (done == t.steps and t.checkpoint_at_end)
+            stop_signal = signals.agreed(ctx)
+            if step % t.log_every == 0 or done == t.steps or save or stop_signal:
                 train_loss = distributed.all_reduce_sum(loss_sum / accum, ctx).item() / ctx.world_size
-                if not math.isfinite(train_loss):
-                    raise SpeedrunError(f"training loss is {train_loss} at step {step + 1}: training diverged")
-                avg = timed_s / max(1, step + 1 - t.timing_warmup_steps) if timed_tokens else step_s
+                if not math.isfinite(train_loss):  # before any checkpoint: never save poisoned weights
+                    raise SpeedrunError(
+                        f"training loss is {train_loss} at step {done}: training diverged; "
+                        "the last good checkpoint (if any) is kept"
+                    )
+                avg = timed_s / max(1, done - untimed_until) if timed_tokens else step_s
                 tok_s = timed_tokens / timed_s if timed_tokens else t.global_batch_tokens / step_s
-                run.metric({"step": step + 1, "train_loss": train_loss, "tokens": (step + 1) * t.global_batch_tokens,
-                            "time_s": timed_s, "lr": mult, "step_ms": step_s * 1000})
+                run.metric({"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
+                            "time_s": timed_s, "lr": mult, "step_ms": step_s * 1000,
+                            "data_wait_ms": step_wait_s * 1000})
                 run.log(
                     f"step {step + 1:>5}/{t.steps} | loss {train_loss:.4f} | lr x{mult:.3f} | "
-                    f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | eta {_fmt_duration(avg * (t.steps - step - 1))}"
+                    f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | eta {_fmt_duration(avg * (t.steps - done))}"
                 )
+            if save or stop_signal:
+                path = checkpoint(done)
+                run.log(f"checkpoint: {path}")
+            if stop_signal:
+                name = signal.Signals(stop_signal).name
+                message = f"stopped by {name} after step {done}; resume with: speedrun train --resume {run.path}"
+                run.log(message, console=False)
+                raise RunInterrupted(message, stop_signal)
 
         peak = peak_memory_bytes(ctx.device)
         summary = {
@@ -217,6 +328,7 @@ def train(cfg: Config, out_dir: Path | None = None) -> dict[str, Any]:
             run.log(f"error: {e}", console=False)
         raise
     finally:
+        signals.restore()
         if run is not None:
             run.close()
         distributed.teardown()

@@ -26,7 +26,7 @@ def default_run_dir(recipe: str) -> Path:
 class RunDir:
     """Writes the run's files. On ranks other than 0 every method is a no-op, so callers need no checks."""
 
-    def __init__(self, path: Path, enabled: bool = True, echo: bool = True):
+    def __init__(self, path: Path, enabled: bool = True, echo: bool = True, resume: bool = False):
         self.path = path
         self.enabled = enabled
         self.echo = echo
@@ -34,7 +34,9 @@ class RunDir:
         self._metrics = None
         if not enabled:
             return
-        if (path / "metrics.jsonl").exists():
+        if resume and not (path / "config.json").exists():
+            raise SpeedrunError(f"{path} is not a run directory (no config.json) and cannot be resumed")
+        if not resume and (path / "metrics.jsonl").exists():
             raise SpeedrunError(f"run directory {path} already holds a run; choose another --out")
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -49,6 +51,23 @@ class RunDir:
         tmp = self.path / "config.json.tmp"
         tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.path / "config.json")
+
+    def truncate_metrics(self, step: int) -> None:
+        """Drop records the resumed run will write again: anything after `step`, and validation at `step`
+        (validation of a step happens before that step's training, after its checkpoint)."""
+        if not self.enabled:
+            return
+        self._metrics.close()
+        path = self.path / "metrics.jsonl"
+        keep = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["step"] < step or (record["step"] == step and "val_loss" not in record):
+                keep.append(line + "\n")
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(keep), encoding="utf-8")
+        os.replace(tmp, path)
+        self._metrics = open(path, "a", encoding="utf-8")
 
     def log(self, line: str = "", console: bool = True) -> None:
         if not self.enabled:
