@@ -43,7 +43,8 @@ def resolve_data_dir(cfg: Config) -> Path:
 def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
     """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
     data_dir = resolve_data_dir(cfg)
-    if not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
+    default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
+    if default_dir and not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
         if ctx.is_main:
             log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
             prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
