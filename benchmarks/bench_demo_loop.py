@@ -56,13 +56,22 @@ def _demo(steps: int, warmup: int) -> dict:
     from speedrun.train.loop import train
 
     cfg = load_recipe(
-        "demo", [f"train.steps={steps + warmup}", f"train.timing_warmup_steps={warmup}", "train.val_every=0",
-                 "train.warmdown_steps=0", "train.log_every=1000000"]
+        "demo",
+        [
+            f"train.steps={steps + warmup}",
+            f"train.timing_warmup_steps={warmup}",
+            "train.val_every=0",
+            "train.warmdown_steps=0",
+            "train.log_every=1000000",
+        ],
     )
     with tempfile.TemporaryDirectory() as out:
         summary = train(cfg, Path(out) / "run")
-    return {"tokens_per_s": summary["tokens_per_s"], "peak_rss_mib": _rss_mib(),
-            "final_val_loss": summary["final_val_loss"]}
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "peak_rss_mib": _rss_mib(),
+        "final_val_loss": summary["final_val_loss"],
+    }
 
 
 def _rss_mib() -> float:
@@ -70,7 +79,9 @@ def _rss_mib() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--child", choices=["plain", "plain-muon", "demo"], help=argparse.SUPPRESS)
@@ -85,12 +96,26 @@ def main() -> None:
     results = {}
     for kind in ("plain", "plain-muon", "demo"):
         out = subprocess.run(
-            [sys.executable, __file__, "--child", kind, "--steps", str(args.steps), "--warmup", str(args.warmup)],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                kind,
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         results[kind] = json.loads(out.split("RESULT ", 1)[1])
-        print(f"{kind:<11} {results[kind]['tokens_per_s']:>9,.0f} tok/s  peak RSS {results[kind]['peak_rss_mib']:,.0f} MiB",
-              flush=True)
+        print(
+            f"{kind:<11} {results[kind]['tokens_per_s']:>9,.0f} tok/s  "
+            f"peak RSS {results[kind]['peak_rss_mib']:,.0f} MiB",
+            flush=True,
+        )
     ratio = results["demo"]["tokens_per_s"] / results["plain-muon"]["tokens_per_s"]
     print(f"demo loop / plain loop (same model and optimizers): {ratio:.3f}")
 

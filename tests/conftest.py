@@ -11,10 +11,23 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TINY = [
-    "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.max_seq_len=64", "model.vocab_size=512",
-    "data.tokenizer=bpe:512", "train.seq_len=64", "train.micro_batch_tokens=512", "train.global_batch_tokens=1024",
-    "train.steps=30", "train.warmdown_steps=10", "train.val_every=10", "train.val_tokens=2048",
-    "train.timing_warmup_steps=2", "optim.muon_lr=0.05", "optim.embed_lr=0.1", "optim.head_lr=0.02",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=64",
+    "model.max_seq_len=64",
+    "model.vocab_size=512",
+    "data.tokenizer=bpe:512",
+    "train.seq_len=64",
+    "train.micro_batch_tokens=512",
+    "train.global_batch_tokens=1024",
+    "train.steps=30",
+    "train.warmdown_steps=10",
+    "train.val_every=10",
+    "train.val_tokens=2048",
+    "train.timing_warmup_steps=2",
+    "optim.muon_lr=0.05",
+    "optim.embed_lr=0.1",
+    "optim.head_lr=0.02",
 ]
 
 

@@ -18,8 +18,9 @@ FAST = [*TINY, "train.steps=3", "train.warmdown_steps=1", "train.val_every=0"]
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "speedrun", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "speedrun", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def assert_one_line(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
@@ -44,7 +45,9 @@ def train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_empty_data_folder(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert_one_line(train(tmp_path / "empty", tmp_path / "run"), 1, str(tmp_path / "empty"), "speedrun prepare")
+    assert_one_line(
+        train(tmp_path / "empty", tmp_path / "run"), 1, str(tmp_path / "empty"), "speedrun prepare"
+    )
 
 
 def test_missing_shard(data_copy, tmp_path):
@@ -79,7 +82,9 @@ def test_corrupt_meta_json(data_copy, tmp_path):
 
 
 def test_data_smaller_than_one_batch(text_data, tmp_path):
-    proc = train(text_data, tmp_path / "run", "train.global_batch_tokens=67108864", "train.micro_batch_tokens=512")
+    proc = train(
+        text_data, tmp_path / "run", "train.global_batch_tokens=67108864", "train.micro_batch_tokens=512"
+    )
     assert_one_line(proc, 1, "67108864")
 
 
@@ -97,8 +102,15 @@ def test_output_folder_that_already_holds_a_run(text_data, tmp_path):
 
 def test_training_that_diverges_keeps_the_last_good_checkpoint(text_data, tmp_path):
     out = tmp_path / "run"
-    proc = train(text_data, out, "train.steps=10", "optim.muon_lr=1e30", "optim.embed_lr=1e30",
-                 "train.checkpoint_every=1", "train.checkpoint_keep=0")
+    proc = train(
+        text_data,
+        out,
+        "train.steps=10",
+        "optim.muon_lr=1e30",
+        "optim.embed_lr=1e30",
+        "train.checkpoint_every=1",
+        "train.checkpoint_keep=0",
+    )
     assert_one_line(proc, 1, "training loss is nan at step", "diverged")
     bad_step = int(proc.stderr.split("at step ")[1].split(":")[0])
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
@@ -142,7 +154,9 @@ def test_checkpoint_from_another_recipe_is_refused(finished_run, tmp_path):
     config = json.loads((finished_run / "config.json").read_text())
     config["optim"]["muon_lr"] = 0.123  # the checkpoint now disagrees with the run's config
     (finished_run / "checkpoints" / "step_000003" / "config.json").write_text(json.dumps(config))
-    (finished_run / "config.json").write_text(json.dumps({**config, "train": {**config["train"], "steps": 6}}))
+    (finished_run / "config.json").write_text(
+        json.dumps({**config, "train": {**config["train"], "steps": 6}})
+    )
     proc = cli("train", "--resume", str(finished_run))
     assert_one_line(proc, 1, "was made with train.steps=3, this run has 6")
 

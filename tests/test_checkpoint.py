@@ -18,14 +18,27 @@ from speedrun.train import checkpoint as ckpt
 from tests.conftest import TINY
 
 # fp32 on CPU: a resumed run must reproduce the uninterrupted one bit for bit.
-RESUMABLE = [*TINY, "train.dtype=fp32", "train.steps=12", "train.warmdown_steps=4", "train.val_every=4",
-             "train.checkpoint_every=3", "train.checkpoint_keep=0", "train.checkpoint_at_end=true"]
+RESUMABLE = [
+    *TINY,
+    "train.dtype=fp32",
+    "train.steps=12",
+    "train.warmdown_steps=4",
+    "train.val_every=4",
+    "train.checkpoint_every=3",
+    "train.checkpoint_keep=0",
+    "train.checkpoint_at_end=true",
+]
 
 
 def cli(*args: str, nproc: int = 0, **kw) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc \
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc
         else [sys.executable]
-    return subprocess.run([*launcher, "-m", "speedrun", *args], capture_output=True, text=True, timeout=300, **kw)
+    )
+    return subprocess.run(
+        [*launcher, "-m", "speedrun", *args], capture_output=True, text=True, timeout=300, **kw
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -34,8 +47,10 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def losses(records: list[dict]) -> list[tuple]:
     """What must be identical across a resume: (step, kind, value); times legitimately differ."""
-    return [(r["step"], "val" if "val_loss" in r else "train", r.get("val_loss", r.get("train_loss")))
-            for r in records]
+    return [
+        (r["step"], "val" if "val_loss" in r else "train", r.get("val_loss", r.get("train_loss")))
+        for r in records
+    ]
 
 
 def rewind(run_dir: Path, copy: Path, step: int) -> None:
@@ -75,8 +90,17 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(straight_run, tmp_path,
 @pytest.mark.slow
 def test_sigterm_saves_and_resume_finishes_like_the_uninterrupted_run(straight_run, text_data, tmp_path):
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "speedrun", "train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE,
-            "train.checkpoint_every=0"]
+    args = [
+        sys.executable,
+        "-m",
+        "speedrun",
+        "train",
+        "--out",
+        str(out),
+        f"data.dir={text_data}",
+        *RESUMABLE,
+        "train.checkpoint_every=0",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -11,6 +11,7 @@ import pytest
 from speedrun.cli import main
 from tests.conftest import TINY
 
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "speedrun", *args], capture_output=True, text=True, cwd=cwd)
 
@@ -76,10 +77,14 @@ def test_user_mistakes_give_one_line_and_exit_code(args, code, fragment, tmp_pat
 
 
 def test_vocab_mismatch_between_data_and_model_is_refused(text_data, tmp_path):
-    proc = run_cli("train", "--out", str(tmp_path / "r"), f"data.dir={text_data}", *TINY, "model.vocab_size=600")
+    proc = run_cli(
+        "train", "--out", str(tmp_path / "r"), f"data.dir={text_data}", *TINY, "model.vocab_size=600"
+    )
     assert proc.returncode == 1
     assert "vocab size 512 but model.vocab_size is 600" in proc.stderr
-    proc = run_cli("train", "--out", str(tmp_path / "r2"), f"data.dir={text_data}", *TINY, "data.tokenizer=gpt2")
+    proc = run_cli(
+        "train", "--out", str(tmp_path / "r2"), f"data.dir={text_data}", *TINY, "data.tokenizer=gpt2"
+    )
     assert proc.returncode == 1 and "tokenized with bpe:512" in proc.stderr
 
 

@@ -34,6 +34,33 @@ def test_foundation_recipes_are_bundled_and_described():
         ("muon-2024-10", [], 12 * (2304 * 768 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768),
         # 2024-11-03: same blocks + untied embedding and head of 50,304 rows each.
         ("untied-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768),
+        # 2024-11-06: 11-03 + one value-residual λ per layer + (λ0, λ1) shortcut per block = 162,201,636.
+        ("shortcuts-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 12 * 2),
+        # 2024-11-10: + 6 U-Net skip weights = 162,201,642; 11-19/11-24 FlexAttention: the same model.
+        ("unet-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6),
+        ("flex-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6),
+        # 2024-12-04: + value embedding (50,304, 768·12), the λ now mixes it instead of v1 = 625,803,306.
+        (
+            "value-embed-2024-12",
+            [],
+            12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6 + 50304 * 768 * 12,
+        ),
+        # 2024-12-08: 6 value tables of (50,304, 768) in U-Net order, (λ0, λ1) per layer = 394,002,486.
+        (
+            "unet-value-embed-2024-12",
+            [],
+            12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 * 2 + 24 + 6 + 50304 * 768 * 6,
+        ),
+        # 2025-01-16 Sub3Min: 11 attention layers (block 7 has none), 12 MLPs, embedding and 3 value tables
+        # of 50,257 rows, head of 50,304 rows, 11·2 + 12·2 λ and 6 skip weights = 275,598,388.
+        (
+            "record-2025-01",
+            [],
+            11 * 4 * 768 * 768 + 12 * 2 * 768 * 3072 + 4 * 50257 * 768 + 50304 * 768 + 11 * 2 + 12 * 2 + 6,
+        ),
+        # demo-2025-01: demo (4 x (4·256² + 2·256·1024) + 2 x 4096·256) + one 4096 x 256 value table
+        # + 2 skip weights + 4 x 2 shortcut λ + 4 x 2 value λ = 6,291,474.
+        ("demo-2025-01", [], 4 * (4 * 256 * 256 + 2 * 256 * 1024) + 3 * 4096 * 256 + 2 + 8 + 8),
     ],
 )
 def test_parameter_counts(recipe, overrides, expected):
@@ -41,7 +68,9 @@ def test_parameter_counts(recipe, overrides, expected):
 
 
 def test_overrides_are_typed():
-    cfg = load_recipe("demo", ["model.n_layer=2", "optim.betas=0.8,0.99", "train.compile=off", "model.bias=true"])
+    cfg = load_recipe(
+        "demo", ["model.n_layer=2", "optim.betas=0.8,0.99", "train.compile=off", "model.bias=true"]
+    )
     assert cfg.model.n_layer == 2 and cfg.optim.betas == (0.8, 0.99) and cfg.model.bias is True
     assert cfg.train.compile == "off"
 

@@ -52,7 +52,9 @@ def test_document_masked_attention_equals_attention_per_document():
 
 
 def test_document_mask_changes_the_model_only_across_documents():
-    cfg = ModelConfig(**TINY, vocab_size=64, positional="rotary", norm="rmsnorm", document_mask=True, eot_id=0)
+    cfg = ModelConfig(
+        **TINY, vocab_size=64, positional="rotary", norm="rmsnorm", document_mask=True, eot_id=0
+    )
     torch.manual_seed(0)
     model = GPT(cfg)
     doc_a = torch.randint(1, 64, (1, 10))

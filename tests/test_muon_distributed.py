@@ -76,6 +76,7 @@ def _worker(rank: int, world: int, folder: str) -> None:
         # world 2 finds the default group by itself; world 3 passes it explicitly
         result = _train(f"{folder}/state.pt", dist.group.WORLD if world == 3 else None)
         torch.save(result, f"{folder}/rank{rank}.pt")
+        dist.barrier()  # no rank leaves while a peer's last all-gather may still be draining
     finally:
         dist.destroy_process_group()
 

@@ -16,7 +16,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="speedrun", description="Train GPT-2-class models fast: the NanoGPT speedrun as a package.")
+    parser = _Parser(
+        prog="speedrun", description="Train GPT-2-class models fast: the NanoGPT speedrun as a package."
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     train = sub.add_parser("train", help="train a recipe (default: the CPU demo)")
@@ -24,7 +26,9 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=None, help="run directory (default runs/<recipe>-<time>)")
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
     train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
-    train.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50")
+    train.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
+    )
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
     prep.add_argument("source", help="wiki-vital | text:PATH | fineweb10B[:N]")
@@ -43,10 +47,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _resume(args)
     cfg = load_recipe(args.recipe, args.overrides)
     if args.dry_run:
+        import torch
+
         from speedrun.model.gpt import GPT
         from speedrun.model.summary import model_summary
-
-        import torch
 
         print(json.dumps(cfg.to_dict(), indent=2))
         with torch.device("meta"):  # counts and shapes only: no memory, no init time
@@ -103,9 +107,11 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     if args.name:
         print(json.dumps(load_recipe(args.name).to_dict(), indent=2))
         return 0
-    for name in recipe_names():
+    names = recipe_names()
+    width = max(map(len, names))
+    for name in names:
         desc = " ".join(load_recipe(name).description.split())
-        print(f"{name:<18} {desc}")
+        print(f"{name:<{width}}  {desc}")
     return 0
 
 

@@ -54,7 +54,9 @@ class ModelConfig:
     window_warmup_start: int = 64  # s0 of the warmup formulas
     window_unit: int = 64  # the window grows in multiples of this many tokens
     window_pattern: str = ""  # per layer L (long) / S (short = half of long), e.g. LSSSLSSLSSSL; "" = all L
-    unet: bool = False  # U-Net skips: encoder layer i's output is added (learned weight) to layer L-1-i's input
+    unet: bool = (
+        False  # U-Net skips: encoder layer i's output is added (learned weight) to layer L-1-i's input
+    )
     x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
     value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
     value_embeds: str = "none"  # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2)
@@ -279,6 +281,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
 # Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
 RESUMABLE_CHANGES = (
     "description",
+    "model.attention",  # the backends compute the same attention
     "train.val_every",
     "train.log_every",
     "train.timing_warmup_steps",
@@ -334,7 +337,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
     if t.micro_batch_tokens % t.seq_len:
         raise ConfigError(
-            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of train.seq_len ({t.seq_len})"
+            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of "
+            f"train.seq_len ({t.seq_len})"
         )
     if t.global_batch_tokens % t.micro_batch_tokens:
         raise ConfigError(
@@ -350,14 +354,18 @@ def validate(cfg: Config) -> None:
             f"exceed train.steps ({t.steps})"
         )
     if m.tie_embeddings and m.zero_init_head:
-        raise ConfigError("model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)")
+        raise ConfigError(
+            "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
+        )
     _validate_model_switches(m)
 
 
 def _validate_model_switches(m: ModelConfig) -> None:
     """Checks of the 2024-11 … 2025-01 architecture switches (model/gpt.py, model/attention.py)."""
     if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
-        raise ConfigError("model.window, model.window_unit and model.window_warmup_start must not be negative")
+        raise ConfigError(
+            "model.window, model.window_unit and model.window_warmup_start must not be negative"
+        )
     if m.window_warmup != "none" and m.window <= 0:
         raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
     if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
@@ -370,10 +378,13 @@ def _validate_model_switches(m: ModelConfig) -> None:
         no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
     except ValueError:
         raise ConfigError(
-            f"model.no_attention_layers: expected comma-separated layer numbers, got {m.no_attention_layers!r}"
+            f"model.no_attention_layers: expected comma-separated layer numbers, "
+            f"got {m.no_attention_layers!r}"
         ) from None
     if any(not 0 <= i < m.n_layer for i in no_attn):
-        raise ConfigError(f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}")
+        raise ConfigError(
+            f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}"
+        )
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
@@ -383,8 +394,12 @@ def _validate_model_switches(m: ModelConfig) -> None:
     if m.value_embeds != "none" and m.value_residual:
         raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
     if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
-        raise ConfigError("model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4")
+        raise ConfigError(
+            "model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4"
+        )
     if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
-        raise ConfigError("model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false")
+        raise ConfigError(
+            "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
+        )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")

@@ -1,17 +1,42 @@
-"""Attention masks and the attention call, kept apart from the model so backends can be swapped.
+"""Attention masks and backends behind one call, `attend(q, k, v, mask, scale)`.
 
-One mask definition (causal, optionally restricted to the current document) feeds every backend.
-Today the backend is `scaled_dot_product_attention`: the fused causal kernel when no document mask
-is needed, otherwise a dense boolean mask. FlexAttention block masks plug in here later.
+One mask definition, `mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, ...)`: a query sees a key when
+the key is not in the future, lies in the same document (a document starts at each end-of-text token)
+and is less than `window` tokens back. It feeds every backend:
+
+- FlexAttention (CUDA): a `BlockMask` built by hand at 128-token block granularity from the document
+  ids (as the 2024-12-08 record), with `mask_rule` as its mask_mod for the partial blocks. The window
+  is a 0-d tensor, so a window that grows every step (window warmup) changes no shapes and no Python
+  values, and compiled code is reused.
+- dense `scaled_dot_product_attention` with the boolean mask from `mask_rule`: on CPU (FlexAttention
+  has no CPU backward) and wherever FlexAttention cannot run. Long sequences are processed in query
+  chunks, so no T×T mask is ever materialized for T above `DENSE_CHUNK`; on CPU each document is
+  attended on its own (plain causal SDPA where the window does not cut it).
+- `scaled_dot_product_attention(is_causal=True)` (flash / cuDNN kernels) when no mask beyond causal
+  is needed.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.config import ModelConfig
+
+try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+except ImportError:  # pragma: no cover - old torch
+    BlockMask, flex_attention = None, None
+
+BLOCK_SIZE = 128  # FlexAttention's block (tokens) and the unit of block-granular windows
+DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
 
 
-def document_ids(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
+def document_ids(tokens: Tensor, eot_id: int) -> Tensor:
     """Document index of every position: a new document starts at each end-of-text token.
 
     tokens: (B, T) integer ids. Returns (B, T) int32, counting from 0 at the first document (a leading
@@ -20,19 +45,320 @@ def document_ids(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
     return (tokens == eot_id).cumsum(dim=-1, dtype=torch.int32)
 
 
-def dense_mask(doc_ids: torch.Tensor | None, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
-    """Boolean (B or 1, 1, T, T) mask, True where query i may attend to key j (j <= i, same document)."""
-    if doc_ids is None:
-        return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()[None, None]
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=doc_ids.device).tril()
-    same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
-    return (causal & same_doc)[:, None]
+def mask_rule(
+    q_idx: Tensor,
+    kv_idx: Tensor,
+    doc_q: Tensor | None,
+    doc_kv: Tensor | None,
+    window: Tensor | int | None,
+    block_size: int = BLOCK_SIZE,
+    block_window: bool = False,
+) -> Tensor:
+    """The one mask definition: True where query position q_idx may attend to key position kv_idx.
+
+    Causal, same document (when doc ids are given) and inside the sliding window (when given): a key is
+    visible while `q_idx - kv_idx < window`, or with `block_window` (Sub3Min) while the distance between
+    their 128-token blocks, in tokens, is below `window`: whole blocks enter and leave the window.
+    All arguments broadcast; this is both FlexAttention's mask_mod and the dense mask builder.
+    """
+    allowed = q_idx >= kv_idx
+    if doc_q is not None:
+        allowed = allowed & (doc_q == doc_kv)
+    if window is not None:
+        if block_window:
+            distance = (q_idx // block_size - kv_idx // block_size) * block_size
+        else:
+            distance = q_idx - kv_idx
+        allowed = allowed & (distance < window)
+    return allowed
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """What attention must respect beyond causality, in a form every backend can consume.
+
+    doc_ids: (B, T) document index per position, or None (no document masking).
+    window: 0-d integer tensor (tokens) or None (unlimited). A tensor so it can change every step.
+    max_window: a Python upper bound on `window` (0 = unknown); lets the dense path skip keys that are
+    never visible without reading the tensor's value (no host sync, no recompile).
+    """
+
+    doc_ids: Tensor | None = None
+    window: Tensor | None = None
+    block_window: bool = False
+    block_size: int = BLOCK_SIZE
+    max_window: int = 0
+
+
+#: What a layer receives: None (plain causal), a dense boolean mask, a MaskSpec or a BlockMask.
+AttentionMask = Tensor | MaskSpec | BlockMask | None
+
+
+def spec_dense_mask(
+    spec: MaskSpec, q_start: int, q_end: int, k_start: int, k_end: int, device: torch.device | str | None
+) -> Tensor:
+    """Boolean (B or 1, 1, q_end-q_start, k_end-k_start) mask for query rows × key columns of `spec`."""
+    q_idx = torch.arange(q_start, q_end, device=device)[:, None]
+    kv_idx = torch.arange(k_start, k_end, device=device)[None, :]
+    doc_q = doc_kv = None
+    if spec.doc_ids is not None:
+        doc_q, doc_kv = spec.doc_ids[:, q_start:q_end, None], spec.doc_ids[:, None, k_start:k_end]
+    allowed = mask_rule(q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_size, spec.block_window)
+    return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
+
+
+def dense_mask(
+    doc_ids: Tensor | None,
+    seq_len: int,
+    device: torch.device | None = None,
+    window: Tensor | int | None = None,
+) -> Tensor:
+    """Boolean (B or 1, 1, T, T) mask, True where query i may attend to key j (see mask_rule)."""
+    spec = MaskSpec(doc_ids=doc_ids, window=torch.as_tensor(window) if window is not None else None)
+    return spec_dense_mask(spec, 0, seq_len, 0, seq_len, doc_ids.device if doc_ids is not None else device)
+
+
+def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
+    """SDPA with `spec`'s mask. On CPU with document ids (free to read there), one call per document, so
+    no work is spent on pairs from different documents; otherwise query chunks over the whole row."""
+    if spec.doc_ids is not None and not q.is_cuda:
+        return _per_document(q, k, v, spec, scale)
+    return _chunked(q, k, v, spec, scale, 0)
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None, offset: int) -> Tensor:
+    """Masked SDPA over positions offset..offset+len of a row (no key before `offset` is visible: it is
+    0 or a document start), in query chunks of DENSE_CHUNK rows. A chunk needs keys from `max_window`
+    (plus a block for block windows) before its first query up to its last query; without a window bound
+    it needs all earlier keys (memory chunk × T, never T × T)."""
+    n = q.size(-2)
+    if n <= DENSE_CHUNK:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=spec_dense_mask(spec, offset, offset + n, offset, offset + n, q.device),
+            scale=scale,
+        )
+    lookback = spec.max_window if spec.window is not None and spec.max_window > 0 else None
+    if lookback is not None and spec.block_window:
+        lookback += spec.block_size  # a block window reaches back to the start of the oldest block
+    outs = []
+    for a, qc in zip(range(0, n, DENSE_CHUNK), q.split(DENSE_CHUNK, dim=-2), strict=True):
+        b = a + qc.size(-2)
+        lo = 0 if lookback is None else max(0, a - lookback)
+        mask = spec_dense_mask(spec, offset + a, offset + b, offset + lo, offset + b, q.device)
+        outs.append(
+            F.scaled_dot_product_attention(qc, k[..., lo:b, :], v[..., lo:b, :], attn_mask=mask, scale=scale)
+        )
+    return torch.cat(outs, dim=-2)
+
+
+def _window_bites(spec: MaskSpec, start: int, end: int) -> bool:
+    """Whether the window hides any causal pair inside positions start..end (reads the window value)."""
+    if spec.window is None:
+        return False
+    w = int(spec.window)
+    if spec.block_window:
+        return ((end - 1) // spec.block_size - start // spec.block_size) * spec.block_size >= w
+    return end - start > w
+
+
+def _per_document(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
+    """Attention row by row, document by document (CPU): plain causal SDPA for a document the window
+    does not cut, the masked path otherwise. Cost ∝ Σ len² instead of T². Splits (not slices) the
+    inputs, so the backward concatenates gradients once instead of adding T-sized zeros per document."""
+    T, rows = q.size(-2), []
+    for r, (qr, kr, vr) in enumerate(zip(q.split(1), k.split(1), v.split(1), strict=True)):
+        ids = spec.doc_ids[r]
+        bounds = [0, *(torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist(), T]
+        lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+        row = MaskSpec(
+            spec.doc_ids[r : r + 1], spec.window, spec.block_window, spec.block_size, spec.max_window
+        )
+        outs = []
+        splits = (qr.split(lengths, -2), kr.split(lengths, -2), vr.split(lengths, -2))
+        for s, qs, ks, vs in zip(bounds[:-1], *splits, strict=True):
+            e = s + qs.size(-2)
+            if e - s <= DENSE_CHUNK and not _window_bites(row, s, e):
+                outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale))
+            else:
+                outs.append(_chunked(qs, ks, vs, row, scale, s))
+        rows.append(torch.cat(outs, dim=-2))
+    return torch.cat(rows, dim=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FlexAttention block masks
+
+
+def _dense_blocks_to_lists(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, nq, nk) booleans → (B, 1, nq) counts and (B, 1, nq, nk) kv-block indices, listed ones first."""
+    counts = blocks.sum(dim=-1, dtype=torch.int32)
+    order = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return counts[:, None].contiguous(), order[:, None].contiguous()
+
+
+def block_structure(
+    doc_ids: Tensor | None,
+    seq_len: int,
+    window: Tensor | None,
+    block_size: int = BLOCK_SIZE,
+    block_window: bool = False,
+    device: torch.device | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk).
+
+    full: every (q, kv) pair in the block pair is allowed, so the kernel skips the mask_mod.
+    partial: some pair may be allowed; mask_mod decides per element. Derived only from the first and
+    last document id of each block (ids never decrease along the sequence, so a block holds every id in
+    between), the block distance and the window tensor: O((T/128)²) work, no T×T mask.
+    """
+    nb = seq_len // block_size
+    device = doc_ids.device if doc_ids is not None else device
+    blk = torch.arange(nb, device=device, dtype=torch.int32)
+    dist = blk[:, None] - blk[None, :]  # query block - key block
+    any_ok, all_ok = dist >= 0, dist > 0
+    if doc_ids is not None:
+        low, high = doc_ids[:, ::block_size], doc_ids[:, block_size - 1 :: block_size]
+        overlap = (low[:, :, None] <= high[:, None, :]) & (low[:, None, :] <= high[:, :, None])
+        single = (low == high)[:, :, None] & (low == high)[:, None, :] & (low[:, :, None] == low[:, None, :])
+        any_ok, all_ok = any_ok & overlap, all_ok & single
+    if window is not None:
+        if block_window:
+            inside = dist * block_size < window
+            any_ok, all_ok = any_ok & inside, all_ok & inside
+        else:  # nearest pair: q at its block start, kv at its block end; farthest pair: the reverse
+            any_ok = any_ok & (dist * block_size - (block_size - 1) < window)
+            all_ok = all_ok & (dist * block_size + (block_size - 1) < window)
+    if any_ok.dim() == 2:
+        any_ok, all_ok = any_ok[None], all_ok[None]
+    return any_ok & ~all_ok, all_ok
+
+
+def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None = None) -> BlockMask:
+    """FlexAttention BlockMask for `spec` over a (B, T) sequence; T must be a multiple of the block size."""
+    if BlockMask is None:  # pragma: no cover - old torch
+        raise RuntimeError("FlexAttention needs torch >= 2.5")
+    if seq_len % spec.block_size:
+        raise ValueError(
+            f"FlexAttention needs a sequence length divisible by {spec.block_size}, got {seq_len}"
+        )
+    partial, full = block_structure(
+        spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device
+    )
+    kv_num, kv_idx = _dense_blocks_to_lists(partial)
+    full_num, full_idx = _dense_blocks_to_lists(full)
+    docs, window = spec.doc_ids, spec.window
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        doc_q = docs[b, q_idx] if docs is not None else None
+        doc_kv = docs[b, kv_idx] if docs is not None else None
+        return mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, spec.block_size, spec.block_window)
+
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=spec.block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(seq_len, seq_len),
+    )
+
+
+@functools.cache
+def _compiled_flex():
+    """FlexAttention is only fast compiled (eager materializes every score); compile it once."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
+    """FlexAttention on (B, H, T, D): the compiled kernel on CUDA, eager elsewhere (forward only on CPU)."""
+    fn = _compiled_flex() if q.is_cuda else flex_attention
+    return fn(q, k, v, block_mask=block_mask, scale=scale)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backend choice and the one attention call
+
+BACKENDS = ("auto", "sdpa", "flex")
+
+
+def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size: int = BLOCK_SIZE) -> bool:
+    """FlexAttention runs compiled on CUDA; on CPU only without gradients (no CPU backward kernel)."""
+    if flex_attention is None or seq_len % block_size:
+        return False
+    return device.type == "cuda" or not needs_grad
+
+
+def choose_backend(
+    setting: str, device: torch.device, seq_len: int, needs_mask: bool, needs_grad: bool
+) -> str:
+    """'flex', 'dense' (SDPA with a boolean mask) or 'causal' (SDPA is_causal) for one forward.
+
+    auto: FlexAttention on CUDA when a document mask or window is needed, plain causal SDPA otherwise.
+    sdpa: never FlexAttention. flex: FlexAttention wherever it can run, the dense path elsewhere.
+    """
+    if not needs_mask:
+        return "causal"
+    if setting == "sdpa":
+        return "dense"
+    if setting == "auto" and device.type != "cuda":
+        return "dense"
+    return "flex" if flex_usable(device, seq_len, needs_grad) else "dense"
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None = None
-) -> torch.Tensor:
-    """Causal attention on (B, H, T, D) tensors; `mask` is a dense_mask() result or None for plain causal."""
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | MaskSpec | BlockMask | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask (dense_mask()),
+    a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask."""
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if isinstance(mask, MaskSpec):
+        return _dense_attend(q, k, v, mask, scale)
+    if isinstance(mask, Tensor):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return flex_attend(q, k, v, mask, scale)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sliding-window schedule (window warmup)
+
+WINDOW_WARMUPS = ("none", "floor", "ceil")
+
+
+def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
+    """Sliding window (tokens) for optimizer step `step` of `total_steps`; 0 when there is no window.
+
+    none: `cfg.window` throughout (2024-11-19: 1024).
+    floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u), growing from s0 to W in multiples
+      of u; with s0 = 64, W = 1792, u = 64 this is 11-24's `64·floor((64 + 1728·step/N)/64)`.
+    ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u)); with s0 = 64, W = 1792, u = 128 this is
+      `128·ceil(1728·step/N / 128)`, 128 → 1792 tokens.
+    Here W = cfg.window, s0 = cfg.window_warmup_start, u = cfg.window_unit. Integer arithmetic, so the
+    schedule is exact and identical on every rank.
+    """
+    W = cfg.window
+    if W <= 0 or cfg.window_warmup == "none":
+        return max(0, W)
+    s0, u, n = cfg.window_warmup_start, cfg.window_unit, max(1, total_steps)
+    step = min(max(0, step), n)
+    if cfg.window_warmup == "floor":
+        units = (s0 * n + (W - s0) * step) // (u * n)
+    else:
+        units = -(-((W - s0) * step) // (u * n))  # ceil division
+    return max(u, u * units)
+
+
+def short_window(window: Tensor, block_window: bool, block_size: int = BLOCK_SIZE) -> Tensor:
+    """The "short" window of a long/short layer pattern: half the long one (Sub3Min: half the blocks,
+    at least one block), computed on the tensor so the schedule never leaves the device."""
+    if block_window:
+        return torch.clamp_min(window // block_size // 2, 1) * block_size
+    return torch.clamp_min(window // 2, 1)

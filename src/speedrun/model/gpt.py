@@ -1,10 +1,14 @@
 """The GPT: one small model whose record-history features are config switches.
 
-Two ends of the range it covers:
+The range it covers:
 - the llm.c GPT-2 baseline: learned positions, LayerNorm, GELU, biases, fused QKV, tied embeddings;
 - the 2024-11-03 block: rotary, parameter-free RMSNorm, QK-norm, ReLU², zero-init output projections,
   untied zero-init head, RMSNorm after the embedding, vocab padded to a multiple of 128, fp32 logits
-  with an optional tanh softcap.
+  with an optional tanh softcap;
+- the 2024-11 … 2025-01 records: value residual and x0 shortcut (11-06), U-Net skips (11-10),
+  document-masked sliding-window attention on long sequences (11-19/11-24, model/attention.py),
+  value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
+  half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min).
 The model knows nothing about distribution or optimizers (see train/).
 """
 
@@ -17,46 +21,53 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
-from speedrun.model.attention import attend, dense_mask, document_ids
+from speedrun.model.attention import (
+    BLOCK_SIZE,
+    AttentionMask,
+    MaskSpec,
+    attend,
+    build_block_mask,
+    choose_backend,
+    document_ids,
+    short_window,
+)
+from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
 
 
 def padded_vocab(cfg: ModelConfig) -> int:
-    """Embedding/head rows: vocab rounded up to `pad_vocab_to` (a multiple of 128 makes matmuls faster)."""
+    """Head rows: vocab rounded up to `pad_vocab_to` (a multiple of 128 makes matmuls faster)."""
     m = max(1, cfg.pad_vocab_to)
     return (cfg.vocab_size + m - 1) // m * m
 
 
-class Norm(nn.Module):
-    """LayerNorm with gains and biases (GPT-2) or parameter-free RMSNorm (modern records)."""
-
-    def __init__(self, dim: int, kind: str):
-        super().__init__()
-        self.kind = kind
-        self.ln = nn.LayerNorm(dim) if kind == "layernorm" else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.ln is not None:
-            return self.ln(x)
-        return F.rms_norm(x, (x.size(-1),))
+def embedding_rows(cfg: ModelConfig) -> int:
+    """Token/value embedding rows: padded like the head, or exactly the vocab (Sub3Min)."""
+    return padded_vocab(cfg) if cfg.pad_embeddings else cfg.vocab_size
 
 
-class Rotary(nn.Module):
-    """Rotary position embedding over the full head dimension, tables precomputed once."""
+def attention_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer, whether it has attention (Sub3Min drops it in layer 7)."""
+    dropped = {int(s) for s in cfg.no_attention_layers.split(",") if s.strip()}
+    return [i not in dropped for i in range(cfg.n_layer)]
 
-    def __init__(self, head_dim: int, max_seq_len: int, base: float):
-        super().__init__()
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, D)
-        T = x.size(-2)
-        if T > self.cos.size(0):
-            raise ValueError(f"sequence length {T} exceeds the rotary table ({self.cos.size(0)})")
-        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
+    """Per layer, the value-embedding table it mixes into v (None: no table).
+
+    per-layer (12-04): layer i uses table i. unet (12-08): L/2 tables, encoder layer i uses table i and
+    decoder layer i uses table L/2-1-i. ends (Sub3Min): k tables on the first k and the last k layers,
+    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2].
+    """
+    L = cfg.n_layer
+    if cfg.value_embeds == "per-layer":
+        return list(range(L))
+    if cfg.value_embeds == "unet":
+        half = list(range(L // 2))
+        return half + half[::-1]
+    if cfg.value_embeds == "ends":
+        k = cfg.value_embed_tables
+        return list(range(k)) + [None] * (L - 2 * k) + list(range(k))
+    return [None] * L
 
 
 class Attention(nn.Module):
@@ -65,73 +76,112 @@ class Attention(nn.Module):
         d, self.n_head = cfg.n_embd, cfg.n_head
         self.head_dim = d // cfg.n_head
         if cfg.fused_qkv:
-            self.c_attn = nn.Linear(d, 3 * d, bias=cfg.bias)
+            self.c_attn = CastedLinear(d, 3 * d, bias=cfg.bias)
         else:
-            self.c_q = nn.Linear(d, d, bias=cfg.bias)
-            self.c_k = nn.Linear(d, d, bias=cfg.bias)
-            self.c_v = nn.Linear(d, d, bias=cfg.bias)
-        self.c_proj = nn.Linear(d, d, bias=cfg.bias)
+            self.c_q = CastedLinear(d, d, bias=cfg.bias)
+            self.c_k = CastedLinear(d, d, bias=cfg.bias)
+            self.c_v = CastedLinear(d, d, bias=cfg.bias)
+        self.c_proj = CastedLinear(d, d, bias=cfg.bias)
         self.qk_norm = cfg.qk_norm
-        self.rotary = Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base) if cfg.positional == "rotary" else None
+        self.rotary = (
+            Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated)
+            if cfg.positional == "rotary"
+            else None
+        )
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
+        self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
+        mixes = cfg.value_residual or cfg.value_embeds != "none"
+        self.value_mix = cfg.value_mix if mixes else None
+        if self.value_mix == "lerp":
+            self.lamb = nn.Parameter(torch.tensor(0.5))
+        elif self.value_mix == "lambdas":
+            self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def mix_values(self, v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
+        """Value residual / value embeddings: lerp (1-λ)v + λ·other, or lambdas λ0·v + λ1·other (λ0·v alone
+        where a layer has no value embedding, as Sub3Min)."""
+        if self.value_mix is None:
+            return v
+        other = other.view_as(v) if other is not None else None
+        if self.value_mix == "lerp":
+            return v if other is None else (1 - self.lamb) * v + self.lamb * other
+        v = self.lambdas[0] * v
+        return v if other is None else v + self.lambdas[1] * other
+
+    def forward(
+        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual)."""
         B, T, C = x.shape
         if hasattr(self, "c_attn"):
             q, k, v = self.c_attn(x).split(C, dim=-1)
         else:
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
+        raw_v = v
+        v = self.mix_values(v, other_v)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        y = attend(q, k, v, mask).transpose(1, 2).reshape(B, T, C)
+        y = attend(q, k, v, mask, self.scale).transpose(1, 2).reshape(B, T, C)
         y = self.c_proj(y)
-        return y * self.out_scale if self.out_scale != 1.0 else y
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        hidden = cfg.mlp_ratio * cfg.n_embd
-        self.c_fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
-        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
-        self.relu2 = cfg.activation == "relu2"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.c_fc(x)
-        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
-        return self.c_proj(h)
+        return (y * self.out_scale if self.out_scale != 1.0 else y), raw_v
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, has_attention: bool = True):
         super().__init__()
-        self.norm1 = Norm(cfg.n_embd, cfg.norm)
-        self.attn = Attention(cfg)
+        if has_attention:
+            self.norm1 = Norm(cfg.n_embd, cfg.norm)
+            self.attn = Attention(cfg)
+        else:
+            self.norm1 = self.attn = None
         self.norm2 = Norm(cfg.n_embd, cfg.norm)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.bias, cfg.activation == "relu2")
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut else None
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), mask)
-        return x + self.mlp(self.norm2(x))
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: AttentionMask = None,
+        x0: torch.Tensor | None = None,
+        other_v: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns the new residual stream and the attention's unmixed v (None without attention)."""
+        if self.lambdas is not None:
+            x = self.lambdas[0] * x + self.lambdas[1] * x0
+        raw_v = None
+        if self.attn is not None:
+            y, raw_v = self.attn(self.norm1(x), mask, other_v)
+            x = x + y
+        return x + self.mlp(self.norm2(x)), raw_v
 
 
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        vocab = padded_vocab(cfg)
-        self.wte = nn.Embedding(vocab, cfg.n_embd)
+        vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
+        self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         self.embed_norm = Norm(cfg.n_embd, "rmsnorm") if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, has) for has in attention_layers(cfg))
         self.norm_f = Norm(cfg.n_embd, cfg.norm)
-        self.lm_head = nn.Linear(cfg.n_embd, vocab, bias=False)
+        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
+        self.ve_layout = value_embed_layout(cfg)
+        n_tables = len({j for j in self.ve_layout if j is not None})
+        self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
+        self.skip_weights = nn.Parameter(torch.ones(cfg.n_layer // 2)) if cfg.unet else None
+        if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
+            self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
         if cfg.tie_embeddings:
             self.wte.weight = self.lm_head.weight
+        if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy (records from 2024-11-08 on)
+            for emb in [self.wte, *(self.value_embeds or [])]:
+                emb.to(torch.bfloat16)
 
     def _init_weights(self) -> None:
         cfg = self.cfg
@@ -146,31 +196,85 @@ class GPT(nn.Module):
             pass
         else:
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
+            for module in self.modules():
+                if isinstance(module, CastedLinear):
+                    scaled_uniform_(module.weight, module.in_features)
         if cfg.zero_init_proj:
             for block in self.blocks:
-                nn.init.zeros_(block.attn.c_proj.weight)
+                if block.attn is not None:
+                    nn.init.zeros_(block.attn.c_proj.weight)
                 nn.init.zeros_(block.mlp.c_proj.weight)
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
 
+    def set_attention_window(self, tokens: int) -> None:
+        """Set the sliding window (tokens) for the next forwards; called every step by the training loop
+        with `attention.window_tokens(step, steps, cfg)`. An in-place write to a tensor: no recompile.
+        A no-op for models without a window."""
+        if self.cfg.window <= 0:
+            return
+        if not 1 <= tokens <= self.cfg.window:
+            raise ValueError(f"attention window {tokens} is outside 1..model.window ({self.cfg.window})")
+        self.attn_window.fill_(tokens)
+
+    def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:
+        """Per layer: None (plain causal), a MaskSpec (dense SDPA) or a FlexAttention BlockMask.
+
+        Built once per forward and shared by the layers with the same (long or short) window.
+        """
+        cfg = self.cfg
+        if not (cfg.document_mask or cfg.window > 0):
+            return [None] * cfg.n_layer
+        T = idx.size(1)
+        backend = choose_backend(cfg.attention, idx.device, T, True, torch.is_grad_enabled())
+        block_window = cfg.window_granularity == "block"
+        docs = document_ids(idx, cfg.eot_id) if cfg.document_mask else None
+        pattern = cfg.window_pattern or "L" * cfg.n_layer
+        windows = {"L": self.attn_window if cfg.window > 0 else None}
+        if "S" in pattern:
+            windows["S"] = short_window(self.attn_window, block_window, BLOCK_SIZE)
+        masks = {}
+        for kind, window in windows.items():
+            spec = MaskSpec(docs, window, block_window, BLOCK_SIZE, max_window=cfg.window)
+            masks[kind] = build_block_mask(spec, T, idx.device) if backend == "flex" else spec
+        return [
+            masks[kind] if block.attn is not None else None
+            for kind, block in zip(pattern, self.blocks, strict=True)
+        ]
+
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
     ) -> torch.Tensor:
-        """Token ids (B, T) → loss (scalar for 'mean'/'sum', (B, T) for 'none') or fp32 logits without targets."""
+        """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits."""
+        cfg = self.cfg
         B, T = idx.shape
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(T, device=idx.device))
         if self.embed_norm is not None:
             x = self.embed_norm(x)
-        mask = dense_mask(document_ids(idx, self.cfg.eot_id), T) if self.cfg.document_mask else None
-        for block in self.blocks:
-            x = block(x, mask)
+        x0 = x
+        masks = self.layer_masks(idx)
+        tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
+        n_skip = self.skip_weights.numel() if self.skip_weights is not None else 0
+        first_decoder = cfg.n_layer - n_skip  # layer L-1-i receives encoder layer i's output
+        skips: list[torch.Tensor] = []
+        v_first = None
+        for i, block in enumerate(self.blocks):
+            if n_skip and i >= first_decoder:
+                x = x + self.skip_weights[i - first_decoder] * skips.pop()
+            j = self.ve_layout[i]
+            other_v = v_first if tables is None else (tables[j] if j is not None else None)
+            x, raw_v = block(x, masks[i], x0, other_v)
+            if cfg.value_residual and v_first is None:
+                v_first = raw_v
+            if i < n_skip:
+                skips.append(x)
         x = self.norm_f(x)
         logits = self.lm_head(x).float()
-        if self.cfg.logit_softcap > 0:
-            cap = self.cfg.logit_softcap
-            logits = cap * torch.tanh(logits / cap)
+        if cfg.logit_softcap > 0:
+            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
@@ -179,17 +283,24 @@ class GPT(nn.Module):
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').
 
-        embed: token/position embeddings (lookups, not matmuls); head: the untied output matrix;
-        matrix: 2-D weights inside the blocks; scalar: everything else (biases, norm gains).
-        A tied embedding appears once, as 'embed'.
+        embed: token/position/value embeddings (lookups, not matmuls); head: the untied output matrix;
+        matrix: weights with >= 2 dims inside the blocks; scalar: everything else (biases, norm gains,
+        value-mix and x0 lambdas, U-Net skip weights). A tied embedding appears once, as 'embed'.
         """
-        roles: dict[str, list[tuple[str, nn.Parameter]]] = {"embed": [], "head": [], "matrix": [], "scalar": []}
+        roles: dict[str, list[tuple[str, nn.Parameter]]] = {
+            "embed": [],
+            "head": [],
+            "matrix": [],
+            "scalar": [],
+        }
         seen: set[int] = set()
         for name, p in self.named_parameters():
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if name.startswith(("wte.", "wpe.")) or (name.startswith("lm_head.") and self.cfg.tie_embeddings):
+            if name.startswith(("wte.", "wpe.", "value_embeds.")) or (
+                name.startswith("lm_head.") and self.cfg.tie_embeddings
+            ):
                 roles["embed"].append((name, p))
             elif name.startswith("lm_head."):
                 roles["head"].append((name, p))
@@ -200,6 +311,12 @@ class GPT(nn.Module):
         return roles
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 x matmul parameters (incl. the head) + attention (PaLM, 12*L*d*T)."""
+        """Training FLOPs per token: 6 x matmul parameters (incl. the head) + attention (PaLM, 12·L·d·T).
+
+        Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
+        scores each query computes (document masking lowers it further; not counted).
+        """
         matmul = sum(p.numel() for _, p in self.param_roles()["matrix"]) + self.lm_head.weight.numel()
-        return 6 * matmul + 12 * self.cfg.n_layer * self.cfg.n_embd * seq_len
+        context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
+        n_attn = sum(attention_layers(self.cfg))
+        return 6 * matmul + 12 * n_attn * self.cfg.n_embd * context

@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
-from speedrun.model.gpt import GPT, padded_vocab
+from speedrun.model.gpt import GPT, attention_layers, embedding_rows, padded_vocab
+
+
+def _attention_line(model: GPT) -> str | None:
+    """One line on masking and windows, or None for plain causal attention."""
+    cfg = model.cfg
+    if not (cfg.document_mask or cfg.window > 0):
+        return None
+    parts = [
+        f"attention: backend {cfg.attention}",
+        "document mask" if cfg.document_mask else "no document mask",
+    ]
+    if cfg.window > 0:
+        warmup = (
+            f", {cfg.window_warmup} warmup in steps of {cfg.window_unit}"
+            if cfg.window_warmup != "none"
+            else ""
+        )
+        parts.append(f"window {cfg.window} ({cfg.window_granularity}{warmup})")
+    if cfg.window_pattern:
+        parts.append(f"layer windows {cfg.window_pattern}")
+    n_attn = sum(attention_layers(cfg))
+    if n_attn < cfg.n_layer:
+        parts.append(f"{n_attn} of {cfg.n_layer} layers with attention")
+    return "  ".join(parts)
 
 
 def model_summary(model: GPT, seq_len: int) -> str:
@@ -12,9 +36,13 @@ def model_summary(model: GPT, seq_len: int) -> str:
     cfg = model.cfg
     lines = [
         f"params: {total}",
-        f"vocab: {cfg.vocab_size} (embedding rows {padded_vocab(cfg)})",
-        f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  head_dim: {cfg.n_embd // cfg.n_head}",
+        f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
+        f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  "
+        f"head_dim: {cfg.n_embd // cfg.n_head}",
     ]
+    attention = _attention_line(model)
+    if attention:
+        lines.append(attention)
     for role, group in roles.items():
         lines.append(f"  {role:<7} {sum(p.numel() for _, p in group):>13,d} params in {len(group)} tensors")
     lines.append(f"flops_per_token: {model.flops_per_token(seq_len)} (training, seq_len {seq_len})")

@@ -95,7 +95,9 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, SafetensorError, RuntimeError, ValueError, EOFError, json.JSONDecodeError) as e:
-        raise DataError(f"checkpoint {path} is damaged or unreadable: {str(e).splitlines()[0][:200]}") from None
+        raise DataError(
+            f"checkpoint {path} is damaged or unreadable: {str(e).splitlines()[0][:200]}"
+        ) from None
     expected = _weights(model)
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
         raise DataError(f"checkpoint {path} holds weights of a different model")

@@ -64,8 +64,12 @@ def setup(requested_device: str = "auto", timeout_s: float = 600.0) -> DistConte
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-def teardown() -> None:
+def teardown(clean: bool = True) -> None:
+    """Leave the process group. After a clean run, first wait for every rank: a rank that tears down
+    while a peer's last collective is still draining its connections can abort that peer (gloo)."""
     if dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_ch
 from speedrun.train.optimizers import build_optimizers
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report, peak_memory_bytes
 from speedrun.train.schedule import lr_multiplier, muon_momentum
+from speedrun.train.signals import RunInterrupted, StopSignals
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
@@ -61,7 +62,9 @@ def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[P
             f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {cfg.model.vocab_size}"
         )
     if cfg.model.document_mask and meta["eot_id"] != cfg.model.eot_id:
-        raise DataError(f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}")
+        raise DataError(
+            f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}"
+        )
     return data_dir, meta
 
 
@@ -78,8 +81,14 @@ def evaluate(model, cfg: Config, val_files, token_bytes, ctx) -> tuple[float, fl
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, tokens, bytes
     model.eval()
     batches = val_batches(
-        val_files, t.val_tokens, t.micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
-        vocab_size=cfg.model.vocab_size, device=ctx.device,
+        val_files,
+        t.val_tokens,
+        t.micro_batch_tokens,
+        t.seq_len,
+        ctx.rank,
+        ctx.world_size,
+        vocab_size=cfg.model.vocab_size,
+        device=ctx.device,
     )
     for x, y in batches:
         with autocast(cfg, ctx.device):
@@ -91,47 +100,10 @@ def evaluate(model, cfg: Config, val_files, token_bytes, ctx) -> tuple[float, fl
     model.train()
     distributed.all_reduce_sum(totals, ctx)
     loss = (totals[0] / totals[1]).item()
-    bpb = (totals[0] / (math.log(2) * totals[2])).item() if token_bytes is not None and totals[2] > 0 else None
+    bpb = (
+        (totals[0] / (math.log(2) * totals[2])).item() if token_bytes is not None and totals[2] > 0 else None
+    )
     return loss, bpb
-
-
-class RunInterrupted(SpeedrunError):
-    """SIGINT/SIGTERM: a checkpoint was saved at a step boundary; the run can be resumed."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
-
-
-class StopSignals:
-    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary; a second one exits at once."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None:
-            os._exit(128 + signum)
-        self.received = signum
-
-    def install(self) -> StopSignals:
-        with contextlib.suppress(ValueError):  # signals can only be caught in the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def agreed(self, ctx: distributed.DistContext) -> int | None:
-        """The signal if any rank got one, so that every rank stops at the same step."""
-        if not ctx.distributed:
-            return self.received
-        flag = torch.tensor([self.received or 0], device=ctx.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return int(flag.item()) or None
 
 
 def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int, dict[str, Any]]:
@@ -146,7 +118,9 @@ def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int,
         raise DataError(f"checkpoint {checkpoints[-1]} has an unusable config: {e}") from None
     for key, before, after in changed_keys(saved_cfg, cfg):
         if key not in RESUMABLE_CHANGES:
-            raise DataError(f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}")
+            raise DataError(
+                f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}"
+            )
     if state["step"] >= cfg.train.steps:
         raise DataError(f"run in {run_dir} already finished ({state['step']} of {cfg.train.steps} steps)")
     for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
@@ -160,7 +134,11 @@ def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int,
 
 def _fmt_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
-    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
@@ -180,7 +158,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         data_dir, meta = ensure_data(cfg, ctx, log=run.log)
         train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
         tokenizer = tokenizer_for_data(data_dir, meta)
-        token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(ctx.device)
+        token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(
+            ctx.device
+        )
         run.log(
             f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
             f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
@@ -193,17 +173,29 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         use_compile = t.compile == "on" or (t.compile == "auto" and ctx.device.type == "cuda")
         fwd = torch.compile(model) if use_compile else model
         if ctx.distributed:
-            fwd = DDP(fwd, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                      broadcast_buffers=False, gradient_as_bucket_view=True)
+            fwd = DDP(
+                fwd,
+                device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=True,
+            )
 
         loader = TokenLoader(
-            train_files, t.global_batch_tokens, t.micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
-            align_to_bos=cfg.data.align_to_bos, bos_id=meta["eot_id"], vocab_size=cfg.model.vocab_size,
+            train_files,
+            t.global_batch_tokens,
+            t.micro_batch_tokens,
+            t.seq_len,
+            ctx.rank,
+            ctx.world_size,
+            align_to_bos=cfg.data.align_to_bos,
+            bos_id=meta["eot_id"],
+            vocab_size=cfg.model.vocab_size,
             device=ctx.device,
         )
         accum = loader.accumulation_steps
         run.log(
-            f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} micro-steps x "
+            f"batch: {t.global_batch_tokens:,} tokens/step = "
+            f"{ctx.world_size} processes x {accum} micro-steps x "
             f"{t.micro_batch_tokens:,} tokens ({t.micro_batch_tokens // t.seq_len} x {t.seq_len}); "
             f"{t.steps} steps, device {ctx.device}, compile {use_compile}, dtype {t.dtype}"
         )
@@ -218,14 +210,22 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         def checkpoint(done_steps: int) -> Path | None:
             state = {
-                "step": done_steps, "optimizers": [opt.state_dict() for opt in optimizers],
-                "loader": loader.state_dict(), "timed_s": timed_s, "timed_tokens": timed_tokens,
+                "step": done_steps,
+                "optimizers": [opt.state_dict() for opt in optimizers],
+                "loader": loader.state_dict(),
+                "timed_s": timed_s,
+                "timed_tokens": timed_tokens,
                 "data_wait_s": data_wait_s,
-                "rng": {"cpu": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None},
+                "rng": {
+                    "cpu": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None,
+                },
             }
-            path = save_checkpoint(run.path, done_steps, model, state, cfg.to_dict(), t.checkpoint_keep) \
-                if ctx.is_main else None
+            path = (
+                save_checkpoint(run.path, done_steps, model, state, cfg.to_dict(), t.checkpoint_keep)
+                if ctx.is_main
+                else None
+            )
             if ctx.distributed:
                 torch.distributed.barrier()
             return path
@@ -237,10 +237,19 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             # ---- validation (not timed) ----
             if last or (t.val_every > 0 and step % t.val_every == 0):
                 val_loss, val_bpb = evaluate(fwd, cfg, val_files, token_bytes, ctx)
-                run.metric({"step": step, "val_loss": val_loss, "val_bpb": val_bpb,
-                            "tokens": step * t.global_batch_tokens, "time_s": timed_s})
+                run.metric(
+                    {
+                        "step": step,
+                        "val_loss": val_loss,
+                        "val_bpb": val_bpb,
+                        "tokens": step * t.global_batch_tokens,
+                        "time_s": timed_s,
+                    }
+                )
                 bpb = f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""
-                run.log(f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | train time {timed_s:.1f}s")
+                run.log(
+                    f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | train time {timed_s:.1f}s"
+                )
                 if not math.isfinite(val_loss):
                     raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
             if last:
@@ -262,7 +271,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             for micro in range(accum):
                 x, y = loader.next_batch()
                 step_wait_s += loader.last_wait_s
-                sync = contextlib.nullcontext() if micro == accum - 1 or not ctx.distributed else fwd.no_sync()
+                sync = (
+                    contextlib.nullcontext() if micro == accum - 1 or not ctx.distributed else fwd.no_sync()
+                )
                 with sync:
                     with autocast(cfg, ctx.device):
                         loss = fwd(x, y)
@@ -283,7 +294,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
             # ---- logging, checkpoints, signals ----
             done = step + 1
-            save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (done == t.steps and t.checkpoint_at_end)
+            save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (
+                done == t.steps and t.checkpoint_at_end
+            )
             stop_signal = signals.agreed(ctx)
             if step % t.log_every == 0 or done == t.steps or save or stop_signal:
                 train_loss = distributed.all_reduce_sum(loss_sum / accum, ctx).item() / ctx.world_size
@@ -294,28 +307,45 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                     )
                 avg = timed_s / max(1, done - untimed_until) if timed_tokens else step_s
                 tok_s = timed_tokens / timed_s if timed_tokens else t.global_batch_tokens / step_s
-                run.metric({"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
-                            "time_s": timed_s, "lr": mult, "step_ms": step_s * 1000,
-                            "data_wait_ms": step_wait_s * 1000})
+                run.metric(
+                    {
+                        "step": done,
+                        "train_loss": train_loss,
+                        "tokens": done * t.global_batch_tokens,
+                        "time_s": timed_s,
+                        "lr": mult,
+                        "step_ms": step_s * 1000,
+                        "data_wait_ms": step_wait_s * 1000,
+                    }
+                )
                 run.log(
                     f"step {step + 1:>5}/{t.steps} | loss {train_loss:.4f} | lr x{mult:.3f} | "
-                    f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | eta {_fmt_duration(avg * (t.steps - done))}"
+                    f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | "
+                    f"eta {_fmt_duration(avg * (t.steps - done))}"
                 )
             if save or stop_signal:
                 path = checkpoint(done)
                 run.log(f"checkpoint: {path}")
             if stop_signal:
                 name = signal.Signals(stop_signal).name
-                message = f"stopped by {name} after step {done}; resume with: speedrun train --resume {run.path}"
+                message = (
+                    f"stopped by {name} after step {done}; resume with: speedrun train --resume {run.path}"
+                )
                 run.log(message, console=False)
                 raise RunInterrupted(message, stop_signal)
 
         peak = peak_memory_bytes(ctx.device)
         summary = {
-            "recipe": cfg.recipe, "steps": t.steps, "final_val_loss": val_loss, "final_val_bpb": val_bpb,
-            "train_time_s": timed_s, "wall_time_s": time.perf_counter() - wall_start,
+            "recipe": cfg.recipe,
+            "steps": t.steps,
+            "final_val_loss": val_loss,
+            "final_val_bpb": val_bpb,
+            "train_time_s": timed_s,
+            "wall_time_s": time.perf_counter() - wall_start,
             "tokens_per_s": timed_tokens / timed_s if timed_s else None,
-            "data_wait_s": data_wait_s, "peak_memory_bytes": peak, "run_dir": str(run.path),
+            "data_wait_s": data_wait_s,
+            "peak_memory_bytes": peak,
+            "run_dir": str(run.path),
         }
         bpb = f", val bpb {val_bpb:.4f}" if val_bpb is not None else ""
         run.log(
@@ -332,4 +362,4 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         signals.restore()
         if run is not None:
             run.close()
-        distributed.teardown()
+        distributed.teardown(clean=sys.exc_info()[0] is None)

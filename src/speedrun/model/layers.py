@@ -1,0 +1,108 @@
+"""Building blocks of the GPT that carry no attention logic: linear layers, norms, rotary, MLP.
+
+`CastedLinear` is the 2024-11-08 "CastBf16" idea: weights stay fp32 (the optimizer's master copy)
+and are cast to the activation dtype inside forward, so the same module works under autocast
+(CPU default), with bf16 activations coming from bf16 embeddings (the records on CUDA), and in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CastedLinear(nn.Linear):
+    """nn.Linear whose weight (and bias) are cast to the input's dtype in forward.
+
+    Parameter names and shapes are those of nn.Linear, so checkpoints and optimizer roles are unchanged.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> torch.Tensor:
+    """Uniform init with std `gain / sqrt(fan_in)` (Sub3Min: 0.5 is a bit better than torch's 1/sqrt(3))."""
+    bound = math.sqrt(3.0) * gain / math.sqrt(fan_in)
+    with torch.no_grad():
+        return weight.uniform_(-bound, bound)
+
+
+class Norm(nn.Module):
+    """LayerNorm with gains and biases (GPT-2) or parameter-free RMSNorm (modern records)."""
+
+    def __init__(self, dim: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.ln = nn.LayerNorm(dim) if kind == "layernorm" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ln is not None:
+            return self.ln(x)
+        return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_frequencies(head_dim: int, base: float, half_truncated: bool) -> torch.Tensor:
+    """head_dim/2 angular frequencies, one per rotated pair of dimensions.
+
+    full: base^(-2i/head_dim) (RoFormer). half_truncated (Sub3Min): head_dim/4 frequencies spaced
+    geometrically from 1 down to 1/1024, and head_dim/4 zeros, so half of the pairs are not rotated at
+    all and carry position-free content.
+    """
+    if not half_truncated:
+        return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    quarter = head_dim // 4
+    freqs = (1.0 / 1024) ** torch.linspace(0, 1, steps=quarter, dtype=torch.float32)
+    return torch.cat([freqs, freqs.new_zeros(head_dim // 2 - quarter)])
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding on (B, H, T, D) tensors, tables precomputed once.
+
+    The full variant rotates in the activation dtype (as the 2024-10/11 records); the half-truncated
+    variant rotates in fp32 and casts back (as Sub3Min).
+    """
+
+    def __init__(self, head_dim: int, max_seq_len: int, base: float, half_truncated: bool = False):
+        super().__init__()
+        self.fp32 = half_truncated
+        angles = torch.outer(
+            torch.arange(max_seq_len, dtype=torch.float32), rotary_frequencies(head_dim, base, half_truncated)
+        )
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.size(-2)
+        if T > self.cos.size(0):
+            raise ValueError(f"sequence length {T} exceeds the rotary table ({self.cos.size(0)})")
+        dtype = torch.float32 if self.fp32 else x.dtype
+        cos, sin = self.cos[:T].to(dtype), self.sin[:T].to(dtype)
+        x1, x2 = x.to(dtype).chunk(2, dim=-1)
+        return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int, bias: bool, relu2: bool):
+        super().__init__()
+        self.c_fc = CastedLinear(dim, hidden, bias=bias)
+        self.c_proj = CastedLinear(hidden, dim, bias=bias)
+        self.relu2 = relu2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        return self.c_proj(h)
+
+
+def softcap(logits: torch.Tensor, cap: float, form: str) -> torch.Tensor:
+    """Bound the logits smoothly. tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap)
+    = cap·tanh(z/cap) + cap (Sub3Min writes 30·sigmoid(z/7.5) for cap 15); the constant shift
+    leaves softmax and cross-entropy unchanged."""
+    if form == "sigmoid":
+        return 2 * cap * torch.sigmoid(logits * (2 / cap))
+    return cap * torch.tanh(logits / cap)
