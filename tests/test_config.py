@@ -100,6 +100,12 @@ def test_cross_field_validation():
         load_recipe("demo", ["model.n_head=3"])
 
 
+def test_bundled_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    (tmp_path / "demo").mkdir()  # e.g. a run directory called demo
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("demo").recipe == "demo"
+
+
 def test_unknown_recipe_lists_known_ones():
     with pytest.raises(ConfigError, match="unknown recipe 'nope'.*demo"):
         load_recipe("nope")

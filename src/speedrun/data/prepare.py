@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speedrun.atomic import write_atomic
 from speedrun.data.shards import write_shard
 from speedrun.data.sources import iter_documents, source_slug
 from speedrun.data.tokenizers import (
@@ -112,18 +113,7 @@ def _write_split(
 
 def write_json_atomic(path: Path, obj: dict) -> None:
     """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def _check_target(data_dir: Path) -> None:

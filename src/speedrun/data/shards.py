@@ -7,12 +7,11 @@ silently truncating ids would corrupt the data, and a wider body needs a new ver
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from speedrun.atomic import write_atomic
 from speedrun.errors import DataError
 
 MAGIC = 20240520
@@ -44,19 +43,7 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
     body = tokens.astype(_TOKEN_DTYPE, copy=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; shards are ordinary readable data
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.tobytes())
-            f.write(body.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, header.tobytes(), body.tobytes())
 
 
 def read_header(path: Path) -> int:

@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
+from speedrun.atomic import write_atomic
 from speedrun.errors import ConfigError, DataError
 
 EOT = "<|endoftext|>"
@@ -212,17 +212,7 @@ def save_tokenizer(tokenizer: Tokenizer, data_dir: Path) -> Path:
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / TOKENIZER_FILE
-    fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=f".{TOKENIZER_FILE}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(doc).encode())
     return path
 
 

@@ -24,15 +24,17 @@ def recipe_names() -> list[str]:
 
 
 def _resolve(name_or_path: str) -> Path:
+    """A bundled name wins over a same-named folder in the working directory (e.g. a run called demo)."""
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise ConfigError(f"recipe file not found: {path}")
-        return path
     bundled = _recipe_dir() / f"{name_or_path}.toml"
-    if not bundled.is_file():
-        raise ConfigError(f"unknown recipe '{name_or_path}' (known: {', '.join(recipe_names())})")
-    return bundled
+    looks_like_path = path.suffix == ".toml" or "/" in name_or_path
+    if not looks_like_path and bundled.is_file():
+        return bundled
+    if path.is_file():
+        return path
+    if looks_like_path:
+        raise ConfigError(f"recipe file not found: {path}")
+    raise ConfigError(f"unknown recipe '{name_or_path}' (known: {', '.join(recipe_names())})")
 
 
 def _apply_file(cfg: Config, path: Path, seen: tuple[Path, ...]) -> None:

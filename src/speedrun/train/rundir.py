@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import speedrun
+from speedrun.atomic import write_atomic
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
 
@@ -48,9 +49,7 @@ class RunDir:
     def write_config(self, cfg: Config) -> None:
         if not self.enabled:
             return
-        tmp = self.path / "config.json.tmp"
-        tmp.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path / "config.json")
+        write_atomic(self.path / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records the resumed run will write again: anything after `step`, and validation at `step`
@@ -64,9 +63,7 @@ class RunDir:
             record = json.loads(line)
             if record["step"] < step or (record["step"] == step and "val_loss" not in record):
                 keep.append(line + "\n")
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(keep), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, "".join(keep).encode())
         self._metrics = open(path, "a", encoding="utf-8")
 
     def log(self, line: str = "", console: bool = True) -> None:
