@@ -39,3 +39,44 @@ def test_two_processes_match_one_process_with_accumulation(text_data, tmp_path, 
     log = (tmp_path / "two" / "log.txt").read_text()
     assert "2 processes x 1 micro-steps" in log
     assert "1 processes x 2 micro-steps" in (tmp_path / "one" / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path):
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd = [
+        *base,
+        "-m",
+        "speedrun",
+        "train",
+        "--out",
+        str(out),
+        f"data.dir={text_data}",
+        *EXACT,
+        "train.steps=1000000",
+        "train.warmdown_steps=4",
+        "train.val_every=0",
+    ]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        metrics = out / "metrics.jsonl"
+        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 5):
+            time.sleep(0.1)  # wait until both ranks are inside the training loop
+        workers = subprocess.run(
+            ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[-1]), signal.SIGKILL)  # one rank dies without a word
+        _, stderr = launcher.communicate(timeout=90)  # the survivor must not hang
+    finally:
+        launcher.kill()
+    assert launcher.returncode != 0
+    assert "SIGKILL" in stderr or "Signal 9" in stderr, stderr[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records and records[-1]["step"] < 1000000  # it stopped early, it did not finish

@@ -12,6 +12,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +174,14 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         use_compile = t.compile == "on" or (t.compile == "auto" and ctx.device.type == "cuda")
         fwd = torch.compile(model) if use_compile else model
         if ctx.distributed:
-            fwd = DDP(
-                fwd,
-                device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                broadcast_buffers=False,
-                gradient_as_bucket_view=True,
-            )
+            with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
+                warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+                fwd = DDP(
+                    fwd,
+                    device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                    broadcast_buffers=False,  # our only buffers are rotary tables, equal on every rank
+                    gradient_as_bucket_view=True,
+                )
 
         loader = TokenLoader(
             train_files,
