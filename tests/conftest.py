@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,27 @@ def text_data(tmp_path_factory) -> Path:
     src = root / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return prepare(f"text:{src}", "bpe:512", root / "shards", log=lambda *_: None)
+
+
+def speedrun_command(*args: str, nproc: int = 0) -> list[str]:
+    """`python -m speedrun ARGS`, under torchrun with `nproc` processes when nproc > 0."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*(launcher if nproc else [sys.executable]), "-m", "speedrun", *args]
+
+
+def run_speedrun(*args: str, nproc: int = 0, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would, in a subprocess, capturing its output."""
+    return subprocess.run(
+        speedrun_command(*args, nproc=nproc), capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for_metrics(run_dir: Path, lines: int, timeout_s: float = 120) -> None:
+    """Block until a running job's metrics.jsonl has `lines` records (the job is inside its loop)."""
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + timeout_s
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= lines):
+        time.sleep(0.05)

@@ -6,21 +6,14 @@ Every case runs the real CLI in a subprocess, as a user would.
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from speedrun.data.shards import write_shard
-from tests.conftest import TINY
+from tests.conftest import TINY, run_speedrun
 
 FAST = [*TINY, "train.steps=3", "train.warmdown_steps=1", "train.val_every=0"]
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "speedrun", *args], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
 
 
 def assert_one_line(proc: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
@@ -40,7 +33,7 @@ def data_copy(text_data, tmp_path) -> Path:
 
 
 def train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return cli("train", "--out", str(out), f"data.dir={data}", *FAST, *extra)
+    return run_speedrun("train", "--out", str(out), f"data.dir={data}", *FAST, *extra)
 
 
 def test_empty_data_folder(tmp_path):
@@ -126,28 +119,30 @@ def finished_run(text_data, tmp_path) -> Path:
 
 
 def test_resume_of_a_finished_run(finished_run):
-    assert_one_line(cli("train", "--resume", str(finished_run)), 1, "already finished (3 of 3 steps)")
+    assert_one_line(
+        run_speedrun("train", "--resume", str(finished_run)), 1, "already finished (3 of 3 steps)"
+    )
 
 
 def test_resume_with_a_damaged_checkpoint(finished_run):
     weights = finished_run / "checkpoints" / "step_000003" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    assert_one_line(cli("train", "--resume", str(finished_run)), 1, "damaged", "step_000003")
+    assert_one_line(run_speedrun("train", "--resume", str(finished_run)), 1, "damaged", "step_000003")
 
 
 def test_resume_with_a_changed_model(finished_run):
-    proc = cli("train", "--resume", str(finished_run), "model.n_layer=3")
+    proc = run_speedrun("train", "--resume", str(finished_run), "model.n_layer=3")
     assert_one_line(proc, 2, "cannot resume with model.n_layer changed (2 -> 3)")
 
 
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
-    assert_one_line(cli("train", "--resume", str(tmp_path)), 2, "not a run directory")
+    assert_one_line(run_speedrun("train", "--resume", str(tmp_path)), 2, "not a run directory")
 
 
 def test_resume_without_checkpoints(text_data, tmp_path):
     out = tmp_path / "run"
     assert train(text_data, out).returncode == 0
-    assert_one_line(cli("train", "--resume", str(out)), 1, "no checkpoint")
+    assert_one_line(run_speedrun("train", "--resume", str(out)), 1, "no checkpoint")
 
 
 def test_checkpoint_from_another_recipe_is_refused(finished_run, tmp_path):
@@ -157,7 +152,7 @@ def test_checkpoint_from_another_recipe_is_refused(finished_run, tmp_path):
     (finished_run / "config.json").write_text(
         json.dumps({**config, "train": {**config["train"], "steps": 6}})
     )
-    proc = cli("train", "--resume", str(finished_run))
+    proc = run_speedrun("train", "--resume", str(finished_run))
     assert_one_line(proc, 1, "was made with train.steps=3, this run has 6")
 
 

@@ -1,11 +1,8 @@
 """Checkpoints, exact resume, signals and interrupted writes."""
 
-import json
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
-from tests.conftest import TINY
+from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 
 # fp32 on CPU: a resumed run must reproduce the uninterrupted one bit for bit.
 RESUMABLE = [
@@ -28,21 +25,6 @@ RESUMABLE = [
     "train.checkpoint_keep=0",
     "train.checkpoint_at_end=true",
 ]
-
-
-def cli(*args: str, nproc: int = 0, **kw) -> subprocess.CompletedProcess:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    return subprocess.run(
-        [*launcher, "-m", "speedrun", *args], capture_output=True, text=True, timeout=300, **kw
-    )
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def losses(records: list[dict]) -> list[tuple]:
@@ -64,7 +46,7 @@ def rewind(run_dir: Path, copy: Path, step: int) -> None:
 @pytest.fixture(scope="module")
 def straight_run(text_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("straight") / "run"
-    proc = cli("train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE)
+    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -74,11 +56,13 @@ def straight_run(text_data, tmp_path_factory) -> Path:
 def test_resume_reproduces_the_uninterrupted_run_exactly(straight_run, tmp_path, at_step):
     resumed = tmp_path / "resumed"
     rewind(straight_run, resumed, at_step)
-    proc = cli("train", "--resume", str(resumed), "train.log_every=2")  # a harmless change is allowed ...
+    proc = run_speedrun(
+        "train", "--resume", str(resumed), "train.log_every=2"
+    )  # a harmless change is allowed ...
     assert proc.returncode == 0, proc.stderr
     assert "resume: train.log_every changed from 1 to 2" in proc.stdout  # ... and reported
-    after = metrics(resumed)
-    straight = metrics(straight_run)
+    after = read_metrics(resumed)
+    straight = read_metrics(straight_run)
     assert set(losses(after)) <= set(losses(straight))  # every value logged after the resume is identical
     assert [r for r in losses(after) if r[1] == "val"] == [r for r in losses(straight) if r[1] == "val"]
     # every record up to the checkpoint is kept once; after it, the resumed run logs every 2nd step
@@ -90,32 +74,20 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(straight_run, tmp_path,
 @pytest.mark.slow
 def test_sigterm_saves_and_resume_finishes_like_the_uninterrupted_run(straight_run, text_data, tmp_path):
     out = tmp_path / "run"
-    args = [
-        sys.executable,
-        "-m",
-        "speedrun",
-        "train",
-        "--out",
-        str(out),
-        f"data.dir={text_data}",
-        *RESUMABLE,
-        "train.checkpoint_every=0",
-    ]
+    args = speedrun_command(
+        "train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE, "train.checkpoint_every=0"
+    )
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if (out / "metrics.jsonl").exists() and sum(1 for _ in open(out / "metrics.jsonl")) >= 4:
-            break
-        time.sleep(0.05)
+    wait_for_metrics(out, 4)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert f"resume with: speedrun train --resume {out}" in stderr and "Traceback" not in stderr
     stopped_at = int(ckpt.list_checkpoints(out)[-1].name.split("_")[1])
     assert 0 < stopped_at < 12
-    resumed = cli("train", "--resume", str(out))
+    resumed = run_speedrun("train", "--resume", str(out))
     assert resumed.returncode == 0, resumed.stderr
-    assert losses(metrics(out)) == losses(metrics(straight_run))
+    assert losses(read_metrics(out)) == losses(read_metrics(straight_run))
 
 
 def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -173,10 +145,10 @@ def test_tied_weights_round_trip(tmp_path):
 @pytest.mark.slow
 def test_two_process_save_and_resume_match_the_uninterrupted_run(text_data, tmp_path):
     straight = tmp_path / "straight"
-    proc = cli("train", "--out", str(straight), f"data.dir={text_data}", *RESUMABLE, nproc=2)
+    proc = run_speedrun("train", "--out", str(straight), f"data.dir={text_data}", *RESUMABLE, nproc=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
     resumed = tmp_path / "resumed"
     rewind(straight, resumed, 6)
-    proc = cli("train", "--resume", str(resumed), nproc=2)
+    proc = run_speedrun("train", "--resume", str(resumed), nproc=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert losses(metrics(resumed)) == losses(metrics(straight))
+    assert losses(read_metrics(resumed)) == losses(read_metrics(straight))

@@ -2,24 +2,17 @@
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from speedrun.cli import main
-from tests.conftest import TINY
-
-
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "speedrun", *args], capture_output=True, text=True, cwd=cwd)
+from tests.conftest import TINY, run_speedrun
 
 
 @pytest.mark.slow
 def test_tiny_run_writes_run_directory_and_learns(text_data, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("train", "--out", str(out), f"data.dir={text_data}", *TINY)
+    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *TINY)
     assert proc.returncode == 0, proc.stderr
     assert {"config.json", "metrics.jsonl", "log.txt"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
@@ -68,7 +61,7 @@ def test_recipes_lists_every_bundled_recipe(capsys):
     ],
 )
 def test_user_mistakes_give_one_line_and_exit_code(args, code, fragment, tmp_path):
-    proc = run_cli(*args, cwd=tmp_path)
+    proc = run_speedrun(*args, cwd=tmp_path)
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speedrun: error:"), proc.stderr
@@ -77,12 +70,12 @@ def test_user_mistakes_give_one_line_and_exit_code(args, code, fragment, tmp_pat
 
 
 def test_vocab_mismatch_between_data_and_model_is_refused(text_data, tmp_path):
-    proc = run_cli(
+    proc = run_speedrun(
         "train", "--out", str(tmp_path / "r"), f"data.dir={text_data}", *TINY, "model.vocab_size=600"
     )
     assert proc.returncode == 1
     assert "vocab size 512 but model.vocab_size is 600" in proc.stderr
-    proc = run_cli(
+    proc = run_speedrun(
         "train", "--out", str(tmp_path / "r2"), f"data.dir={text_data}", *TINY, "data.tokenizer=gpt2"
     )
     assert proc.returncode == 1 and "tokenized with bpe:512" in proc.stderr
@@ -95,5 +88,5 @@ def test_corrupt_shard_is_refused(text_data, tmp_path):
     shutil.copytree(text_data, bad)
     shard = sorted(bad.glob("*_train_*.bin"))[0]
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated body
-    proc = run_cli("train", "--out", str(tmp_path / "r"), f"data.dir={bad}", *TINY)
+    proc = run_speedrun("train", "--out", str(tmp_path / "r"), f"data.dir={bad}", *TINY)
     assert proc.returncode == 1 and shard.name in proc.stderr and "Traceback" not in proc.stderr

@@ -1,13 +1,13 @@
 """World-size invariance: 2 gloo processes under torchrun train exactly like 1 process with accumulation."""
 
-import json
+import os
+import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 
 # fp32, so the only possible differences are floating-point rounding: DDP averages two half-batch
 # gradients as (g1 + g2) / 2, one process accumulates g1 / 2 + g2 / 2. Halving is exact in binary
@@ -19,11 +19,9 @@ EXACT = [*TINY, "train.dtype=fp32", "train.steps=8", "train.warmdown_steps=4", "
 
 
 def run(nproc: int, out: Path, data: Path, *extra: str) -> list[dict]:
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd = [*base, "-m", "speedrun", "train", "--out", str(out), f"data.dir={data}", *EXACT, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_speedrun("train", "--out", str(out), f"data.dir={data}", *EXACT, *extra, nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics(out)
 
 
 @pytest.mark.slow
@@ -43,16 +41,8 @@ def test_two_processes_match_one_process_with_accumulation(text_data, tmp_path, 
 
 @pytest.mark.slow
 def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path):
-    import os
-    import signal
-    import time
-
     out = tmp_path / "run"
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd = [
-        *base,
-        "-m",
-        "speedrun",
+    cmd = speedrun_command(
         "train",
         "--out",
         str(out),
@@ -61,13 +51,11 @@ def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path
         "train.steps=1000000",
         "train.warmdown_steps=4",
         "train.val_every=0",
-    ]
+        nproc=2,
+    )
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        metrics = out / "metrics.jsonl"
-        while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 5):
-            time.sleep(0.1)  # wait until both ranks are inside the training loop
+        wait_for_metrics(out, 5)  # both ranks are inside the training loop
         workers = subprocess.run(
             ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
         ).stdout.split()
@@ -78,5 +66,5 @@ def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path
         launcher.kill()
     assert launcher.returncode != 0
     assert "SIGKILL" in stderr or "Signal 9" in stderr, stderr[-2000:]
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out)
     assert records and records[-1]["step"] < 1000000  # it stopped early, it did not finish
