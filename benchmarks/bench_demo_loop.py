@@ -1,9 +1,10 @@
 """Is the demo's training loop as fast as a bare loop over the same model? And how much memory does it use?
 
 Runs, each in a fresh process so peak memory is the run's own:
-  plain:    a minimal hand-written loop (random tokens, one AdamW, bf16 autocast, no data loader, no
-            logging, no validation) over the demo model — the "plain 4-layer, 256-wide GPT" reference;
-  plain-muon: the same minimal loop but with the demo's Muon + Adam optimizers;
+  plain:    a bare loop of `train_step` calls (random tokens, one AdamW, bf16 autocast, no data
+            loader, no schedule, no logging, no validation) over the demo model — the "plain
+            4-layer, 256-wide GPT" reference;
+  plain-muon: the same bare loop but with the demo's Muon + Adam optimizers;
   demo:     `speedrun train` on the demo recipe, short (train.steps=N, no validation until the end),
             logging every step as the demo does; its step time is the loop's own `step_ms`
             (loader, LR/momentum schedule, forward/backward, optimizers; the log line is written after).
@@ -32,25 +33,21 @@ def _plain(steps: int, warmup: int, optimizer: str) -> dict:
 
     from speedrun.model.gpt import GPT
     from speedrun.recipes import load_recipe
-    from speedrun.train.optimizers import build_optimizers
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.step import train_step
 
     cfg = load_recipe("demo", [f"optim.name={optimizer}"])
     t = cfg.train
     torch.manual_seed(0)
     model = GPT(cfg.model)
-    opts = build_optimizers(model, cfg)
+    optimizer = build_optimizer(model, cfg)
     B = t.micro_batch_tokens // t.seq_len
     x = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
     y = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
     times = []
     for _ in range(steps + warmup):
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(x, y)
-        loss.backward()
-        for opt in opts:
-            opt.step()
-        model.zero_grad(set_to_none=True)
+        train_step(model, optimizer, lambda: (x, y), 1, torch.bfloat16)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times[warmup:])
     return {

@@ -2,7 +2,7 @@
 
 Writes shards in the real format (uint16 tokens drawn from a Zipf law, documents of geometric length
 starting with the end-of-text token, like FineWeb's ~1,000-token average), builds the recipe's model
-and optimizers exactly as `speedrun train` does (compile per `train.compile`, FlexAttention on CUDA),
+and optimizer exactly as `speedrun train` does (compile per `train.compile`, FlexAttention on CUDA),
 then runs `--warmup` untimed and `--steps` timed optimizer steps of `train.global_batch_tokens` tokens.
 
 Prints per step: loss, forward+backward ms, optimizer ms; then the medians, tokens/s, MFU against the
@@ -21,6 +21,7 @@ import resource
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,30 @@ import torch
 from speedrun.config import Config
 from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
-from speedrun.model.attention import window_tokens
-from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizers
-from speedrun.train.schedule import muon_momentum
+from speedrun.train.distributed import DistContext
+from speedrun.train.loop import build_model
+from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.schedule import apply_schedule, schedule_at, window_tokens
+from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.timing import wait_for_device
+
+
+class OptimizerTimer:
+    """The run's optimizer with its `step()` timed (device work included), so that one `train_step`
+    call splits into forward+backward and optimizer time. The waits cost only this benchmark."""
+
+    def __init__(self, optimizer: RunOptimizer, device: torch.device):
+        self.optimizer, self.device, self.last_step_s = optimizer, device, 0.0
+        self.param_groups, self.parameters = optimizer.param_groups, optimizer.parameters
+        self.zero_grad = optimizer.zero_grad
+
+    def step(self) -> None:
+        wait_for_device(self.device)
+        start = time.perf_counter()
+        self.optimizer.step()
+        wait_for_device(self.device)
+        self.last_step_s = time.perf_counter() - start
 
 
 def generate_shard(
@@ -84,43 +104,28 @@ def run(
         vocab_size=m.vocab_size,
         device=device,
     )
-    torch.manual_seed(t.seed)
-    model = GPT(m).to(device)
-    optimizers = build_optimizers(model, cfg)
-    use_compile = t.compile == "on" or (t.compile == "auto" and device.type == "cuda")
-    fwd = torch.compile(model) if use_compile else model
+    model, train_model = build_model(cfg, DistContext(0, 0, 1, device))
+    optimizer = OptimizerTimer(build_optimizer(model, cfg), device)
+    use_compile = train_model is not model
     window = window_tokens(round(window_frac * t.steps), t.steps, m)
-    model.set_attention_window(window)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     rows = []
     for step in range(warmup + steps):
-        for opt in optimizers:
-            for group in opt.param_groups:
-                if "momentum" in group and cfg.optim.name == "muon":
-                    group["momentum"] = muon_momentum(step, cfg.optim)
-        sync()
+        apply_schedule(replace(schedule_at(step, cfg), window=window), optimizer, model)
+        wait_for_device(device)
         start = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        for _ in range(loader.accumulation_steps):
-            x, y = loader.next_batch()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.dtype == "bf16"):
-                loss = fwd(x, y)
-            (loss / loader.accumulation_steps).backward()
-            loss_sum += loss.detach()
-        sync()
-        mid = time.perf_counter()
-        for opt in optimizers:
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        sync()
+        loss = train_step(
+            train_model, optimizer, loader.next_batch, loader.accumulation_steps, autocast_dtype(cfg)
+        )
+        wait_for_device(device)
         end = time.perf_counter()
+        optim_s = optimizer.last_step_s
         row = {
             "step": step + 1,
-            "loss": loss_sum.item() / loader.accumulation_steps,
-            "fwd_bwd_ms": 1000 * (mid - start),
-            "optim_ms": 1000 * (end - mid),
+            "loss": loss.item(),
+            "fwd_bwd_ms": 1000 * (end - start - optim_s),
+            "optim_ms": 1000 * optim_s,
             "timed": step >= warmup,
         }
         rows.append(row)

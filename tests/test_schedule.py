@@ -1,11 +1,27 @@
-"""LR and momentum schedules at their boundaries."""
+"""Per-step schedules (LR, Muon momentum, attention window) against the record scripts' formulas."""
 
 import math
 
 import pytest
 
 from speedrun.config import OptimConfig, TrainConfig
-from speedrun.train.schedule import lr_multiplier, muon_momentum
+from speedrun.recipes import load_recipe, recipe_names
+from speedrun.train.schedule import lr_multiplier, muon_momentum, schedule_at
+
+
+def record_trapezoid(it: int, steps: int, warmup: int, warmdown: int) -> float:
+    """get_lr of the 2024-10 … 2024-12 record scripts, written as they write it."""
+    if it < warmup:
+        return (it + 1) / warmup
+    if it < steps - warmdown:
+        return 1.0
+    return (steps - it) / warmdown
+
+
+def sub3min_lr(step: int, steps: int, cooldown_frac: float = 0.4) -> float:
+    """get_lr of the 2025-01-16 (Sub3Min) record script."""
+    w = min((1 - step / steps) / cooldown_frac, 1.0)
+    return w * 1.0 + (1 - w) * 0.1
 
 
 def test_trapezoid_boundaries():
@@ -14,8 +30,10 @@ def test_trapezoid_boundaries():
     assert lr_multiplier(9, cfg) == pytest.approx(1.0)  # warmup reaches the peak
     assert lr_multiplier(10, cfg) == 1.0
     assert lr_multiplier(79, cfg) == 1.0  # last constant step
-    assert lr_multiplier(80, cfg) == pytest.approx(1 - 0.9 / 20)  # first warmdown step
-    assert lr_multiplier(99, cfg) == pytest.approx(0.1)  # the floor, exactly at the last step
+    # the records' (N - s) / W: 1 on the first warmdown step, 1/W (above the floor) on the last
+    assert lr_multiplier(80, cfg) == pytest.approx(1.0)
+    assert lr_multiplier(81, cfg) == pytest.approx(0.1 + 0.9 * 19 / 20)
+    assert lr_multiplier(99, cfg) == pytest.approx(0.1 + 0.9 / 20)
     values = [lr_multiplier(s, cfg) for s in range(80, 100)]
     assert all(a > b for a, b in zip(values, values[1:], strict=False))
 
@@ -38,3 +56,33 @@ def test_muon_momentum_warmup():
     assert muon_momentum(150, cfg) == pytest.approx(0.90)
     assert muon_momentum(300, cfg) == pytest.approx(0.95)
     assert muon_momentum(10_000, cfg) == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("name", [n for n in recipe_names() if not n.startswith("demo")])
+def test_every_record_recipe_follows_its_record_formula_at_every_step(name):
+    cfg = load_recipe(name)
+    t = cfg.train
+    if t.schedule == "cosine":
+        pytest.skip("llm.c cosine baseline: covered by test_cosine_matches_formula")
+    if t.warmdown_frac > 0:
+        expected = [sub3min_lr(s, t.steps, t.warmdown_frac) for s in range(t.steps)]
+    else:
+        expected = [record_trapezoid(s, t.steps, t.warmup_steps, t.warmdown_steps) for s in range(t.steps)]
+    got = [schedule_at(s, cfg).lr for s in range(t.steps)]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_sub3min_record_schedule_is_exact():
+    cfg = load_recipe("record-2025-01")
+    assert cfg.train.warmdown_frac == 0.4 and cfg.train.final_lr_frac == 0.1
+    # the old trapezoid approximation (557 integer steps) was off by up to 1.6e-3 from this
+    for s in (0, 835, 836, 1000, 1392):
+        assert lr_multiplier(s, cfg.train) == pytest.approx(sub3min_lr(s, 1393), abs=1e-14)
+
+
+def test_validation_at_a_step_uses_that_steps_window():
+    cfg = load_recipe("flex-2024-11")  # 11-24: window 64 * floor((64 + 1728 * s/N) / 64)
+    n = cfg.train.steps
+    assert schedule_at(0, cfg).window == 64  # step 0's validation runs with the step-0 window
+    assert schedule_at(n, cfg).window == 1792  # the final validation with the full window
+    assert schedule_at(n - 1, cfg).window == 64 * ((64 + 1728 * (n - 1) / n) // 64)

@@ -1,0 +1,50 @@
+"""Run `speedrun train` (under torchrun) and count the calls that make the host wait
+for the device or for other ranks: Tensor.item/tolist, CUDA synchronize, the loop's device wait and the
+control collectives (all_reduce, broadcast, barrier). Writes the counts of each rank to OUT.rankR.json.
+
+Usage: count_host_syncs.py OUT STEPS TRAIN_OVERRIDES...
+"""
+
+import json
+import os
+import sys
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from speedrun.cli import main
+
+counts: Counter = Counter()
+
+
+def counting(owner, name: str) -> None:
+    """Count calls made from speedrun's own code (torch internals are not the loop's: on CPU, for
+    instance, unfused Adam reads its step counter with .item(); fused Adam on CUDA does not)."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("speedrun"):
+            counts[name] += 1
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+
+
+for name in ("item", "tolist"):
+    counting(torch.Tensor, name)
+counting(torch.cuda, "synchronize")
+try:  # the loop's one device wait (absent before the loop stopped syncing every step)
+    import speedrun.train.timing as timing
+
+    counting(timing, "wait_for_device")
+except ImportError:
+    pass
+for name in ("all_reduce", "broadcast", "barrier"):
+    counting(dist, name)
+
+out, steps, *train_args = sys.argv[1:]
+code = main(["train", "--out", out, *train_args, f"train.steps={steps}", f"train.log_every={steps}"])
+assert code == 0, code
+with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
+    json.dump(dict(counts), f)
