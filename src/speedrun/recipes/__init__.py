@@ -60,7 +60,3 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None 
     validate(cfg)
     return cfg
 
-
-def describe(name: str) -> str:
-    """First sentence-ish of a recipe's description, for `speedrun recipes`."""
-    return load_recipe(name).description

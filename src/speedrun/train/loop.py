@@ -274,9 +274,11 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             seconds = clock.stop(interval_steps, timed=step >= untimed_until)
             train_loss, mean_loss, stop = log_point_values(loss, interval_loss, signals.received, ctx)
             if not math.isfinite(mean_loss):  # before any checkpoint: never save poisoned weights
+                first = done - interval_steps + 1
+                where = f"at step {done}" if first == done else f"at a step from {first} to {done}"
                 raise SpeedrunError(
-                    f"training loss is {mean_loss} between steps {done - interval_steps + 1} and {done}: "
-                    "training diverged; the last good checkpoint (if any) is kept"
+                    f"training loss is {mean_loss} {where}: training diverged; "
+                    "the last good checkpoint (if any) is kept"
                 )
             step_s, wait_s = seconds / interval_steps, (loader.total_wait_s - wait_mark) / interval_steps
             tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)

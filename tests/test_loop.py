@@ -1,0 +1,91 @@
+"""The training loop's own behaviours: batch split over processes, checks before step 0, finishing a
+run whose final validation was lost, and the timing a resumed run reports."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from speedrun.cli import main
+from speedrun.data.shards import open_shard, write_shard
+from speedrun.errors import ConfigError
+from speedrun.recipes import load_recipe
+from speedrun.train.loop import micro_batch_tokens
+from speedrun.train.timing import StepClock
+from tests.conftest import TINY, read_metrics
+
+FAST = [*TINY, "train.steps=4", "train.warmdown_steps=1", "train.val_every=0"]
+
+
+def test_micro_batch_is_derived_when_the_recipes_does_not_divide_over_the_processes():
+    cfg = load_recipe("demo")  # 8,192 tokens per step in one micro-batch of 32 x 256
+    assert micro_batch_tokens(cfg, 1) == 8192
+    assert micro_batch_tokens(cfg, 2) == 4096  # torchrun --nproc_per_node=2: 16 sequences each
+    assert micro_batch_tokens(cfg, 8) == 1024
+    assert micro_batch_tokens(load_recipe("demo", ["train.micro_batch_tokens=2048"]), 2) == 2048
+    for world in (3, 64):  # 32 sequences cannot be shared by 3 processes, nor one each by 64
+        with pytest.raises(ConfigError, match=f"cannot be split over {world} processes"):
+            micro_batch_tokens(cfg, world)
+
+
+def test_damaged_validation_data_fails_before_the_first_step(text_data, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(text_data, data)
+    shard = sorted(data.glob("*_val_*.bin"))[0]
+    tokens = np.array(open_shard(shard))
+    tokens[1500] = 600  # inside the 2,048 validation tokens, beyond the 512-token vocabulary
+    write_shard(shard, tokens)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), f"data.dir={data}", *FAST]) == 1
+    assert "600" in capsys.readouterr().err
+    assert not (out / "metrics.jsonl").exists() or read_metrics(out) == []  # no step was trained
+
+
+def test_resume_finishes_a_run_killed_during_its_final_validation(text_data, tmp_path):
+    out = tmp_path / "run"
+    assert (
+        main(["train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.checkpoint_at_end=true"])
+        == 0
+    )
+    complete = read_metrics(out)
+    assert "val_loss" in complete[-1] and complete[-1]["step"] == 4
+    metrics = out / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in complete[:-1]))  # killed before it was written
+    assert main(["train", "--resume", str(out)]) == 0
+    assert read_metrics(out) == complete[:-1] + [{**complete[-1], "time_s": read_metrics(out)[-1]["time_s"]}]
+    assert read_metrics(out)[-1]["val_loss"] == complete[-1]["val_loss"]
+    assert main(["train", "--resume", str(out)]) == 1  # now it is finished
+
+
+def test_clock_counts_only_timed_intervals_and_survives_a_resume():
+    import torch
+
+    clock = StepClock(torch.device("cpu"))
+    clock.start()
+    clock.stop(steps=3, timed=False)  # warm-up interval (compilation): not counted
+    clock.start()
+    seconds = clock.stop(steps=4, timed=True)
+    assert clock.timed_steps == 4 and clock.timed_s == seconds > 0
+    resumed = StepClock(torch.device("cpu"))
+    resumed.load_state_dict(clock.state_dict())
+    # the ETA after a resume divides the saved time by the saved number of steps (it used to divide
+    # the whole run's time by the steps since the resume, and showed hours for minutes left)
+    assert resumed.mean_step_s() == clock.timed_s / 4
+
+
+@pytest.mark.slow
+def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_data, tmp_path):
+    from tests.conftest import run_speedrun
+
+    out = tmp_path / "two"
+    small = [o for o in TINY if "batch_tokens" not in o]  # keep the demo's 1 x global micro-batch
+    proc = run_speedrun(
+        "train", "--out", str(out), f"data.dir={text_data}", *small,
+        "train.global_batch_tokens=1024", "train.micro_batch_tokens=1024",
+        "train.steps=2", "train.warmdown_steps=1", "train.val_every=0", nproc=2,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 processes x 1 micro-steps x 512 tokens" in (out / "log.txt").read_text()
+    assert Path(out / "config.json").exists()
