@@ -304,6 +304,7 @@ SHRINK = [
     "train.steps=3",
     "train.warmdown_steps=1",
     "train.val_every=0",
+    "train.log_every=1",  # record recipes log every 10th step by default
     "train.val_tokens=512",
     "train.timing_warmup_steps=1",
     "train.compile=off",
