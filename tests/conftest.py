@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny prepared dataset and the overrides that shrink any recipe to seconds on CPU."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -53,11 +55,32 @@ def speedrun_command(*args: str, nproc: int = 0) -> list[str]:
     return [*(launcher if nproc else [sys.executable]), "-m", "speedrun", *args]
 
 
-def run_speedrun(*args: str, nproc: int = 0, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the CLI as a user would, in a subprocess, capturing its output."""
-    return subprocess.run(
-        speedrun_command(*args, nproc=nproc), capture_output=True, text=True, cwd=cwd, timeout=300
-    )
+def run_speedrun(
+    *args: str, nproc: int = 0, cwd: Path | None = None, subprocess_: bool = False
+) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would and capture its output and exit code.
+
+    With `nproc` (torchrun) or `subprocess_=True` it runs in a child process. Otherwise it calls
+    `speedrun.cli.main` in this process, which is what `python -m speedrun` runs, without paying for a
+    Python start and a torch import (seconds each on 2 cores); an unexpected exception still fails the
+    test, as a traceback would."""
+    if nproc or subprocess_:
+        return subprocess.run(
+            speedrun_command(*args, nproc=nproc), capture_output=True, text=True, cwd=cwd, timeout=300
+        )
+    from speedrun.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd or here)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's --help / --version
+                code = e.code if isinstance(e.code, int) else 0
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["speedrun", *args], code, out.getvalue(), err.getvalue())
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -12,7 +12,9 @@ from tests.conftest import TINY, run_speedrun
 @pytest.mark.slow
 def test_tiny_run_writes_run_directory_and_learns(text_data, tmp_path):
     out = tmp_path / "run"
-    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *TINY)
+    proc = run_speedrun(
+        "train", "--out", str(out), f"data.dir={text_data}", *TINY, subprocess_=True
+    )  # as a user runs it
     assert proc.returncode == 0, proc.stderr
     assert {"config.json", "metrics.jsonl", "log.txt"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
