@@ -12,6 +12,7 @@ from tests.conftest import TINY, run_speedrun
 @pytest.mark.slow
 def test_tiny_run_writes_run_directory_and_learns(text_data, tmp_path):
     out = tmp_path / "run"
+    # in a child process, as a user runs it: the one test of `python -m speedrun` end to end
     proc = run_speedrun(
         "train", "--out", str(out), f"data.dir={text_data}", *TINY, subprocess_=True
     )  # as a user runs it
