@@ -84,9 +84,10 @@ def run_sample(
     temperature: float,
     top_k: int | None,
     seed: int,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> list[str]:
-    """`n` samples printed one after another, each headed by a separator line."""
+    """`n` samples printed (to stdout by default) one after another, each headed by a separator line."""
+    out = out if out is not None else sys.stdout
     generator = torch.Generator().manual_seed(seed)
     texts = []
     for i in range(n):
