@@ -20,9 +20,9 @@ from speedrun.model.attention import (
     flex_attend,
     short_window,
     spec_dense_mask,
-    window_tokens,
 )
 from speedrun.model.gpt import GPT
+from speedrun.train.schedule import window_tokens
 from tests.test_architecture import docs_batch, randomize, tiny
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

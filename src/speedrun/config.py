@@ -50,7 +50,7 @@ class ModelConfig:
     attention: str = "auto"  # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex
     window: int = 0  # sliding window in tokens (final value when warmed up); 0 = unlimited
     window_granularity: str = "token"  # token | block (Sub3Min: whole 128-token blocks enter/leave)
-    window_warmup: str = "none"  # none | floor (2024-11-24) | ceil (Sub3Min); see attention.window_tokens
+    window_warmup: str = "none"  # none | floor (2024-11-24) | ceil (Sub3Min); see schedule.window_tokens
     window_warmup_start: int = 64  # s0 of the warmup formulas
     window_unit: int = 64  # the window grows in multiples of this many tokens
     window_pattern: str = ""  # per layer L (long) / S (short = half of long), e.g. LSSSLSSLSSSL; "" = all L
@@ -116,11 +116,12 @@ class TrainConfig:
     seq_len: int = 1024
     warmup_steps: int = 0
     warmdown_steps: int = 0  # linear decay over the last N steps (schedule "trapezoid")
+    warmdown_frac: float = 0.0  # warmdown over this fraction of the steps instead (Sub3Min: 0.4)
     schedule: str = "trapezoid"  # "trapezoid" (warmup, constant, linear warmdown) | "cosine"
     final_lr_frac: float = 0.0  # LR floor as a fraction of the peak
     val_every: int = 0  # 0 = only at the end
     val_tokens: int = 10485760
-    log_every: int = 1
+    log_every: int = 10  # log points: the only steps where the host waits for the device
     timing_warmup_steps: int = 10  # first steps (compile, allocator warm-up) not timed
     dtype: str = "bf16"  # autocast dtype: bf16 | fp32
     compile: str = "auto"  # auto (on for CUDA only) | on | off
@@ -359,6 +360,8 @@ def validate(cfg: Config) -> None:
             f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
             f"exceed train.steps ({t.steps})"
         )
+    if not 0 <= t.warmdown_frac <= 1:
+        raise ConfigError(f"train.warmdown_frac must be between 0 and 1, got {t.warmdown_frac}")
     if m.tie_embeddings and m.zero_init_head:
         raise ConfigError(
             "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"

@@ -148,7 +148,8 @@ class TokenLoader:
         self.loop = loop
         self.accumulation_steps = global_batch_tokens // (world_size * micro_batch_tokens)
         self.n_chunks = global_batch_tokens // micro_batch_tokens
-        self.last_wait_s = 0.0
+        self.last_wait_s = 0.0  # seconds the last next_batch() waited for its batch
+        self.total_wait_s = 0.0  # ... and all of them together
         self._lengths = [read_header(f) for f in self.files]
         self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
@@ -258,6 +259,7 @@ class TokenLoader:
             slot = self._feed.claim()
             x, y, nxt = self._produce(state, slot)
         self.last_wait_s = time.perf_counter() - t0
+        self.total_wait_s += self.last_wait_s
         self._shard, self._pos, self._micro, self._epoch = nxt
         if self._executor is not None:
             next_slot = self._feed.claim()

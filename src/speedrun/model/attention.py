@@ -25,8 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.config import ModelConfig
-
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - old torch
@@ -325,35 +323,6 @@ def attend(
     if isinstance(mask, Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return flex_attend(q, k, v, mask, scale)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Sliding-window schedule (window warmup)
-
-WINDOW_WARMUPS = ("none", "floor", "ceil")
-
-
-def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
-    """Sliding window (tokens) for optimizer step `step` of `total_steps`; 0 when there is no window.
-
-    none: `cfg.window` throughout (2024-11-19: 1024).
-    floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u), growing from s0 to W in multiples
-      of u; with s0 = 64, W = 1792, u = 64 this is 11-24's `64·floor((64 + 1728·step/N)/64)`.
-    ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u)); with s0 = 64, W = 1792, u = 128 this is
-      `128·ceil(1728·step/N / 128)`, 128 → 1792 tokens.
-    Here W = cfg.window, s0 = cfg.window_warmup_start, u = cfg.window_unit. Integer arithmetic, so the
-    schedule is exact and identical on every rank.
-    """
-    W = cfg.window
-    if W <= 0 or cfg.window_warmup == "none":
-        return max(0, W)
-    s0, u, n = cfg.window_warmup_start, cfg.window_unit, max(1, total_steps)
-    step = min(max(0, step), n)
-    if cfg.window_warmup == "floor":
-        units = (s0 * n + (W - s0) * step) // (u * n)
-    else:
-        units = -(-((W - s0) * step) // (u * n))  # ceil division
-    return max(u, u * units)
 
 
 def short_window(window: Tensor, block_window: bool, block_size: int = BLOCK_SIZE) -> Tensor:

@@ -210,7 +210,7 @@ class GPT(nn.Module):
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards; called every step by the training loop
-        with `attention.window_tokens(step, steps, cfg)`. An in-place write to a tensor: no recompile.
+        with `schedule.window_tokens(step, steps, cfg)`. An in-place write to a tensor: no recompile.
         A no-op for models without a window."""
         if self.cfg.window <= 0:
             return

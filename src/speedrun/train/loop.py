@@ -1,13 +1,13 @@
-"""The training loop: read it top to bottom, like nanoGPT's train.py.
+"""The training loop: read `train()` top to bottom, like nanoGPT's train.py.
 
-set up processes → load data description → build model and optimizers → for each step: maybe
-validate, then accumulate gradients over micro-batches, step the optimizers, log. Timing excludes
-the first `timing_warmup_steps` steps (compile, allocator warm-up) and validation.
+Set-up (processes, run directory, data, model, optimizer, loader, resume), then for each step:
+schedule → validate (not timed) → one `train_step` → at log points: read the loss, log, checkpoint,
+stop on a signal. The host waits for the device only at log and validation points, so the GPU
+never idles between steps; step times and tokens/s are exact averages over the steps between them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import sys
@@ -25,15 +25,17 @@ from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
 from speedrun.data.shards import find_shards
 from speedrun.errors import ConfigError, DataError, SpeedrunError
-from speedrun.model.attention import window_tokens
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from speedrun.train.optimizers import build_optimizers
+from speedrun.train.evaluate import evaluate
+from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report, peak_memory_bytes
-from speedrun.train.schedule import lr_multiplier, muon_momentum
+from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
+from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.timing import StepClock, format_duration
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
@@ -69,49 +71,62 @@ def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[P
     return data_dir, meta
 
 
-def autocast(cfg: Config, device: torch.device):
-    if cfg.train.dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model, cfg: Config, val_files, token_bytes, ctx) -> tuple[float, float | None]:
-    """Mean val loss over exactly `val_tokens` tokens split across ranks, and bits per byte."""
+def micro_batch_tokens(cfg: Config, world_size: int) -> int:
+    """Tokens per process per forward. The recipe's value when it divides the global batch over
+    `world_size` processes; else the largest smaller whole number of sequences that does, so that
+    `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
     t = cfg.train
-    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, tokens, bytes
-    model.eval()
-    batches = val_batches(
-        val_files,
-        t.val_tokens,
-        t.micro_batch_tokens,
-        t.seq_len,
-        ctx.rank,
-        ctx.world_size,
+    if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
+        return t.micro_batch_tokens
+    sequences = t.global_batch_tokens // t.seq_len
+    for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
+        if sequences % (world_size * per_micro) == 0 and t.global_batch_tokens % t.seq_len == 0:
+            micro = per_micro * t.seq_len
+            if t.val_tokens % (world_size * micro) == 0:
+                return micro
+    raise ConfigError(
+        f"train.global_batch_tokens ({t.global_batch_tokens}) cannot be split over {world_size} processes "
+        f"in whole sequences of train.seq_len ({t.seq_len}) that also divide train.val_tokens "
+        f"({t.val_tokens}); choose a global batch and val_tokens that are multiples of "
+        f"{world_size} x {t.seq_len}"
+    )
+
+
+def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distributed.DistContext) -> None:
+    """Read every validation token once, before step 0: short or damaged val data must not surface
+    only after the whole training run."""
+    for _ in val_batches(
+        val_files, cfg.train.val_tokens, micro, cfg.train.seq_len, ctx.rank, ctx.world_size,
         vocab_size=cfg.model.vocab_size,
-        device=ctx.device,
-    )
-    for x, y in batches:
-        with autocast(cfg, ctx.device):
-            losses = model(x, y, reduction="none")
-        totals[0] += losses.double().sum()
-        totals[1] += y.numel()
-        if token_bytes is not None:
-            totals[2] += token_bytes[y].sum()
-    model.train()
-    distributed.all_reduce_sum(totals, ctx)
-    loss = (totals[0] / totals[1]).item()
-    bpb = (
-        (totals[0] / (math.log(2) * totals[2])).item() if token_bytes is not None and totals[2] > 0 else None
-    )
-    return loss, bpb
+    ):  # fmt: skip
+        pass
 
 
-def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int, dict[str, Any]]:
-    """Load the newest checkpoint of `run_dir` into model/optimizers/loader; return (step, state)."""
-    checkpoints = list_checkpoints(run_dir)
+def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
+    """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
+    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun."""
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
+    with ctx.device:
+        model = GPT(cfg.model)
+    c = cfg.train.compile
+    train_model = torch.compile(model) if c == "on" or (c == "auto" and ctx.device.type == "cuda") else model
+    if ctx.distributed:
+        with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            train_model = DDP(
+                train_model,
+                device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                broadcast_buffers=False,  # our buffers (rotary tables, window) are equal on all ranks
+                gradient_as_bucket_view=True,
+            )
+    return model, train_model
+
+
+def restore(run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader) -> dict[str, Any]:
+    """Load the newest checkpoint of the run into model, optimizer and loader; return its state."""
+    checkpoints = list_checkpoints(run.path)
     if not checkpoints:
-        raise DataError(f"no checkpoint in {run_dir} to resume from (enable train.checkpoint_every)")
+        raise DataError(f"no checkpoint in {run.path} to resume from (enable train.checkpoint_every)")
     state, saved = load_checkpoint(checkpoints[-1], model)
     try:  # through the typed config, so fields added since the checkpoint compare as their defaults
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
@@ -122,24 +137,31 @@ def restore(run_dir: Path, cfg: Config, model, optimizers, loader) -> tuple[int,
             raise DataError(
                 f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}"
             )
-    if state["step"] >= cfg.train.steps:
-        raise DataError(f"run in {run_dir} already finished ({state['step']} of {cfg.train.steps} steps)")
-    for opt, opt_state in zip(optimizers, state["optimizers"], strict=True):
-        opt.load_state_dict(opt_state)
+    if state["step"] >= cfg.train.steps and run.has_final_validation(cfg.train.steps):
+        raise DataError(f"run in {run.path} already finished ({state['step']} of {cfg.train.steps} steps)")
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, ValueError) as e:
+        raise DataError(f"checkpoint {checkpoints[-1]} has no usable optimizer state ({e})") from None
     loader.load_state_dict(state["loader"])
     torch.set_rng_state(state["rng"]["cpu"])
     if torch.cuda.is_available() and state["rng"].get("cuda") is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"])
-    return state["step"], state
+    return state
 
 
-def _fmt_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return (
-        f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
-        if seconds >= 3600
-        else f"{seconds // 60}m{seconds % 60:02d}s"
+def log_point_values(
+    last_loss: torch.Tensor, interval_loss: torch.Tensor, stop: int | None, ctx: distributed.DistContext
+) -> tuple[float, float, int | None]:
+    """Mean over ranks of the last step's loss and of the losses since the previous log point, and a
+    stop signal any rank received: one collective and one read, the only ones between log points."""
+    flags = [float(stop == signal.SIGINT), float(stop == signal.SIGTERM)]
+    values = torch.cat(
+        [last_loss.float().view(1), interval_loss.float().view(1), last_loss.new_tensor(flags)]
     )
+    last, interval, sigint, sigterm = distributed.all_reduce_sum(values, ctx).tolist()
+    stop = signal.SIGTERM if sigterm else signal.SIGINT if sigint else None
+    return last / ctx.world_size, interval / ctx.world_size, stop
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
@@ -151,210 +173,151 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     wall_start = time.perf_counter()
     t = cfg.train
     ctx = distributed.setup(t.device)
-    run, signals = None, StopSignals()
+    run = loader = None
+    signals = StopSignals(announce=ctx.is_main)
     try:
+        # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         data_dir, meta = ensure_data(cfg, ctx, log=run.log)
         train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
-        tokenizer = tokenizer_for_data(data_dir, meta)
-        token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(
-            ctx.device
-        )
+        micro = micro_batch_tokens(cfg, ctx.world_size)
+        check_val_data(val_files, cfg, micro, ctx)
+        token_bytes = tokenizer_for_data(data_dir, meta).token_byte_lengths()
+        token_bytes = torch.from_numpy(np.asarray(token_bytes, dtype=np.int64)).to(ctx.device)
         run.log(
             f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
             f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
         )
-
-        torch.manual_seed(t.seed)  # identical initial weights on every rank (DDP also broadcasts them)
-        model = GPT(cfg.model).to(ctx.device)
+        model, train_model = build_model(cfg, ctx)
         run.log(model_summary(model, t.seq_len))
-        optimizers = build_optimizers(model, cfg)
-        use_compile = t.compile == "on" or (t.compile == "auto" and ctx.device.type == "cuda")
-        fwd = torch.compile(model) if use_compile else model
-        if ctx.distributed:
-            with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
-                warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
-                fwd = DDP(
-                    fwd,
-                    device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                    broadcast_buffers=False,  # our only buffers are rotary tables, equal on every rank
-                    gradient_as_bucket_view=True,
-                )
-
+        optimizer = build_optimizer(model, cfg)
         loader = TokenLoader(
-            train_files,
-            t.global_batch_tokens,
-            t.micro_batch_tokens,
-            t.seq_len,
-            ctx.rank,
-            ctx.world_size,
-            align_to_bos=cfg.data.align_to_bos,
-            bos_id=meta["eot_id"],
-            vocab_size=cfg.model.vocab_size,
+            train_files, t.global_batch_tokens, micro, t.seq_len, ctx.rank, ctx.world_size,
+            align_to_bos=cfg.data.align_to_bos, bos_id=meta["eot_id"], vocab_size=cfg.model.vocab_size,
             device=ctx.device,
-        )
-        accum = loader.accumulation_steps
+        )  # fmt: skip
+        accum, dtype = loader.accumulation_steps, autocast_dtype(cfg)
         run.log(
-            f"batch: {t.global_batch_tokens:,} tokens/step = "
-            f"{ctx.world_size} processes x {accum} micro-steps x "
-            f"{t.micro_batch_tokens:,} tokens ({t.micro_batch_tokens // t.seq_len} x {t.seq_len}); "
-            f"{t.steps} steps, device {ctx.device}, compile {use_compile}, dtype {t.dtype}"
+            f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
+            f"micro-steps x {micro:,} tokens ({micro // t.seq_len} x {t.seq_len}); {t.steps} steps, "
+            f"device {ctx.device}, compile {train_model is not model}, dtype {t.dtype}"
         )
-
-        start_step, timed_s, timed_tokens, data_wait_s = 0, 0.0, 0, 0.0
+        start_step, clock = 0, StepClock(ctx.device)
         if resume:
-            start_step, state = restore(run.path, cfg, model, optimizers, loader)
-            timed_s, timed_tokens, data_wait_s = state["timed_s"], state["timed_tokens"], state["data_wait_s"]
+            state = restore(run, cfg, model, optimizer, loader)
+            start_step = state["step"]
+            clock.load_state_dict(state["clock"])
             run.truncate_metrics(start_step)
             run.log(f"resumed from checkpoint at step {start_step} in {run.path}")
         untimed_until = start_step + t.timing_warmup_steps  # compile/warm-up again after a resume
 
-        def checkpoint(done_steps: int) -> Path | None:
+        def checkpoint(done: int) -> None:
             state = {
-                "step": done_steps,
-                "optimizers": [opt.state_dict() for opt in optimizers],
+                "step": done,
+                "optimizer": optimizer.state_dict(),
                 "loader": loader.state_dict(),
-                "timed_s": timed_s,
-                "timed_tokens": timed_tokens,
-                "data_wait_s": data_wait_s,
+                "clock": clock.state_dict(),
                 "rng": {
                     "cpu": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None,
                 },
             }
-            path = (
-                save_checkpoint(run.path, done_steps, model, state, cfg.to_dict(), t.checkpoint_keep)
-                if ctx.is_main
-                else None
-            )
+            if ctx.is_main:
+                path = save_checkpoint(run.path, done, model, state, cfg.to_dict(), t.checkpoint_keep)
+                run.log(f"checkpoint: {path}")
             if ctx.distributed:
                 torch.distributed.barrier()
-            return path
 
+        # ---- the steps ----
         signals.install()
         val_loss = val_bpb = None
+        interval_loss, interval_steps, wait_mark = None, 0, 0.0
         for step in range(start_step, t.steps + 1):
-            last = step == t.steps
-            # ---- validation (not timed) ----
-            if last or (t.val_every > 0 and step % t.val_every == 0):
-                val_loss, val_bpb = evaluate(fwd, cfg, val_files, token_bytes, ctx)
+            sched = schedule_at(step, cfg)
+            apply_schedule(sched, optimizer, model)
+            if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
+                clock.stop()
+                val_loss, val_bpb = evaluate(train_model, cfg, val_files, micro, token_bytes, ctx)
                 run.metric(
-                    {
-                        "step": step,
-                        "val_loss": val_loss,
-                        "val_bpb": val_bpb,
-                        "tokens": step * t.global_batch_tokens,
-                        "time_s": timed_s,
-                    }
-                )
+                    {"step": step, "val_loss": val_loss, "val_bpb": val_bpb,
+                     "tokens": step * t.global_batch_tokens, "time_s": clock.timed_s}
+                )  # fmt: skip
                 bpb = f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""
                 run.log(
-                    f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | train time {timed_s:.1f}s"
+                    f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | "
+                    f"train time {clock.timed_s:.1f}s"
                 )
                 if not math.isfinite(val_loss):
                     raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
-            if last:
+            if step == t.steps:
                 break
 
-            # ---- one optimizer step ----
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            step_start = time.perf_counter()
-            mult = lr_multiplier(step, t)
-            model.set_attention_window(window_tokens(step, t.steps, cfg.model))  # window warmup
-            for opt in optimizers:
-                for group in opt.param_groups:
-                    group["lr"] = group["initial_lr"] * mult
-                    if "momentum" in group and cfg.optim.name == "muon":
-                        group["momentum"] = muon_momentum(step, cfg.optim)
-            loss_sum = torch.zeros((), device=ctx.device)
-            step_wait_s = 0.0
-            for micro in range(accum):
-                x, y = loader.next_batch()
-                step_wait_s += loader.last_wait_s
-                sync = (
-                    contextlib.nullcontext() if micro == accum - 1 or not ctx.distributed else fwd.no_sync()
-                )
-                with sync:
-                    with autocast(cfg, ctx.device):
-                        loss = fwd(x, y)
-                    (loss / accum).backward()
-                loss_sum += loss.detach()
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-            for opt in optimizers:
-                opt.step()
-            model.zero_grad(set_to_none=True)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            step_s = time.perf_counter() - step_start
-            data_wait_s += step_wait_s
-            if step >= untimed_until:
-                timed_s += step_s
-                timed_tokens += t.global_batch_tokens
+            clock.start()
+            loss = train_step(train_model, optimizer, loader.next_batch, accum, dtype, cfg.optim.grad_clip)
+            interval_loss = loss if interval_loss is None else interval_loss + loss
+            interval_steps += 1
 
-            # ---- logging, checkpoints, signals ----
             done = step + 1
             save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (
                 done == t.steps and t.checkpoint_at_end
             )
-            stop_signal = signals.agreed(ctx)
-            if step % t.log_every == 0 or done == t.steps or save or stop_signal:
-                train_loss = distributed.all_reduce_sum(loss_sum / accum, ctx).item() / ctx.world_size
-                if not math.isfinite(train_loss):  # before any checkpoint: never save poisoned weights
-                    raise SpeedrunError(
-                        f"training loss is {train_loss} at step {done}: training diverged; "
-                        "the last good checkpoint (if any) is kept"
-                    )
-                avg = timed_s / max(1, done - untimed_until) if timed_tokens else step_s
-                tok_s = timed_tokens / timed_s if timed_tokens else t.global_batch_tokens / step_s
-                run.metric(
-                    {
-                        "step": done,
-                        "train_loss": train_loss,
-                        "tokens": done * t.global_batch_tokens,
-                        "time_s": timed_s,
-                        "lr": mult,
-                        "step_ms": step_s * 1000,
-                        "data_wait_ms": step_wait_s * 1000,
-                    }
+            local_stop = signals.received if not ctx.distributed else None  # free to check on one process
+            if (
+                done % t.log_every
+                and done not in (start_step + 1, untimed_until, t.steps)
+                and not (save or local_stop)
+            ):
+                continue
+            # ---- log point: the host waits for the device here, and only here ----
+            seconds = clock.stop(interval_steps, timed=step >= untimed_until)
+            train_loss, mean_loss, stop = log_point_values(loss, interval_loss, signals.received, ctx)
+            if not math.isfinite(mean_loss):  # before any checkpoint: never save poisoned weights
+                raise SpeedrunError(
+                    f"training loss is {mean_loss} between steps {done - interval_steps + 1} and {done}: "
+                    "training diverged; the last good checkpoint (if any) is kept"
                 )
-                run.log(
-                    f"step {step + 1:>5}/{t.steps} | loss {train_loss:.4f} | lr x{mult:.3f} | "
-                    f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | "
-                    f"eta {_fmt_duration(avg * (t.steps - done))}"
-                )
-            if save or stop_signal:
-                path = checkpoint(done)
-                run.log(f"checkpoint: {path}")
-            if stop_signal:
-                name = signal.Signals(stop_signal).name
-                message = (
-                    f"stopped by {name} after step {done}; resume with: speedrun train --resume {run.path}"
-                )
+            step_s, wait_s = seconds / interval_steps, (loader.total_wait_s - wait_mark) / interval_steps
+            tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
+            run.metric(
+                {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
+                 "time_s": clock.timed_s, "lr": sched.lr, "step_ms": step_s * 1000,
+                 "data_wait_ms": wait_s * 1000}
+            )  # fmt: skip
+            run.log(
+                f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{sched.lr:.3f} | "
+                f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | "
+                f"eta {format_duration(clock.mean_step_s(fallback=step_s) * (t.steps - done))}"
+            )
+            interval_loss, interval_steps, wait_mark = None, 0, loader.total_wait_s
+            if save or stop:
+                checkpoint(done)
+            if stop:
+                message = f"stopped by {signal.Signals(stop).name} after step {done}; "
+                message += f"resume with: speedrun train --resume {run.path}"
                 run.log(message, console=False)
-                raise RunInterrupted(message, stop_signal)
+                raise RunInterrupted(message, stop)
 
+        # ---- summary ----
         peak = peak_memory_bytes(ctx.device)
         summary = {
             "recipe": cfg.recipe,
             "steps": t.steps,
             "final_val_loss": val_loss,
             "final_val_bpb": val_bpb,
-            "train_time_s": timed_s,
+            "train_time_s": clock.timed_s,
             "wall_time_s": time.perf_counter() - wall_start,
-            "tokens_per_s": timed_tokens / timed_s if timed_s else None,
-            "data_wait_s": data_wait_s,
+            "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
+            "data_wait_s": loader.total_wait_s,
             "peak_memory_bytes": peak,
             "run_dir": str(run.path),
         }
         bpb = f", val bpb {val_bpb:.4f}" if val_bpb is not None else ""
         run.log(
-            f"done: val loss {val_loss:.4f}{bpb} | train time {timed_s:.1f}s "
+            f"done: val loss {val_loss:.4f}{bpb} | train time {clock.timed_s:.1f}s "
             f"(wall {summary['wall_time_s']:.1f}s) | {summary['tokens_per_s'] or 0:,.0f} tok/s | "
-            f"data wait {data_wait_s:.2f}s | peak memory {peak / 2**20:,.0f} MiB | run dir {run.path}"
+            f"data wait {loader.total_wait_s:.2f}s | peak memory {peak / 2**20:,.0f} MiB | run dir {run.path}"
         )
         return summary
     except (ConfigError, DataError, SpeedrunError) as e:
@@ -363,6 +326,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         raise
     finally:
         signals.restore()
+        if loader is not None:
+            loader.close()
         if run is not None:
             run.close()
         distributed.teardown(clean=sys.exc_info()[0] is None)

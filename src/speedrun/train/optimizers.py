@@ -1,6 +1,9 @@
-"""Build the optimizers a recipe asks for from the model's parameter roles."""
+"""One optimizer object per run, built from the model's parameter roles."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -9,11 +12,50 @@ from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
 
 
-def build_optimizers(model: GPT, cfg: Config) -> list[torch.optim.Optimizer]:
-    """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars.
+class RunOptimizer:
+    """The optimizers of a run behind one `step()`, `zero_grad()` and state dict.
 
-    Every param group remembers its peak LR as `initial_lr`; the loop scales it by the schedule.
+    Every param group is tagged with its `kind` ("adam" or "muon": what the schedule may set in it) and
+    its peak LR `initial_lr`. Parts step in insertion order (Adam first, then Muon, as the records do).
     """
+
+    def __init__(self, parts: dict[str, torch.optim.Optimizer]):
+        self.parts = parts
+        for kind, opt in parts.items():
+            for group in opt.param_groups:
+                group["kind"] = kind
+                group["initial_lr"] = group["lr"]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for opt in self.parts.values() for group in opt.param_groups]
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        for group in self.param_groups:
+            yield from group["params"]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for opt in self.parts.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.parts.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {kind: opt.state_dict() for kind, opt in self.parts.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or set(state) != set(self.parts):
+            found = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"optimizer state holds {found}, this run has {sorted(self.parts)}")
+        for kind, opt in self.parts.items():
+            opt.load_state_dict(state[kind])
+
+
+def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
+    """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars."""
     o = cfg.optim
     roles = model.param_roles()
     fused = {"fused": True} if next(model.parameters()).is_cuda else {}
@@ -23,32 +65,25 @@ def build_optimizers(model: GPT, cfg: Config) -> list[torch.optim.Optimizer]:
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        optimizers: list[torch.optim.Optimizer] = [
-            torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
-        ]
-    else:
-        adam_groups = [
-            {"params": [p for _, p in roles[role]], "lr": lr}
-            for role, lr in (("embed", o.embed_lr), ("head", o.head_lr), ("scalar", o.scalar_lr))
-            if roles[role]
-        ]
-        if cfg.model.fused_qkv:
-            for name, p in roles["matrix"]:
-                if name.endswith("c_attn.weight"):
-                    set_muon_split(p, 3)  # q, k and v are orthogonalized as three matrices
-        muon = Muon(
-            [p for _, p in roles["matrix"]],
-            lr=o.muon_lr,
-            momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
-            nesterov=True,
-            backend=o.muon_backend,
-            ns_steps=o.muon_ns_steps,
-            shape_scale=o.muon_shape_scale,
-            weight_decay=o.muon_weight_decay,
-        )
-        adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
-        optimizers = [adam, muon]
-    for opt in optimizers:
-        for group in opt.param_groups:
-            group["initial_lr"] = group["lr"]
-    return optimizers
+        return RunOptimizer({"adam": torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)})
+    adam_groups = [
+        {"params": [p for _, p in roles[role]], "lr": lr}
+        for role, lr in (("embed", o.embed_lr), ("head", o.head_lr), ("scalar", o.scalar_lr))
+        if roles[role]
+    ]
+    if cfg.model.fused_qkv:
+        for name, p in roles["matrix"]:
+            if name.endswith("c_attn.weight"):
+                set_muon_split(p, 3)  # q, k and v are orthogonalized as three matrices
+    muon = Muon(
+        [p for _, p in roles["matrix"]],
+        lr=o.muon_lr,
+        momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
+        nesterov=True,
+        backend=o.muon_backend,
+        ns_steps=o.muon_ns_steps,
+        shape_scale=o.muon_shape_scale,
+        weight_decay=o.muon_weight_decay,
+    )
+    adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
+    return RunOptimizer({"adam": adam, "muon": muon})

@@ -66,6 +66,21 @@ class RunDir:
         write_atomic(path, "".join(keep).encode())
         self._metrics = open(path, "a", encoding="utf-8")
 
+    def has_final_validation(self, steps: int) -> bool:
+        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
+        validation has its last checkpoint but not this record, and resume must still produce it)."""
+        path = self.path / "metrics.jsonl"
+        if not path.exists():
+            return False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step") == steps and "val_loss" in record:
+                return True
+        return False
+
     def log(self, line: str = "", console: bool = True) -> None:
         if not self.enabled:
             return

@@ -1,17 +1,42 @@
-"""Learning-rate and momentum schedules, as pure functions of the step so resume is exact."""
+"""Everything that changes with the step, computed in one place as pure functions of the step.
+
+For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
+`apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
+optimizer name) and the model. Pure functions of the step, so a resumed run is exact.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from speedrun.config import OptimConfig, TrainConfig
+import torch
+
+from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """The values in force while optimizer step `step` runs (and while validating before it)."""
+
+    lr: float  # multiplier of every group's peak LR
+    muon_momentum: float
+    window: int  # sliding attention window in tokens; 0 = the model has none
+
+
+def warmdown_length(cfg: TrainConfig) -> float:
+    """Warmdown span in steps: `warmdown_frac` of the run when set (Sub3Min: 0.4, fractional), else
+    `warmdown_steps`."""
+    return cfg.warmdown_frac * cfg.steps if cfg.warmdown_frac > 0 else float(cfg.warmdown_steps)
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
-    """Fraction of the peak LR at `step` (0-based optimizer step, valid for 0 <= step < cfg.steps).
+    """Fraction of the peak LR at 0-based optimizer step `step` (0 <= step < cfg.steps).
 
-    trapezoid: linear warmup over `warmup_steps` (step 0 gets 1/warmup), constant, then a linear
-    warmdown over the last `warmdown_steps` that reaches `final_lr_frac` at the final step.
+    trapezoid (the records): warmup `(s + 1) / warmup` over `warmup_steps`, then constant, then over
+      the last W steps `w = (N − s) / W` (1 on the first warmdown step, 1/W on the last), with the floor
+      f = `final_lr_frac` mixed in as `f + (1 − f)·w`. Sub3Min's `w = min((1 − s/N)/0.4, 1)`,
+      `lr = w + (1 − w)·0.1` is this with `warmdown_frac = 0.4` and `final_lr_frac = 0.1`.
     cosine (llm.c): the same warmup, then cosine decay from 1 to `final_lr_frac` at the final step.
     """
     floor = cfg.final_lr_frac
@@ -21,11 +46,11 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
         span = max(1, cfg.steps - 1 - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    start = cfg.steps - cfg.warmdown_steps
-    if cfg.warmdown_steps == 0 or step < start:
+    length = warmdown_length(cfg)
+    if length <= 0:
         return 1.0
-    progress = (step - start + 1) / cfg.warmdown_steps  # 1/W on the first warmdown step, 1 on the last
-    return 1.0 - (1.0 - floor) * progress
+    w = min((cfg.steps - step) / length, 1.0)
+    return w if floor == 0 else w + (1 - w) * floor
 
 
 def muon_momentum(step: int, cfg: OptimConfig) -> float:
@@ -34,3 +59,47 @@ def muon_momentum(step: int, cfg: OptimConfig) -> float:
         return cfg.muon_momentum
     frac = min(1.0, step / cfg.muon_momentum_warmup_steps)
     return (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum
+
+
+def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
+    """Sliding window (tokens) for optimizer step `step` of `total_steps`; 0 when there is no window.
+
+    none: `cfg.window` throughout (2024-11-19: 1024).
+    floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u), growing from s0 to W in multiples
+      of u; with s0 = 64, W = 1792, u = 64 this is 11-24's `64·floor((64 + 1728·step/N)/64)`.
+    ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u)); with s0 = 64, W = 1792, u = 128 this is
+      `128·ceil(1728·step/N / 128)`, 128 → 1792 tokens.
+    Here W = cfg.window, s0 = cfg.window_warmup_start, u = cfg.window_unit. Integer arithmetic, so the
+    schedule is exact and identical on every rank. Step N (the final validation) gets the full window.
+    """
+    W = cfg.window
+    if W <= 0 or cfg.window_warmup == "none":
+        return max(0, W)
+    s0, u, n = cfg.window_warmup_start, cfg.window_unit, max(1, total_steps)
+    step = min(max(0, step), n)
+    if cfg.window_warmup == "floor":
+        units = (s0 * n + (W - s0) * step) // (u * n)
+    else:
+        units = -(-((W - s0) * step) // (u * n))  # ceil division
+    return max(u, u * units)
+
+
+def schedule_at(step: int, cfg: Config) -> StepSchedule:
+    """All per-step values for step `step`; `step == cfg.train.steps` is the final validation."""
+    last = max(0, cfg.train.steps - 1)
+    return StepSchedule(
+        lr=lr_multiplier(min(step, last), cfg.train),
+        muon_momentum=muon_momentum(step, cfg.optim),
+        window=window_tokens(step, cfg.train.steps, cfg.model),
+    )
+
+
+def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> None:
+    """Write `values` into the param groups and the model. Each group carries its peak `initial_lr`
+    and a `kind` ("adam" or "muon"); only Muon groups have a scheduled momentum."""
+    for group in optimizer.param_groups:
+        group["lr"] = group["initial_lr"] * values.lr
+        if group["kind"] == "muon":
+            group["momentum"] = values.muon_momentum
+    if values.window > 0:
+        model.set_attention_window(values.window)

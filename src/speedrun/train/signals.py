@@ -7,10 +7,7 @@ import os
 import signal
 from typing import Any
 
-import torch
-
 from speedrun.errors import SpeedrunError
-from speedrun.train.distributed import DistContext
 
 
 class RunInterrupted(SpeedrunError):
@@ -24,14 +21,22 @@ class RunInterrupted(SpeedrunError):
 class StopSignals:
     """First SIGINT/SIGTERM asks for a clean stop at the next step boundary; a second one exits at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.received: int | None = None
+        self.announce = announce  # rank 0 says at once that the signal was heard
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:
             os._exit(128 + signum)
         self.received = signum
+        if self.announce:  # os.write: safe inside a signal handler, unlike print
+            name = signal.Signals(signum).name
+            os.write(
+                2,
+                f"\n{name} received: stopping at the next log point with a checkpoint "
+                "(send it again to exit at once, without one)\n".encode(),
+            )
 
     def install(self) -> StopSignals:
         with contextlib.suppress(ValueError):  # signals can only be caught in the main thread
@@ -42,11 +47,3 @@ class StopSignals:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
-
-    def agreed(self, ctx: DistContext) -> int | None:
-        """The signal if any rank got one, so that every rank stops at the same step."""
-        if not ctx.distributed:
-            return self.received
-        flag = torch.tensor([self.received or 0], device=ctx.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return int(flag.item()) or None

@@ -1,0 +1,44 @@
+"""Validation: mean loss and bits per byte over a fixed number of held-out tokens."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from speedrun.config import Config
+from speedrun.data.loader import val_batches
+from speedrun.train import distributed
+from speedrun.train.step import autocast, autocast_dtype
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    cfg: Config,
+    val_files: list[Path],
+    micro_batch_tokens: int,
+    token_bytes: torch.Tensor | None,
+    ctx: distributed.DistContext,
+) -> tuple[float, float | None]:
+    """Mean val loss over exactly `train.val_tokens` tokens split across ranks, and bits per byte
+    (None without byte lengths). The same tokens and the same sum for every world size."""
+    t = cfg.train
+    totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, tokens, bytes
+    model.eval()
+    batches = val_batches(
+        val_files, t.val_tokens, micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
+        vocab_size=cfg.model.vocab_size, device=ctx.device,
+    )  # fmt: skip
+    for x, y in batches:
+        with autocast(ctx.device, autocast_dtype(cfg)):
+            losses = model(x, y, reduction="none")
+        totals[0] += losses.double().sum()
+        totals[1] += y.numel()
+        if token_bytes is not None:
+            totals[2] += token_bytes[y].sum()
+    model.train()
+    loss_sum, tokens, n_bytes = distributed.all_reduce_sum(totals, ctx).tolist()
+    bpb = loss_sum / (math.log(2) * n_bytes) if token_bytes is not None and n_bytes > 0 else None
+    return loss_sum / tokens, bpb

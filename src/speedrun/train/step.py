@@ -1,0 +1,62 @@
+"""One optimizer step: the function the loop, the benchmarks and the tests all call.
+
+It never reads a value back from the device, so on a GPU the host can queue the next step's kernels
+while this one runs; the caller decides when to wait (at log points).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+
+from speedrun.config import Config
+from speedrun.train.optimizers import RunOptimizer
+
+Batch = tuple[Tensor, Tensor]
+
+
+def autocast_dtype(cfg: Config) -> torch.dtype | None:
+    """The autocast dtype of the recipe's forward passes (None = full precision)."""
+    return torch.bfloat16 if cfg.train.dtype == "bf16" else None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Autocast on `device` to `dtype`, or nothing when dtype is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: RunOptimizer,
+    next_batch: Callable[[], Batch],
+    accumulation_steps: int,
+    dtype: torch.dtype | None = torch.bfloat16,
+    grad_clip: float = 0.0,
+) -> Tensor:
+    """Accumulate gradients over `accumulation_steps` micro-batches, step, zero; return the mean loss.
+
+    `model` is what the forward runs through: the GPT, its compiled form, or a DDP wrapper of either.
+    Under DDP only the last micro-batch all-reduces gradients (`no_sync` on the others). The returned
+    loss is a 0-dim tensor on the device, not read: reading it would make the host wait.
+    """
+    loss_sum: Tensor | None = None
+    for micro in range(accumulation_steps):
+        x, y = next_batch()
+        defer_sync = isinstance(model, DistributedDataParallel) and micro < accumulation_steps - 1
+        with model.no_sync() if defer_sync else contextlib.nullcontext():
+            with autocast(x.device, dtype):
+                loss = model(x, y)
+            (loss / accumulation_steps).backward()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(optimizer.parameters(), grad_clip, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    assert loss_sum is not None, "accumulation_steps must be at least 1"
+    return loss_sum / accumulation_steps

@@ -1,0 +1,67 @@
+"""Training time without per-step host syncs: the device is waited for only when the clock stops."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def wait_for_device(device: torch.device) -> None:
+    """Block until queued work on `device` is done (CUDA runs asynchronously; the CPU never lags)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepClock:
+    """Wall time of training steps, measured between the points where the loop waits anyway.
+
+    `start()` before a step (free if already running), `stop()` at log and validation points. Time
+    spent while stopped (validation, logging, checkpoints) is never counted. Only intervals of steps
+    after the timing warm-up add to `timed_s`, so `mean_step_s()` excludes compilation.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.timed_s = 0.0
+        self.timed_steps = 0
+        self._interval_s = 0.0  # running interval, across validation pauses inside it
+        self._since: float | None = None
+
+    def start(self) -> None:
+        if self._since is None:
+            wait_for_device(self.device)  # the device is idle here: this returns at once
+            self._since = time.perf_counter()
+
+    def stop(self, steps: int = 0, timed: bool = False) -> float:
+        """Pause. With `steps` > 0, close the interval of those steps and return its seconds."""
+        if self._since is not None:
+            wait_for_device(self.device)
+            self._interval_s += time.perf_counter() - self._since
+            self._since = None
+        if steps <= 0:
+            return 0.0
+        seconds, self._interval_s = self._interval_s, 0.0
+        if timed:
+            self.timed_s += seconds
+            self.timed_steps += steps
+        return seconds
+
+    def mean_step_s(self, fallback: float = 0.0) -> float:
+        """Mean seconds per timed step (`fallback` before any step was timed)."""
+        return self.timed_s / self.timed_steps if self.timed_steps else fallback
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"timed_s": self.timed_s, "timed_steps": self.timed_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.timed_s, self.timed_steps = float(state["timed_s"]), int(state["timed_steps"])
+
+
+def format_duration(seconds: float) -> str:
+    """`1h05m` from an hour on, else `4m07s`."""
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
