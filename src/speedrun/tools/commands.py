@@ -46,6 +46,14 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
     cmp.add_argument("--plot", type=Path, default=None, help="write val-loss curves to this PNG")
 
+    bench = sub.add_parser("bench", help="time a recipe's training step on synthetic tokens")
+    bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
+    bench.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, warm-up)")
+    bench.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    bench.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
+    bench.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4")
+
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value < 1:
@@ -161,4 +169,24 @@ def train_seeds(args: argparse.Namespace) -> int:
     return 0
 
 
-TOOL_COMMANDS = {"sample": cmd_sample, "eval": cmd_eval, "compare": cmd_compare}
+def cmd_bench(args: argparse.Namespace) -> int:
+    from speedrun.atomic import write_atomic
+    from speedrun.recipes import load_recipe
+    from speedrun.tools.bench import format_bench, run_bench
+    from speedrun.tools.runs import resolve_device
+
+    _positive("--steps", args.steps)
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if cfg.train.device != "auto" and args.device == "auto":
+        args.device = cfg.train.device
+    result = run_bench(cfg, resolve_device(args.device), args.steps, args.warmup)
+    print(format_bench(result))
+    if args.json is not None:
+        write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
+        print(f"json: {args.json}")
+    return 0
+
+
+TOOL_COMMANDS = {"sample": cmd_sample, "eval": cmd_eval, "compare": cmd_compare, "bench": cmd_bench}
