@@ -153,3 +153,25 @@ def test_only_gpt2_tokenized_models_are_scored(tmp_path):
     bpe = train_bpe_tokenizer(["some text for a tiny vocabulary"] * 20, 300)
     with pytest.raises(DataError, match="only for GPT-2-tokenized"):
         evaluate_hellaswag(GPT(ModelConfig(n_layer=1, n_embd=32, n_head=2)), cfg, bpe, tmp_path / "x")
+
+
+def test_eval_hellaswag_command_on_a_gpt2_checkpoint(tmp_path, capsys):
+    from speedrun.cli import main
+    from speedrun.train.checkpoint import save_checkpoint
+
+    small = ["model.vocab_size=50257", "model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+    cfg = load_recipe("demo", ["data.tokenizer=gpt2", "train.dtype=fp32", *small])
+    torch.manual_seed(2)
+    model = GPT(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    ckpt = save_checkpoint(tmp_path / "run", 5, model, {"step": 5}, cfg.to_dict(), keep=0)
+    path = tmp_path / "h.jsonl"
+    path.write_text("".join(json.dumps({**e, "label": int(e["label"])}) + "\n" for e in EXAMPLES))
+    assert main(["eval", str(ckpt), "--hellaswag", str(path), "--limit", "2", "--device", "cpu"]) == 0
+    expected = evaluate_hellaswag(model.eval(), cfg, gpt2_tokenizer(), path, limit=2)
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"hellaswag: 2 examples | acc {expected['acc']:.4f} | acc_norm {expected['acc_norm']:.4f}"
+    )

@@ -53,6 +53,10 @@ def stream_sample(
     return text
 
 
+#: Fixed prompts for `train.sample_every`: the same text at every log point shows what changed.
+DEFAULT_SAMPLE_PROMPTS = ["The history of", "In mathematics,"]
+
+
 def sample_during_training(
     model: GPT,
     tokenizer: Tokenizer,
