@@ -185,3 +185,27 @@ def test_tool_errors_are_one_line(seed_runs, tmp_path, capsys):
         assert main(argv) == code, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith("speedrun: error:") and text in err and "\n" not in err, (argv, err)
+
+
+@pytest.mark.slow
+def test_summary_json_wins_over_numbers_derived_from_metrics(seed_runs, tmp_path):
+    run = tmp_path / "with-summary"
+    shutil.copytree(seed_runs[0], run)
+    derived = load_run(run)
+    assert derived.steps == 12 and derived.tokens_per_s > 0 and derived.curve[-1][0] == 12 * 1024
+    summary = {"recipe": "demo", "steps": 12, "final_val_loss": 1.5, "tokens_per_s": 1234.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    given = load_run(run)
+    assert (given.final_val_loss, given.tokens_per_s) == (1.5, 1234.0)
+    assert given.final_val_bpb == derived.final_val_bpb  # absent from summary.json: still from metrics
+
+
+@pytest.mark.slow
+def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(seed_runs[2], old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["train"]["sample_every"]  # a field added after that run was made
+    (old / "config.json").write_text(json.dumps(cfg))
+    (group,) = make_groups([load_run(r) for r in [*seed_runs[:2], old]], 3.28)
+    assert group.n == 3

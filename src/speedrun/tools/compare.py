@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.atomic import write_atomic
-from speedrun.config import RESUMABLE_CHANGES, flatten
-from speedrun.errors import DataError
+from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
+from speedrun.errors import ConfigError, DataError
 
 #: Keys that may differ inside a group of repeats.
 NOT_COMPARED = ("train.seed", "data.dir", *RESUMABLE_CHANGES)
@@ -57,7 +57,11 @@ def load_run(path: Path) -> Run:
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
         raise DataError(f"{path}: not a run directory (needs config.json and metrics.jsonl)")
-    config = flatten(_read_json(path / "config.json"))
+    raw = _read_json(path / "config.json")
+    try:  # through the typed config, so fields added since the run compare as their defaults
+        config = flatten(config_from_dict(raw, str(path / "config.json")).to_dict())
+    except ConfigError:  # a run from a newer version with keys this one does not know: compare as written
+        config = flatten(raw)
     records = []
     for n, line in enumerate((path / "metrics.jsonl").read_text(encoding="utf-8").splitlines(), 1):
         try:
