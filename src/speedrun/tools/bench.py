@@ -152,7 +152,8 @@ def format_bench(r: dict) -> str:
         f"bench {r['recipe']} on {r['device']} | torch {r['torch']}, {r['threads']} threads | "
         f"compile {r['compile']} | dtype {r['dtype']}",
         f"{r['params']:,} params | {r['tokens_per_step']:,} tokens/step "
-        f"({r['accumulation_steps']} micro-batches) | {r['flops_per_token'] / 1e6:,.1f} MFLOP/token | "
+        f"({r['accumulation_steps']} micro-batch{'es' if r['accumulation_steps'] > 1 else ''}) | "
+        f"{r['flops_per_token'] / 1e6:,.1f} MFLOP/token | "
         f"window {r['window'] or 'none'}",
         f"  step time      {r['step_ms']:9.1f} ms  "
         f"(median of {r['steps_timed']}, min {r['step_ms_min']:.1f})",

@@ -174,7 +174,10 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
         for name, r in zip(names, runs, strict=True)
     ]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
     lines.append("")
     for g in groups:
         stats = f"n={g.n}  mean {_fmt(g.mean, '.4f')}  std {_fmt(g.std, '.4f')}"
