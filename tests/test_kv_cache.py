@@ -33,9 +33,26 @@ CASES = {
 }
 
 
+RECORD = [  # record-2025-01 as recorded: bf16 embeddings, an MLP-only layer, 128-token block windows
+    "model.n_layer=4",
+    "model.max_seq_len=256",
+    "model.window=128",
+    "model.window_pattern=LSSL",
+    "model.no_attention_layers=2",
+    "model.value_embed_tables=1",
+    "train.seq_len=256",
+    "train.micro_batch_tokens=256",
+    "train.global_batch_tokens=256",
+    "train.val_tokens=256",
+]
+
+
 def _model(case: str) -> GPT:
-    recipe = "demo-2025-01" if case == "demo-2025-01" else "demo"
-    cfg = load_recipe(recipe, SHRINK + CASES[case] + ["model.embed_dtype=fp32"])
+    if case == "record-2025-01":
+        cfg = load_recipe(case, SHRINK + RECORD)
+    else:
+        recipe = "demo-2025-01" if case == "demo-2025-01" else "demo"
+        cfg = load_recipe(recipe, SHRINK + CASES[case] + ["model.embed_dtype=fp32"])
     torch.manual_seed(0)
     model = GPT(cfg.model).eval()
     with torch.no_grad():  # zero-init heads/projections would make every logit equal: randomize all
@@ -77,10 +94,10 @@ def test_the_window_and_document_mask_matter():
     assert not torch.allclose(masked[:, 40:], plain[:, 40:], atol=1e-3)
 
 
-@pytest.mark.parametrize("case", ["demo", "demo-2025-01"])
+@pytest.mark.parametrize("case", ["demo", "demo-2025-01", "record-2025-01"])
 def test_greedy_generation_with_and_without_cache_is_identical(case):
     model = _model(case)
-    prompt = _tokens(model, 12)
+    prompt = _tokens(model, 150 if case == "record-2025-01" else 12)  # record: the window bites
     steps = 40 if case == "demo" else 24
     cached = torch.stack(list(generate(model, prompt, steps, temperature=0.0)), dim=1)
     plain = torch.stack(list(generate(model, prompt, steps, temperature=0.0, use_cache=False)), dim=1)
