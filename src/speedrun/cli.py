@@ -1,4 +1,6 @@
-"""Command line: `speedrun train | prepare | recipes`. User mistakes end in one stderr line, no traceback."""
+"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench`.
+
+User mistakes end in one stderr line, no traceback."""
 
 from __future__ import annotations
 
@@ -27,16 +29,26 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
     train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
     train.add_argument(
+        "--seeds",
+        default=None,
+        metavar="S1,S2,...",
+        help="run once per seed (train.seed) into sibling run directories OUT-seedS, ready for compare",
+    )
+    train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
     )
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
-    prep.add_argument("source", help="wiki-vital | text:PATH | fineweb10B[:N]")
+    prep.add_argument("source", help="wiki-vital | text:PATH | fineweb10B[:N] | hellaswag (eval set)")
     prep.add_argument("--tokenizer", default="gpt2", help="gpt2 | bpe:N (default gpt2)")
     prep.add_argument("--data-dir", type=Path, default=None, help="output folder (default data/<source>)")
 
     recipes = sub.add_parser("recipes", help="list the bundled recipes")
     recipes.add_argument("name", nargs="?", help="show one recipe's resolved config")
+
+    from speedrun.tools.commands import add_tool_commands
+
+    add_tool_commands(sub)
     return parser
 
 
@@ -44,7 +56,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe
 
     if args.resume is not None:
+        if args.seeds is not None:
+            raise ConfigError("--seeds starts new runs; it cannot be combined with --resume")
         return _resume(args)
+    if args.seeds is not None:
+        from speedrun.tools.commands import train_seeds
+
+        return train_seeds(args)
     cfg = load_recipe(args.recipe, args.overrides)
     if args.dry_run:
         import torch
@@ -96,6 +114,14 @@ def _resume(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedrun.data.prepare import prepare
 
+    if args.source == "hellaswag":
+        from speedrun.tools.hellaswag import DEFAULT_DIR, download_hellaswag
+
+        if args.tokenizer != "gpt2":
+            raise ConfigError("hellaswag is a text eval set; it takes no --tokenizer")
+        download_hellaswag(args.data_dir or DEFAULT_DIR)
+        return 0
+
     path = prepare(args.source, args.tokenizer, args.data_dir)
     print(f"prepared {args.source} in {path}")
     return 0
@@ -120,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv or ["train"])
-        handler = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes}[args.command]
+        from speedrun.tools.commands import TOOL_COMMANDS
+
+        handlers = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes, **TOOL_COMMANDS}
+        handler = handlers[args.command]
         return handler(args)
     except SpeedrunError as e:
         print(f"speedrun: error: {e}", file=sys.stderr)

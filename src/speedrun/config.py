@@ -130,6 +130,8 @@ class TrainConfig:
     checkpoint_every: int = 0  # save a checkpoint every N steps (0 = never, except as below)
     checkpoint_at_end: bool = False  # save one after the last step
     checkpoint_keep: int = 2  # keep the newest K checkpoints (0 = keep all)
+    sample_every: int = 0  # log a few fixed-prompt greedy samples every N steps (0 = never)
+    wandb_project: str = ""  # also log to this Weights & Biases project (needs wandb; "" = off)
 
 
 @dataclass
@@ -291,6 +293,8 @@ RESUMABLE_CHANGES = (
     "train.checkpoint_every",
     "train.checkpoint_at_end",
     "train.checkpoint_keep",
+    "train.sample_every",
+    "train.wandb_project",
 )
 
 
@@ -346,6 +350,8 @@ def validate(cfg: Config) -> None:
             f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
             f"train.micro_batch_tokens ({t.micro_batch_tokens})"
         )
+    if t.sample_every < 0:
+        raise ConfigError(f"train.sample_every must not be negative, got {t.sample_every}")
     for key in ("steps", "global_batch_tokens", "micro_batch_tokens", "seq_len", "val_tokens", "log_every"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"train.{key} must be positive, got {getattr(t, key)}")

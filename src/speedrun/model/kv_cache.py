@@ -1,0 +1,181 @@
+"""Cached decoding: run a trained GPT one token at a time, reusing every earlier key and value.
+
+`forward_cached(model, idx, cache)` computes the logits of the new positions `idx` (B, n) given the
+tokens already in `cache`, layer by layer with the GPT's own modules, and appends their keys and values.
+It honours everything the full forward does: learned or rotary positions at the right offset, value
+residual / value embeddings, x0 shortcut, U-Net skips, MLP-only layers, and the attention mask
+(causal, document, long/short sliding window) from `attention.mask_rule`, the one mask definition.
+Kept outside `GPT.forward` so the training path stays untouched; tests compare it with the full forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from speedrun.model.attention import BLOCK_SIZE, document_ids, mask_rule, short_window
+from speedrun.model.gpt import GPT, Attention
+from speedrun.model.layers import Rotary, softcap
+
+
+@dataclass
+class KVCache:
+    """Keys/values per attention layer (B, H, T, D) and the token ids seen so far (B, T)."""
+
+    keys: dict[int, Tensor] = field(default_factory=dict)
+    values: dict[int, Tensor] = field(default_factory=dict)
+    tokens: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.tokens is None else self.tokens.size(1)
+
+
+def _rotate(rotary: Rotary, x: Tensor, start: int) -> Tensor:
+    """Rotary at absolute positions start..start+T (Rotary.forward always starts at 0)."""
+    T = x.size(-2)
+    if start + T > rotary.cos.size(0):
+        raise ValueError(f"sequence length {start + T} exceeds the rotary table ({rotary.cos.size(0)})")
+    dtype = torch.float32 if rotary.fp32 else x.dtype
+    cos, sin = rotary.cos[start : start + T].to(dtype), rotary.sin[start : start + T].to(dtype)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+
+
+def _attend_cached(
+    attn: Attention, layer: int, x: Tensor, other_v: Tensor | None, mask: Tensor, cache: KVCache, start: int
+) -> tuple[Tensor, Tensor]:
+    """Attention.forward for new positions, with earlier keys/values from the cache."""
+    B, T, C = x.shape
+    if hasattr(attn, "c_attn"):
+        q, k, v = attn.c_attn(x).split(C, dim=-1)
+    else:
+        q, k, v = attn.c_q(x), attn.c_k(x), attn.c_v(x)
+    q, k, v = (t.view(B, T, attn.n_head, attn.head_dim) for t in (q, k, v))
+    raw_v = v
+    v = attn.mix_values(v, other_v)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if attn.qk_norm:
+        q, k = F.rms_norm(q, (attn.head_dim,)), F.rms_norm(k, (attn.head_dim,))
+    if attn.rotary is not None:
+        q, k = _rotate(attn.rotary, q, start), _rotate(attn.rotary, k, start)
+    if layer in cache.keys:
+        k = torch.cat([cache.keys[layer], k], dim=2)
+        v = torch.cat([cache.values[layer], v], dim=2)
+    cache.keys[layer], cache.values[layer] = k, v
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
+    y = attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+    return (y * attn.out_scale if attn.out_scale != 1.0 else y), raw_v
+
+
+def _masks(model: GPT, tokens: Tensor, start: int) -> dict[str, Tensor]:
+    """Boolean (B, 1, new, all) masks for long (L) and short (S) layers, from mask_rule."""
+    cfg = model.cfg
+    q_idx = torch.arange(start, tokens.size(1), device=tokens.device)[:, None]
+    kv_idx = torch.arange(tokens.size(1), device=tokens.device)[None, :]
+    doc_q = doc_kv = None
+    if cfg.document_mask:
+        docs = document_ids(tokens, cfg.eot_id)
+        doc_q, doc_kv = docs[:, start:, None], docs[:, None, :]
+    block = cfg.window_granularity == "block"
+    windows: dict[str, Tensor | None] = {"L": model.attn_window if cfg.window > 0 else None}
+    if "S" in cfg.window_pattern:
+        windows["S"] = short_window(model.attn_window, block, BLOCK_SIZE)
+    out = {}
+    for kind, window in windows.items():
+        allowed = mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, BLOCK_SIZE, block)
+        out[kind] = (allowed if allowed.dim() == 3 else allowed[None])[:, None]
+    return out
+
+
+@torch.no_grad()
+def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
+    """Logits (B, n, padded vocab) for the new tokens `idx` (B, n); appends them to `cache`."""
+    cfg = model.cfg
+    start = cache.length
+    if start + idx.size(1) > cfg.max_seq_len:
+        raise ValueError(f"sequence length {start + idx.size(1)} exceeds model.max_seq_len {cfg.max_seq_len}")
+    cache.tokens = idx if cache.tokens is None else torch.cat([cache.tokens, idx], dim=1)
+    x = model.wte(idx)
+    if model.wpe is not None:
+        x = x + model.wpe(torch.arange(start, start + idx.size(1), device=idx.device))
+    if model.embed_norm is not None:
+        x = model.embed_norm(x)
+    x0 = x
+    masks = _masks(model, cache.tokens, start)
+    pattern = cfg.window_pattern or "L" * cfg.n_layer
+    tables = [emb(idx) for emb in model.value_embeds] if model.value_embeds is not None else None
+    n_skip = model.skip_weights.numel() if model.skip_weights is not None else 0
+    first_decoder = cfg.n_layer - n_skip
+    skips: list[Tensor] = []
+    v_first = None
+    for i, block in enumerate(model.blocks):
+        if n_skip and i >= first_decoder:
+            x = x + model.skip_weights[i - first_decoder] * skips.pop()
+        j = model.ve_layout[i]
+        other_v = v_first if tables is None else (tables[j] if j is not None else None)
+        if block.lambdas is not None:
+            x = block.lambdas[0] * x + block.lambdas[1] * x0
+        raw_v = None
+        if block.attn is not None:
+            y, raw_v = _attend_cached(block.attn, i, block.norm1(x), other_v, masks[pattern[i]], cache, start)
+            x = x + y
+        x = x + block.mlp(block.norm2(x))
+        if cfg.value_residual and v_first is None:
+            v_first = raw_v
+        if i < n_skip:
+            skips.append(x)
+    logits = model.lm_head(model.norm_f(x)).float()
+    if cfg.logit_softcap > 0:
+        logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
+    return logits
+
+
+def pick_next(
+    logits: Tensor, vocab_size: int, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> Tensor:
+    """Next token per row from (B, V) logits: argmax at temperature 0, else top-k sampling.
+    Padding rows of the head (ids >= vocab_size) are never chosen."""
+    logits = logits[:, :vocab_size].float()
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and 0 < top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    prompt: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Iterator[Tensor]:
+    """Yield (B,) next tokens, one step at a time, after `prompt` (B, T). `use_cache=False` runs the full
+    forward over the whole sequence every step (the reference the cache is tested against)."""
+    vocab = model.cfg.vocab_size
+    steps = min(max_new_tokens, model.cfg.max_seq_len - prompt.size(1))
+    if use_cache:
+        cache = KVCache()
+        logits = forward_cached(model, prompt, cache)[:, -1]
+        for n in range(steps):
+            nxt = pick_next(logits, vocab, temperature, top_k, generator)
+            yield nxt
+            if n + 1 < steps:
+                logits = forward_cached(model, nxt[:, None], cache)[:, -1]
+        return
+    seq = prompt
+    for _ in range(steps):
+        nxt = pick_next(model(seq)[:, -1], vocab, temperature, top_k, generator)
+        yield nxt
+        seq = torch.cat([seq, nxt[:, None]], dim=1)

@@ -1,0 +1,1 @@
+"""The researcher's tools around training: sample, evaluate, compare runs, benchmark."""

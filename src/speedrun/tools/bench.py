@@ -1,0 +1,168 @@
+"""`speedrun bench`: time a recipe's training step on synthetic tokens, on whatever device is present.
+
+The model, optimizer, compile setting, autocast dtype and schedule are built as `speedrun train` builds
+them, and every step is the project's `train_step`. Tokens are synthetic (a Zipf law over the
+vocabulary, documents of geometric length each starting with the end-of-text token), so no data is
+needed and document masks see realistic boundaries. The schedule (LR, momentum, window) is the one of
+the recipe's middle step.
+
+Reported: median step time split into forward+backward and optimizer (the optimizer is timed by
+waiting for the device before and after its step, so on a GPU the split costs a little overlap),
+tokens/s, MFU against the measured bf16 matmul peak of the device and against the datasheet peak when
+the device is known, and peak memory (CUDA: allocated; CPU: the process's peak resident set).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from speedrun.config import Config
+from speedrun.model.gpt import GPT
+from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.rundir import peak_memory_bytes
+from speedrun.train.schedule import apply_schedule, schedule_at
+from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.timing import wait_for_device
+from speedrun.train.tracking import datasheet_peak, device_name, measured_matmul_peak, mfu
+
+
+def synthetic_tokens(n: int, vocab_size: int, eot_id: int, mean_doc: int, seed: int = 0) -> np.ndarray:
+    """`n` token ids: Zipf-distributed (p ∝ 1/(rank + 10)), documents of geometric length starting with
+    `eot_id`, which appears nowhere else."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / (np.arange(vocab_size) + 10.0)
+    tokens = rng.permutation(vocab_size)[rng.choice(vocab_size, size=n, p=p / p.sum())]
+    tokens[tokens == eot_id] = (eot_id + 1) % vocab_size
+    starts = np.cumsum(rng.geometric(1.0 / max(1, mean_doc), size=n // max(1, mean_doc) * 2 + 2))
+    tokens[0] = eot_id
+    tokens[starts[starts < n]] = eot_id
+    return tokens
+
+
+class _TimedOptimizer:
+    """Passes through to the run's optimizer and records how long each `step()` takes on the device."""
+
+    def __init__(self, inner: RunOptimizer, device: torch.device):
+        self.inner, self.device, self.last_s = inner, device, 0.0
+
+    def step(self) -> None:
+        wait_for_device(self.device)
+        start = time.perf_counter()
+        self.inner.step()
+        wait_for_device(self.device)
+        self.last_s = time.perf_counter() - start
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def parameters(self):
+        return self.inner.parameters()
+
+
+def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 3) -> dict:
+    """Time `warmup` + `steps` optimizer steps of `cfg`; returns the measurements (see module doc)."""
+    t = cfg.train
+    accum = t.global_batch_tokens // t.micro_batch_tokens
+    torch.manual_seed(t.seed)
+    with device:
+        model = GPT(cfg.model)
+    compiled = t.compile == "on" or (t.compile == "auto" and device.type == "cuda")
+    train_model = torch.compile(model) if compiled else model
+    optimizer = build_optimizer(model, cfg)
+    timed = _TimedOptimizer(optimizer, device)
+    schedule = schedule_at(t.steps // 2, cfg)
+    apply_schedule(schedule, optimizer, model)
+
+    n_pool = min(accum, 4)  # a few distinct micro-batches, reused: the loader is not what is measured
+    vocab = cfg.model.vocab_size
+    eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
+    pool = synthetic_tokens(n_pool * t.micro_batch_tokens + 1, vocab, eot, 1000)
+    pool_t = torch.from_numpy(pool.astype(np.int64)).to(device)
+    rows = t.micro_batch_tokens // t.seq_len
+    batches = [
+        (
+            pool_t[i * t.micro_batch_tokens : (i + 1) * t.micro_batch_tokens].view(rows, t.seq_len),
+            pool_t[i * t.micro_batch_tokens + 1 : (i + 1) * t.micro_batch_tokens + 1].view(rows, t.seq_len),
+        )
+        for i in range(n_pool)
+    ]
+    counter = iter(range(1 << 62))
+
+    def next_batch():
+        return batches[next(counter) % n_pool]
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_s, opt_s, losses = [], [], []
+    for i in range(warmup + steps):
+        wait_for_device(device)
+        start = time.perf_counter()
+        loss = train_step(train_model, timed, next_batch, accum, autocast_dtype(cfg), cfg.optim.grad_clip)
+        wait_for_device(device)
+        if i >= warmup:
+            step_s.append(time.perf_counter() - start)
+            opt_s.append(timed.last_s)
+        losses.append(float(loss))
+    step, opt = statistics.median(step_s), statistics.median(opt_s)
+    flops_per_token = model.flops_per_token(t.seq_len)
+    tokens_per_s = t.global_batch_tokens / step
+    name = device_name(device)
+    measured = measured_matmul_peak(device, size=8192 if device.type == "cuda" else 2048, iters=10)
+    sheet = datasheet_peak(name) if device.type == "cuda" else None
+    return {
+        "recipe": cfg.recipe,
+        "device": name,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "compile": compiled,
+        "dtype": t.dtype,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tokens_per_step": t.global_batch_tokens,
+        "accumulation_steps": accum,
+        "window": schedule.window,
+        "steps_timed": steps,
+        "warmup_steps": warmup,
+        "step_ms": step * 1000,
+        "step_ms_min": min(step_s) * 1000,
+        "forward_backward_ms": (step - opt) * 1000,
+        "optimizer_ms": opt * 1000,
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": flops_per_token,
+        "measured_bf16_peak_flops": measured,
+        "mfu_measured_peak": mfu(flops_per_token, tokens_per_s, measured),
+        "datasheet_bf16_peak_flops": sheet,
+        "mfu_datasheet_peak": mfu(flops_per_token, tokens_per_s, sheet) if sheet else None,
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+    }
+
+
+def format_bench(r: dict) -> str:
+    """The human table of `run_bench`'s result."""
+    peak = r["datasheet_bf16_peak_flops"]
+    sheet = "no datasheet peak known for this device"
+    if peak:
+        sheet = f"{r['mfu_datasheet_peak']:.1%} of datasheet bf16 peak {peak / 1e12:,.1f} TFLOP/s"
+    lines = [
+        f"bench {r['recipe']} on {r['device']} | torch {r['torch']}, {r['threads']} threads | "
+        f"compile {r['compile']} | dtype {r['dtype']}",
+        f"{r['params']:,} params | {r['tokens_per_step']:,} tokens/step "
+        f"({r['accumulation_steps']} micro-batch{'es' if r['accumulation_steps'] > 1 else ''}) | "
+        f"{r['flops_per_token'] / 1e6:,.1f} MFLOP/token | "
+        f"window {r['window'] or 'none'}",
+        f"  step time      {r['step_ms']:9.1f} ms  "
+        f"(median of {r['steps_timed']}, min {r['step_ms_min']:.1f})",
+        f"  fwd+bwd        {r['forward_backward_ms']:9.1f} ms",
+        f"  optimizer      {r['optimizer_ms']:9.1f} ms",
+        f"  tokens/s       {r['tokens_per_s']:9,.0f}",
+        f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured bf16 matmul peak "
+        f"{r['measured_bf16_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
+        f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB",
+        f"  loss           {r['loss_first']:.3f} -> {r['loss_last']:.3f} (synthetic Zipf tokens)",
+    ]
+    return "\n".join(lines)

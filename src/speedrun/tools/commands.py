@@ -1,0 +1,192 @@
+"""The research subcommands of `speedrun` (sample, eval, compare, bench) and `train --seeds`.
+
+cli.py owns the parser and error handling; this module adds these commands to it and runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from speedrun.errors import ConfigError
+
+
+def add_tool_commands(sub: argparse._SubParsersAction) -> None:
+    sample = sub.add_parser("sample", help="generate text from a trained run (KV-cached, streamed)")
+    sample.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
+    sample.add_argument("--prompt", default="", help="text to continue (default: start a new document)")
+    sample.add_argument("-n", type=int, default=1, help="number of samples (default 1)")
+    sample.add_argument("--max-tokens", type=int, default=200, help="tokens per sample (default 200)")
+    sample.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    sample.add_argument("--top-k", type=int, default=200, help="sample among the k likeliest; 0 = all")
+    sample.add_argument("--seed", type=int, default=1337, help="random seed (default 1337)")
+    sample.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    sample.add_argument("--data", type=Path, default=None, help="data folder holding the run's tokenizer")
+
+    ev = sub.add_parser("eval", help="val loss and bits per byte (or HellaSwag) of a trained run")
+    ev.add_argument("path", type=Path, metavar="RUN_DIR|CHECKPOINT")
+    ev.add_argument("--data", type=Path, default=None, help="prepared shard folder (default: the run's)")
+    ev.add_argument("--tokens", type=int, default=None, help="val tokens (default: the run's val_tokens)")
+    ev.add_argument(
+        "--hellaswag",
+        nargs="?",
+        type=Path,
+        const=Path("data/hellaswag/hellaswag_val.jsonl"),
+        default=None,
+        metavar="FILE",
+        help="HellaSwag accuracy instead (GPT-2 tokenizer only; default file from `prepare hellaswag`)",
+    )
+    ev.add_argument("--limit", type=int, default=None, help="score only the first N HellaSwag examples")
+    ev.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+
+    cmp = sub.add_parser("compare", help="table, t-test and plots of several runs")
+    cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    cmp.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
+    cmp.add_argument("--plot", type=Path, default=None, help="write val-loss curves to this PNG")
+
+    bench = sub.add_parser("bench", help="time a recipe's training step on synthetic tokens")
+    bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
+    bench.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, warm-up)")
+    bench.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    bench.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
+    bench.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4")
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value}")
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from speedrun.tools.runs import autocast_for, load_model, resolve_device, run_tokenizer
+    from speedrun.tools.sample import run_sample
+
+    _positive("-n", args.n)
+    _positive("--max-tokens", args.max_tokens)
+    if args.temperature < 0 or args.top_k < 0:
+        raise ConfigError("--temperature and --top-k must not be negative")
+    device = resolve_device(args.device)
+    model, cfg, _ = load_model(args.path, device)
+    tokenizer = run_tokenizer(cfg, args.data)
+    room = cfg.model.max_seq_len - 1 - len(tokenizer.encode(args.prompt))
+    if room < 1:
+        raise ConfigError(f"--prompt is longer than the model's context ({cfg.model.max_seq_len} tokens)")
+    if args.max_tokens > room:
+        print(
+            f"speedrun: note: --max-tokens capped at {room} (context {cfg.model.max_seq_len})",
+            file=sys.stderr,
+        )
+    with autocast_for(cfg, device):
+        run_sample(
+            model,
+            tokenizer,
+            args.prompt,
+            args.n,
+            args.max_tokens,
+            args.temperature,
+            args.top_k or None,
+            args.seed,
+        )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from speedrun.tools.runs import load_model, resolve_device, run_data_dir, run_tokenizer
+
+    _positive("--tokens", args.tokens)
+    _positive("--limit", args.limit)
+    device = resolve_device(args.device)
+    model, cfg, ckpt = load_model(args.path, device)
+    if args.hellaswag is not None:
+        from speedrun.tools.hellaswag import evaluate_hellaswag
+
+        if cfg.data.tokenizer != "gpt2":
+            raise ConfigError(
+                f"HellaSwag needs a GPT-2-tokenized model; {args.path} uses {cfg.data.tokenizer}"
+            )
+        result = evaluate_hellaswag(model, cfg, run_tokenizer(cfg), args.hellaswag, args.limit, device)
+        print(
+            f"hellaswag: {result['examples']:,} examples | acc {result['acc']:.4f} | "
+            f"acc_norm {result['acc_norm']:.4f} | checkpoint {ckpt}"
+        )
+        return 0
+    from speedrun.tools.evaluate import evaluate_loss
+
+    result = evaluate_loss(model, cfg, args.data or run_data_dir(cfg), args.tokens, device)
+    bpb = f" | val bpb {result['val_bpb']:.4f}" if result["val_bpb"] is not None else ""
+    print(
+        f"val loss {result['val_loss']:.4f}{bpb} | {result['tokens']:,} tokens of {result['data']} | "
+        f"checkpoint {ckpt}"
+    )
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from speedrun.tools.compare import format_table, load_run, make_groups, plot_runs
+
+    runs = [load_run(p) for p in args.runs]
+    print(format_table(runs, make_groups(runs, args.target), args.target))
+    if args.plot is not None:
+        print(f"plot: {plot_runs(runs, args.plot, args.target)}")
+    return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {text!r}: expected distinct comma-separated integers, e.g. 1,2,3")
+    return seeds
+
+
+def train_seeds(args: argparse.Namespace) -> int:
+    """One run per seed into OUT-seedS (OUT defaults to runs/<recipe>-<time>), then a compare hint."""
+    from speedrun.recipes import load_recipe
+    from speedrun.train.rundir import default_run_dir
+
+    seeds = parse_seeds(args.seeds)
+    if any(o.strip().startswith("train.seed=") for o in args.overrides):
+        raise ConfigError("--seeds sets train.seed itself; drop the train.seed= override")
+    configs = [load_recipe(args.recipe, [*args.overrides, f"train.seed={s}"]) for s in seeds]
+    base = args.out or default_run_dir(configs[0].recipe)
+    dirs = [base.with_name(f"{base.name}-seed{s}") for s in seeds]
+    if args.dry_run:
+        print(json.dumps(configs[0].to_dict(), indent=2))
+        for s, d in zip(seeds, dirs, strict=True):
+            print(f"seed {s}: {d}")
+        return 0
+    from speedrun.train.loop import train
+
+    for s, (cfg, out) in enumerate(zip(configs, dirs, strict=True)):
+        print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out} ===", flush=True)
+        train(cfg, out)
+    print(f"compare them with: speedrun compare {' '.join(str(d) for d in dirs)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from speedrun.atomic import write_atomic
+    from speedrun.recipes import load_recipe
+    from speedrun.tools.bench import format_bench, run_bench
+    from speedrun.tools.runs import resolve_device
+
+    _positive("--steps", args.steps)
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
+    cfg = load_recipe(args.recipe, args.overrides)
+    if cfg.train.device != "auto" and args.device == "auto":
+        args.device = cfg.train.device
+    result = run_bench(cfg, resolve_device(args.device), args.steps, args.warmup)
+    print(format_bench(result))
+    if args.json is not None:
+        write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
+        print(f"json: {args.json}")
+    return 0
+
+
+TOOL_COMMANDS = {"sample": cmd_sample, "eval": cmd_eval, "compare": cmd_compare, "bench": cmd_bench}

@@ -1,0 +1,219 @@
+"""`speedrun compare`: a table of runs, curves, and the record rules' statistical test.
+
+Everything comes from files inside each run directory (`config.json`, `metrics.jsonl`, and
+`summary.json` when present), never from absolute paths, so runs copied from other machines compare.
+Runs whose configs are equal except for the seed and settings that only observe a run (logging,
+validation and checkpoint cadence, device, compile, data folder location) form a group: the record
+rules ask whether the group's mean final val loss is below the target, by a one-sided t-test.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedrun.atomic import write_atomic
+from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
+from speedrun.errors import ConfigError, DataError
+
+#: Keys that may differ inside a group of repeats.
+NOT_COMPARED = ("train.seed", "data.dir", *RESUMABLE_CHANGES)
+
+
+@dataclass
+class Run:
+    """What compare needs from one run directory."""
+
+    path: Path
+    recipe: str
+    config: dict
+    steps: int | None = None
+    train_time_s: float | None = None
+    tokens_per_s: float | None = None
+    final_val_loss: float | None = None
+    final_val_bpb: float | None = None
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, time_s, val_loss)
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("train.seed")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_run(path: Path) -> Run:
+    """Read one run directory; DataError when it is not one."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
+        raise DataError(f"{path}: not a run directory (needs config.json and metrics.jsonl)")
+    raw = _read_json(path / "config.json")
+    try:  # through the typed config, so fields added since the run compare as their defaults
+        config = flatten(config_from_dict(raw, str(path / "config.json")).to_dict())
+    except ConfigError:  # a run from a newer version with keys this one does not know: compare as written
+        config = flatten(raw)
+    records = []
+    for n, line in enumerate((path / "metrics.jsonl").read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise DataError(f"{path / 'metrics.jsonl'}:{n}: not a JSON line") from None
+    run = Run(path, str(config.get("recipe", "?")), config)
+    train = [r for r in records if "train_loss" in r]
+    val = [r for r in records if r.get("val_loss") is not None]
+    run.curve = [(int(r.get("tokens", 0)), float(r.get("time_s", 0.0)), float(r["val_loss"])) for r in val]
+    if train:
+        last = train[-1]
+        run.steps, run.train_time_s = int(last["step"]), float(last.get("time_s", 0.0))
+        timed_steps = last["step"] - int(config.get("train.timing_warmup_steps", 0))
+        batch = config.get("train.global_batch_tokens")
+        if run.train_time_s > 0 and timed_steps > 0 and batch:
+            run.tokens_per_s = timed_steps * batch / run.train_time_s
+    if val:
+        run.final_val_loss, run.final_val_bpb = float(val[-1]["val_loss"]), val[-1].get("val_bpb")
+    if (path / "summary.json").is_file():  # the loop's own numbers, when it wrote them
+        summary = _read_json(path / "summary.json")
+        for key in ("steps", "train_time_s", "tokens_per_s", "final_val_loss", "final_val_bpb"):
+            if summary.get(key) is not None:
+                setattr(run, key, summary[key])
+    return run
+
+
+def group_key(run: Run) -> tuple:
+    return tuple(sorted((k, json.dumps(v)) for k, v in run.config.items() if k not in NOT_COMPARED))
+
+
+@dataclass
+class Group:
+    label: str
+    runs: list[Run]
+    mean: float | None = None
+    std: float | None = None
+    t: float | None = None
+    p: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.losses)
+
+    @property
+    def losses(self) -> list[float]:
+        return [r.final_val_loss for r in self.runs if r.final_val_loss is not None]
+
+
+def below_target_test(losses: list[float], target: float) -> tuple[float, float]:
+    """(t, p) of the one-sided one-sample t-test H1: mean < target (scipy.stats.ttest_1samp)."""
+    from scipy import stats
+
+    result = stats.ttest_1samp(losses, target, alternative="less")
+    return float(result.statistic), float(result.pvalue)
+
+
+def make_groups(runs: list[Run], target: float) -> list[Group]:
+    """Runs grouped by config (seed and observation settings ignored), with mean, std, n, t-test."""
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        by_key.setdefault(group_key(run), []).append(run)
+    groups = []
+    for members in by_key.values():
+        same_recipe = [k for k in by_key if dict(k).get("recipe") == json.dumps(members[0].recipe)]
+        label = members[0].recipe
+        if len(same_recipe) > 1:  # name the settings that set this group apart from its namesakes
+            mine = dict(group_key(members[0]))
+            others = [dict(k) for k in same_recipe if dict(k) != mine]
+            diff = sorted({k for o in others for k in set(mine) | set(o) if mine.get(k) != o.get(k)})
+            label += " [" + ", ".join(f"{k}={json.loads(mine[k]) if k in mine else '-'}" for k in diff) + "]"
+        g = Group(label, members)
+        losses = g.losses
+        if losses:
+            g.mean = sum(losses) / len(losses)
+        if len(losses) >= 2:
+            g.std = math.sqrt(sum((x - g.mean) ** 2 for x in losses) / (len(losses) - 1))
+            g.t, g.p = below_target_test(losses, target)
+        groups.append(g)
+    return groups
+
+
+def run_names(runs: list[Run]) -> list[str]:
+    """Short unique names: the folder name, with its parent when names repeat (runs/a/seed1 ...)."""
+    names = [r.path.name for r in runs]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{r.path.parent.name}/{r.path.name}" for r in runs]
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
+    """The runs table, then one line per group with its statistics."""
+    names = run_names(runs)
+    header = ("run", "recipe", "seed", "steps", "train time", "tokens/s", "val loss", "val bpb")
+    rows = [
+        (
+            name,
+            r.recipe,
+            _fmt(r.seed, "d"),
+            _fmt(r.steps, "d"),
+            _fmt(r.train_time_s, ".1f") + ("s" if r.train_time_s is not None else ""),
+            _fmt(r.tokens_per_s, ",.0f"),
+            _fmt(r.final_val_loss, ".4f"),
+            _fmt(r.final_val_bpb, ".4f"),
+        )
+        for name, r in zip(names, runs, strict=True)
+    ]
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    lines.append("")
+    for g in groups:
+        stats = f"n={g.n}  mean {_fmt(g.mean, '.4f')}  std {_fmt(g.std, '.4f')}"
+        if g.p is not None:
+            verdict = "below" if g.p < 0.01 else "not shown below"
+            stats += f"  t={g.t:.3f}  p={g.p:.3g} (mean < {target}: {verdict} at p<0.01)"
+        else:
+            stats += "  (t-test needs >= 2 runs with a final val loss)"
+        lines.append(f"group {g.label}: {stats}")
+    return "\n".join(lines)
+
+
+def plot_runs(runs: list[Run], out: Path, target: float | None = None) -> Path:
+    """PNG with val loss against tokens and against training time, one line per run (written atomically)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tok, ax_time) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
+    for name, run in zip(run_names(runs), runs, strict=True):
+        if not run.curve:
+            continue
+        tokens, times, losses = zip(*run.curve, strict=True)
+        ax_tok.plot(tokens, losses, marker=".", label=name)
+        ax_time.plot(times, losses, marker=".", label=name)
+    for ax, xlabel in ((ax_tok, "tokens"), (ax_time, "training time (s)")):
+        if target is not None:
+            ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val loss")
+        ax.grid(alpha=0.3)
+    ax_tok.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    write_atomic(Path(out), buf.getvalue())
+    return Path(out)

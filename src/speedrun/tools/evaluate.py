@@ -1,0 +1,71 @@
+"""`speedrun eval`: validation loss and bits per byte of a saved model on any prepared shard folder.
+
+The tokens are read exactly as the training loop's validation reads them (`data.loader.val_batches`:
+the first N tokens of the val shards, in sequences of the run's `seq_len`), so evaluating a run's final
+checkpoint on its own data with its own `val_tokens` reproduces the final val loss of `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from speedrun.config import Config
+from speedrun.data.loader import val_batches
+from speedrun.data.prepare import load_meta
+from speedrun.data.shards import find_shards
+from speedrun.errors import ConfigError, DataError
+from speedrun.model.gpt import GPT
+from speedrun.tools.runs import autocast_for, run_tokenizer
+
+
+def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[int, int]:
+    """(tokens, micro-batch tokens): `tokens`, or the run's val_tokens capped at what the folder holds,
+    in whole sequences; the run's micro-batch when it divides the count, else one sequence per batch."""
+    seq = cfg.train.seq_len
+    if tokens is None:
+        tokens = min(cfg.train.val_tokens, (available - 1) // seq * seq)
+    if tokens < seq or tokens % seq:
+        raise ConfigError(f"--tokens {tokens} must be a positive multiple of the run's seq_len ({seq})")
+    micro = cfg.train.micro_batch_tokens
+    return tokens, micro if tokens % micro == 0 else seq
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: GPT, cfg: Config, data_dir: Path, tokens: int | None = None, device: torch.device | str = "cpu"
+) -> dict:
+    """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` on the val split of `data_dir`. The folder's
+    tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError."""
+    device = torch.device(device)
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir)
+    if meta["tokenizer"] != cfg.data.tokenizer or meta["vocab_size"] != cfg.model.vocab_size:
+        raise DataError(
+            f"{data_dir} was tokenized with {meta['tokenizer']} (vocab {meta['vocab_size']}), the model "
+            f"with {cfg.data.tokenizer} (vocab {cfg.model.vocab_size})"
+        )
+    tokenizer = run_tokenizer(cfg, data_dir)
+    n, micro = eval_token_count(cfg, meta["splits"]["val"]["tokens"], tokens)
+    token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)
+    loss_sum, byte_sum = torch.zeros((), dtype=torch.float64, device=device), 0
+    model.eval()
+    batches = val_batches(
+        find_shards(data_dir, "val"),
+        n,
+        micro,
+        cfg.train.seq_len,
+        vocab_size=cfg.model.vocab_size,
+        device=device,
+    )
+    for x, y in batches:
+        with autocast_for(cfg, device):
+            losses = model(x, y, reduction="none")
+        loss_sum += losses.double().sum()
+        byte_sum += int(token_bytes[y].sum())
+    loss = loss_sum.item() / n
+    bpb = loss_sum.item() / (math.log(2) * byte_sum) if byte_sum else None
+    return {"val_loss": loss, "val_bpb": bpb, "tokens": n, "data": str(data_dir)}

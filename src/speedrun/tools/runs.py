@@ -1,0 +1,124 @@
+"""Open a finished run (or one checkpoint) for inference: config, weights and tokenizer.
+
+Weights come only from `model.safetensors` (loading never executes code); `state.pt` (optimizer state)
+is not read. Paths are taken relative to the run, so a run directory copied from another machine works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from speedrun.config import Config, config_from_dict
+from speedrun.data.prepare import default_data_dir, load_meta, tokenizer_for_data
+from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
+from speedrun.errors import ConfigError, DataError
+from speedrun.model.gpt import GPT
+from speedrun.train.checkpoint import list_checkpoints
+
+
+def find_checkpoint(path: Path) -> Path:
+    """`path` itself when it is a checkpoint folder, else the newest checkpoint of the run `path`."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
+        return path
+    if (path / "config.json").is_file():
+        found = list_checkpoints(path)
+        if not found:
+            raise DataError(
+                f"{path}: the run has no checkpoint; train with train.checkpoint_at_end=true "
+                "(or train.checkpoint_every=N)"
+            )
+        return found[-1]
+    raise DataError(f"{path}: neither a run directory nor a checkpoint (no config.json)")
+
+
+def read_config(path: Path) -> Config:
+    """The typed config stored in `path/config.json` (a run or a checkpoint)."""
+    file = Path(path) / "config.json"
+    try:
+        return config_from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
+    except FileNotFoundError:
+        raise DataError(f"{path}: no config.json") from None
+    except (OSError, json.JSONDecodeError, ConfigError) as e:
+        raise DataError(f"{file} is unusable: {e}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: CUDA is not available on this machine")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device (cpu, cuda, cuda:1, auto)") from None
+
+
+def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
+    """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint."""
+    ckpt = find_checkpoint(path)
+    cfg = read_config(ckpt)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
+    try:
+        weights = load_file(ckpt / "model.safetensors", device="cpu")
+    except (OSError, SafetensorError) as e:
+        raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
+    if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
+        raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")
+    model = GPT(cfg.model)
+    missing = set(model.load_state_dict(weights, strict=False).missing_keys)
+    tied = {"lm_head.weight", "wte.weight"} if cfg.model.tie_embeddings else set()
+    if missing - tied:
+        raise DataError(f"{ckpt}: weights missing from the checkpoint: {', '.join(sorted(missing - tied))}")
+    return model.to(device).eval(), cfg, ckpt
+
+
+def run_data_dir(cfg: Config) -> Path:
+    """The shard folder the run trained on (relative paths are relative to the working directory)."""
+    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
+
+
+def run_tokenizer(cfg: Config, data_dir: Path | None = None) -> Tokenizer:
+    """The run's tokenizer: GPT-2 from the installed package, a BPE from the run's data folder (or
+    `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json."""
+    if cfg.data.tokenizer == "gpt2" and data_dir is None:
+        tok = gpt2_tokenizer()
+    else:
+        folder = Path(data_dir) if data_dir is not None else run_data_dir(cfg)
+        if data_dir is None and not (folder / "meta.json").is_file():
+            raise DataError(
+                f"the run's tokenizer {cfg.data.tokenizer} lives in its data folder {folder}, which is "
+                "missing here; pass --data DIR (a folder prepared with the same tokenizer)"
+            )
+        tok = tokenizer_for_data(folder, load_meta(folder))
+    if tok.name != cfg.data.tokenizer or tok.vocab_size != cfg.model.vocab_size:
+        raise DataError(
+            f"tokenizer {tok.name} (vocab {tok.vocab_size}) does not match the run's "
+            f"{cfg.data.tokenizer} (vocab {cfg.model.vocab_size})"
+        )
+    own = run_data_dir(cfg) / "meta.json"
+    if data_dir is not None and own.is_file():  # a same-named BPE trained on other text is another vocabulary
+        try:
+            own_hash = json.loads(own.read_text(encoding="utf-8")).get("tokenizer_hash")
+        except (OSError, ValueError, AttributeError):
+            own_hash = None
+        if own_hash is not None and own_hash != tok.hash:
+            raise DataError(
+                f"{data_dir} was tokenized with a different {tok.name} vocabulary (hash {tok.hash}) "
+                f"than the run's data {own.parent} (hash {own_hash})"
+            )
+    return tok
+
+
+def autocast_for(cfg: Config, device: torch.device):
+    """The run's compute dtype: bf16 autocast when it trained in bf16, else nothing."""
+    if cfg.train.dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

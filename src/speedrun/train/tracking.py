@@ -1,0 +1,123 @@
+"""Experiment tracking and hardware utilisation: TensorBoard event files, optional Weights & Biases, MFU.
+
+`Tracker(run_dir, wandb_project="")` writes TensorBoard events into the run directory (read them with
+`tensorboard --logdir RUN_DIR`). W&B is used only when a project is named: it is imported then (a clear
+error when it is not installed) and is the only thing here that may touch the network.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedrun.errors import ConfigError
+
+#: Datasheet dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a substring of the device name.
+DATASHEET_BF16_PEAK = {
+    "H200": 989.4e12,
+    "H100 NVL": 835.6e12,
+    "H100 PCIe": 756.5e12,
+    "H100": 989.4e12,  # SXM; the more specific names above are matched first
+    "GH200": 989.4e12,
+    "B200": 2.25e15,
+    "A100": 312e12,
+    "A10G": 70e12,
+    "L40S": 362.05e12,
+    "L4": 121e12,
+    "RTX 4090": 165.2e12,
+    "RTX 3090": 71e12,
+}
+
+
+def datasheet_peak(device_name: str) -> float | None:
+    """Datasheet bf16 dense peak for a device name such as 'NVIDIA H100 80GB HBM3'; None when unknown."""
+    for key, peak in DATASHEET_BF16_PEAK.items():  # insertion order: specific names before general ones
+        if key in device_name:
+            return peak
+    return None
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device)."""
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+    return flops_per_token * tokens_per_s / peak_flops
+
+
+def measured_matmul_peak(
+    device: torch.device | str = "cpu", size: int = 4096, dtype: torch.dtype = torch.bfloat16, iters: int = 10
+) -> float:
+    """Best FLOP/s of a square `size` matmul in `dtype` on `device`: the reachable peak MFU is measured
+    against (datasheet peaks are rarely reached). A few warm-up calls, then the fastest of `iters`."""
+    device = torch.device(device)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    best = float("inf")
+    for _ in range(iters):
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+class Tracker:
+    """`log(step, scalars)` to TensorBoard (and W&B when asked); `close()` flushes. Rank 0 only: on other
+    ranks construct it with `enabled=False` and every call is a no-op."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        wandb_project: str = "",
+        config: Mapping[str, Any] | None = None,
+        enabled: bool = True,
+        run_name: str | None = None,
+    ):
+        self.writer = self.wandb_run = None
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError(
+                    f"train.wandb_project={wandb_project} needs the wandb package (pip install wandb)"
+                ) from None
+            self.wandb_run = wandb.init(
+                project=wandb_project, name=run_name or Path(run_dir).name, config=dict(config or {})
+            )
+
+    def log(self, step: int, scalars: Mapping[str, float | int | None]) -> None:
+        """Record finite numbers under their names (e.g. 'train_loss', 'val_loss', 'lr', 'tokens_per_s')."""
+        values = {k: float(v) for k, v in scalars.items() if isinstance(v, int | float) and v is not None}
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, global_step=step)
+        if self.wandb_run is not None:
+            self.wandb_run.log(values, step=step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

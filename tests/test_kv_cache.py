@@ -1,0 +1,128 @@
+"""Cached decoding against the full forward: same logits position by position, same greedy tokens,
+for shrunk `demo` and `demo-2025-01` models (windows, document masks, U-Net, value embeddings)."""
+
+import pytest
+import torch
+
+from speedrun.model.gpt import GPT
+from speedrun.model.kv_cache import KVCache, forward_cached, generate
+from speedrun.recipes import load_recipe
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+SHRINK = ["model.n_embd=64", "model.n_head=2", "model.vocab_size=300", "model.eot_id=299"]
+CASES = {
+    "demo": ["model.max_seq_len=96", "train.seq_len=64", "train.micro_batch_tokens=64"],
+    "demo-window-docs": [  # token-granular sliding window + document mask on the demo block
+        "model.max_seq_len=96",
+        "model.window=12",
+        "model.document_mask=true",
+        "model.value_residual=true",
+        "model.x0_shortcut=true",
+        "train.seq_len=64",
+        "train.micro_batch_tokens=64",
+    ],
+    "demo-2025-01": [  # block windows (LSSL: 256 / 128 tokens), U-Net, value embeddings, doc mask
+        "model.max_seq_len=384",
+        "model.window=256",
+        "model.window_warmup=none",
+        "train.seq_len=384",
+        "train.micro_batch_tokens=384",
+        "train.global_batch_tokens=384",
+    ],
+}
+
+
+RECORD = [  # record-2025-01 as recorded: bf16 embeddings, an MLP-only layer, 128-token block windows
+    "model.n_layer=4",
+    "model.max_seq_len=256",
+    "model.window=128",
+    "model.window_pattern=LSSL",
+    "model.no_attention_layers=2",
+    "model.value_embed_tables=1",
+    "train.seq_len=256",
+    "train.micro_batch_tokens=256",
+    "train.global_batch_tokens=256",
+    "train.val_tokens=256",
+]
+
+
+def _model(case: str) -> GPT:
+    if case == "record-2025-01":
+        cfg = load_recipe(case, SHRINK + RECORD)
+    else:
+        recipe = "demo-2025-01" if case == "demo-2025-01" else "demo"
+        cfg = load_recipe(recipe, SHRINK + CASES[case] + ["model.embed_dtype=fp32"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model).eval()
+    with torch.no_grad():  # zero-init heads/projections would make every logit equal: randomize all
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def _tokens(model: GPT, n: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, model.cfg.vocab_size - 1, (2, n), generator=g)
+    idx[:, 0] = model.cfg.eot_id
+    idx[0, n // 3] = idx[1, n // 2] = idx[0, 2 * n // 3] = model.cfg.eot_id  # several documents per row
+    return idx
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_logits_match_full_forward(case):
+    model = _model(case)
+    n = model.cfg.max_seq_len - 8
+    idx = _tokens(model, n)
+    with torch.no_grad():
+        full = model(idx)
+    cache = KVCache()
+    prefill = 5
+    pieces = [forward_cached(model, idx[:, :prefill], cache)]
+    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, n)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_the_window_and_document_mask_matter():
+    """Guard against a vacuous pass: without the window/mask, the full forward would differ."""
+    model = _model("demo-window-docs")
+    idx = _tokens(model, 80)
+    with torch.no_grad():
+        masked = model(idx)
+        model.cfg.window, model.cfg.document_mask = 0, False
+        plain = model(idx)
+    assert not torch.allclose(masked[:, 40:], plain[:, 40:], atol=1e-3)
+
+
+@pytest.mark.parametrize("case", ["demo", "demo-2025-01", "record-2025-01"])
+def test_greedy_generation_with_and_without_cache_is_identical(case):
+    model = _model(case)
+    prompt = _tokens(model, 150 if case == "record-2025-01" else 12)  # record: the window bites
+    steps = 40 if case == "demo" else 24
+    cached = torch.stack(list(generate(model, prompt, steps, temperature=0.0)), dim=1)
+    plain = torch.stack(list(generate(model, prompt, steps, temperature=0.0, use_cache=False)), dim=1)
+    assert cached.shape == (2, steps)
+    assert torch.equal(cached, plain)
+    assert (cached < model.cfg.vocab_size).all()
+
+
+def test_sampling_is_reproducible_with_a_seed_and_respects_top_k():
+    model = _model("demo")
+    prompt = _tokens(model, 4)[:1]
+
+    def run(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.cat(list(generate(model, prompt, 20, temperature=1.0, top_k=3, generator=g)))
+
+    assert torch.equal(run(3), run(3))
+    with torch.no_grad():  # each sampled token is among the 3 most likely after its prefix
+        seq = torch.cat([prompt[0], run(3)])
+        logits = model(seq[None])[0, prompt.size(1) - 1 : -1, : model.cfg.vocab_size]
+    top3 = logits.topk(3, dim=-1).indices
+    assert (top3 == seq[prompt.size(1) :, None]).any(dim=-1).all()
+
+
+def test_generation_stops_at_the_context_length():
+    model = _model("demo")
+    prompt = _tokens(model, model.cfg.max_seq_len - 3)
+    assert len(list(generate(model, prompt, 50, temperature=0.0))) == 3

@@ -1,0 +1,211 @@
+"""The research workflow end to end on CPU: train three seeds of a tiny run (`train --seeds`), sample
+it (KV cache vs full forward), evaluate it (against the loop's own final val loss), compare the seeds
+(t-test against a hand formula with scipy's t distribution), and the failures users meet."""
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from speedrun.cli import main
+from speedrun.model.kv_cache import KVCache, forward_cached, generate
+from speedrun.tools.compare import below_target_test, load_run, make_groups
+from speedrun.tools.evaluate import evaluate_loss
+from speedrun.tools.runs import load_model, run_tokenizer
+from speedrun.tools.sample import prompt_ids, sample_during_training
+from tests.conftest import TINY, read_metrics
+
+SEEDS = (1, 2, 3)
+FAST = [
+    "train.steps=12",
+    "train.warmdown_steps=4",
+    "train.val_every=4",
+    "train.dtype=fp32",
+    "train.checkpoint_at_end=true",
+]
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory, text_data):
+    """Three tiny demo runs differing only in train.seed, trained in-process (about 2 s each)."""
+    root = tmp_path_factory.mktemp("seeds")
+    args = ["train", "--recipe", "demo", "--out", str(root / "tiny"), "--seeds", "1,2,3"]
+    assert main([*args, *TINY, *FAST, f"data.dir={text_data}"]) == 0
+    return [root / f"tiny-seed{s}" for s in SEEDS]
+
+
+@pytest.mark.slow
+def test_seeds_make_sibling_runs_with_their_seed(seed_runs):
+    for seed, run in zip(SEEDS, seed_runs, strict=True):
+        assert json.loads((run / "config.json").read_text())["train"]["seed"] == seed
+    finals = [read_metrics(r)[-1]["val_loss"] for r in seed_runs]
+    assert len(set(finals)) == 3  # the seed changed the initial weights
+
+
+@pytest.mark.slow
+def test_sample_streams_what_uncached_greedy_generation_produces(seed_runs, capsys):
+    run = seed_runs[0]
+    assert main(["sample", str(run), "--prompt", "The", "--max-tokens", "24", "--temperature", "0"]) == 0
+    printed = capsys.readouterr().out
+    model, cfg, _ = load_model(run)
+    tok = run_tokenizer(cfg)
+    tokens = []
+    for t in generate(model, prompt_ids(tok, "The", "cpu"), 24, temperature=0.0, use_cache=False):
+        if int(t[0]) == tok.eot_id:
+            break
+        tokens.append(int(t[0]))
+    assert printed == "The" + tok.decode(tokens) + "\n"
+    assert sample_during_training(model.train(), tok, ["The"], max_tokens=24) == [tok.decode(tokens)]
+    assert model.training  # sample_during_training restores the mode
+
+
+@pytest.mark.slow
+def test_cached_decoding_under_bf16_autocast_tracks_the_full_forward(seed_runs):
+    model, _, _ = load_model(seed_runs[0])
+    idx = torch.randint(0, 511, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        full = model(idx)
+        cache = KVCache()
+        steps = [forward_cached(model, idx[:, :8], cache)]
+        steps += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(8, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.slow
+def test_eval_reproduces_the_loops_final_val_loss(seed_runs, capsys):
+    run = seed_runs[1]
+    final = read_metrics(run)[-1]
+    model, cfg, _ = load_model(run)
+    result = evaluate_loss(model, cfg, cfg.data.dir)
+    assert result["tokens"] == cfg.train.val_tokens
+    assert result["val_loss"] == pytest.approx(final["val_loss"], abs=1e-6)
+    assert result["val_bpb"] == pytest.approx(final["val_bpb"], abs=1e-6)
+    assert main(["eval", str(run), "--tokens", "1024"]) == 0
+    assert capsys.readouterr().out.startswith("val loss ")
+
+
+@pytest.mark.slow
+def test_eval_rejects_data_of_another_tokenizer(seed_runs, tmp_path, capsys):
+    from speedrun.data.prepare import prepare
+
+    src = tmp_path / "t.jsonl"
+    src.write_text(
+        "".join(json.dumps({"text": f"Document {i} says little. " * 30}) + "\n" for i in range(40))
+    )
+    other = prepare(f"text:{src}", "bpe:300", tmp_path / "other", log=lambda *_: None)
+    assert main(["eval", str(seed_runs[0]), "--data", str(other)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("speedrun: error:") and "bpe:300" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_compare_table_groups_and_plot(seed_runs, tmp_path, capsys):
+    from matplotlib.image import imread
+
+    copies = []  # runs copied from "another machine": only relative contents matter
+    for run in seed_runs:
+        copies.append(tmp_path / "elsewhere" / run.name)
+        shutil.copytree(run, copies[-1])
+    png = tmp_path / "curves.png"
+    assert main(["compare", *map(str, copies), "--target", "9.5", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    for run in seed_runs:
+        assert run.name in out
+    assert "group demo: n=3" in out
+    image = imread(png)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    runs = [load_run(c) for c in copies]
+    (group,) = make_groups(runs, 9.5)
+    losses = [read_metrics(r)[-1]["val_loss"] for r in seed_runs]
+    assert group.losses == pytest.approx(losses)
+    assert group.mean == pytest.approx(sum(losses) / 3)
+
+
+@pytest.mark.slow
+def test_a_different_setting_makes_another_group(seed_runs, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(seed_runs[0], other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["optim"]["muon_lr"] = 0.1
+    (other / "config.json").write_text(json.dumps(cfg))
+    groups = make_groups([load_run(r) for r in [*seed_runs, other]], 3.28)
+    assert sorted(g.n for g in groups) == [1, 3]
+    assert any("optim.muon_lr=0.1" in g.label for g in groups)
+
+
+def test_t_test_matches_the_textbook_formula_with_scipys_t_distribution():
+    from scipy import stats
+
+    losses = [3.2791, 3.2768, 3.2802, 3.2775, 3.2783, 3.2770]
+    target = 3.28
+    n = len(losses)
+    mean = sum(losses) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in losses) / (n - 1))
+    t = (mean - target) / (sd / math.sqrt(n))
+    t_lib, p_lib = below_target_test(losses, target)
+    assert t_lib == pytest.approx(t, rel=1e-9)
+    assert p_lib == pytest.approx(stats.t.cdf(t, df=n - 1), rel=1e-9)
+    assert p_lib < 0.01
+
+
+def test_seed_usage_errors(capsys):
+    assert main(["train", "--seeds", "1,1", "--dry-run"]) == 2
+    assert main(["train", "--seeds", "1,x"]) == 2
+    assert main(["train", "--seeds", "1,2", "train.seed=3"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("speedrun: error: --seeds") for e in errors)
+
+
+def test_seed_dry_run_lists_the_run_directories(tmp_path, capsys):
+    assert main(["train", "--seeds", "4,5", "--out", str(tmp_path / "g"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"seed 4: {tmp_path / 'g-seed4'}" in out and f"seed 5: {tmp_path / 'g-seed5'}" in out
+
+
+@pytest.mark.slow
+def test_tool_errors_are_one_line(seed_runs, tmp_path, capsys):
+    no_ckpt = tmp_path / "no-ckpt"
+    no_ckpt.mkdir()
+    shutil.copy(seed_runs[0] / "config.json", no_ckpt)
+    shutil.copy(seed_runs[0] / "metrics.jsonl", no_ckpt)
+    cases = [
+        (["sample", str(tmp_path)], 1, "neither a run directory nor a checkpoint"),
+        (["sample", str(no_ckpt)], 1, "checkpoint_at_end"),
+        (["sample", str(seed_runs[0]), "--temperature", "-1"], 2, "must not be negative"),
+        (["eval", str(seed_runs[0]), "--tokens", "100"], 2, "multiple of the run's seq_len"),
+        (["eval", str(seed_runs[0]), "--hellaswag"], 2, "GPT-2-tokenized"),
+        (["compare", str(tmp_path)], 1, "not a run directory"),
+        (["sample", str(seed_runs[0]), "--device", "cuda:0"], 2, "CUDA"),
+    ]
+    for argv, code, text in cases:
+        if "cuda:0" in argv and torch.cuda.is_available():
+            continue
+        assert main(argv) == code, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("speedrun: error:") and text in err and "\n" not in err, (argv, err)
+
+
+@pytest.mark.slow
+def test_summary_json_wins_over_numbers_derived_from_metrics(seed_runs, tmp_path):
+    run = tmp_path / "with-summary"
+    shutil.copytree(seed_runs[0], run)
+    derived = load_run(run)
+    assert derived.steps == 12 and derived.tokens_per_s > 0 and derived.curve[-1][0] == 12 * 1024
+    summary = {"recipe": "demo", "steps": 12, "final_val_loss": 1.5, "tokens_per_s": 1234.0}
+    (run / "summary.json").write_text(json.dumps(summary))
+    given = load_run(run)
+    assert (given.final_val_loss, given.tokens_per_s) == (1.5, 1234.0)
+    assert given.final_val_bpb == derived.final_val_bpb  # absent from summary.json: still from metrics
+
+
+@pytest.mark.slow
+def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(seed_runs[2], old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["train"]["sample_every"]  # a field added after that run was made
+    (old / "config.json").write_text(json.dumps(cfg))
+    (group,) = make_groups([load_run(r) for r in [*seed_runs[:2], old]], 3.28)
+    assert group.n == 3
