@@ -59,4 +59,3 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None 
     parse_overrides(cfg, overrides or [])
     validate(cfg)
     return cfg
-

@@ -7,19 +7,19 @@ checkpoint on its own data with its own `val_tokens` reproduces the final val lo
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.data.loader import val_batches
 from speedrun.data.prepare import load_meta
 from speedrun.data.shards import find_shards
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
-from speedrun.tools.runs import autocast_for, run_tokenizer
+from speedrun.tools.runs import run_tokenizer
+from speedrun.train.distributed import DistContext
+from speedrun.train.evaluate import evaluate
 
 
 def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[int, int]:
@@ -34,7 +34,6 @@ def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[i
     return tokens, micro if tokens % micro == 0 else seq
 
 
-@torch.no_grad()
 def evaluate_loss(
     model: GPT, cfg: Config, data_dir: Path, tokens: int | None = None, device: torch.device | str = "cpu"
 ) -> dict:
@@ -51,21 +50,6 @@ def evaluate_loss(
     tokenizer = run_tokenizer(cfg, data_dir)
     n, micro = eval_token_count(cfg, meta["splits"]["val"]["tokens"], tokens)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)
-    loss_sum, byte_sum = torch.zeros((), dtype=torch.float64, device=device), 0
-    model.eval()
-    batches = val_batches(
-        find_shards(data_dir, "val"),
-        n,
-        micro,
-        cfg.train.seq_len,
-        vocab_size=cfg.model.vocab_size,
-        device=device,
-    )
-    for x, y in batches:
-        with autocast_for(cfg, device):
-            losses = model(x, y, reduction="none")
-        loss_sum += losses.double().sum()
-        byte_sum += int(token_bytes[y].sum())
-    loss = loss_sum.item() / n
-    bpb = loss_sum.item() / (math.log(2) * byte_sum) if byte_sum else None
+    one_process = DistContext(rank=0, local_rank=0, world_size=1, device=device)
+    loss, bpb = evaluate(model, cfg, find_shards(data_dir, "val"), micro, token_bytes, one_process, tokens=n)
     return {"val_loss": loss, "val_bpb": bpb, "tokens": n, "data": str(data_dir)}

@@ -6,7 +6,6 @@ is not read. Paths are taken relative to the run, so a run directory copied from
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
 from speedrun.train.checkpoint import list_checkpoints
+from speedrun.train.step import autocast, autocast_dtype
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -118,7 +118,5 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None) -> Tokenizer:
 
 
 def autocast_for(cfg: Config, device: torch.device):
-    """The run's compute dtype: bf16 autocast when it trained in bf16, else nothing."""
-    if cfg.train.dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """The run's compute dtype: the training step's autocast."""
+    return autocast(device, autocast_dtype(cfg))

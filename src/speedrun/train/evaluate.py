@@ -21,14 +21,15 @@ def evaluate(
     micro_batch_tokens: int,
     token_bytes: torch.Tensor | None,
     ctx: distributed.DistContext,
+    tokens: int | None = None,
 ) -> tuple[float, float | None]:
-    """Mean val loss over exactly `train.val_tokens` tokens split across ranks, and bits per byte
-    (None without byte lengths). The same tokens and the same sum for every world size."""
+    """Mean val loss over exactly `tokens` (default `train.val_tokens`) tokens split across ranks, and
+    bits per byte (None without byte lengths). The same tokens and the same sum for every world size."""
     t = cfg.train
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, tokens, bytes
     model.eval()
     batches = val_batches(
-        val_files, t.val_tokens, micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
+        val_files, tokens or t.val_tokens, micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
         vocab_size=cfg.model.vocab_size, device=ctx.device,
     )  # fmt: skip
     for x, y in batches:

@@ -27,6 +27,7 @@ from speedrun.data.shards import find_shards
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
+from speedrun.tools.sample import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
@@ -36,6 +37,7 @@ from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.step import autocast_dtype, train_step
 from speedrun.train.timing import StepClock, format_duration
+from speedrun.train.tracking import Tracker, datasheet_peak, device_name, measured_matmul_peak, mfu
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
@@ -100,6 +102,12 @@ def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distribu
         vocab_size=cfg.model.vocab_size,
     ):  # fmt: skip
         pass
+
+
+def matmul_peak(device: torch.device) -> float:
+    """FLOP/s that MFU is measured against: the datasheet bf16 peak of a known GPU, else a quick
+    measurement of this device's bf16 matmul (a fraction of a second)."""
+    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=1024, iters=5)
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
@@ -173,25 +181,28 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     wall_start = time.perf_counter()
     t = cfg.train
     ctx = distributed.setup(t.device)
-    run = loader = None
+    run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:
         # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
+        tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
         data_dir, meta = ensure_data(cfg, ctx, log=run.log)
         train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
         micro = micro_batch_tokens(cfg, ctx.world_size)
         check_val_data(val_files, cfg, micro, ctx)
-        token_bytes = tokenizer_for_data(data_dir, meta).token_byte_lengths()
-        token_bytes = torch.from_numpy(np.asarray(token_bytes, dtype=np.int64)).to(ctx.device)
+        tokenizer = tokenizer_for_data(data_dir, meta)
+        token_bytes = np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)
+        token_bytes = torch.from_numpy(token_bytes).to(ctx.device)
         run.log(
             f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
             f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
         )
         model, train_model = build_model(cfg, ctx)
         run.log(model_summary(model, t.seq_len))
+        flops_per_token, peak_flops = model.flops_per_token(t.seq_len), matmul_peak(ctx.device)
         optimizer = build_optimizer(model, cfg)
         loader = TokenLoader(
             train_files, t.global_batch_tokens, micro, t.seq_len, ctx.rank, ctx.world_size,
@@ -249,6 +260,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                     f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | "
                     f"train time {clock.timed_s:.1f}s"
                 )
+                tracker.log(step, {"val_loss": val_loss, "val_bpb": val_bpb})
                 if not math.isfinite(val_loss):
                     raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
             if step == t.steps:
@@ -282,6 +294,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 )
             step_s, wait_s = seconds / interval_steps, (loader.total_wait_s - wait_mark) / interval_steps
             tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
+            utilization = mfu(flops_per_token, tok_s / ctx.world_size, peak_flops)
             run.metric(
                 {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
                  "time_s": clock.timed_s, "lr": sched.lr, "step_ms": step_s * 1000,
@@ -289,9 +302,18 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             )  # fmt: skip
             run.log(
                 f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{sched.lr:.3f} | "
-                f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | "
+                f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {utilization:.1%} | "
                 f"eta {format_duration(clock.mean_step_s(fallback=step_s) * (t.steps - done))}"
             )
+            tracker.log(
+                done, {"train_loss": train_loss, "lr": sched.lr, "tokens_per_s": tok_s, "mfu": utilization}
+            )
+            if t.sample_every > 0 and done % t.sample_every == 0 and ctx.is_main:
+                prompts = DEFAULT_SAMPLE_PROMPTS
+                for prompt, text in zip(
+                    prompts, sample_during_training(model, tokenizer, prompts), strict=True
+                ):
+                    run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
             interval_loss, interval_steps, wait_mark = None, 0, loader.total_wait_s
             if save or stop:
                 checkpoint(done)
@@ -328,6 +350,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         raise
     finally:
         signals.restore()
+        if tracker is not None:
+            tracker.close()
         if loader is not None:
             loader.close()
         if run is not None:
