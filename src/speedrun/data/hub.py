@@ -11,6 +11,7 @@ Everything is pinned to the commit the listing came from, so a dataset updated m
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[st
     from huggingface_hub import HfApi
     from huggingface_hub.errors import RevisionNotFoundError
 
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # also when set after import
     api = HfApi(endpoint=endpoint)
     info = _hub_call("list the files", src, endpoint, lambda: api.dataset_info(src.repo_id))
     configs = info.card_data.to_dict().get("configs") if info.card_data is not None else None
@@ -183,6 +185,7 @@ def hub_documents(src: HubSource, endpoint: str | None = None) -> Iterator[str]:
     """Documents of the split, downloading each file only when the previous one is read."""
     from huggingface_hub import hf_hub_download
 
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
     commit, files = hub_files(src, endpoint)
     for name in files:
         path = _hub_call(

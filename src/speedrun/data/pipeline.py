@@ -81,8 +81,12 @@ class Batch:
     chars: int = 0
 
 
-def batches(pairs: Iterable[tuple[str, bool]], max_docs: int = BATCH_DOCS, max_chars: int = BATCH_CHARS):
-    """Group (document, is_val) pairs into tokenizer batches bounded in documents and characters."""
+def batches(
+    pairs: Iterable[tuple[str, bool]], max_docs: int | None = None, max_chars: int | None = None
+) -> Iterator[Batch]:
+    """Group (document, is_val) pairs into tokenizer batches bounded in documents and characters
+    (default BATCH_DOCS and BATCH_CHARS)."""
+    max_docs, max_chars = max_docs or BATCH_DOCS, max_chars or BATCH_CHARS
     batch = Batch()
     for text, is_val in pairs:
         batch.texts.append(text)
