@@ -179,6 +179,7 @@ def test_bad_inputs_end_in_one_line(tmp_path, capsys, monkeypatch):
         (["wiki-vital", "--workers", "0"], 2, "--workers must be at least 1"),
         (["wiki-vital", "--max-tokens", "0"], 2, "--max-tokens must be a positive"),
         (["wiki-vital", "--max-tokens", "-5"], 2, "--max-tokens must be a positive"),
+        (["wiki-vital", "--tokenizer", "bpe:512", "--bpe-sample-mb", "0"], 2, "--bpe-sample-mb must be"),
         (["hf:not a dataset"], 2, "expected hf:OWNER/NAME[:CONFIG][@SPLIT]"),
     ]
     for argv, code, fragment in cases:

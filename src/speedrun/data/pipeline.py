@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -103,7 +104,9 @@ _worker_tok: Tokenizer | None = None
 
 
 def _init_worker(tok: Tokenizer) -> None:
+    """Keep the tokenizer; leave Ctrl-C to the parent, which stops the pool (no worker tracebacks)."""
     global _worker_tok
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tok = tok
 
 
