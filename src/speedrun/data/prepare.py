@@ -165,6 +165,10 @@ def prepare(
     if n_fineweb is not None:
         if tokenizer != "gpt2":
             raise ConfigError(f"source {source!r} is pre-tokenized with gpt2; got tokenizer {tokenizer!r}")
+        if max_tokens is not None:
+            raise ConfigError(
+                f"--max-tokens does not apply to {source!r}: choose N train shards of 100 M tokens"
+            )
         from speedrun.data.fineweb import download_fineweb
 
         return download_fineweb(n_fineweb, Path(data_dir) if data_dir else Path("data") / FINEWEB, log=log)

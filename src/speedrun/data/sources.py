@@ -191,7 +191,7 @@ def iter_documents(source: str, hf_endpoint: str | None = None) -> Iterator[str]
 
 
 def source_slug(source: str) -> str:
-    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>]`,
+    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
     `fineweb10B`.
 
     Only letters, digits and '-' so shard names `<slug>_train_000000.bin` stay unambiguous."""
@@ -201,7 +201,7 @@ def source_slug(source: str) -> str:
             base = base.removesuffix(suffix)
         name = f"text-{base or 'text'}"
     elif source.startswith("hf:"):
-        name = "hf-" + source[len("hf:") :].split("@", 1)[0]
+        name = "hf-" + source[len("hf:") :]
     else:
         name = source.split(":", 1)[0]
     return re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "data"
