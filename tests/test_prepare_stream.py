@@ -186,3 +186,22 @@ def test_bad_inputs_end_in_one_line(tmp_path, capsys, monkeypatch):
         got, line = cli_error(capsys, *argv)
         assert (got, fragment in line) == (code, True), (argv, line)
     assert [p for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix in (".bin", ".json")] == []
+
+
+def test_shard_writer_matches_write_shard_and_abort_leaves_nothing(tmp_path):
+    from speedrun.data.shards import ShardWriter, write_shard
+
+    tokens = np.random.default_rng(0).integers(0, 65536, 5000).astype(np.uint16)
+    write_shard(tmp_path / "ref.bin", tokens)
+    w = ShardWriter(tmp_path / "piecewise.bin")
+    for part in np.array_split(tokens, 7):
+        w.write(part)
+    assert not (tmp_path / "piecewise.bin").exists()  # only a hidden temporary until closed
+    w.close()
+    assert (tmp_path / "piecewise.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    w = ShardWriter(tmp_path / "dropped.bin")
+    w.write(tokens.astype(np.int64))
+    w.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["piecewise.bin", "ref.bin"]
+    with pytest.raises(DataError, match="do not fit"):
+        ShardWriter(tmp_path / "big.bin").write(np.array([70000]))
