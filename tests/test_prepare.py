@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speedrun.data import prepare as prep
+from speedrun.data import pipeline
 from speedrun.data.prepare import (
     check_tokenizer,
     default_data_dir,
@@ -124,15 +124,16 @@ def test_wiki_vital_gpt2(tmp_path):
 def test_interrupted_prepare_leaves_nothing_complete(tmp_path, corpus, monkeypatch):
     path, _ = corpus
     calls = []
+    real_writer = pipeline.ShardWriter
 
-    def failing_write(p, tokens):
-        calls.append(p)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        real_write(p, tokens)
+    class FailingWriter(real_writer):
+        def close(self):  # the second shard to be finished fails
+            calls.append(self.path)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            super().close()
 
-    real_write = prep.write_shard
-    monkeypatch.setattr(prep, "write_shard", failing_write)
+    monkeypatch.setattr(pipeline, "ShardWriter", FailingWriter)
     with pytest.raises(KeyboardInterrupt):
         run(f"text:{path}", tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -141,11 +142,11 @@ def test_interrupted_prepare_leaves_nothing_complete(tmp_path, corpus, monkeypat
         load_meta(tmp_path / "out")
 
     # an earlier complete folder survives an interrupted re-prepare untouched
-    monkeypatch.setattr(prep, "write_shard", real_write)
+    monkeypatch.setattr(pipeline, "ShardWriter", real_writer)
     out = run(f"text:{path}", tmp_path / "out")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     calls.clear()
-    monkeypatch.setattr(prep, "write_shard", failing_write)
+    monkeypatch.setattr(pipeline, "ShardWriter", FailingWriter)
     with pytest.raises(KeyboardInterrupt):
         run(f"text:{path}", tmp_path / "out", seed=5)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

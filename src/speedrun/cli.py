@@ -39,9 +39,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
-    prep.add_argument("source", help="wiki-vital | text:PATH | fineweb10B[:N] | hellaswag (eval set)")
+    prep.add_argument(
+        "source",
+        help="wiki-vital | text:PATH | hf:OWNER/NAME[:CONFIG][@SPLIT] | fineweb10B[:N] | hellaswag",
+    )
     prep.add_argument("--tokenizer", default="gpt2", help="gpt2 | bpe:N (default gpt2)")
     prep.add_argument("--data-dir", type=Path, default=None, help="output folder (default data/<source>)")
+    prep.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
+    prep.add_argument("--max-tokens", type=int, default=None, help="stop after about this many tokens")
+    prep.add_argument(
+        "--bpe-sample-mb",
+        type=int,
+        default=100,
+        help="bpe:N trains on the first this many MB of train-split text (default 100)",
+    )
 
     recipes = sub.add_parser("recipes", help="list the bundled recipes")
     recipes.add_argument("name", nargs="?", help="show one recipe's resolved config")
@@ -121,8 +132,16 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             raise ConfigError("hellaswag is a text eval set; it takes no --tokenizer")
         download_hellaswag(args.data_dir or DEFAULT_DIR)
         return 0
-
-    path = prepare(args.source, args.tokenizer, args.data_dir)
+    if args.bpe_sample_mb < 1:
+        raise ConfigError(f"--bpe-sample-mb must be at least 1, got {args.bpe_sample_mb}")
+    path = prepare(
+        args.source,
+        args.tokenizer,
+        args.data_dir,
+        workers=args.workers,
+        max_tokens=args.max_tokens,
+        bpe_sample_bytes=args.bpe_sample_mb * 1_000_000,
+    )
     print(f"prepared {args.source} in {path}")
     return 0
 

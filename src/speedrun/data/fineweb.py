@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.data.prepare import META_FILE, META_FORMAT, META_VERSION, write_json_atomic
+from speedrun.data.meta import META_FILE, META_FORMAT, META_VERSION, write_json_atomic
 from speedrun.data.shards import open_shard
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError

@@ -1,26 +1,43 @@
-"""`speedrun prepare`: text source -> tokenizer -> `.bin` shards + `meta.json`, reproducibly.
+"""`speedrun prepare`: text source -> tokenizer -> `.bin` shards + `meta.json`, reproducibly, at any scale.
 
-The train/val split is by whole document with a seeded permutation, so the same source, seed and
-tokenizer always give byte-identical shards. Everything is built in a hidden temporary folder next to
-the target and renamed into place at the end, with `meta.json` written last: a folder with a
-`meta.json` under the target name is always complete, and an interrupted prepare leaves only a
-`.<name>.tmp-*` folder behind.
+Documents stream from the source through the split, the tokenizer workers and the shard writer
+(`pipeline.py`), so memory does not grow with the corpus. The train/val split is by whole document
+and seeded, and tokenization keeps the source order, so the same source, seed and tokenizer always
+give byte-identical shards, whatever the number of workers. Everything is built in a hidden
+temporary folder next to the target and renamed into place at the end, with `meta.json` written
+last: a folder with a `meta.json` under the target name is always complete, and an interrupted
+prepare leaves at most a `.<name>.tmp-*` folder behind.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from speedrun.atomic import write_atomic
-from speedrun.data.shards import write_shard
-from speedrun.data.sources import iter_documents, source_slug
+from speedrun.data.meta import (  # noqa: F401 (re-exported: the loop and tests import them from here)
+    META_FILE,
+    META_FORMAT,
+    META_VERSION,
+    load_meta,
+    shard_paths,
+    write_json_atomic,
+)
+from speedrun.data.pipeline import (
+    SplitWriter,
+    assign_splits,
+    batches,
+    default_workers,
+    encode_batches,
+    split_plan,
+)
+from speedrun.data.sources import iter_documents, source_size, source_slug
 from speedrun.data.tokenizers import (
     Tokenizer,
     gpt2_tokenizer,
@@ -31,12 +48,9 @@ from speedrun.data.tokenizers import (
 )
 from speedrun.errors import ConfigError, DataError
 
-META_FILE = "meta.json"
-META_FORMAT = "speedrun-shards"
-META_VERSION = 1
 FINEWEB = "fineweb10B"
 FINEWEB_DEFAULT_SHARDS = 9
-_ENCODE_BATCH_DOCS = 1024
+BPE_SAMPLE_BYTES = 100_000_000  # bpe:N is trained on the first this many bytes of train-split text
 
 
 def _check_tokenizer_name(tokenizer: str) -> None:
@@ -63,57 +77,6 @@ def default_data_dir(source: str, tokenizer: str) -> Path:
     if tokenizer == "gpt2":
         return Path("data") / slug
     return Path("data") / f"{slug}-bpe{parse_bpe_size(tokenizer)}"
-
-
-def split_documents(n_docs: int, val_fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask, True for validation documents: a seeded permutation picks
-    max(1, round(val_fraction * n)) documents, so both splits are never empty."""
-    if n_docs < 2:
-        raise DataError(f"need at least 2 documents for a train/val split, the source has {n_docs}")
-    n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
-    is_val = np.zeros(n_docs, dtype=bool)
-    is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    return is_val
-
-
-def _write_split(
-    tok: Tokenizer, docs: list[str], split: str, slug: str, out_dir: Path, shard_tokens: int
-) -> dict:
-    """Encode `docs` as [eot] + tokens each and cut the stream into shards of `shard_tokens`
-    (the last one shorter); a document may continue into the next shard, as in modded-nanogpt."""
-    shards: list[str] = []
-    pending: list[np.ndarray] = []
-    pending_n = 0
-    total = 0
-
-    def flush(n: int) -> None:
-        nonlocal pending, pending_n
-        stream = np.concatenate(pending)
-        name = f"{slug}_{split}_{len(shards):06d}.bin"
-        write_shard(out_dir / name, stream[:n])
-        shards.append(name)
-        rest = stream[n:]
-        pending, pending_n = ([rest] if rest.size else []), rest.size
-
-    for start in range(0, len(docs), _ENCODE_BATCH_DOCS):
-        for ids in tok.encode_batch(docs[start : start + _ENCODE_BATCH_DOCS]):
-            arr = np.empty(len(ids) + 1, dtype=np.uint16)
-            arr[0] = tok.eot_id
-            arr[1:] = ids
-            pending.append(arr)
-            pending_n += arr.size
-            total += arr.size
-        while pending_n >= shard_tokens:
-            flush(shard_tokens)
-    if pending_n:
-        flush(pending_n)
-    n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    return {"tokens": total, "documents": len(docs), "bytes": n_bytes, "shards": shards}
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
-    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def _check_target(data_dir: Path) -> None:
@@ -144,6 +107,41 @@ def _install(tmp: Path, data_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _bar(desc: str, total: int | None, show: bool) -> tqdm:
+    """Text bytes on a tqdm bar (so the rate reads MB/s); silent unless `show`."""
+    return tqdm(desc=desc, total=total, unit="B", unit_scale=True, disable=not show, dynamic_ncols=True)
+
+
+def bpe_sample(
+    docs: Iterable[str], val_fraction: float, seed: int, limit: int, show: bool = False
+) -> Iterator[str]:
+    """The BPE training sample: train-split documents in source order until `limit` UTF-8 bytes
+    are reached (the document that crosses it included). Streamed into rustbpe, never held."""
+    taken = 0
+    with _bar("bpe sample", limit, show) as bar:
+        for doc, is_val in assign_splits(docs, val_fraction, seed):
+            if taken >= limit:
+                return
+            if not is_val:
+                n = len(doc.encode("utf-8"))
+                taken += n
+                bar.update(n)
+                yield doc
+
+
+def check_options(workers: int | None, max_tokens: int | None, shard_tokens: int) -> int:
+    """Validate the run options (ConfigError); the worker count to use."""
+    if shard_tokens < 1:
+        raise ConfigError(f"shard_tokens must be positive, got {shard_tokens}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be a positive number of tokens, got {max_tokens}")
+    if workers is None:
+        return default_workers()
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    return workers
+
+
 def prepare(
     source: str,
     tokenizer: str = "gpt2",
@@ -152,42 +150,100 @@ def prepare(
     seed: int = 1337,
     shard_tokens: int = 100_000_000,
     log: Callable[[str], object] = print,
+    workers: int | None = None,
+    max_tokens: int | None = None,
+    bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
+    hf_endpoint: str | None = None,
+    progress: bool | None = None,
 ) -> Path:
-    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it."""
+    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it.
+
+    `workers` tokenizer processes (default: all cores); `max_tokens` stops after the document that
+    reaches that many tokens (both splits counted); `progress` shows a bar (default: when stderr is
+    a terminal)."""
     n_fineweb = parse_fineweb_source(source)
     if n_fineweb is not None:
         if tokenizer != "gpt2":
             raise ConfigError(f"source {source!r} is pre-tokenized with gpt2; got tokenizer {tokenizer!r}")
+        if max_tokens is not None:
+            raise ConfigError(
+                f"--max-tokens does not apply to {source!r}: choose N train shards of 100 M tokens"
+            )
         from speedrun.data.fineweb import download_fineweb
 
         return download_fineweb(n_fineweb, Path(data_dir) if data_dir else Path("data") / FINEWEB, log=log)
     _check_tokenizer_name(tokenizer)
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}")
-    if shard_tokens < 1:
-        raise ConfigError(f"shard_tokens must be positive, got {shard_tokens}")
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(source, tokenizer)
-    _check_target(data_dir)
+    check_options(workers, max_tokens, shard_tokens)
+    split_plan(val_fraction)
+    first = iter_documents(source, hf_endpoint)  # unknown source, missing path: fail before any work
+    opened = [first]
 
-    docs = list(iter_documents(source))
-    is_val = split_documents(len(docs), val_fraction, seed)
-    splits = {
-        "val": [d for d, v in zip(docs, is_val, strict=True) if v],
-        "train": [d for d, v in zip(docs, is_val, strict=True) if not v],
-    }
-    log(f"prepare {source}: {len(docs)} documents ({len(splits['val'])} val), tokenizer {tokenizer}")
+    def documents() -> Iterator[str]:
+        return opened.pop() if opened else iter_documents(source, hf_endpoint)
+
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir(source, tokenizer)
+    return prepare_documents(
+        documents,
+        data_dir,
+        source=source,
+        tokenizer=tokenizer,
+        val_fraction=val_fraction,
+        seed=seed,
+        shard_tokens=shard_tokens,
+        log=log,
+        workers=workers,
+        max_tokens=max_tokens,
+        bpe_sample_bytes=bpe_sample_bytes,
+        progress=progress,
+        total_bytes=source_size(source),
+    )
+
+
+def prepare_documents(
+    documents: Callable[[], Iterable[str]],
+    data_dir: Path,
+    source: str,
+    tokenizer: str = "gpt2",
+    val_fraction: float = 0.05,
+    seed: int = 1337,
+    shard_tokens: int = 100_000_000,
+    log: Callable[[str], object] = print,
+    workers: int | None = None,
+    max_tokens: int | None = None,
+    bpe_sample_bytes: int = BPE_SAMPLE_BYTES,
+    progress: bool | None = None,
+    total_bytes: int | None = None,
+) -> Path:
+    """`prepare` for any document stream: `documents()` returns a fresh iterator over the corpus
+    each time it is called (twice for bpe:N: once for the training sample, once to tokenize)."""
+    _check_tokenizer_name(tokenizer)
+    n_workers = check_options(workers, max_tokens, shard_tokens)
+    m, block = split_plan(val_fraction)
+    show = sys.stderr.isatty() if progress is None else progress
+    data_dir = Path(data_dir)
+    _check_target(data_dir)
+    log(f"prepare {source}: tokenizer {tokenizer}, {n_workers} worker(s)")
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.tmp-"))
+    slug = source_slug(source)
+    writers = {s: SplitWriter(tmp, slug, s, shard_tokens) for s in ("val", "train")}
     try:
         tmp.chmod(0o755)  # mkdtemp makes a private folder; the result is ordinary shared data
         if tokenizer == "gpt2":
             tok = gpt2_tokenizer()
         else:
-            tok = train_bpe_tokenizer(splits["train"], parse_bpe_size(tokenizer))
+            sample = bpe_sample(documents(), val_fraction, seed, bpe_sample_bytes, show)
+            tok = train_bpe_tokenizer(sample, parse_bpe_size(tokenizer))
             save_tokenizer(tok, tmp)
-        slug = source_slug(source)
-        stats = {s: _write_split(tok, splits[s], s, slug, tmp, shard_tokens) for s in ("val", "train")}
+        _write_splits(documents(), tok, writers, val_fraction, seed, n_workers, max_tokens, show, total_bytes)
+        stats = {s: w.close() for s, w in writers.items()}
+        if max_tokens is not None and not (stats["val"]["documents"] and stats["train"]["documents"]):
+            n = stats["val"]["documents"] + stats["train"]["documents"]
+            raise DataError(
+                f"--max-tokens {max_tokens} stops after {n} document(s), too few for a train/val split "
+                f"(val takes {m} of every {block}); raise --max-tokens"
+            )
         meta = {
             "format": META_FORMAT,
             "version": META_VERSION,
@@ -198,11 +254,16 @@ def prepare(
             "eot_id": tok.eot_id,
             "seed": seed,
             "val_fraction": val_fraction,
+            "split_block": [m, block],
+            "max_tokens": max_tokens,
+            "bpe_sample_bytes": None if tokenizer == "gpt2" else bpe_sample_bytes,
             "splits": stats,
         }
         write_json_atomic(tmp / META_FILE, meta)
         _install(tmp, data_dir)
     except BaseException:
+        for w in writers.values():
+            w.abort()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for s in ("train", "val"):
@@ -214,44 +275,49 @@ def prepare(
     return data_dir
 
 
-def _hint(data_dir: Path) -> str:
-    return f"run `speedrun prepare SOURCE --data-dir {data_dir}` (e.g. SOURCE = wiki-vital)"
-
-
-def load_meta(data_dir: Path) -> dict:
-    """Read and validate `data_dir/meta.json`; its presence is what marks a folder as complete."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(f"{data_dir}: data folder not found; {_hint(data_dir)}")
-    path = data_dir / META_FILE
-    if not path.is_file():
-        raise DataError(f"{path}: missing (data not prepared or incomplete); {_hint(data_dir)}")
-    try:
-        meta = json.loads(path.read_text())
-        if meta["format"] != META_FORMAT or meta["version"] != META_VERSION:
-            raise ValueError(f"format {meta['format']!r} version {meta['version']!r}")
-        for key, typ in (("tokenizer", str), ("tokenizer_hash", str), ("vocab_size", int), ("eot_id", int)):
-            if not isinstance(meta[key], typ):
-                raise TypeError(f"{key} must be {typ.__name__}")
-        for split in ("train", "val"):
-            info = meta["splits"][split]
-            if not isinstance(info["tokens"], int) or not all(isinstance(s, str) for s in info["shards"]):
-                raise TypeError(f"bad entry for split {split!r}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
-    for split in ("train", "val"):
-        for name in meta["splits"][split]["shards"]:
-            if not (data_dir / name).is_file():
-                raise DataError(
-                    f"{data_dir / name}: shard listed in {META_FILE} is missing; {_hint(data_dir)}"
-                )
-    return meta
-
-
-def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Path]:
-    """The shard files of `split` exactly as `meta.json` lists them."""
-    meta = meta if meta is not None else load_meta(data_dir)
-    return [Path(data_dir) / name for name in meta["splits"][split]["shards"]]
+def _write_splits(
+    docs: Iterable[str],
+    tok: Tokenizer,
+    writers: dict[str, SplitWriter],
+    val_fraction: float,
+    seed: int,
+    workers: int,
+    max_tokens: int | None,
+    show: bool,
+    total_bytes: int | None,
+) -> None:
+    """Split, tokenize (in order, on `workers` processes) and write; stop at `max_tokens`."""
+    stream = encode_batches(batches(assign_splits(docs, val_fraction, seed)), tok, workers)
+    total = n_docs = 0
+    with _bar("prepare", total_bytes, show) as bar:
+        try:
+            for is_val, tokens, lengths, n_bytes in stream:
+                flags = np.asarray(is_val, dtype=bool)
+                stop = max_tokens is not None and total + tokens.size >= max_tokens
+                if stop:  # keep documents up to the one at which the running count reaches max_tokens
+                    k = int(np.searchsorted(total + np.cumsum(lengths), max_tokens)) + 1
+                    tokens, lengths = tokens[: lengths[:k].sum()], lengths[:k]
+                    n_bytes, flags = n_bytes[:k], flags[:k]
+                token_is_val = np.repeat(flags, lengths)
+                for split, mask, token_mask in (("val", flags, token_is_val), ("train", ~flags, None)):
+                    if mask.any():
+                        part = (
+                            tokens
+                            if mask.all()
+                            else tokens[~token_is_val if token_mask is None else token_mask]
+                        )
+                        writers[split].write(part, int(mask.sum()), int(n_bytes[mask].sum()))
+                total += tokens.size
+                n_docs += flags.size
+                bar.update(int(n_bytes.sum()))
+                bar.set_postfix_str(f"{n_docs:,} docs, {total:,} tokens", refresh=False)
+                if stop:
+                    break
+        finally:
+            stream.close()  # stops the worker pool at once, also on errors and interrupts
+        if bar.total is not None:
+            bar.total = bar.n  # the size was an estimate (file sizes); end the bar at 100%
+            bar.refresh()
 
 
 def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:

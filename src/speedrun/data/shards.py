@@ -7,6 +7,8 @@ silently truncating ids would corrupt the data, and a wider body needs a new ver
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +46,47 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
     header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
     body = tokens.astype(_TOKEN_DTYPE, copy=False)
     write_atomic(path, header.tobytes(), body.tobytes())
+
+
+class ShardWriter:
+    """Write one shard piece by piece, so memory does not grow with the shard size.
+
+    Tokens go to a hidden temporary file behind a zero header; `close` writes the real header,
+    fsyncs and renames the file to `path`. A crash or `abort` never leaves a file under `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.count = 0
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        self._tmp = Path(tmp)
+        os.fchmod(fd, 0o644)
+        self._file = os.fdopen(fd, "wb")
+        self._file.write(bytes(HEADER_BYTES))
+
+    def write(self, tokens: np.ndarray) -> None:
+        """Append uint16 tokens (other dtypes are range-checked and converted)."""
+        if tokens.dtype != _TOKEN_DTYPE:
+            if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
+                raise DataError(f"{self.path}: token ids do not fit shard version {VERSION} (uint16)")
+            tokens = tokens.astype(_TOKEN_DTYPE)
+        self._file.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+        self.count += tokens.size
+
+    def close(self) -> None:
+        """Finish the header and move the shard into place."""
+        header = np.zeros(HEADER_INTS, dtype="<i4")
+        header[0], header[1], header[2] = MAGIC, VERSION, self.count
+        self._file.seek(0)
+        self._file.write(header.tobytes())
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Drop the partial file."""
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
 
 
 def read_header(path: Path) -> int:

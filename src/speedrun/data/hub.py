@@ -1,0 +1,199 @@
+"""`hf:OWNER/NAME[:CONFIG][@SPLIT]`: stream a text dataset from the Hugging Face Hub, file by file.
+
+Which files make up a config's split is read the way the `datasets` library reads it, without that
+library: from the `configs:` section of the dataset card (`data_files` glob patterns per split), or,
+for a dataset without one, from the Hub's automatic parquet conversion (the `refs/convert/parquet`
+branch, laid out as `<config>/<split>/*.parquet` or `<config>/partial-<split>/*.parquet`). The files
+are then downloaded one at a time with `hf_hub_download` into the usual Hugging Face cache (so an
+interrupted prepare resumes; `hf cache` commands manage the space) and read a row group at a time.
+Everything is pinned to the commit the listing came from, so a dataset updated mid-run cannot mix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from speedrun.data.sources import TEXT_SUFFIXES, iter_file
+from speedrun.errors import ConfigError, DataError
+
+CONVERTED_REVISION = "refs/convert/parquet"
+_SPEC = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([^@:/\s]+))?(?:@([\w.-]+))?")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset repo, its config (None: the default or the only one) and split (default train)."""
+
+    repo_id: str
+    config: str | None = None
+    split: str = "train"
+
+
+def parse_hf_source(source: str) -> HubSource:
+    """`hf:OWNER/NAME[:CONFIG][@SPLIT]` -> HubSource (ConfigError when malformed)."""
+    m = _SPEC.fullmatch(source)
+    if not m:
+        raise ConfigError(
+            f"source {source!r}: expected hf:OWNER/NAME[:CONFIG][@SPLIT], "
+            "e.g. hf:HuggingFaceFW/fineweb-edu:sample-10BT"
+        )
+    return HubSource(m.group(1), m.group(2), m.group(3) or "train")
+
+
+def _where(endpoint: str | None) -> str:
+    return endpoint or "the Hugging Face Hub"
+
+
+def _hub_call(what: str, src: HubSource, endpoint: str | None, fn: Callable[[], T]) -> T:
+    """Run a huggingface_hub call; every failure becomes one DataError line naming what failed."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        return fn()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except RepositoryNotFoundError:
+        raise DataError(
+            f"dataset {src.repo_id} not found on {_where(endpoint)} "
+            "(a private or gated dataset needs `hf auth login`)"
+        ) from None
+    except Exception as e:  # network, HTTP status, disk: all end the same way for the user
+        root = e.__cause__ or e
+        first_line = (str(root).strip().splitlines() or [""])[0]
+        raise DataError(
+            f"cannot {what} of dataset {src.repo_id} on {_where(endpoint)}: "
+            f"{type(root).__name__}: {first_line}"
+        ) from None
+
+
+def glob_to_regex(pattern: str) -> re.Pattern:
+    """A `data_files` glob as the Hub uses it: `*` and `?` stay within one folder, `**` crosses."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            j = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1 : j].replace("!", "^", 1) + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out))
+
+
+def _split_patterns(data_files: object) -> dict[str, list[str]]:
+    """Normalize a card's `data_files` (a string, a list of strings, or split/path entries)."""
+    if isinstance(data_files, str):
+        return {"train": [data_files]}
+    if isinstance(data_files, dict):
+        return {str(k): [v] if isinstance(v, str) else list(v) for k, v in data_files.items()}
+    out: dict[str, list[str]] = {}
+    for entry in data_files if isinstance(data_files, list) else []:
+        if isinstance(entry, str):
+            out.setdefault("train", []).append(entry)
+        elif isinstance(entry, dict) and "path" in entry:
+            paths = entry["path"]
+            out.setdefault(str(entry.get("split", "train")), []).extend(
+                [paths] if isinstance(paths, str) else paths
+            )
+    return out
+
+
+def _pick(kind: str, wanted: str | None, have: list[str], src: HubSource) -> str:
+    if wanted is None:
+        if "default" in have or len(have) != 1:
+            wanted = "default"
+        else:
+            wanted = have[0]
+    if wanted not in have:
+        owner = f"dataset {src.repo_id}" if kind == "config" else f"config {src.config or 'default'!r}"
+        raise DataError(f"{owner} has no {kind} {wanted!r}; available: {', '.join(sorted(have)) or 'none'}")
+    return wanted
+
+
+def _from_card(configs: list, files: list[str], src: HubSource) -> list[str]:
+    by_name = {str(c.get("config_name", "default")): c for c in configs if isinstance(c, dict)}
+    config = _pick("config", src.config, list(by_name), src)
+    splits = _split_patterns(by_name[config].get("data_files"))
+    _pick("split", src.split, list(splits), HubSource(src.repo_id, config, src.split))
+    regexes = [glob_to_regex(p) for p in splits[src.split]]
+    return [f for f in files if any(r.fullmatch(f) for r in regexes)]
+
+
+def _from_conversion(files: list[str], src: HubSource) -> list[str]:
+    parquet = [f for f in files if f.endswith(".parquet") and f.count("/") == 2]
+    config = _pick("config", src.config, sorted({f.split("/")[0] for f in parquet}), src)
+    in_config = [f.split("/")[1] for f in parquet if f.startswith(config + "/")]
+    splits = sorted({s.removeprefix("partial-") for s in in_config})
+    _pick("split", src.split, splits, HubSource(src.repo_id, config, src.split))
+    folders = (f"{config}/{src.split}/", f"{config}/partial-{src.split}/")
+    return [f for f in parquet if f.startswith(folders)]
+
+
+def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[str]]:
+    """(commit, sorted files) of the config's split: DataError naming what does not exist."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # also when set after import
+    api = HfApi(endpoint=endpoint)
+    info = _hub_call("list the files", src, endpoint, lambda: api.dataset_info(src.repo_id))
+    configs = info.card_data.to_dict().get("configs") if info.card_data is not None else None
+    if configs:
+        commit, files = info.sha, _from_card(configs, [s.rfilename for s in info.siblings or []], src)
+    else:
+
+        def converted():
+            try:
+                return api.dataset_info(src.repo_id, revision=CONVERTED_REVISION)
+            except RevisionNotFoundError:
+                return None
+
+        conv = _hub_call("list the parquet conversion", src, endpoint, converted)
+        if conv is None:
+            raise DataError(
+                f"dataset {src.repo_id}: its card declares no configs and it has no parquet conversion"
+            )
+        commit, files = conv.sha, _from_conversion([s.rfilename for s in conv.siblings or []], src)
+    files = sorted(f for f in files if f.endswith(TEXT_SUFFIXES))
+    if not files:
+        raise DataError(
+            f"dataset {src.repo_id} config {src.config or 'default'!r} split {src.split!r}: "
+            f"no {', '.join(TEXT_SUFFIXES)} files"
+        )
+    return commit or "main", files
+
+
+def hub_documents(src: HubSource, endpoint: str | None = None) -> Iterator[str]:
+    """Documents of the split, downloading each file only when the previous one is read."""
+    from huggingface_hub import hf_hub_download
+
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+    commit, files = hub_files(src, endpoint)
+    for name in files:
+        path = _hub_call(
+            f"download {name}",
+            src,
+            endpoint,
+            lambda name=name: hf_hub_download(
+                src.repo_id, name, repo_type="dataset", revision=commit, endpoint=endpoint
+            ),
+        )
+        yield from iter_file(Path(path))

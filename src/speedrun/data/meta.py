@@ -1,0 +1,62 @@
+"""`meta.json`: what marks a folder of shards as complete, and how it is read back.
+
+Shared by `prepare` (text sources) and `fineweb` (downloaded shards), which is why it lives on its
+own: neither of those modules needs to import the other for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from speedrun.atomic import write_atomic
+from speedrun.errors import DataError
+
+META_FILE = "meta.json"
+META_FORMAT = "speedrun-shards"
+META_VERSION = 1
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def _hint(data_dir: Path) -> str:
+    return f"run `speedrun prepare SOURCE --data-dir {data_dir}` (e.g. SOURCE = wiki-vital)"
+
+
+def load_meta(data_dir: Path) -> dict:
+    """Read and validate `data_dir/meta.json`; its presence is what marks a folder as complete."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: data folder not found; {_hint(data_dir)}")
+    path = data_dir / META_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: missing (data not prepared or incomplete); {_hint(data_dir)}")
+    try:
+        meta = json.loads(path.read_text())
+        if meta["format"] != META_FORMAT or meta["version"] != META_VERSION:
+            raise ValueError(f"format {meta['format']!r} version {meta['version']!r}")
+        for key, typ in (("tokenizer", str), ("tokenizer_hash", str), ("vocab_size", int), ("eot_id", int)):
+            if not isinstance(meta[key], typ):
+                raise TypeError(f"{key} must be {typ.__name__}")
+        for split in ("train", "val"):
+            info = meta["splits"][split]
+            if not isinstance(info["tokens"], int) or not all(isinstance(s, str) for s in info["shards"]):
+                raise TypeError(f"bad entry for split {split!r}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
+    for split in ("train", "val"):
+        for name in meta["splits"][split]["shards"]:
+            if not (data_dir / name).is_file():
+                raise DataError(
+                    f"{data_dir / name}: shard listed in {META_FILE} is missing; {_hint(data_dir)}"
+                )
+    return meta
+
+
+def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Path]:
+    """The shard files of `split` exactly as `meta.json` lists them."""
+    meta = meta if meta is not None else load_meta(data_dir)
+    return [Path(data_dir) / name for name in meta["splits"][split]["shards"]]
