@@ -28,12 +28,13 @@ STEPS, SEQ, MICRO = 3, 256, 2  # optimizer steps; tokens per sequence; sequences
 VOCAB, EOT = 512, 511
 
 
-def shrink(name: str) -> list[str]:
-    """Overrides that make a recipe tiny while keeping every switch it sets."""
+def shrink(name: str, n_layer: int = 4) -> list[str]:
+    """Overrides that make a recipe tiny while keeping every switch it sets (layer-specific ones get
+    a layer pattern of their own kind: long and short windows, a layer without attention)."""
     base = load_recipe(name)
     m = base.model
     out = [
-        "model.n_layer=4",
+        f"model.n_layer={n_layer}",
         "model.n_head=2",
         "model.n_embd=64",
         f"model.vocab_size={VOCAB}",
@@ -50,16 +51,16 @@ def shrink(name: str) -> list[str]:
     if m.window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08 sees)
         out += ["model.window=192", "model.window_warmup_start=64"]
     if m.window_pattern:
-        out.append("model.window_pattern=LSSL")
+        out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
     if m.no_attention_layers:
-        out.append("model.no_attention_layers=2")
+        out.append(f"model.no_attention_layers={n_layer // 2}")
     if m.value_embeds == "ends":
         out.append("model.value_embed_tables=1")
     return out
 
 
-def shrunk(name: str, *extra: str) -> Config:
-    return load_recipe(name, [*shrink(name), *extra])
+def shrunk(name: str, *extra: str, n_layer: int = 4) -> Config:
+    return load_recipe(name, [*shrink(name, n_layer), *extra])
 
 
 def batch(step: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:

@@ -293,8 +293,23 @@ def _compiled_flex():
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
     """FlexAttention on (B, H, T, D): the compiled kernel on CUDA, eager elsewhere (forward only on CPU)."""
+    if not q.is_cuda and q.requires_grad and torch.compiler.is_compiling():
+        return _traced_cpu_flex(q, k, v, block_mask, scale)
     fn = _compiled_flex() if q.is_cuda else flex_attention
     return fn(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
+    """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for the CUDA
+    path): the public function refuses CPU backward before tracing, but its higher-order op, traced by
+    aot_eager, trains through the reference implementation. Calls the op as the public function does
+    when compiling (private torch API, used for nothing else)."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+    from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
+
+    options = _apply_kernel_options(q, k, v, False, None, None)
+    scale = scale if scale is not None else q.size(-1) ** -0.5
+    return flex_hop(q, k, v, _identity, block_mask.as_tuple(), scale, options)[0]
 
 
 # ---------------------------------------------------------------------------------------------------

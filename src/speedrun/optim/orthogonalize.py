@@ -109,7 +109,7 @@ def newton_schulz(
         raise ValueError(f"unknown Newton-Schulz form {form!r}; choose one of {', '.join(NS_FORMS)}")
     x, tall = _wide(g.bfloat16())
     if form == "2024-10-10":  # the norm of the input in its own precision, then a bf16 division
-        x = x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps).to(x.dtype)
+        x = (x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps)).bfloat16()
     else:
         x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
     if form == "fused":
