@@ -7,6 +7,7 @@ steady-state step (momentum buffers already exist). The matrices live on the met
 shapes and op sequence are those of a real run, and no arithmetic is done.
 
     python benchmarks/bench_muon_ops.py [--recipe record-2025-01] [--device meta|cpu] [--steps 3]
+                                        [--ns-form fused|2024-10-10|2024-10-14|2024-11-10]
 """
 
 from __future__ import annotations
@@ -70,8 +71,11 @@ def main() -> None:
     parser.add_argument("--recipe", default="record-2025-01")
     parser.add_argument("--device", default="meta", help="meta (no arithmetic, default) or cpu")
     parser.add_argument("--steps", type=int, default=3, help="counted steps after one warm-up step")
+    parser.add_argument("--ns-form", default="", help="override the recipe's Newton-Schulz op order")
     args = parser.parse_args()
     muon = recipe_muon(args.recipe, args.device)
+    for group in muon.param_groups:
+        group["ns_form"] = args.ns_form or group.get("ns_form", "fused")
     n = sum(len(g["params"]) for g in muon.param_groups)
     muon.step()  # creates the momentum buffers
     counter = OpCounter()
@@ -79,7 +83,8 @@ def main() -> None:
         for _ in range(args.steps):
             muon.step()
     total = sum(counter.ops.values()) / args.steps
-    print(f"recipe {args.recipe}: {n} Muon parameters, {total:.0f} aten ops per step()")
+    form = muon.param_groups[0]["ns_form"]
+    print(f"recipe {args.recipe} (ns_form {form}): {n} Muon parameters, {total:.0f} aten ops per step()")
     for op, count in counter.ops.most_common(12):
         print(f"  {op:32s} {count / args.steps:7.1f}")
 

@@ -77,15 +77,17 @@ def _check_matrix(g: Tensor) -> None:
 def _record_iterations(x: Tensor, coefficients: Coefficients, steps: int, form: str) -> Tensor:
     """The record's own evaluation order, one bf16 rounding per op as its eager code does."""
     a, b, c = coefficients
+    batch_shape = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])  # bmm: the kernel `@` uses, without its per-call reshapes
     for _ in range(steps):
-        A = x @ x.mT
+        A = torch.bmm(x, x.mT)
         if form == "2024-11-10":
-            B = b * A + (c * A) @ A
-            x = a * x + B @ x
+            B = b * A + torch.bmm(c * A, A)
+            x = a * x + torch.bmm(B, x)
         else:
-            B = A @ x
-            x = a * x + b * B + (c * A) @ B
-    return x
+            B = torch.bmm(A, x)
+            x = a * x + b * B + torch.bmm(c * A, B)
+    return x.reshape(*batch_shape, *x.shape[-2:])
 
 
 def newton_schulz(
