@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speedrun.model import attention
 from speedrun.recipes import recipe_names
 from tests.recipe_matrix import batch, build, shrunk, train_losses
 
@@ -66,11 +67,16 @@ def _distinct_models() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", _distinct_models())
-def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recipe):
+def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recipe, monkeypatch):
     """torch.compile(fullgraph=True) fails on any graph break. attention=flex takes FlexAttention where
-    CUDA would (aot_eager trains through its reference implementation); eager runs dense SDPA."""
+    CUDA would (aot_eager trains through its reference implementation); eager runs dense SDPA. A forced
+    SDPA kernel is entered as on CUDA (with the math kernel this CPU has), so its context is traced too."""
     torch._dynamo.reset()  # every recipe's GPT.forward is the same code object
     cfg = shrunk(recipe, "model.attention=flex", n_layer=2)  # 2 layers: tracing time grows with depth
+    if cfg.model.sdpa_kernel != "auto":
+        math_only = [torch.nn.attention.SDPBackend.MATH]
+        monkeypatch.setattr(attention, "_on_cuda", lambda t: True)
+        monkeypatch.setattr(attention, "sdpa_kernel", lambda _: torch.nn.attention.sdpa_kernel(math_only))
     model, _ = build(cfg)
     ref, _ = build(shrunk(recipe, "model.attention=sdpa", n_layer=2))
     ref.load_state_dict(model.state_dict())
