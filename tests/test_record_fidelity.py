@@ -280,3 +280,19 @@ def test_sdpa_kernel_choice_reaches_the_attention_call(monkeypatch):
     GPT(tiny(sdpa_kernel="cudnn"))(x)
     assert seen == []
     assert load_recipe("untied-2024-11").model.sdpa_kernel == "cudnn"  # 11-03: cuDNN only
+
+
+def test_distributed_muon_scales_the_bf16_update_in_bf16():
+    """10-17 … 12-04: `g = NS(g); g *= scale` on the bf16 update, then `p.add_(g.float(), alpha=-lr)`."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(48, 96, generator=gen))
+    g = torch.randn(48, 96, generator=gen)
+    start = p.detach().clone()
+    opt = Muon([p], lr=0.01, shape_scale="max_dim", momentum=0.0, nesterov=False, scale_in_update_dtype=True)
+    p.grad = g.clone()
+    opt.step()
+    update = newton_schulz(g) * math.sqrt(96)  # bf16 × float → rounded to bf16, as the record
+    assert update.dtype == torch.bfloat16
+    torch.testing.assert_close(p.detach(), start.add(update.float(), alpha=-0.01), atol=0, rtol=0)
+    fp32_scaled = start.add(newton_schulz(g).float(), alpha=-0.01 * math.sqrt(96))
+    assert not torch.equal(p.detach(), fp32_scaled)

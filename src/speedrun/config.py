@@ -120,6 +120,7 @@ class OptimConfig:
     muon_momentum_form: str = "ema"  # ema (lerp; 12-08 on) | sgd (buf = m·buf + g, g + m·buf; to 12-04)
     muon_ns_form: str = "fused"  # fused | 2024-10-10 | 2024-10-14 | 2024-11-10 (optim/orthogonalize.py)
     muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
+    muon_scale_in_bf16: bool = False  # multiply the bf16 update by its shape scale in bf16 (10-17 … 12-04)
 
 
 @dataclass

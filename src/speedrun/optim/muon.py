@@ -106,7 +106,8 @@ class Muon(torch.optim.Optimizer):
         d   ← g + momentum·buf if nesterov else buf
         U   ← orthogonalize(d) per block                      # backend, ns_steps, ns_form
         p   ← p · (1 - lr·weight_decay)                       # only where sign(U) == sign(p) if cautious
-        p   ← p - lr · shape_scale(block) · U
+        p   ← p - lr · shape_scale(block) · U                 # scale_in_update_dtype: (scale·U) rounded
+                                                              # to U's dtype first (10-17 … 12-04)
 
     The two momentum forms differ by the factor (1 - momentum), which the orthogonalization removes
     while the momentum is constant; under a momentum warmup they point in different directions.
@@ -145,6 +146,7 @@ class Muon(torch.optim.Optimizer):
         process_group: dist.ProcessGroup | None = None,
         momentum_form: str = "ema",
         ns_form: str = "fused",
+        scale_in_update_dtype: bool = False,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -157,6 +159,7 @@ class Muon(torch.optim.Optimizer):
             shape_scale=shape_scale,
             momentum_form=momentum_form,
             ns_form=ns_form,
+            scale_in_update_dtype=scale_in_update_dtype,
         )
         self._process_group = process_group
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
@@ -335,7 +338,11 @@ class Muon(torch.optim.Optimizer):
             scaled = full * _shape_scale("rms", full)
             torch._foreach_add_(weights, list(scaled.unbind(0)), alpha=-lr)
         else:
-            torch._foreach_add_(weights, updates, alpha=-lr * _shape_scale(group["shape_scale"], ordered))
+            scale = _shape_scale(group["shape_scale"], ordered)
+            if group.get("scale_in_update_dtype") and scale != 1:  # 10-17 … 12-04: g *= scale in bf16
+                updates = list((ordered[: len(weights)] * scale).unbind(0))
+                scale = 1.0
+            torch._foreach_add_(weights, updates, alpha=-lr * scale)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Like torch's, but keep fp32 momentum for bf16/fp16 weights (torch casts it to the param dtype)."""

@@ -23,6 +23,7 @@ def muon_group_options(cfg: Config) -> dict[str, Any]:
         "momentum_form": o.muon_momentum_form,
         "ns_form": o.muon_ns_form,
         "shape_scale": o.muon_shape_scale,
+        "scale_in_update_dtype": o.muon_scale_in_bf16,
     }
 
 
