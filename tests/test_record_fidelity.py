@@ -296,3 +296,36 @@ def test_distributed_muon_scales_the_bf16_update_in_bf16():
     torch.testing.assert_close(p.detach(), start.add(update.float(), alpha=-0.01), atol=0, rtol=0)
     fp32_scaled = start.add(newton_schulz(g).float(), alpha=-0.01 * math.sqrt(96))
     assert not torch.equal(p.detach(), fp32_scaled)
+
+
+def _sub3min_blocks(docs: torch.Tensor, sw: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sub3Min's hand-built lists: partial and full kv blocks per query block, each list ordered most
+    recent first and cut to min(n, max(sw − n_full, 1)) partial and min(n_full, sw − 1) full blocks."""
+    low, high = docs.view(-1, 128)[:, 0], docs.view(-1, 128)[:, -1]
+    n = low.numel()
+    q, kv = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    nonzero = (q >= kv) & (low[:, None] <= high) & (low <= high[:, None])
+    full = (q > kv) & (low[:, None] == high) & (low == high[:, None])
+    partial = nonzero & ~full
+    n_full = full.sum(-1)
+    keep_partial = torch.clamp_max(partial.sum(-1), torch.clamp_min(sw - n_full, 1))
+    keep_full = torch.clamp_max(n_full, sw - 1)
+
+    def first(mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        rank = mask.flip(-1).cumsum(-1).flip(-1)  # 1 for the most recent listed block, 2 next, ...
+        return mask & (rank <= count[:, None])
+
+    return first(partial, keep_partial), first(full, keep_full)
+
+
+@pytest.mark.parametrize("sw", [1, 2, 3, 5, 14])
+def test_sub3min_block_window_lists_the_same_blocks(sw):
+    """Sub3Min keeps the N most recent listed blocks; we keep q_block − kv_block < N: equal everywhere."""
+    gen = torch.Generator().manual_seed(sw)
+    for rate in (0.004, 0.0005):  # documents of ~2 blocks, and of ~16 (the window binds)
+        docs = (torch.rand(128 * 24, generator=gen) < rate).cumsum(0).to(torch.int32)
+        want_partial, want_full = _sub3min_blocks(docs, sw)
+        partial, full = attention.block_structure(
+            docs[None], docs.numel(), torch.tensor(sw * 128), block_window=True
+        )
+        assert torch.equal(partial[0], want_partial) and torch.equal(full[0], want_full)
