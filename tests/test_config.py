@@ -32,6 +32,11 @@ def test_foundation_recipes_are_bundled_and_described():
         ("gpt2-baseline", [], 124_475_904),
         # 2024-10-10: 12 x (2304*768 + 768*768 + 2*768*3072) + 50,257*768 (tied, unpadded).
         ("muon-2024-10", [], 12 * (2304 * 768 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768),
+        # the 2024-10-04 seed: the 10-10 model.
+        ("seed-2024-10", [], 12 * (2304 * 768 + 768 * 768 + 2 * 768 * 3072) + 50257 * 768),
+        # 2024-10-14 / 10-17: separate q, k, v (same count as fused), tied vocab padded to 50,304.
+        ("modern-2024-10", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 50304 * 768),
+        ("distributed-muon-2024-10", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 50304 * 768),
         # 2024-11-03: same blocks + untied embedding and head of 50,304 rows each.
         ("untied-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768),
         # 2024-11-06: 11-03 + one value-residual λ per layer + (λ0, λ1) shortcut per block = 162,201,636.
@@ -39,6 +44,7 @@ def test_foundation_recipes_are_bundled_and_described():
         # 2024-11-10: + 6 U-Net skip weights = 162,201,642; 11-19/11-24 FlexAttention: the same model.
         ("unet-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6),
         ("flex-2024-11", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6),
+        ("flex-2024-11-19", [], 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 2 * 50304 * 768 + 12 + 24 + 6),
         # 2024-12-04: + value embedding (50,304, 768·12), the λ now mixes it instead of v1 = 625,803,306.
         (
             "value-embed-2024-12",

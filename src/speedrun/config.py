@@ -68,6 +68,18 @@ class ModelConfig:
     rope_half_truncated: bool = False  # Sub3Min RoPE: head_dim/4 frequencies 1…1/1024, the rest unrotated
     no_attention_layers: str = ""  # comma-separated layers that have only an MLP (Sub3Min: "7")
     embed_dtype: str = "fp32"  # fp32 | bf16 (token/value embeddings stored in bf16, records from 11-08)
+    # --- numerics of individual records (docs/recipes.md); defaults = today's behaviour ---
+    gelu: str = "tanh"  # tanh | erf (exact GELU: the 2024-10-04 seed and 10-10)
+    norm_eps: float = 0.0  # RMSNorm epsilon; 0 = F.rms_norm's default (the dtype's machine epsilon)
+    norm_fp32: bool = False  # RMSNorm computed in fp32 and cast back (2024-10-04 / 10-10, eps 1e-6)
+    rope_precision: str = "auto"  # auto (activation dtype; fp32 for half-truncated) | fp32 (10-10)
+    #   | bf16 (cos/sin tables rounded to bf16: 10-14 … 11-24) | bf16-angles (12-04/12-08: bf16
+    #   inverse frequencies and angles, as model.bfloat16() leaves them)
+    qk_norm_after_rotary: bool = False  # QK-norm applied after rotary (2024-10-14 only)
+    bf16_model: bool = False  # every parameter but the Linear weights in bf16 (11-08 … 12-08)
+    window_block_list: bool = False  # 12-08: kv blocks listed only while q_block − kv_block < ceil(w/128)
+    sdpa_kernel: str = "auto"  # auto | cudnn | flash | efficient | math: SDPA backend forced on CUDA
+    fp8_head: bool = False  # Sub3Min: lm_head matmul in FP8 (e4m3 forward, e5m2 gradients) when training
 
 
 @dataclass
@@ -104,6 +116,11 @@ class OptimConfig:
     embed_lr: float = 0.3
     head_lr: float = 0.002
     scalar_lr: float = 0.02
+    # Muon numerics of individual records (defaults = today's behaviour)
+    muon_momentum_form: str = "ema"  # ema (lerp; 12-08 on) | sgd (buf = m·buf + g, g + m·buf; to 12-04)
+    muon_ns_form: str = "fused"  # fused | 2024-10-10 | 2024-10-14 | 2024-11-10 (optim/orthogonalize.py)
+    muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
+    muon_scale_in_bf16: bool = False  # multiply the bf16 update by its shape scale in bf16 (10-17 … 12-04)
 
 
 @dataclass
@@ -132,6 +149,7 @@ class TrainConfig:
     checkpoint_keep: int = 2  # keep the newest K checkpoints (0 = keep all)
     sample_every: int = 0  # log a few fixed-prompt greedy samples every N steps (0 = never)
     wandb_project: str = ""  # also log to this Weights & Biases project (needs wandb; "" = off)
+    val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
 
 
 @dataclass
@@ -161,9 +179,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.value_mix": ("lerp", "lambdas"),
     "model.softcap_form": ("tanh", "sigmoid"),
     "model.embed_dtype": ("fp32", "bf16"),
+    "model.gelu": ("tanh", "erf"),
+    "model.rope_precision": ("auto", "fp32", "bf16", "bf16-angles"),
+    "model.sdpa_kernel": ("auto", "cudnn", "flash", "efficient", "math"),
+    "optim.muon_momentum_form": ("ema", "sgd"),
+    "optim.muon_ns_form": ("fused", "2024-10-10", "2024-10-14", "2024-11-10"),
     "optim.name": ("adamw", "muon"),
     "optim.muon_backend": ("newton_schulz", "polar_express", "svd"),
-    "optim.muon_shape_scale": ("ratio", "max_dim", "rms"),
+    "optim.muon_shape_scale": ("ratio", "max_dim", "rms", "none"),
     "train.schedule": ("trapezoid", "cosine"),
     "train.dtype": ("bf16", "fp32"),
     "train.device": ("auto", "cpu", "cuda"),

@@ -18,12 +18,15 @@ and is less than `window` tokens back. It feeds every backend:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -51,12 +54,16 @@ def mask_rule(
     window: Tensor | int | None,
     block_size: int = BLOCK_SIZE,
     block_window: bool = False,
+    block_list: bool = False,
 ) -> Tensor:
     """The one mask definition: True where query position q_idx may attend to key position kv_idx.
 
     Causal, same document (when doc ids are given) and inside the sliding window (when given): a key is
     visible while `q_idx - kv_idx < window`, or with `block_window` (Sub3Min) while the distance between
     their 128-token blocks, in tokens, is below `window`: whole blocks enter and leave the window.
+    `block_list` (2024-12-08) adds the record's block listing to the token rule: only key blocks with
+    `q_block - kv_block < ceil(window / 128)` are visited at all, so a query near the start of its block
+    loses up to 127 of its oldest in-window keys.
     All arguments broadcast; this is both FlexAttention's mask_mod and the dense mask builder.
     """
     allowed = q_idx >= kv_idx
@@ -68,6 +75,9 @@ def mask_rule(
         else:
             distance = q_idx - kv_idx
         allowed = allowed & (distance < window)
+        if block_list:
+            listed = (window + block_size - 1) // block_size
+            allowed = allowed & (q_idx // block_size - kv_idx // block_size < listed)
     return allowed
 
 
@@ -86,6 +96,7 @@ class MaskSpec:
     block_window: bool = False
     block_size: int = BLOCK_SIZE
     max_window: int = 0
+    block_list: bool = False
 
 
 #: What a layer receives: None (plain causal), a dense boolean mask, a MaskSpec or a BlockMask.
@@ -101,7 +112,9 @@ def spec_dense_mask(
     doc_q = doc_kv = None
     if spec.doc_ids is not None:
         doc_q, doc_kv = spec.doc_ids[:, q_start:q_end, None], spec.doc_ids[:, None, k_start:k_end]
-    allowed = mask_rule(q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_size, spec.block_window)
+    allowed = mask_rule(
+        q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_size, spec.block_window, spec.block_list
+    )
     return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
 
 
@@ -156,10 +169,11 @@ def _window_bites(spec: MaskSpec, start: int, end: int) -> bool:
     """Whether the window hides any causal pair inside positions start..end (reads the window value)."""
     if spec.window is None:
         return False
-    w = int(spec.window)
+    w, bs = int(spec.window), spec.block_size
+    blocks = (end - 1) // bs - start // bs
     if spec.block_window:
-        return ((end - 1) // spec.block_size - start // spec.block_size) * spec.block_size >= w
-    return end - start > w
+        return blocks * bs >= w
+    return end - start > w or (spec.block_list and blocks >= (w + bs - 1) // bs)
 
 
 def _per_document(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
@@ -171,9 +185,7 @@ def _per_document(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float 
         ids = spec.doc_ids[r]
         bounds = [0, *(torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist(), T]
         lengths = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
-        row = MaskSpec(
-            spec.doc_ids[r : r + 1], spec.window, spec.block_window, spec.block_size, spec.max_window
-        )
+        row = dataclasses.replace(spec, doc_ids=spec.doc_ids[r : r + 1])
         outs = []
         splits = (qr.split(lengths, -2), kr.split(lengths, -2), vr.split(lengths, -2))
         for s, qs, ks, vs in zip(bounds[:-1], *splits, strict=True):
@@ -204,6 +216,7 @@ def block_structure(
     block_size: int = BLOCK_SIZE,
     block_window: bool = False,
     device: torch.device | None = None,
+    block_list: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk).
 
@@ -229,6 +242,9 @@ def block_structure(
         else:  # nearest pair: q at its block start, kv at its block end; farthest pair: the reverse
             any_ok = any_ok & (dist * block_size - (block_size - 1) < window)
             all_ok = all_ok & (dist * block_size + (block_size - 1) < window)
+            if block_list:  # 12-08: blocks beyond ceil(window / block) are never visited
+                listed = dist < (window + block_size - 1) // block_size
+                any_ok, all_ok = any_ok & listed, all_ok & listed
     if any_ok.dim() == 2:
         any_ok, all_ok = any_ok[None], all_ok[None]
     return any_ok & ~all_ok, all_ok
@@ -243,7 +259,7 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
             f"FlexAttention needs a sequence length divisible by {spec.block_size}, got {seq_len}"
         )
     partial, full = block_structure(
-        spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device
+        spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device, spec.block_list
     )
     kv_num, kv_idx = _dense_blocks_to_lists(partial)
     full_num, full_idx = _dense_blocks_to_lists(full)
@@ -252,7 +268,9 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         doc_q = docs[b, q_idx] if docs is not None else None
         doc_kv = docs[b, kv_idx] if docs is not None else None
-        return mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, spec.block_size, spec.block_window)
+        return mask_rule(
+            q_idx, kv_idx, doc_q, doc_kv, window, spec.block_size, spec.block_window, spec.block_list
+        )
 
     return BlockMask.from_kv_blocks(
         kv_num,
@@ -273,8 +291,23 @@ def _compiled_flex():
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
     """FlexAttention on (B, H, T, D): the compiled kernel on CUDA, eager elsewhere (forward only on CPU)."""
+    if not q.is_cuda and q.requires_grad and torch.compiler.is_compiling():
+        return _traced_cpu_flex(q, k, v, block_mask, scale)
     fn = _compiled_flex() if q.is_cuda else flex_attention
     return fn(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
+    """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for the CUDA
+    path): the public function refuses CPU backward before tracing, but its higher-order op, traced by
+    aot_eager, trains through the reference implementation. Calls the op as the public function does
+    when compiling (private torch API, used for nothing else)."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+    from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
+
+    options = _apply_kernel_options(q, k, v, False, None, None)
+    scale = scale if scale is not None else q.size(-1) ** -0.5
+    return flex_hop(q, k, v, _identity, block_mask.as_tuple(), scale, options)[0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -284,10 +317,11 @@ BACKENDS = ("auto", "sdpa", "flex")
 
 
 def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size: int = BLOCK_SIZE) -> bool:
-    """FlexAttention runs compiled on CUDA; on CPU only without gradients (no CPU backward kernel)."""
+    """FlexAttention runs compiled on CUDA; on CPU without gradients (no eager CPU backward kernel), or
+    inside a torch.compile trace, whose backend (aot_eager, inductor) provides the backward."""
     if flex_attention is None or seq_len % block_size:
         return False
-    return device.type == "cuda" or not needs_grad
+    return device.type == "cuda" or not needs_grad or torch.compiler.is_compiling()
 
 
 def choose_backend(
@@ -307,22 +341,53 @@ def choose_backend(
     return "flex" if flex_usable(device, seq_len, needs_grad) else "dense"
 
 
+SDPA_KERNELS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+def _on_cuda(t: Tensor) -> bool:
+    return t.is_cuda
+
+
+def sdpa_context(kernel: str, q: Tensor) -> contextlib.AbstractContextManager:
+    """The SDPA backend a recipe forces (11-03 … 11-24: cuDNN only), applied on CUDA; a no-op for "auto"
+    and on CPU, where only the math and CPU-flash kernels exist."""
+    if kernel == "auto" or not _on_cuda(q):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_KERNELS[kernel])])
+
+
 def attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     mask: Tensor | MaskSpec | BlockMask | None = None,
     scale: float | None = None,
+    kernel: str = "auto",
 ) -> Tensor:
     """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask (dense_mask()),
-    a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask."""
+    a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask. `kernel` (SDPA_KERNELS or
+    "auto") forces the SDPA backend on CUDA."""
+    if BlockMask is not None and isinstance(mask, BlockMask):
+        return flex_attend(q, k, v, mask, scale)
+    with sdpa_context(kernel, q):
+        return _sdpa_attend(q, k, v, mask, scale)
+
+
+def _sdpa_attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | MaskSpec | None, scale: float | None
+) -> Tensor:
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if isinstance(mask, MaskSpec):
         return _dense_attend(q, k, v, mask, scale)
-    if isinstance(mask, Tensor):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return flex_attend(q, k, v, mask, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def short_window(window: Tensor, block_window: bool, block_size: int = BLOCK_SIZE) -> Tensor:

@@ -31,6 +31,7 @@ from speedrun.model.attention import (
     document_ids,
     short_window,
 )
+from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
 
 
@@ -70,6 +71,11 @@ def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
     return [None] * L
 
 
+def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
+    """The recipe's norm (kind defaults to cfg.norm) with its RMSNorm epsilon and precision."""
+    return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -84,10 +90,15 @@ class Attention(nn.Module):
         self.c_proj = CastedLinear(d, d, bias=cfg.bias)
         self.qk_norm = cfg.qk_norm
         self.rotary = (
-            Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated)
+            Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated, cfg.rope_precision)
             if cfg.positional == "rotary"
             else None
         )
+        self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
+        self.sdpa_kernel = cfg.sdpa_kernel
+        # The value residual mixes layer 0's v with itself, as the record does: a no-op in value, but
+        # every λ then gets a gradient (DDP refuses parameters that never receive one).
+        self.self_mix = cfg.value_residual
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
         self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
         mixes = cfg.value_residual or cfg.value_embeds != "none"
@@ -119,13 +130,15 @@ class Attention(nn.Module):
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
         raw_v = v
-        v = self.mix_values(v, other_v)
+        v = self.mix_values(v, raw_v if other_v is None and self.self_mix else other_v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.qk_norm:
+        if self.qk_norm and not self.qk_norm_after_rotary:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
-        y = attend(q, k, v, mask, self.scale).transpose(1, 2).reshape(B, T, C)
+        if self.qk_norm and self.qk_norm_after_rotary:  # 2024-10-14
+            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        y = attend(q, k, v, mask, self.scale, self.sdpa_kernel).transpose(1, 2).reshape(B, T, C)
         y = self.c_proj(y)
         return (y * self.out_scale if self.out_scale != 1.0 else y), raw_v
 
@@ -134,12 +147,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, has_attention: bool = True):
         super().__init__()
         if has_attention:
-            self.norm1 = Norm(cfg.n_embd, cfg.norm)
+            self.norm1 = make_norm(cfg)
             self.attn = Attention(cfg)
         else:
             self.norm1 = self.attn = None
-        self.norm2 = Norm(cfg.n_embd, cfg.norm)
-        self.mlp = MLP(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.bias, cfg.activation == "relu2")
+        self.norm2 = make_norm(cfg)
+        self.mlp = MLP(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.bias, cfg.activation == "relu2", cfg.gelu)
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut else None
 
     def forward(
@@ -166,9 +179,9 @@ class GPT(nn.Module):
         vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
         self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
-        self.embed_norm = Norm(cfg.n_embd, "rmsnorm") if cfg.embed_norm else None
+        self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         self.blocks = nn.ModuleList(Block(cfg, has) for has in attention_layers(cfg))
-        self.norm_f = Norm(cfg.n_embd, cfg.norm)
+        self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
         self.ve_layout = value_embed_layout(cfg)
         n_tables = len({j for j in self.ve_layout if j is not None})
@@ -182,6 +195,11 @@ class GPT(nn.Module):
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy (records from 2024-11-08 on)
             for emb in [self.wte, *(self.value_embeds or [])]:
                 emb.to(torch.bfloat16)
+        if cfg.bf16_model:  # 11-08 … 12-08: model.bfloat16(), then every CastedLinear back to fp32
+            linear = {id(p) for m in self.modules() if isinstance(m, CastedLinear) for p in m.parameters()}
+            for p in self.parameters():
+                if id(p) not in linear:
+                    p.data = p.data.to(torch.bfloat16)
 
     def _init_weights(self) -> None:
         cfg = self.cfg
@@ -236,7 +254,7 @@ class GPT(nn.Module):
             windows["S"] = short_window(self.attn_window, block_window, BLOCK_SIZE)
         masks = {}
         for kind, window in windows.items():
-            spec = MaskSpec(docs, window, block_window, BLOCK_SIZE, max_window=cfg.window)
+            spec = MaskSpec(docs, window, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
             masks[kind] = build_block_mask(spec, T, idx.device) if backend == "flex" else spec
         return [
             masks[kind] if block.attn is not None else None
@@ -272,7 +290,10 @@ class GPT(nn.Module):
             if i < n_skip:
                 skips.append(x)
         x = self.norm_f(x)
-        logits = self.lm_head(x).float()
+        if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
+            logits = fp8_linear(x, self.lm_head.weight).float()
+        else:
+            logits = self.lm_head(x).float()
         if cfg.logit_softcap > 0:
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         if targets is None:

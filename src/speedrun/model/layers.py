@@ -33,17 +33,25 @@ def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> tor
 
 
 class Norm(nn.Module):
-    """LayerNorm with gains and biases (GPT-2) or parameter-free RMSNorm (modern records)."""
+    """LayerNorm with gains and biases (GPT-2) or parameter-free RMSNorm (modern records).
 
-    def __init__(self, dim: int, kind: str):
+    RMSNorm options of the 2024-10 records: `eps` (0 = F.rms_norm's default, the dtype's machine
+    epsilon; the seed and 10-10 use 1e-6) and `fp32` (normalize in fp32, cast back).
+    """
+
+    def __init__(self, dim: int, kind: str, eps: float = 0.0, fp32: bool = False):
         super().__init__()
         self.kind = kind
         self.ln = nn.LayerNorm(dim) if kind == "layernorm" else None
+        self.eps = eps if eps > 0 else None
+        self.fp32 = fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ln is not None:
             return self.ln(x)
-        return F.rms_norm(x, (x.size(-1),))
+        if self.fp32:
+            return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x)
+        return F.rms_norm(x, (x.size(-1),), eps=self.eps)
 
 
 def rotary_frequencies(head_dim: int, base: float, half_truncated: bool) -> torch.Tensor:
@@ -60,21 +68,55 @@ def rotary_frequencies(head_dim: int, base: float, half_truncated: bool) -> torc
     return torch.cat([freqs, freqs.new_zeros(head_dim // 2 - quarter)])
 
 
+ROPE_PRECISIONS = ("auto", "fp32", "bf16", "bf16-angles")
+
+
+def rotary_tables(
+    head_dim: int, max_seq_len: int, base: float, half_truncated: bool, precision: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables (max_seq_len, head_dim/2) as a record computes them.
+
+    bf16 (10-14 … 11-24): fp32 angles, cos/sin rounded to bf16. bf16-angles (12-04/12-08): the inverse
+    frequencies (1/base)^(2i/d) are a buffer that `model.bfloat16()` rounds, so positions, angles and
+    cos/sin are all bf16 (angles of late positions are off by up to half a bf16 ulp of the angle).
+    Otherwise fp32.
+    """
+    if precision == "bf16-angles":
+        inv = ((1 / base) ** (torch.arange(0, head_dim, 2) / head_dim)).to(torch.bfloat16)
+        angles = torch.outer(torch.arange(max_seq_len).to(torch.bfloat16), inv)
+        return angles.cos(), angles.sin()
+    angles = torch.outer(
+        torch.arange(max_seq_len, dtype=torch.float32), rotary_frequencies(head_dim, base, half_truncated)
+    )
+    if precision == "bf16":
+        return angles.cos().bfloat16(), angles.sin().bfloat16()
+    return angles.cos(), angles.sin()
+
+
 class Rotary(nn.Module):
     """Rotary position embedding on (B, H, T, D) tensors, tables precomputed once.
 
-    The full variant rotates in the activation dtype (as the 2024-10/11 records); the half-truncated
-    variant rotates in fp32 and casts back (as Sub3Min).
+    precision "auto": the full variant rotates in the activation dtype (as the 2024-11 records under
+    bf16); the half-truncated variant rotates in fp32 and casts back (as Sub3Min). "fp32": fp32 tables,
+    rotation in fp32 (10-10: fp32 cos/sin promote the bf16 q, k). "bf16", "bf16-angles": bf16 tables
+    (see rotary_tables), rotation in the activation dtype.
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, base: float, half_truncated: bool = False):
+    def __init__(
+        self,
+        head_dim: int,
+        max_seq_len: int,
+        base: float,
+        half_truncated: bool = False,
+        precision: str = "auto",
+    ):
         super().__init__()
-        self.fp32 = half_truncated
-        angles = torch.outer(
-            torch.arange(max_seq_len, dtype=torch.float32), rotary_frequencies(head_dim, base, half_truncated)
-        )
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        if precision not in ROPE_PRECISIONS:
+            raise ValueError(f"unknown rotary precision {precision!r}; choose one of {ROPE_PRECISIONS}")
+        self.fp32 = precision == "fp32" or (precision == "auto" and half_truncated)
+        cos, sin = rotary_tables(head_dim, max_seq_len, base, half_truncated, precision)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.size(-2)
@@ -87,15 +129,18 @@ class Rotary(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, bias: bool, relu2: bool):
+    """Up-projection, ReLU² or GELU (tanh form as GPT-2/llm.c, or exact erf as the 2024-10 records)."""
+
+    def __init__(self, dim: int, hidden: int, bias: bool, relu2: bool, gelu: str = "tanh"):
         super().__init__()
         self.c_fc = CastedLinear(dim, hidden, bias=bias)
         self.c_proj = CastedLinear(hidden, dim, bias=bias)
         self.relu2 = relu2
+        self.gelu_approximate = "tanh" if gelu == "tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)
-        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate=self.gelu_approximate)
         return self.c_proj(h)
 
 

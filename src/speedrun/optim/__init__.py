@@ -4,6 +4,7 @@ from speedrun.optim.muon import SHAPE_SCALES, Muon, muon_split, set_muon_split
 from speedrun.optim.orthogonalize import (
     BACKENDS,
     NS_COEFFICIENTS,
+    NS_FORMS,
     POLAR_EXPRESS_COEFFICIENTS,
     newton_schulz,
     orthogonalize,
@@ -14,6 +15,7 @@ from speedrun.optim.orthogonalize import (
 __all__ = [
     "BACKENDS",
     "NS_COEFFICIENTS",
+    "NS_FORMS",
     "POLAR_EXPRESS_COEFFICIENTS",
     "SHAPE_SCALES",
     "Muon",

@@ -16,10 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from speedrun.optim.orthogonalize import BACKENDS, orthogonalize
+from speedrun.optim.orthogonalize import BACKENDS, NS_FORMS, orthogonalize
 
 #: Names accepted by ``Muon(shape_scale=...)``.
 SHAPE_SCALES: tuple[str, ...] = ("ratio", "max_dim", "rms", "none")
+
+#: Names accepted by ``Muon(momentum_form=...)``: "ema" (lerp, 12-08 on) or "sgd" (m·buf + g, to 12-04).
+MOMENTUM_FORMS: tuple[str, ...] = ("ema", "sgd")
 
 _SPLIT_ATTR = "_muon_split"
 
@@ -76,12 +79,19 @@ def _momentum_dtype(param: Tensor) -> torch.dtype:
 
 @dataclass
 class _Bucket:
-    """Same-shape matrices of one param group, orthogonalized in one batched call."""
+    """Same-shape matrices of one param group, orthogonalized in one batched call.
+
+    Built once and reused while the set of parameters with gradients, their splits and their momentum
+    buffers stay the same, so a step does no Python planning and no re-viewing of the weights.
+    """
 
     group: dict[str, Any]
     group_index: int
     shape: tuple[int, int]
     items: list[tuple[Tensor, int]] = field(default_factory=list)  # (param, block index)
+    params: list[Tensor] = field(default_factory=list)  # params with >= 1 block here, in order
+    weight_blocks: list[Tensor] = field(default_factory=list)  # (rows, cols) view of every block
+    plain: bool = True  # every param is one unsplit 2-D matrix (stack the directions directly)
 
 
 class Muon(torch.optim.Optimizer):
@@ -90,20 +100,27 @@ class Muon(torch.optim.Optimizer):
     Per parameter, each step (hyperparameters are read from the param group every step, so a
     scheduler or the trainer may change ``group["lr"]`` and ``group["momentum"]`` between steps)::
 
-        buf ← lerp(buf, g, 1 - momentum)                      # EMA momentum
+        buf ← lerp(buf, g, 1 - momentum)                      # momentum_form "ema" (default)
         d   ← lerp(g, buf, momentum) if nesterov else buf
-        U   ← orthogonalize(d) per block                      # backend, ns_steps
+        buf ← momentum·buf + g                                # momentum_form "sgd" (records to 12-04)
+        d   ← g + momentum·buf if nesterov else buf
+        U   ← orthogonalize(d) per block                      # backend, ns_steps, ns_form
         p   ← p · (1 - lr·weight_decay)                       # only where sign(U) == sign(p) if cautious
-        p   ← p - lr · shape_scale(block) · U
+        p   ← p - lr · shape_scale(block) · U                 # scale_in_update_dtype: (scale·U) rounded
+                                                              # to U's dtype first (10-17 … 12-04)
+
+    The two momentum forms differ by the factor (1 - momentum), which the orthogonalization removes
+    while the momentum is constant; under a momentum warmup they point in different directions.
 
     Blocks: a 2-D weight is one matrix unless ``set_muon_split`` declared parts; a tensor with
     ndim >= 3 is a stack of matrices over its leading dims. Each block is orthogonalized and
     shape-scaled on its own; blocks of equal shape within a group share one batched iteration.
 
-    Backends (``BACKENDS``): "newton_schulz" (quintic, bf16), "polar_express" (bf16), "svd" (exact, fp32).
-    Shape scales (``SHAPE_SCALES``), for a block of shape (rows, cols): "ratio" = sqrt(max(1, rows/cols))
-    (the 2024-11 records and torch.optim.Muon), "max_dim" = sqrt(max(rows, cols)) (2024-10 records),
-    "rms" = sqrt(rows·cols)/‖U‖_F (unit-RMS update), "none" = 1.
+    Backends (``BACKENDS``): "newton_schulz" (quintic, bf16; ``ns_form`` picks a record's op order),
+    "polar_express" (bf16), "svd" (exact, fp32). Shape scales (``SHAPE_SCALES``), for a block of shape
+    (rows, cols): "ratio" = sqrt(max(1, rows/cols)) (the 2024-11 records and torch.optim.Muon),
+    "max_dim" = sqrt(max(rows, cols)) (2024-10 records), "rms" = sqrt(rows·cols)/‖U‖_F (unit-RMS
+    update), "none" = 1 (the first seed, 2024-10-04).
 
     Distribution: with ``process_group`` (or the default group when torch.distributed is
     initialized), rank r orthogonalizes blocks r, r+W, ... of each bucket; updates travel by async
@@ -127,6 +144,9 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = 5,
         shape_scale: str = "ratio",
         process_group: dist.ProcessGroup | None = None,
+        momentum_form: str = "ema",
+        ns_form: str = "fused",
+        scale_in_update_dtype: bool = False,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -137,9 +157,13 @@ class Muon(torch.optim.Optimizer):
             backend=backend,
             ns_steps=ns_steps,
             shape_scale=shape_scale,
+            momentum_form=momentum_form,
+            ns_form=ns_form,
+            scale_in_update_dtype=scale_in_update_dtype,
         )
         self._process_group = process_group
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._cached_plan: tuple[tuple, list[_Bucket]] | None = None
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -175,9 +199,10 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         pg, rank, world = self._world()
+        directions = self._momentum()
         pending = None
-        for bucket in self._plan():
-            launched = self._launch(bucket, pg, rank, world)
+        for bucket in self._plan(world):
+            launched = self._launch(bucket, directions, pg, rank, world)
             if pending is not None:
                 self._finish(*pending)  # overlaps with the all-gather just launched
             pending = (bucket, *launched)
@@ -185,46 +210,95 @@ class Muon(torch.optim.Optimizer):
             self._finish(*pending)
         return loss
 
-    def _plan(self) -> list[_Bucket]:
-        """Update momentum (on every rank: state is replicated) and group blocks by shape."""
-        buckets: list[_Bucket] = []
-        for index, group in enumerate(self.param_groups):
-            by_shape: dict[tuple[int, int], _Bucket] = {}
-            m = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+    def _momentum(self) -> dict[Tensor, Tensor]:
+        """Update every momentum buffer (on every rank: state is replicated); return the directions
+        to orthogonalize, per param. One multi-tensor op per group and stage where dtypes allow."""
+        directions: dict[Tensor, Tensor] = {}
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            bufs = []
+            for p in params:
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, dtype=_momentum_dtype(p))
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad.to(buf.dtype), 1 - m)
-                shape = tuple(_blocks(p, p).shape[1:])
-                bucket = by_shape.setdefault(shape, _Bucket(group, index, shape))
-                bucket.items.extend((p, i) for i in range(_blocks(p, p).shape[0]))
+                bufs.append(state["momentum_buffer"])
+            grads = [p.grad.to(b.dtype) for p, b in zip(params, bufs, strict=True)]  # no copy if same
+            m = group["momentum"]
+            if group["momentum_form"] == "sgd":
+                torch._foreach_mul_(bufs, m)
+                torch._foreach_add_(bufs, grads)
+                out = torch._foreach_add(grads, bufs, alpha=m) if group["nesterov"] else bufs
+            else:
+                torch._foreach_lerp_(bufs, grads, 1 - m)
+                out = torch._foreach_lerp(grads, bufs, m) if group["nesterov"] else bufs
+            directions.update(zip(params, out, strict=True))
+        return directions
+
+    def _plan(self, world: int) -> list[_Bucket]:
+        """Group blocks by shape; rebuilt only when the params with gradients or their state change."""
+        key = (
+            world,
+            tuple(
+                (id(p), p.data_ptr(), muon_split(p), id(self.state[p].get("momentum_buffer")))
+                for group in self.param_groups
+                for p in group["params"]
+                if p.grad is not None
+            ),
+        )
+        if self._cached_plan is not None and self._cached_plan[0] == key:
+            return self._cached_plan[1]
+        buckets: list[_Bucket] = []
+        for index, group in enumerate(self.param_groups):
+            by_shape: dict[tuple[int, int], _Bucket] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                blocks = _blocks(p.detach(), p)
+                bucket = by_shape.setdefault(tuple(blocks.shape[1:]), _Bucket(group, index, blocks.shape[1:]))
+                bucket.items.extend((p, i) for i in range(blocks.shape[0]))
+                bucket.params.append(p)
+                bucket.weight_blocks.extend(blocks.unbind(0))
+                bucket.plain = bucket.plain and p.ndim == 2 and blocks.shape[0] == 1
             buckets.extend(by_shape.values())
+        self._cached_plan = (key, buckets)
         return buckets
 
+    def _stacked_directions(
+        self, bucket: _Bucket, directions: dict[Tensor, Tensor], rank: int, world: int
+    ) -> Tensor | None:
+        """(count, rows, cols) directions of this rank's blocks of the bucket (None: it has none)."""
+        if world == 1:
+            dirs = [directions[p] for p in bucket.params]
+            if bucket.plain:
+                return torch.stack(dirs)
+            return torch.cat([_blocks(d, p) for d, p in zip(dirs, bucket.params, strict=True)])
+        mine = bucket.items[rank::world]
+        if not mine:
+            return None
+        return torch.stack([_blocks(directions[p], p)[i] for p, i in mine])
+
     def _launch(
-        self, bucket: _Bucket, pg: dist.ProcessGroup | None, rank: int, world: int
+        self,
+        bucket: _Bucket,
+        directions: dict[Tensor, Tensor],
+        pg: dist.ProcessGroup | None,
+        rank: int,
+        world: int,
     ) -> tuple[Tensor, Any]:
         """Orthogonalize this rank's blocks; start the all-gather. Returns (gathered, work handle)."""
         group = bucket.group
-        m = group["momentum"]
-        directions = []
-        for p, i in bucket.items[rank::world]:
-            g = _blocks(p.grad.contiguous(), p)[i]
-            buf = _blocks(self.state[p]["momentum_buffer"], p)[i]
-            directions.append(g.to(buf.dtype).lerp(buf, m) if group["nesterov"] else buf)
+        stacked = self._stacked_directions(bucket, directions, rank, world)
         out_dtype = _output_dtype(group["backend"], bucket.items[0][0])
         rows, cols = bucket.shape
         mine = (
-            orthogonalize(torch.stack(directions), group["backend"], group["ns_steps"]).to(out_dtype)
-            if directions
+            orthogonalize(stacked, group["backend"], group["ns_steps"], group["ns_form"]).to(out_dtype)
+            if stacked is not None
             else None
         )
         if world == 1:
-            return mine.unsqueeze(0), None
+            return mine, None
         per_rank = math.ceil(len(bucket.items) / world)
         key = (bucket.group_index, bucket.shape, per_rank, world, out_dtype, bucket.items[0][0].device)
         if key not in self._comm_buffers:
@@ -241,34 +315,40 @@ class Muon(torch.optim.Optimizer):
         work = gather(recv, send, group=pg, async_op=True)
         return recv.view(world, per_rank, rows, cols), work
 
-    def _finish(self, bucket: _Bucket, gathered: Tensor, work: Any) -> None:
-        """Wait for the bucket's updates and apply them (weight decay, shape scale, lr)."""
+    def _finish(self, bucket: _Bucket, ordered: Tensor, work: Any) -> None:
+        """Wait for the bucket's updates and apply them (weight decay, shape scale, lr): the low-precision
+        update is added with the scale folded into alpha, so no full-precision copy is made."""
         if work is not None:
             work.wait()
-        world, per_rank = gathered.shape[:2]
-        # Block j was computed by rank j % world as its (j // world)-th block.
-        ordered = gathered.transpose(0, 1).reshape(world * per_rank, *bucket.shape)
+        if ordered.ndim == 4:  # gathered (world, per_rank, ...): block j came from rank j % world
+            world, per_rank = ordered.shape[:2]
+            ordered = ordered.transpose(0, 1).reshape(world * per_rank, *bucket.shape)
         group = bucket.group
         lr, wd = group["lr"], group["weight_decay"]
-        start = 0
-        while start < len(bucket.items):
-            p = bucket.items[start][0]
-            count = _blocks(p, p).shape[0]
-            update = ordered[start : start + count].to(torch.promote_types(p.dtype, torch.float32))
-            update = update * _shape_scale(group["shape_scale"], update)
-            view = _blocks(p, p)
-            if wd != 0:
-                if group["cautious_weight_decay"]:
-                    view.sub_(view * (update * view > 0), alpha=lr * wd)
-                else:
-                    view.mul_(1 - lr * wd)
-            view.add_(update, alpha=-lr)
-            start += count
+        weights = bucket.weight_blocks
+        updates = list(ordered[: len(weights)].unbind(0))
+        if wd != 0:
+            if group["cautious_weight_decay"]:
+                for w, u in zip(weights, updates, strict=True):
+                    w.sub_(w * (u * w > 0), alpha=lr * wd)
+            else:
+                torch._foreach_mul_(weights, 1 - lr * wd)
+        if group["shape_scale"] == "rms":  # one factor per block, computed in full precision
+            full = ordered[: len(weights)].to(torch.promote_types(weights[0].dtype, torch.float32))
+            scaled = full * _shape_scale("rms", full)
+            torch._foreach_add_(weights, list(scaled.unbind(0)), alpha=-lr)
+        else:
+            scale = _shape_scale(group["shape_scale"], ordered)
+            if group.get("scale_in_update_dtype") and scale != 1:  # 10-17 … 12-04: g *= scale in bf16
+                updates = list((ordered[: len(weights)] * scale).unbind(0))
+                scale = 1.0
+            torch._foreach_add_(weights, updates, alpha=-lr * scale)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Like torch's, but keep fp32 momentum for bf16/fp16 weights (torch casts it to the param dtype)."""
         saved = {k: v.get("momentum_buffer") for k, v in state_dict["state"].items()}
         super().load_state_dict(state_dict)
+        self._cached_plan = None
         params = [p for group in self.param_groups for p in group["params"]]
         for index, buf in saved.items():
             if isinstance(buf, Tensor):
@@ -294,6 +374,15 @@ def _check_options(group: dict[str, Any], index: int) -> None:
     if group["shape_scale"] not in SHAPE_SCALES:
         raise ValueError(
             f"{where}: unknown shape_scale {group['shape_scale']!r}; choose one of {', '.join(SHAPE_SCALES)}"
+        )
+    if group.setdefault("momentum_form", "ema") not in MOMENTUM_FORMS:
+        raise ValueError(
+            f"{where}: unknown momentum_form {group['momentum_form']!r}; "
+            f"choose one of {', '.join(MOMENTUM_FORMS)}"
+        )
+    if group.setdefault("ns_form", "fused") not in NS_FORMS:
+        raise ValueError(
+            f"{where}: unknown ns_form {group['ns_form']!r}; choose one of {', '.join(NS_FORMS)}"
         )
     if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
         raise ValueError(f"{where}: ns_steps must be a positive integer, got {group['ns_steps']!r}")

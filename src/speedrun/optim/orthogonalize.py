@@ -39,6 +39,15 @@ POLAR_EXPRESS_COEFFICIENTS: tuple[Coefficients, ...] = (
 #: Names accepted by ``orthogonalize`` and by ``Muon(backend=...)``.
 BACKENDS: tuple[str, ...] = ("newton_schulz", "polar_express", "svd")
 
+#: How ``newton_schulz`` evaluates each step, named by the first record that did it that way. The forms
+#: are equal in exact arithmetic; in bf16 each op rounds, so matching a record means matching its ops.
+#: fused: X ← aX + (bA + cA²)X with two fused multiply-adds (fewest roundings; our default).
+#: 2024-10-10 (the seed and 10-10): X = bf16(G) / (‖G‖ + 1e-7) with the norm taken in G's precision;
+#:   A = XXᵀ; B = AX; X = aX + bB + (cA)B.
+#: 2024-10-14 (10-14 … 11-08): the same steps, X normalized after the bf16 cast (bf16 norm).
+#: 2024-11-10 (11-10 … Sub3Min): bf16 normalization; A = XXᵀ; B = bA + (cA)A; X = aX + BX.
+NS_FORMS: tuple[str, ...] = ("fused", "2024-10-10", "2024-10-14", "2024-11-10")
+
 
 def _odd_quintic_iterations(x: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
     """Apply X ← aX + (bA + cA²)X with A = XXᵀ for each (a, b, c); x is (..., rows, cols), rows <= cols.
@@ -65,8 +74,28 @@ def _check_matrix(g: Tensor) -> None:
         raise ValueError(f"orthogonalization needs a (..., rows, cols) tensor, got shape {tuple(g.shape)}")
 
 
+def _record_iterations(x: Tensor, coefficients: Coefficients, steps: int, form: str) -> Tensor:
+    """The record's own evaluation order, one bf16 rounding per op as its eager code does."""
+    a, b, c = coefficients
+    batch_shape = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])  # bmm: the kernel `@` uses, without its per-call reshapes
+    for _ in range(steps):
+        A = torch.bmm(x, x.mT)
+        if form == "2024-11-10":
+            B = b * A + torch.bmm(c * A, A)
+            x = a * x + torch.bmm(B, x)
+        else:
+            B = torch.bmm(A, x)
+            x = a * x + b * B + torch.bmm(c * A, B)
+    return x.reshape(*batch_shape, *x.shape[-2:])
+
+
 def newton_schulz(
-    g: Tensor, steps: int = 5, coefficients: Coefficients = NS_COEFFICIENTS, eps: float = 1e-7
+    g: Tensor,
+    steps: int = 5,
+    coefficients: Coefficients = NS_COEFFICIENTS,
+    eps: float = 1e-7,
+    form: str = "fused",
 ) -> Tensor:
     """Quintic Newton–Schulz in bf16; returns a bf16 tensor of g's shape.
 
@@ -75,11 +104,20 @@ def newton_schulz(
     [0.68, 1.21] (the exact scalar map gives [0.680, 1.202]; bf16 runs on random and condition-1e6
     GPT-2-shaped matrices measured the same; tests/test_muon.py asserts [0.65, 1.25]). Smaller ones
     are amplified by about a^5 ≈ 490 and stay below the band; no output exceeds 1.21.
+    ``form`` (``NS_FORMS``) picks the evaluation order of a record era.
     """
     _check_matrix(g)
+    if form not in NS_FORMS:
+        raise ValueError(f"unknown Newton-Schulz form {form!r}; choose one of {', '.join(NS_FORMS)}")
     x, tall = _wide(g.bfloat16())
-    x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
-    x = _odd_quintic_iterations(x, [coefficients] * steps)
+    if form == "2024-10-10":  # the norm of the input in its own precision, then a bf16 division
+        x = (x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps)).bfloat16()
+    else:
+        x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
+    if form == "fused":
+        x = _odd_quintic_iterations(x, [coefficients] * steps)
+    else:
+        x = _record_iterations(x, coefficients, steps, form)
     return x.mT if tall else x
 
 
@@ -110,10 +148,12 @@ def svd_orthogonalize(g: Tensor) -> Tensor:
     return u @ vh
 
 
-def orthogonalize(g: Tensor, backend: str = "newton_schulz", steps: int = 5) -> Tensor:
-    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``."""
+def orthogonalize(
+    g: Tensor, backend: str = "newton_schulz", steps: int = 5, ns_form: str = "fused"
+) -> Tensor:
+    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` by all but NS."""
     if backend == "newton_schulz":
-        return newton_schulz(g, steps)
+        return newton_schulz(g, steps, form=ns_form)
     if backend == "polar_express":
         return polar_express(g, steps)
     if backend == "svd":

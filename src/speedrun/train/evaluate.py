@@ -32,8 +32,9 @@ def evaluate(
         val_files, tokens or t.val_tokens, micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
         vocab_size=cfg.model.vocab_size, device=ctx.device,
     )  # fmt: skip
+    dtype = autocast_dtype(cfg) if t.val_autocast else None  # 2024-10 records validate in fp32
     for x, y in batches:
-        with autocast(ctx.device, autocast_dtype(cfg)):
+        with autocast(ctx.device, dtype):
             losses = model(x, y, reduction="none")
         totals[0] += losses.double().sum()
         totals[1] += y.numel()

@@ -54,6 +54,14 @@ class RunOptimizer:
             opt.load_state_dict(state[kind])
 
 
+def qkv_parts(name: str, cfg: Config) -> int:
+    """How many matrices Muon sees in a block weight: q, k and v of a fused QKV separately, unless the
+    recipe keeps it whole (the 2024-10-04 seed orthogonalized the 2304 x 768 matrix as one)."""
+    if cfg.model.fused_qkv and name.endswith("c_attn.weight") and cfg.optim.muon_split_qkv:
+        return 3
+    return 1
+
+
 def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
     """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars."""
     o = cfg.optim
@@ -71,10 +79,8 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         for role, lr in (("embed", o.embed_lr), ("head", o.head_lr), ("scalar", o.scalar_lr))
         if roles[role]
     ]
-    if cfg.model.fused_qkv:
-        for name, p in roles["matrix"]:
-            if name.endswith("c_attn.weight"):
-                set_muon_split(p, 3)  # q, k and v are orthogonalized as three matrices
+    for name, p in roles["matrix"]:
+        set_muon_split(p, qkv_parts(name, cfg))
     muon = Muon(
         [p for _, p in roles["matrix"]],
         lr=o.muon_lr,
@@ -84,6 +90,9 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         ns_steps=o.muon_ns_steps,
         shape_scale=o.muon_shape_scale,
         weight_decay=o.muon_weight_decay,
+        momentum_form=o.muon_momentum_form,
+        ns_form=o.muon_ns_form,
+        scale_in_update_dtype=o.muon_scale_in_bf16,
     )
     adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
     return RunOptimizer({"adam": adam, "muon": muon})

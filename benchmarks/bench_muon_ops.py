@@ -1,0 +1,93 @@
+"""Count the aten ops one Muon `step()` dispatches for a recipe's matrices (host cost, not FLOPs).
+
+On a GPU each dispatched op costs the host a few microseconds whatever its size, so a step of ~900
+small ops can keep the GPU waiting. This counts every op that reaches the dispatcher from Python
+(a TorchDispatchMode sees each top-level aten call once; ops inside a kernel are not counted) in one
+steady-state step (momentum buffers already exist). The matrices live on the meta device by default:
+shapes and op sequence are those of a real run, and no arithmetic is done.
+
+    python benchmarks/bench_muon_ops.py [--recipe record-2025-01] [--device meta|cpu] [--steps 3]
+                                        [--ns-form fused|2024-10-10|2024-10-14|2024-11-10]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from speedrun.model.gpt import GPT
+from speedrun.optim import Muon, set_muon_split
+from speedrun.recipes import load_recipe
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts aten overloads dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def recipe_muon(recipe: str, device: str) -> Muon:
+    """Muon over the recipe's block matrices with random gradients, as the run builds it."""
+    cfg = load_recipe(recipe)
+    with torch.device(device):
+        model = GPT(cfg.model)
+    o = cfg.optim
+    matrices = model.param_roles()["matrix"]
+    for name, p in matrices:
+        if cfg.model.fused_qkv and name.endswith("c_attn.weight"):
+            set_muon_split(p, 3)
+        p.grad = torch.randn_like(p)
+    options = {}
+    if hasattr(o, "muon_momentum_form"):  # switches added with the record-fidelity work; absent before
+        options = {
+            "momentum_form": o.muon_momentum_form,
+            "ns_form": o.muon_ns_form,
+            "scale_in_update_dtype": o.muon_scale_in_bf16,
+        }
+    muon = Muon(
+        [p for _, p in matrices],
+        lr=o.muon_lr,
+        momentum=o.muon_momentum,
+        backend=o.muon_backend,
+        ns_steps=o.muon_ns_steps,
+        shape_scale=o.muon_shape_scale if o.muon_shape_scale != "none" else "ratio",
+    )
+    for group in muon.param_groups:
+        group.update(options)
+    return muon
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default="record-2025-01")
+    parser.add_argument("--device", default="meta", help="meta (no arithmetic, default) or cpu")
+    parser.add_argument("--steps", type=int, default=3, help="counted steps after one warm-up step")
+    parser.add_argument("--ns-form", default="", help="override the recipe's Newton-Schulz op order")
+    args = parser.parse_args()
+    muon = recipe_muon(args.recipe, args.device)
+    for group in muon.param_groups:
+        group["ns_form"] = args.ns_form or group.get("ns_form", "fused")
+    n = sum(len(g["params"]) for g in muon.param_groups)
+    muon.step()  # creates the momentum buffers
+    counter = OpCounter()
+    with counter:
+        for _ in range(args.steps):
+            muon.step()
+    total = sum(counter.ops.values()) / args.steps
+    form = muon.param_groups[0]["ns_form"]
+    print(f"recipe {args.recipe} (ns_form {form}): {n} Muon parameters, {total:.0f} aten ops per step()")
+    for op, count in counter.ops.most_common(12):
+        print(f"  {op:32s} {count / args.steps:7.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Recipe matrix worker: every bundled recipe, shrunk but with its switches, trains K optimizer steps.
+
+Run in-process (one process, gradient accumulation over 2 micro-batches) or once under torchrun with
+2 gloo processes (`python -m torch.distributed.run --nproc_per_node=2 -m tests.recipe_matrix OUT`),
+where each rank takes one micro-batch and the model is wrapped in DDP exactly as the training loop does.
+Both see the same global batch per step, so their losses must agree. One launch runs every recipe, so
+process start-up and imports are paid once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from speedrun.config import Config
+from speedrun.model.gpt import GPT
+from speedrun.recipes import load_recipe, recipe_names
+from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.schedule import apply_schedule, schedule_at
+from speedrun.train.step import autocast_dtype, train_step
+
+STEPS, SEQ, MICRO = 3, 256, 2  # optimizer steps; tokens per sequence; sequences per step
+VOCAB, EOT = 512, 511
+
+
+def shrink(name: str, n_layer: int = 4) -> list[str]:
+    """Overrides that make a recipe tiny while keeping every switch it sets (layer-specific ones get
+    a layer pattern of their own kind: long and short windows, a layer without attention)."""
+    base = load_recipe(name)
+    m = base.model
+    out = [
+        f"model.n_layer={n_layer}",
+        "model.n_head=2",
+        "model.n_embd=64",
+        f"model.vocab_size={VOCAB}",
+        f"model.eot_id={EOT}",
+        f"model.max_seq_len={SEQ}",
+        f"train.seq_len={SEQ}",
+        f"train.micro_batch_tokens={SEQ}",
+        f"train.global_batch_tokens={SEQ * MICRO}",
+        "train.steps=10",
+        "train.warmup_steps=0",
+        "train.warmdown_steps=0",
+        "train.dtype=fp32",
+    ]
+    if m.window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08 sees)
+        out += ["model.window=192", "model.window_warmup_start=64"]
+    if m.window_pattern:
+        out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
+    if m.no_attention_layers:
+        out.append(f"model.no_attention_layers={n_layer // 2}")
+    if m.value_embeds == "ends":
+        out.append("model.value_embed_tables=1")
+    return out
+
+
+def shrunk(name: str, *extra: str, n_layer: int = 4) -> Config:
+    return load_recipe(name, [*shrink(name, n_layer), *extra])
+
+
+def batch(step: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of a step: MICRO sequences with documents (end-of-text about every 60 tokens)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, EOT, (MICRO, SEQ + 1), generator=gen)
+    tokens[torch.rand(MICRO, SEQ + 1, generator=gen) < 1 / 60] = EOT
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def build(cfg: Config) -> tuple[GPT, RunOptimizer]:
+    """Model and optimizer as a run builds them."""
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(cfg.model)
+    return model, build_optimizer(model, cfg)
+
+
+def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
+    """K steps of the shrunk recipe through the training step; the mean loss of each global batch."""
+    cfg = shrunk(name)
+    model, optimizer = build(cfg)
+    ddp = DDP(model, broadcast_buffers=False, gradient_as_bucket_view=True) if world > 1 else model
+    accum = MICRO // world
+    losses = []
+    for step in range(STEPS):
+        apply_schedule(schedule_at(step, cfg), optimizer, model)
+        x, y = batch(step, cfg)
+        rows = iter(range(rank * accum, (rank + 1) * accum))  # this rank's sequences of the global batch
+
+        def next_batch(rows=rows, x=x, y=y) -> tuple[torch.Tensor, torch.Tensor]:
+            i = next(rows)
+            return x[i : i + 1], y[i : i + 1]
+
+        loss = train_step(ddp, optimizer, next_batch, accum, autocast_dtype(cfg))
+        if world > 1:
+            dist.all_reduce(loss)
+            loss /= world
+        losses.append(loss.item())
+    return losses
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results: dict[str, object] = {}
+    for name in recipe_names():
+        try:
+            results[name] = train_losses(name, rank, world)
+        except Exception as e:  # report every recipe, not just the first failure
+            results[name] = f"{type(e).__name__}: {e}"
+            # a rank that failed leaves its peer waiting in a collective: both must stop together
+            break
+    if rank == 0:
+        out.write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
