@@ -198,7 +198,6 @@ def test_every_numeric_field_is_range_checked(key, typ):
 
 def test_string_choices_come_from_the_literal_types():
     import dataclasses
-    import typing
 
     from speedrun import config
 
