@@ -421,8 +421,6 @@ def validate(cfg: Config) -> None:
             f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
             f"train.micro_batch_tokens ({t.micro_batch_tokens})"
         )
-    if t.warmup_steps > t.steps:
-        raise ConfigError(f"train.warmup_steps ({t.warmup_steps}) exceeds train.steps ({t.steps})")
     if t.warmup_steps + t.warmdown_steps > t.steps and t.schedule == "trapezoid":
         raise ConfigError(
             f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
