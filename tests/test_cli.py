@@ -128,7 +128,8 @@ def test_out_of_memory_and_os_errors_are_one_line(capsys, monkeypatch):
 
     monkeypatch.setattr("speedrun.data.prepare.prepare", full)
     assert main(["prepare", "wiki-vital"]) == 1
-    assert capsys.readouterr().err.strip() == "speedrun: error: /data/x.bin: No space left on device"
+    err = capsys.readouterr().err.strip()
+    assert err == "speedrun: error: cannot write /data/x.bin: No space left on device"
 
     def oom(*_a, **_k):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")

@@ -8,6 +8,7 @@ running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shutil
@@ -164,10 +165,15 @@ def _say(message: str, error: BaseException | None = None) -> None:
         print(message.replace("speedrun: ", f"speedrun (rank {rank}): ", 1), file=sys.stderr)
 
 
+_WRITE_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+
+
 def _os_error(e: OSError) -> str:
-    where = e.filename if e.filename is not None else None
     text = e.strerror or str(e) or type(e).__name__
-    return f"{where}: {text}" if where else text
+    if e.filename is None:
+        return text
+    verb = "cannot write " if e.errno in _WRITE_ERRORS else ""
+    return f"{verb}{e.filename}: {text}"
 
 
 def _is_out_of_memory(e: BaseException) -> bool:
