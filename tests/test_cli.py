@@ -182,3 +182,23 @@ def test_corrupt_shard_is_refused(text_data, tmp_path):
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated body
     proc = run_speedrun("train", "--out", str(tmp_path / "r"), f"data.dir={bad}", *TINY)
     assert proc.returncode == 1 and shard.name in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_first_signal_is_acknowledged_at_once(capfd):
+    import os
+    import signal
+    import time
+
+    from speedrun.train.signals import StopSignals
+
+    signals = StopSignals().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the Python-level handler runs between bytecodes
+        assert signals.received == signal.SIGTERM
+    finally:
+        signals.restore()
+    assert (
+        "speedrun: SIGTERM received: stopping after this step and saving a checkpoint"
+        in capfd.readouterr().err
+    )

@@ -162,6 +162,8 @@ def test_user_recipe_file_errors(tmp_path):
         ("train.seq_len=4096", "train.seq_len (4096) exceeds model.max_seq_len"),
         ("train.final_lr_frac=2", "train.final_lr_frac must be >= 0 and <= 1"),
         ("train.seed=-1", "train.seed must be >= 0"),
+        ("data.tokenizer=bpe:99999999", "data.tokenizer: tokenizer 'bpe:99999999': N must be between"),
+        ("data.tokenizer=gpt3", "data.tokenizer: unknown tokenizer 'gpt3'"),
     ],
 )
 def test_impossible_numbers_are_refused_naming_the_key(override, fragment):

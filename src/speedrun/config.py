@@ -432,6 +432,13 @@ def validate(cfg: Config) -> None:
         )
     if m.document_mask and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
+    if cfg.data.tokenizer != "gpt2":
+        from speedrun.data.tokenizers import parse_bpe_size
+
+        try:
+            parse_bpe_size(cfg.data.tokenizer)
+        except ConfigError as e:
+            raise ConfigError(f"data.tokenizer: {e}") from None
     _validate_model_switches(m)
     _check_memory(m)
 
