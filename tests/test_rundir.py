@@ -89,6 +89,21 @@ def test_resume_repairs_a_torn_last_line(tmp_path, torn):
     assert "metrics.jsonl: dropped a torn last line" in (run_dir / "log.txt").read_text()
 
 
+def test_a_torn_final_validation_does_not_count(tmp_path):
+    run = RunDir(tmp_path / "run", echo=False)
+    run.metric({"step": 3, "train_loss": 1.0})
+    assert not run.has_final_validation(3)
+    with open(tmp_path / "run" / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 3, "val_loss": 1.2')  # killed while writing the final validation
+    assert not run.has_final_validation(3)
+    run.close()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 3, "val_loss": 1.2}\n')
+    (tmp_path / "run" / "config.json").write_text("{}")
+    resumed = RunDir(tmp_path / "run", echo=False, resume=True)
+    assert resumed.has_final_validation(3) and not resumed.has_final_validation(4)
+    resumed.close()
+
+
 def test_a_damaged_middle_line_is_an_error_naming_it(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')

@@ -195,6 +195,13 @@ class RunDir:
                 f"metrics.jsonl: dropped a torn last line ({len(torn)} bytes) left by an interrupted write"
             )
 
+    def has_final_validation(self, steps: int) -> bool:
+        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
+        validation has its last checkpoint but not this record, and resume must still produce it).
+        A torn last line does not count."""
+        records, _torn = read_records(self.path / "metrics.jsonl")
+        return any(r["step"] == steps and "val_loss" in r for _, r in records)
+
     def log(self, line: str = "", console: bool = True) -> None:
         if not self.enabled or self._broken:
             return
