@@ -180,7 +180,7 @@ def _numeric_fields():
 
     for section, cls in config._sections().items():
         for f in dataclasses.fields(cls):
-            typ, _ = config._strip(typing.get_type_hints(cls, include_extras=True)[f.name])
+            typ, _ = config.strip_annotation(typing.get_type_hints(cls, include_extras=True)[f.name])
             if typ in (int, float):
                 yield f"{section}.{f.name}", typ
 

@@ -6,60 +6,36 @@ numbers. Unknown keys and values of the wrong type are errors (ConfigError), nev
 The field's type is the whole contract, so a new field is checked by declaring it:
 - a string choice is a `Literal[...]`: the allowed values come from the type (`choices`);
 - a number is finite and >= 0 unless its type says otherwise: `Annotated[int, Range(...)]` or one of
-  the aliases below (PosInt, PosFloat, Fraction, Beta, ...). `validate` checks every field this way
-  before the cross-field rules, so nothing runs with a NaN learning rate or zero heads.
+  the aliases of config_types.py (PosInt, PosFloat, Fraction, Beta, ...). `validate` checks every
+  field this way before the cross-field rules (config_checks.py), so nothing runs with a NaN
+  learning rate or zero heads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import os
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
+from speedrun.config_checks import cross_field_checks
+from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
+    DEFAULT_RANGE,
+    MAX_SEQ_LEN,
+    Beta,
+    Fraction,
+    PosFloat,
+    PosInt,
+    Range,
+    Seed,
+    SeqLen,
+    coerce,
+    strip_annotation,
+)
 from speedrun.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Range:
-    """Bounds of a numeric field. Every number must also be finite (no nan or inf)."""
-
-    lo: float = 0
-    hi: float | None = None
-    lo_open: bool = False  # lo itself excluded
-    hi_open: bool = False  # hi itself excluded
-
-    def check(self, key: str, value: float) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number, got {value}")
-        low_ok = value > self.lo if self.lo_open else value >= self.lo
-        high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
-        if not (low_ok and high_ok):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value}")
-
-    def describe(self) -> str:
-        low = f"{'>' if self.lo_open else '>='} {self.lo:,}"
-        if self.hi is None:
-            return low
-        return f"{low} and {'<' if self.hi_open else '<='} {self.hi:,}"
-
-
-DEFAULT_RANGE = Range(0)  # numbers without an Annotated range: finite and not negative
-# Sequence lengths: positions are int32 in FlexAttention block masks and in the shard header's token
-# count, so nothing longer can be addressed; the memory check in `validate` bounds the tables further.
-MAX_SEQ_LEN = 2**31 - 1
-PosInt = Annotated[int, Range(1)]
-PosFloat = Annotated[float, Range(0, lo_open=True)]
-Fraction = Annotated[float, Range(0, 1)]
-Beta = Annotated[float, Range(0, 1, hi_open=True)]  # Adam's betas: 1 would never forget
-SeqLen = Annotated[int, Range(1, MAX_SEQ_LEN)]
-Seed = Annotated[int, Range(0, 2**63 - 1)]  # torch.manual_seed takes a 64-bit seed
 
 
 @dataclass
@@ -204,84 +180,14 @@ def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
-def _strip(typ: Any) -> tuple[Any, Range | None]:
-    """(the plain type, its Range) of a possibly Annotated type."""
-    if typing.get_origin(typ) is Annotated:
-        base, *extras = typing.get_args(typ)
-        return base, next((e for e in extras if isinstance(e, Range)), None)
-    return typ, None
-
-
 def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
     cls = _sections().get(section)
     if cls is None or name not in _field_types(cls):
         return None
-    typ, _ = _strip(_field_types(cls)[name])
+    typ, _ = strip_annotation(_field_types(cls)[name])
     return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
-
-
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Convert a TOML value or command-line string to the field's type, or raise ConfigError."""
-    typ, bounds = _strip(typ)
-    origin = typing.get_origin(typ)
-    if origin is Literal:
-        allowed = typing.get_args(typ)
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
-        return value
-    if origin in (typing.Union, types.UnionType):  # Optional[...]
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return _coerce(key, value, args[0])
-    if origin is tuple:
-        args = typing.get_args(typ)
-        if isinstance(value, str):
-            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
-        if not isinstance(value, list | tuple) or len(value) != len(args):
-            raise ConfigError(f"{key}: expected {len(args)} comma-separated values, got {value!r}")
-        return tuple(_coerce(key, v, a) for v, a in zip(value, args, strict=True))
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if typ in (int, float):
-        number = _number(key, value, typ)
-        (bounds or DEFAULT_RANGE).check(key, number)
-        return number
-    if typ is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {typ}")  # pragma: no cover - programming error
-
-
-def _number(key: str, value: Any, typ: type) -> int | float:
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
-    if typ is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise ConfigError(f"{key}: expected a number, got {value!r}")
 
 
 def check_fields(cfg: Config) -> None:
@@ -289,7 +195,7 @@ def check_fields(cfg: Config) -> None:
     for section, cls in _sections().items():
         obj = getattr(cfg, section)
         for name, typ in _field_types(cls).items():
-            _coerce(f"{section}.{name}", getattr(obj, name), typ)
+            coerce(f"{section}.{name}", getattr(obj, name), typ)
 
 
 def _unknown_key(key: str, known: list[str]) -> ConfigError:
@@ -313,13 +219,13 @@ def _sections() -> dict[str, type]:
 def set_value(cfg: Config, key: str, value: Any) -> None:
     """Set one dotted key (e.g. 'model.n_layer') with type checking."""
     if key in ("recipe", "description"):
-        setattr(cfg, key, _coerce(key, value, str))
+        setattr(cfg, key, coerce(key, value, str))
         return
     section, _, name = key.partition(".")
     sections = _sections()
     if section not in sections or name not in _field_types(sections[section]):
         raise _unknown_key(key, all_keys())
-    typed = _coerce(key, value, _field_types(sections[section])[name])
+    typed = coerce(key, value, _field_types(sections[section])[name])
     setattr(getattr(cfg, section), name, typed)
 
 
@@ -402,125 +308,6 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def validate(cfg: Config) -> None:
-    """Every field's own range first, then the cross-field checks that do not depend on the world size."""
+    """Every field against its declared type and range first, then the cross-field rules."""
     check_fields(cfg)
-    m, t = cfg.model, cfg.train
-    if m.n_embd % m.n_head:
-        raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    if m.positional == "rotary" and (m.n_embd // m.n_head) % 2:
-        raise ConfigError("rotary embeddings need an even head dimension")
-    if t.seq_len > m.max_seq_len:
-        raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
-    if t.micro_batch_tokens % t.seq_len:
-        raise ConfigError(
-            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of "
-            f"train.seq_len ({t.seq_len})"
-        )
-    if t.global_batch_tokens % t.micro_batch_tokens:
-        raise ConfigError(
-            f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
-            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
-        )
-    if t.warmup_steps + t.warmdown_steps > t.steps and t.schedule == "trapezoid":
-        raise ConfigError(
-            f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
-            f"exceed train.steps ({t.steps})"
-        )
-    if m.tie_embeddings and m.zero_init_head:
-        raise ConfigError(
-            "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
-        )
-    if m.document_mask and m.eot_id >= m.vocab_size:
-        raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
-    if cfg.data.tokenizer != "gpt2":
-        from speedrun.data.tokenizers import parse_bpe_size
-
-        try:
-            parse_bpe_size(cfg.data.tokenizer)
-        except ConfigError as e:
-            raise ConfigError(f"data.tokenizer: {e}") from None
-    _validate_model_switches(m)
-    _check_memory(m)
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _check_memory(m: ModelConfig) -> None:
-    """Refuse models whose fp32 weights alone cannot fit in this machine's memory.
-
-    The model is built on the host before it moves to a GPU, so its fp32 parameters and position
-    tables must fit in physical memory: an absurd size (max_seq_len=2e9, n_embd=1e6) is then one
-    line naming the key instead of an allocator failure. Counts are estimates (within a few %).
-    """
-    memory = _physical_memory()
-    if memory is None:
-        return
-    head_dim = m.n_embd // m.n_head
-    per_position = m.n_embd if m.positional == "learned" else m.n_layer * head_dim  # rotary: cos+sin
-    positions = 4 * m.max_seq_len * per_position
-    if positions > memory:
-        raise ConfigError(
-            f"model.max_seq_len={m.max_seq_len} needs a {positions / 2**30:,.1f} GiB position table, "
-            f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
-        )
-    rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-    blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
-    weights = 4 * (blocks + embeddings) + positions
-    if weights > memory:
-        raise ConfigError(
-            f"model.n_layer={m.n_layer}, n_embd={m.n_embd}, mlp_ratio={m.mlp_ratio}, "
-            f"vocab_size={m.vocab_size} make {weights / 2**30:,.1f} GiB of fp32 weights, more than "
-            f"this machine's {memory / 2**30:,.1f} GiB of memory"
-        )
-
-
-def _validate_model_switches(m: ModelConfig) -> None:
-    """Checks of the 2024-11 … 2025-01 architecture switches (model/gpt.py, model/attention.py)."""
-    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
-        raise ConfigError(
-            "model.window, model.window_unit and model.window_warmup_start must not be negative"
-        )
-    if m.window_warmup != "none" and m.window <= 0:
-        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
-    if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
-        raise ConfigError(
-            f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
-        )
-    if "S" in m.window_pattern and m.window <= 0:
-        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
-    try:
-        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
-    except ValueError:
-        raise ConfigError(
-            f"model.no_attention_layers: expected comma-separated layer numbers, "
-            f"got {m.no_attention_layers!r}"
-        ) from None
-    if any(not 0 <= i < m.n_layer for i in no_attn):
-        raise ConfigError(
-            f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}"
-        )
-    if m.unet and m.n_layer < 2:
-        raise ConfigError("model.unet needs at least 2 layers")
-    if m.value_embeds == "unet" and m.n_layer % 2:
-        raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
-        raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
-    if m.value_embeds != "none" and m.value_residual:
-        raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
-    if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
-        raise ConfigError(
-            "model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4"
-        )
-    if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
-        raise ConfigError(
-            "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
-        )
-    if m.attn_scale < 0 or m.logit_softcap < 0:
-        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    cross_field_checks(cfg)
