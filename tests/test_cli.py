@@ -202,3 +202,15 @@ def test_first_signal_is_acknowledged_at_once(capfd):
         "speedrun: SIGTERM received: stopping after this step and saving a checkpoint"
         in capfd.readouterr().err
     )
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`speedrun recipes | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    import subprocess
+
+    from tests.conftest import speedrun_command
+
+    proc = subprocess.Popen(speedrun_command("recipes"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the CLI has written anything: every write hits a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == b"", err.decode()
