@@ -90,7 +90,52 @@ def test_output_folder_that_cannot_be_created(text_data, tmp_path):
 def test_output_folder_that_already_holds_a_run(text_data, tmp_path):
     out = tmp_path / "run"
     assert train(text_data, out).returncode == 0
-    assert_one_line(train(text_data, out), 1, "already holds a run")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert_one_line(train(text_data, out), 2, "already holds a run", f"--resume {out}")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing touched
+
+
+def test_output_folder_with_the_users_files_is_not_touched(text_data, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text('{"my": "own config"}')
+    (out / "log.txt").write_text("my notes\n")
+    assert_one_line(train(text_data, out), 2, f"--out {out} is not empty (holds config.json, log.txt)")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "log.txt"]
+    assert (out / "log.txt").read_text() == "my notes\n"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert_one_line(train(text_data, afile), 2, "is a file, not a folder")
+
+
+def test_a_run_directory_in_use_is_refused(finished_run):
+    """A second process (here: a --resume while another process holds the run) gets one line."""
+    import sys
+    import time
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(finished_run / '.speedrun.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'4242'); print('locked', flush=True)\n"
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = (finished_run / "metrics.jsonl").read_bytes()
+        start = time.time()
+        proc = run_speedrun("train", "--resume", str(finished_run))
+        assert_one_line(proc, 1, f"run directory {finished_run} is in use by another speedrun process")
+        assert time.time() - start < 60  # refused at once, not after waiting for the lock
+        assert (finished_run / "metrics.jsonl").read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_training_that_diverges_keeps_the_last_good_checkpoint(text_data, tmp_path):
@@ -147,8 +192,7 @@ def test_resume_without_checkpoints(text_data, tmp_path):
 
 def test_checkpoint_from_another_recipe_is_refused(finished_run, tmp_path):
     config = json.loads((finished_run / "config.json").read_text())
-    config["optim"]["muon_lr"] = 0.123  # the checkpoint now disagrees with the run's config
-    (finished_run / "checkpoints" / "step_000003" / "config.json").write_text(json.dumps(config))
+    # the run's config now disagrees with the (intact) checkpoint's
     (finished_run / "config.json").write_text(
         json.dumps({**config, "train": {**config["train"], "steps": 6}})
     )

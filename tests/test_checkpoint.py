@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
@@ -152,3 +153,123 @@ def test_two_process_save_and_resume_match_the_uninterrupted_run(text_data, tmp_
     proc = run_speedrun("train", "--resume", str(resumed), nproc=2)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert losses(read_metrics(resumed)) == losses(read_metrics(straight))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A tiny model with two checkpoints, steps 1 and 2."""
+    cfg = load_recipe("demo", [*TINY])
+    model = GPT(cfg.model)
+    for step in (1, 2):
+        ckpt.save_checkpoint(tmp_path, step, model, {"step": step, "x": torch.ones(3)}, cfg.to_dict(), 0)
+    return tmp_path, cfg
+
+
+def _flip_last_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01  # tensor data, not the header: safetensors itself would load it without complaint
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "state.pt", "config.json"])
+def test_one_changed_byte_in_any_file_is_refused(saved, name):
+    run_dir, cfg = saved
+    newest = ckpt.checkpoint_path(run_dir, 2)
+    _flip_last_byte(newest / name)
+    with pytest.raises(DataError) as info:
+        ckpt.load_checkpoint(newest, GPT(cfg.model))
+    message = str(info.value)
+    assert f"checkpoint {newest} is damaged ({name} does not match its sha256" in message
+    # the message names the newest intact checkpoint and the exact command that makes it the newest
+    aside = run_dir / "damaged-step_000002"
+    assert f"the newest intact one is step_000001: to resume from it, mv {newest} {aside}" in message
+    newest.rename(aside)
+    assert ckpt.list_checkpoints(run_dir)[-1].name == "step_000001"
+    state, _ = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1], GPT(cfg.model))
+    assert state["step"] == 1
+
+
+def test_missing_extra_file_and_wrong_step_are_refused(saved):
+    run_dir, cfg = saved
+    newest = ckpt.checkpoint_path(run_dir, 2)
+    (newest / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="unexpected file notes.txt"):
+        ckpt.load_checkpoint(newest, GPT(cfg.model))
+    (newest / "notes.txt").unlink()
+    (newest / "state.pt").unlink()
+    with pytest.raises(DataError, match="missing file state.pt"):
+        ckpt.load_checkpoint(newest, GPT(cfg.model))
+    # the folder renamed to another step: its contents (and manifest) say step 2
+    shutil.rmtree(newest)
+    moved = ckpt.checkpoint_path(run_dir, 7)
+    shutil.copytree(ckpt.checkpoint_path(run_dir, 1), moved)
+    with pytest.raises(DataError, match="manifest.json is for step 1, the folder for 7"):
+        ckpt.load_checkpoint(moved, GPT(cfg.model))
+
+
+def test_step_inside_state_must_match_the_folder(saved):
+    """Even with a manifest rewritten to match, the step inside state.pt must be the folder's step."""
+    import hashlib
+    import json
+
+    run_dir, cfg = saved
+    newest = ckpt.checkpoint_path(run_dir, 2)
+    torch.save({"step": 5, "x": torch.ones(3)}, newest / "state.pt")
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {
+        "sha256": hashlib.sha256((newest / "state.pt").read_bytes()).hexdigest(),
+        "bytes": (newest / "state.pt").stat().st_size,
+    }
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="state.pt holds step 5"):
+        ckpt.load_checkpoint(newest, GPT(cfg.model))
+
+
+def test_a_damaged_only_checkpoint_says_the_run_cannot_resume(tmp_path):
+    cfg = load_recipe("demo", [*TINY])
+    path = ckpt.save_checkpoint(tmp_path, 3, GPT(cfg.model), {"step": 3}, cfg.to_dict(), 0)
+    (path / "manifest.json").unlink()
+    with pytest.raises(DataError, match="manifest.json is missing.*no older checkpoint is intact"):
+        ckpt.load_checkpoint(path, GPT(cfg.model))
+
+
+@pytest.mark.parametrize(
+    "target, error",
+    [
+        (
+            "torch.save",
+            RuntimeError("[enforce fail at inline_container.cc:626] PytorchStreamWriter failed"),
+        ),
+        ("save_file", OSError(28, "No space left on device")),
+        ("save_file", SafetensorError("Error while serializing: IoError(No space left on device)")),
+    ],
+)
+def test_disk_full_during_a_write_is_one_error_and_leaves_no_tmp(tmp_path, monkeypatch, target, error):
+    cfg = load_recipe("demo", [*TINY])
+    model = GPT(cfg.model)
+
+    def full(*_args, **_kwargs):
+        raise error
+
+    if target == "torch.save":
+        monkeypatch.setattr(ckpt.torch, "save", full)
+    else:
+        monkeypatch.setattr(ckpt, "save_file", full)
+    with pytest.raises(SpeedrunError, match=r"cannot write checkpoint .*step_000001: ") as info:
+        ckpt.save_checkpoint(tmp_path, 1, model, {"step": 1}, cfg.to_dict(), keep=2)
+    assert "\n" not in str(info.value)
+    assert not list((tmp_path / "checkpoints").iterdir())  # no .tmp folder, no checkpoint
+
+
+def test_checkpoint_files_honour_the_umask(tmp_path):
+    import os
+    import stat
+
+    cfg = load_recipe("demo", [*TINY])
+    old = os.umask(0o027)
+    try:
+        path = ckpt.save_checkpoint(tmp_path, 1, GPT(cfg.model), {"step": 1}, cfg.to_dict(), keep=2)
+    finally:
+        os.umask(old)
+    for f in path.iterdir():  # safetensors alone would make 0600
+        assert stat.S_IMODE(f.stat().st_mode) == 0o640, f.name

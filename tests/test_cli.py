@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -43,12 +44,103 @@ def test_dry_run_prints_param_count(capsys):
     assert json.loads(out[: out.index("\nparams:")])["recipe"] == "gpt2-baseline"
 
 
-def test_recipes_lists_every_bundled_recipe(capsys):
-    from speedrun.recipes import recipe_names
+def test_recipes_lists_every_bundled_recipe_wrapped_to_the_terminal(capsys, monkeypatch):
+    from speedrun.recipes import load_recipe, recipe_names
 
+    monkeypatch.setenv("COLUMNS", "90")
     assert main(["recipes"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == recipe_names()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == recipe_names()
+    assert max(map(len, lines)) <= 90
+    assert "ReLU²" in out and "\\u00b2" not in out  # Unicode, not JSON escapes
+    # wrapping loses no words
+    assert " ".join(out.split()).count("U-Net") == sum(
+        " ".join(load_recipe(n).description.split()).count("U-Net") for n in recipe_names()
+    )
+    assert main(["recipes", "demo"]) == 0
+    assert "ReLU²" in capsys.readouterr().out
+
+
+def test_no_subcommand_prints_help_and_creates_nothing(tmp_path):
+    proc = run_speedrun(cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: speedrun" in proc.stdout and "train" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # no data/, no runs/
+
+
+def test_version(capsys):
+    import speedrun
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"speedrun {speedrun.__version__}"
+
+
+@pytest.mark.parametrize("extra", [["--out", "elsewhere"], ["--recipe", "demo"]])
+def test_resume_refuses_options_it_would_ignore(tmp_path, capsys, extra):
+    assert main(["train", "--resume", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{extra[0]} cannot be used with --resume" in err[0]
+
+
+def test_only_rank_zero_prints_user_errors(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "--dry-run", "model.n_head=0"]) == 2
+    assert capsys.readouterr().err == ""  # rank 0 says it once for everyone
+    monkeypatch.setenv("RANK", "0")
+    assert main(["train", "--dry-run", "model.n_head=0"]) == 2
+    assert capsys.readouterr().err.startswith("speedrun: error: model.n_head must be >= 1")
+
+
+def test_rank_specific_errors_are_printed_by_that_rank(capsys, monkeypatch):
+    from speedrun.errors import ConfigError
+
+    def no_gpu(*_a, **_k):
+        error = ConfigError("local rank 3 has no GPU")
+        error.rank_specific = True
+        raise error
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr("speedrun.recipes.load_recipe", no_gpu)
+    assert main(["train", "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == "speedrun (rank 3): error: local rank 3 has no GPU"
+
+
+def test_a_clean_stop_is_not_reported_as_an_error(capsys, monkeypatch):
+    import signal
+
+    from speedrun.train.signals import RunInterrupted
+
+    def stopped(*_a, **_k):
+        raise RunInterrupted.after(signal.SIGTERM, 5, Path("run/checkpoints/step_000005"), Path("run"))
+
+    monkeypatch.setattr("speedrun.train.loop.train", stopped)
+    assert main(["train", "train.steps=100"]) == 143
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "speedrun: stopped by SIGTERM after step 5; saved checkpoint run/checkpoints/step_000005; "
+        "resume with: speedrun train --resume run"
+    )
+
+
+def test_out_of_memory_and_os_errors_are_one_line(capsys, monkeypatch):
+    import errno
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/x.bin")
+
+    monkeypatch.setattr("speedrun.data.prepare.prepare", full)
+    assert main(["prepare", "wiki-vital"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "speedrun: error: cannot write /data/x.bin: No space left on device"
+
+    def oom(*_a, **_k):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr("speedrun.train.loop.train", oom)
+    assert main(["train", "train.steps=100"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("speedrun: error: out of memory")
 
 
 @pytest.mark.parametrize(
@@ -93,3 +185,35 @@ def test_corrupt_shard_is_refused(text_data, tmp_path):
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated body
     proc = run_speedrun("train", "--out", str(tmp_path / "r"), f"data.dir={bad}", *TINY)
     assert proc.returncode == 1 and shard.name in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_first_signal_is_acknowledged_at_once(capfd):
+    import os
+    import signal
+    import time
+
+    from speedrun.train.signals import StopSignals
+
+    signals = StopSignals().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the Python-level handler runs between bytecodes
+        assert signals.received == signal.SIGTERM
+    finally:
+        signals.restore()
+    assert (
+        "speedrun: SIGTERM received: stopping after this step and saving a checkpoint"
+        in capfd.readouterr().err
+    )
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`speedrun recipes | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    import subprocess
+
+    from tests.conftest import speedrun_command
+
+    proc = subprocess.Popen(speedrun_command("recipes"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the CLI has written anything: every write hits a closed pipe
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and err == b"", err.decode()

@@ -136,3 +136,105 @@ def test_user_recipe_file_errors(tmp_path):
         load_recipe(str(broken))
     with pytest.raises(ConfigError, match="recipe file not found"):
         load_recipe(str(tmp_path / "missing.toml"))
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.n_head=0", "model.n_head must be >= 1, got 0"),
+        ("model.n_layer=0", "model.n_layer must be >= 1"),
+        ("model.n_layer=-2", "model.n_layer must be >= 1"),
+        ("model.n_embd=0", "model.n_embd must be >= 1"),
+        ("model.mlp_ratio=0", "model.mlp_ratio must be >= 1"),
+        ("optim.lr=nan", "optim.lr must be a finite number, got nan"),
+        ("optim.lr=-0.1", "optim.lr must be >= 0"),
+        ("optim.muon_lr=nan", "optim.muon_lr must be a finite number"),
+        ("optim.embed_lr=inf", "optim.embed_lr must be a finite number"),
+        ("optim.betas=2,3", "optim.betas must be >= 0 and < 1, got 2.0"),
+        ("optim.betas=0.9,1", "optim.betas must be >= 0 and < 1, got 1.0"),
+        ("optim.eps=0", "optim.eps must be > 0"),
+        ("optim.muon_momentum=1.5", "optim.muon_momentum must be >= 0 and <= 1"),
+        ("model.max_seq_len=2000000000", "model.max_seq_len=2000000000 needs a"),
+        ("model.max_seq_len=4000000000", "model.max_seq_len must be >= 1 and <= 2,147,483,647"),
+        ("model.n_embd=1048576", "GiB of fp32 weights, more than this machine's"),
+        ("train.checkpoint_every=-1", "train.checkpoint_every must be >= 0"),
+        ("train.checkpoint_keep=-1", "train.checkpoint_keep must be >= 0"),
+        ("train.val_every=-5", "train.val_every must be >= 0"),
+        ("train.warmup_steps=-1", "train.warmup_steps must be >= 0"),
+        ("train.timing_warmup_steps=-1", "train.timing_warmup_steps must be >= 0"),
+        ("train.log_every=0", "train.log_every must be >= 1"),
+        ("train.steps=0", "train.steps must be >= 1"),
+        ("train.warmup_steps=1000", "warmdown_steps (1056) exceed train.steps (140)"),
+        ("train.seq_len=4096", "train.seq_len (4096) exceeds model.max_seq_len"),
+        ("train.final_lr_frac=2", "train.final_lr_frac must be >= 0 and <= 1"),
+        ("train.seed=-1", "train.seed must be >= 0"),
+        ("data.tokenizer=bpe:99999999", "data.tokenizer: tokenizer 'bpe:99999999': N must be between"),
+        ("data.tokenizer=gpt3", "data.tokenizer: unknown tokenizer 'gpt3'"),
+    ],
+)
+def test_impossible_numbers_are_refused_naming_the_key(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_recipe("demo", [override])
+    assert fragment in str(info.value)
+
+
+def _numeric_fields():
+    import dataclasses
+    import typing
+
+    from speedrun import config
+
+    for section, cls in config._sections().items():
+        for f in dataclasses.fields(cls):
+            typ, _ = config.strip_annotation(typing.get_type_hints(cls, include_extras=True)[f.name])
+            if typ in (int, float):
+                yield f"{section}.{f.name}", typ
+
+
+@pytest.mark.parametrize("key, typ", list(_numeric_fields()))
+def test_every_numeric_field_is_range_checked(key, typ):
+    """The mechanism, not a list: every int/float field (a new one too) refuses -1, and floats refuse nan."""
+    from speedrun.config import validate
+
+    for bad in (-1, float("nan")) if typ is float else (-1,):
+        cfg = load_recipe("demo")
+        section, name = key.split(".")
+        setattr(getattr(cfg, section), name, bad)  # as code that edits a Config would
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate(cfg)
+
+
+def test_string_choices_come_from_the_literal_types():
+    import dataclasses
+
+    from speedrun import config
+
+    assert not hasattr(config, "CHOICES")
+    assert config.choices("optim.name") == ("adamw", "muon")
+    assert config.choices("data.source") is None  # free-form
+    for section, cls in config._sections().items():
+        for f in dataclasses.fields(cls):
+            allowed = config.choices(f"{section}.{f.name}")
+            if allowed:
+                assert getattr(cls(), f.name) in allowed
+                with pytest.raises(ConfigError, match="is not one of"):
+                    parse_overrides(Config(), [f"{section}.{f.name}=not-a-choice"])
+
+
+def test_unreadable_recipe_files_are_one_line(tmp_path):
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('description = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_recipe(str(latin1))
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="recipe file not found|is a directory"):
+        load_recipe(str(folder))
+    from speedrun.config import read_toml
+
+    with pytest.raises(ConfigError, match="is a directory"):
+        read_toml(folder)
+    nan = tmp_path / "nan.toml"
+    nan.write_text('base = "demo"\n[optim]\nmuon_lr = nan\n')  # nan is valid TOML
+    with pytest.raises(ConfigError, match="optim.muon_lr must be a finite number"):
+        load_recipe(str(nan))

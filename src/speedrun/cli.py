@@ -1,15 +1,28 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench`.
 
-User mistakes end in one stderr line, no traceback."""
+User mistakes end in one stderr line, no traceback.
+
+The boundary below turns every failure a user can cause or meet into one line and an exit code:
+SpeedrunError (2 config/usage, 1 runtime), OSError (disk full, read-only or missing paths: 1),
+running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error), a closed pipe.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 
-from speedrun.errors import ConfigError, SpeedrunError
+import speedrun
+from speedrun.errors import ConfigError, SpeedrunError, Stopped
+
+# `--resume RUN` continues with RUN's saved recipe and folder: only these train options mean anything then.
+RESUME_OPTIONS = ("resume", "dry_run", "overrides")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -17,14 +30,15 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message} (see --help)")
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     parser = _Parser(
         prog="speedrun", description="Train GPT-2-class models fast: the NanoGPT speedrun as a package."
     )
+    parser.add_argument("--version", action="version", version=f"speedrun {speedrun.__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     train = sub.add_parser("train", help="train a recipe (default: the CPU demo)")
-    train.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
+    train.add_argument("--recipe", default=None, help="bundled recipe name or .toml file (default demo)")
     train.add_argument("--out", type=Path, default=None, help="run directory (default runs/<recipe>-<time>)")
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
     train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
@@ -60,28 +74,30 @@ def _build_parser() -> argparse.ArgumentParser:
     from speedrun.tools.commands import add_tool_commands
 
     add_tool_commands(sub)
-    return parser
+    return parser, train
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from speedrun.recipes import load_recipe
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False)
+
+
+def _cmd_train(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> int:
+    from speedrun.recipes import DEFAULT_RECIPE, load_recipe
 
     if args.resume is not None:
-        if args.seeds is not None:
-            raise ConfigError("--seeds starts new runs; it cannot be combined with --resume")
-        return _resume(args)
+        return _resume(args, train_parser)
     if args.seeds is not None:
         from speedrun.tools.commands import train_seeds
 
         return train_seeds(args)
-    cfg = load_recipe(args.recipe, args.overrides)
+    cfg = load_recipe(args.recipe or DEFAULT_RECIPE, args.overrides)
     if args.dry_run:
         import torch
 
         from speedrun.model.gpt import GPT
         from speedrun.model.summary import model_summary
 
-        print(json.dumps(cfg.to_dict(), indent=2))
+        print(_dumps(cfg.to_dict()))
         with torch.device("meta"):  # counts and shapes only: no memory, no init time
             model = GPT(cfg.model)
         print(model_summary(model, cfg.train.seq_len))
@@ -92,18 +108,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume(args: argparse.Namespace) -> int:
+def _refuse_ignored_options(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> None:
+    """Every train option other than RESUME_OPTIONS would be silently ignored by --resume: refuse it."""
+    for action in train_parser._actions:
+        if action.dest in RESUME_OPTIONS or not action.option_strings or action.dest == "help":
+            continue
+        if getattr(args, action.dest) != action.default:
+            raise ConfigError(
+                f"{action.option_strings[0]} cannot be used with --resume: a resumed run continues in "
+                f"{args.resume} with its saved recipe (only key=value settings such as "
+                "train.val_every may change)"
+            )
+
+
+def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
     from speedrun.config import RESUMABLE_CHANGES, changed_keys, config_from_dict, parse_overrides, validate
-    from speedrun.train.loop import train
 
+    _refuse_ignored_options(args, train_parser)
     run_dir = args.resume
     try:
         saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"--resume {run_dir}: not a run directory (no config.json)") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:
         raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume {run_dir}: config.json is not a speedrun config")
     old = config_from_dict(saved, str(run_dir / "config.json"))
     cfg = config_from_dict(saved, str(run_dir / "config.json"))
     parse_overrides(cfg, args.overrides)
@@ -116,13 +147,15 @@ def _resume(args: argparse.Namespace) -> int:
             )
         print(f"resume: {key} changed from {before!r} to {after!r}")
     if args.dry_run:
-        print(json.dumps(cfg.to_dict(), indent=2))
+        print(_dumps(cfg.to_dict()))
         return 0
+    from speedrun.train.loop import train
+
     train(cfg, run_dir, resume=True)
     return 0
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
+def _cmd_prepare(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
     from speedrun.data.prepare import prepare
 
     if args.source == "hellaswag":
@@ -146,33 +179,86 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_recipes(args: argparse.Namespace) -> int:
+def _cmd_recipes(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
+    """The recipe list, descriptions wrapped to the terminal; or one recipe's config as JSON."""
     from speedrun.recipes import load_recipe, recipe_names
 
     if args.name:
-        print(json.dumps(load_recipe(args.name).to_dict(), indent=2))
+        print(_dumps(load_recipe(args.name).to_dict()))
         return 0
     names = recipe_names()
-    width = max(map(len, names))
+    width = max(map(len, names)) + 2
+    columns = max(60, shutil.get_terminal_size().columns)
     for name in names:
         desc = " ".join(load_recipe(name).description.split())
-        print(f"{name:<{width}}  {desc}")
+        lines = textwrap.wrap(desc, width=columns - width) or [""]
+        print(f"{name:<{width}}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * width + line)
     return 0
+
+
+def _say(message: str, error: BaseException | None = None) -> None:
+    """Print a user-facing line on stderr; under torchrun only rank 0 speaks (the others would repeat it),
+    unless the error is about the rank itself."""
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
+        print(message, file=sys.stderr)
+    elif getattr(error, "rank_specific", False):
+        print(message.replace("speedrun: ", f"speedrun (rank {rank}): ", 1), file=sys.stderr)
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG}
+
+
+def _os_error(e: OSError) -> str:
+    text = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return text
+    verb = "cannot write " if e.errno in _WRITE_ERRORS else ""
+    return f"{verb}{e.filename}: {text}"
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = _build_parser()
+    parser, train_parser = _build_parser()
     try:
-        args = parser.parse_args(argv or ["train"])
+        args = parser.parse_args(argv)
+        if args.command is None:  # `speedrun` alone: help, never a run (`speedrun train` is the demo)
+            parser.print_help()
+            return 0
+        if args.command in ("train", "prepare", "recipes"):
+            handler = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes}[args.command]
+            return handler(args, train_parser)
         from speedrun.tools.commands import TOOL_COMMANDS
 
-        handlers = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes, **TOOL_COMMANDS}
-        handler = handlers[args.command]
-        return handler(args)
-    except SpeedrunError as e:
-        print(f"speedrun: error: {e}", file=sys.stderr)
+        return TOOL_COMMANDS[args.command](args)
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
+    except Stopped as e:  # a clean stop (checkpoint saved) is not an error
+        _say(f"speedrun: {e}", e)
         return e.exit_code
+    except SpeedrunError as e:
+        _say(f"speedrun: error: {e}", e)
+        return e.exit_code
+    except BrokenPipeError:  # `speedrun recipes | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as e:  # disk full, read-only folder, permission denied: the file and the reason
+        _say(f"speedrun: error: {_os_error(e)}", e)
+        return 1
+    except (MemoryError, RuntimeError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else "MemoryError"
+        _say(f"speedrun: error: out of memory ({first}); try a smaller train.micro_batch_tokens or model", e)
+        return 1
     except KeyboardInterrupt:
-        print("speedrun: interrupted", file=sys.stderr)
+        _say("speedrun: interrupted")
         return 130

@@ -5,6 +5,13 @@ class SpeedrunError(Exception):
     """A failure the user can act on. The CLI prints the message and exits with `exit_code`."""
 
     exit_code = 1
+    rank_specific = False  # True: under torchrun, this rank's own problem, so it prints even if not rank 0
+
+
+class Stopped(SpeedrunError):
+    """A clean stop on request (SIGINT/SIGTERM): not an error, the CLI says so and how to go on."""
+
+    exit_code = 130
 
 
 class ConfigError(SpeedrunError):

@@ -175,10 +175,15 @@ def parse_bpe_size(name: str) -> int:
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE with rustbpe: `vocab_size - 1` merge ranks plus `<|endoftext|>` as the
     last id. A corpus too small for that many merges yields fewer; those ids stay unused."""
-    import rustbpe
-
     name = f"bpe:{vocab_size}"
     parse_bpe_size(name)
+    try:  # only training a tokenizer needs it: loading a trained one (and training a model) does not
+        import rustbpe
+    except ImportError:
+        raise DataError(
+            f"training the {name} tokenizer needs the package 'rustbpe' (pip install rustbpe); "
+            "or prepare with --tokenizer gpt2"
+        ) from None
     trainer = rustbpe.Tokenizer()
     trainer.train_from_iterator(iter(texts), vocab_size - 1)
     ranks = {bytes(tok): int(rank) for tok, rank in trainer.get_mergeable_ranks()}

@@ -45,5 +45,7 @@ def model_summary(model: GPT, seq_len: int) -> str:
         lines.append(attention)
     for role, group in roles.items():
         lines.append(f"  {role:<7} {sum(p.numel() for _, p in group):>13,d} params in {len(group)} tensors")
-    lines.append(f"flops_per_token: {model.flops_per_token(seq_len)} (training, seq_len {seq_len})")
+    lines.append(f"  {'total':<7} {total:>13,d} params")  # grouped; the `params:` line stays plain
+    flops = model.flops_per_token(seq_len)
+    lines.append(f"flops_per_token: {flops} ({flops:,d}; training, seq_len {seq_len})")
     return "\n".join(lines)

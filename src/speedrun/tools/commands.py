@@ -146,13 +146,15 @@ def parse_seeds(text: str) -> list[int]:
 
 def train_seeds(args: argparse.Namespace) -> int:
     """One run per seed into OUT-seedS (OUT defaults to runs/<recipe>-<time>), then a compare hint."""
-    from speedrun.recipes import load_recipe
+    from speedrun.recipes import DEFAULT_RECIPE, load_recipe
     from speedrun.train.rundir import default_run_dir
 
     seeds = parse_seeds(args.seeds)
     if any(o.strip().startswith("train.seed=") for o in args.overrides):
         raise ConfigError("--seeds sets train.seed itself; drop the train.seed= override")
-    configs = [load_recipe(args.recipe, [*args.overrides, f"train.seed={s}"]) for s in seeds]
+    configs = [
+        load_recipe(args.recipe or DEFAULT_RECIPE, [*args.overrides, f"train.seed={s}"]) for s in seeds
+    ]
     base = args.out or default_run_dir(configs[0].recipe)
     dirs = [base.with_name(f"{base.name}-seed{s}") for s in seeds]
     if args.dry_run:

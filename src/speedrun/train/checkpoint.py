@@ -1,44 +1,65 @@
-"""Checkpoints: written atomically, loaded without executing code, checked against the run's config.
+"""Checkpoints: written atomically, verified on load, loaded without executing code.
 
 Layout inside a run directory:
     checkpoints/step_000100/model.safetensors   weights (safetensors: loading never runs code)
     checkpoints/step_000100/state.pt            optimizers, loader position, RNG, step, timers
     checkpoints/step_000100/config.json         the resolved config the checkpoint belongs to
-A checkpoint is first written to `step_000100.tmp/`, every file fsynced, then renamed: a crash
-mid-write leaves only a `.tmp` folder, which loading ignores, and the previous checkpoint intact.
+    checkpoints/step_000100/manifest.json       sha256 and size of each file above, and the step
+A checkpoint is first written to `step_000100.tmp/`, every file fsynced, the manifest written last,
+then the folder is renamed: a crash mid-write leaves only a `.tmp` folder, which loading ignores and
+the next save removes, and the previous checkpoint intact. Loading re-hashes every file, refuses a
+missing or extra file, and checks that the step inside agrees with the folder's name, so a changed
+byte can never be trained on silently. A damaged newest checkpoint is refused, never skipped: the
+message names it and the newest intact one, and the user decides (see `damaged_message`).
 Optimizer state is replicated on every rank (DDP gradients, Muon's replicated momentum), so rank 0
 writes it and every rank reads it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError
 
 CHECKPOINT_DIR = "checkpoints"
 FILES = ("model.safetensors", "state.pt", "config.json")
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "speedrun-checkpoint"
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINT_DIR / f"step_{step:06d}"
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint folder's name says it holds."""
+    m = _STEP_DIR.fullmatch(Path(path).name)
+    if not m:
+        raise DataError(f"{path}: not a checkpoint folder (expected a name like step_000100)")
+    return int(m.group(1))
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (unfinished `.tmp` folders are ignored)."""
+    """Finished checkpoint folders, oldest first (unfinished `.tmp` folders are ignored).
+
+    Finished means renamed into place, not verified: `load_checkpoint` verifies, so that a damaged
+    newest checkpoint is reported rather than silently passed over."""
     root = run_dir / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    done = [p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")]
-    return sorted(d for d in done if all((d / f).exists() for f in FILES))
+    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name))
 
 
 def _fsync(path: Path) -> None:
@@ -47,6 +68,14 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -61,43 +90,117 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _first_line(e: BaseException) -> str:
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return text.splitlines()[0][:200]
+
+
 def save_checkpoint(
     run_dir: Path, step: int, model: torch.nn.Module, state: dict[str, Any], config: dict[str, Any], keep: int
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` checkpoints."""
+    """Write checkpoint `step` atomically, then delete all but the newest `keep` checkpoints.
+
+    Any write failure (disk full raises OSError from Python, RuntimeError from torch.save,
+    SafetensorError from safetensors) becomes one SpeedrunError line, and the `.tmp` folder is removed."""
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if final.parent.is_dir():  # leftovers of killed writers (the run directory is locked: ours)
+            for stale in final.parent.glob("step_*.tmp"):
+                shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_file(_weights(model), tmp / "model.safetensors", metadata={"step": str(step)})
         torch.save(state, tmp / "state.pt")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        files = {}
         for name in FILES:
+            os.chmod(tmp / name, file_mode())  # safetensors creates 0600 files
             _fsync(tmp / name)
+            files[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+        manifest = {"format": MANIFEST_FORMAT, "version": 1, "step": step, "files": files}
+        write_atomic(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
         if final.exists():  # re-saving the same step (e.g. final step after a signal): replace it
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync(final.parent)
-    except OSError as e:
+    except (OSError, RuntimeError, SafetensorError, ValueError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpeedrunError(f"cannot write checkpoint {final}: {e.strerror or e}") from None
+        raise SpeedrunError(f"cannot write checkpoint {final}: {_first_line(e)}") from None
+    except BaseException:  # Ctrl-C, SystemExit: still leave nothing half-written behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if keep > 0:
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def verify_checkpoint(path: Path) -> str | None:
+    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase)."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+            return f"{MANIFEST} is not a speedrun checkpoint manifest"
+    except FileNotFoundError:
+        return f"{MANIFEST} is missing"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{MANIFEST} is unreadable ({_first_line(e)})"
+    if manifest.get("step") != checkpoint_step(path):
+        return f"{MANIFEST} is for step {manifest.get('step')}, the folder for {checkpoint_step(path)}"
+    present = {p.name for p in path.iterdir()} - {MANIFEST}
+    if missing := sorted(set(files) - present):
+        return f"missing file {', '.join(missing)}"
+    if extra := sorted(present - set(files)):
+        return f"unexpected file {', '.join(extra)}"
+    for name, entry in files.items():
+        try:
+            if (path / name).stat().st_size != entry["bytes"] or _sha256(path / name) != entry["sha256"]:
+                return f"{name} does not match its sha256 in {MANIFEST}"
+        except OSError as e:
+            return f"{name} is unreadable ({_first_line(e)})"
+        except (KeyError, TypeError):
+            return f"{MANIFEST} has a bad entry for {name}"
+    return None
+
+
+def damaged_message(path: Path, problem: str) -> str:
+    """Why `path` cannot be used, and exactly what the user can do instead."""
+    path = Path(path)
+    step = checkpoint_step(path)
+    older = [p for p in list_checkpoints(path.parent.parent) if checkpoint_step(p) < step]
+    intact = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
+    if intact is None:
+        advice = "no older checkpoint is intact, so the run cannot be resumed"
+    else:
+        aside = path.parent.parent / f"damaged-{path.name}"
+        advice = (
+            f"the newest intact one is {intact.name}: to resume from it, mv {path} {aside} and resume again"
+        )
+    return f"checkpoint {path} is damaged ({problem}); {advice}"
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load weights into `model` (in place) and return (state, config). Damaged files → DataError."""
+    """Verify checkpoint `path`, load its weights into `model` (in place), return (state, config).
+
+    Anything damaged, missing, extra or inconsistent → DataError naming the checkpoint."""
+    path = Path(path)
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise DataError(damaged_message(path, problem))
+    step = checkpoint_step(path)
     try:
         weights = load_file(path / "model.safetensors", device="cpu")
+        with safe_open(path / "model.safetensors", framework="pt") as f:
+            weights_step = (f.metadata() or {}).get("step")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, SafetensorError, RuntimeError, ValueError, EOFError, json.JSONDecodeError) as e:
-        raise DataError(
-            f"checkpoint {path} is damaged or unreadable: {str(e).splitlines()[0][:200]}"
-        ) from None
+    except (OSError, SafetensorError, RuntimeError, ValueError, EOFError) as e:
+        raise DataError(damaged_message(path, f"unreadable: {_first_line(e)}")) from None
+    if not isinstance(state, dict) or state.get("step") != step or weights_step != str(step):
+        found = state.get("step") if isinstance(state, dict) else None
+        raise DataError(damaged_message(path, f"state.pt holds step {found}, weights step {weights_step}"))
     expected = _weights(model)
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
         raise DataError(f"checkpoint {path} holds weights of a different model")

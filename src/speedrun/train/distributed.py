@@ -35,10 +35,12 @@ def _pick_device(requested: str, local_rank: int) -> torch.device:
     if not torch.cuda.is_available():
         raise ConfigError("train.device=cuda but no CUDA device is available")
     if local_rank >= torch.cuda.device_count():
-        raise ConfigError(
+        error = ConfigError(
             f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
             "(use --nproc_per_node <= the number of GPUs)"
         )
+        error.rank_specific = True  # rank 0 has a GPU and would say nothing
+        raise error
     return torch.device("cuda", local_rank)
 
 

@@ -224,7 +224,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(f"resumed from checkpoint at step {start_step} in {run.path}")
         untimed_until = start_step + t.timing_warmup_steps  # compile/warm-up again after a resume
 
-        def checkpoint(done: int) -> None:
+        def checkpoint(done: int) -> Path | None:
             state = {
                 "step": done,
                 "optimizer": optimizer.state_dict(),
@@ -235,11 +235,28 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                     "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None,
                 },
             }
+            path = None
             if ctx.is_main:
                 path = save_checkpoint(run.path, done, model, state, cfg.to_dict(), t.checkpoint_keep)
                 run.log(f"checkpoint: {path}")
             if ctx.distributed:
                 torch.distributed.barrier()
+            return path
+
+        def summary(status: str) -> dict[str, Any]:
+            return {
+                "recipe": cfg.recipe,
+                "steps": t.steps,
+                "final_val_loss": val_loss,
+                "final_val_bpb": val_bpb,
+                "train_time_s": clock.timed_s,
+                "wall_time_s": time.perf_counter() - wall_start,
+                "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
+                "data_wait_s": loader.total_wait_s,
+                "peak_memory_bytes": peak_memory_bytes(ctx.device),
+                "run_dir": str(run.path),
+                "status": status,
+            }
 
         # ---- the steps ----
         signals.install()
@@ -315,35 +332,24 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 ):
                     run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
             interval_loss, interval_steps, wait_mark = None, 0, loader.total_wait_s
-            if save or stop:
-                checkpoint(done)
+            path = checkpoint(done) if save or stop else None
             if stop:
-                message = f"stopped by {signal.Signals(stop).name} after step {done}; "
-                message += f"resume with: speedrun train --resume {run.path}"
-                run.log(message, console=False)
-                raise RunInterrupted(message, stop)
+                run.write_summary(summary("stopped"))
+                stopped = RunInterrupted.after(stop, done, path, run.path)
+                run.log(str(stopped), console=False)
+                raise stopped
 
         # ---- summary ----
-        peak = peak_memory_bytes(ctx.device)
-        summary = {
-            "recipe": cfg.recipe,
-            "steps": t.steps,
-            "final_val_loss": val_loss,
-            "final_val_bpb": val_bpb,
-            "train_time_s": clock.timed_s,
-            "wall_time_s": time.perf_counter() - wall_start,
-            "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
-            "data_wait_s": loader.total_wait_s,
-            "peak_memory_bytes": peak,
-            "run_dir": str(run.path),
-        }
+        result = summary("finished")
+        run.write_summary(result)
         bpb = f", val bpb {val_bpb:.4f}" if val_bpb is not None else ""
         run.log(
             f"done: val loss {val_loss:.4f}{bpb} | train time {clock.timed_s:.1f}s "
-            f"(wall {summary['wall_time_s']:.1f}s) | {summary['tokens_per_s'] or 0:,.0f} tok/s | "
-            f"data wait {loader.total_wait_s:.2f}s | peak memory {peak / 2**20:,.0f} MiB | run dir {run.path}"
+            f"(wall {result['wall_time_s']:.1f}s) | {result['tokens_per_s'] or 0:,.0f} tok/s | "
+            f"data wait {loader.total_wait_s:.2f}s | "
+            f"peak memory {result['peak_memory_bytes'] / 2**20:,.0f} MiB | run dir {run.path}"
         )
-        return summary
+        return result
     except (ConfigError, DataError, SpeedrunError) as e:
         if run is not None:
             run.log(f"error: {e}", console=False)

@@ -1,8 +1,15 @@
-"""The run directory contract: config.json, metrics.jsonl and log.txt, written by rank 0 only."""
+"""The run directory contract: config.json, metrics.jsonl, log.txt and summary.json, written by rank 0.
+
+A new run goes into a new or empty folder; only `--resume` continues one that holds a run.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
+import math
 import os
 import platform
 import resource
@@ -17,34 +24,149 @@ import torch
 import speedrun
 from speedrun.atomic import write_atomic
 from speedrun.config import Config
-from speedrun.errors import SpeedrunError
+from speedrun.errors import ConfigError, DataError, SpeedrunError
+
+LOCK_FILE = ".speedrun.lock"  # flock()ed by the process training in the folder; harmless when left over
+SUMMARY_FILE = "summary.json"
+SUMMARY_KEYS = (
+    "recipe",
+    "steps",
+    "final_val_loss",
+    "final_val_bpb",
+    "train_time_s",
+    "wall_time_s",
+    "tokens_per_s",
+    "data_wait_s",
+    "peak_memory_bytes",
+    "run_dir",
+    "status",  # "finished" | "stopped" (a signal: a checkpoint was saved, --resume continues)
+)
 
 
 def default_run_dir(recipe: str) -> Path:
-    return Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """`runs/<recipe>-<time>`, with a -2, -3, ... suffix when two runs start in the same second."""
+    base = Path("runs") / f"{recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _check_new(path: Path) -> None:
+    """A new run goes only into a new or empty folder: never mix with (or overwrite) files not ours."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ConfigError(f"--out {path} is a file, not a folder; choose a new folder")
+    entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+    if not entries:
+        return
+    if (path / "config.json").is_file() and (path / "metrics.jsonl").exists():
+        raise ConfigError(
+            f"run directory {path} already holds a run; continue it with "
+            f"`speedrun train --resume {path}` or choose another --out"
+        )
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise ConfigError(f"--out {path} is not empty (holds {shown}); choose a new or empty folder")
+
+
+def _lock(path: Path) -> int:
+    """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SpeedrunError(
+            f"run directory {path} is in use by another speedrun process (pid {holder}); "
+            "wait for it to finish or stop it first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes | None]:
+    """The (line, record) pairs of a metrics.jsonl, and its torn last line (None if it has none).
+
+    Only the last line can be torn (a write cut short by a crash or a full disk); any other line
+    that is not a JSON record with a "step" means the file was damaged some other way: DataError."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return [], None
+    except OSError as e:
+        raise SpeedrunError(f"cannot read {path}: {e.strerror or e}") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records, torn = [], None
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a record with an integer step")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if i == len(lines) - 1:
+                torn = line
+                break
+            raise DataError(f"{path}: line {i + 1} is not a metrics record ({e}); fix or remove it") from None
+        records.append((line, record))
+    return records, torn
 
 
 class RunDir:
-    """Writes the run's files. On ranks other than 0 every method is a no-op, so callers need no checks."""
+    """Writes the run's files. On ranks other than 0 every method is a no-op, so callers need no checks.
+
+    Rank 0 holds an exclusive lock on the folder until `close`, so a second process (a `--resume`
+    while the run still trains) is refused instead of racing on checkpoints and logs. Each log or
+    metrics line is one `os.write` to an O_APPEND file; a failed or short write is cut back off, so a
+    full disk ends the run with one error line and never leaves half a line."""
 
     def __init__(self, path: Path, enabled: bool = True, echo: bool = True, resume: bool = False):
-        self.path = path
+        self.path = Path(path)
         self.enabled = enabled
         self.echo = echo
-        self._log = None
-        self._metrics = None
+        self._lock_fd = self._log = self._metrics = None
+        self._broken = False  # after a failed write, logging stops so the first error is the one shown
         if not enabled:
             return
-        if resume and not (path / "config.json").exists():
+        if resume and not (self.path / "config.json").exists():
             raise SpeedrunError(f"{path} is not a run directory (no config.json) and cannot be resumed")
-        if not resume and (path / "metrics.jsonl").exists():
-            raise SpeedrunError(f"run directory {path} already holds a run; choose another --out")
+        if not resume:
+            _check_new(self.path)
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            self._log = open(path / "log.txt", "a", encoding="utf-8")
-            self._metrics = open(path / "metrics.jsonl", "a", encoding="utf-8")
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = _lock(self.path)
+            if not resume:
+                _check_new(self.path)  # again under the lock: another process may have just started here
+            self._log = self._open("log.txt")
+            self._metrics = self._open("metrics.jsonl")
         except OSError as e:
-            raise SpeedrunError(f"cannot write run directory {path}: {e.strerror}") from None
+            self.close()
+            raise SpeedrunError(f"cannot write run directory {path}: {e.strerror or e}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, name: str) -> int:
+        return os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+    def _append(self, fd: int, name: str, text: str) -> None:
+        data = text.encode("utf-8")
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written (disk full?)")
+        except OSError as e:
+            self._broken = True
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # no half line left behind
+            raise SpeedrunError(f"cannot write {self.path / name}: {e.strerror or e}") from None
 
     def write_config(self, cfg: Config) -> None:
         if not self.enabled:
@@ -53,52 +175,72 @@ class RunDir:
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records the resumed run will write again: anything after `step`, and validation at `step`
-        (validation of a step happens before that step's training, after its checkpoint)."""
+        (validation of a step happens before that step's training, after its checkpoint). A torn last
+        line (a write cut off by a crash or a full disk) is dropped too, with a note in log.txt."""
         if not self.enabled:
             return
-        self._metrics.close()
         path = self.path / "metrics.jsonl"
-        keep = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record["step"] < step or (record["step"] == step and "val_loss" not in record):
-                keep.append(line + "\n")
-        write_atomic(path, "".join(keep).encode())
-        self._metrics = open(path, "a", encoding="utf-8")
+        records, torn = read_records(path)
+        keep = [
+            line + b"\n"
+            for line, r in records
+            if r["step"] < step or (r["step"] == step and "val_loss" not in r)
+        ]
+        os.close(self._metrics)
+        self._metrics = None
+        write_atomic(path, b"".join(keep))
+        self._metrics = self._open("metrics.jsonl")
+        if torn is not None:
+            self.log(
+                f"metrics.jsonl: dropped a torn last line ({len(torn)} bytes) left by an interrupted write"
+            )
 
     def has_final_validation(self, steps: int) -> bool:
         """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
-        validation has its last checkpoint but not this record, and resume must still produce it)."""
-        path = self.path / "metrics.jsonl"
-        if not path.exists():
-            return False
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record.get("step") == steps and "val_loss" in record:
-                return True
-        return False
+        validation has its last checkpoint but not this record, and resume must still produce it).
+        A torn last line does not count."""
+        records, _torn = read_records(self.path / "metrics.jsonl")
+        return any(r["step"] == steps and "val_loss" in r for _, r in records)
 
     def log(self, line: str = "", console: bool = True) -> None:
-        if not self.enabled:
+        if not self.enabled or self._broken:
             return
         if console and self.echo:
             print(line, flush=True)
-        self._log.write(line + "\n")
-        self._log.flush()
+        self._append(self._log, "log.txt", line + "\n")
 
     def metric(self, record: dict[str, Any]) -> None:
+        if not self.enabled or self._broken:
+            return
+        self._append(self._metrics, "metrics.jsonl", json.dumps(record) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """summary.json, atomically: SUMMARY_KEYS exactly; non-finite numbers become null (valid JSON)."""
         if not self.enabled:
             return
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        write_summary(self.path, summary)
 
     def close(self) -> None:
-        for f in (self._log, self._metrics):
-            if f is not None:
-                f.close()
+        for fd in (self._log, self._metrics, self._lock_fd):  # the lock last: closing it releases it
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._log = self._metrics = self._lock_fd = None
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write `run_dir/summary.json` atomically from a dict with exactly SUMMARY_KEYS."""
+    if set(summary) != set(SUMMARY_KEYS):
+        missing, extra = set(SUMMARY_KEYS) - set(summary), set(summary) - set(SUMMARY_KEYS)
+        raise ValueError(f"summary keys differ: missing {sorted(missing)}, unexpected {sorted(extra)}")
+
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    data = {k: clean(summary[k]) for k in SUMMARY_KEYS}
+    path = Path(run_dir) / SUMMARY_FILE
+    write_atomic(path, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode())
+    return path
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:

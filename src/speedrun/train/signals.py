@@ -5,17 +5,30 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import Stopped
 
 
-class RunInterrupted(SpeedrunError):
-    """SIGINT/SIGTERM: a checkpoint was saved at a step boundary; the run can be resumed."""
+class RunInterrupted(Stopped):
+    """SIGINT/SIGTERM: a checkpoint was saved at a step boundary; the run can be resumed.
+
+    The CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+
+    @classmethod
+    def after(cls, signum: int, step: int, checkpoint: Path | None, run_dir: Path) -> RunInterrupted:
+        """The standard stop: what stopped it, what was saved, and the command that goes on."""
+        name = signal.Signals(signum).name
+        saved = f"saved checkpoint {checkpoint}" if checkpoint is not None else "saved a checkpoint"
+        return cls(
+            f"stopped by {name} after step {step}; {saved}; resume with: speedrun train --resume {run_dir}",
+            signum,
+        )
 
 
 class StopSignals:
@@ -30,13 +43,14 @@ class StopSignals:
         if self.received is not None:
             os._exit(128 + signum)
         self.received = signum
-        if self.announce:  # os.write: safe inside a signal handler, unlike print
+        if self.announce:  # say at once that the signal was heard (rank 0 only)
             name = signal.Signals(signum).name
-            os.write(
-                2,
-                f"\n{name} received: stopping at the next log point with a checkpoint "
-                "(send it again to exit at once, without one)\n".encode(),
+            note = (
+                f"\nspeedrun: {name} received: stopping at the next log point and saving a checkpoint "
+                "(send it again to quit at once without saving)\n"
             )
+            with contextlib.suppress(OSError):
+                os.write(2, note.encode())  # os.write: safe inside a signal handler, unlike print
 
     def install(self) -> StopSignals:
         with contextlib.suppress(ValueError):  # signals can only be caught in the main thread

@@ -1,0 +1,136 @@
+"""Cross-field rules of a run configuration, and a memory bound on the model it describes."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from speedrun.errors import ConfigError
+
+if TYPE_CHECKING:
+    from speedrun.config import Config, ModelConfig
+
+
+def cross_field_checks(cfg: Config) -> None:
+    """Rules between fields that do not depend on the world size (each field's own range is checked
+    first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
+    m, t = cfg.model, cfg.train
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    if m.positional == "rotary" and (m.n_embd // m.n_head) % 2:
+        raise ConfigError("rotary embeddings need an even head dimension")
+    if t.seq_len > m.max_seq_len:
+        raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
+    if t.micro_batch_tokens % t.seq_len:
+        raise ConfigError(
+            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of "
+            f"train.seq_len ({t.seq_len})"
+        )
+    if t.global_batch_tokens % t.micro_batch_tokens:
+        raise ConfigError(
+            f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
+            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
+        )
+    if t.warmup_steps + t.warmdown_steps > t.steps and t.schedule == "trapezoid":
+        raise ConfigError(
+            f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
+            f"exceed train.steps ({t.steps})"
+        )
+    if m.tie_embeddings and m.zero_init_head:
+        raise ConfigError(
+            "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
+        )
+    if m.document_mask and m.eot_id >= m.vocab_size:
+        raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
+    if cfg.data.tokenizer != "gpt2":
+        from speedrun.data.tokenizers import parse_bpe_size
+
+        try:
+            parse_bpe_size(cfg.data.tokenizer)
+        except ConfigError as e:
+            raise ConfigError(f"data.tokenizer: {e}") from None
+    _validate_model_switches(m)
+    _check_memory(m)
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(m: ModelConfig) -> None:
+    """Refuse models whose fp32 weights alone cannot fit in this machine's memory.
+
+    The model is built on the host before it moves to a GPU, so its fp32 parameters and position
+    tables must fit in physical memory: an absurd size (max_seq_len=2e9, n_embd=1e6) is then one
+    line naming the key instead of an allocator failure. Counts are estimates (within a few %).
+    """
+    memory = _physical_memory()
+    if memory is None:
+        return
+    head_dim = m.n_embd // m.n_head
+    per_position = m.n_embd if m.positional == "learned" else m.n_layer * head_dim  # rotary: cos+sin
+    positions = 4 * m.max_seq_len * per_position
+    if positions > memory:
+        raise ConfigError(
+            f"model.max_seq_len={m.max_seq_len} needs a {positions / 2**30:,.1f} GiB position table, "
+            f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
+        )
+    rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
+    tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
+    blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
+    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
+    weights = 4 * (blocks + embeddings) + positions
+    if weights > memory:
+        raise ConfigError(
+            f"model.n_layer={m.n_layer}, n_embd={m.n_embd}, mlp_ratio={m.mlp_ratio}, "
+            f"vocab_size={m.vocab_size} make {weights / 2**30:,.1f} GiB of fp32 weights, more than "
+            f"this machine's {memory / 2**30:,.1f} GiB of memory"
+        )
+
+
+def _validate_model_switches(m: ModelConfig) -> None:
+    """Checks of the 2024-11 … 2025-01 architecture switches (model/gpt.py, model/attention.py)."""
+    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
+        raise ConfigError(
+            "model.window, model.window_unit and model.window_warmup_start must not be negative"
+        )
+    if m.window_warmup != "none" and m.window <= 0:
+        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
+    if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
+        raise ConfigError(
+            f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
+        )
+    if "S" in m.window_pattern and m.window <= 0:
+        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
+    try:
+        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
+    except ValueError:
+        raise ConfigError(
+            f"model.no_attention_layers: expected comma-separated layer numbers, "
+            f"got {m.no_attention_layers!r}"
+        ) from None
+    if any(not 0 <= i < m.n_layer for i in no_attn):
+        raise ConfigError(
+            f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}"
+        )
+    if m.unet and m.n_layer < 2:
+        raise ConfigError("model.unet needs at least 2 layers")
+    if m.value_embeds == "unet" and m.n_layer % 2:
+        raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
+    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+        raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
+    if m.value_embeds != "none" and m.value_residual:
+        raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
+    if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
+        raise ConfigError(
+            "model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4"
+        )
+    if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
+        raise ConfigError(
+            "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
+        )
+    if m.attn_scale < 0 or m.logit_softcap < 0:
+        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")

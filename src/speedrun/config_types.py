@@ -1,0 +1,122 @@
+"""Field types of the run configuration: numeric bounds, and coercion of TOML / command-line values.
+
+A field's type is its whole contract. A string choice is a `Literal[...]`; a number is finite and
+>= 0 unless its `Annotated[..., Range(...)]` type (or an alias below) says otherwise. `coerce`
+converts and checks one value against such a type, so a new field is checked by declaring it.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from speedrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a numeric field. Every number must also be finite (no nan or inf)."""
+
+    lo: float = 0
+    hi: float | None = None
+    lo_open: bool = False  # lo itself excluded
+    hi_open: bool = False  # hi itself excluded
+
+    def check(self, key: str, value: float) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+        low_ok = value > self.lo if self.lo_open else value >= self.lo
+        high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        if not (low_ok and high_ok):
+            raise ConfigError(f"{key} must be {self.describe()}, got {value}")
+
+    def describe(self) -> str:
+        low = f"{'>' if self.lo_open else '>='} {self.lo:,}"
+        if self.hi is None:
+            return low
+        return f"{low} and {'<' if self.hi_open else '<='} {self.hi:,}"
+
+
+DEFAULT_RANGE = Range(0)  # numbers without an Annotated range: finite and not negative
+# Sequence lengths: positions are int32 in FlexAttention block masks and in the shard header's token
+# count, so nothing longer can be addressed; the memory check in `validate` bounds the tables further.
+MAX_SEQ_LEN = 2**31 - 1
+PosInt = Annotated[int, Range(1)]
+PosFloat = Annotated[float, Range(0, lo_open=True)]
+Fraction = Annotated[float, Range(0, 1)]
+Beta = Annotated[float, Range(0, 1, hi_open=True)]  # Adam's betas: 1 would never forget
+SeqLen = Annotated[int, Range(1, MAX_SEQ_LEN)]
+Seed = Annotated[int, Range(0, 2**63 - 1)]  # torch.manual_seed takes a 64-bit seed
+
+
+def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
+    """(the plain type, its Range) of a possibly Annotated type."""
+    if typing.get_origin(typ) is Annotated:
+        base, *extras = typing.get_args(typ)
+        return base, next((e for e in extras if isinstance(e, Range)), None)
+    return typ, None
+
+
+def coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a TOML value or command-line string to the field's type, or raise ConfigError."""
+    typ, bounds = strip_annotation(typ)
+    origin = typing.get_origin(typ)
+    if origin is Literal:
+        allowed = typing.get_args(typ)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
+        return value
+    if origin in (typing.Union, types.UnionType):  # Optional[...]
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return coerce(key, value, args[0])
+    if origin is tuple:
+        args = typing.get_args(typ)
+        if isinstance(value, str):
+            value = [v for v in value.strip("()[] ").split(",") if v.strip()]
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            raise ConfigError(f"{key}: expected {len(args)} comma-separated values, got {value!r}")
+        return tuple(coerce(key, v, a) for v, a in zip(value, args, strict=True))
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if typ in (int, float):
+        number = _number(key, value, typ)
+        (bounds or DEFAULT_RANGE).check(key, number)
+        return number
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {typ}")  # pragma: no cover - programming error
+
+
+def _number(key: str, value: Any, typ: type) -> int | float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
+    if typ is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}: expected a number, got {value!r}")
