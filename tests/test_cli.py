@@ -202,7 +202,7 @@ def test_first_signal_is_acknowledged_at_once(capfd):
     finally:
         signals.restore()
     assert (
-        "speedrun: SIGTERM received: stopping after this step and saving a checkpoint"
+        "speedrun: SIGTERM received: stopping at the next log point and saving a checkpoint"
         in capfd.readouterr().err
     )
 

@@ -261,10 +261,12 @@ def prepare_documents(
         }
         write_json_atomic(tmp / META_FILE, meta)
         _install(tmp, data_dir)
-    except BaseException:
+    except BaseException as e:
         for w in writers.values():
             w.abort()
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk inside a writer: name the target
+            raise OSError(e.errno, e.strerror, str(data_dir)) from None
         raise
     for s in ("train", "val"):
         log(

@@ -7,6 +7,7 @@ silently truncating ids would corrupt the data, and a wider body needs a new ver
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -84,8 +85,9 @@ class ShardWriter:
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        """Drop the partial file."""
-        self._file.close()
+        """Drop the partial file (closing may fail to flush, e.g. on a full disk: it is dropped anyway)."""
+        with contextlib.suppress(OSError):
+            self._file.close()
         self._tmp.unlink(missing_ok=True)
 
 

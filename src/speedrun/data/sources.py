@@ -51,7 +51,12 @@ def wiki_vital_path() -> Path:
 
 
 def _iter_wiki_vital() -> Iterator[str]:
-    path = wiki_vital_path()
+    """The articles' lead sections. The corpus file is located now (a missing package fails here,
+    before any work), and read when iteration starts."""
+    return _wiki_vital_articles(wiki_vital_path())
+
+
+def _wiki_vital_articles(path: Path) -> Iterator[str]:
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
