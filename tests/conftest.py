@@ -33,6 +33,7 @@ TINY = [
     "optim.muon_lr=0.05",
     "optim.embed_lr=0.1",
     "optim.head_lr=0.02",
+    "train.compile=off",  # the demo compiles; tiny test runs would spend their time compiling
 ]
 
 

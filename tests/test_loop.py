@@ -89,3 +89,18 @@ def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_da
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 processes x 1 micro-steps x 512 tokens" in (out / "log.txt").read_text()
     assert Path(out / "config.json").exists()
+
+
+def test_a_compiler_failure_is_one_line_naming_the_setting_that_avoids_it():
+    import torch._dynamo
+
+    from speedrun.errors import SpeedrunError
+    from speedrun.train.loop import compile_errors
+
+    message = r"torch.compile failed \(no C\+\+ compiler\); run with train.compile=off"
+    with pytest.raises(SpeedrunError, match=message), compile_errors(compiled=True):
+        raise torch._dynamo.exc.TorchDynamoException("no C++ compiler\nlong details")
+    with pytest.raises(torch._dynamo.exc.TorchDynamoException), compile_errors(compiled=False):
+        raise torch._dynamo.exc.TorchDynamoException("an eager run: not ours to explain")
+    with pytest.raises(ValueError), compile_errors(compiled=True):  # anything else passes through
+        raise ValueError("x")

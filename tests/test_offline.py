@@ -65,7 +65,7 @@ def test_import_and_every_non_data_feature_work_without_them(tmp_path, text_data
                      "model.n_embd=32", "model.max_seq_len=64", "model.vocab_size=512",
                      "data.tokenizer=bpe:512", "train.seq_len=64", "train.micro_batch_tokens=512",
                      "train.global_batch_tokens=512", "train.steps=2", "train.warmdown_steps=1",
-                     "train.val_tokens=512", "train.timing_warmup_steps=0"]) == 0
+                     "train.val_tokens=512", "train.timing_warmup_steps=0", "train.compile=off"]) == 0
         print("OK")
         """,
         tmp_path,

@@ -8,11 +8,13 @@ never idles between steps; step times and tokens/s are exact averages over the s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,19 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
     return model, train_model
 
 
+@contextlib.contextmanager
+def compile_errors(compiled: bool) -> Iterator[None]:
+    """torch.compile fails at the first forward when this machine cannot build its kernels (no C++
+    compiler on a CPU, for instance): say so in one line, with the setting that avoids it."""
+    try:
+        yield
+    except Exception as e:
+        if not compiled or not isinstance(e, torch._dynamo.exc.TorchDynamoException):
+            raise
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise SpeedrunError(f"torch.compile failed ({reason}); run with train.compile=off") from None
+
+
 def restore(run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader) -> dict[str, Any]:
     """Load the newest checkpoint of the run into model, optimizer and loader; return its state."""
     checkpoints = list_checkpoints(run.path)
@@ -209,7 +224,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             align_to_bos=cfg.data.align_to_bos, bos_id=meta["eot_id"], vocab_size=cfg.model.vocab_size,
             device=ctx.device,
         )  # fmt: skip
-        accum, dtype = loader.accumulation_steps, autocast_dtype(cfg)
+        accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
             f"micro-steps x {micro:,} tokens ({micro // t.seq_len} x {t.seq_len}); {t.steps} steps, "
@@ -284,7 +299,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 break
 
             clock.start()
-            loss = train_step(train_model, optimizer, loader.next_batch, accum, dtype, cfg.optim.grad_clip)
+            with compile_errors(compiled=train_model is not model):
+                loss = train_step(train_model, optimizer, loader.next_batch, accum, dtype, clip)
             interval_loss = loss if interval_loss is None else interval_loss + loss
             interval_steps += 1
 
