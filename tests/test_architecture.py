@@ -344,13 +344,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @cuda
 def test_cuda_record_recipe_runs_20_full_size_steps(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from speedrun.tools.bench import run_bench
 
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_record_step.py"
-    spec = importlib.util.spec_from_file_location("bench_record_step", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = bench.run(load_recipe("record-2025-01"), steps=20, warmup=2, window_frac=1.0, data_dir=tmp_path)
-    assert math.isfinite(result["last_loss"]) and result["last_loss"] < result["first_loss"] - 1.0
+    result = run_bench(load_recipe("record-2025-01"), torch.device("cuda"), steps=20, warmup=2)
+    assert math.isfinite(result["loss_last"]) and result["loss_last"] < result["loss_first"] - 1.0
     print(json.dumps(result))

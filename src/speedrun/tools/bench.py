@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
+from speedrun.train.distributed import DistContext
+from speedrun.train.loop import build_model
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.rundir import peak_memory_bytes
 from speedrun.train.schedule import apply_schedule, schedule_at
@@ -67,11 +68,8 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     """Time `warmup` + `steps` optimizer steps of `cfg`; returns the measurements (see module doc)."""
     t = cfg.train
     accum = t.global_batch_tokens // t.micro_batch_tokens
-    torch.manual_seed(t.seed)
-    with device:
-        model = GPT(cfg.model)
-    compiled = t.compile == "on" or (t.compile == "auto" and device.type == "cuda")
-    train_model = torch.compile(model) if compiled else model
+    model, train_model = build_model(cfg, DistContext(rank=0, local_rank=0, world_size=1, device=device))
+    compiled = train_model is not model
     optimizer = build_optimizer(model, cfg)
     timed = _TimedOptimizer(optimizer, device)
     schedule = schedule_at(t.steps // 2, cfg)
