@@ -109,7 +109,8 @@ def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distribu
 def matmul_peak(device: torch.device) -> float:
     """FLOP/s that MFU is measured against: the datasheet bf16 peak of a known GPU, else a quick
     measurement of this device's bf16 matmul (a fraction of a second)."""
-    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=1024, iters=5)
+    size = 8192 if device.type == "cuda" else 2048  # big enough to be stable, under a second on a CPU
+    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=size, iters=10)
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
@@ -238,6 +239,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.truncate_metrics(start_step)
             run.log(f"resumed from checkpoint at step {start_step} in {run.path}")
         untimed_until = start_step + t.timing_warmup_steps  # compile/warm-up again after a resume
+        first_step = start_step + 1  # its time includes compilation: no ETA from it
 
         def checkpoint(done: int) -> Path | None:
             state = {
@@ -311,7 +313,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             local_stop = signals.received if not ctx.distributed else None  # free to check on one process
             if (
                 done % t.log_every
-                and done not in (start_step + 1, untimed_until, t.steps)
+                and done not in (first_step, untimed_until, t.steps)
                 and not (save or local_stop)
             ):
                 continue
@@ -327,6 +329,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 )
             step_s, wait_s = seconds / interval_steps, (loader.total_wait_s - wait_mark) / interval_steps
             tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
+            eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
             utilization = mfu(flops_per_token, tok_s / ctx.world_size, peak_flops)
             run.metric(
                 {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
@@ -336,7 +339,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(
                 f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{sched.lr:.3f} | "
                 f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {utilization:.1%} | "
-                f"eta {format_duration(clock.mean_step_s(fallback=step_s) * (t.steps - done))}"
+                f"eta {format_duration(eta_s, unknown=done == first_step)}"
             )
             tracker.log(
                 done, {"train_loss": train_loss, "lr": sched.lr, "tokens_per_s": tok_s, "mfu": utilization}

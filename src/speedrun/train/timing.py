@@ -59,8 +59,10 @@ class StepClock:
         self.timed_s, self.timed_steps = float(state["timed_s"]), int(state["timed_steps"])
 
 
-def format_duration(seconds: float) -> str:
-    """`1h05m` from an hour on, else `4m07s`."""
+def format_duration(seconds: float, unknown: bool = False) -> str:
+    """`1h05m` from an hour on, else `4m07s`; `?` when `unknown` (e.g. estimated from a compile step)."""
+    if unknown:
+        return "?"
     seconds = max(0, int(seconds))
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
