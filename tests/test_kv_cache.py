@@ -126,3 +126,26 @@ def test_generation_stops_at_the_context_length():
     model = _model("demo")
     prompt = _tokens(model, model.cfg.max_seq_len - 3)
     assert len(list(generate(model, prompt, 50, temperature=0.0))) == 3
+
+
+@pytest.mark.parametrize("recipe", __import__("speedrun.recipes", fromlist=["x"]).recipe_names())
+def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
+    """Every bundled recipe's switches (value residual, QK-norm order, rotary precision, bf16 model,
+    windows, ...) shrunk as in the recipe matrix: cached logits equal the full forward's, so cached
+    decoding cannot drift from the model when a switch is added to one and not the other."""
+    from tests.recipe_matrix import shrunk
+
+    cfg = shrunk(recipe, "train.dtype=fp32")
+    torch.manual_seed(0)
+    model = GPT(cfg.model).float().eval()  # bf16-model recipes in fp32: the logic, without its rounding
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    n = cfg.train.seq_len
+    idx = _tokens(model, n)
+    with torch.no_grad():
+        full = model(idx)
+    cache, prefill = KVCache(), n - 12
+    pieces = [forward_cached(model, idx[:, :prefill], cache)]
+    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, n)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)

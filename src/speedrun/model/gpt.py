@@ -123,6 +123,20 @@ class Attention(nn.Module):
         self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual)."""
+        q, k, v, raw_v = self.project(x, other_v)
+        return self.output(attend(q, k, v, mask, self.scale, self.sdpa_kernel)), raw_v
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """Attention result (B, H, T, D) → the layer's output (B, T, C)."""
+        B, _, T, _ = y.shape
+        y = self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        return y * self.out_scale if self.out_scale != 1.0 else y
+
+    def project(
+        self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, T, D) of positions start.. of x (B, T, C): projected, v mixed, QK-normed and
+        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding."""
         B, T, C = x.shape
         if hasattr(self, "c_attn"):
             q, k, v = self.c_attn(x).split(C, dim=-1)
@@ -135,12 +149,10 @@ class Attention(nn.Module):
         if self.qk_norm and not self.qk_norm_after_rotary:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
+            q, k = self.rotary(q, start), self.rotary(k, start)
         if self.qk_norm and self.qk_norm_after_rotary:  # 2024-10-14
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
-        y = attend(q, k, v, mask, self.scale, self.sdpa_kernel).transpose(1, 2).reshape(B, T, C)
-        y = self.c_proj(y)
-        return (y * self.out_scale if self.out_scale != 1.0 else y), raw_v
+        return q, k, v, raw_v
 
 
 class Block(nn.Module):

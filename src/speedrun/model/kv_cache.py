@@ -19,7 +19,7 @@ from torch import Tensor
 
 from speedrun.model.attention import BLOCK_SIZE, document_ids, mask_rule, short_window
 from speedrun.model.gpt import GPT, Attention
-from speedrun.model.layers import Rotary, softcap
+from speedrun.model.layers import softcap
 
 
 @dataclass
@@ -35,41 +35,16 @@ class KVCache:
         return 0 if self.tokens is None else self.tokens.size(1)
 
 
-def _rotate(rotary: Rotary, x: Tensor, start: int) -> Tensor:
-    """Rotary at absolute positions start..start+T (Rotary.forward always starts at 0)."""
-    T = x.size(-2)
-    if start + T > rotary.cos.size(0):
-        raise ValueError(f"sequence length {start + T} exceeds the rotary table ({rotary.cos.size(0)})")
-    dtype = torch.float32 if rotary.fp32 else x.dtype
-    cos, sin = rotary.cos[start : start + T].to(dtype), rotary.sin[start : start + T].to(dtype)
-    x1, x2 = x.to(dtype).chunk(2, dim=-1)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
-
-
 def _attend_cached(
     attn: Attention, layer: int, x: Tensor, other_v: Tensor | None, mask: Tensor, cache: KVCache, start: int
 ) -> tuple[Tensor, Tensor]:
     """Attention.forward for new positions, with earlier keys/values from the cache."""
-    B, T, C = x.shape
-    if hasattr(attn, "c_attn"):
-        q, k, v = attn.c_attn(x).split(C, dim=-1)
-    else:
-        q, k, v = attn.c_q(x), attn.c_k(x), attn.c_v(x)
-    q, k, v = (t.view(B, T, attn.n_head, attn.head_dim) for t in (q, k, v))
-    raw_v = v
-    v = attn.mix_values(v, other_v)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if attn.qk_norm:
-        q, k = F.rms_norm(q, (attn.head_dim,)), F.rms_norm(k, (attn.head_dim,))
-    if attn.rotary is not None:
-        q, k = _rotate(attn.rotary, q, start), _rotate(attn.rotary, k, start)
+    q, k, v, raw_v = attn.project(x, other_v, start)
     if layer in cache.keys:
         k = torch.cat([cache.keys[layer], k], dim=2)
         v = torch.cat([cache.values[layer], v], dim=2)
     cache.keys[layer], cache.values[layer] = k, v
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
-    y = attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
-    return (y * attn.out_scale if attn.out_scale != 1.0 else y), raw_v
+    return attn.output(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)), raw_v
 
 
 def _masks(model: GPT, tokens: Tensor, start: int) -> dict[str, Tensor]:

@@ -118,12 +118,13 @@ class Rotary(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Rotate x (B, H, T, D) as positions start..start+T (start > 0: cached decoding)."""
         T = x.size(-2)
-        if T > self.cos.size(0):
-            raise ValueError(f"sequence length {T} exceeds the rotary table ({self.cos.size(0)})")
+        if start + T > self.cos.size(0):
+            raise ValueError(f"sequence length {start + T} exceeds the rotary table ({self.cos.size(0)})")
         dtype = torch.float32 if self.fp32 else x.dtype
-        cos, sin = self.cos[:T].to(dtype), self.sin[:T].to(dtype)
+        cos, sin = self.cos[start : start + T].to(dtype), self.sin[start : start + T].to(dtype)
         x1, x2 = x.to(dtype).chunk(2, dim=-1)
         return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
 
