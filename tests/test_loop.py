@@ -12,7 +12,7 @@ from speedrun.cli import main
 from speedrun.data.shards import open_shard, write_shard
 from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
-from speedrun.train.loop import micro_batch_tokens
+from speedrun.train.run_data import micro_batch_tokens
 from speedrun.train.timing import StepClock
 from tests.conftest import TINY, read_metrics
 

@@ -18,14 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import RESUMABLE_CHANGES, Config, changed_keys, config_from_dict
-from speedrun.data.loader import TokenLoader, val_batches
-from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
-from speedrun.data.shards import find_shards
+from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
@@ -34,76 +31,13 @@ from speedrun.train import distributed
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.run_data import load_data
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report, peak_memory_bytes
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.step import autocast_dtype, train_step
 from speedrun.train.timing import StepClock, format_duration
 from speedrun.train.tracking import Tracker, datasheet_peak, device_name, measured_matmul_peak, mfu
-
-AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
-
-
-def resolve_data_dir(cfg: Config) -> Path:
-    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
-
-
-def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
-    """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
-    data_dir = resolve_data_dir(cfg)
-    default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
-    if default_dir and not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
-        if ctx.is_main:
-            log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
-            prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
-        if ctx.distributed:
-            torch.distributed.barrier()
-    meta = load_meta(data_dir)
-    if meta["tokenizer"] != cfg.data.tokenizer:
-        raise DataError(
-            f"{data_dir} was tokenized with {meta['tokenizer']} but the recipe asks for "
-            f"data.tokenizer={cfg.data.tokenizer}"
-        )
-    if meta["vocab_size"] != cfg.model.vocab_size:
-        raise DataError(
-            f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {cfg.model.vocab_size}"
-        )
-    if cfg.model.document_mask and meta["eot_id"] != cfg.model.eot_id:
-        raise DataError(
-            f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}"
-        )
-    return data_dir, meta
-
-
-def micro_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Tokens per process per forward. The recipe's value when it divides the global batch over
-    `world_size` processes; else the largest smaller whole number of sequences that does, so that
-    `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
-    t = cfg.train
-    if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
-        return t.micro_batch_tokens
-    sequences = t.global_batch_tokens // t.seq_len
-    for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
-        if sequences % (world_size * per_micro) == 0 and t.global_batch_tokens % t.seq_len == 0:
-            micro = per_micro * t.seq_len
-            if t.val_tokens % (world_size * micro) == 0:
-                return micro
-    raise ConfigError(
-        f"train.global_batch_tokens ({t.global_batch_tokens}) cannot be split over {world_size} processes "
-        f"in whole sequences of train.seq_len ({t.seq_len}) that also divide train.val_tokens "
-        f"({t.val_tokens}); choose a global batch and val_tokens that are multiples of "
-        f"{world_size} x {t.seq_len}"
-    )
-
-
-def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distributed.DistContext) -> None:
-    """Read every validation token once, before step 0: short or damaged val data must not surface
-    only after the whole training run."""
-    for _ in val_batches(
-        val_files, cfg.train.val_tokens, micro, cfg.train.seq_len, ctx.rank, ctx.world_size,
-        vocab_size=cfg.model.vocab_size,
-    ):  # fmt: skip
-        pass
 
 
 def matmul_peak(device: torch.device) -> float:
@@ -174,6 +108,22 @@ def restore(run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loade
     return state
 
 
+def training_state(
+    done: int, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock, device: torch.device
+) -> dict[str, Any]:
+    """Everything besides the weights that a resumed run needs to continue exactly."""
+    return {
+        "step": done,
+        "optimizer": optimizer.state_dict(),
+        "loader": loader.state_dict(),
+        "clock": clock.state_dict(),
+        "rng": {
+            "cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+        },
+    }
+
+
 def log_point_values(
     last_loss: torch.Tensor, interval_loss: torch.Tensor, stop: int | None, ctx: distributed.DistContext
 ) -> tuple[float, float, int | None]:
@@ -205,24 +155,15 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
-        data_dir, meta = ensure_data(cfg, ctx, log=run.log)
-        train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
-        micro = micro_batch_tokens(cfg, ctx.world_size)
-        check_val_data(val_files, cfg, micro, ctx)
-        tokenizer = tokenizer_for_data(data_dir, meta)
-        token_bytes = np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)
-        token_bytes = torch.from_numpy(token_bytes).to(ctx.device)
-        run.log(
-            f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
-            f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
-        )
+        data = load_data(cfg, ctx, run)
+        micro, val_files, token_bytes = data.micro_batch_tokens, data.val_files, data.token_bytes
         model, train_model = build_model(cfg, ctx)
         run.log(model_summary(model, t.seq_len))
         flops_per_token, peak_flops = model.flops_per_token(t.seq_len), matmul_peak(ctx.device)
         optimizer = build_optimizer(model, cfg)
         loader = TokenLoader(
-            train_files, t.global_batch_tokens, micro, t.seq_len, ctx.rank, ctx.world_size,
-            align_to_bos=cfg.data.align_to_bos, bos_id=meta["eot_id"], vocab_size=cfg.model.vocab_size,
+            data.train_files, t.global_batch_tokens, micro, t.seq_len, ctx.rank, ctx.world_size,
+            align_to_bos=cfg.data.align_to_bos, bos_id=data.eot_id, vocab_size=cfg.model.vocab_size,
             device=ctx.device,
         )  # fmt: skip
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
@@ -242,16 +183,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         first_step = start_step + 1  # its time includes compilation: no ETA from it
 
         def checkpoint(done: int) -> Path | None:
-            state = {
-                "step": done,
-                "optimizer": optimizer.state_dict(),
-                "loader": loader.state_dict(),
-                "clock": clock.state_dict(),
-                "rng": {
-                    "cpu": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state() if ctx.device.type == "cuda" else None,
-                },
-            }
+            state = training_state(done, optimizer, loader, clock, ctx.device)
             path = None
             if ctx.is_main:
                 path = save_checkpoint(run.path, done, model, state, cfg.to_dict(), t.checkpoint_keep)
@@ -346,9 +278,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             )
             if t.sample_every > 0 and done % t.sample_every == 0 and ctx.is_main:
                 prompts = DEFAULT_SAMPLE_PROMPTS
-                for prompt, text in zip(
-                    prompts, sample_during_training(model, tokenizer, prompts), strict=True
-                ):
+                samples = sample_during_training(model, data.tokenizer, prompts)
+                for prompt, text in zip(prompts, samples, strict=True):
                     run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
             interval_loss, interval_steps, wait_mark = None, 0, loader.total_wait_s
             path = checkpoint(done) if save or stop else None

@@ -1,0 +1,113 @@
+"""What the training loop needs of the data, checked before step 0: the shard folder (prepared on
+first use for bundled sources), its agreement with the recipe, this world size's micro-batch, every
+validation token read once, the tokenizer and the bytes per token for bits per byte."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from speedrun.config import Config
+from speedrun.data.loader import val_batches
+from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
+from speedrun.data.shards import find_shards
+from speedrun.data.tokenizers import Tokenizer
+from speedrun.errors import ConfigError, DataError
+from speedrun.train import distributed
+from speedrun.train.rundir import RunDir
+
+AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
+
+
+def resolve_data_dir(cfg: Config) -> Path:
+    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
+
+
+def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
+    """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
+    data_dir = resolve_data_dir(cfg)
+    default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
+    if default_dir and not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
+        if ctx.is_main:
+            log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
+            prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
+        if ctx.distributed:
+            torch.distributed.barrier()
+    meta = load_meta(data_dir)
+    if meta["tokenizer"] != cfg.data.tokenizer:
+        raise DataError(
+            f"{data_dir} was tokenized with {meta['tokenizer']} but the recipe asks for "
+            f"data.tokenizer={cfg.data.tokenizer}"
+        )
+    if meta["vocab_size"] != cfg.model.vocab_size:
+        raise DataError(
+            f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {cfg.model.vocab_size}"
+        )
+    if cfg.model.document_mask and meta["eot_id"] != cfg.model.eot_id:
+        raise DataError(
+            f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}"
+        )
+    return data_dir, meta
+
+
+def micro_batch_tokens(cfg: Config, world_size: int) -> int:
+    """Tokens per process per forward. The recipe's value when it divides the global batch over
+    `world_size` processes; else the largest smaller whole number of sequences that does, so that
+    `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
+    t = cfg.train
+    if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
+        return t.micro_batch_tokens
+    sequences = t.global_batch_tokens // t.seq_len
+    for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
+        if sequences % (world_size * per_micro) == 0 and t.global_batch_tokens % t.seq_len == 0:
+            micro = per_micro * t.seq_len
+            if t.val_tokens % (world_size * micro) == 0:
+                return micro
+    raise ConfigError(
+        f"train.global_batch_tokens ({t.global_batch_tokens}) cannot be split over {world_size} processes "
+        f"in whole sequences of train.seq_len ({t.seq_len}) that also divide train.val_tokens "
+        f"({t.val_tokens}); choose a global batch and val_tokens that are multiples of "
+        f"{world_size} x {t.seq_len}"
+    )
+
+
+def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distributed.DistContext) -> None:
+    """Read every validation token once, before step 0: short or damaged val data must not surface
+    only after the whole training run."""
+    for _ in val_batches(
+        val_files, cfg.train.val_tokens, micro, cfg.train.seq_len, ctx.rank, ctx.world_size,
+        vocab_size=cfg.model.vocab_size,
+    ):  # fmt: skip
+        pass
+
+
+@dataclass
+class RunData:
+    """What the loop needs of the data: shards, this world's micro-batch, tokenizer, bytes per token."""
+
+    train_files: list[Path]
+    val_files: list[Path]
+    micro_batch_tokens: int
+    tokenizer: Tokenizer
+    token_bytes: torch.Tensor  # (vocab,) on the device, for bits per byte
+    eot_id: int
+
+
+def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData:
+    """Find (or prepare) the shards, check them against the recipe and read all validation tokens
+    once, so that any problem with the data surfaces before step 0."""
+    data_dir, meta = ensure_data(cfg, ctx, log=run.log)
+    train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
+    micro = micro_batch_tokens(cfg, ctx.world_size)
+    check_val_data(val_files, cfg, micro, ctx)
+    tokenizer = tokenizer_for_data(data_dir, meta)
+    token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64))
+    run.log(
+        f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
+        f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
+    )
+    return RunData(train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"])
