@@ -15,6 +15,7 @@ The model knows nothing about distribution or optimizers (see train/).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -155,6 +156,11 @@ class Attention(nn.Module):
         return q, k, v, raw_v
 
 
+#: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
+#: module's own (cached decoding brings its keys and values from earlier positions).
+AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, has_attention: bool = True):
         super().__init__()
@@ -173,13 +179,16 @@ class Block(nn.Module):
         mask: AttentionMask = None,
         x0: torch.Tensor | None = None,
         other_v: torch.Tensor | None = None,
+        attend_fn: AttendFn | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns the new residual stream and the attention's unmixed v (None without attention)."""
+        """Returns the new residual stream and the attention's unmixed v (None without attention).
+        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
         if self.lambdas is not None:
             x = self.lambdas[0] * x + self.lambdas[1] * x0
         raw_v = None
         if self.attn is not None:
-            y, raw_v = self.attn(self.norm1(x), mask, other_v)
+            h = self.norm1(x)
+            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return x + self.mlp(self.norm2(x)), raw_v
 
@@ -277,15 +286,31 @@ class GPT(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
     ) -> torch.Tensor:
         """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits."""
-        cfg = self.cfg
         B, T = idx.shape
+        logits = self.logits(self.hidden(idx, self.layer_masks(idx)))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+        return loss.view(B, T) if reduction == "none" else loss
+
+    def hidden(
+        self,
+        idx: torch.Tensor,
+        masks: list[AttentionMask] | None = None,
+        start: int = 0,
+        attend_fns: list[AttendFn | None] | None = None,
+    ) -> torch.Tensor:
+        """Embeddings and blocks up to the final norm, for tokens at positions start.. . Cached decoding
+        passes per-layer `attend_fns` (and start > 0); the forward passes the layers' masks."""
+        cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))
+            x = x + self.wpe(torch.arange(start, start + idx.size(1), device=idx.device))
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x0 = x
-        masks = self.layer_masks(idx)
+        masks = masks or [None] * cfg.n_layer
+        attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         n_skip = self.skip_weights.numel() if self.skip_weights is not None else 0
         first_decoder = cfg.n_layer - n_skip  # layer L-1-i receives encoder layer i's output
@@ -296,22 +321,23 @@ class GPT(nn.Module):
                 x = x + self.skip_weights[i - first_decoder] * skips.pop()
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
-            x, raw_v = block(x, masks[i], x0, other_v)
+            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
             if i < n_skip:
                 skips.append(x)
-        x = self.norm_f(x)
+        return self.norm_f(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states → fp32 logits (padded vocab), softcapped as the recipe says."""
+        cfg = self.cfg
         if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
             logits = fp8_linear(x, self.lm_head.weight).float()
         else:
             logits = self.lm_head(x).float()
         if cfg.logit_softcap > 0:
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
-        if targets is None:
-            return logits
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
-        return loss.view(B, T) if reduction == "none" else loss
+        return logits
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').

@@ -1,11 +1,10 @@
 """Cached decoding: run a trained GPT one token at a time, reusing every earlier key and value.
 
 `forward_cached(model, idx, cache)` computes the logits of the new positions `idx` (B, n) given the
-tokens already in `cache`, layer by layer with the GPT's own modules, and appends their keys and values.
-It honours everything the full forward does: learned or rotary positions at the right offset, value
-residual / value embeddings, x0 shortcut, U-Net skips, MLP-only layers, and the attention mask
-(causal, document, long/short sliding window) from `attention.mask_rule`, the one mask definition.
-Kept outside `GPT.forward` so the training path stays untouched; tests compare it with the full forward.
+tokens already in `cache`. It runs the GPT's own `hidden` and `logits` (embeddings, value residual /
+value embeddings, x0 shortcut, U-Net skips, MLP-only layers, head) and its attentions' own
+`project`/`output`; only the attention call differs: keys and values of earlier positions come from
+the cache, under the mask `attention.mask_rule` gives (causal, document, long/short sliding window).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model.attention import BLOCK_SIZE, document_ids, mask_rule, short_window
-from speedrun.model.gpt import GPT, Attention
-from speedrun.model.layers import softcap
+from speedrun.model.gpt import GPT, AttendFn, Attention
 
 
 @dataclass
@@ -75,39 +73,14 @@ def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
     if start + idx.size(1) > cfg.max_seq_len:
         raise ValueError(f"sequence length {start + idx.size(1)} exceeds model.max_seq_len {cfg.max_seq_len}")
     cache.tokens = idx if cache.tokens is None else torch.cat([cache.tokens, idx], dim=1)
-    x = model.wte(idx)
-    if model.wpe is not None:
-        x = x + model.wpe(torch.arange(start, start + idx.size(1), device=idx.device))
-    if model.embed_norm is not None:
-        x = model.embed_norm(x)
-    x0 = x
     masks = _masks(model, cache.tokens, start)
     pattern = cfg.window_pattern or "L" * cfg.n_layer
-    tables = [emb(idx) for emb in model.value_embeds] if model.value_embeds is not None else None
-    n_skip = model.skip_weights.numel() if model.skip_weights is not None else 0
-    first_decoder = cfg.n_layer - n_skip
-    skips: list[Tensor] = []
-    v_first = None
-    for i, block in enumerate(model.blocks):
-        if n_skip and i >= first_decoder:
-            x = x + model.skip_weights[i - first_decoder] * skips.pop()
-        j = model.ve_layout[i]
-        other_v = v_first if tables is None else (tables[j] if j is not None else None)
-        if block.lambdas is not None:
-            x = block.lambdas[0] * x + block.lambdas[1] * x0
-        raw_v = None
-        if block.attn is not None:
-            y, raw_v = _attend_cached(block.attn, i, block.norm1(x), other_v, masks[pattern[i]], cache, start)
-            x = x + y
-        x = x + block.mlp(block.norm2(x))
-        if cfg.value_residual and v_first is None:
-            v_first = raw_v
-        if i < n_skip:
-            skips.append(x)
-    logits = model.lm_head(model.norm_f(x)).float()
-    if cfg.logit_softcap > 0:
-        logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
-    return logits
+
+    def cached(i: int) -> AttendFn:
+        return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, masks[pattern[i]], cache, start)
+
+    hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)])
+    return model.logits(hidden)
 
 
 def pick_next(
