@@ -2,8 +2,6 @@
 files arrive intact and validated, meta.json describes them, and failures become DataErrors."""
 
 import hashlib
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ from speedrun.data.prepare import load_meta
 from speedrun.data.shards import read_header, write_shard
 from speedrun.data.tokenizers import load_tokenizer
 from speedrun.errors import DataError
+from tests.local_server import LocalServer, QuietHandler
 
 REPO = "someone/fineweb-mini"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -28,8 +27,8 @@ class StandInHub:
         self.requests: list[tuple[str, str]] = []
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def _respond(self, body: bool):
+        class Handler(QuietHandler):
+            def respond(self, body: bool):
                 hub.requests.append((self.command, self.path))
                 prefix = f"/datasets/{REPO}/resolve/"
                 name = self.path[len(prefix) :].split("/", 1)[-1] if self.path.startswith(prefix) else ""
@@ -45,23 +44,11 @@ class StandInHub:
                 if body:
                     self.wfile.write(data)
 
-            def do_HEAD(self):
-                self._respond(body=False)
-
-            def do_GET(self):
-                self._respond(body=True)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ a time, giving exactly the shards of the same files prepared locally; failures a
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -19,6 +17,7 @@ from speedrun.data.hub import HubSource, glob_to_regex, parse_hf_source
 from speedrun.data.prepare import load_meta, prepare
 from speedrun.data.sources import iter_documents
 from speedrun.errors import ConfigError, DataError
+from tests.local_server import LocalServer, QuietHandler
 from tests.test_prepare import make_docs
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -35,7 +34,7 @@ class StandInHub:
         self.requests: list[tuple[str, str]] = []
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _send(self, code: int, data: bytes, error: str = "", commit: str = SHA, body: bool = True):
                 self.send_response(code)
                 self.send_header("X-Repo-Commit", commit)
@@ -72,7 +71,7 @@ class StandInHub:
                     return self._send(404, b"", "EntryNotFound", body=body)
                 self._send(200, data, commit=rev, body=body)
 
-            def _route(self, body: bool) -> None:
+            def respond(self, body: bool) -> None:
                 path = self.path.split("?", 1)[0]
                 hub.requests.append((self.command, path))
                 if path.startswith("/api/datasets/"):
@@ -82,23 +81,11 @@ class StandInHub:
                 else:
                     self._send(404, b"")
 
-            def do_HEAD(self):
-                self._route(body=False)
-
-            def do_GET(self):
-                self._route(body=True)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
+        self.http = LocalServer(Handler)
+        self.url = self.http.url
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 def parquet_bytes(docs, path: Path, **columns) -> bytes:
