@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
+from speedrun.train.distributed import teardown
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
@@ -116,7 +117,7 @@ def main() -> None:
             break
     if rank == 0:
         out.write_text(json.dumps(results))
-    dist.destroy_process_group()
+    teardown(clean=True)  # a rank that leaves while its peer's last collective drains aborts the peer
 
 
 if __name__ == "__main__":
