@@ -3,15 +3,13 @@
 Set-up (processes, run directory, data, model, optimizer, loader, resume), then for each step:
 schedule → validate (not timed) → one `train_step` → at log points: read the loss, log, checkpoint,
 stop on a signal. The host waits for the device only at log and validation points, so the GPU
-never idles between steps; step times and tokens/s are exact averages over the steps between them.
+never idles between steps; step times and tokens/s are exact averages over the steps between them
+(what is reported, and how, is in `train/progress.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import signal
 import sys
 import time
 import warnings
@@ -27,26 +25,18 @@ from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
-from speedrun.tools.sample import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
-from speedrun.train.run_data import load_data
-from speedrun.train.rundir import RunDir, default_run_dir, environment_report, peak_memory_bytes
+from speedrun.train.progress import Progress
+from speedrun.train.run_data import load_data, open_loader
+from speedrun.train.rundir import RunDir, default_run_dir, environment_report
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.step import autocast_dtype, train_step
-from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, datasheet_peak, device_name, measured_matmul_peak, mfu
-
-
-@functools.cache
-def matmul_peak(device: torch.device) -> float:
-    """FLOP/s that MFU is measured against: the datasheet bf16 peak of a known GPU, else a quick
-    measurement of this device's bf16 matmul (about 0.1 s on a CPU; once per process)."""
-    size = 8192 if device.type == "cuda" else 1536  # as stable as 2048 here, a third of the time
-    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=size, iters=5)
+from speedrun.train.timing import StepClock
+from speedrun.train.tracking import Tracker
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
@@ -82,8 +72,11 @@ def compile_errors(compiled: bool) -> Iterator[None]:
         raise SpeedrunError(f"torch.compile failed ({reason}); run with train.compile=off") from None
 
 
-def restore(run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader) -> dict[str, Any]:
-    """Load the newest checkpoint of the run into model, optimizer and loader; return its state."""
+def restore(
+    run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock
+) -> int:
+    """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
+    recorded after it; return its step."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         raise DataError(f"no checkpoint in {run.path} to resume from (enable train.checkpoint_every)")
@@ -104,10 +97,13 @@ def restore(run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loade
     except (KeyError, ValueError) as e:
         raise DataError(f"checkpoint {checkpoints[-1]} has no usable optimizer state ({e})") from None
     loader.load_state_dict(state["loader"])
+    clock.load_state_dict(state["clock"])
     torch.set_rng_state(state["rng"]["cpu"])
     if torch.cuda.is_available() and state["rng"].get("cuda") is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"])
-    return state
+    run.truncate_metrics(state["step"])
+    run.log(f"resumed from checkpoint at step {state['step']} in {run.path}")
+    return state["step"]
 
 
 def training_state(
@@ -126,28 +122,13 @@ def training_state(
     }
 
 
-def log_point_values(
-    last_loss: torch.Tensor, interval_loss: torch.Tensor, stop: int | None, ctx: distributed.DistContext
-) -> tuple[float, float, int | None]:
-    """Mean over ranks of the last step's loss and of the losses since the previous log point, and a
-    stop signal any rank received: one collective and one read, the only ones between log points."""
-    flags = [float(stop == signal.SIGINT), float(stop == signal.SIGTERM)]
-    values = torch.cat(
-        [last_loss.float().view(1), interval_loss.float().view(1), last_loss.new_tensor(flags)]
-    )
-    last, interval, sigint, sigterm = distributed.all_reduce_sum(values, ctx).tolist()
-    stop = signal.SIGTERM if sigterm else signal.SIGINT if sigint else None
-    return last / ctx.world_size, interval / ctx.world_size, stop
-
-
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files.
 
     With `resume`, `out_dir` is an existing run directory: training continues from its newest
     checkpoint and produces the metrics the uninterrupted run would have.
     """
-    wall_start = time.perf_counter()
-    t = cfg.train
+    wall_start, t = time.perf_counter(), cfg.train
     ctx = distributed.setup(t.device)
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
@@ -158,31 +139,20 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(environment_report(), console=False)
         tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
         data = load_data(cfg, ctx, run)
-        micro, val_files, token_bytes = data.micro_batch_tokens, data.val_files, data.token_bytes
         model, train_model = build_model(cfg, ctx)
+        compiled = train_model is not model
         run.log(model_summary(model, t.seq_len))
-        flops_per_token, peak_flops = model.flops_per_token(t.seq_len), matmul_peak(ctx.device)
         optimizer = build_optimizer(model, cfg)
-        loader = TokenLoader(
-            data.train_files, t.global_batch_tokens, micro, t.seq_len, ctx.rank, ctx.world_size,
-            align_to_bos=cfg.data.align_to_bos, bos_id=data.eot_id, vocab_size=cfg.model.vocab_size,
-            device=ctx.device,
-        )  # fmt: skip
+        loader = open_loader(cfg, data, ctx)
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
-            f"micro-steps x {micro:,} tokens ({micro // t.seq_len} x {t.seq_len}); {t.steps} steps, "
-            f"device {ctx.device}, compile {train_model is not model}, dtype {t.dtype}"
+            f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
+            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, dtype {t.dtype}"
         )
-        start_step, clock = 0, StepClock(ctx.device)
-        if resume:
-            state = restore(run, cfg, model, optimizer, loader)
-            start_step = state["step"]
-            clock.load_state_dict(state["clock"])
-            run.truncate_metrics(start_step)
-            run.log(f"resumed from checkpoint at step {start_step} in {run.path}")
-        untimed_until = start_step + t.timing_warmup_steps  # compile/warm-up again after a resume
-        first_step = start_step + 1  # its time includes compilation: no ETA from it
+        clock = StepClock(ctx.device)
+        start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0
+        progress = Progress(cfg, ctx, run, tracker, clock, loader, model, start_step, wall_start)
 
         def checkpoint(done: int) -> Path | None:
             state = training_state(done, optimizer, loader, clock, ctx.device)
@@ -194,114 +164,43 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 torch.distributed.barrier()
             return path
 
-        def summary(status: str) -> dict[str, Any]:
-            return {
-                "recipe": cfg.recipe,
-                "steps": t.steps,
-                "final_val_loss": val_loss,
-                "final_val_bpb": val_bpb,
-                "train_time_s": clock.timed_s,
-                "wall_time_s": time.perf_counter() - wall_start,
-                "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
-                "data_wait_s": loader.total_wait_s,
-                "peak_memory_bytes": peak_memory_bytes(ctx.device),
-                "run_dir": str(run.path),
-                "status": status,
-            }
-
         # ---- the steps ----
         signals.install()
-        val_loss = val_bpb = None
-        interval_loss, interval_steps, wait_mark = None, 0, 0.0
         for step in range(start_step, t.steps + 1):
             sched = schedule_at(step, cfg)
             apply_schedule(sched, optimizer, model)
             if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
-                clock.stop()
-                val_loss, val_bpb = evaluate(train_model, cfg, val_files, micro, token_bytes, ctx)
-                run.metric(
-                    {"step": step, "val_loss": val_loss, "val_bpb": val_bpb,
-                     "tokens": step * t.global_batch_tokens, "time_s": clock.timed_s}
-                )  # fmt: skip
-                bpb = f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""
-                run.log(
-                    f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | "
-                    f"train time {clock.timed_s:.1f}s"
+                clock.stop()  # validation is not training time
+                val = evaluate(
+                    train_model, cfg, data.val_files, data.micro_batch_tokens, data.token_bytes, ctx
                 )
-                tracker.log(step, {"val_loss": val_loss, "val_bpb": val_bpb})
-                if not math.isfinite(val_loss):
-                    raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
+                progress.validation(step, *val)
             if step == t.steps:
                 break
 
             clock.start()
-            with compile_errors(compiled=train_model is not model):
+            with compile_errors(compiled):
                 loss = train_step(train_model, optimizer, loader.next_batch, accum, dtype, clip)
-            interval_loss = loss if interval_loss is None else interval_loss + loss
-            interval_steps += 1
+            progress.add(loss)
 
             done = step + 1
             save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (
                 done == t.steps and t.checkpoint_at_end
             )
             local_stop = signals.received if not ctx.distributed else None  # free to check on one process
-            if (
-                done % t.log_every
-                and done not in (first_step, untimed_until, t.steps)
-                and not (save or local_stop)
-            ):
+            if not progress.is_log_point(done, forced=bool(save or local_stop)):
                 continue
             # ---- log point: the host waits for the device here, and only here ----
-            seconds = clock.stop(interval_steps, timed=step >= untimed_until)
-            train_loss, mean_loss, stop = log_point_values(loss, interval_loss, signals.received, ctx)
-            if not math.isfinite(mean_loss):  # before any checkpoint: never save poisoned weights
-                first = done - interval_steps + 1
-                where = f"at step {done}" if first == done else f"at a step from {first} to {done}"
-                raise SpeedrunError(
-                    f"training loss is {mean_loss} {where}: training diverged; "
-                    "the last good checkpoint (if any) is kept"
-                )
-            step_s, wait_s = seconds / interval_steps, (loader.total_wait_s - wait_mark) / interval_steps
-            tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
-            eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
-            utilization = mfu(flops_per_token, tok_s / ctx.world_size, peak_flops)
-            run.metric(
-                {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
-                 "time_s": clock.timed_s, "lr": sched.lr, "step_ms": step_s * 1000,
-                 "data_wait_ms": wait_s * 1000}
-            )  # fmt: skip
-            run.log(
-                f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{sched.lr:.3f} | "
-                f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {utilization:.1%} | "
-                f"eta {format_duration(eta_s, unknown=done == first_step)}"
-            )
-            tracker.log(
-                done, {"train_loss": train_loss, "lr": sched.lr, "tokens_per_s": tok_s, "mfu": utilization}
-            )
-            if t.sample_every > 0 and done % t.sample_every == 0 and ctx.is_main:
-                prompts = DEFAULT_SAMPLE_PROMPTS
-                samples = sample_during_training(model, data.tokenizer, prompts)
-                for prompt, text in zip(prompts, samples, strict=True):
-                    run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
-            interval_loss, interval_steps, wait_mark = None, 0, loader.total_wait_s
+            stop = progress.log_point(done, loss, sched.lr, signals.received)
+            progress.samples(done, model, data.tokenizer)
             path = checkpoint(done) if save or stop else None
             if stop:
-                run.write_summary(summary("stopped"))
+                run.write_summary(progress.summary("stopped"))
                 stopped = RunInterrupted.after(stop, done, path, run.path)
                 run.log(str(stopped), console=False)
                 raise stopped
 
-        # ---- summary ----
-        result = summary("finished")
-        run.write_summary(result)
-        bpb = f", val bpb {val_bpb:.4f}" if val_bpb is not None else ""
-        run.log(
-            f"done: val loss {val_loss:.4f}{bpb} | train time {clock.timed_s:.1f}s "
-            f"(wall {result['wall_time_s']:.1f}s) | {result['tokens_per_s'] or 0:,.0f} tok/s | "
-            f"data wait {loader.total_wait_s:.2f}s | "
-            f"peak memory {result['peak_memory_bytes'] / 2**20:,.0f} MiB | run dir {run.path}"
-        )
-        return result
+        return progress.finish()
     except (ConfigError, DataError, SpeedrunError) as e:
         if run is not None:
             run.log(f"error: {e}", console=False)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.data.loader import val_batches
+from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
 from speedrun.data.shards import find_shards
 from speedrun.data.tokenizers import Tokenizer
@@ -111,3 +111,13 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
         f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
     )
     return RunData(train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"])
+
+
+def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> TokenLoader:
+    """This rank's share of every step's batch, prefetched on a background thread (close it)."""
+    t = cfg.train
+    return TokenLoader(
+        data.train_files, t.global_batch_tokens, data.micro_batch_tokens, t.seq_len, ctx.rank,
+        ctx.world_size, align_to_bos=cfg.data.align_to_bos, bos_id=data.eot_id,
+        vocab_size=cfg.model.vocab_size, device=ctx.device,
+    )  # fmt: skip

@@ -1,0 +1,180 @@
+"""What a run reports, kept out of the loop so that `train()` reads as the steps it takes.
+
+Between log points the losses of the steps are summed on the device and nothing is read. At a log
+point the host waits for the device once, reads the losses and the stop signal with one collective,
+and writes the log line, the metrics row and the tracker point. Validations and the end of the run
+write their own rows; the summary is built here too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import signal
+import time
+from typing import Any
+
+import torch
+
+from speedrun.config import Config
+from speedrun.data.loader import TokenLoader
+from speedrun.errors import SpeedrunError
+from speedrun.model.gpt import GPT
+from speedrun.tools.sample import DEFAULT_SAMPLE_PROMPTS, sample_during_training
+from speedrun.train import distributed
+from speedrun.train.rundir import RunDir, peak_memory_bytes
+from speedrun.train.timing import StepClock, format_duration
+from speedrun.train.tracking import Tracker, datasheet_peak, device_name, measured_matmul_peak, mfu
+
+
+@functools.cache
+def matmul_peak(device: torch.device) -> float:
+    """FLOP/s that MFU is measured against: the datasheet bf16 peak of a known GPU, else a quick
+    measurement of this device's bf16 matmul (about 0.1 s on a CPU; once per process)."""
+    size = 8192 if device.type == "cuda" else 1536  # as stable as 2048 here, a third of the time
+    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=size, iters=5)
+
+
+def log_point_values(
+    last_loss: torch.Tensor, interval_loss: torch.Tensor, stop: int | None, ctx: distributed.DistContext
+) -> tuple[float, float, int | None]:
+    """Mean over ranks of the last step's loss and of the losses since the previous log point, and a
+    stop signal any rank received: one collective and one read, the only ones between log points."""
+    flags = [float(stop == signal.SIGINT), float(stop == signal.SIGTERM)]
+    values = torch.cat(
+        [last_loss.float().view(1), interval_loss.float().view(1), last_loss.new_tensor(flags)]
+    )
+    last, interval, sigint, sigterm = distributed.all_reduce_sum(values, ctx).tolist()
+    stop = signal.SIGTERM if sigterm else signal.SIGINT if sigint else None
+    return last / ctx.world_size, interval / ctx.world_size, stop
+
+
+class Progress:
+    """Log points, validation rows and the summary of one run (from `start_step` on, after a resume)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: distributed.DistContext,
+        run: RunDir,
+        tracker: Tracker,
+        clock: StepClock,
+        loader: TokenLoader,
+        model: GPT,
+        start_step: int,
+        wall_start: float,
+    ):
+        self.cfg, self.ctx, self.run, self.tracker, self.clock, self.loader = (
+            cfg,
+            ctx,
+            run,
+            tracker,
+            clock,
+            loader,
+        )
+        self.wall_start = wall_start  # wall time includes the set-up
+        self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
+        self.peak_flops = matmul_peak(ctx.device)
+        self.first_step = start_step + 1  # its time includes compilation: no ETA from it
+        self.untimed_until = start_step + cfg.train.timing_warmup_steps  # warm up again after a resume
+        self.val_loss: float | None = None
+        self.val_bpb: float | None = None
+        self._loss_sum: torch.Tensor | None = None  # on the device: summed, never read between log points
+        self._steps = 0
+        self._wait_mark = loader.total_wait_s
+
+    def add(self, loss: torch.Tensor) -> None:
+        """Count one finished step and its loss (a device tensor; not read here)."""
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        self._steps += 1
+
+    def is_log_point(self, done: int, forced: bool = False) -> bool:
+        """Every `train.log_every` steps, and at the first step, the end of the timing warm-up and the
+        last step (so compile time, the first timed rate and the end are always visible)."""
+        t = self.cfg.train
+        return forced or done % t.log_every == 0 or done in (self.first_step, self.untimed_until, t.steps)
+
+    def log_point(self, done: int, last_loss: torch.Tensor, lr: float, stop: int | None) -> int | None:
+        """Wait for the device, read the losses (raise if training diverged), report the interval since
+        the previous log point; return the stop signal any rank received."""
+        t, clock, steps = self.cfg.train, self.clock, self._steps
+        seconds = clock.stop(steps, timed=done - 1 >= self.untimed_until)
+        train_loss, mean_loss, stop = log_point_values(last_loss, self._loss_sum, stop, self.ctx)
+        if not math.isfinite(mean_loss):  # raised before any checkpoint: never save poisoned weights
+            first = done - steps + 1
+            where = f"at step {done}" if first == done else f"at a step from {first} to {done}"
+            raise SpeedrunError(
+                f"training loss is {mean_loss} {where}: training diverged; "
+                "the last good checkpoint (if any) is kept"
+            )
+        step_s, wait_s = seconds / steps, (self.loader.total_wait_s - self._wait_mark) / steps
+        tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
+        eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
+        utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
+        self.run.metric(
+            {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
+             "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
+        )  # fmt: skip
+        self.run.log(
+            f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{lr:.3f} | "
+            f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {utilization:.1%} | "
+            f"eta {format_duration(eta_s, unknown=done == self.first_step)}"
+        )
+        self.tracker.log(
+            done, {"train_loss": train_loss, "lr": lr, "tokens_per_s": tok_s, "mfu": utilization}
+        )
+        self._loss_sum, self._steps, self._wait_mark = None, 0, self.loader.total_wait_s
+        return stop
+
+    def validation(self, step: int, val_loss: float, val_bpb: float | None) -> None:
+        """Report a validation; raise if the loss is not finite."""
+        self.val_loss, self.val_bpb, t = val_loss, val_bpb, self.cfg.train
+        self.run.metric(
+            {"step": step, "val_loss": val_loss, "val_bpb": val_bpb,
+             "tokens": step * t.global_batch_tokens, "time_s": self.clock.timed_s}
+        )  # fmt: skip
+        bpb = f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""
+        self.run.log(
+            f"step {step:>5}/{t.steps} | val loss {val_loss:.4f}{bpb} | train time {self.clock.timed_s:.1f}s"
+        )
+        self.tracker.log(step, {"val_loss": val_loss, "val_bpb": val_bpb})
+        if not math.isfinite(val_loss):
+            raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
+
+    def samples(self, done: int, model: GPT, tokenizer: Any) -> None:
+        """Every `train.sample_every` steps, log what the model writes after a few fixed prompts."""
+        every = self.cfg.train.sample_every
+        if every > 0 and done % every == 0 and self.ctx.is_main:
+            texts = sample_during_training(model, tokenizer, DEFAULT_SAMPLE_PROMPTS)
+            for prompt, text in zip(DEFAULT_SAMPLE_PROMPTS, texts, strict=True):
+                self.run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
+
+    def summary(self, status: str) -> dict[str, Any]:
+        """summary.json: the run's result (`status` is "finished" or "stopped")."""
+        t, clock = self.cfg.train, self.clock
+        return {
+            "recipe": self.cfg.recipe,
+            "steps": t.steps,
+            "final_val_loss": self.val_loss,
+            "final_val_bpb": self.val_bpb,
+            "train_time_s": clock.timed_s,
+            "wall_time_s": time.perf_counter() - self.wall_start,
+            "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
+            "data_wait_s": self.loader.total_wait_s,
+            "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
+            "run_dir": str(self.run.path),
+            "status": status,
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """Write summary.json and the closing log line; return the summary."""
+        result = self.summary("finished")
+        self.run.write_summary(result)
+        bpb = f", val bpb {self.val_bpb:.4f}" if self.val_bpb is not None else ""
+        self.run.log(
+            f"done: val loss {self.val_loss:.4f}{bpb} | train time {self.clock.timed_s:.1f}s "
+            f"(wall {result['wall_time_s']:.1f}s) | {result['tokens_per_s'] or 0:,.0f} tok/s | "
+            f"data wait {self.loader.total_wait_s:.2f}s | "
+            f"peak memory {result['peak_memory_bytes'] / 2**20:,.0f} MiB | run dir {self.run.path}"
+        )
+        return result
