@@ -93,3 +93,9 @@ def wait_for_metrics(run_dir: Path, lines: int, timeout_s: float = 120) -> None:
     metrics, deadline = run_dir / "metrics.jsonl", time.time() + timeout_s
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= lines):
         time.sleep(0.05)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow (end-to-end, multi-process) tests first: the two pytest-xdist workers then finish together
+    on the many short ones instead of one waiting for a late long test."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,6 +1,8 @@
 """Run `speedrun train` (under torchrun) and count the calls that make the host wait
 for the device or for other ranks: Tensor.item/tolist, CUDA synchronize, the loop's device wait and the
-control collectives (all_reduce, broadcast, barrier). Writes the counts of each rank to OUT.rankR.json.
+control collectives (all_reduce, broadcast, barrier). Writes, for each rank, OUT.rankR.json with the
+totals and the running counts at the start of every training step, so the test can see which steps
+paid what.
 
 Usage: count_host_syncs.py OUT STEPS TRAIN_OVERRIDES...
 """
@@ -13,9 +15,11 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
+import speedrun.train.loop as loop
 from speedrun.cli import main
 
 counts: Counter = Counter()
+at_steps: list[dict[str, int]] = []  # counts so far, at the start of each train_step call
 
 
 def counting(owner, name: str) -> None:
@@ -43,8 +47,18 @@ except ImportError:
 for name in ("all_reduce", "broadcast", "barrier"):
     counting(dist, name)
 
+step_function = loop.train_step
+
+
+def marked_step(*args, **kwargs):
+    at_steps.append(dict(counts))
+    return step_function(*args, **kwargs)
+
+
+loop.train_step = marked_step
+
 out, steps, *train_args = sys.argv[1:]
 code = main(["train", "--out", out, *train_args, f"train.steps={steps}", f"train.log_every={steps}"])
 assert code == 0, code
 with open(f"{out}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
-    json.dump(dict(counts), f)
+    json.dump({"total": dict(counts), "at_steps": at_steps}, f)

@@ -58,7 +58,7 @@ def _train(
         if dist.get_rank() == 0:
             torch.save(state, state_path + ".tmp")
             os.replace(state_path + ".tmp", state_path)
-        dist.barrier()
+        dist.barrier(group)
         loaded = torch.load(state_path)
     else:
         loaded = state
@@ -69,25 +69,35 @@ def _train(
     return saved_params, state, [p.detach().clone() for p in params]
 
 
-def _worker(rank: int, world: int, folder: str) -> None:
+def _worker(rank: int, folder: str) -> None:
+    """Three processes: ranks 0 and 1 train in a group of their own, passed explicitly; then all three
+    train in the default group, which Muon finds by itself. One spawn pays the imports once."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=3)
     try:
-        # world 2 finds the default group by itself; world 3 passes it explicitly
-        result = _train(f"{folder}/state.pt", dist.group.WORLD if world == 3 else None)
-        torch.save(result, f"{folder}/rank{rank}.pt")
+        pair = dist.new_group([0, 1])  # every rank must take part in creating it
+        if rank < 2:
+            torch.save(_train(f"{folder}/state2.pt", pair), f"{folder}/world2-rank{rank}.pt")
+        torch.save(_train(f"{folder}/state3.pt", None), f"{folder}/world3-rank{rank}.pt")
         dist.barrier()  # no rank leaves while a peer's last all-gather may still be draining
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_distributed_matches_single_process_and_state_round_trips(world: int) -> None:
-    expected_saved, expected_state, expected_final = _train()
+@pytest.fixture(scope="module")
+def distributed_results() -> dict[int, list]:
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(world, folder), nprocs=world, join=True)
-        results = [torch.load(f"{folder}/rank{r}.pt") for r in range(world)]
+        mp.spawn(_worker, args=(folder,), nprocs=3, join=True)
+        return {w: [torch.load(f"{folder}/world{w}-rank{r}.pt") for r in range(w)] for w in (2, 3)}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("muon_spawn")  # one pytest-xdist worker runs both: one spawn
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_matches_single_process_and_state_round_trips(world: int, distributed_results) -> None:
+    expected_saved, expected_state, expected_final = _train()
+    results = distributed_results[world]
+    assert len(results) == world
     for saved, state, final in results:
         for got, want in zip(saved + final, expected_saved + expected_final, strict=True):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

@@ -27,6 +27,10 @@ FAST = [
 ]
 
 
+# the tests that read these runs share one pytest-xdist worker (--dist loadgroup): trained once
+SEED_RUNS = pytest.mark.xdist_group("seed_runs")
+
+
 @pytest.fixture(scope="module")
 def seed_runs(tmp_path_factory, text_data):
     """Three tiny demo runs differing only in train.seed, trained in-process (about 2 s each)."""
@@ -37,6 +41,7 @@ def seed_runs(tmp_path_factory, text_data):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_seeds_make_sibling_runs_with_their_seed(seed_runs):
     for seed, run in zip(SEEDS, seed_runs, strict=True):
         assert json.loads((run / "config.json").read_text())["train"]["seed"] == seed
@@ -45,6 +50,7 @@ def test_seeds_make_sibling_runs_with_their_seed(seed_runs):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_sample_streams_what_uncached_greedy_generation_produces(seed_runs, capsys):
     run = seed_runs[0]
     assert main(["sample", str(run), "--prompt", "The", "--max-tokens", "24", "--temperature", "0"]) == 0
@@ -62,6 +68,7 @@ def test_sample_streams_what_uncached_greedy_generation_produces(seed_runs, caps
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_cached_decoding_under_bf16_autocast_tracks_the_full_forward(seed_runs):
     model, _, _ = load_model(seed_runs[0])
     idx = torch.randint(0, 511, (1, 40), generator=torch.Generator().manual_seed(0))
@@ -74,6 +81,7 @@ def test_cached_decoding_under_bf16_autocast_tracks_the_full_forward(seed_runs):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_eval_reproduces_the_loops_final_val_loss(seed_runs, capsys):
     run = seed_runs[1]
     final = read_metrics(run)[-1]
@@ -87,6 +95,7 @@ def test_eval_reproduces_the_loops_final_val_loss(seed_runs, capsys):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_eval_rejects_data_of_another_tokenizer(seed_runs, tmp_path, capsys):
     from speedrun.data.prepare import prepare
 
@@ -101,6 +110,7 @@ def test_eval_rejects_data_of_another_tokenizer(seed_runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_compare_table_groups_and_plot(seed_runs, tmp_path, capsys):
     from matplotlib.image import imread
 
@@ -124,6 +134,7 @@ def test_compare_table_groups_and_plot(seed_runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_a_different_setting_makes_another_group(seed_runs, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(seed_runs[0], other)
@@ -165,6 +176,7 @@ def test_seed_dry_run_lists_the_run_directories(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_tool_errors_are_one_line(seed_runs, tmp_path, capsys):
     no_ckpt = tmp_path / "no-ckpt"
     no_ckpt.mkdir()
@@ -188,6 +200,7 @@ def test_tool_errors_are_one_line(seed_runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_summary_json_wins_over_numbers_derived_from_metrics(seed_runs, tmp_path):
     run = tmp_path / "with-summary"
     shutil.copytree(seed_runs[0], run)
@@ -201,6 +214,7 @@ def test_summary_json_wins_over_numbers_derived_from_metrics(seed_runs, tmp_path
 
 
 @pytest.mark.slow
+@SEED_RUNS
 def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(seed_runs[2], old)
