@@ -2,8 +2,8 @@
 
 Runs, each in a fresh process so peak memory is the run's own:
   plain:    a bare loop of `train_step` calls (random tokens, one AdamW, bf16 autocast, no data
-            loader, no schedule, no logging, no validation) over the demo model — the "plain
-            4-layer, 256-wide GPT" reference;
+            loader, no schedule, no logging, no validation) over the demo model, compiled when the
+            demo compiles — the "plain 4-layer, 256-wide GPT" reference;
   plain-muon: the same bare loop but with the demo's Muon + Adam optimizers;
   demo:     `speedrun train` on the demo recipe, short (train.steps=N, no validation until the end),
             logging every step as the demo does; its step time is the loop's own `step_ms`
@@ -41,13 +41,14 @@ def _plain(steps: int, warmup: int, optimizer: str) -> dict:
     torch.manual_seed(0)
     model = GPT(cfg.model)
     optimizer = build_optimizer(model, cfg)
+    step_model = torch.compile(model) if cfg.train.compile == "on" else model  # as the demo trains
     B = t.micro_batch_tokens // t.seq_len
     x = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
     y = torch.randint(0, cfg.model.vocab_size, (B, t.seq_len))
     times = []
     for _ in range(steps + warmup):
         start = time.perf_counter()
-        train_step(model, optimizer, lambda: (x, y), 1, torch.bfloat16)
+        train_step(step_model, optimizer, lambda: (x, y), 1, torch.bfloat16)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times[warmup:])
     return {
