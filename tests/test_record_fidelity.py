@@ -13,10 +13,11 @@ from speedrun.config import ModelConfig
 from speedrun.model import attention, fp8
 from speedrun.model.attention import MaskSpec, build_block_mask, mask_rule, spec_dense_mask
 from speedrun.model.gpt import GPT
-from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary
+from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, softcap
 from speedrun.optim import Muon, newton_schulz
 from speedrun.recipes import load_recipe
 from speedrun.train.optimizers import qkv_parts
+from speedrun.train.step import autocast_dtype
 
 NS_ABC = (3.4445, -4.7750, 2.0315)
 
@@ -333,3 +334,52 @@ def test_sub3min_block_window_lists_the_same_blocks(sw):
             docs[None], docs.numel(), torch.tensor(sw * 128), block_window=True
         )
         assert torch.equal(partial[0], want_partial) and torch.equal(full[0], want_full)
+
+
+# ---------------------------------------------------------------- audit 2: softcap op and autocast
+
+
+def test_softcaps_divide_as_the_records_do():
+    """Bit-equal to the records' expressions (the old z·(2/15) differed in ~27% of fp32 logits)."""
+    z = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 20
+    # records/track_1_short/2025-01-16_Sub3Min/1d3bd93b-...txt: `30 * torch.sigmoid(logits.float() / 7.5)`
+    assert torch.equal(softcap(z, 15.0, "sigmoid"), 30 * torch.sigmoid(z / 7.5))
+    # records/track_1_short/2024-11-06_ShortcutsTweaks/dd7304a6-...txt: `30 * torch.tanh(logits / 30)`
+    assert torch.equal(softcap(z, 30.0, "tanh"), 30 * torch.tanh(z / 30))
+
+
+#: The records from 2024-11-08 (CastBf16) on dropped the autocast context: `model.cuda().bfloat16()`,
+#: CastedLinear weights back to fp32, and no `torch.amp.autocast` anywhere in the script
+#: (records/track_1_short/2024-11-08_CastBf16/a833bed8-...txt, the `ctx = torch.amp.autocast(...)`
+#: line of 11-06 is gone; the same for 11-10 … 12-08; Sub3Min casts only the embeddings to bf16).
+NO_AUTOCAST_RECIPES = (
+    "unet-2024-11",
+    "flex-2024-11-19",
+    "flex-2024-11",
+    "value-embed-2024-12",
+    "unet-value-embed-2024-12",
+    "record-2025-01",
+)
+
+
+@pytest.mark.parametrize("name", NO_AUTOCAST_RECIPES)
+def test_bf16_records_run_without_autocast_so_the_residual_stream_stays_bf16(name):
+    """Under CUDA autocast (torch >= 2.x) F.rms_norm is on the fp32 list, so a bf16 embedding comes out
+    of the embedding norm as fp32 and the whole residual stream turns fp32; the records kept it bf16.
+    Without autocast our model reproduces the records' dtypes layer by layer."""
+    cfg = load_recipe(name)
+    assert autocast_dtype(cfg) is None
+    small = dict(n_layer=4, n_embd=64, n_head=2, vocab_size=128, max_seq_len=256, window=256)
+    small.update(value_embed_tables=1, no_attention_layers="", window_pattern="", fp8_head=False)
+    model = GPT(ModelConfig(**{**cfg.model.__dict__, **small, "attention": "sdpa"}))
+    seen = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda mod, args, out: seen.append(out[0].dtype))
+    logits = model(torch.randint(0, 128, (1, 256)))
+    assert seen == [torch.bfloat16] * 4 and logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ["muon-2024-10", "modern-2024-10", "untied-2024-11", "shortcuts-2024-11"])
+def test_records_before_11_08_train_under_bf16_autocast(name):
+    """10-10 … 11-06 wrap the forward in `torch.amp.autocast(device_type='cuda', dtype=torch.bfloat16)`."""
+    assert autocast_dtype(load_recipe(name)) == torch.bfloat16

@@ -148,7 +148,8 @@ class MLP(nn.Module):
 def softcap(logits: torch.Tensor, cap: float, form: str) -> torch.Tensor:
     """Bound the logits smoothly. tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap)
     = cap·tanh(z/cap) + cap (Sub3Min writes 30·sigmoid(z/7.5) for cap 15); the constant shift
-    leaves softmax and cross-entropy unchanged."""
+    leaves softmax and cross-entropy unchanged. Both divide as the records do (z/7.5, not z·(2/15):
+    2/15 is inexact in binary, so the product rounds differently in about half of all logits)."""
     if form == "sigmoid":
-        return 2 * cap * torch.sigmoid(logits * (2 / cap))
+        return 2 * cap * torch.sigmoid(logits / (cap / 2))
     return cap * torch.tanh(logits / cap)
