@@ -383,3 +383,20 @@ def test_bf16_records_run_without_autocast_so_the_residual_stream_stays_bf16(nam
 def test_records_before_11_08_train_under_bf16_autocast(name):
     """10-10 … 11-06 wrap the forward in `torch.amp.autocast(device_type='cuda', dtype=torch.bfloat16)`."""
     assert autocast_dtype(load_recipe(name)) == torch.bfloat16
+
+
+def test_gpt2_baseline_softmax_leaves_the_padded_head_rows_out():
+    """llm.c's fused classifier takes the softmax over V = 50,257 of the P = 50,304 head rows
+    (`prepare_softmax_blockwide3(idx, logits, V, P)` in karpathy/llm.c train_gpt2.cu); the padded
+    rows get neither probability mass nor gradient."""
+    assert load_recipe("gpt2-baseline").model.logits_vocab_only
+    torch.manual_seed(0)
+    base = dict(vocab_size=100, pad_vocab_to=128, n_layer=1, n_head=2, n_embd=32, max_seq_len=16)
+    model = GPT(ModelConfig(**base, logits_vocab_only=True))
+    x = torch.randint(0, 100, (2, 16))
+    full = model.lm_head(model.hidden(x)).float()  # all 128 head rows
+    assert full.size(-1) == 128 and model(x).size(-1) == 100
+    want = F.cross_entropy(full[..., :100].reshape(-1, 100), x.reshape(-1))
+    torch.testing.assert_close(model(x, x), want)
+    model(x, x).backward()
+    assert model.lm_head.weight.grad[100:].abs().max() == 0

@@ -43,11 +43,31 @@ def test_constant_without_warmup_or_warmdown():
     assert [lr_multiplier(s, cfg) for s in range(5)] == [1.0] * 5
 
 
+def llmc_cosine(step: int, steps: int, warmup: int, final_frac: float) -> float:
+    """get_learning_rate of llm.c (karpathy/llm.c llmc/schedulers.h), as a multiplier of the peak:
+    warmup (step + 1)/warmup, then decay_ratio = (step - warmup) / (train_num_batches - warmup)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    coeff = 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+    return final_frac + coeff * (1 - final_frac)
+
+
 def test_cosine_matches_formula():
     cfg = TrainConfig(steps=101, warmup_steps=1, schedule="cosine", final_lr_frac=0.0)
     assert lr_multiplier(0, cfg) == 1.0
-    assert lr_multiplier(100, cfg) == pytest.approx(0.0, abs=1e-12)
-    assert lr_multiplier(50, cfg) == pytest.approx(0.5 * (1 + math.cos(math.pi * 49 / 99)))
+    assert lr_multiplier(50, cfg) == pytest.approx(0.5 * (1 + math.cos(math.pi * 49 / 100)))
+    assert 0 < lr_multiplier(100, cfg) < 1e-3  # llm.c never reaches the floor: r = 99/100 on the last step
+
+
+def test_gpt2_baseline_follows_llmc_at_every_step():
+    """The 2024-10-13 llm.c record: -l 0.0006 -u 700 -q 0.0, 19,560 steps (its main.log prints
+    lr:0.000001, 0.000002, 0.000003 at s:0..2)."""
+    cfg = load_recipe("gpt2-baseline")
+    t = cfg.train
+    want = [llmc_cosine(s, t.steps, t.warmup_steps, t.final_lr_frac) for s in range(t.steps)]
+    got = [schedule_at(s, cfg).lr for s in range(t.steps)]
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert [round(6e-4 * g, 6) for g in got[:3]] == [0.000001, 0.000002, 0.000003]
 
 
 def test_muon_momentum_warmup():
@@ -63,7 +83,7 @@ def test_every_record_recipe_follows_its_record_formula_at_every_step(name):
     cfg = load_recipe(name)
     t = cfg.train
     if t.schedule == "cosine":
-        pytest.skip("llm.c cosine baseline: covered by test_cosine_matches_formula")
+        pytest.skip("llm.c cosine baseline: covered by test_gpt2_baseline_follows_llmc_at_every_step")
     if t.warmdown_frac > 0:
         expected = [sub3min_lr(s, t.steps, t.warmdown_frac) for s in range(t.steps)]
     else:

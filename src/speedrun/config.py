@@ -110,6 +110,8 @@ class ModelConfig:
     # SDPA backend forced on CUDA (cudnn: 11-03 … 11-24)
     sdpa_kernel: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     fp8_head: bool = False  # Sub3Min: lm_head matmul in FP8 (e4m3 forward, e5m2 gradients) when training
+    # softmax, loss and returned logits over the real vocab only, padded head rows left out (llm.c)
+    logits_vocab_only: bool = False
 
 
 @dataclass

@@ -329,12 +329,15 @@ class GPT(nn.Module):
         return self.norm_f(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final hidden states → fp32 logits (padded vocab), softcapped as the recipe says."""
+        """Final hidden states → fp32 logits (padded vocab, or the real vocab with `logits_vocab_only`),
+        softcapped as the recipe says."""
         cfg = self.cfg
         if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
             logits = fp8_linear(x, self.lm_head.weight).float()
         else:
             logits = self.lm_head(x).float()
+        if cfg.logits_vocab_only:  # llm.c: the padded rows are in the matmul, not in the softmax
+            logits = logits[..., : cfg.vocab_size]
         if cfg.logit_softcap > 0:
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         return logits

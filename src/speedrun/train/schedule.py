@@ -37,13 +37,14 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
       the last W steps `w = (N − s) / W` (1 on the first warmdown step, 1/W on the last), with the floor
       f = `final_lr_frac` mixed in as `f + (1 − f)·w`. Sub3Min's `w = min((1 − s/N)/0.4, 1)`,
       `lr = w + (1 − w)·0.1` is this with `warmdown_frac = 0.4` and `final_lr_frac = 0.1`.
-    cosine (llm.c): the same warmup, then cosine decay from 1 to `final_lr_frac` at the final step.
+    cosine (llm.c `get_learning_rate`): the same warmup, then `f + (1 − f)·(1 + cos(π·r))/2` with
+      r = (s − warmup)/(N − warmup), so the last step (r = (N − 1 − warmup)/(N − warmup)) is just above f.
     """
     floor = cfg.final_lr_frac
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.schedule == "cosine":
-        span = max(1, cfg.steps - 1 - cfg.warmup_steps)
+        span = max(1, cfg.steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     length = warmdown_length(cfg)
