@@ -364,7 +364,8 @@ NO_AUTOCAST_RECIPES = (
 
 @pytest.mark.parametrize("name", NO_AUTOCAST_RECIPES)
 def test_bf16_records_run_without_autocast_so_the_residual_stream_stays_bf16(name):
-    """Under CUDA autocast (torch >= 2.x) F.rms_norm is on the fp32 list, so a bf16 embedding comes out
+    """Under CUDA autocast F.rms_norm is on the fp32 list (torch 2.13 registers an AutocastCUDA kernel for
+    aten::rms_norm; not the CPU), so a bf16 embedding comes out
     of the embedding norm as fp32 and the whole residual stream turns fp32; the records kept it bf16.
     Without autocast our model reproduces the records' dtypes layer by layer."""
     cfg = load_recipe(name)
