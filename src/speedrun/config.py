@@ -176,7 +176,7 @@ class TrainConfig:
     val_tokens: PosInt = 10485760
     log_every: PosInt = 10  # log points: the only steps where the host waits for the device
     timing_warmup_steps: int = 10  # first steps (compile, allocator warm-up) not timed
-    dtype: Literal["bf16", "fp32"] = "bf16"  # autocast dtype: bf16 | fp32
+    dtype: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast, or fp32: none (ops keep input dtypes)
     compile: Literal["auto", "on", "off"] = "auto"  # auto (on for CUDA only) | on | off
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
     seed: Seed = 1337

@@ -26,7 +26,7 @@ from speedrun.train.loop import build_model
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.rundir import peak_memory_bytes
 from speedrun.train.schedule import apply_schedule, schedule_at
-from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
 from speedrun.train.tracking import datasheet_peak, device_name, measured_matmul_peak, mfu
 
@@ -117,7 +117,7 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "compile": compiled,
-        "dtype": t.dtype,
+        "autocast": autocast_label(cfg),
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_per_step": t.global_batch_tokens,
         "accumulation_steps": accum,
@@ -148,7 +148,7 @@ def format_bench(r: dict) -> str:
         sheet = f"{r['mfu_datasheet_peak']:.1%} of datasheet bf16 peak {peak / 1e12:,.1f} TFLOP/s"
     lines = [
         f"bench {r['recipe']} on {r['device']} | torch {r['torch']}, {r['threads']} threads | "
-        f"compile {r['compile']} | dtype {r['dtype']}",
+        f"compile {r['compile']} | {r['autocast']}",
         f"{r['params']:,} params | {r['tokens_per_step']:,} tokens/step "
         f"({r['accumulation_steps']} micro-batch{'es' if r['accumulation_steps'] > 1 else ''}) | "
         f"{r['flops_per_token'] / 1e6:,.1f} MFLOP/token | "

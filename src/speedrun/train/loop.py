@@ -34,7 +34,7 @@ from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
-from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
 from speedrun.train.tracking import Tracker
 
@@ -148,7 +148,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
             f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
-            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, dtype {t.dtype}"
+            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, {autocast_label(cfg)}"
         )
         clock = StepClock(ctx.device)
         start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0

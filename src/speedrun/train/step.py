@@ -24,6 +24,12 @@ def autocast_dtype(cfg: Config) -> torch.dtype | None:
     return torch.bfloat16 if cfg.train.dtype == "bf16" else None
 
 
+def autocast_label(cfg: Config) -> str:
+    """How the forward computes, for log lines: `train.dtype=fp32` means no autocast, so each op runs
+    in its inputs' dtype (bf16 for the records that store their weights in bf16)."""
+    return "bf16 autocast" if autocast_dtype(cfg) is not None else "no autocast"
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """Autocast on `device` to `dtype`, or nothing when dtype is None."""
     if dtype is None:
