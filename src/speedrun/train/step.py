@@ -48,7 +48,10 @@ def train_step(
     """Accumulate gradients over `accumulation_steps` micro-batches, step, zero; return the mean loss.
 
     `model` is what the forward runs through: the GPT, its compiled form, or a DDP wrapper of either.
-    Under DDP only the last micro-batch all-reduces gradients (`no_sync` on the others). The returned
+    Under DDP only the last micro-batch all-reduces gradients (`no_sync` on the others). As in the
+    records, each micro-batch back-propagates its own mean loss and the summed gradients are divided
+    by the count afterwards (`p.grad /= train_accumulation_steps`), so every backward sees the
+    gradients of one record rank (the FP8 head's fixed gradient scale assumes them). The returned
     loss is a 0-dim tensor on the device, not read: reading it would make the host wait.
     """
     loss_sum: Tensor | None = None
@@ -58,8 +61,11 @@ def train_step(
         with model.no_sync() if defer_sync else contextlib.nullcontext():
             with autocast(x.device, dtype):
                 loss = model(x, y)
-            (loss / accumulation_steps).backward()
+            loss.backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    if accumulation_steps > 1:
+        grads = [p.grad for p in optimizer.parameters() if p.grad is not None]
+        torch._foreach_div_(grads, accumulation_steps)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(optimizer.parameters(), grad_clip, foreach=True)
     optimizer.step()
