@@ -129,11 +129,8 @@ class TokenLoader:
         self.rank_cursors = math.gcd(rank_cursors, self.n_chunks) if rank_cursors else 0
         if self.rank_cursors and align_to_bos:
             raise ConfigError("rank_cursors and align_to_bos do not combine (no record does both)")
-        self._cursors = (
-            RankCursors(self._lengths, global_batch_tokens, self.rank_cursors, end_margin)
-            if self.rank_cursors
-            else None
-        )
+        ranks = self.rank_cursors
+        self._cursors = RankCursors(self._lengths, global_batch_tokens, ranks, end_margin) if ranks else None
         self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
         self._plan_cache: _Step | None = None
