@@ -1,14 +1,15 @@
 """Our loader against small re-implementations of the records' own loaders, written from the record
-scripts (modded-nanogpt, code at the top of each log in records/track_1_short/):
+scripts (modded-nanogpt, code at the top of each log in records/track_1_short/; line numbers count
+from the first line of that code):
 
 - `DistributedDataLoader` of 10-10 … 12-08 (2024-10-10_Muon/train_gpt2.py:279-323): rank r starts a
   shard at r·B·T, reads B·T + 1 tokens, moves by B·T·W and takes the next shard (modulo the file count)
-  once `pos + (B·T·W + 1) > len` (11-19 … 12-04: `pos + B·T·W >= len`; 12-08 log 0069607b,
-  `pos + B·T·W + 1 >= len`); 10-10 … 11-10 read the first batch (train_gpt2.py:373) and then reset the
-  loader (:432), so steps 0 and 1 both train on batch 0. The seed (commit cd06e200, train_gpt2.py:374)
-  does not reset.
-- Sub3Min's `distributed_data_generator` (2025-01-16_Sub3Min log 1d3bd93b): one cursor for the global
-  batch, a new shard when `pos + G + 1 >= len`, rank r takes `pos + r·G/W` (+1 for targets).
+  once `pos + (B·T·W + 1) > len` (11-19 … 12-04: `pos + B·T·W >= len`, log 8384493d:356; 12-08 log
+  0069607b:376, `pos + B·T·W + 1 >= len`); 10-10 … 11-10 read the first batch (train_gpt2.py:373)
+  and then reset the loader (:432), so steps 0 and 1 both train on batch 0. The seed (commit
+  cd06e200, train_gpt2.py:374) does not reset.
+- Sub3Min's `distributed_data_generator` (2025-01-16_Sub3Min log 1d3bd93b:437-450): one cursor for
+  the global batch, a new shard when `pos + G + 1 >= len` (:444), rank r takes `pos + r·G/W` (+1 for targets).
 - Validation (train_gpt2.py:450-458): the val loader is reset, each rank reads `val_steps` batches,
   the loss is the mean of the per-batch means, averaged over ranks.
 
