@@ -177,6 +177,8 @@ def test_global_cursor_matches_sub3min_generator(tmp_path, w):
     plain, _ = our_steps(files, steps, w)  # without the margin shard 0 yields one batch more
     with pytest.raises(AssertionError):
         assert_same(plain, sub3min_steps(streams, steps))
+    twice, _ = our_steps(files, steps, w, end_margin=1, repeat_first_batch=True)  # one cursor, batch 0 twice
+    assert_same(twice, sub3min_steps(streams, steps)[:1] + sub3min_steps(streams, steps - 1))
 
 
 @pytest.mark.parametrize("repeat", [False, True])
