@@ -26,6 +26,7 @@ import torch
 from speedrun.config import Config
 from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.shards import write_shard
+from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from speedrun.train.distributed import DistContext
 from speedrun.train.evaluate import evaluate
@@ -208,7 +209,7 @@ def test_resume_on_another_world_size_is_exact(shards, repeat):
 def test_state_of_another_data_order_is_refused(shards):
     files, _ = shards
     state = TokenLoader(files, G, S, T).state_dict()
-    with pytest.raises(Exception, match="rank_cursors"):
+    with pytest.raises(ConfigError, match="rank_cursors"):
         TokenLoader(files, G, S, T, rank_cursors=W).load_state_dict(state)
 
 
