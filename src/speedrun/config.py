@@ -122,6 +122,12 @@ class DataConfig:
     tokenizer: str = "gpt2"  # gpt2 | bpe:N
     dir: str = ""  # shard folder; empty = the default folder of source + tokenizer
     align_to_bos: bool = False  # start every micro-batch at a document start
+    # the records' data order (docs/recipes.md, Data): 10-10 … 12-08 give each of their 8 ranks its own
+    # cursor (0 = one cursor for the global batch); 12-08 and Sub3Min leave 1 token more at a shard's end;
+    # 10-10 … 11-10 train steps 0 and 1 on the first batch
+    rank_cursors: int = 0
+    end_margin: int = 0
+    repeat_first_batch: bool = False
 
 
 @dataclass

@@ -10,10 +10,16 @@ world size): when the global batch does not fit in the rest of a shard, the step
 the next shard (and, with `loop=True`, from the last shard back to the first). With `align_to_bos`,
 chunk j starts at the first BOS token at or after the end of chunk j-1's inputs. Each rank then reads
 only its own `micro + 1` tokens from a memory map.
+
+Record data order (`docs/recipes.md`, Data): `end_margin` extra tokens must remain behind a batch
+(12-08, Sub3Min test `pos + G + 1 >= len`); `rank_cursors=R` lays a step out as the 10-10 … 12-08
+records' R ranks read it, each with its own cursor (`record_order.py`); `repeat_first_batch` trains
+steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after reading the first batch).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,6 +30,8 @@ from threading import Lock
 import numpy as np
 import torch
 
+from speedrun.data.device_feed import DeviceFeed
+from speedrun.data.record_order import RankCursors
 from speedrun.data.shards import open_shard, read_header
 from speedrun.errors import ConfigError, DataError
 
@@ -32,13 +40,16 @@ _SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS position
 
 @dataclass(frozen=True)
 class _Step:
-    """Where one global batch lies: shard index, the cursor it was planned from, chunk starts."""
+    """Where one global batch lies: shard index, the cursor it was planned from, chunk starts (and
+    each chunk's shard, which differs from `shard` only with rank cursors; their plans keep the batch
+    index in `pos`)."""
 
     shard: int
     pos: int
     starts: np.ndarray
     end: int
     wraps: int
+    shards: np.ndarray
 
 
 def _check_batch_shape(micro_batch_tokens: int, seq_len: int) -> None:
@@ -68,47 +79,6 @@ def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Pat
     return x, y
 
 
-class _DeviceFeed:
-    """Host -> device transfer: on CUDA through pinned buffers and non-blocking copies (a buffer is
-    reused only after the event recorded behind its last copy has completed)."""
-
-    def __init__(self, device: torch.device, shape: tuple[int, int], slots: int = 3):
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self._slots = []
-        if self.cuda:
-            for _ in range(slots):
-                pair = tuple(torch.empty(shape, dtype=torch.int64).pin_memory() for _ in range(2))
-                self._slots.append([pair, None])
-        self._next = 0
-
-    def claim(self) -> int:
-        slot = self._next
-        self._next = (self._next + 1) % max(1, len(self._slots))
-        return slot
-
-    def stage(self, slot: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy into the pinned slot (worker thread); a no-op off CUDA."""
-        if not self.cuda:
-            return x, y
-        (hx, hy), event = self._slots[slot]
-        if event is not None:
-            event.synchronize()
-        hx.copy_(x)
-        hy.copy_(y)
-        return hx, hy
-
-    def send(self, slot: int, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Issue the device copies (calling thread's stream)."""
-        if not self.cuda:
-            return (x, y) if self.device.type == "cpu" else (x.to(self.device), y.to(self.device))
-        dx, dy = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._slots[slot][1] = event
-        return dx, dy
-
-
 class TokenLoader:
     """World-size-invariant training batches from `.bin` shards (see the module docstring)."""
 
@@ -126,6 +96,9 @@ class TokenLoader:
         device: str | torch.device = "cpu",
         loop: bool = True,
         prefetch: bool | None = None,
+        rank_cursors: int = 0,
+        end_margin: int = 0,
+        repeat_first_batch: bool = False,
     ):
         _check_batch_shape(micro_batch_tokens, seq_len)
         _check_rank(rank, world_size)
@@ -151,15 +124,24 @@ class TokenLoader:
         self.last_wait_s = 0.0  # seconds the last next_batch() waited for its batch
         self.total_wait_s = 0.0  # ... and all of them together
         self._lengths = [read_header(f) for f in self.files]
+        self.end_margin, self.repeat_first_batch = end_margin, repeat_first_batch
+        # The record's ranks, as many as whole chunks allow (8 for the records' own batch sizes).
+        self.rank_cursors = math.gcd(rank_cursors, self.n_chunks) if rank_cursors else 0
+        if self.rank_cursors and align_to_bos:
+            raise ConfigError("rank_cursors and align_to_bos do not combine (no record does both)")
+        ranks = self.rank_cursors
+        self._cursors = RankCursors(self._lengths, global_batch_tokens, ranks, end_margin) if ranks else None
         self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
         self._plan_cache: _Step | None = None
         self._lock = Lock()  # the prefetch thread and the caller share the caches above
         # State = where the next micro-batch of this rank comes from; only ever advanced by next_batch.
         self._shard, self._pos, self._micro, self._epoch = 0, 0, 0, 0
-        self._plan(0, 0, loop=True)  # fail now, not mid-training, when no shard can fill a global batch
+        self._batch, self._repeat = 0, repeat_first_batch  # batches done; batch 0 still to repeat
+        if self._cursors is None:  # (RankCursors has checked the shards already)
+            self._plan(0, 0, loop=True)  # fail now, not mid-training, when no shard can fill a global batch
         self.device = torch.device(device)
-        self._feed = _DeviceFeed(self.device, (micro_batch_tokens // seq_len, seq_len))
+        self._feed = DeviceFeed(self.device, (micro_batch_tokens // seq_len, seq_len))
         use_thread = self.device.type == "cuda" if prefetch is None else prefetch
         self._executor = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
@@ -187,7 +169,7 @@ class TokenLoader:
         """Chunk starts and end cursor of a global batch planned from `pos` in shard i, or None."""
         m, length = self.micro_batch_tokens, self._lengths[i]
         if not self.align_to_bos:
-            if pos + self.global_batch_tokens + 1 > length:
+            if pos + self.global_batch_tokens + 1 + self.end_margin > length:
                 return None
             return pos + m * np.arange(self.n_chunks, dtype=np.int64), pos + self.global_batch_tokens
         bos = self._bos_positions(i)
@@ -213,7 +195,7 @@ class TokenLoader:
             if found is not None:
                 # Cached under the cursor where it was found (wraps 0 from there): the later
                 # micro-steps of this step look it up with that cursor.
-                self._plan_cache = _Step(i, p, found[0], found[1], 0)
+                self._plan_cache = _Step(i, p, found[0], found[1], 0, np.full(self.n_chunks, i))
                 return replace(self._plan_cache, wraps=wraps)
             i, p = i + 1, 0
             if i == len(self.files):
@@ -231,27 +213,48 @@ class TokenLoader:
             f"(largest shard has {max(self._lengths)} tokens, {len(self.files)} shard(s))"
         )
 
-    def _produce(self, state: tuple[int, int, int, int], slot: int):
+    def _plan_ranks(self, batch: int) -> _Step:
+        """Global batch `batch` as the record's ranks read it: chunk c lies in rank c // (chunks per
+        rank)'s slice, at offset (c % chunks per rank) * micro."""
+        cached = self._plan_cache
+        if cached is not None and cached.pos == batch:
+            return cached
+        shards, starts, epochs = self._cursors.locate(batch)
+        if not self.loop and epochs.any():
+            raise DataError(
+                f"training data exhausted after {len(self.files)} shard(s) "
+                f"({self.files[0].parent}); use loop=True or more data"
+            )
+        per = self.n_chunks // self.rank_cursors
+        c = np.arange(self.n_chunks)
+        chunk_starts = starts[c // per] + (c % per) * self.micro_batch_tokens
+        self._plan_cache = _Step(int(shards[0]), batch, chunk_starts, 0, int(epochs.max()), shards[c // per])
+        return self._plan_cache
+
+    def _produce(self, state: tuple[int, int, int, int, int, bool], slot: int):
         """Read this rank's micro-batch at `state`; return host tensors and the following state."""
-        shard, pos, micro, epoch = state
+        shard, pos, micro, epoch, batch, repeat = state
+        c = micro * self.world_size + self.rank
         with self._lock:
-            step = self._plan(shard, pos)
-            start = int(step.starts[micro * self.world_size + self.rank])
-            chunk = np.asarray(self._tokens(step.shard)[start : start + self.micro_batch_tokens + 1])
-        x, y = _to_batch(chunk, self.seq_len, self.vocab_size, self.files[step.shard], start)
+            step = self._plan_ranks(batch) if self._cursors else self._plan(shard, pos)
+            start, i = int(step.starts[c]), int(step.shards[c])
+            chunk = np.asarray(self._tokens(i)[start : start + self.micro_batch_tokens + 1])
+        x, y = _to_batch(chunk, self.seq_len, self.vocab_size, self.files[i], start)
         x, y = self._feed.stage(slot, x, y)
-        epoch += step.wraps
-        if micro + 1 < self.accumulation_steps:
-            nxt = (step.shard, step.pos, micro + 1, epoch)
+        if self._cursors:  # the state's shard and pos only report where rank 0 reads
+            shard, pos, epoch = step.shard, int(step.starts[0]), step.wraps
         else:
-            nxt = (step.shard, step.end, 0, epoch)
-        return x, y, nxt
+            shard, epoch = step.shard, epoch + step.wraps
+            pos = step.pos if micro + 1 < self.accumulation_steps or repeat else step.end
+        if micro + 1 < self.accumulation_steps:
+            return x, y, (shard, pos, micro + 1, epoch, batch, repeat)
+        return x, y, (shard, pos, 0, epoch, batch + (not repeat), False)
 
     # ------------------------------------------------------------------------------ public
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's next micro-batch: inputs and targets, int64, shape (B, T)."""
         t0 = time.perf_counter()
-        state = (self._shard, self._pos, self._micro, self._epoch)
+        state = (self._shard, self._pos, self._micro, self._epoch, self._batch, self._repeat)
         if self._future is not None:
             future, self._future = self._future, None
             x, y, nxt, slot = future.result()
@@ -260,7 +263,7 @@ class TokenLoader:
             x, y, nxt = self._produce(state, slot)
         self.last_wait_s = time.perf_counter() - t0
         self.total_wait_s += self.last_wait_s
-        self._shard, self._pos, self._micro, self._epoch = nxt
+        self._shard, self._pos, self._micro, self._epoch, self._batch, self._repeat = nxt
         if self._executor is not None:
             next_slot = self._feed.claim()
             self._future = self._executor.submit(lambda: (*self._produce(nxt, next_slot), next_slot))
@@ -284,6 +287,10 @@ class TokenLoader:
             "world_size": self.world_size,
             "global_batch_tokens": self.global_batch_tokens,
             "micro_batch_tokens": self.micro_batch_tokens,
+            "batch": self._batch,
+            "repeat_pending": self._repeat,
+            "rank_cursors": self.rank_cursors,
+            "end_margin": self.end_margin,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -292,6 +299,12 @@ class TokenLoader:
             raise DataError(
                 f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
             )
+        for key in ("rank_cursors", "end_margin"):  # states from before these keys: 0
+            if state.get(key, 0) != getattr(self, key):
+                raise ConfigError(
+                    f"loader state was saved with {key}={state.get(key, 0)}, not {getattr(self, key)}: "
+                    "the data order would change"
+                )
         same_split = all(
             state.get(k) == getattr(self, k)
             for k in ("world_size", "global_batch_tokens", "micro_batch_tokens")
@@ -308,6 +321,8 @@ class TokenLoader:
         self._drain()
         self._shard, self._pos = int(state["shard"]), int(state["pos"])
         self._micro, self._epoch = int(state["micro_step"]), int(state.get("epoch", 0))
+        self._repeat = bool(state.get("repeat_pending", False))
+        self._batch = int(state.get("batch", 0))
 
     def _drain(self) -> None:
         if self._future is not None:
@@ -357,7 +372,7 @@ def val_batches(
         )
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     maps: dict[int, np.ndarray] = {}
-    feed = _DeviceFeed(torch.device(device), (micro_batch_tokens // seq_len, seq_len), slots=2)
+    feed = DeviceFeed(torch.device(device), (micro_batch_tokens // seq_len, seq_len), slots=2)
 
     def read(a: int, b: int) -> tuple[np.ndarray, Path, int]:
         """Tokens [a, b) of the concatenated val stream (a chunk may straddle two shards)."""

@@ -119,5 +119,6 @@ def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> Tok
     return TokenLoader(
         data.train_files, t.global_batch_tokens, data.micro_batch_tokens, t.seq_len, ctx.rank,
         ctx.world_size, align_to_bos=cfg.data.align_to_bos, bos_id=data.eot_id,
-        vocab_size=cfg.model.vocab_size, device=ctx.device,
+        vocab_size=cfg.model.vocab_size, device=ctx.device, rank_cursors=cfg.data.rank_cursors,
+        end_margin=cfg.data.end_margin, repeat_first_batch=cfg.data.repeat_first_batch,
     )  # fmt: skip
