@@ -90,7 +90,7 @@ def _cmd_train(args: argparse.Namespace, train_parser: argparse.ArgumentParser) 
         from speedrun.tools.commands import train_seeds
 
         return train_seeds(args)
-    cfg = load_recipe(args.recipe or DEFAULT_RECIPE, args.overrides)
+    cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
         import torch
 
@@ -135,7 +135,10 @@ def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> 
         raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume {run_dir}: config.json is not a speedrun config")
-    old = config_from_dict(saved, str(run_dir / "config.json"))
+    try:  # name the file: the same message for an override would point at the command line
+        old = config_from_dict(saved, str(run_dir / "config.json"))
+    except ConfigError as e:
+        raise ConfigError(f"--resume {run_dir}: config.json is damaged ({e})") from None
     cfg = config_from_dict(saved, str(run_dir / "config.json"))
     parse_overrides(cfg, args.overrides)
     validate(cfg)
@@ -183,7 +186,7 @@ def _cmd_recipes(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> 
     """The recipe list, descriptions wrapped to the terminal; or one recipe's config as JSON."""
     from speedrun.recipes import load_recipe, recipe_names
 
-    if args.name:
+    if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
         print(_dumps(load_recipe(args.name).to_dict()))
         return 0
     names = recipe_names()

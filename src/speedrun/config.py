@@ -299,6 +299,8 @@ RESUMABLE_CHANGES = (
 
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
+    if not isinstance(data, dict):  # a config.json holding a list or a number
+        raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
     cfg = Config()
     apply_table(cfg, data, origin)
     return cfg

@@ -39,12 +39,17 @@ def load_meta(data_dir: Path) -> dict:
         if meta["format"] != META_FORMAT or meta["version"] != META_VERSION:
             raise ValueError(f"format {meta['format']!r} version {meta['version']!r}")
         for key, typ in (("tokenizer", str), ("tokenizer_hash", str), ("vocab_size", int), ("eot_id", int)):
-            if not isinstance(meta[key], typ):
+            if not isinstance(meta[key], typ) or isinstance(meta[key], bool):
                 raise TypeError(f"{key} must be {typ.__name__}")
+        if not 0 <= meta["eot_id"] < meta["vocab_size"]:  # it marks documents (document_mask, align_to_bos)
+            raise ValueError(f"eot_id {meta['eot_id']} is not a token id of vocab_size {meta['vocab_size']}")
         for split in ("train", "val"):
             info = meta["splits"][split]
-            if not isinstance(info["tokens"], int) or not all(isinstance(s, str) for s in info["shards"]):
+            shards = info["shards"]
+            if not isinstance(info["tokens"], int) or not isinstance(shards, list) or not shards:
                 raise TypeError(f"bad entry for split {split!r}")
+            if not all(isinstance(s, str) and s == Path(s).name and s.endswith(".bin") for s in shards):
+                raise TypeError(f"split {split!r} lists a shard that is not a .bin file name in this folder")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
     for split in ("train", "val"):

@@ -50,6 +50,7 @@ from speedrun.errors import ConfigError, DataError
 
 FINEWEB = "fineweb10B"
 FINEWEB_DEFAULT_SHARDS = 9
+FINEWEB_MAX_SHARDS = 103  # fineweb_train_000001.bin ... 000103.bin: the full 10B tokens (modded-nanogpt)
 BPE_SAMPLE_BYTES = 100_000_000  # bpe:N is trained on the first this many bytes of train-split text
 
 
@@ -65,8 +66,12 @@ def parse_fineweb_source(source: str) -> int | None:
     if not source.startswith(FINEWEB + ":"):
         return None
     raw = source[len(FINEWEB) + 1 :]
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"source {source!r}: N in fineweb10B:N must be a positive integer (train shards)")
+    # more than the dataset has would fail only after downloading all of it
+    if not raw.isdigit() or not 1 <= int(raw) <= FINEWEB_MAX_SHARDS:
+        raise ConfigError(
+            f"source {source!r}: N in fineweb10B:N must be a positive integer of at most "
+            f"{FINEWEB_MAX_SHARDS} (the dataset has {FINEWEB_MAX_SHARDS} train shards)"
+        )
     return int(raw)
 
 
