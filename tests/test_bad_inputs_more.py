@@ -253,3 +253,30 @@ def test_fineweb_shard_count_is_bounded_by_the_dataset():
     assert parse_fineweb_source("fineweb10B:103") == 103
     with pytest.raises(ConfigError, match="at most 103"):
         parse_fineweb_source("fineweb10B:104")
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("optim.lr=1e300", "optim.lr must be at most 3.403e+38"),  # finite, but not in fp32
+        ("model.window=100000000000000000000", "model.window must be at most 9,223,372,036,854,775,807"),
+        ("train.steps=9223372036854775808", "train.steps must be at most"),
+    ],
+)
+def test_numbers_beyond_what_torch_holds_are_config_errors(override, fragment):
+    """Python takes these, torch did not: an overflow traceback inside the first step."""
+    one_line(run_speedrun("train", "--dry-run", override), 2, fragment)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["model.window_warmup=floor", "model.window_unit=256"], "model.window_unit (256) must not exceed"),
+        (["model.window_warmup=ceil", "model.window_unit=256"], "model.window_unit (256) must not exceed"),
+        (["model.window_warmup=floor", "model.window_warmup_start=1000"], "window_warmup_start (1000)"),
+    ],
+)
+def test_a_window_warmup_that_would_exceed_the_window(overrides, fragment):
+    """The first window would be larger than model.window: a ValueError at step 0 before."""
+    proc = run_speedrun("train", "--dry-run", "model.window=128", *overrides)
+    one_line(proc, 2, fragment)

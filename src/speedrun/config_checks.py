@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -99,6 +100,17 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.window_warmup != "none" and m.window <= 0:
         raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
+    if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
+        raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
+    if m.window_warmup != "none" and m.window_unit > m.window:  # the first window is one unit
+        raise ConfigError(
+            f"model.window_unit ({m.window_unit}) must not exceed model.window ({m.window}): "
+            "the window grows in whole units up to model.window"
+        )
+    if m.window_warmup == "floor" and m.window_warmup_start > m.window:
+        raise ConfigError(
+            f"model.window_warmup_start ({m.window_warmup_start}) must not exceed model.window ({m.window})"
+        )
     if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
         raise ConfigError(
             f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
