@@ -280,3 +280,12 @@ def test_a_window_warmup_that_would_exceed_the_window(overrides, fragment):
     """The first window would be larger than model.window: a ValueError at step 0 before."""
     proc = run_speedrun("train", "--dry-run", "model.window=128", *overrides)
     one_line(proc, 2, fragment)
+
+
+def test_a_recipe_file_saved_with_a_byte_order_mark(tmp_path):
+    """Windows editors start UTF-8 files with a BOM, which tomllib calls an invalid statement."""
+    recipe = tmp_path / "mine.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf" + b'base = "demo"\n[model]\nn_layer = 3\n')
+    proc = run_speedrun("train", "--dry-run", "--recipe", str(recipe))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])["model"]["n_layer"] == 3

@@ -325,8 +325,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_toml(path: Path) -> dict[str, Any]:
     """A recipe file's table; any unreadable, non-UTF-8 or invalid file is one ConfigError line."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        raw = Path(path).read_bytes()
+        return tomllib.loads(raw.removeprefix(b"\xef\xbb\xbf").decode())  # a BOM: Windows editors add one
     except FileNotFoundError:
         raise ConfigError(f"recipe file not found: {path}") from None
     except IsADirectoryError:
