@@ -289,3 +289,22 @@ def test_a_recipe_file_saved_with_a_byte_order_mark(tmp_path):
     proc = run_speedrun("train", "--dry-run", "--recipe", str(recipe))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])["model"]["n_layer"] == 3
+
+
+@pytest.mark.parametrize("kind", ["a folder with its own meta.json", "notes beside prepared shards"])
+def test_prepare_never_replaces_a_folder_holding_the_users_files(kind, text_data, tmp_path):
+    """`prepare` replaces an earlier prepared folder wholesale; it deleted any folder that merely had a
+    meta.json (a user's project) and anything the user had put beside the shards."""
+    target = tmp_path / "target"
+    if kind.startswith("a folder"):
+        target.mkdir()
+        (target / "meta.json").write_text('{"name": "my project"}')
+    else:
+        shutil.copytree(text_data, target)
+    (target / "notes.txt").write_text("precious")
+    before = sorted(p.name for p in target.iterdir())
+    source = f"text:{text_data.parent / 'docs.jsonl'}"
+    proc = run_speedrun("prepare", source, "--tokenizer", "bpe:300", "--data-dir", str(target))
+    one_line(proc, 1, str(target), "notes.txt", "not replacing it")
+    assert sorted(p.name for p in target.iterdir()) == before
+    assert (target / "notes.txt").read_text() == "precious"

@@ -7,6 +7,7 @@ own: neither of those modules needs to import the other for it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from speedrun.atomic import write_atomic
@@ -65,3 +66,31 @@ def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Pa
     """The shard files of `split` exactly as `meta.json` lists them."""
     meta = meta if meta is not None else load_meta(data_dir)
     return [Path(data_dir) / name for name in meta["splits"][split]["shards"]]
+
+
+_SHARD_NAME = re.compile(r".+_(train|val)_\d{6}\.bin")
+_TOKENIZER_FILE = "tokenizer.json"  # data/tokenizers.py TOKENIZER_FILE (not imported: it loads tiktoken)
+
+
+def foreign_entries(data_dir: Path) -> list[str]:
+    """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
+    meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,
+    so a user's folder that happens to hold a meta.json, or their notes beside the shards, is never
+    deleted. A `.cache/huggingface` folder is ours: Hub downloads leave it."""
+    data_dir = Path(data_dir)
+    entries = sorted(p.name for p in data_dir.iterdir())
+    try:
+        meta = json.loads((data_dir / META_FILE).read_text(encoding="utf-8"))
+        ours = isinstance(meta, dict) and meta.get("format") == META_FORMAT
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        return entries
+
+    def is_ours(name: str) -> bool:
+        path = data_dir / name
+        if name == ".cache":
+            return path.is_dir() and {p.name for p in path.iterdir()} <= {"huggingface"}
+        return path.is_file() and (name in (META_FILE, _TOKENIZER_FILE) or bool(_SHARD_NAME.fullmatch(name)))
+
+    return [name for name in entries if not is_ours(name)]

@@ -25,6 +25,7 @@ from speedrun.data.meta import (  # noqa: F401 (re-exported: the loop and tests 
     META_FILE,
     META_FORMAT,
     META_VERSION,
+    foreign_entries,
     load_meta,
     shard_paths,
     write_json_atomic,
@@ -85,12 +86,21 @@ def default_data_dir(source: str, tokenizer: str) -> Path:
 
 
 def _check_target(data_dir: Path) -> None:
-    """Refuse to replace a folder that is not ours: it may hold the user's files."""
-    if data_dir.exists() and (
-        not data_dir.is_dir() or (any(data_dir.iterdir()) and not (data_dir / META_FILE).is_file())
-    ):
+    """Refuse to replace a folder that is not wholly ours: it may hold the user's files."""
+    if not data_dir.exists():
+        return
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: exists and is a file, not a data folder; not replacing it")
+    foreign = foreign_entries(data_dir)
+    if foreign and not (data_dir / META_FILE).is_file():
         raise DataError(
             f"{data_dir}: exists and is not a prepared data folder (no {META_FILE}); not replacing it"
+        )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise DataError(
+            f"{data_dir}: holds files that are not prepared data of speedrun ({shown}); not replacing it "
+            "(move them away, or choose another --data-dir)"
         )
 
 
