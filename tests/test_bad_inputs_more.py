@@ -308,3 +308,43 @@ def test_prepare_never_replaces_a_folder_holding_the_users_files(kind, text_data
     one_line(proc, 1, str(target), "notes.txt", "not replacing it")
     assert sorted(p.name for p in target.iterdir()) == before
     assert (target / "notes.txt").read_text() == "precious"
+
+
+# ------------------------------------------------------------------------------------------ hellaswag
+
+GOOD_EXAMPLE = {"ctx": "A man", "endings": ["runs.", "sits.", "eats.", "sleeps."], "label": 1}
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"\xff\xfe not utf-8\n", "h.jsonl:1: not a HellaSwag example"),  # a traceback before
+        (
+            json.dumps({**GOOD_EXAMPLE, "endings": [1, 2, 3, 4]}).encode() + b"\n",
+            "h.jsonl:1: not a HellaSwag",
+        ),
+        (b"\n\n", "h.jsonl: holds no HellaSwag examples"),  # "0 examples | acc 0.0000" before
+    ],
+)
+def test_hellaswag_files_that_are_not_examples(tmp_path, content, fragment):
+    from speedrun.errors import DataError
+    from speedrun.tools.hellaswag import read_examples
+
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=fragment):
+        read_examples(path)
+
+
+def test_hellaswag_ending_longer_than_the_model_context():
+    """A small model (max_seq_len 8) and a long ending: a tensor shape error before; now the ending
+    keeps its last tokens after one context token, and the mask covers exactly them."""
+    from speedrun.data.tokenizers import gpt2_tokenizer
+    from speedrun.tools.hellaswag import example_batch
+
+    tok = gpt2_tokenizer()
+    long_ending = "and then " * 10
+    tokens, mask, label = example_batch({**GOOD_EXAMPLE, "endings": [long_ending] * 4}, tok, max_len=8)
+    end = tok.encode(" " + long_ending)[-7:]
+    assert tokens.shape == (4, 8) and label == 1
+    assert tokens[0, 1:].tolist() == end and mask[0].tolist() == [False] + [True] * 7
