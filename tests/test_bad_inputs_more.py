@@ -348,3 +348,12 @@ def test_hellaswag_ending_longer_than_the_model_context():
     end = tok.encode(" " + long_ending)[-7:]
     assert tokens.shape == (4, 8) and label == 1
     assert tokens[0, 1:].tolist() == end and mask[0].tolist() == [False] + [True] * 7
+
+
+def test_a_stray_rank_variable_does_not_silence_errors(monkeypatch, tmp_path):
+    """Only rank 0 of a multi-process launch speaks; RANK=1 alone (a scheduler's variable) silenced
+    every error of every command (exit 1 and nothing said)."""
+    for key in LAUNCH_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    one_line(run_speedrun("compare", str(tmp_path)), 1, "not a run directory")

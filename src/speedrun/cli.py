@@ -205,7 +205,9 @@ def _say(message: str, error: BaseException | None = None) -> None:
     """Print a user-facing line on stderr; under torchrun only rank 0 speaks (the others would repeat it),
     unless the error is about the rank itself."""
     rank = os.environ.get("RANK", "0")
-    if rank == "0":
+    world = os.environ.get("WORLD_SIZE", "1")
+    # RANK alone (a scheduler's variable, a stale export) is no multi-process launch: say it
+    if rank == "0" or not (world.isdigit() and int(world) > 1):
         print(message, file=sys.stderr)
     elif getattr(error, "rank_specific", False):
         print(message.replace("speedrun: ", f"speedrun (rank {rank}): ", 1), file=sys.stderr)
