@@ -7,6 +7,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from speedrun.config import Config
@@ -357,3 +358,22 @@ def test_a_stray_rank_variable_does_not_silence_errors(monkeypatch, tmp_path):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "1")
     one_line(run_speedrun("compare", str(tmp_path)), 1, "not a run directory")
+
+
+def test_resume_refuses_shards_prepared_again_under_the_same_names(tmp_path):
+    """A data folder prepared again (other text, or another BPE of the same size) keeps its shard
+    names; the loader state of a checkpoint only named them, so a resume trained on other token ids."""
+    from speedrun.data.loader import TokenLoader
+    from speedrun.data.shards import write_shard
+    from speedrun.errors import DataError
+
+    shard = tmp_path / "text-docs_train_000000.bin"
+    rng = np.random.default_rng(0)
+    write_shard(shard, rng.integers(0, 512, 5000))
+    loader = TokenLoader([shard], 1024, 512, 64)
+    loader.next_batch()
+    state = loader.state_dict()
+    TokenLoader([shard], 1024, 512, 64).load_state_dict(state)  # the same data resumes
+    write_shard(shard, rng.integers(0, 512, 5000))  # same name, same length, other tokens
+    with pytest.raises(DataError, match="changed since the checkpoint was saved"):
+        TokenLoader([shard], 1024, 512, 64).load_state_dict(state)
