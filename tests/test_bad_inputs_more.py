@@ -182,12 +182,15 @@ def _train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
         ({"vocab_size": True}, "vocab_size must be int"),
         ({"train_shards": ["../../elsewhere_train_000000.bin"]}, "not a .bin file name in this folder"),
         ({"train_shards": []}, "bad entry for split 'train'"),
+        ({"train_tokens": -5}, "bad entry for split 'train'"),
     ],
 )
 def test_meta_json_with_impossible_values(data_copy, tmp_path, change, fragment):
     meta = json.loads((data_copy / "meta.json").read_text())
     if "train_shards" in change:
         meta["splits"]["train"]["shards"] = change["train_shards"]
+    elif "train_tokens" in change:
+        meta["splits"]["train"]["tokens"] = change["train_tokens"]
     else:
         meta.update(change)
     (data_copy / "meta.json").write_text(json.dumps(meta))

@@ -231,6 +231,10 @@ def _is_out_of_memory(e: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # huggingface_hub logs each retry of a failing download as a warning on stderr; the failure itself
+    # ends as our one line naming the file, so its retries would only be noise around it
+    # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser, train_parser = _build_parser()
     try:
         args = parser.parse_args(argv)

@@ -47,7 +47,8 @@ def load_meta(data_dir: Path) -> dict:
         for split in ("train", "val"):
             info = meta["splits"][split]
             shards = info["shards"]
-            if not isinstance(info["tokens"], int) or not isinstance(shards, list) or not shards:
+            tokens = info["tokens"]
+            if not isinstance(tokens, int) or tokens < 0 or not isinstance(shards, list) or not shards:
                 raise TypeError(f"bad entry for split {split!r}")
             if not all(isinstance(s, str) and s == Path(s).name and s.endswith(".bin") for s in shards):
                 raise TypeError(f"split {split!r} lists a shard that is not a .bin file name in this folder")
