@@ -240,7 +240,7 @@ def test_resume_names_a_damaged_config_json(tmp_path):
     config = Config().to_dict()
     config["model"]["n_layer"] = "abc"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    one_line(run_speedrun("train", "--resume", str(tmp_path)), 2, "config.json is damaged", "model.n_layer")
+    one_line(run_speedrun("train", "--resume", str(tmp_path)), 2, "config.json is unusable", "model.n_layer")
 
 
 # ----------------------------------------------------------------------------------- names and sources
@@ -380,3 +380,16 @@ def test_resume_refuses_shards_prepared_again_under_the_same_names(tmp_path):
     write_shard(shard, rng.integers(0, 512, 5000))  # same name, same length, other tokens
     with pytest.raises(DataError, match="changed since the checkpoint was saved"):
         TokenLoader([shard], 1024, 512, 64).load_state_dict(state)
+
+
+def test_a_gpu_index_beyond_the_machine(monkeypatch):
+    """`--device cuda:7` on a 2-GPU machine failed inside the first tensor move."""
+    import torch
+
+    from speedrun.tools.runs import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ConfigError, match="--device cuda:7: this machine has 2 GPU"):
+        resolve_device("cuda:7")

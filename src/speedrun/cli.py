@@ -138,7 +138,7 @@ def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> 
     try:  # name the file: the same message for an override would point at the command line
         old = config_from_dict(saved, str(run_dir / "config.json"))
     except ConfigError as e:
-        raise ConfigError(f"--resume {run_dir}: config.json is damaged ({e})") from None
+        raise ConfigError(f"--resume {run_dir}: config.json is unusable ({e})") from None
     cfg = config_from_dict(saved, str(run_dir / "config.json"))
     parse_overrides(cfg, args.overrides)
     validate(cfg)
