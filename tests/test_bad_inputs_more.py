@@ -393,3 +393,17 @@ def test_a_gpu_index_beyond_the_machine(monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match="--device cuda:7: this machine has 2 GPU"):
         resolve_device("cuda:7")
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("wiki-vitl", "unknown source 'wiki-vitl'"),
+        ("text:", "needs a path"),
+        ("fineweb10B:500", "at most 103"),
+    ],
+)
+def test_a_malformed_data_source_is_a_config_error(source, fragment):
+    """With no data.dir the source names the data folder: a typo was `data/wiki-vitl: data folder
+    not found` after the run folder was made; now it is a config error like any other key."""
+    one_line(run_speedrun("train", "--dry-run", f"data.source={source}"), 2, "data.source:", fragment)

@@ -38,7 +38,15 @@ from speedrun.data.pipeline import (
     encode_batches,
     split_plan,
 )
-from speedrun.data.sources import iter_documents, source_size, source_slug
+from speedrun.data.sources import (  # noqa: F401 (FINEWEB... re-exported)
+    FINEWEB,
+    FINEWEB_DEFAULT_SHARDS,
+    FINEWEB_MAX_SHARDS,
+    iter_documents,
+    parse_fineweb_source,
+    source_size,
+    source_slug,
+)
 from speedrun.data.tokenizers import (
     Tokenizer,
     gpt2_tokenizer,
@@ -49,31 +57,12 @@ from speedrun.data.tokenizers import (
 )
 from speedrun.errors import ConfigError, DataError
 
-FINEWEB = "fineweb10B"
-FINEWEB_DEFAULT_SHARDS = 9
-FINEWEB_MAX_SHARDS = 103  # fineweb_train_000001.bin ... 000103.bin: the full 10B tokens (modded-nanogpt)
 BPE_SAMPLE_BYTES = 100_000_000  # bpe:N is trained on the first this many bytes of train-split text
 
 
 def _check_tokenizer_name(tokenizer: str) -> None:
     if tokenizer != "gpt2":
         parse_bpe_size(tokenizer)  # ConfigError for anything that is not bpe:N with a sane N
-
-
-def parse_fineweb_source(source: str) -> int | None:
-    """Number of train shards for `fineweb10B[:N]`, or None when `source` is not FineWeb."""
-    if source == FINEWEB:
-        return FINEWEB_DEFAULT_SHARDS
-    if not source.startswith(FINEWEB + ":"):
-        return None
-    raw = source[len(FINEWEB) + 1 :]
-    # more than the dataset has would fail only after downloading all of it
-    if not raw.isdigit() or not 1 <= int(raw) <= FINEWEB_MAX_SHARDS:
-        raise ConfigError(
-            f"source {source!r}: N in fineweb10B:N must be a positive integer of at most "
-            f"{FINEWEB_MAX_SHARDS} (the dataset has {FINEWEB_MAX_SHARDS} train shards)"
-        )
-    return int(raw)
 
 
 def default_data_dir(source: str, tokenizer: str) -> Path:
