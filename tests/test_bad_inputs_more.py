@@ -407,3 +407,32 @@ def test_a_malformed_data_source_is_a_config_error(source, fragment):
     """With no data.dir the source names the data folder: a typo was `data/wiki-vitl: data folder
     not found` after the run folder was made; now it is a config error like any other key."""
     one_line(run_speedrun("train", "--dry-run", f"data.source={source}"), 2, "data.source:", fragment)
+
+
+@pytest.fixture
+def resumable(text_data, tmp_path) -> Path:
+    """A run stopped after step 3 of 6 with a checkpoint there (the step-6 checkpoint removed)."""
+    out = tmp_path / "run"
+    extra = ["train.steps=6", "train.checkpoint_every=3", "train.checkpoint_keep=0"]
+    assert _train(text_data, out, *extra).returncode == 0
+    shutil.rmtree(out / "checkpoints" / "step_000006")
+    return out
+
+
+@pytest.mark.parametrize("damage", ["emptied", "removed"])
+def test_resume_refuses_a_metrics_history_that_lost_its_records(resumable, damage):
+    """The resumed run appended steps 4..6 to an empty file: a history that starts mid-run."""
+    metrics = resumable / "metrics.jsonl"
+    metrics.write_text("") if damage == "emptied" else metrics.unlink()
+    one_line(run_speedrun("train", "--resume", str(resumable)), 1, "no record of step 3")
+    assert not metrics.exists() or metrics.read_text() == ""  # not written to
+
+
+def test_resume_still_continues_an_intact_history(resumable):
+    before = [json.loads(line) for line in (resumable / "metrics.jsonl").read_text().splitlines()]
+    proc = run_speedrun("train", "--resume", str(resumable))
+    assert proc.returncode == 0, proc.stderr
+    after = [json.loads(line) for line in (resumable / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in after if "train_loss" in r][-1] == 6
+    kept = [r for r in before if r["step"] < 3 or (r["step"] == 3 and "val_loss" not in r)]
+    assert after[: len(kept)] == kept  # the history up to the checkpoint is kept as it was

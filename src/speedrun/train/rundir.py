@@ -201,6 +201,13 @@ class RunDir:
             return
         path = self.path / "metrics.jsonl"
         records, torn = read_records(path)
+        # the loop writes step N's record before it saves checkpoint N: without it the file was
+        # emptied, removed or replaced, and the resumed history would silently start mid-run
+        if step > 0 and not any(r["step"] == step and "train_loss" in r for _, r in records):
+            raise DataError(
+                f"{path}: no record of step {step}, the step of the checkpoint (the file was removed, "
+                "emptied or replaced?); restore it, or start a new run"
+            )
         keep = [
             line + b"\n"
             for line, r in records
