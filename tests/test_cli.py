@@ -85,6 +85,7 @@ def test_resume_refuses_options_it_would_ignore(tmp_path, capsys, extra):
 
 def test_only_rank_zero_prints_user_errors(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--dry-run", "model.n_head=0"]) == 2
     assert capsys.readouterr().err == ""  # rank 0 says it once for everyone
     monkeypatch.setenv("RANK", "0")
@@ -101,6 +102,7 @@ def test_rank_specific_errors_are_printed_by_that_rank(capsys, monkeypatch):
         raise error
 
     monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setattr("speedrun.recipes.load_recipe", no_gpu)
     assert main(["train", "--dry-run"]) == 2
     assert capsys.readouterr().err.strip() == "speedrun (rank 3): error: local rank 3 has no GPU"

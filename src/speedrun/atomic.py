@@ -6,6 +6,7 @@ umask 022), not the 0600 that temporary-file helpers use.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -37,8 +38,13 @@ def dir_mode() -> int:
 def write_atomic(path: Path, *chunks: bytes) -> None:
     """Write `chunks` to a temporary file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
+    if path.is_dir():  # else the rename fails naming our temporary file, not the path the user gave
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:  # read-only folder, /proc: name the file we were asked for, not the temporary
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
     try:
         os.fchmod(fd, file_mode())  # mkstemp makes 0600 files; ours are ordinary data
         with os.fdopen(fd, "wb") as f:
@@ -49,7 +55,7 @@ def write_atomic(path: Path, *chunks: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        if e.filename is None:  # a failed write names no file: name the one we were writing
+        if e.filename in (None, tmp):  # a failed write or rename names no file, or our temporary
             raise OSError(e.errno, e.strerror or str(e), str(path)) from None
         raise
     except BaseException:

@@ -90,7 +90,7 @@ def _cmd_train(args: argparse.Namespace, train_parser: argparse.ArgumentParser) 
         from speedrun.tools.commands import train_seeds
 
         return train_seeds(args)
-    cfg = load_recipe(args.recipe or DEFAULT_RECIPE, args.overrides)
+    cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
         import torch
 
@@ -135,7 +135,10 @@ def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> 
         raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume {run_dir}: config.json is not a speedrun config")
-    old = config_from_dict(saved, str(run_dir / "config.json"))
+    try:  # name the file: the same message for an override would point at the command line
+        old = config_from_dict(saved, str(run_dir / "config.json"))
+    except ConfigError as e:
+        raise ConfigError(f"--resume {run_dir}: config.json is unusable ({e})") from None
     cfg = config_from_dict(saved, str(run_dir / "config.json"))
     parse_overrides(cfg, args.overrides)
     validate(cfg)
@@ -183,7 +186,7 @@ def _cmd_recipes(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> 
     """The recipe list, descriptions wrapped to the terminal; or one recipe's config as JSON."""
     from speedrun.recipes import load_recipe, recipe_names
 
-    if args.name:
+    if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
         print(_dumps(load_recipe(args.name).to_dict()))
         return 0
     names = recipe_names()
@@ -202,7 +205,9 @@ def _say(message: str, error: BaseException | None = None) -> None:
     """Print a user-facing line on stderr; under torchrun only rank 0 speaks (the others would repeat it),
     unless the error is about the rank itself."""
     rank = os.environ.get("RANK", "0")
-    if rank == "0":
+    world = os.environ.get("WORLD_SIZE", "1")
+    # RANK alone (a scheduler's variable, a stale export) is no multi-process launch: say it
+    if rank == "0" or not (world.isdigit() and int(world) > 1):
         print(message, file=sys.stderr)
     elif getattr(error, "rank_specific", False):
         print(message.replace("speedrun: ", f"speedrun (rank {rank}): ", 1), file=sys.stderr)
@@ -226,6 +231,10 @@ def _is_out_of_memory(e: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # huggingface_hub logs each retry of a failing download as a warning on stderr; the failure itself
+    # ends as our one line naming the file, so its retries would only be noise around it
+    # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser, train_parser = _build_parser()
     try:
         args = parser.parse_args(argv)

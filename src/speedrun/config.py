@@ -307,6 +307,8 @@ RESUMABLE_CHANGES = (
 
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
+    if not isinstance(data, dict):  # a config.json holding a list or a number
+        raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
     cfg = Config()
     apply_table(cfg, data, origin)
     return cfg
@@ -331,8 +333,8 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_toml(path: Path) -> dict[str, Any]:
     """A recipe file's table; any unreadable, non-UTF-8 or invalid file is one ConfigError line."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        raw = Path(path).read_bytes()
+        return tomllib.loads(raw.removeprefix(b"\xef\xbb\xbf").decode())  # a BOM: Windows editors add one
     except FileNotFoundError:
         raise ConfigError(f"recipe file not found: {path}") from None
     except IsADirectoryError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -42,6 +43,13 @@ def cross_field_checks(cfg: Config) -> None:
         )
     if m.document_mask and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
+    if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
+        from speedrun.data.sources import check_source
+
+        try:
+            check_source(cfg.data.source)
+        except ConfigError as e:
+            raise ConfigError(f"data.source: {e}") from None
     if cfg.data.tokenizer != "gpt2":
         from speedrun.data.tokenizers import parse_bpe_size
 
@@ -99,6 +107,17 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.window_warmup != "none" and m.window <= 0:
         raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
+    if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
+        raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
+    if m.window_warmup != "none" and m.window_unit > m.window:  # the first window is one unit
+        raise ConfigError(
+            f"model.window_unit ({m.window_unit}) must not exceed model.window ({m.window}): "
+            "the window grows in whole units up to model.window"
+        )
+    if m.window_warmup == "floor" and m.window_warmup_start > m.window:
+        raise ConfigError(
+            f"model.window_warmup_start ({m.window_warmup_start}) must not exceed model.window ({m.window})"
+        )
     if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
         raise ConfigError(
             f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"

@@ -28,6 +28,14 @@ class Range:
     def check(self, key: str, value: float) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key} must be a finite number, got {value}")
+        # Values reach torch as fp32 (learning rates, scales) or int64 (steps, windows): beyond those
+        # they failed deep inside the first step ("value cannot be converted ... without overflow").
+        limit = FP32_MAX if isinstance(value, float) else INT64_MAX
+        if value > limit:  # (no field takes negative numbers: they fail the lower bound below)
+            shown = (
+                f"{limit:.4g}, got {value:.4g}" if isinstance(value, float) else f"{limit:,}, got {value:,}"
+            )
+            raise ConfigError(f"{key} must be at most {shown} (what torch can hold)")
         low_ok = value > self.lo if self.lo_open else value >= self.lo
         high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         if not (low_ok and high_ok):
@@ -40,6 +48,8 @@ class Range:
         return f"{low} and {'<' if self.hi_open else '<='} {self.hi:,}"
 
 
+FP32_MAX = 3.4028234663852886e38  # the largest finite float32
+INT64_MAX = 2**63 - 1
 DEFAULT_RANGE = Range(0)  # numbers without an Annotated range: finite and not negative
 # Sequence lengths: positions are int32 in FlexAttention block masks and in the shard header's token
 # count, so nothing longer can be addressed; the memory check in `validate` bounds the tables further.

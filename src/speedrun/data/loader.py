@@ -19,6 +19,7 @@ steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after re
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from speedrun.data.shards import open_shard, read_header
 from speedrun.errors import ConfigError, DataError
 
 _SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
+_FINGERPRINT_TOKENS = 1 << 16  # tokens hashed per shard to tell a re-prepared folder from the original
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class TokenLoader:
         self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
         self._plan_cache: _Step | None = None
+        self._fingerprint: list[str] | None = None
         self._lock = Lock()  # the prefetch thread and the caller share the caches above
         # State = where the next micro-batch of this rank comes from; only ever advanced by next_batch.
         self._shard, self._pos, self._micro, self._epoch = 0, 0, 0, 0
@@ -291,7 +294,18 @@ class TokenLoader:
             "repeat_pending": self._repeat,
             "rank_cursors": self.rank_cursors,
             "end_margin": self.end_margin,
+            "fingerprint": self.fingerprint(),
         }
+
+    def fingerprint(self) -> list[str]:
+        """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
+        prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
+        if self._fingerprint is None:
+            heads = (np.ascontiguousarray(open_shard(f)[:_FINGERPRINT_TOKENS]).tobytes() for f in self.files)
+            self._fingerprint = [
+                f"{n}:{hashlib.sha256(h).hexdigest()[:16]}" for n, h in zip(self._lengths, heads, strict=True)
+            ]
+        return self._fingerprint
 
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where `state_dict()` was taken."""
@@ -309,6 +323,12 @@ class TokenLoader:
             state.get(k) == getattr(self, k)
             for k in ("world_size", "global_batch_tokens", "micro_batch_tokens")
         )
+        saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
+        if saved is not None and saved != self.fingerprint():
+            raise DataError(
+                f"the shards in {self.files[0].parent} changed since the checkpoint was saved (prepared "
+                "again from other text or with another tokenizer?); resume needs the data the run started on"
+            )
         if state["micro_step"] != 0 and not same_split:
             raise ConfigError(
                 "loader state taken mid-step can only resume with the same world size and batch sizes"

@@ -7,6 +7,7 @@ own: neither of those modules needs to import the other for it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from speedrun.atomic import write_atomic
@@ -39,12 +40,18 @@ def load_meta(data_dir: Path) -> dict:
         if meta["format"] != META_FORMAT or meta["version"] != META_VERSION:
             raise ValueError(f"format {meta['format']!r} version {meta['version']!r}")
         for key, typ in (("tokenizer", str), ("tokenizer_hash", str), ("vocab_size", int), ("eot_id", int)):
-            if not isinstance(meta[key], typ):
+            if not isinstance(meta[key], typ) or isinstance(meta[key], bool):
                 raise TypeError(f"{key} must be {typ.__name__}")
+        if not 0 <= meta["eot_id"] < meta["vocab_size"]:  # it marks documents (document_mask, align_to_bos)
+            raise ValueError(f"eot_id {meta['eot_id']} is not a token id of vocab_size {meta['vocab_size']}")
         for split in ("train", "val"):
             info = meta["splits"][split]
-            if not isinstance(info["tokens"], int) or not all(isinstance(s, str) for s in info["shards"]):
+            shards = info["shards"]
+            tokens = info["tokens"]
+            if not isinstance(tokens, int) or tokens < 0 or not isinstance(shards, list) or not shards:
                 raise TypeError(f"bad entry for split {split!r}")
+            if not all(isinstance(s, str) and s == Path(s).name and s.endswith(".bin") for s in shards):
+                raise TypeError(f"split {split!r} lists a shard that is not a .bin file name in this folder")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
     for split in ("train", "val"):
@@ -60,3 +67,31 @@ def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Pa
     """The shard files of `split` exactly as `meta.json` lists them."""
     meta = meta if meta is not None else load_meta(data_dir)
     return [Path(data_dir) / name for name in meta["splits"][split]["shards"]]
+
+
+_SHARD_NAME = re.compile(r".+_(train|val)_\d{6}\.bin")
+_TOKENIZER_FILE = "tokenizer.json"  # data/tokenizers.py TOKENIZER_FILE (not imported: it loads tiktoken)
+
+
+def foreign_entries(data_dir: Path) -> list[str]:
+    """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
+    meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,
+    so a user's folder that happens to hold a meta.json, or their notes beside the shards, is never
+    deleted. A `.cache/huggingface` folder is ours: Hub downloads leave it."""
+    data_dir = Path(data_dir)
+    entries = sorted(p.name for p in data_dir.iterdir())
+    try:
+        meta = json.loads((data_dir / META_FILE).read_text(encoding="utf-8"))
+        ours = isinstance(meta, dict) and meta.get("format") == META_FORMAT
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        return entries
+
+    def is_ours(name: str) -> bool:
+        path = data_dir / name
+        if name == ".cache":
+            return path.is_dir() and {p.name for p in path.iterdir()} <= {"huggingface"}
+        return path.is_file() and (name in (META_FILE, _TOKENIZER_FILE) or bool(_SHARD_NAME.fullmatch(name)))
+
+    return [name for name in entries if not is_ours(name)]

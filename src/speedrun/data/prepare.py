@@ -25,6 +25,7 @@ from speedrun.data.meta import (  # noqa: F401 (re-exported: the loop and tests 
     META_FILE,
     META_FORMAT,
     META_VERSION,
+    foreign_entries,
     load_meta,
     shard_paths,
     write_json_atomic,
@@ -37,7 +38,15 @@ from speedrun.data.pipeline import (
     encode_batches,
     split_plan,
 )
-from speedrun.data.sources import iter_documents, source_size, source_slug
+from speedrun.data.sources import (  # noqa: F401 (FINEWEB... re-exported)
+    FINEWEB,
+    FINEWEB_DEFAULT_SHARDS,
+    FINEWEB_MAX_SHARDS,
+    iter_documents,
+    parse_fineweb_source,
+    source_size,
+    source_slug,
+)
 from speedrun.data.tokenizers import (
     Tokenizer,
     gpt2_tokenizer,
@@ -48,26 +57,12 @@ from speedrun.data.tokenizers import (
 )
 from speedrun.errors import ConfigError, DataError
 
-FINEWEB = "fineweb10B"
-FINEWEB_DEFAULT_SHARDS = 9
 BPE_SAMPLE_BYTES = 100_000_000  # bpe:N is trained on the first this many bytes of train-split text
 
 
 def _check_tokenizer_name(tokenizer: str) -> None:
     if tokenizer != "gpt2":
         parse_bpe_size(tokenizer)  # ConfigError for anything that is not bpe:N with a sane N
-
-
-def parse_fineweb_source(source: str) -> int | None:
-    """Number of train shards for `fineweb10B[:N]`, or None when `source` is not FineWeb."""
-    if source == FINEWEB:
-        return FINEWEB_DEFAULT_SHARDS
-    if not source.startswith(FINEWEB + ":"):
-        return None
-    raw = source[len(FINEWEB) + 1 :]
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"source {source!r}: N in fineweb10B:N must be a positive integer (train shards)")
-    return int(raw)
 
 
 def default_data_dir(source: str, tokenizer: str) -> Path:
@@ -80,12 +75,21 @@ def default_data_dir(source: str, tokenizer: str) -> Path:
 
 
 def _check_target(data_dir: Path) -> None:
-    """Refuse to replace a folder that is not ours: it may hold the user's files."""
-    if data_dir.exists() and (
-        not data_dir.is_dir() or (any(data_dir.iterdir()) and not (data_dir / META_FILE).is_file())
-    ):
+    """Refuse to replace a folder that is not wholly ours: it may hold the user's files."""
+    if not data_dir.exists():
+        return
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: exists and is a file, not a data folder; not replacing it")
+    foreign = foreign_entries(data_dir)
+    if foreign and not (data_dir / META_FILE).is_file():
         raise DataError(
             f"{data_dir}: exists and is not a prepared data folder (no {META_FILE}); not replacing it"
+        )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise DataError(
+            f"{data_dir}: holds files that are not prepared data of speedrun ({shown}); not replacing it "
+            "(move them away, or choose another --data-dir)"
         )
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from speedrun.errors import ConfigError
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 
 
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -66,8 +69,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     _positive("-n", args.n)
     _positive("--max-tokens", args.max_tokens)
-    if args.temperature < 0 or args.top_k < 0:
-        raise ConfigError("--temperature and --top-k must not be negative")
+    if not math.isfinite(args.temperature) or args.temperature < 0 or args.top_k < 0:
+        raise ConfigError("--temperature must be a finite number >= 0 and --top-k must not be negative")
+    if not SEED_MIN <= args.seed <= SEED_MAX:
+        raise ConfigError(f"--seed must be between {SEED_MIN} and {SEED_MAX} (64 bits), got {args.seed}")
     device = resolve_device(args.device)
     model, cfg, _ = load_model(args.path, device)
     tokenizer = run_tokenizer(cfg, args.data)
@@ -127,6 +132,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from speedrun.tools.compare import format_table, load_run, make_groups, plot_runs
 
+    if not math.isfinite(args.target):
+        raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     runs = [load_run(p) for p in args.runs]
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
@@ -152,9 +159,8 @@ def train_seeds(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     if any(o.strip().startswith("train.seed=") for o in args.overrides):
         raise ConfigError("--seeds sets train.seed itself; drop the train.seed= override")
-    configs = [
-        load_recipe(args.recipe or DEFAULT_RECIPE, [*args.overrides, f"train.seed={s}"]) for s in seeds
-    ]
+    recipe = DEFAULT_RECIPE if args.recipe is None else args.recipe
+    configs = [load_recipe(recipe, [*args.overrides, f"train.seed={s}"]) for s in seeds]
     base = args.out or default_run_dir(configs[0].recipe)
     dirs = [base.with_name(f"{base.name}-seed{s}") for s in seeds]
     if args.dry_run:
@@ -163,7 +169,10 @@ def train_seeds(args: argparse.Namespace) -> int:
             print(f"seed {s}: {d}")
         return 0
     from speedrun.train.loop import train
+    from speedrun.train.rundir import check_new
 
+    for out in dirs:  # before the first run: a taken folder would otherwise fail only after it
+        check_new(out)
     for s, (cfg, out) in enumerate(zip(configs, dirs, strict=True)):
         print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out} ===", flush=True)
         train(cfg, out)

@@ -18,6 +18,7 @@ from pathlib import Path
 from speedrun.atomic import write_atomic
 from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError
+from speedrun.train.rundir import read_records
 
 #: Keys that may differ inside a group of repeats.
 NOT_COMPARED = ("train.seed", "data.dir", *RESUMABLE_CHANGES)
@@ -52,6 +53,28 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+def _number(value: object, where: str, key: str, integer: bool = False) -> float | int | None:
+    """A number read from a run's file, or None when absent; anything else is a DataError naming it
+    (a string or a list would otherwise crash the arithmetic or the table far from the file)."""
+    if value is None:
+        return None
+    wrong_kind = integer and not isinstance(value, int)
+    if isinstance(value, bool) or not isinstance(value, int | float) or wrong_kind:
+        kind = "an integer" if integer else "a number"
+        raise DataError(f"{where}: {key} must be {kind}, got {value!r}")
+    return value
+
+
+def _records(path: Path) -> list[dict]:
+    """The metrics records (the same reader as --resume: a torn last line from a kill is skipped,
+    any other bad line is a DataError), with their numeric fields checked."""
+    records, _torn = read_records(path)
+    for n, (_, r) in enumerate(records, 1):
+        for key in ("train_loss", "val_loss", "val_bpb", "tokens", "time_s"):
+            _number(r.get(key), f"{path}:{n}", key, integer=key == "tokens")
+    return [r for _, r in records]
+
+
 def load_run(path: Path) -> Run:
     """Read one run directory; DataError when it is not one."""
     path = Path(path)
@@ -62,12 +85,8 @@ def load_run(path: Path) -> Run:
         config = flatten(config_from_dict(raw, str(path / "config.json")).to_dict())
     except ConfigError:  # a run from a newer version with keys this one does not know: compare as written
         config = flatten(raw)
-    records = []
-    for n, line in enumerate((path / "metrics.jsonl").read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            raise DataError(f"{path / 'metrics.jsonl'}:{n}: not a JSON line") from None
+        _number(config.get("train.seed"), str(path / "config.json"), "train.seed", integer=True)
+    records = _records(path / "metrics.jsonl")
     run = Run(path, str(config.get("recipe", "?")), config)
     train = [r for r in records if "train_loss" in r]
     val = [r for r in records if r.get("val_loss") is not None]
@@ -75,8 +94,10 @@ def load_run(path: Path) -> Run:
     if train:
         last = train[-1]
         run.steps, run.train_time_s = int(last["step"]), float(last.get("time_s", 0.0))
-        timed_steps = last["step"] - int(config.get("train.timing_warmup_steps", 0))
-        batch = config.get("train.global_batch_tokens")
+        where = f"{path / 'config.json'}"
+        warmup = _number(config.get("train.timing_warmup_steps"), where, "train.timing_warmup_steps", True)
+        batch = _number(config.get("train.global_batch_tokens"), where, "train.global_batch_tokens", True)
+        timed_steps = last["step"] - (warmup or 0)
         if run.train_time_s > 0 and timed_steps > 0 and batch:
             run.tokens_per_s = timed_steps * batch / run.train_time_s
     if val:
@@ -84,8 +105,9 @@ def load_run(path: Path) -> Run:
     if (path / "summary.json").is_file():  # the loop's own numbers, when it wrote them
         summary = _read_json(path / "summary.json")
         for key in ("steps", "train_time_s", "tokens_per_s", "final_val_loss", "final_val_bpb"):
-            if summary.get(key) is not None:
-                setattr(run, key, summary[key])
+            value = _number(summary.get(key), str(path / "summary.json"), key, integer=key == "steps")
+            if value is not None:
+                setattr(run, key, value)
     return run
 
 
@@ -113,9 +135,13 @@ class Group:
 
 def below_target_test(losses: list[float], target: float) -> tuple[float, float]:
     """(t, p) of the one-sided one-sample t-test H1: mean < target (scipy.stats.ttest_1samp)."""
+    import warnings
+
     from scipy import stats
 
-    result = stats.ttest_1samp(losses, target, alternative="less")
+    with warnings.catch_warnings():  # equal losses: scipy warns of precision loss and returns nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_1samp(losses, target, alternative="less")
     return float(result.statistic), float(result.pvalue)
 
 

@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.data.prepare import load_meta
-from speedrun.data.shards import find_shards
+from speedrun.data.prepare import load_meta, shard_paths
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
 from speedrun.tools.runs import run_tokenizer
@@ -51,5 +50,6 @@ def evaluate_loss(
     n, micro = eval_token_count(cfg, meta["splits"]["val"]["tokens"], tokens)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)
     one_process = DistContext(rank=0, local_rank=0, world_size=1, device=device)
-    loss, bpb = evaluate(model, cfg, find_shards(data_dir, "val"), micro, token_bytes, one_process, tokens=n)
+    val_files = shard_paths(data_dir, "val", meta)
+    loss, bpb = evaluate(model, cfg, val_files, micro, token_bytes, one_process, tokens=n)
     return {"val_loss": loss, "val_bpb": bpb, "tokens": n, "data": str(data_dir)}

@@ -95,20 +95,28 @@ def read_examples(path: Path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: not found; run `speedrun prepare hellaswag` first")
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is reported like any other bad line
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                ex = json.loads(line)
-                ok = len(ex["endings"]) == 4 and int(ex["label"]) in range(4) and isinstance(ex["ctx"], str)
-            except (ValueError, KeyError, TypeError):
+                ex = json.loads(line.decode("utf-8"))
+                ok = (
+                    isinstance(ex["ctx"], str)
+                    and isinstance(ex["endings"], list)
+                    and len(ex["endings"]) == 4
+                    and all(isinstance(e, str) for e in ex["endings"])
+                    and int(ex["label"]) in range(4)
+                )
+            except (ValueError, KeyError, TypeError):  # UnicodeDecodeError is a ValueError
                 ok = False
             if not ok:
-                raise DataError(f"{path}:{n}: not a HellaSwag example (ctx, 4 endings, label 0..3)")
+                raise DataError(f"{path}:{n}: not a HellaSwag example (ctx, 4 ending strings, label 0..3)")
             examples.append(ex)
             if limit is not None and len(examples) >= limit:
                 break
+    if not examples:  # else "0 examples, acc 0.0000", which reads like a score
+        raise DataError(f"{path}: holds no HellaSwag examples")
     return examples
 
 
@@ -119,6 +127,7 @@ def example_batch(ex: dict, tokenizer: Tokenizer, max_len: int) -> tuple[torch.T
     rows, masks = [], []
     for ending in ex["endings"]:
         end = tokenizer.encode(" " + ending)
+        end = end[max(0, len(end) - (max_len - 1)) :]  # an over-long ending keeps one context token
         row = (ctx + end)[-max_len:]
         rows.append(row)
         masks.append([0] * (len(row) - len(end)) + [1] * len(end))

@@ -55,9 +55,14 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"--device {name}: CUDA is not available on this machine")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"--device {name!r} is not a device (cpu, cuda, cuda:1, auto)") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):  # meta, mps, xpu: nothing here runs there
+        raise ConfigError(f"--device {name!r} is not a device this command runs on (cpu, cuda, cuda:1, auto)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:

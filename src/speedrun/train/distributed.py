@@ -44,14 +44,52 @@ def _pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def _env_int(name: str, default: int, low: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise _launch_error(f"{name}={text!r} must be an integer >= {low}")
+    return value
+
+
+def _launch_error(problem: str) -> ConfigError:
+    error = ConfigError(
+        f"environment variable {problem}; launch with torchrun (or unset WORLD_SIZE, RANK and LOCAL_RANK)"
+    )
+    error.rank_specific = True  # RANK itself may be the problem: every process says what it saw
+    return error
+
+
+def launch_env() -> tuple[int, int, int]:
+    """(rank, local rank, world size) from torchrun's environment, checked before anything runs: a
+    garbled or partial launch environment (RANK without WORLD_SIZE, RANK >= WORLD_SIZE, no
+    MASTER_ADDR) would otherwise train silently as a non-zero rank or fail inside torch.distributed."""
+    world_size = _env_int("WORLD_SIZE", 1, 1)
+    rank = _env_int("RANK", 0, 0)
+    local_rank = _env_int("LOCAL_RANK", 0, 0)
+    if ("RANK" in os.environ) != ("WORLD_SIZE" in os.environ):
+        given, missing = ("RANK", "WORLD_SIZE") if "RANK" in os.environ else ("WORLD_SIZE", "RANK")
+        raise _launch_error(f"{given} is set but {missing} is not")
+    if rank >= world_size:
+        raise _launch_error(f"RANK={rank} must be below WORLD_SIZE={world_size}")
+    if world_size > 1:
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(name):
+                raise _launch_error(f"{name} is not set but WORLD_SIZE={world_size}")
+    return rank, local_rank, world_size
+
+
 def setup(requested_device: str = "auto", timeout_s: float = 600.0) -> DistContext:
     """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1.
 
     The timeout makes every rank fail loudly instead of hanging when another rank dies.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank, world_size = launch_env()
     device = _pick_device(requested_device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":

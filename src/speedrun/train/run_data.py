@@ -13,8 +13,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.data.loader import TokenLoader, val_batches
+from speedrun.data.meta import shard_paths
 from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
-from speedrun.data.shards import find_shards
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.train import distributed
@@ -101,7 +101,8 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
     """Find (or prepare) the shards, check them against the recipe and read all validation tokens
     once, so that any problem with the data surfaces before step 0."""
     data_dir, meta = ensure_data(cfg, ctx, log=run.log)
-    train_files, val_files = find_shards(data_dir, "train"), find_shards(data_dir, "val")
+    # the shards meta.json lists, not a glob: a stray *_train_*.bin copied into the folder is not trained on
+    train_files, val_files = shard_paths(data_dir, "train", meta), shard_paths(data_dir, "val", meta)
     micro = micro_batch_tokens(cfg, ctx.world_size)
     check_val_data(val_files, cfg, micro, ctx)
     tokenizer = tokenizer_for_data(data_dir, meta)

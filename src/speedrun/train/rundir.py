@@ -17,17 +17,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 import speedrun
 from speedrun.atomic import write_atomic
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 
+if TYPE_CHECKING:
+    import torch
+
 LOCK_FILE = ".speedrun.lock"  # flock()ed by the process training in the folder; harmless when left over
 SUMMARY_FILE = "summary.json"
+_LOG_START = b"code: speedrun "  # the first line of every log.txt (environment_report)
 SUMMARY_KEYS = (
     "recipe",
     "steps",
@@ -53,14 +55,14 @@ def default_run_dir(recipe: str) -> Path:
     return path
 
 
-def _check_new(path: Path) -> None:
+def check_new(path: Path) -> None:
     """A new run goes only into a new or empty folder: never mix with (or overwrite) files not ours."""
     if not path.exists():
         return
     if not path.is_dir():
         raise ConfigError(f"--out {path} is a file, not a folder; choose a new folder")
     entries = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
-    if not entries:
+    if not entries or _never_started(path, entries):
         return
     if (path / "config.json").is_file() and (path / "metrics.jsonl").exists():
         raise ConfigError(
@@ -69,6 +71,24 @@ def _check_new(path: Path) -> None:
         )
     shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
     raise ConfigError(f"--out {path} is not empty (holds {shown}); choose a new or empty folder")
+
+
+def _never_started(path: Path, entries: list[str]) -> bool:
+    """Whether `path` holds only what a run of ours leaves when it fails before step 0 (bad data, a
+    config problem found at set-up): config.json, an empty metrics.jsonl, a log.txt that starts with
+    our environment report, event files. Nothing in it is worth keeping, and refusing it would leave
+    the user a folder that `--resume` cannot continue either, so a new run may reuse it."""
+    ours = {"config.json", "metrics.jsonl", "log.txt"}
+    others = [e for e in entries if e not in ours and not e.startswith("events.out.tfevents.")]
+    if not ours <= set(entries) or others:
+        return False
+    try:
+        if (path / "metrics.jsonl").stat().st_size:
+            return False
+        with open(path / "log.txt", "rb") as f:
+            return f.read(len(_LOG_START)) == _LOG_START
+    except OSError:
+        return False
 
 
 def _lock(path: Path) -> int:
@@ -137,12 +157,12 @@ class RunDir:
         if resume and not (self.path / "config.json").exists():
             raise SpeedrunError(f"{path} is not a run directory (no config.json) and cannot be resumed")
         if not resume:
-            _check_new(self.path)
+            check_new(self.path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fd = _lock(self.path)
             if not resume:
-                _check_new(self.path)  # again under the lock: another process may have just started here
+                check_new(self.path)  # again under the lock: another process may have just started here
             self._log = self._open("log.txt")
             self._metrics = self._open("metrics.jsonl")
         except OSError as e:
@@ -181,6 +201,13 @@ class RunDir:
             return
         path = self.path / "metrics.jsonl"
         records, torn = read_records(path)
+        # the loop writes step N's record before it saves checkpoint N: without it the file was
+        # emptied, removed or replaced, and the resumed history would silently start mid-run
+        if step > 0 and not any(r["step"] == step and "train_loss" in r for _, r in records):
+            raise DataError(
+                f"{path}: no record of step {step}, the step of the checkpoint (the file was removed, "
+                "emptied or replaced?); restore it, or start a new run"
+            )
         keep = [
             line + b"\n"
             for line, r in records
@@ -264,6 +291,8 @@ def code_version() -> str:
 
 
 def cpu_description() -> str:
+    import torch  # here, not at the top: `speedrun compare` reads metrics with this module, torch-free
+
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -277,6 +306,8 @@ def cpu_description() -> str:
 
 def environment_report() -> str:
     """Everything needed to tell two runs' environments apart (goes to log.txt)."""
+    import torch
+
     lines = [
         f"code: {code_version()}",
         f"python: {sys.version.split()[0]}  torch: {torch.__version__}  cuda: {torch.version.cuda or 'none'}",
@@ -292,6 +323,8 @@ def environment_report() -> str:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated GPU memory on CUDA; peak resident set size of the process on CPU."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
