@@ -19,7 +19,6 @@ steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after re
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Iterator
@@ -33,11 +32,10 @@ import torch
 
 from speedrun.data.device_feed import DeviceFeed
 from speedrun.data.record_order import RankCursors
-from speedrun.data.shards import open_shard, read_header
+from speedrun.data.shards import open_shard, read_header, shard_fingerprint
 from speedrun.errors import ConfigError, DataError
 
 _SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
-_FINGERPRINT_TOKENS = 1 << 16  # tokens hashed per shard to tell a re-prepared folder from the original
 
 
 @dataclass(frozen=True)
@@ -301,10 +299,7 @@ class TokenLoader:
         """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
         prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
         if self._fingerprint is None:
-            heads = (np.ascontiguousarray(open_shard(f)[:_FINGERPRINT_TOKENS]).tobytes() for f in self.files)
-            self._fingerprint = [
-                f"{n}:{hashlib.sha256(h).hexdigest()[:16]}" for n, h in zip(self._lengths, heads, strict=True)
-            ]
+            self._fingerprint = [shard_fingerprint(f) for f in self.files]
         return self._fingerprint
 
     def load_state_dict(self, state: dict) -> None:

@@ -8,6 +8,7 @@ silently truncating ids would corrupt the data, and a wider body needs a new ver
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -137,6 +138,14 @@ def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
     if vocab_size is not None:
         check_token_range(tokens, vocab_size, path)
     return tokens
+
+
+def shard_fingerprint(path: Path, head_tokens: int = 1 << 16) -> str:
+    """`<token count>:<sha256 of the first tokens, 16 hex>`: tells a shard prepared again under the same
+    name (other text, another vocabulary) from the original, reading at most 128 KiB."""
+    tokens = open_shard(path)
+    head = np.ascontiguousarray(tokens[:head_tokens]).tobytes()
+    return f"{len(tokens)}:{hashlib.sha256(head).hexdigest()[:16]}"
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: int = 0) -> None:
