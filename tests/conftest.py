@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +49,14 @@ def text_data(tmp_path_factory) -> Path:
     src = root / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return prepare(f"text:{src}", "bpe:512", root / "shards", log=lambda *_: None)
+
+
+@pytest.fixture
+def data_copy(text_data, tmp_path) -> Path:
+    """A copy of the test dataset that a test may damage."""
+    copy = tmp_path / "data"
+    shutil.copytree(text_data, copy)
+    return copy
 
 
 def speedrun_command(*args: str, nproc: int = 0) -> list[str]:

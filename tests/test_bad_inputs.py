@@ -4,7 +4,6 @@ Every case runs the real CLI in a subprocess, as a user would.
 """
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,13 +22,6 @@ def assert_one_line(proc: subprocess.CompletedProcess, code: int, *fragments: st
     assert "Traceback" not in proc.stderr
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
-
-
-@pytest.fixture
-def data_copy(text_data, tmp_path) -> Path:
-    copy = tmp_path / "data"
-    shutil.copytree(text_data, copy)
-    return copy
 
 
 def train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -61,13 +61,6 @@ def test_a_broken_launch_environment_is_one_line(env, fragment, text_data, tmp_p
 # ---------------------------------------------------------------------------------------- meta.json
 
 
-@pytest.fixture
-def data_copy(text_data, tmp_path) -> Path:
-    copy = tmp_path / "data"
-    shutil.copytree(text_data, copy)
-    return copy
-
-
 def _train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_speedrun("train", "--out", str(out), f"data.dir={data}", *FAST, *extra)
 
