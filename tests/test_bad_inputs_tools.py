@@ -165,3 +165,29 @@ def test_a_gpu_index_beyond_the_machine(monkeypatch):
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match="--device cuda:7: this machine has 2 GPU"):
         resolve_device("cuda:7")
+
+
+def test_sample_and_eval_refuse_a_data_folder_prepared_again_with_another_vocabulary(tmp_path, data_copy):
+    """The run's data folder is prepared again from other text under the same tokenizer name and size:
+    the checkpoint's recorded vocabulary hash tells the new vocabulary from the one it learned."""
+    from speedrun.data.prepare import prepare
+    from speedrun.data.sources import iter_documents
+    from speedrun.tools.runs import find_checkpoint, load_model, run_tokenizer
+
+    run = tmp_path / "run"
+    proc = run_speedrun(
+        "train", "--out", str(run), f"data.dir={data_copy}", *FAST, "train.checkpoint_at_end=true"
+    )
+    assert proc.returncode == 0, proc.stderr
+    _, cfg, ckpt = load_model(run)
+    assert (
+        run_tokenizer(cfg, checkpoint=ckpt).hash
+        == json.loads((data_copy / "meta.json").read_text())["tokenizer_hash"]
+    )  # the vocabulary it trained with is accepted
+    docs = [d for _, d in zip(range(1200), iter_documents("wiki-vital"), strict=False)][600:]  # other text
+    src = tmp_path / "other.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prepare(f"text:{src}", "bpe:512", data_copy, log=lambda *_: None)
+    assert find_checkpoint(run) == ckpt
+    one_line(run_speedrun("sample", str(run), "--max-tokens", "3"), 1, "prepared again")
+    one_line(run_speedrun("eval", str(run)), 1, "prepared again")

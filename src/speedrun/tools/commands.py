@@ -74,8 +74,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if not SEED_MIN <= args.seed <= SEED_MAX:
         raise ConfigError(f"--seed must be between {SEED_MIN} and {SEED_MAX} (64 bits), got {args.seed}")
     device = resolve_device(args.device)
-    model, cfg, _ = load_model(args.path, device)
-    tokenizer = run_tokenizer(cfg, args.data)
+    model, cfg, ckpt = load_model(args.path, device)
+    tokenizer = run_tokenizer(cfg, args.data, ckpt)
     room = cfg.model.max_seq_len - 1 - len(tokenizer.encode(args.prompt))
     if room < 1:
         raise ConfigError(f"--prompt is longer than the model's context ({cfg.model.max_seq_len} tokens)")
@@ -112,7 +112,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"HellaSwag needs a GPT-2-tokenized model; {args.path} uses {cfg.data.tokenizer}"
             )
-        result = evaluate_hellaswag(model, cfg, run_tokenizer(cfg), args.hellaswag, args.limit, device)
+        tokenizer = run_tokenizer(cfg, checkpoint=ckpt)
+        result = evaluate_hellaswag(model, cfg, tokenizer, args.hellaswag, args.limit, device)
         print(
             f"hellaswag: {result['examples']:,} examples | acc {result['acc']:.4f} | "
             f"acc_norm {result['acc_norm']:.4f} | checkpoint {ckpt}"
@@ -120,7 +121,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     from speedrun.tools.evaluate import evaluate_loss
 
-    result = evaluate_loss(model, cfg, args.data or run_data_dir(cfg), args.tokens, device)
+    result = evaluate_loss(model, cfg, args.data or run_data_dir(cfg), args.tokens, device, ckpt)
     bpb = f" | val bpb {result['val_bpb']:.4f}" if result["val_bpb"] is not None else ""
     print(
         f"val loss {result['val_loss']:.4f}{bpb} | {result['tokens']:,} tokens of {result['data']} | "

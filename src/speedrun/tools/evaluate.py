@@ -34,7 +34,12 @@ def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[i
 
 
 def evaluate_loss(
-    model: GPT, cfg: Config, data_dir: Path, tokens: int | None = None, device: torch.device | str = "cpu"
+    model: GPT,
+    cfg: Config,
+    data_dir: Path,
+    tokens: int | None = None,
+    device: torch.device | str = "cpu",
+    checkpoint: Path | None = None,
 ) -> dict:
     """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` on the val split of `data_dir`. The folder's
     tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError."""
@@ -46,7 +51,7 @@ def evaluate_loss(
             f"{data_dir} was tokenized with {meta['tokenizer']} (vocab {meta['vocab_size']}), the model "
             f"with {cfg.data.tokenizer} (vocab {cfg.model.vocab_size})"
         )
-    tokenizer = run_tokenizer(cfg, data_dir)
+    tokenizer = run_tokenizer(cfg, data_dir, checkpoint)
     n, micro = eval_token_count(cfg, meta["splits"]["val"]["tokens"], tokens)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)
     one_process = DistContext(rank=0, local_rank=0, world_size=1, device=device)

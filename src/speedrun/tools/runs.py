@@ -18,7 +18,7 @@ from speedrun.data.prepare import default_data_dir, load_meta, tokenizer_for_dat
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
-from speedrun.train.checkpoint import list_checkpoints
+from speedrun.train.checkpoint import list_checkpoints, trained_tokenizer_hash
 from speedrun.train.step import autocast, autocast_dtype
 
 
@@ -90,9 +90,10 @@ def run_data_dir(cfg: Config) -> Path:
     return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
 
 
-def run_tokenizer(cfg: Config, data_dir: Path | None = None) -> Tokenizer:
+def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | None = None) -> Tokenizer:
     """The run's tokenizer: GPT-2 from the installed package, a BPE from the run's data folder (or
-    `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json."""
+    `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json and
+    against the vocabulary `checkpoint` was trained with (a folder prepared again keeps its name)."""
     if cfg.data.tokenizer == "gpt2" and data_dir is None:
         tok = gpt2_tokenizer()
     else:
@@ -119,6 +120,13 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None) -> Tokenizer:
                 f"{data_dir} was tokenized with a different {tok.name} vocabulary (hash {tok.hash}) "
                 f"than the run's data {own.parent} (hash {own_hash})"
             )
+    trained = trained_tokenizer_hash(checkpoint) if checkpoint is not None else None
+    if trained is not None and trained != tok.hash:
+        raise DataError(
+            f"the {tok.name} vocabulary found now (hash {tok.hash}) is not the one {checkpoint} was "
+            f"trained with (hash {trained}): its data folder was prepared again; pass --data DIR with "
+            "the run's vocabulary"
+        )
     return tok
 
 

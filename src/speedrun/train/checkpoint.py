@@ -96,9 +96,17 @@ def _first_line(e: BaseException) -> str:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model: torch.nn.Module, state: dict[str, Any], config: dict[str, Any], keep: int
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep: int,
+    tokenizer_hash: str | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically, then delete all but the newest `keep` checkpoints.
+    `tokenizer_hash` (recorded in the manifest) lets `sample`/`eval` refuse a vocabulary prepared again
+    under the same name.
 
     Any write failure (disk full raises OSError from Python, RuntimeError from torch.save,
     SafetensorError from safetensors) becomes one SpeedrunError line, and the `.tmp` folder is removed."""
@@ -118,6 +126,8 @@ def save_checkpoint(
             _fsync(tmp / name)
             files[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
         manifest = {"format": MANIFEST_FORMAT, "version": 1, "step": step, "files": files}
+        if tokenizer_hash:
+            manifest["tokenizer_hash"] = tokenizer_hash
         write_atomic(tmp / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
         if final.exists():  # re-saving the same step (e.g. final step after a signal): replace it
             shutil.rmtree(final)
@@ -133,6 +143,16 @@ def save_checkpoint(
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def trained_tokenizer_hash(path: Path) -> str | None:
+    """The hash of the vocabulary checkpoint `path` was trained with (None: not recorded or unreadable;
+    `verify_checkpoint` reports a damaged manifest)."""
+    try:
+        value = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8")).get("tokenizer_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def verify_checkpoint(path: Path) -> str | None:

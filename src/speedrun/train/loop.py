@@ -158,7 +158,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             state = training_state(done, optimizer, loader, clock, ctx.device)
             path = None
             if ctx.is_main:
-                path = save_checkpoint(run.path, done, model, state, cfg.to_dict(), t.checkpoint_keep)
+                path = save_checkpoint(
+                    run.path, done, model, state, cfg.to_dict(), t.checkpoint_keep, data.tokenizer.hash
+                )
                 run.log(f"checkpoint: {path}")
             if ctx.distributed:
                 torch.distributed.barrier()
