@@ -30,6 +30,7 @@ from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from speedrun.train.distributed import DistContext
 from speedrun.train.evaluate import evaluate
+from tests.test_loader import gather
 
 T, S, W = 8, 16, 8  # seq_len; tokens per record rank (B·T, B = 2); the records' 8 ranks
 G = S * W  # global batch
@@ -96,29 +97,25 @@ def sub3min_steps(shards, steps):
     return out
 
 
+def make_shards(folder, lengths: list[int]) -> tuple[list, list[np.ndarray]]:
+    """Shards holding consecutive integers (every token tells where it came from), and their streams."""
+    offsets = np.cumsum([0] + lengths)
+    streams = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(lengths))]
+    files = [folder / f"t_train_{i:06d}.bin" for i in range(len(lengths))]
+    for file, stream in zip(files, streams, strict=True):
+        write_shard(file, stream)
+    return files, streams
+
+
 @pytest.fixture
 def shards(tmp_path):
-    offsets = np.cumsum([0] + LENGTHS)
-    streams = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(LENGTHS))]
-    files = []
-    for i, s in enumerate(streams):
-        files.append(tmp_path / f"t_train_{i:06d}.bin")
-        write_shard(files[-1], s)
-    return files, streams
+    return make_shards(tmp_path, LENGTHS)
 
 
 def our_steps(files, steps, w, micro=S, **kw):
     """Each step's chunks in chunk order (chunk k·w + r is rank r's k-th micro-batch), as (x, y)."""
     loaders = [TokenLoader(files, G, micro, T, rank=r, world_size=w, **kw) for r in range(w)]
-    acc = loaders[0].accumulation_steps
-    out = []
-    for _ in range(steps):
-        chunks = [None] * (acc * w)
-        for k in range(acc):
-            for r, loader in enumerate(loaders):
-                chunks[k * w + r] = loader.next_batch()
-        out.append(chunks)
-    return out, loaders
+    return gather(loaders, steps), loaders
 
 
 def assert_same(ours, record):
@@ -165,13 +162,8 @@ def test_first_batch_twice_as_10_10_to_11_10(shards, w):
 
 @pytest.mark.parametrize("w", [1, 2, 8])
 def test_global_cursor_matches_sub3min_generator(tmp_path, w):
-    lengths = [5 * G + 1, 3 * G + 2, 4 * G + 50]  # shard 0 ends exactly G + 1 after a batch start
-    offsets = np.cumsum([0] + lengths)
-    streams = [np.arange(offsets[i], offsets[i + 1]) for i in range(len(lengths))]
-    files = []
-    for i, s in enumerate(streams):
-        files.append(tmp_path / f"t_train_{i:06d}.bin")
-        write_shard(files[-1], s)
+    # shard 0 ends exactly G + 1 after a batch start
+    files, streams = make_shards(tmp_path, [5 * G + 1, 3 * G + 2, 4 * G + 50])
     steps = 4 + 3 + 3  # the generator's last batch; it has no next epoch
     ours, _ = our_steps(files, steps, w, end_margin=1, repeat_first_batch=False)
     assert_same(ours, sub3min_steps(streams, steps))

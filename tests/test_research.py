@@ -5,6 +5,7 @@ it (KV cache vs full forward), evaluate it (against the loop's own final val los
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,15 @@ FAST = [
     "train.dtype=fp32",
     "train.checkpoint_at_end=true",
 ]
+
+
+def copy_with_config(run: Path, copy: Path, edit) -> Path:
+    """A copy of `run` whose config.json was changed by `edit(cfg)`."""
+    shutil.copytree(run, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    edit(cfg)
+    (copy / "config.json").write_text(json.dumps(cfg))
+    return copy
 
 
 # the tests that read these runs share one pytest-xdist worker (--dist loadgroup): trained once
@@ -136,11 +146,7 @@ def test_compare_table_groups_and_plot(seed_runs, tmp_path, capsys):
 @pytest.mark.slow
 @SEED_RUNS
 def test_a_different_setting_makes_another_group(seed_runs, tmp_path):
-    other = tmp_path / "other"
-    shutil.copytree(seed_runs[0], other)
-    cfg = json.loads((other / "config.json").read_text())
-    cfg["optim"]["muon_lr"] = 0.1
-    (other / "config.json").write_text(json.dumps(cfg))
+    other = copy_with_config(seed_runs[0], tmp_path / "other", lambda cfg: cfg["optim"].update(muon_lr=0.1))
     groups = make_groups([load_run(r) for r in [*seed_runs, other]], 3.28)
     assert sorted(g.n for g in groups) == [1, 3]
     assert any("optim.muon_lr=0.1" in g.label for g in groups)
@@ -216,10 +222,7 @@ def test_summary_json_wins_over_numbers_derived_from_metrics(seed_runs, tmp_path
 @pytest.mark.slow
 @SEED_RUNS
 def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
-    old = tmp_path / "old"
-    shutil.copytree(seed_runs[2], old)
-    cfg = json.loads((old / "config.json").read_text())
-    del cfg["train"]["sample_every"]  # a field added after that run was made
-    (old / "config.json").write_text(json.dumps(cfg))
+    # a field added after that run was made
+    old = copy_with_config(seed_runs[2], tmp_path / "old", lambda cfg: cfg["train"].pop("sample_every"))
     (group,) = make_groups([load_run(r) for r in [*seed_runs[:2], old]], 3.28)
     assert group.n == 3
