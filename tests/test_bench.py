@@ -32,7 +32,7 @@ def test_bench_calls_train_step_and_reports_consistent_numbers(tmp_path, capsys,
     assert 0 < r["optimizer_ms"] < r["step_ms"]
     assert r["tokens_per_s"] == pytest.approx(1024 / (r["step_ms"] / 1000))
     assert r["mfu_measured_peak"] == pytest.approx(
-        r["flops_per_token"] * r["tokens_per_s"] / r["measured_bf16_peak_flops"]
+        r["flops_per_token"] * r["tokens_per_s"] / r["measured_peak_flops"]
     )
     assert r["device"] == "cpu" and r["datasheet_bf16_peak_flops"] is None
     assert f"{r['tokens_per_s']:,.0f}" in printed and "fwd+bwd" in printed and "optimizer" in printed

@@ -182,7 +182,9 @@ class TrainConfig:
     val_tokens: PosInt = 10485760
     log_every: PosInt = 10  # log points: the only steps where the host waits for the device
     timing_warmup_steps: int = 10  # first steps (compile, allocator warm-up) not timed
-    dtype: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast, or fp32: none (ops keep input dtypes)
+    # auto: bf16 autocast where the device runs bf16 fast (GPUs; CPUs with AVX512-BF16/AMX/ARM BF16), else
+    # fp32 | bf16: the records' bf16 autocast (fp32 on a CPU without fast bf16, logged) | fp32: no autocast
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # train/precision.py
     compile: Literal["auto", "on", "off"] = "auto"  # auto (on for CUDA only) | on | off
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
     seed: Seed = 1337
@@ -191,6 +193,9 @@ class TrainConfig:
     checkpoint_keep: int = 2  # keep the newest K checkpoints (0 = keep all)
     sample_every: int = 0  # log a few fixed-prompt greedy samples every N steps (0 = never)
     wandb_project: str = ""  # also log to this Weights & Biases project (needs wandb; "" = off)
+    # train about this many seconds (timed steps): the step count is fixed from the first timed steps and
+    # saved in config.json; train.steps is then the most it may be (train/budget.py). 0 = off
+    time_budget_s: float = 0.0
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
 
 

@@ -37,6 +37,12 @@ def cross_field_checks(cfg: Config) -> None:
             f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
             f"exceed train.steps ({t.steps})"
         )
+    budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
+    if t.time_budget_s > 0 and not budget_safe:
+        raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
+            "train.time_budget_s needs train.schedule=trapezoid with train.warmdown_steps (not "
+            "warmdown_frac) and model.window_warmup=none"
+        )
     if m.tie_embeddings and m.zero_init_head:
         raise ConfigError(
             "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"

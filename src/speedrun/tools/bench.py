@@ -8,8 +8,8 @@ the recipe's middle step.
 
 Reported: median step time split into forward+backward and optimizer (the optimizer is timed by
 waiting for the device before and after its step, so on a GPU the split costs a little overlap),
-tokens/s, MFU against the measured bf16 matmul peak of the device and against the datasheet peak when
-the device is known, and peak memory (CUDA: allocated; CPU: the process's peak resident set).
+tokens/s, MFU against the device's matmul peak measured in the run's dtype (a probe of at most ~2 s)
+and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the process's peak resident set).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from speedrun.config import Config
 from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.precision import effective_config
+from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.rundir import peak_memory_bytes
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
-from speedrun.train.tracking import datasheet_peak, device_name, measured_matmul_peak, mfu
+from speedrun.train.tracking import datasheet_peak, device_name, mfu, probe_matmul_peak
 
 
 def synthetic_tokens(n: int, vocab_size: int, eot_id: int, mean_doc: int, seed: int = 0) -> np.ndarray:
@@ -66,6 +68,8 @@ class _TimedOptimizer:
 
 def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 3) -> dict:
     """Time `warmup` + `steps` optimizer steps of `cfg`; returns the measurements (see module doc)."""
+    precision = resolve_precision(cfg, device)
+    cfg = effective_config(cfg, precision)  # the dtype this device runs fast, as `speedrun train` does
     t = cfg.train
     accum = t.global_batch_tokens // t.micro_batch_tokens
     model, train_model = build_model(cfg, DistContext(rank=0, local_rank=0, world_size=1, device=device))
@@ -109,7 +113,8 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     flops_per_token = model.flops_per_token(t.seq_len)
     tokens_per_s = t.global_batch_tokens / step
     name = device_name(device)
-    measured = measured_matmul_peak(device, size=8192 if device.type == "cuda" else 2048, iters=10)
+    measured = probe_matmul_peak(device, precision.autocast or torch.float32, budget_s=2.0)
+    measured = max(measured, flops_per_token * tokens_per_s)  # a probe below the reached rate: MFU <= 100 %
     sheet = datasheet_peak(name) if device.type == "cuda" else None
     return {
         "recipe": cfg.recipe,
@@ -118,6 +123,7 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         "threads": torch.get_num_threads(),
         "compile": compiled,
         "autocast": autocast_label(cfg),
+        "precision": precision.describe(),
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_per_step": t.global_batch_tokens,
         "accumulation_steps": accum,
@@ -130,7 +136,7 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         "optimizer_ms": opt * 1000,
         "tokens_per_s": tokens_per_s,
         "flops_per_token": flops_per_token,
-        "measured_bf16_peak_flops": measured,
+        "measured_peak_flops": measured,
         "mfu_measured_peak": mfu(flops_per_token, tokens_per_s, measured),
         "datasheet_bf16_peak_flops": sheet,
         "mfu_datasheet_peak": mfu(flops_per_token, tokens_per_s, sheet) if sheet else None,
@@ -158,8 +164,8 @@ def format_bench(r: dict) -> str:
         f"  fwd+bwd        {r['forward_backward_ms']:9.1f} ms",
         f"  optimizer      {r['optimizer_ms']:9.1f} ms",
         f"  tokens/s       {r['tokens_per_s']:9,.0f}",
-        f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured bf16 matmul peak "
-        f"{r['measured_bf16_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
+        f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured matmul peak "
+        f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
         f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB",
         f"  loss           {r['loss_first']:.3f} -> {r['loss_last']:.3f} (synthetic Zipf tokens)",
     ]

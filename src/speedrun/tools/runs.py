@@ -19,6 +19,8 @@ from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
 from speedrun.train.checkpoint import list_checkpoints, trained_tokenizer_hash
+from speedrun.train.precision import effective_config
+from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.step import autocast, autocast_dtype
 
 
@@ -66,9 +68,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
-    """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint."""
+    """(model in eval mode on `device`, its config with the precision resolved for `device`, the
+    checkpoint folder) for a run or checkpoint."""
     ckpt = find_checkpoint(path)
-    cfg = read_config(ckpt)
+    saved = read_config(ckpt)
+    cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
     try:

@@ -26,9 +26,12 @@ from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
+from speedrun.train.budget import PROBE_STEPS, budget_steps
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.precision import effective_config
+from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report
@@ -122,6 +125,24 @@ def training_state(
     }
 
 
+def fix_budget(
+    cfg: Config, rcfg: Config, done: int, mean_step_s: float, ctx: distributed.DistContext, run: RunDir
+) -> None:
+    """Fix the step count of a `train.time_budget_s` run from its measured step time (rank 0's, so every
+    rank agrees) and save it in config.json with the budget spent (train/budget.py)."""
+    t = cfg.train
+    steps = budget_steps(t.time_budget_s, mean_step_s, t.timing_warmup_steps, done, t.warmdown_steps, t.steps)
+    mine = torch.tensor([float(steps if ctx.is_main else 0)], device=ctx.device)
+    steps = int(distributed.all_reduce_sum(mine, ctx).item())
+    run.log(
+        f"time budget {t.time_budget_s:g}s at {mean_step_s * 1000:.0f} ms/step: {steps} steps "
+        f"(train.steps was {t.steps}; saved in config.json)"
+    )
+    for c in (cfg, rcfg):
+        c.train.steps, c.train.time_budget_s = steps, 0.0
+    run.write_config(cfg)
+
+
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
     """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files.
 
@@ -130,6 +151,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     """
     wall_start, t = time.perf_counter(), cfg.train
     ctx = distributed.setup(t.device)
+    precision = resolve_precision(cfg, ctx.device)
+    rcfg = effective_config(cfg, precision)  # what the model, the step and validation compute with
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:
@@ -139,20 +162,21 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(environment_report(), console=False)
         tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
         data = load_data(cfg, ctx, run)
-        model, train_model = build_model(cfg, ctx)
+        model, train_model = build_model(rcfg, ctx)
         compiled = train_model is not model
         run.log(model_summary(model, t.seq_len))
-        optimizer = build_optimizer(model, cfg)
+        run.log(precision.describe())
+        optimizer = build_optimizer(model, rcfg)
         loader = open_loader(cfg, data, ctx)
-        accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
+        accum, dtype, clip = loader.accumulation_steps, autocast_dtype(rcfg), cfg.optim.grad_clip
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
             f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
-            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, {autocast_label(cfg)}"
+            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, {autocast_label(rcfg)}"
         )
         clock = StepClock(ctx.device)
         start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0
-        progress = Progress(cfg, ctx, run, tracker, clock, loader, model, start_step, wall_start)
+        progress = Progress(rcfg, ctx, run, tracker, clock, loader, model, start_step, wall_start, precision)
 
         def checkpoint(done: int) -> Path | None:
             state = training_state(done, optimizer, loader, clock, ctx.device)
@@ -169,12 +193,12 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         # ---- the steps ----
         signals.install()
         for step in range(start_step, t.steps + 1):
-            sched = schedule_at(step, cfg)
+            sched = schedule_at(step, rcfg)
             apply_schedule(sched, optimizer, model)
             if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 val = evaluate(
-                    train_model, cfg, data.val_files, data.micro_batch_tokens, data.token_bytes, ctx
+                    train_model, rcfg, data.val_files, data.micro_batch_tokens, data.token_bytes, ctx
                 )
                 progress.validation(step, *val)
             if step == t.steps:
@@ -194,6 +218,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 continue
             # ---- log point: the host waits for the device here, and only here ----
             stop = progress.log_point(done, loss, sched.lr, signals.received)
+            if t.time_budget_s > 0 and clock.timed_steps >= PROBE_STEPS:
+                fix_budget(cfg, rcfg, done, clock.mean_step_s(), ctx, run)
             progress.samples(done, model, data.tokenizer)
             path = checkpoint(done) if save or stop else None
             if stop:

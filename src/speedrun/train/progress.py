@@ -8,7 +8,6 @@ write their own rows; the summary is built here too.
 
 from __future__ import annotations
 
-import functools
 import math
 import signal
 import time
@@ -22,17 +21,10 @@ from speedrun.errors import SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.tools.sample import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
+from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, datasheet_peak, device_name, measured_matmul_peak, mfu
-
-
-@functools.cache
-def matmul_peak(device: torch.device) -> float:
-    """FLOP/s that MFU is measured against: the datasheet bf16 peak of a known GPU, else a quick
-    measurement of this device's bf16 matmul (about 0.1 s on a CPU; once per process)."""
-    size = 8192 if device.type == "cuda" else 1536  # as stable as 2048 here, a third of the time
-    return datasheet_peak(device_name(device)) or measured_matmul_peak(device, size=size, iters=5)
+from speedrun.train.tracking import Tracker, matmul_peak
 
 
 def log_point_values(
@@ -63,6 +55,7 @@ class Progress:
         model: GPT,
         start_step: int,
         wall_start: float,
+        precision: Precision,
     ):
         self.cfg, self.ctx, self.run, self.tracker, self.clock, self.loader = (
             cfg,
@@ -74,7 +67,10 @@ class Progress:
         )
         self.wall_start = wall_start  # wall time includes the set-up
         self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
-        self.peak_flops = matmul_peak(ctx.device)
+        self.precision = precision
+        # MFU's denominator, in the dtype the run computes in; raised to the best rate reached, so a
+        # probe that underestimates the peak never prints more than 100 %
+        self.peak_flops, self.peak_source = matmul_peak(ctx.device, precision.autocast)
         self.first_step = start_step + 1  # its time includes compilation: no ETA from it
         self.untimed_until = start_step + cfg.train.timing_warmup_steps  # warm up again after a resume
         self.val_loss: float | None = None
@@ -110,7 +106,9 @@ class Progress:
         step_s, wait_s = seconds / steps, (self.loader.total_wait_s - self._wait_mark) / steps
         tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
         eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
-        utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
+        achieved = self.flops_per_token * tok_s / self.ctx.world_size
+        self.peak_flops = max(self.peak_flops, achieved)
+        utilization = achieved / self.peak_flops
         self.run.metric(
             {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
              "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
@@ -162,6 +160,9 @@ class Progress:
             "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
             "data_wait_s": self.loader.total_wait_s,
             "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
+            "precision": {"dtype": self.precision.dtype, "reason": self.precision.reason},
+            "mfu_peak_flops": self.peak_flops,
+            "mfu_peak_source": self.peak_source,
             "run_dir": str(self.run.path),
             "status": status,
         }

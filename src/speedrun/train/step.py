@@ -20,7 +20,9 @@ Batch = tuple[Tensor, Tensor]
 
 
 def autocast_dtype(cfg: Config) -> torch.dtype | None:
-    """The autocast dtype of the recipe's forward passes (None = full precision)."""
+    """The autocast dtype of the recipe's forward passes (None = full precision); `cfg` is a run's
+    effective config, its `train.dtype` resolved for the device by train/precision.py."""
+    assert cfg.train.dtype != "auto", "train.dtype=auto must be resolved first (precision.effective_config)"
     return torch.bfloat16 if cfg.train.dtype == "bf16" else None
 
 

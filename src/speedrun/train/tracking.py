@@ -7,6 +7,10 @@ error when it is not installed) and is the only thing here that may touch the ne
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import platform
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,6 +78,62 @@ def measured_matmul_peak(
         sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best
+
+
+def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
+    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds: square sizes doubling from 128
+    while a matmul stays well under the budget. Hosts differ ~100x (bf16 emulated on AVX2 CPUs), so the
+    size is chosen by time, not fixed: a fixed 1,536 bf16 probe took 2 minutes on such a host."""
+    start, best, size = time.perf_counter(), 0.0, 128
+    while size <= 8192:
+        rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=2)
+        best = max(best, rate)
+        elapsed = time.perf_counter() - start
+        if elapsed + 5 * 8 * 2 * size**3 / rate > budget_s:  # the next size costs ~8x: 5 calls of it
+            break
+        size *= 2
+    return best
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "speedrun" / "matmul-peak.json"
+
+
+def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
+    """What the probe's answer depends on: the processor, torch, threads, dtype and ISA limits."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                cpu = line.partition(":")[2].strip()
+                break
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") + "/" + torch.backends.cpu.get_cpu_capability()
+    return f"{device_name(device)}|{cpu}|{isa}|torch {torch.__version__}|{torch.get_num_threads()}t|{dtype}"
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float, str]:
+    """FLOP/s that MFU is measured against, and where it comes from: the datasheet bf16 peak of a known
+    GPU, else a bounded probe (<= 1 s) in the dtype the run computes in, cached per machine in the
+    user's cache folder so later runs start at once. Never the bf16 peak for fp32 work."""
+    dtype = dtype or torch.float32
+    sheet = datasheet_peak(device_name(device)) if device.type == "cuda" else None
+    if sheet:
+        return sheet, "datasheet bf16 peak"
+    key, cache = _machine_key(device, dtype), _cache_file()
+    try:
+        known = json.loads(cache.read_text())
+        if isinstance(known, dict) and isinstance(known.get(key), int | float) and known[key] > 0:
+            return float(known[key]), "measured matmul peak (cached)"
+    except (OSError, ValueError):
+        known = {}
+    peak = probe_matmul_peak(device, dtype)
+    with contextlib.suppress(OSError):  # a read-only home only costs the next run its second
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: peak}, indent=1))
+        os.replace(tmp, cache)
+    return peak, "measured matmul peak"
 
 
 class Tracker:

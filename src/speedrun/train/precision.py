@@ -1,0 +1,117 @@
+"""Which precision a run computes in, chosen from what the device runs fast, once, before step 0.
+
+bf16 is the records' precision and a GPU's fast path, but a CPU without bf16 instructions (AVX2-only
+x86 such as AMD Zen 1-3 or Intel client parts, or an ARM core without BF16) emulates it about 100x
+slower than fp32. So `train.dtype="auto"` means bf16 autocast only where bf16 matmuls are fast, and a
+recipe that pins `bf16` for fidelity keeps it on a GPU and on fast CPUs but falls back to fp32, with one
+log line saying so, on a CPU where it would crawl (its bf16 parameter storage falls back with it).
+
+`fast_bf16(device)` decides from the CPU's flags and `torch.backends.cpu.get_cpu_capability()` (which
+honours ATEN_CPU_CAPABILITY), confirmed by a sub-second matmul probe that also catches
+ONEDNN_MAX_CPU_ISA limits and machines whose flags cannot be read. The answer is cached per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from speedrun.config import Config
+
+#: CPU flags (Linux /proc/cpuinfo) of instructions that run bf16 matmuls natively.
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX512-BF16, x86 AMX, ARM FEAT_BF16
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The resolved precision: autocast dtype (None = fp32, no autocast) and why, for the log and summary."""
+
+    dtype: str  # "bf16" | "fp32"
+    reason: str
+    fell_back: bool = False  # a pinned bf16 recipe runs fp32 on this device
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.dtype == "bf16" else None
+
+    def describe(self) -> str:
+        return f"precision {self.dtype} ({self.reason})"
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (x86 `flags`, ARM `Features`); None where unreadable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return None
+
+
+def _best_matmul_s(dtype: torch.dtype, size: int, reps: int = 3) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b  # first call: allocation and kernel selection
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bf16_speedup_probe(size: int = 192) -> float:
+    """fp32 time over bf16 time of a small square matmul on this CPU (> 1: bf16 is faster). Bounded:
+    about 0.2 s where bf16 is emulated, milliseconds where it is native."""
+    return _best_matmul_s(torch.float32, size) / _best_matmul_s(torch.bfloat16, size)
+
+
+@functools.cache
+def fast_bf16(device_type: str) -> tuple[bool, str]:
+    """Whether bf16 matmuls are fast on this device type ('cuda' or 'cpu'), and the evidence in words."""
+    if device_type == "cuda":
+        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return ok, "CUDA GPU" + ("" if ok else " without bf16 support")
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = cpu_flags()
+    arch = platform.machine()
+    if flags is not None and not any(f in flags for f in BF16_FLAGS):
+        return False, f"{arch} CPU without bf16 instructions (capability {capability})"
+    if arch in ("x86_64", "AMD64") and not capability.startswith("AVX512"):
+        return False, f"CPU capability {capability} (bf16 instructions unused)"
+    speedup = bf16_speedup_probe()
+    found = "bf16 instructions" if flags is not None else "flags unreadable"
+    if speedup < 1.0:  # emulated (e.g. ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16): fp32 is faster
+        return False, f"{found}, but a bf16 matmul measured {1 / speedup:.1f}x slower than fp32"
+    return True, f"{found}, bf16 matmul measured {speedup:.1f}x faster than fp32"
+
+
+def resolve(cfg: Config, device: torch.device) -> Precision:
+    """The precision `cfg` runs in on `device` (see the module doc)."""
+    asked = cfg.train.dtype
+    if asked == "fp32":
+        return Precision("fp32", "train.dtype=fp32")
+    fast, why = fast_bf16(device.type)
+    if fast:
+        return Precision("bf16", f"train.dtype={asked}: {why}")
+    if asked == "auto":
+        return Precision("fp32", f"train.dtype=auto: {why}")
+    return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
+
+
+def effective_config(cfg: Config, precision: Precision) -> Config:
+    """A copy of `cfg` with the dtype resolved, as the model, the step and validation use it. When a
+    pinned bf16 recipe falls back, its bf16 parameter storage falls back too (it would also crawl)."""
+    train = dataclasses.replace(cfg.train, dtype=precision.dtype)
+    model = cfg.model
+    if precision.dtype == "fp32" and cfg.train.dtype != "fp32":
+        model = dataclasses.replace(model, bf16_model=False, embed_dtype="fp32")
+    return dataclasses.replace(cfg, train=train, model=model)
