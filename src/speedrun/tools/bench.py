@@ -9,7 +9,8 @@ the recipe's middle step.
 Reported: median step time split into forward+backward and optimizer (the optimizer is timed by
 waiting for the device before and after its step, so on a GPU the split costs a little overlap),
 tokens/s, MFU against the device's matmul peak measured in the run's dtype (a probe of at most ~2 s)
-and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the process's peak resident set).
+and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the
+process's peak resident set).
 """
 
 from __future__ import annotations
