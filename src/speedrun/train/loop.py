@@ -26,7 +26,7 @@ from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
-from speedrun.train.budget import PROBE_STEPS, budget_steps
+from speedrun.train.budget import PROBE_STEPS, budget_steps, fixed_after
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
@@ -88,8 +88,9 @@ def restore(
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
     except ConfigError as e:
         raise DataError(f"checkpoint {checkpoints[-1]} has an unusable config: {e}") from None
+    budget_keys = ("train.steps", "train.time_budget_s") if fixed_after(saved_cfg, cfg) else ()
     for key, before, after in changed_keys(saved_cfg, cfg):
-        if key not in RESUMABLE_CHANGES:
+        if key not in RESUMABLE_CHANGES + budget_keys:
             raise DataError(
                 f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}"
             )

@@ -1,0 +1,175 @@
+"""Hardware-aware precision, MFU that cannot pass 100 %, and runs that fit a time budget.
+
+bf16 is ~100x slower than fp32 on a CPU without bf16 instructions (AVX2-only x86), ~4x faster on one
+with AVX512-BF16 or AMX: `train.dtype=auto` must pick what this machine runs fast."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedrun.recipes import load_recipe
+from speedrun.train import precision
+from speedrun.train.budget import PROBE_STEPS, budget_steps
+from speedrun.train.checkpoint import list_checkpoints
+from tests.conftest import TINY, read_metrics, run_speedrun
+
+
+@pytest.fixture
+def fresh_probe():
+    precision.fast_bf16.cache_clear()
+    yield
+    precision.fast_bf16.cache_clear()
+
+
+def _slow_cpu(monkeypatch, flags: set[str], capability: str = "AVX2", speedup: float = 0.01) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(precision, "bf16_speedup_probe", lambda: speedup)
+
+
+@pytest.mark.parametrize(
+    ("flags", "capability", "speedup"),
+    [
+        ({"avx2", "fma"}, "AVX2", 5.0),  # AVX2-only: no bf16 instructions, whatever a probe says
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", 5.0),  # ATEN_CPU_CAPABILITY=avx2 on a BF16 host
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", 0.02),  # ONEDNN_MAX_CPU_ISA=AVX2: probe says slow
+        (None, "AVX512", 0.5),  # flags unreadable: the probe decides
+    ],
+)
+def test_a_cpu_without_fast_bf16_never_gets_bf16_autocast_under_auto(
+    monkeypatch, fresh_probe, flags, capability, speedup
+):
+    _slow_cpu(monkeypatch, flags, capability, speedup)
+    chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
+    assert chosen.dtype == "fp32" and chosen.autocast is None and "auto" in chosen.reason
+
+
+def test_a_cpu_with_bf16_instructions_that_measures_fast_gets_bf16(monkeypatch, fresh_probe):
+    _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=3.5)
+    chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
+    assert chosen.dtype == "bf16" and chosen.autocast is torch.bfloat16 and "3.5x faster" in chosen.reason
+
+
+def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypatch, fresh_probe):
+    _slow_cpu(monkeypatch, {"avx2"})
+    cfg = load_recipe("unet-2024-11", ["train.dtype=bf16"])  # bf16 autocast + bf16 parameters
+    assert cfg.model.bf16_model and cfg.model.embed_dtype == "bf16"
+    chosen = precision.resolve(cfg, torch.device("cpu"))
+    assert chosen.fell_back and chosen.dtype == "fp32" and "falls back" in chosen.reason
+    run_cfg = precision.effective_config(cfg, chosen)
+    assert (
+        run_cfg.train.dtype == "fp32" and not run_cfg.model.bf16_model and run_cfg.model.embed_dtype == "fp32"
+    )
+    assert cfg.train.dtype == "bf16" and cfg.model.bf16_model  # what the user asked is kept for config.json
+    # train.dtype=fp32 asked explicitly means "no autocast" and keeps the recipe's bf16 storage
+    fp32 = load_recipe("unet-2024-11", ["train.dtype=fp32"])
+    assert precision.effective_config(fp32, precision.resolve(fp32, torch.device("cpu"))).model.bf16_model
+
+
+def _best_s(dtype: torch.dtype, size: int = 256) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_the_choice_on_this_machine_matches_a_measurement(fresh_probe):
+    """Independent of the rule's inputs: whatever CPU runs the suite, auto picks bf16 only if a bf16
+    matmul measures faster than fp32 here (hosts differ ~100x, so noise cannot flip the answer)."""
+    chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
+    bf16_faster = _best_s(torch.bfloat16) < _best_s(torch.float32)
+    assert (chosen.dtype == "bf16") == bf16_faster, chosen.reason
+
+
+def test_printed_mfu_never_exceeds_100_percent(text_data, tmp_path, monkeypatch):
+    """A probe that underestimates the peak (here a cached 1 FLOP/s) must not print MFU above 100 %."""
+    from speedrun.train import tracking
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    key = tracking._machine_key(torch.device("cpu"), torch.float32)
+    (cache / "speedrun").mkdir(parents=True)
+    (cache / "speedrun" / "matmul-peak.json").write_text(json.dumps({key: 1.0}))
+    out = tmp_path / "run"
+    proc = run_speedrun(
+        "train", "--out", str(out), f"data.dir={text_data}", *TINY, "train.dtype=fp32", "train.steps=6",
+        "train.warmdown_steps=2", "train.log_every=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    mfus = [float(line.split("MFU ")[1].split("%")[0]) for line in proc.stdout.splitlines() if "MFU" in line]
+    assert len(mfus) == 6 and max(mfus) <= 100.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mfu_peak_flops"] > 1.0  # raised to the rate reached
+    assert summary["precision"] == {"dtype": "fp32", "reason": "train.dtype=fp32"}
+
+
+def test_budget_steps_formula():
+    # 3 untimed warm-up steps, then as many 0.5 s steps as fit 10 s; never below done + warm-down + 1
+    assert budget_steps(10.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=1000) == 23
+    assert budget_steps(10.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=15) == 15
+    assert budget_steps(1.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=1000) == 12
+
+
+# A budget far below one step: the count is fixed at the first log point with PROBE_STEPS timed steps
+# (step WARM + PROBE_STEPS) to the fewest the schedule allows: that step plus the warm-down plus one.
+WARM, WARMDOWN = 2, 4
+FIXED = WARM + PROBE_STEPS + WARMDOWN + 1
+BUDGETED = [
+    *TINY, "train.dtype=fp32", "train.steps=40", f"train.warmdown_steps={WARMDOWN}",
+    f"train.timing_warmup_steps={WARM}", "train.time_budget_s=0.001", "train.log_every=1",
+    "train.val_every=5", "train.checkpoint_every=3", "train.checkpoint_keep=0",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def budgeted_run(text_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("budget") / "run"
+    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *BUDGETED)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_a_time_budget_fixes_the_step_count_once_and_saves_it(budgeted_run):
+    saved = json.loads((budgeted_run / "config.json").read_text())["train"]
+    assert saved["steps"] == FIXED and saved["time_budget_s"] == 0.0
+    train = [r for r in read_metrics(budgeted_run) if "train_loss" in r]
+    assert [r["step"] for r in train] == list(range(1, FIXED + 1))
+    for r in train:  # the trapezoid of FIXED steps at every step, as if FIXED had been asked for
+        s = r["step"] - 1
+        assert r["lr"] == pytest.approx(min((FIXED - s) / WARMDOWN, 1.0))
+    assert sum("time budget" in line for line in (budgeted_run / "log.txt").read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at_step", [3, 9])  # a checkpoint before the fix (step 6) and one after
+def test_a_budgeted_run_resumes_exactly(budgeted_run, tmp_path, at_step):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(budgeted_run, resumed)
+    for path in list_checkpoints(resumed):
+        if int(path.name.split("_")[1]) > at_step:
+            shutil.rmtree(path)
+    proc = run_speedrun("train", "--resume", str(resumed))
+    assert proc.returncode == 0, proc.stderr
+
+    def values(run: Path) -> list:
+        return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(run)]
+
+    assert values(resumed) == values(budgeted_run)
+
+
+def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
+    from speedrun.errors import ConfigError
+
+    for extra in ("train.schedule=cosine", "train.warmdown_frac=0.3"):
+        with pytest.raises(ConfigError, match="time_budget_s"):
+            load_recipe("demo", ["train.time_budget_s=60", extra])
