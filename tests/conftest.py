@@ -35,6 +35,9 @@ TINY = [
     "optim.embed_lr=0.1",
     "optim.head_lr=0.02",
     "train.compile=off",  # the demo compiles; tiny test runs would spend their time compiling
+    "train.dtype=fp32",  # tests of logic, not bf16 rounding: fast on every CPU (bf16 is ~100x slower on AVX2)
+    "train.time_budget_s=0",  # exactly train.steps, whatever the host (the demo fits a time budget)
+    "train.budget_min_steps=0",
 ]
 
 

@@ -147,7 +147,9 @@ def test_a_time_budget_fixes_the_step_count_once_and_saves_it(budgeted_run):
     for r in train:  # the trapezoid of FIXED steps at every step, as if FIXED had been asked for
         s = r["step"] - 1
         assert r["lr"] == pytest.approx(min((FIXED - s) / WARMDOWN, 1.0))
-    assert sum("time budget" in line for line in (budgeted_run / "log.txt").read_text().splitlines()) == 1
+    log = (budgeted_run / "log.txt").read_text().splitlines()
+    fixes = [line for line in log if line.startswith("time budget ")]  # not the code diff atop
+    assert len(fixes) == 1 and f": {FIXED} steps" in fixes[0]
 
 
 @pytest.mark.slow
@@ -173,3 +175,55 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
     for extra in ("train.schedule=cosine", "train.warmdown_frac=0.3"):
         with pytest.raises(ConfigError, match="time_budget_s"):
             load_recipe("demo", ["train.time_budget_s=60", extra])
+
+
+def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
+    from speedrun.train.host_fit import _flops_per_step, shrink, shrinks_needed
+
+    cfg = load_recipe("demo")  # 150 s, at least 120 steps, 8192 tokens of 4 x 256
+    run_cfg = precision.effective_config(cfg, precision.Precision("fp32", "test"))
+    flops = _flops_per_step(run_cfg)
+    for step_s in (0.5, 2.0, 5.0, 20.0):  # a fast host, then ever slower ones
+        n = shrinks_needed(run_cfg, step_s)
+        sized = load_recipe("demo")
+        for _ in range(n):
+            assert shrink(sized) is not None
+        steps_fit = 150 / (step_s * _flops_per_step(sized) / flops)
+        fewer = load_recipe("demo")
+        for _ in range(n - 1):
+            shrink(fewer)
+        assert steps_fit >= 120 or shrink(sized) is None  # fits, or nothing is left to shrink
+        if n:  # and one shrink fewer would not have fit
+            assert 150 / (step_s * _flops_per_step(fewer) / flops) < 120
+    assert shrinks_needed(run_cfg, 0.5) == 0  # 300 steps fit: the recipe's size
+    assert shrinks_needed(run_cfg, 5.0) > 0
+
+
+@pytest.mark.slow
+def test_a_slow_host_trains_a_smaller_model_recorded_in_the_config(text_data, tmp_path):
+    out = tmp_path / "run"
+    args = [*TINY, "train.steps=12", "train.warmdown_steps=4", "train.time_budget_s=1000"]
+    proc = run_speedrun(
+        "train", "--out", str(out), f"data.dir={text_data}", *args, "train.budget_min_steps=100000000"
+    )  # no host trains 10^8 steps in 1,000 s: everything shrinks to the floor
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["train"]["global_batch_tokens"] == 8 * 64 and saved["model"]["n_embd"] == 64
+    assert saved["train"]["budget_min_steps"] == 0  # spent: a resume keeps these sizes
+    log = (out / "log.txt").read_text().splitlines()
+    assert any(line.startswith("host fit: train.global_batch_tokens=512") for line in log)
+
+
+def test_measured_compile_keeps_the_faster_module():
+    from speedrun.train.host_fit import MeasuredCompile
+
+    model, lines = torch.nn.Linear(2, 2), []
+    for eager_s, compiled_s, expect in ((1.0, 0.5, "compiled"), (0.5, 1.0, "eager")):
+        chooser = MeasuredCompile(model, lines.append)
+        used = []
+        for step in range(6):
+            used.append(chooser.module(step))
+            chooser.measured(step + 1, compiled_s if used[-1] is chooser.compiled else eager_s)
+        assert used[:2] == [model, model] and used[2:4] == [chooser.compiled] * 2
+        winner = chooser.compiled if expect == "compiled" else model
+        assert used[4:] == [winner, winner] and lines[-1].startswith(f"compile: {expect} measured faster")

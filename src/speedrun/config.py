@@ -196,6 +196,8 @@ class TrainConfig:
     # train about this many seconds (timed steps): the step count is fixed from the first timed steps and
     # saved in config.json; train.steps is then the most it may be (train/budget.py). 0 = off
     time_budget_s: float = 0.0
+    # with a time budget on CPU: halve the batch, then the width, until this many steps fit (host_fit.py)
+    budget_min_steps: int = 0
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
 
 

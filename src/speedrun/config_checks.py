@@ -37,6 +37,8 @@ def cross_field_checks(cfg: Config) -> None:
             f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
             f"exceed train.steps ({t.steps})"
         )
+    if t.budget_min_steps > 0 and t.time_budget_s <= 0:
+        raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
     budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
     if t.time_budget_s > 0 and not budget_safe:
         raise ConfigError(  # their values at early steps depend on the step count the budget fixes later

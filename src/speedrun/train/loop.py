@@ -29,6 +29,7 @@ from speedrun.train import distributed
 from speedrun.train.budget import PROBE_STEPS, budget_steps, fixed_after
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
+from speedrun.train.host_fit import MeasuredCompile, size_to_host
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
@@ -126,6 +127,12 @@ def training_state(
     }
 
 
+def rank0_int(value: int, ctx: distributed.DistContext) -> int:
+    """Rank 0's `value` on every rank (one collective), for choices measured on each process."""
+    mine = torch.tensor([float(value if ctx.is_main else 0)], device=ctx.device)
+    return int(distributed.all_reduce_sum(mine, ctx).item())
+
+
 def fix_budget(
     cfg: Config, rcfg: Config, done: int, mean_step_s: float, ctx: distributed.DistContext, run: RunDir
 ) -> None:
@@ -133,8 +140,7 @@ def fix_budget(
     rank agrees) and save it in config.json with the budget spent (train/budget.py)."""
     t = cfg.train
     steps = budget_steps(t.time_budget_s, mean_step_s, t.timing_warmup_steps, done, t.warmdown_steps, t.steps)
-    mine = torch.tensor([float(steps if ctx.is_main else 0)], device=ctx.device)
-    steps = int(distributed.all_reduce_sum(mine, ctx).item())
+    steps = rank0_int(steps, ctx)
     run.log(
         f"time budget {t.time_budget_s:g}s at {mean_step_s * 1000:.0f} ms/step: {steps} steps "
         f"(train.steps was {t.steps}; saved in config.json)"
@@ -159,12 +165,17 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     try:
         # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
+        if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
+            size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx))
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
         data = load_data(cfg, ctx, run)
         model, train_model = build_model(rcfg, ctx)
-        compiled = train_model is not model
+        chooser = None  # train.compile=auto on one CPU process with a time budget: measured
+        if t.compile == "auto" and t.time_budget_s > 0 and ctx.device.type == "cpu" and not ctx.distributed:
+            chooser = MeasuredCompile(model, run.log)
+        compiled = train_model is not model or chooser is not None
         run.log(model_summary(model, t.seq_len))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
@@ -206,8 +217,11 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 break
 
             clock.start()
+            started, module = time.perf_counter(), chooser.module(step) if chooser else train_model
             with compile_errors(compiled):
-                loss = train_step(train_model, optimizer, loader.next_batch, accum, dtype, clip)
+                loss = train_step(module, optimizer, loader.next_batch, accum, dtype, clip)
+            if chooser:  # a CPU step has finished when train_step returns
+                chooser.measured(step + 1, time.perf_counter() - started)
             progress.add(loss)
 
             done = step + 1
