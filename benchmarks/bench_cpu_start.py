@@ -66,9 +66,8 @@ def main() -> None:
         if budget:
             line += f" | budget {budget:g}s ({summary['train_time_s'] / budget - 1:+.1%})"
         print(line + f" | val loss {summary['final_val_loss']} | {summary['precision']['reason']}")
-        print(
-            f"sizes: {cfg['model']['n_layer']}x{cfg['model']['n_embd']}, {cfg['train']['global_batch_tokens']} tokens/step"
-        )
+        m, t = cfg["model"], cfg["train"]
+        print(f"sizes: {m['n_layer']}x{m['n_embd']}, {t['global_batch_tokens']} tokens/step")
 
 
 if __name__ == "__main__":
