@@ -183,20 +183,23 @@ def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
     cfg = load_recipe("demo")  # 150 s, at least 120 steps, 8192 tokens of 4 x 256
     run_cfg = precision.effective_config(cfg, precision.Precision("fp32", "test"))
     flops = _flops_per_step(run_cfg)
-    for step_s in (0.5, 2.0, 5.0, 20.0):  # a fast host, then ever slower ones
-        n = shrinks_needed(run_cfg, step_s)
-        sized = load_recipe("demo")
+    for step_s in (0.5, 2.0, 5.0, 20.0):  # a fast host, then ever slower ones; time scales with FLOPs
+
+        def measure(c, step_s=step_s):
+            return step_s * _flops_per_step(c) / flops
+
+        n, seconds = shrinks_needed(run_cfg, measure)
+        sized, fewer = load_recipe("demo"), load_recipe("demo")
         for _ in range(n):
             assert shrink(sized) is not None
-        steps_fit = 150 / (step_s * _flops_per_step(sized) / flops)
-        fewer = load_recipe("demo")
         for _ in range(n - 1):
             shrink(fewer)
-        assert steps_fit >= 120 or shrink(sized) is None  # fits, or nothing is left to shrink
+        assert seconds == pytest.approx(measure(sized))
+        assert 150 / seconds >= 120 or shrink(sized) is None  # fits, or nothing is left to shrink
         if n:  # and one shrink fewer would not have fit
-            assert 150 / (step_s * _flops_per_step(fewer) / flops) < 120
-    assert shrinks_needed(run_cfg, 0.5) == 0  # 300 steps fit: the recipe's size
-    assert shrinks_needed(run_cfg, 5.0) > 0
+            assert 150 / measure(fewer) < 120
+    assert shrinks_needed(run_cfg, lambda c: 0.5 * _flops_per_step(c) / flops)[0] == 0  # 300 steps fit
+    assert shrinks_needed(run_cfg, lambda c: 5.0 * _flops_per_step(c) / flops)[0] > 0
 
 
 @pytest.mark.slow

@@ -27,13 +27,14 @@ from speedrun.train.step import autocast, autocast_dtype
 MIN_ROWS, MIN_WIDTH = 8, 64  # the smallest batch (sequences) and width the fit shrinks to
 
 
-def probe_step_s(cfg: Config, device: torch.device, rows: int = 2) -> float:
-    """Estimated seconds of one optimizer step of `cfg` on `device`: one eager forward+backward of `rows`
-    sequences timed (after a first call), scaled to the global batch, plus a tenth for the optimizer."""
+def probe_step_s(cfg: Config, device: torch.device) -> float:
+    """Estimated seconds of one optimizer step of `cfg` on `device`: one eager forward+backward of a
+    micro-batch timed after a first call, times the micro-batches per step, plus a tenth for the
+    optimizer. A full micro-batch, because a slice would measure per-op overhead, not the matmuls."""
     t = cfg.train
     torch.manual_seed(0)
     model = GPT(cfg.model).to(device)
-    x = torch.randint(0, cfg.model.vocab_size, (rows, t.seq_len), device=device)
+    x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
     best = float("inf")
     for _ in range(2):
         start = time.perf_counter()
@@ -41,7 +42,7 @@ def probe_step_s(cfg: Config, device: torch.device, rows: int = 2) -> float:
             loss = model(x, x)
         loss.backward()
         best = min(best, time.perf_counter() - start)
-    return 1.1 * best * t.global_batch_tokens / (rows * t.seq_len)
+    return 1.1 * best * t.global_batch_tokens / t.micro_batch_tokens
 
 
 def shrink(cfg: Config) -> str | None:
@@ -58,19 +59,14 @@ def shrink(cfg: Config) -> str | None:
     return None
 
 
-def _flops_per_step(cfg: Config) -> float:
-    with torch.device("meta"):  # shapes only: no memory, no time
-        return GPT(cfg.model).flops_per_token(cfg.train.seq_len) * cfg.train.global_batch_tokens
-
-
-def shrinks_needed(rcfg: Config, step_s: float) -> int:
-    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the budget, from a step
-    time measured at the recipe's size (time scales with FLOPs per step)."""
+def shrinks_needed(rcfg: Config, step_s: Callable[[Config], float]) -> tuple[int, float]:
+    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget, with
+    `step_s` measuring each candidate; and the last candidate's step time."""
     t, trial, n = rcfg.train, copy.deepcopy(rcfg), 0
-    per_flop = step_s / _flops_per_step(rcfg)
-    while t.time_budget_s / (per_flop * _flops_per_step(trial)) < t.budget_min_steps and shrink(trial):
-        n += 1
-    return n
+    seconds = step_s(trial)
+    while t.time_budget_s / seconds < t.budget_min_steps and shrink(trial):
+        n, seconds = n + 1, step_s(trial)
+    return n, seconds
 
 
 def size_to_host(
@@ -79,16 +75,15 @@ def size_to_host(
     """Shrink `cfg` (and its effective copy `rcfg`) until `train.budget_min_steps` fit the time budget;
     `agree` makes every process take rank 0's answer. The fit is then spent (budget_min_steps = 0), so
     a resume keeps the sizes."""
-    step_s, flops = probe_step_s(rcfg, device), _flops_per_step(rcfg)
-    n = agree(shrinks_needed(rcfg, step_s))
+    measured, seconds = shrinks_needed(rcfg, lambda c: probe_step_s(c, device))
+    n = agree(measured)
     changes = [shrink(cfg) for _ in range(n)]
     for _ in range(n):
         shrink(rcfg)
-    est = step_s * _flops_per_step(rcfg) / flops
     what = ", ".join(str(c) for c in changes) if n else "the recipe's size fits"
+    budget = cfg.train.time_budget_s
     log(
-        f"host fit: {what} (a probe estimates {est * 1000:.0f} ms/step eager: "
-        f"~{int(cfg.train.time_budget_s / est)} steps in {cfg.train.time_budget_s:g}s)"
+        f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{int(budget / seconds)} steps in {budget:g}s)"
     )
     cfg.train.budget_min_steps = rcfg.train.budget_min_steps = 0
 
