@@ -82,9 +82,8 @@ def size_to_host(
         shrink(rcfg)
     what = ", ".join(str(c) for c in changes) if n else "the recipe's size fits"
     budget = cfg.train.time_budget_s
-    log(
-        f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{int(budget / seconds)} steps in {budget:g}s)"
-    )
+    fits = int(budget / seconds)
+    log(f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{fits} steps in {budget:g}s)")
     cfg.train.budget_min_steps = rcfg.train.budget_min_steps = 0
 
 
