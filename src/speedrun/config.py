@@ -161,6 +161,9 @@ class OptimConfig:
     # the Newton–Schulz op order of each era (optim/orthogonalize.py); fused is ours
     muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10"] = "fused"
     muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
+    # precision of the Newton–Schulz / Polar Express iterations: auto = bf16 (the records) where the device
+    # runs bf16 fast, else fp32 (train/precision.py)
+    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     muon_scale_in_bf16: bool = False  # multiply the bf16 update by its shape scale in bf16 (10-17 … 12-04)
 
 

@@ -147,6 +147,7 @@ class Muon(torch.optim.Optimizer):
         momentum_form: str = "ema",
         ns_form: str = "fused",
         scale_in_update_dtype: bool = False,
+        ns_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -162,6 +163,7 @@ class Muon(torch.optim.Optimizer):
             scale_in_update_dtype=scale_in_update_dtype,
         )
         self._process_group = process_group
+        self.ns_dtype = ns_dtype  # the iterations' precision: bf16 (the records), fp32 where bf16 is slow
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._cached_plan: tuple[tuple, list[_Bucket]] | None = None
         super().__init__(params, defaults)
@@ -290,13 +292,12 @@ class Muon(torch.optim.Optimizer):
         """Orthogonalize this rank's blocks; start the all-gather. Returns (gathered, work handle)."""
         group = bucket.group
         stacked = self._stacked_directions(bucket, directions, rank, world)
-        out_dtype = _output_dtype(group["backend"], bucket.items[0][0])
+        out_dtype = _output_dtype(group["backend"], bucket.items[0][0], self.ns_dtype)
         rows, cols = bucket.shape
-        mine = (
-            orthogonalize(stacked, group["backend"], group["ns_steps"], group["ns_form"]).to(out_dtype)
-            if stacked is not None
-            else None
-        )
+        mine = None
+        if stacked is not None:
+            ns = (group["backend"], group["ns_steps"], group["ns_form"], self.ns_dtype)
+            mine = orthogonalize(stacked, *ns).to(out_dtype)
         if world == 1:
             return mine, None
         per_rank = math.ceil(len(bucket.items) / world)
@@ -358,11 +359,11 @@ class Muon(torch.optim.Optimizer):
                 )
 
 
-def _output_dtype(backend: str, param: Tensor) -> torch.dtype:
+def _output_dtype(backend: str, param: Tensor, ns_dtype: torch.dtype) -> torch.dtype:
     """dtype of the orthogonalized update, fixed per backend so all ranks allocate the same buffers."""
     if backend == "svd":
         return torch.float64 if param.dtype == torch.float64 else torch.float32
-    return torch.bfloat16
+    return ns_dtype
 
 
 def _check_options(group: dict[str, Any], index: int) -> None:

@@ -96,8 +96,10 @@ def newton_schulz(
     coefficients: Coefficients = NS_COEFFICIENTS,
     eps: float = 1e-7,
     form: str = "fused",
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
-    """Quintic Newton–Schulz in bf16; returns a bf16 tensor of g's shape.
+    """Quintic Newton–Schulz in bf16 (or `dtype`: fp32 on CPUs that emulate bf16 ~100x slower); returns
+    a tensor of g's shape in that dtype.
 
     The input is divided by its Frobenius norm (+eps) so every singular value is <= 1, inside the
     polynomial's basin. Band (5 steps): an input singular value σ with σ/‖G‖_F >= 2e-3 comes out in
@@ -109,9 +111,9 @@ def newton_schulz(
     _check_matrix(g)
     if form not in NS_FORMS:
         raise ValueError(f"unknown Newton-Schulz form {form!r}; choose one of {', '.join(NS_FORMS)}")
-    x, tall = _wide(g.bfloat16())
+    x, tall = _wide(g.to(dtype))
     if form == "2024-10-10":  # the norm of the input in its own precision, then a bf16 division
-        x = (x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps)).bfloat16()
+        x = (x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps)).to(dtype)
     else:
         x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
     if form == "fused":
@@ -121,8 +123,10 @@ def newton_schulz(
     return x.mT if tall else x
 
 
-def polar_express(g: Tensor, steps: int = 5, eps: float = 1e-6) -> Tensor:
-    """Polar Express in bf16 with per-step coefficients; returns a bf16 tensor of g's shape.
+def polar_express(
+    g: Tensor, steps: int = 5, eps: float = 1e-6, dtype: torch.dtype = torch.bfloat16
+) -> Tensor:
+    """Polar Express in bf16 (or `dtype`) with per-step coefficients; returns a tensor of g's shape.
 
     The input is divided by 1.02·‖G‖_F + eps (the safety factor the coefficients were built for).
     ``steps`` > 5 repeats the last triple, which is convergent near 1. Band (5 steps): σ with
@@ -134,7 +138,7 @@ def polar_express(g: Tensor, steps: int = 5, eps: float = 1e-6) -> Tensor:
         raise ValueError(f"polar_express needs steps >= 1, got {steps}")
     table = POLAR_EXPRESS_COEFFICIENTS
     coefficients = list(table[:steps]) + [table[-1]] * max(0, steps - len(table))
-    x, tall = _wide(g.bfloat16())
+    x, tall = _wide(g.to(dtype))
     x = x / (torch.linalg.matrix_norm(x, keepdim=True) * 1.02 + eps)
     x = _odd_quintic_iterations(x, coefficients)
     return x.mT if tall else x
@@ -149,13 +153,18 @@ def svd_orthogonalize(g: Tensor) -> Tensor:
 
 
 def orthogonalize(
-    g: Tensor, backend: str = "newton_schulz", steps: int = 5, ns_form: str = "fused"
+    g: Tensor,
+    backend: str = "newton_schulz",
+    steps: int = 5,
+    ns_form: str = "fused",
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
-    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` by all but NS."""
+    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` by all but NS,
+    ``dtype`` (the iterations' precision) by ``svd``."""
     if backend == "newton_schulz":
-        return newton_schulz(g, steps, form=ns_form)
+        return newton_schulz(g, steps, form=ns_form, dtype=dtype)
     if backend == "polar_express":
-        return polar_express(g, steps)
+        return polar_express(g, steps, dtype=dtype)
     if backend == "svd":
         return svd_orthogonalize(g)
     raise ValueError(f"unknown orthogonalization backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -10,6 +10,7 @@ import torch
 from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
+from speedrun.train.precision import fast_bf16
 
 
 class RunOptimizer:
@@ -93,6 +94,15 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
         scale_in_update_dtype=o.muon_scale_in_bf16,
+        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, roles["matrix"][0][1].device if roles["matrix"] else None),
     )
     adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
     return RunOptimizer({"adam": adam, "muon": muon})
+
+
+def muon_ns_dtype(asked: str, device: torch.device | None) -> torch.dtype:
+    """Precision of Muon's iterations: bf16 as the records, unless `auto` finds that the device runs
+    bf16 matmuls slowly (a CPU without bf16 instructions: ~100x slower than fp32)."""
+    if asked == "auto":
+        asked = "bf16" if device is None or fast_bf16(device.type)[0] else "fp32"
+    return torch.bfloat16 if asked == "bf16" else torch.float32

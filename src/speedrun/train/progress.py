@@ -24,7 +24,7 @@ from speedrun.train import distributed
 from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, matmul_peak
+from speedrun.train.tracking import Tracker, matmul_peak, raise_cached_peak
 
 
 def log_point_values(
@@ -170,6 +170,7 @@ class Progress:
     def finish(self) -> dict[str, Any]:
         """Write summary.json and the closing log line; return the summary."""
         result = self.summary("finished")
+        raise_cached_peak(self.ctx.device, self.precision.autocast, self.peak_flops)
         self.run.write_summary(result)
         bpb = f", val bpb {self.val_bpb:.4f}" if self.val_bpb is not None else ""
         self.run.log(

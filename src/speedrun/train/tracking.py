@@ -81,15 +81,15 @@ def measured_matmul_peak(
 
 
 def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
-    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds: square sizes doubling from 128
-    while a matmul stays well under the budget. Hosts differ ~100x (bf16 emulated on AVX2 CPUs), so the
-    size is chosen by time, not fixed: a fixed 1,536 bf16 probe took 2 minutes on such a host."""
-    start, best, size = time.perf_counter(), 0.0, 128
+    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds: square sizes doubling from 256
+    while the next size fits the budget. Hosts differ ~100x (bf16 emulated on AVX2 CPUs), so the size
+    is chosen by time, not fixed: a fixed 1,536 bf16 probe took 2 minutes on such a host."""
+    start, best, size = time.perf_counter(), 0.0, 256
     while size <= 8192:
-        rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=2)
+        rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=3)
         best = max(best, rate)
         elapsed = time.perf_counter() - start
-        if elapsed + 5 * 8 * 2 * size**3 / rate > budget_s:  # the next size costs ~8x: 5 calls of it
+        if elapsed + 6 * 8 * 2 * size**3 / rate > budget_s:  # the next size costs ~8x: 6 calls of it
             break
         size *= 2
     return best
@@ -112,6 +112,25 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
     return f"{device_name(device)}|{cpu}|{isa}|torch {torch.__version__}|{torch.get_num_threads()}t|{dtype}"
 
 
+def _read_peaks() -> dict[str, float]:
+    try:
+        known = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(known, dict):
+        return {}
+    return {k: float(v) for k, v in known.items() if isinstance(v, int | float) and v > 0}
+
+
+def _write_peak(key: str, peak: float) -> None:
+    cache = _cache_file()
+    with contextlib.suppress(OSError):  # a read-only home only costs the next run its probe
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**_read_peaks(), key: peak}, indent=1))
+        os.replace(tmp, cache)
+
+
 def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float, str]:
     """FLOP/s that MFU is measured against, and where it comes from: the datasheet bf16 peak of a known
     GPU, else a bounded probe (<= 1 s) in the dtype the run computes in, cached per machine in the
@@ -120,20 +139,23 @@ def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float,
     sheet = datasheet_peak(device_name(device)) if device.type == "cuda" else None
     if sheet:
         return sheet, "datasheet bf16 peak"
-    key, cache = _machine_key(device, dtype), _cache_file()
-    try:
-        known = json.loads(cache.read_text())
-        if isinstance(known, dict) and isinstance(known.get(key), int | float) and known[key] > 0:
-            return float(known[key]), "measured matmul peak (cached)"
-    except (OSError, ValueError):
-        known = {}
+    key = _machine_key(device, dtype)
+    cached = _read_peaks().get(key)
+    if cached:
+        return cached, "measured matmul peak (cached)"
     peak = probe_matmul_peak(device, dtype)
-    with contextlib.suppress(OSError):  # a read-only home only costs the next run its second
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**(known if isinstance(known, dict) else {}), key: peak}, indent=1))
-        os.replace(tmp, cache)
+    _write_peak(key, peak)
     return peak, "measured matmul peak"
+
+
+def raise_cached_peak(device: torch.device, dtype: torch.dtype | None, reached: float) -> None:
+    """A run reached more than the cached peak (the probe ran on a busy machine): keep the higher rate,
+    so a bad probe corrects itself instead of lowering MFU's denominator for good."""
+    if device.type == "cuda" and datasheet_peak(device_name(device)):
+        return
+    key = _machine_key(device, dtype or torch.float32)
+    if reached > _read_peaks().get(key, 0.0):
+        _write_peak(key, reached)
 
 
 class Tracker:
