@@ -235,3 +235,35 @@ def test_measured_compile_keeps_the_faster_module():
         assert used[:2] == [model, model] and used[2:4] == [chooser.compiled] * 2
         winner = chooser.compiled if expect == "compiled" else model
         assert used[4:] == [winner, winner] and lines[-1].startswith(f"compile: {expect} measured faster")
+
+
+def test_muon_iterates_in_fp32_only_where_bf16_is_slow(monkeypatch):
+    from speedrun.train import optimizers
+
+    cpu = torch.device("cpu")
+    for fast, want in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(optimizers, "fast_bf16", lambda _type, fast=fast: (fast, "test"))
+        assert optimizers.muon_ns_dtype("auto", cpu) == want
+        assert optimizers.muon_ns_dtype("bf16", cpu) == torch.bfloat16  # asked: kept, fast or not
+        assert optimizers.muon_ns_dtype("fp32", cpu) == torch.float32
+        from speedrun.model.gpt import GPT
+
+        cfg = load_recipe("demo", ["model.n_layer=1", "model.n_embd=64", "model.n_head=2"])
+        assert optimizers.build_optimizer(GPT(cfg.model), cfg).parts["muon"].ns_dtype == want
+
+
+def test_fp32_newton_schulz_is_the_record_polynomial_without_bf16_rounding():
+    """The iterations X <- aX + (bA + cA^2)X, A = XX^T, on X/||X||_F, written here in fp64 from the
+    record's formula: fp32 iterations match them to ~1e-5, bf16 ones only to bf16's ~1e-2."""
+    from speedrun.optim.orthogonalize import NS_COEFFICIENTS, newton_schulz
+
+    g = torch.randn(48, 96, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = g / g.norm()
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(5):
+        A = x @ x.T
+        x = a * x + (b * A + c * A @ A) @ x
+    fp32 = newton_schulz(g.float(), dtype=torch.float32)
+    assert fp32.dtype == torch.float32
+    assert (fp32.double() - x).abs().max() < 1e-4
+    assert (newton_schulz(g.float()).double() - x).abs().max() > 1e-3  # bf16 (the default) rounds
