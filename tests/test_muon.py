@@ -20,7 +20,6 @@ from speedrun.optim import (
     svd_orthogonalize,
 )
 
-GPT2_SHAPES = [(768, 768), (768, 3072), (3072, 768), (2304, 768)]
 
 
 # ---------------------------------------------------------------- Polar Express coefficients
@@ -70,7 +69,13 @@ BANDS = {
 }
 
 
-@pytest.mark.parametrize("shape", GPT2_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+# GPT-2's aspect ratios (768², 768×3072, 3072×768, 2304×768) at a sixth of the size: the band is a
+# property of the polynomial and of bf16 rounding, and bf16 matmuls of GPT-2 size take minutes on a
+# CPU without bf16 instructions (~0.3 GFLOP/s), where these take a second.
+BAND_SHAPES = [(128, 128), (128, 512), (512, 128), (384, 128)]
+
+
+@pytest.mark.parametrize("shape", BAND_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("kind", ["gaussian", "cond1e6"])
 @pytest.mark.parametrize("backend", list(BANDS))
 def test_singular_values_land_in_documented_band(backend: str, kind: str, shape: tuple[int, int]) -> None:
