@@ -20,8 +20,6 @@ from speedrun.optim import (
     svd_orthogonalize,
 )
 
-
-
 # ---------------------------------------------------------------- Polar Express coefficients
 
 
