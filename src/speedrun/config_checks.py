@@ -12,6 +12,29 @@ if TYPE_CHECKING:
     from speedrun.config import Config, ModelConfig
 
 
+def _check_document_loader(cfg: Config) -> None:
+    """The document loader cuts a step into `chunks_per_step` rows of `micro_batch_tokens` (issue 20)."""
+    d, t = cfg.data, cfg.train
+    if t.val_seq_len > cfg.model.max_seq_len:
+        raise ConfigError(
+            f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
+        )
+    if d.loader != "documents":
+        return
+    if d.rank_cursors or d.end_margin or d.repeat_first_batch or d.align_to_bos:
+        raise ConfigError(
+            "data.loader=documents aligns to BOS itself; the token loader's data-order switches do not apply"
+        )
+    if t.global_batch_tokens != d.chunks_per_step * t.micro_batch_tokens or t.seq_len != t.micro_batch_tokens:
+        raise ConfigError(
+            f"data.loader=documents needs train.global_batch_tokens = data.chunks_per_step x "
+            f"train.micro_batch_tokens and train.seq_len = train.micro_batch_tokens (one row per chunk); got "
+            f"{t.global_batch_tokens}, {d.chunks_per_step} x {t.micro_batch_tokens}, {t.seq_len}"
+        )
+    if d.max_docs == 1:
+        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
+
+
 def cross_field_checks(cfg: Config) -> None:
     """Rules between fields that do not depend on the world size (each field's own range is checked
     first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
@@ -57,6 +80,7 @@ def cross_field_checks(cfg: Config) -> None:
             parse_bpe_size(cfg.data.tokenizer)
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
+    _check_document_loader(cfg)
     _validate_model_switches(m)
     _check_memory(m)
 

@@ -174,7 +174,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 val = evaluate(
-                    train_model, cfg, data.val_files, data.micro_batch_tokens, data.token_bytes, ctx
+                    train_model, cfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
                 )
                 progress.validation(step, *val)
             if step == t.steps:
