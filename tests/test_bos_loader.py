@@ -235,5 +235,5 @@ def test_cu_seqlens_pads_and_merges_what_does_not_fit():
 
 def test_world_size_must_divide_the_chunks(tmp_path):
     files, _ = make_shards(tmp_path, [3000])
-    with pytest.raises(ConfigError, match="multiple of world_size 3"):
+    with pytest.raises(ConfigError, match="cannot be split over world_size 3"):
         DocumentLoader(files, CHUNKS, stages, BOS, 0, 3)

@@ -131,10 +131,10 @@ class DataConfig:
     end_margin: int = 0
     repeat_first_batch: bool = False
     # --- issue 20: the document loader of the 2025-07 … records (data/bos_loader.py) ---
-    # tokens (TokenLoader) | documents (every sequence starts at BOS, with cu_seqlens; #26 on)
+    # tokens (TokenLoader) | documents (every row starts at BOS, with cu_seqlens; #26 on): a step is
+    # global / micro rows of micro_batch_tokens (= seq_len), the records' 8 ranks
     loader: Literal["tokens", "documents"] = "tokens"
     doc_rule: Literal["stream", "packed"] = "stream"  # stream: #26's chunks | packed: #29 on, docs cut
-    chunks_per_step: PosInt = 8  # chunks of a step (the records' 8 ranks); accumulation = chunks / W
     max_doc_len: int = 0  # packed: documents cut to this many tokens (0 = no cut)
     max_docs: int = 0  # cu_seqlens length per chunk (0 = the records' table)
 

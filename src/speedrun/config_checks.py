@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _check_document_loader(cfg: Config) -> None:
-    """The document loader cuts a step into `chunks_per_step` rows of `micro_batch_tokens` (issue 20)."""
+    """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
     d, t = cfg.data, cfg.train
     if t.val_seq_len > cfg.model.max_seq_len:
         raise ConfigError(
@@ -25,11 +25,10 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError(
             "data.loader=documents aligns to BOS itself; the token loader's data-order switches do not apply"
         )
-    if t.global_batch_tokens != d.chunks_per_step * t.micro_batch_tokens or t.seq_len != t.micro_batch_tokens:
+    if t.seq_len != t.micro_batch_tokens:
         raise ConfigError(
-            f"data.loader=documents needs train.global_batch_tokens = data.chunks_per_step x "
-            f"train.micro_batch_tokens and train.seq_len = train.micro_batch_tokens (one row per chunk); got "
-            f"{t.global_batch_tokens}, {d.chunks_per_step} x {t.micro_batch_tokens}, {t.seq_len}"
+            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
+            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
         )
     if d.max_docs == 1:
         raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")

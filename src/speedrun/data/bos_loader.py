@@ -136,7 +136,7 @@ class DocumentLoader:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
         if chunks < 1 or chunks % world_size:
-            raise ConfigError(f"data.chunks_per_step {chunks} is not a multiple of world_size {world_size}")
+            raise ConfigError(f"the {chunks} rows of a step cannot be split over world_size {world_size}")
         if rule not in RULES:
             raise ConfigError(f"data.doc_rule must be one of {RULES}, not {rule!r}")
         self.files = [Path(f) for f in files]

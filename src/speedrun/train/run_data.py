@@ -60,9 +60,11 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
     `world_size` processes; else the largest smaller whole number of sequences that does, so that
     `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
     t = cfg.train
-    if cfg.data.loader == "documents" and cfg.data.chunks_per_step % world_size:
+    chunks = t.global_batch_tokens // t.micro_batch_tokens
+    if cfg.data.loader == "documents" and chunks % world_size:
         raise ConfigError(
-            f"data.chunks_per_step ({cfg.data.chunks_per_step}) is not a multiple of {world_size} processes"
+            f"data.loader=documents: the {chunks} rows of a step (train.global_batch_tokens / "
+            f"train.micro_batch_tokens) cannot be split over {world_size} processes"
         )
     if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
         return t.micro_batch_tokens
@@ -142,7 +144,8 @@ def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> Tok
     t, d = cfg.train, cfg.data
     if d.loader == "documents":
         return DocumentLoader(
-            data.train_files, d.chunks_per_step, lambda step: (t.global_batch_tokens, d.max_doc_len),
+            data.train_files, t.global_batch_tokens // t.micro_batch_tokens,
+            lambda step: (t.global_batch_tokens, d.max_doc_len),
             data.eot_id, ctx.rank, ctx.world_size, rule=d.doc_rule, max_docs=d.max_docs,
             vocab_size=cfg.model.vocab_size, device=ctx.device,
         )  # fmt: skip
