@@ -73,7 +73,7 @@ def test_timed_steps_never_compile(text_data, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "train_step", counting_step)
     overrides = [*TINY, f"data.dir={text_data}", "train.steps=6", "train.val_every=3", "train.log_every=1",
-                 "train.dtype=fp32", "train.warmdown_steps=2", "model.document_mask=true"]  # fmt: skip
+                 "train.dtype=fp32", "train.warmdown_steps=2"]  # fmt: skip
     runs = {}
     for compile_ in ("on", "off"):
         torch._dynamo.reset()
