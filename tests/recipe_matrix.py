@@ -57,6 +57,8 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append(f"model.no_attention_layers={n_layer // 2}")
     if m.value_embeds == "ends":
         out.append("model.value_embed_tables=1")
+    if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
+        out.append("train.val_seq_len=0")
     return out
 
 

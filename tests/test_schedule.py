@@ -18,10 +18,10 @@ def record_trapezoid(it: int, steps: int, warmup: int, warmdown: int) -> float:
     return (steps - it) / warmdown
 
 
-def sub3min_lr(step: int, steps: int, cooldown_frac: float = 0.4) -> float:
-    """get_lr of the 2025-01-16 (Sub3Min) record script."""
+def sub3min_lr(step: int, steps: int, cooldown_frac: float = 0.4, floor: float = 0.1) -> float:
+    """get_lr of the 2025-01-16 (Sub3Min) record script (2025-07 BOS-align: cool-down 0.45, floor 0.05)."""
     w = min((1 - step / steps) / cooldown_frac, 1.0)
-    return w * 1.0 + (1 - w) * 0.1
+    return w * 1.0 + (1 - w) * floor
 
 
 def test_trapezoid_boundaries():
@@ -89,7 +89,7 @@ def test_every_record_recipe_follows_its_record_formula_at_every_step(name):
     cfg = load_recipe(name)
     t = cfg.train
     if t.warmdown_frac > 0:
-        expected = [sub3min_lr(s, t.steps, t.warmdown_frac) for s in range(t.steps)]
+        expected = [sub3min_lr(s, t.steps, t.warmdown_frac, t.final_lr_frac) for s in range(t.steps)]
     else:
         expected = [record_trapezoid(s, t.steps, t.warmup_steps, t.warmdown_steps) for s in range(t.steps)]
     got = [schedule_at(s, cfg).lr for s in range(t.steps)]

@@ -112,6 +112,8 @@ class ModelConfig:
     fp8_head: bool = False  # Sub3Min: lm_head matmul in FP8 (e4m3 forward, e5m2 gradients) when training
     # softmax, loss and returned logits over the real vocab only, padded head rows left out (llm.c)
     logits_vocab_only: bool = False
+    # --- issue 20 (2025-07 on): sigmoid softcap divides z by this instead of cap/2 (#26: 7.5·√768)
+    softcap_divisor: float = 0.0
 
 
 @dataclass
@@ -128,6 +130,13 @@ class DataConfig:
     rank_cursors: int = 0
     end_margin: int = 0
     repeat_first_batch: bool = False
+    # --- issue 20: the document loader of the 2025-07 … records (data/bos_loader.py) ---
+    # tokens (TokenLoader) | documents (every row starts at BOS, with cu_seqlens; #26 on): a step is
+    # global / micro rows of micro_batch_tokens (= seq_len), the records' 8 ranks
+    loader: Literal["tokens", "documents"] = "tokens"
+    doc_rule: Literal["stream", "packed"] = "stream"  # stream: #26's chunks | packed: #29 on, docs cut
+    max_doc_len: int = 0  # packed: documents cut to this many tokens (0 = no cut)
+    max_docs: int = 0  # cu_seqlens length per chunk (0 = the records' table)
 
 
 @dataclass
@@ -202,6 +211,8 @@ class TrainConfig:
     # with a time budget on CPU: halve the batch, then the width, until this many steps fit (host_fit.py)
     budget_min_steps: int = 0
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
+    # --- issue 20: validation rows of this many tokens, one per process per val step (#21 on: 4·64K)
+    val_seq_len: int = 0  # 0 = train.seq_len
 
 
 @dataclass

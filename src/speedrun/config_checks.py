@@ -12,6 +12,28 @@ if TYPE_CHECKING:
     from speedrun.config import Config, ModelConfig
 
 
+def _check_document_loader(cfg: Config) -> None:
+    """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
+    d, t = cfg.data, cfg.train
+    if t.val_seq_len > cfg.model.max_seq_len:
+        raise ConfigError(
+            f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
+        )
+    if d.loader != "documents":
+        return
+    if d.rank_cursors or d.end_margin or d.repeat_first_batch or d.align_to_bos:
+        raise ConfigError(
+            "data.loader=documents aligns to BOS itself; the token loader's data-order switches do not apply"
+        )
+    if t.seq_len != t.micro_batch_tokens:
+        raise ConfigError(
+            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
+            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
+        )
+    if d.max_docs == 1:
+        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
+
+
 def cross_field_checks(cfg: Config) -> None:
     """Rules between fields that do not depend on the world size (each field's own range is checked
     first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
@@ -65,6 +87,7 @@ def cross_field_checks(cfg: Config) -> None:
             parse_bpe_size(cfg.data.tokenizer)
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
+    _check_document_loader(cfg)
     _validate_model_switches(m)
     _check_memory(m)
 

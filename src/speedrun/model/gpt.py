@@ -339,7 +339,7 @@ class GPT(nn.Module):
         if cfg.logits_vocab_only:  # llm.c: the padded rows are in the matmul, not in the softmax
             logits = logits[..., : cfg.vocab_size]
         if cfg.logit_softcap > 0:
-            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
+            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor)
         return logits
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:

@@ -24,12 +24,12 @@ from speedrun.train.evaluate import evaluate
 def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[int, int]:
     """(tokens, micro-batch tokens): `tokens`, or the run's val_tokens capped at what the folder holds,
     in whole sequences; the run's micro-batch when it divides the count, else one sequence per batch."""
-    seq = cfg.train.seq_len
+    seq = cfg.train.val_seq_len or cfg.train.seq_len  # the rows validation reads
     if tokens is None:
         tokens = min(cfg.train.val_tokens, (available - 1) // seq * seq)
     if tokens < seq or tokens % seq:
         raise ConfigError(f"--tokens {tokens} must be a positive multiple of the run's seq_len ({seq})")
-    micro = cfg.train.micro_batch_tokens
+    micro = cfg.train.val_seq_len or cfg.train.micro_batch_tokens
     return tokens, micro if tokens % micro == 0 else seq
 
 

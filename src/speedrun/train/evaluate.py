@@ -28,8 +28,9 @@ def evaluate(
     t = cfg.train
     totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, tokens, bytes
     model.eval()
+    row = t.val_seq_len or t.seq_len
     batches = val_batches(
-        val_files, tokens or t.val_tokens, micro_batch_tokens, t.seq_len, ctx.rank, ctx.world_size,
+        val_files, tokens or t.val_tokens, micro_batch_tokens, row, ctx.rank, ctx.world_size,
         vocab_size=cfg.model.vocab_size, device=ctx.device,
     )  # fmt: skip
     dtype = autocast_dtype(cfg) if t.val_autocast else None  # 2024-10 records validate in fp32

@@ -41,6 +41,7 @@ from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
 from speedrun.train.tracking import Tracker
+from speedrun.train.warmup import is_compiled, warm_up
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
@@ -188,6 +189,13 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         )
         clock = StepClock(ctx.device)
         start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0
+        if is_compiled(train_model):  # issue 20: compile every shape untimed, then restore everything
+            one_val_batch = ctx.world_size * data.val_micro_batch_tokens
+            with compile_errors(True):
+                n = warm_up(rcfg, model, train_model, optimizer, loader, accum, dtype, lambda: evaluate(
+                    train_model, rcfg, data.val_files, data.val_micro_batch_tokens, None, ctx, one_val_batch
+                ), start_step)  # fmt: skip
+            run.log(f"warm-up: {n} training step(s) and one validation batch compiled, state restored")
         progress = Progress(rcfg, ctx, run, tracker, clock, loader, model, start_step, wall_start, precision)
 
         def checkpoint(done: int) -> Path | None:
@@ -210,7 +218,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 val = evaluate(
-                    train_model, rcfg, data.val_files, data.micro_batch_tokens, data.token_bytes, ctx
+                    train_model, rcfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
                 )
                 progress.validation(step, *val)
             if step == t.steps:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
+from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.meta import shard_paths
 from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
@@ -59,6 +60,12 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
     `world_size` processes; else the largest smaller whole number of sequences that does, so that
     `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
     t = cfg.train
+    chunks = t.global_batch_tokens // t.micro_batch_tokens
+    if cfg.data.loader == "documents" and chunks % world_size:
+        raise ConfigError(
+            f"data.loader=documents: the {chunks} rows of a step (train.global_batch_tokens / "
+            f"train.micro_batch_tokens) cannot be split over {world_size} processes"
+        )
     if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
         return t.micro_batch_tokens
     sequences = t.global_batch_tokens // t.seq_len
@@ -75,11 +82,25 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
     )
 
 
+def val_micro_batch_tokens(cfg: Config, world_size: int, micro: int) -> int:
+    """Tokens per process per validation forward: one `train.val_seq_len` row when set, else `micro`."""
+    t = cfg.train
+    if not t.val_seq_len:
+        return micro
+    if t.val_tokens % (world_size * t.val_seq_len):
+        raise ConfigError(
+            f"train.val_tokens ({t.val_tokens}) is not a multiple of {world_size} processes x "
+            f"train.val_seq_len ({t.val_seq_len})"
+        )
+    return t.val_seq_len
+
+
 def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distributed.DistContext) -> None:
     """Read every validation token once, before step 0: short or damaged val data must not surface
     only after the whole training run."""
+    row = cfg.train.val_seq_len or cfg.train.seq_len
     for _ in val_batches(
-        val_files, cfg.train.val_tokens, micro, cfg.train.seq_len, ctx.rank, ctx.world_size,
+        val_files, cfg.train.val_tokens, micro, row, ctx.rank, ctx.world_size,
         vocab_size=cfg.model.vocab_size,
     ):  # fmt: skip
         pass
@@ -95,6 +116,7 @@ class RunData:
     tokenizer: Tokenizer
     token_bytes: torch.Tensor  # (vocab,) on the device, for bits per byte
     eot_id: int
+    val_micro_batch_tokens: int = 0  # tokens per process per validation forward
 
 
 def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData:
@@ -104,19 +126,29 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
     # the shards meta.json lists, not a glob: a stray *_train_*.bin copied into the folder is not trained on
     train_files, val_files = shard_paths(data_dir, "train", meta), shard_paths(data_dir, "val", meta)
     micro = micro_batch_tokens(cfg, ctx.world_size)
-    check_val_data(val_files, cfg, micro, ctx)
+    val_micro = val_micro_batch_tokens(cfg, ctx.world_size, micro)
+    check_val_data(val_files, cfg, val_micro, ctx)
     tokenizer = tokenizer_for_data(data_dir, meta)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64))
     run.log(
         f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
         f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
     )
-    return RunData(train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"])
+    return RunData(
+        train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"], val_micro
+    )
 
 
-def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> TokenLoader:
+def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> TokenLoader | DocumentLoader:
     """This rank's share of every step's batch, prefetched on a background thread (close it)."""
-    t = cfg.train
+    t, d = cfg.train, cfg.data
+    if d.loader == "documents":
+        return DocumentLoader(
+            data.train_files, t.global_batch_tokens // t.micro_batch_tokens,
+            lambda step: (t.global_batch_tokens, d.max_doc_len),
+            data.eot_id, ctx.rank, ctx.world_size, rule=d.doc_rule, max_docs=d.max_docs,
+            vocab_size=cfg.model.vocab_size, device=ctx.device,
+        )  # fmt: skip
     return TokenLoader(
         data.train_files, t.global_batch_tokens, data.micro_batch_tokens, t.seq_len, ctx.rank,
         ctx.world_size, align_to_bos=cfg.data.align_to_bos, bos_id=data.eot_id,

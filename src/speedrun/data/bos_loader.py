@@ -1,0 +1,349 @@
+"""Document-aligned training batches with `cu_seqlens` (records #26 on): every sequence starts at an
+end-of-text (BOS) token, and the batch size and the longest document may change from stage to stage.
+
+A step's global batch is `chunks` chunks of `tokens / chunks` tokens (+1 for the shifted targets);
+rank r's k-th micro-step reads chunk `k * world_size + r`, so the accumulation `chunks / world_size`
+is fixed and a step holds the same tokens on 1, 2 or 8 processes (the records: 8 chunks, 8 ranks).
+Where the chunks lie is planned per global batch from a cursor (shard, token position) alone, by
+one of two rules:
+
+- `stream` (#26, 2025-07 `find_batch_starts`): a chunk is `local + 1` consecutive tokens from a
+  BOS; the next chunk starts at the first BOS at or after `start + local`; the step ends there. A
+  shard is left when `pos + 2·G + 1 >= len` (G = the global batch), as the record tests.
+- `packed` (#29 on, `Shard.next_batch`): a chunk is whole documents, each cut to `max_doc_len`
+  tokens, the last one cut to fill the chunk; the next chunk starts at the following document. A
+  shard is left when its documents cannot fill the global batch.
+
+The records switch shards per group of 8 chunks (one per rank); we switch per global batch, which is
+the same at their 8 ranks and independent of the world size elsewhere.
+
+`cu_seqlens` (int32, fixed length `max_docs`) holds 0, every document start inside the inputs and
+the chunk length, padded with the chunk length, so the varlen kernels see static shapes. A chunk
+with more documents than fit keeps its first `max_docs - 2` boundaries and counts the rest in
+`merged_docs` (the records crash there instead).
+
+The BOS index of the next shard is built on a background thread while the current one is read, and
+with `prefetch` the next micro-batch is read on another (#33). The state (`state_dict`) is the
+cursor at the start of the step plus the micro-step and the step number; at a step boundary it does
+not depend on the world size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Lock
+
+import numpy as np
+import torch
+
+from speedrun.data.shards import open_shard, read_header, shard_fingerprint
+from speedrun.errors import ConfigError, DataError
+
+RULES = ("stream", "packed")
+#: The records' fixed document counts per chunk size (#46 on), else the size / 300 rounded up to 128.
+RECORD_MAX_DOCS = {16384: 64, 32768: 96, 49152: 128}
+
+#: step -> (global batch tokens, longest document in tokens; 0 = no limit)
+StageFn = Callable[[int], tuple[int, int]]
+
+
+def record_max_docs(chunk_tokens: int) -> int:
+    """`cu_seqlens` length the records use for a chunk of `chunk_tokens` tokens."""
+    return RECORD_MAX_DOCS.get(chunk_tokens, -(-(chunk_tokens // 300) // 128) * 128 or 128)
+
+
+def plan_stream(bos: np.ndarray, length: int, pos: int, chunks: int, local: int):
+    """#26's chunk starts and the cursor after them, or None when the shard must be left."""
+    if pos + 2 * chunks * local + 1 >= length:
+        return None
+    k = int(np.searchsorted(bos, pos))
+    if k == len(bos):
+        return None
+    start, segments = int(bos[k]), []
+    for _ in range(chunks):
+        if start + local + 1 > length:
+            return None
+        segments.append([(start, start + local + 1)])
+        k = int(np.searchsorted(bos, start + local))
+        start = int(bos[k]) if k < len(bos) else length
+    return segments, start
+
+
+def plan_packed(bos: np.ndarray, length: int, pos: int, chunks: int, local: int, max_doc: int):
+    """The records' packed chunks (documents cut to `max_doc`, last one cut to fill) as (start, end)
+    segments, and the cursor after them; None when the shard's documents run out first."""
+    k, n, segments = int(np.searchsorted(bos, pos)), len(bos), []
+    for _ in range(chunks):
+        segs, filled = [], 0
+        while filled <= local:
+            if k >= n:
+                return None
+            cur = int(bos[k])
+            k += 1
+            end = min(int(bos[k]) if k < n else length, cur + local - filled + 1)
+            if max_doc > 0:
+                end = min(end, cur + max_doc)
+            segs.append((cur, end))
+            filled += end - cur
+        segments.append(segs)
+    return segments, int(bos[k]) if k < n else length
+
+
+def cu_seqlens(inputs: np.ndarray, bos_id: int, max_docs: int) -> tuple[np.ndarray, int]:
+    """Padded document offsets of one chunk's inputs, and how many boundaries did not fit."""
+    n = len(inputs)
+    starts = np.flatnonzero(inputs == bos_id)
+    starts = starts[starts > 0]
+    dropped = max(0, len(starts) - (max_docs - 2))
+    out = np.full(max_docs, n, dtype=np.int32)
+    out[0] = 0
+    out[1 : 1 + len(starts) - dropped] = starts[: len(starts) - dropped]
+    return out, dropped
+
+
+@dataclass(frozen=True)
+class _Plan:
+    shard: int
+    pos: int
+    step: int
+    segments: list
+    end: int
+    wraps: int
+
+
+class DocumentLoader:
+    """BOS-aligned, stage-sized training batches with `cu_seqlens` (see the module docstring)."""
+
+    def __init__(
+        self,
+        files: list[Path],
+        chunks: int,
+        stage_of: StageFn,
+        bos_id: int,
+        rank: int = 0,
+        world_size: int = 1,
+        rule: str = "packed",
+        max_docs: int = 0,
+        vocab_size: int | None = None,
+        device: str | torch.device = "cpu",
+        loop: bool = True,
+        prefetch: bool | None = None,
+    ):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
+        if chunks < 1 or chunks % world_size:
+            raise ConfigError(f"the {chunks} rows of a step cannot be split over world_size {world_size}")
+        if rule not in RULES:
+            raise ConfigError(f"data.doc_rule must be one of {RULES}, not {rule!r}")
+        self.files = [Path(f) for f in files]
+        if not self.files:
+            raise DataError("no shard files given to the loader")
+        self.chunks, self.stage_of, self.bos_id, self.rule = chunks, stage_of, bos_id, rule
+        self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
+        self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
+        self.merged_docs = 0  # document boundaries dropped because a chunk had more than max_docs
+        self.last_wait_s = self.total_wait_s = 0.0
+        self._lengths = [read_header(f) for f in self.files]
+        self._maps: dict[int, np.ndarray] = {}
+        self._index: dict[int, Future] = {}
+        self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-bos-index")
+        self._lock = Lock()
+        self._cache: _Plan | None = None
+        self._fingerprint: list[str] | None = None
+        self._shard, self._pos, self._micro, self._step, self._epoch = 0, 0, 0, 0, 0
+        self.device = torch.device(device)
+        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
+        )
+        self._future: Future | None = None
+        self._plan(0, 0, 0)  # fail now, not mid-training, when no shard can fill the first batch
+
+    # ------------------------------------------------------------------------------ planning
+    def _tokens(self, i: int) -> np.ndarray:
+        if i not in self._maps:
+            self._maps[i] = open_shard(self.files[i])
+        return self._maps[i]
+
+    def _scan(self, i: int) -> np.ndarray:
+        tokens = self._tokens(i)
+        block = 1 << 24
+        parts = [
+            np.flatnonzero(tokens[s : s + block] == self.bos_id) + s for s in range(0, len(tokens), block)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _bos(self, i: int) -> np.ndarray:
+        """BOS positions of shard i; the next shard's index is started in the background."""
+        if i not in self._index:
+            self._index[i] = self._indexer.submit(self._scan, i)
+        nxt = (i + 1) % len(self.files)
+        if nxt not in self._index:
+            self._index[nxt] = self._indexer.submit(self._scan, nxt)
+        for old in [j for j in self._index if j not in (i, nxt)]:
+            del self._index[old]  # keep two indexes: a shard's positions can be large
+        return self._index[i].result()
+
+    def _stage(self, step: int) -> tuple[int, int, int]:
+        tokens, max_doc = self.stage_of(step)
+        if tokens < self.chunks or tokens % self.chunks:
+            raise ConfigError(
+                f"step {step}: batch of {tokens} tokens is not a multiple of {self.chunks} chunks"
+            )
+        local = tokens // self.chunks
+        return local, max_doc, self.max_docs or record_max_docs(local)
+
+    def _plan(self, shard: int, pos: int, step: int) -> _Plan:
+        """The global batch of `step` from cursor (shard, pos), moving on shard by shard until it fits."""
+        c = self._cache
+        if c is not None and (c.shard, c.pos, c.step) == (shard, pos, step):
+            return c
+        local, max_doc, _ = self._stage(step)
+        i, p, wraps = shard, pos, 0
+        for _ in range(len(self.files) + 1):
+            bos, length = self._bos(i), self._lengths[i]
+            if self.rule == "stream":
+                found = plan_stream(bos, length, p, self.chunks, local)
+            else:
+                found = plan_packed(bos, length, p, self.chunks, local, max_doc)
+            if found is not None:
+                self._cache = _Plan(i, p, step, found[0], found[1], 0)  # found from (i, p): no wrap
+                return _Plan(i, p, step, found[0], found[1], wraps)
+            i, p = i + 1, 0
+            if i == len(self.files):
+                if not self.loop:
+                    raise DataError(
+                        f"training data exhausted after {len(self.files)} shard(s) ({self.files[0].parent})"
+                    )
+                i, wraps = 0, wraps + 1
+        raise DataError(
+            f"{self.files[0].parent}: no shard holds one global batch of {self.chunks} x {local} + 1 "
+            f"BOS-aligned tokens (largest shard {max(self._lengths)} tokens)"
+        )
+
+    def _produce(self, state: tuple[int, int, int, int, int]):
+        """This rank's micro-batch at `state` as host arrays, and the state after it."""
+        shard, pos, micro, step, epoch = state
+        c = micro * self.world_size + self.rank
+        with self._lock:
+            plan = self._plan(shard, pos, step)
+            # the step may lie in a later shard: its cursor moves there (later micro-steps hit the cache)
+            shard, pos, epoch = plan.shard, plan.pos, epoch + plan.wraps
+            tokens = self._tokens(shard)
+            buf = np.concatenate([np.asarray(tokens[a:b]) for a, b in plan.segments[c]])
+            max_docs = self._stage(step)[2]
+        if self.vocab_size is not None and int(buf.max()) >= self.vocab_size:
+            bad = int(buf.max())
+            raise DataError(
+                f"{self.files[shard]}: token id {bad} is out of range for vocab_size {self.vocab_size}"
+            )
+        cu, dropped = cu_seqlens(buf[:-1], self.bos_id, max_docs)
+        x = torch.from_numpy(buf[:-1].astype(np.int64))
+        y = torch.from_numpy(buf[1:].astype(np.int64))
+        cu_t = torch.from_numpy(cu)
+        if self.device.type == "cuda":
+            x, y, cu_t = x.pin_memory(), y.pin_memory(), cu_t.pin_memory()
+        if micro + 1 < self.accumulation_steps:
+            return (x, y, cu_t, dropped), (shard, pos, micro + 1, step, epoch)
+        return (x, y, cu_t, dropped), (shard, plan.end, 0, step + 1, epoch)
+
+    # ------------------------------------------------------------------------------ public
+    def next_packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's next micro-batch: inputs and targets (T,) int64, cu_seqlens (max_docs,) int32."""
+        t0 = time.perf_counter()
+        state = (self._shard, self._pos, self._micro, self._step, self._epoch)
+        if self._future is not None:
+            future, self._future = self._future, None
+            out, nxt = future.result()
+        else:
+            out, nxt = self._produce(state)
+        self.last_wait_s = time.perf_counter() - t0
+        self.total_wait_s += self.last_wait_s
+        self._shard, self._pos, self._micro, self._step, self._epoch = nxt
+        if self._executor is not None:
+            self._future = self._executor.submit(self._produce, nxt)
+        x, y, cu, dropped = out
+        self.merged_docs += dropped
+        if self.device.type == "cpu":
+            return x, y, cu
+        return (t.to(self.device, non_blocking=True) for t in (x, y, cu))  # type: ignore[return-value]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next micro-batch as one (1, T) row for models that find documents from the BOS tokens."""
+        x, y, _ = self.next_packed()
+        return x.view(1, -1), y.view(1, -1)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def fingerprint(self) -> list[str]:
+        if self._fingerprint is None:
+            self._fingerprint = [shard_fingerprint(f) for f in self.files]
+        return self._fingerprint
+
+    def state_dict(self) -> dict:
+        """Cursor of the current step, micro-step and step; world-size free at a step boundary."""
+        return {
+            "version": 1,
+            "kind": "documents",
+            "files": [f.name for f in self.files],
+            "fingerprint": self.fingerprint(),
+            "rule": self.rule,
+            "chunks": self.chunks,
+            "world_size": self.world_size,
+            "shard": self._shard,
+            "pos": self._pos,
+            "micro_step": self._micro,
+            "step": self._step,
+            "epoch": self._epoch,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume exactly where `state_dict()` was taken."""
+        if state.get("kind") != "documents":
+            raise ConfigError(
+                "loader state was saved by the token loader, not the document loader (data.loader)"
+            )
+        if state.get("files") != [f.name for f in self.files]:
+            raise DataError(
+                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
+            )
+        if state.get("fingerprint") != self.fingerprint():
+            raise DataError(f"the shards in {self.files[0].parent} changed since the checkpoint was saved")
+        for key in ("rule", "chunks"):
+            if state.get(key) != getattr(self, key):
+                raise ConfigError(
+                    f"loader state was saved with {key}={state.get(key)}, not {getattr(self, key)}"
+                )
+        if state["micro_step"] and state["world_size"] != self.world_size:
+            raise ConfigError("loader state taken mid-step can only resume with the same world size")
+        if (
+            not 0 <= state["shard"] < len(self.files)
+            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
+        ):
+            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
+        self._drain()
+        self._shard, self._pos, self._micro = int(state["shard"]), int(state["pos"]), int(state["micro_step"])
+        self._step, self._epoch = int(state["step"]), int(state["epoch"])
+
+    def _drain(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+            try:
+                self._future.result()
+            except Exception:  # the prefetched batch is discarded, and so is its error
+                pass
+            self._future = None
+
+    def close(self) -> None:
+        """Stop the background threads."""
+        self._drain()
+        for pool in (self._executor, self._indexer):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._executor = None

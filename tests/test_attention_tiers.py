@@ -1,0 +1,123 @@
+"""Every attention tier against one dense T × T-mask reference built here from the definition
+(causal, same document by cu_seqlens, q − k < window): the blocked SDPA tier with gradients and
+FlexAttention's forward on CPU; FlexAttention's backward and FA3 on CUDA (`gpu`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speedrun.model import attention_tiers as tiers
+
+
+def packed_cu(T: int, lengths: list[int], max_docs: int = 16) -> torch.Tensor:
+    """Padded cu_seqlens for documents of `lengths` (the last one runs to T)."""
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    starts = starts[starts < T]
+    cu = torch.full((max_docs,), T, dtype=torch.int32)
+    cu[: len(starts)] = starts
+    return cu
+
+
+def reference(q, k, v, cu, window, scale):
+    """Brute force: the visibility of every (query, key) pair from the definition, then SDPA."""
+    T = q.size(0)
+    bounds = cu.tolist()
+    doc = [
+        max(i for i, b in enumerate(bounds) if b <= t and (i + 1 == len(bounds) or bounds[i + 1] > t))
+        for t in range(T)
+    ]
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        for j in range(i + 1):
+            mask[i, j] = doc[i] == doc[j] and (window == 0 or i - j < window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale=scale
+    )
+    return out.transpose(0, 1)
+
+
+CASES = [  # T, document lengths, window
+    (256, [256], 0),
+    (256, [40, 100, 3, 60], 0),
+    (384, [200, 1, 150], 33),
+    (512, [70, 300, 90], 129),
+    (256, [256], 64),
+]
+
+
+@pytest.mark.parametrize("T,lengths,window", CASES)
+def test_blocked_tier_matches_the_dense_reference_with_gradients(T, lengths, window):
+    torch.manual_seed(T + window)
+    cu = packed_cu(T, lengths)
+    qkv = [torch.randn(T, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    want = reference(*qkv, cu, window, 0.12)
+    want_grads = torch.autograd.grad(want.square().sum(), qkv)
+    assert torch.equal(tiers.dense_reference(*qkv, cu, window, 0.12), want)
+    got = tiers.blocked_attention(*qkv, cu, window, 0.12, block=96)  # blocks cross documents and windows
+    grads = torch.autograd.grad(got.square().sum(), qkv)
+    torch.testing.assert_close(got, want)
+    for g, r in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("T,lengths,window", CASES)
+def test_flex_tier_forward_matches_the_dense_reference_on_cpu(T, lengths, window):
+    torch.manual_seed(T)
+    cu = packed_cu(T, lengths)
+    q, k, v = (torch.randn(T, 2, 16) for _ in range(3))
+    with torch.no_grad():
+        got = tiers.flex_varlen(q, k, v, cu, window, 0.12)
+    torch.testing.assert_close(got, tiers.dense_reference(q, k, v, cu, window, 0.12), atol=2e-5, rtol=2e-5)
+
+
+def test_cpu_gets_the_blocked_tier_and_a_missing_fa3_build_logs_one_line(monkeypatch, caplog):
+    assert tiers.choose_tier("auto", torch.device("cpu"), 256) == "blocked"
+    assert tiers.choose_tier("fa3", torch.device("cpu"), 256) == "blocked"
+    fake = types.ModuleType("kernels")
+
+    def no_build(repo, version):
+        raise FileNotFoundError(f"{repo} has no build variant torch213-cxx11-cu126-aarch64-linux\nmore")
+
+    fake.get_kernel = no_build
+    monkeypatch.setitem(sys.modules, "kernels", fake)
+    tiers.load_fa3.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert tiers.load_fa3() is None
+            assert tiers.load_fa3() is None
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines == ["attention: FA3 unavailable (kernels-community/flash-attn3 has no build variant "
+                         "torch213-cxx11-cu126-aarch64-linux); using the next tier"]  # fmt: skip
+        import huggingface_hub.constants as hub
+
+        assert hub.HF_HUB_OFFLINE in (False, True)  # restored, whatever it was
+    finally:
+        tiers.load_fa3.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tier", ["flex", "fa3"])
+def test_cuda_tiers_match_the_dense_reference_with_gradients(tier):
+    if tier == "fa3" and tiers.load_fa3() is None:
+        pytest.skip("no cached FA3 build (fetch it ahead, see model/attention_tiers.py)")
+    torch.manual_seed(0)
+    T = 2048
+    cu = packed_cu(T, [100, 29, 571, 1, 799]).cuda()
+    for window in (0, 300, 1024):
+        qkv = [
+            torch.randn(T, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        ]
+        got = tiers.varlen_attention(*qkv, cu, window, 0.12, max_seqlen=T, tier=tier)
+        grads = torch.autograd.grad(got.float().square().sum(), qkv)
+        ref = tiers.dense_reference(*[t.float() for t in qkv], cu, window, 0.12)
+        ref_grads = torch.autograd.grad(ref.square().sum(), qkv)
+        torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
+        for g, r in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g.float(), r.float(), atol=5e-2, rtol=5e-2)
