@@ -59,14 +59,6 @@ def cross_field_checks(cfg: Config) -> None:
             f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
             f"exceed train.steps ({t.steps})"
         )
-    if t.budget_min_steps > 0 and t.time_budget_s <= 0:
-        raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
-    budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
-    if t.time_budget_s > 0 and not budget_safe:
-        raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
-            "train.time_budget_s needs train.schedule=trapezoid with train.warmdown_steps (not "
-            "warmdown_frac) and model.window_warmup=none"
-        )
     if m.tie_embeddings and m.zero_init_head:
         raise ConfigError(
             "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
@@ -89,6 +81,14 @@ def cross_field_checks(cfg: Config) -> None:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
     _validate_model_switches(m)
+    if t.budget_min_steps > 0 and t.time_budget_s <= 0:
+        raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
+    budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
+    if t.time_budget_s > 0 and not budget_safe:
+        raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
+            "train.time_budget_s needs train.schedule=trapezoid with train.warmdown_steps (not "
+            "warmdown_frac) and model.window_warmup=none"
+        )
     _check_memory(m)
 
 
