@@ -46,7 +46,10 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
     with ctx.device:
         model = GPT(cfg.model)
     c = cfg.train.compile
-    train_model = torch.compile(model) if c == "on" or (c == "auto" and ctx.device.type == "cuda") else model
+    if c == "on" or (c == "auto" and ctx.device.type == "cuda"):  # as the records: a graph break fails
+        train_model = torch.compile(model, dynamic=False, fullgraph=True)
+    else:
+        train_model = model
     if ctx.distributed:
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
