@@ -18,6 +18,7 @@ from speedrun.train.optimizers import RunOptimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from tests.recipe_matrix import MICRO, batch, build, shrunk
+from tests.test_architecture import randomize
 
 
 class GradTap:
@@ -59,12 +60,14 @@ def check_recipe(
     backend: str = "inductor",
     extra: tuple[str, ...] = (),
 ) -> dict:
-    """Train the shrunk recipe `steps` steps compiled and eager; return what differs. Gradients are
-    compared at the first step (same weights); losses at every step (the weights drift by rounding)."""
+    """Train the shrunk recipe `steps` steps compiled and eager from the same random weights; return
+    what differs. Gradients are compared at the first step (same weights); losses at every step (the
+    weights then drift apart by rounding)."""
     torch._dynamo.reset()
     counters.clear()
     cfg = matrix_config(name, steps, n_layer, *extra)
     eager_model, eager_opt = build(cfg)
+    randomize(eager_model)  # zero-init heads and projections would leave most first gradients zero
     model, opt = build(cfg)
     model.load_state_dict(eager_model.state_dict())
     counter = CompileCounterWithBackend(backend)

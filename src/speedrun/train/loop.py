@@ -132,7 +132,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     checkpoint and produces the metrics the uninterrupted run would have.
     """
     wall_start, t = time.perf_counter(), cfg.train
-    ctx = distributed.setup(t.device)
+    ctx = distributed.setup(t.device, t.dist_timeout_s)
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:
