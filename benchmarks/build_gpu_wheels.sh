@@ -30,9 +30,11 @@ PYEOF
 DEPS+=("pytest>=8" "pytest-xdist>=3.5")
 # packages with no wheel for any platform: build them here (they are pure Python)
 SDIST_ONLY=()
-for dep in "${DEPS[@]}"; do
+PROBE=$(mktemp -d)
+trap 'rm -rf "$PROBE"' EXIT
+for dep in "${DEPS[@]}"; do  # probed in a scratch folder: the resolution below picks the versions
   if ! "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" \
-      --platform "$PLATFORM" --platform "manylinux_2_17_x86_64" --platform any -d "$DIR" "$dep" 2>/dev/null; then
+      --platform "$PLATFORM" --platform "manylinux_2_17_x86_64" --platform any -d "$PROBE" "$dep" 2>/dev/null; then
     SDIST_ONLY+=("$dep")
   fi
 done
@@ -46,7 +48,10 @@ done
 if ! "$PY" -m pip download --only-binary=:all: --python-version "$PYVER" --platform "$PLATFORM" \
     --platform "manylinux_2_17_x86_64" -d "$DIR" "${BINARY[@]}"; then
   TARGET_PY=${TARGET_PYTHON:-python$PYVER}
-  command -v "$TARGET_PY" >/dev/null || { echo "build_gpu_wheels.sh: a dependency has no wheel; need $TARGET_PY (set TARGET_PYTHON)" >&2; exit 1; }
+  if ! "$TARGET_PY" -c "" 2>/dev/null && command -v pyenv >/dev/null; then  # pyenv: not on the shim path
+    TARGET_PY=$(ls -d "$(pyenv root)/versions/$PYVER"*/bin/python 2>/dev/null | tail -1)
+  fi
+  "$TARGET_PY" -c "" 2>/dev/null || { echo "build_gpu_wheels.sh: a dependency has no wheel; need $TARGET_PY (set TARGET_PYTHON)" >&2; exit 1; }
   echo "some dependency is sdist-only: resolving with $TARGET_PY -m pip wheel"
   "$TARGET_PY" -m pip wheel -w "$DIR" "${BINARY[@]}"
 fi
