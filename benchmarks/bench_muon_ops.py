@@ -23,15 +23,30 @@ from speedrun.optim import Muon, set_muon_split
 from speedrun.recipes import load_recipe
 
 
+def cuda_launches(name: str, args: tuple) -> int:
+    """Kernels CUDA launches for one op, as far as dtypes tell: a `_foreach_*` op runs one fused
+    multi-tensor kernel (about one per ~100 tensors) when all its tensors share a dtype and device,
+    and one kernel per tensor otherwise (the slow path); any other op: one."""
+    if not name.startswith("_foreach_"):
+        return 1
+    lists = [a for a in args if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    dtypes = {t.dtype for lst in lists for t in lst}
+    n = len(lists[0]) if lists else 1
+    return -(-n // 100) if len(dtypes) <= 1 else n
+
+
 class OpCounter(TorchDispatchMode):
-    """Counts aten overloads dispatched while active."""
+    """Counts aten overloads dispatched while active, and the CUDA kernels they would launch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.launches = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.ops[str(func.overloadpacket.__name__)] += 1
+        name = str(func.overloadpacket.__name__)
+        self.ops[name] += 1
+        self.launches += cuda_launches(name, args)
         return func(*args, **(kwargs or {}))
 
 
@@ -84,7 +99,10 @@ def main() -> None:
             muon.step()
     total = sum(counter.ops.values()) / args.steps
     form = muon.param_groups[0]["ns_form"]
-    print(f"recipe {args.recipe} (ns_form {form}): {n} Muon parameters, {total:.0f} aten ops per step()")
+    print(
+        f"recipe {args.recipe} (ns_form {form}): {n} Muon parameters, {total:.0f} aten ops per step(), "
+        f"~{counter.launches / args.steps:.0f} CUDA kernel launches (views count as one)"
+    )
     for op, count in counter.ops.most_common(12):
         print(f"  {op:32s} {count / args.steps:7.1f}")
 

@@ -199,6 +199,9 @@ class TrainConfig:
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # train/precision.py
     compile: Literal["auto", "on", "off"] = "auto"  # auto (on for CUDA only) | on | off
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
+    # process-group timeout: a rank fails instead of hanging when a peer dies; long enough for rank 0
+    # alone to write a full-size checkpoint (~3 GB) to a slow disk while the others wait
+    dist_timeout_s: PosInt = 1800
     seed: Seed = 1337
     checkpoint_every: int = 0  # save a checkpoint every N steps (0 = never, except as below)
     checkpoint_at_end: bool = False  # save one after the last step
@@ -318,6 +321,7 @@ RESUMABLE_CHANGES = (
     "train.timing_warmup_steps",
     "train.compile",
     "train.device",
+    "train.dist_timeout_s",
     "train.checkpoint_every",
     "train.checkpoint_at_end",
     "train.checkpoint_keep",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,7 @@ try:  # FlexAttention exists from torch 2.5; without it every mask goes to the d
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - old torch
     BlockMask, flex_attention = None, None
+from speedrun.model.flex import flex_attend
 
 BLOCK_SIZE = 128  # FlexAttention's block (tokens) and the unit of block-granular windows
 DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
@@ -130,10 +130,11 @@ def dense_mask(
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
-    """SDPA with `spec`'s mask. On CPU with document ids (free to read there), one call per document, so
-    no work is spent on pairs from different documents; otherwise query chunks over the whole row."""
-    if spec.doc_ids is not None and not q.is_cuda:
-        return _per_document(q, k, v, spec, scale)
+    """SDPA with `spec`'s mask. Eager on CPU with document ids (free to read there), one call per
+    document, so no work is spent on pairs from different documents; otherwise (CUDA, or compiling:
+    static shapes) query chunks over the whole row."""
+    if spec.doc_ids is not None and not q.is_cuda and not torch.compiler.is_compiling():
+        return _per_document(q, k, v, spec, scale)  # data-dependent splits: eager only
     return _chunked(q, k, v, spec, scale, 0)
 
 
@@ -281,33 +282,6 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
         mask_mod=mask_mod,
         seq_lengths=(seq_len, seq_len),
     )
-
-
-@functools.cache
-def _compiled_flex():
-    """FlexAttention is only fast compiled (eager materializes every score); compile it once."""
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
-    """FlexAttention on (B, H, T, D): the compiled kernel on CUDA, eager elsewhere (forward only on CPU)."""
-    if not q.is_cuda and q.requires_grad and torch.compiler.is_compiling():
-        return _traced_cpu_flex(q, k, v, block_mask, scale)
-    fn = _compiled_flex() if q.is_cuda else flex_attention
-    return fn(q, k, v, block_mask=block_mask, scale=scale)
-
-
-def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
-    """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for the CUDA
-    path): the public function refuses CPU backward before tracing, but its higher-order op, traced by
-    aot_eager, trains through the reference implementation. Calls the op as the public function does
-    when compiling (private torch API, used for nothing else)."""
-    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
-    from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
-
-    options = _apply_kernel_options(q, k, v, False, None, None)
-    scale = scale if scale is not None else q.size(-1) ** -0.5
-    return flex_hop(q, k, v, _identity, block_mask.as_tuple(), scale, options)[0]
 
 
 # ---------------------------------------------------------------------------------------------------

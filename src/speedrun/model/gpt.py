@@ -77,8 +77,17 @@ def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
     return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
 
 
+def make_rotary(cfg: ModelConfig) -> Rotary | None:
+    """The recipe's rotary tables, or None for learned positions. One per model, shared by its layers
+    (per layer, the fp32 tables of a 65,536-token recipe would be 0.37 GB of copies)."""
+    if cfg.positional != "rotary":
+        return None
+    head_dim = cfg.n_embd // cfg.n_head
+    return Rotary(head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated, cfg.rope_precision)
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
         super().__init__()
         d, self.n_head = cfg.n_embd, cfg.n_head
         self.head_dim = d // cfg.n_head
@@ -90,11 +99,7 @@ class Attention(nn.Module):
             self.c_v = CastedLinear(d, d, bias=cfg.bias)
         self.c_proj = CastedLinear(d, d, bias=cfg.bias)
         self.qk_norm = cfg.qk_norm
-        self.rotary = (
-            Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated, cfg.rope_precision)
-            if cfg.positional == "rotary"
-            else None
-        )
+        self.rotary = rotary if rotary is not None else make_rotary(cfg)
         self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
         self.sdpa_kernel = cfg.sdpa_kernel
         # The value residual mixes layer 0's v with itself, as the record does: a no-op in value, but
@@ -162,11 +167,11 @@ AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, has_attention: bool = True):
+    def __init__(self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None):
         super().__init__()
         if has_attention:
             self.norm1 = make_norm(cfg)
-            self.attn = Attention(cfg)
+            self.attn = Attention(cfg, rotary)
         else:
             self.norm1 = self.attn = None
         self.norm2 = make_norm(cfg)
@@ -201,7 +206,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, has) for has in attention_layers(cfg))
+        rotary = make_rotary(cfg)
+        self.blocks = nn.ModuleList(Block(cfg, has, rotary) for has in attention_layers(cfg))
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
         self.ve_layout = value_embed_layout(cfg)

@@ -317,8 +317,8 @@ class Muon(torch.optim.Optimizer):
         return recv.view(world, per_rank, rows, cols), work
 
     def _finish(self, bucket: _Bucket, ordered: Tensor, work: Any) -> None:
-        """Wait for the bucket's updates and apply them (weight decay, shape scale, lr): the low-precision
-        update is added with the scale folded into alpha, so no full-precision copy is made."""
+        """Wait for the bucket's updates and apply them (weight decay, shape scale, lr): the update is
+        added with the scale folded into alpha, after one exact cast to the weights' wider dtype."""
         if work is not None:
             work.wait()
         if ordered.ndim == 4:  # gathered (world, per_rank, ...): block j came from rank j % world
@@ -327,7 +327,8 @@ class Muon(torch.optim.Optimizer):
         group = bucket.group
         lr, wd = group["lr"], group["weight_decay"]
         weights = bucket.weight_blocks
-        updates = list(ordered[: len(weights)].unbind(0))
+        ordered = ordered[: len(weights)]
+        updates = list(ordered.unbind(0))
         if wd != 0:
             if group["cautious_weight_decay"]:
                 for w, u in zip(weights, updates, strict=True):
@@ -335,15 +336,17 @@ class Muon(torch.optim.Optimizer):
             else:
                 torch._foreach_mul_(weights, 1 - lr * wd)
         if group["shape_scale"] == "rms":  # one factor per block, computed in full precision
-            full = ordered[: len(weights)].to(torch.promote_types(weights[0].dtype, torch.float32))
+            full = ordered.to(torch.promote_types(weights[0].dtype, torch.float32))
             scaled = full * _shape_scale("rms", full)
             torch._foreach_add_(weights, list(scaled.unbind(0)), alpha=-lr)
         else:
             scale = _shape_scale(group["shape_scale"], ordered)
             if group.get("scale_in_update_dtype") and scale != 1:  # 10-17 … 12-04: g *= scale in bf16
-                updates = list((ordered[: len(weights)] * scale).unbind(0))
-                scale = 1.0
-            torch._foreach_add_(weights, updates, alpha=-lr * scale)
+                ordered, scale = ordered * scale, 1.0
+            wide = weights[0].dtype
+            if ordered.dtype != wide and torch.promote_types(ordered.dtype, wide) == wide:
+                ordered = ordered.to(wide)  # exact; CUDA fuses same-dtype lists, mixed: one per tensor
+            torch._foreach_add_(weights, list(ordered.unbind(0)), alpha=-lr * scale)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Like torch's, but keep fp32 momentum for bf16/fp16 weights (torch casts it to the param dtype)."""

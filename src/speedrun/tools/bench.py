@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.train.distributed import DistContext
+from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.loop import build_model
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.precision import effective_config
@@ -73,6 +73,8 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     cfg = effective_config(cfg, precision)  # the dtype this device runs fast, as `speedrun train` does
     t = cfg.train
     accum = t.global_batch_tokens // t.micro_batch_tokens
+    if device.type == "cuda":
+        cuda_allocator_settings()
     model, train_model = build_model(cfg, DistContext(rank=0, local_rank=0, world_size=1, device=device))
     compiled = train_model is not model
     optimizer = build_optimizer(model, cfg)

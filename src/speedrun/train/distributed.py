@@ -84,13 +84,23 @@ def launch_env() -> tuple[int, int, int]:
     return rank, local_rank, world_size
 
 
-def setup(requested_device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+def cuda_allocator_settings(env: dict[str, str] | None = None) -> None:
+    """`expandable_segments:True` (as the records set it: less fragmentation when shapes vary, e.g.
+    training and evaluation), unless the user set PYTORCH_CUDA_ALLOC_CONF. Before CUDA allocates."""
+    env = os.environ if env is None else env
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def setup(requested_device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
     """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1.
 
-    The timeout makes every rank fail loudly instead of hanging when another rank dies.
+    The timeout (`train.dist_timeout_s`) makes every rank fail loudly instead of hanging when another
+    rank dies; it must outlast the longest wait of a healthy run (rank 0 writing a checkpoint).
     """
     rank, local_rank, world_size = launch_env()
     device = _pick_device(requested_device, local_rank)
+    if device.type == "cuda":
+        cuda_allocator_settings()
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)

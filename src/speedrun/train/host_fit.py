@@ -95,7 +95,7 @@ class MeasuredCompile:
 
     def __init__(self, model: torch.nn.Module, log: Callable[[str], None]):
         self.model, self.log = model, log
-        self.compiled = torch.compile(model, dynamic=False)
+        self.compiled = torch.compile(model, dynamic=False, fullgraph=True)  # as build_model
         self.times: dict[int, float] = {}
         self.choice: torch.nn.Module | None = None
 

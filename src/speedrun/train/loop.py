@@ -51,7 +51,10 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
     with ctx.device:
         model = GPT(cfg.model)
     c = cfg.train.compile
-    train_model = torch.compile(model) if c == "on" or (c == "auto" and ctx.device.type == "cuda") else model
+    if c == "on" or (c == "auto" and ctx.device.type == "cuda"):  # as the records: a graph break fails
+        train_model = torch.compile(model, dynamic=False, fullgraph=True)
+    else:
+        train_model = model
     if ctx.distributed:
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
@@ -158,7 +161,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     checkpoint and produces the metrics the uninterrupted run would have.
     """
     wall_start, t = time.perf_counter(), cfg.train
-    ctx = distributed.setup(t.device)
+    ctx = distributed.setup(t.device, t.dist_timeout_s)
     precision = resolve_precision(cfg, ctx.device)
     rcfg = effective_config(cfg, precision)  # what the model, the step and validation compute with
     run = loader = tracker = None

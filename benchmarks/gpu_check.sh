@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# One command for a lent GPU: install speedrun (and the dependencies the image lacks) from a wheel
+# folder without touching the image's packages, then run the GPU tests, `speedrun bench` for four
+# recipes (with TORCH_LOGS=recompiles,graph_breaks) and the Muon op count, under one deadline, every
+# result into one folder. Without CUDA the GPU parts are reported "skipped: no CUDA".
+#
+#   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--deadline SECONDS] [--python PY]
+#
+# --wheels DIR  wheels from benchmarks/build_gpu_wheels.sh: installed with
+#               `pip install --no-index --no-deps --target OUT/site` (only distributions the image does
+#               not already have, plus speedrun itself); without it, the speedrun importable now (or
+#               this checkout's src/) is used.
+# --out DIR     results folder (default gpu-check-<UTC time>): summary.txt, env.txt, one log per part,
+#               pytest-gpu.xml, bench-<recipe>.json.
+# --deadline S  overall limit in seconds (default 540); each part gets at most what is left.
+set -u
+cd "$(dirname "$0")/.."
+REPO=$PWD
+WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=540 PY=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) WHEELS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --deadline) DEADLINE=$2; shift 2 ;;
+    --python) PY=$2; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+case "$DEADLINE" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline must be a number of seconds" >&2; exit 2 ;; esac
+mkdir -p "$OUT" || exit 1
+OUT=$(cd "$OUT" && pwd)
+START=$(date +%s)
+FAILED=0
+
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((DEADLINE - ($(date +%s) - START))); }
+
+# part NAME LIMIT CMD...: run CMD with at most min(LIMIT, time left) seconds, log to OUT/NAME.log
+part() {
+  local name=$1 limit=$2; shift 2
+  local budget; budget=$(left)
+  [ "$budget" -lt "$limit" ] && limit=$budget
+  if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
+  local t0; t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$? secs=$(($(date +%s) - t0))
+  if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
+  else say "$name: failed rc=$rc (${secs}s), see $name.log"; FAILED=1; fi
+}
+
+: >"$OUT/summary.txt"
+say "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown) deadline ${DEADLINE}s"
+
+# ---- install
+if [ -n "$WHEELS" ]; then
+  TARGET=$OUT/site
+  mkdir -p "$TARGET"
+  picks=()
+  for whl in "$WHEELS"/*.whl; do
+    [ -e "$whl" ] || continue
+    dist=$(basename "$whl" | cut -d- -f1)
+    if [ "$dist" != speedrun ] && "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$dist" 2>/dev/null; then
+      continue  # the image has it: never shadow the image's packages
+    fi
+    picks+=("$whl")
+  done
+  if [ ${#picks[@]} -eq 0 ]; then say "install: failed: no wheel to install in $WHEELS"; exit 1; fi
+  if "$PY" -m pip install --no-index --no-deps --target "$TARGET" "${picks[@]}" >"$OUT/install.log" 2>&1; then
+    say "install: ok (${#picks[@]} wheels into $TARGET)"
+  else
+    say "install: failed, see install.log"; exit 1
+  fi
+  export PYTHONPATH=$TARGET${PYTHONPATH:+:$PYTHONPATH}
+  export PATH=$TARGET/bin:$PATH
+elif ! "$PY" -c "import speedrun" 2>/dev/null; then
+  export PYTHONPATH=$REPO/src${PYTHONPATH:+:$PYTHONPATH}
+  say "install: skipped (no --wheels): using $REPO/src"
+else
+  say "install: skipped (no --wheels): using $("$PY" -c 'import speedrun; print(speedrun.__file__)')"
+fi
+"$PY" -c "import speedrun" 2>>"$OUT/summary.txt" || { say "speedrun does not import"; exit 1; }
+
+# ---- environment
+{
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0]); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('cuda available', torch.cuda.is_available()); print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+  command -v nvidia-smi >/dev/null && nvidia-smi
+} >"$OUT/env.txt" 2>&1
+
+# ---- GPU parts
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  part pytest-gpu 300 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests
+  for recipe in record-2025-01 unet-value-embed-2024-12 flex-2024-11 untied-2024-11; do
+    part "bench-$recipe" 150 env TORCH_LOGS=recompiles,graph_breaks \
+      "$PY" -m speedrun bench --recipe "$recipe" --steps 5 --warmup 2 --device cuda --json "$OUT/bench-$recipe.json"
+  done
+  MUON_DEVICE=cuda
+else
+  say "pytest-gpu: skipped: no CUDA"
+  for recipe in record-2025-01 unet-value-embed-2024-12 flex-2024-11 untied-2024-11; do
+    say "bench-$recipe: skipped: no CUDA"
+  done
+  MUON_DEVICE=meta
+fi
+part muon-ops 60 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+
+say "done in $(($(date +%s) - START))s; results in $OUT"
+exit $FAILED

@@ -1,0 +1,57 @@
+"""Calling FlexAttention: inside a compiled graph as itself, eagerly through one compiled wrapper,
+never silently as eager flex_attention on CUDA (it materializes every T × T score).
+
+On CUDA, `torch.compile(model)` must see `flex_attention` directly: a nested compiled wrapper is traced
+through with a warning. Eager callers on CUDA (`train.compile=off`, evaluation, sampling) need a
+compiled kernel all the same; the wrapper has static shapes (one graph per shape) and past dynamo's
+recompile limit raises instead of falling back to eager flex (out of memory at 65,536 tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+try:  # FlexAttention exists from torch 2.5
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+except ImportError:  # pragma: no cover - old torch
+    BlockMask, flex_attention = None, None
+
+
+def _on_cuda(t: Tensor) -> bool:
+    return t.is_cuda
+
+
+FLEX_WRAPPER_BACKEND = "inductor"  # of the compiled wrapper for eager callers (tests: "eager")
+
+
+@functools.cache
+def _compiled_flex(backend: str) -> Callable[..., Tensor]:
+    return torch.compile(flex_attention, backend=backend, dynamic=False, fullgraph=True)
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None = None) -> Tensor:
+    """FlexAttention on (B, H, T, D): flex_attention itself while compiling, the compiled wrapper when
+    eager on CUDA, eager flex_attention on CPU (forward only)."""
+    compiling = torch.compiler.is_compiling()
+    if compiling and not q.is_cuda and q.requires_grad:
+        return _traced_cpu_flex(q, k, v, block_mask, scale)
+    if compiling or not _on_cuda(q):
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        return _compiled_flex(FLEX_WRAPPER_BACKEND)(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
+    """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for CUDA):
+    the public function refuses CPU backward, but its higher-order op, traced by aot_eager, trains
+    through the reference implementation (private torch API, called as the public function does)."""
+    from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
+    from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
+
+    options = _apply_kernel_options(q, k, v, False, None, None)
+    scale = scale if scale is not None else q.size(-1) ** -0.5
+    return flex_hop(q, k, v, _identity, block_mask.as_tuple(), scale, options)[0]
