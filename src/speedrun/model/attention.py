@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
+from speedrun.config import ModelConfig
+
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - old torch
@@ -118,15 +120,27 @@ def spec_dense_mask(
     return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
 
 
-def dense_mask(
-    doc_ids: Tensor | None,
-    seq_len: int,
-    device: torch.device | None = None,
-    window: Tensor | int | None = None,
-) -> Tensor:
-    """Boolean (B or 1, 1, T, T) mask, True where query i may attend to key j (see mask_rule)."""
-    spec = MaskSpec(doc_ids=doc_ids, window=torch.as_tensor(window) if window is not None else None)
-    return spec_dense_mask(spec, 0, seq_len, 0, seq_len, doc_ids.device if doc_ids is not None else device)
+def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
+    """Per layer, the MaskSpec of a (B, T) token sequence, or None where every layer is plain causal.
+
+    The one place where a recipe's masking switches (document mask, window and its granularity, block
+    listing, long/short layer pattern) become masks: the forward (gpt.GPT.layer_masks) and cached
+    decoding (kv_cache) both build from it, so they cannot drift apart. `window` is the model's 0-d
+    window tensor (None without a window); layers of one kind share one MaskSpec object.
+    """
+    if not (cfg.document_mask or cfg.window > 0):
+        return None
+    block_window = cfg.window_granularity == "block"
+    docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
+    pattern = cfg.window_pattern or "L" * cfg.n_layer
+    windows = {"L": window if cfg.window > 0 else None}
+    if "S" in pattern:
+        windows["S"] = short_window(window, block_window, BLOCK_SIZE)
+    specs = {
+        kind: MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
+        for kind, w in windows.items()
+    }
+    return [specs[kind] for kind in pattern]
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
@@ -313,8 +327,6 @@ def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, sca
 # ---------------------------------------------------------------------------------------------------
 # Backend choice and the one attention call
 
-BACKENDS = ("auto", "sdpa", "flex")
-
 
 def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size: int = BLOCK_SIZE) -> bool:
     """FlexAttention runs compiled on CUDA; on CPU without gradients (no eager CPU backward kernel), or
@@ -371,9 +383,9 @@ def attend(
     scale: float | None = None,
     kernel: str = "auto",
 ) -> Tensor:
-    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask (dense_mask()),
-    a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask. `kernel` (SDPA_KERNELS or
-    "auto") forces the SDPA backend on CUDA."""
+    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask
+    (spec_dense_mask()), a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask.
+    `kernel` (SDPA_KERNELS or "auto") forces the SDPA backend on CUDA."""
     if BlockMask is not None and isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):
