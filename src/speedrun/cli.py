@@ -10,6 +10,7 @@ running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error
 from __future__ import annotations
 
 import argparse
+import copy
 import errno
 import json
 import os
@@ -123,31 +124,22 @@ def _refuse_ignored_options(args: argparse.Namespace, train_parser: argparse.Arg
 
 def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
-    from speedrun.config import RESUMABLE_CHANGES, changed_keys, config_from_dict, parse_overrides, validate
+    from speedrun.config import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config, validate
 
     _refuse_ignored_options(args, train_parser)
     run_dir = args.resume
-    try:
-        saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.json)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"--resume {run_dir}: config.json is not a speedrun config")
-    try:  # name the file: the same message for an override would point at the command line
-        old = config_from_dict(saved, str(run_dir / "config.json"))
-    except ConfigError as e:
-        raise ConfigError(f"--resume {run_dir}: config.json is unusable ({e})") from None
-    cfg = config_from_dict(saved, str(run_dir / "config.json"))
+    old = read_run_config(run_dir)
+    cfg = copy.deepcopy(old)
     parse_overrides(cfg, args.overrides)
     validate(cfg)
-    for key, before, after in changed_keys(old, cfg):
-        if key not in RESUMABLE_CHANGES:
-            raise ConfigError(
-                f"cannot resume with {key} changed ({before!r} -> {after!r}); "
-                f"only {', '.join(k for k in RESUMABLE_CHANGES if k != 'description')} may change"
-            )
+
+    def refuse(key: str, before: object, after: object) -> ConfigError:
+        allowed = ", ".join(k for k in RESUMABLE_CHANGES if k != "description")
+        return ConfigError(
+            f"cannot resume with {key} changed ({before!r} -> {after!r}); only {allowed} may change"
+        )
+
+    for key, before, after in check_resume(old, cfg, refuse):
         print(f"resume: {key} changed from {before!r} to {after!r}")
     if args.dry_run:
         print(_dumps(cfg.to_dict()))

@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +38,7 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
     coerce,
     strip_annotation,
 )
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, SpeedrunError
 
 
 @dataclass
@@ -318,6 +320,30 @@ def changed_keys(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for every dotted key whose value differs."""
     a, b = flatten(old.to_dict()), flatten(new.to_dict())
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_resume(
+    old: Config, new: Config, refuse: Callable[[str, Any, Any], SpeedrunError]
+) -> list[tuple[str, Any, Any]]:
+    """The resume rule: a run continues only with changes to RESUMABLE_CHANGES. Returns those changes;
+    raises `refuse(key, before, after)` (the caller's message) for the first other one."""
+    changes = changed_keys(old, new)
+    for key, before, after in changes:
+        if key not in RESUMABLE_CHANGES:
+            raise refuse(key, before, after)
+    return changes
+
+
+def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> Config:
+    """The typed config a run or checkpoint folder saved (`config.json`), with the recipes' type checks;
+    a missing, unreadable or invalid file is one `error` naming it. The one reader of config.json."""
+    path = Path(folder) / "config.json"
+    try:
+        return config_from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except FileNotFoundError:
+        raise error(f"{folder}: not a run directory (no config.json)") from None
+    except (OSError, ValueError, ConfigError) as e:
+        raise error(f"{path} is unusable ({e})") from None
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

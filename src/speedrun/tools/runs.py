@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from speedrun.config import Config, config_from_dict
+from speedrun.config import Config, read_run_config
 from speedrun.data.prepare import default_data_dir, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
@@ -38,17 +38,6 @@ def find_checkpoint(path: Path) -> Path:
     raise DataError(f"{path}: neither a run directory nor a checkpoint (no config.json)")
 
 
-def read_config(path: Path) -> Config:
-    """The typed config stored in `path/config.json` (a run or a checkpoint)."""
-    file = Path(path) / "config.json"
-    try:
-        return config_from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no config.json") from None
-    except (OSError, json.JSONDecodeError, ConfigError) as e:
-        raise DataError(f"{file} is unusable: {e}") from None
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -68,7 +57,7 @@ def resolve_device(name: str) -> torch.device:
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
     """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint."""
     ckpt = find_checkpoint(path)
-    cfg = read_config(ckpt)
+    cfg = read_run_config(ckpt, DataError)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
     try:
