@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.data.prepare import load_meta, shard_paths
+from speedrun.data.meta import load_meta, shard_paths
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
 from speedrun.tools.runs import run_tokenizer

@@ -13,44 +13,28 @@ import torch
 
 from speedrun.config import Config
 from speedrun.data.loader import TokenLoader, val_batches
-from speedrun.data.meta import shard_paths
-from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
+from speedrun.data.meta import META_FILE, check_fits, data_dir_for, load_meta, shard_paths, tokenizer_for_data
+from speedrun.data.prepare import prepare
 from speedrun.data.tokenizers import Tokenizer
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError
 from speedrun.train import distributed
 from speedrun.train.rundir import RunDir
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
 
-def resolve_data_dir(cfg: Config) -> Path:
-    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
-
-
 def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
     """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
-    data_dir = resolve_data_dir(cfg)
+    data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
-    if default_dir and not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
+    if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
         if ctx.is_main:
             log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
             prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
         if ctx.distributed:
             torch.distributed.barrier()
     meta = load_meta(data_dir)
-    if meta["tokenizer"] != cfg.data.tokenizer:
-        raise DataError(
-            f"{data_dir} was tokenized with {meta['tokenizer']} but the recipe asks for "
-            f"data.tokenizer={cfg.data.tokenizer}"
-        )
-    if meta["vocab_size"] != cfg.model.vocab_size:
-        raise DataError(
-            f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {cfg.model.vocab_size}"
-        )
-    if cfg.model.document_mask and meta["eot_id"] != cfg.model.eot_id:
-        raise DataError(
-            f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}"
-        )
+    check_fits(meta, cfg, data_dir)
     return data_dir, meta
 
 
