@@ -39,11 +39,14 @@ def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[P
 
 
 def micro_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Tokens per process per forward. The recipe's value when it divides the global batch over
-    `world_size` processes; else the largest smaller whole number of sequences that does, so that
-    `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
+    """Tokens per process per forward: the one owner of the batch rule (the loaders and the loop take
+    the result as given; accumulation = global / (world_size x micro)). The recipe's value when it
+    divides the global batch and the validation tokens over `world_size` processes; else the largest
+    smaller whole number of sequences that does, so that `torchrun --nproc_per_node=N` works without
+    overrides. The tokens of every step stay the same."""
     t = cfg.train
-    if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
+    per_round = world_size * t.micro_batch_tokens
+    if t.global_batch_tokens % per_round == 0 and t.val_tokens % per_round == 0:
         return t.micro_batch_tokens
     sequences = t.global_batch_tokens // t.seq_len
     for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
