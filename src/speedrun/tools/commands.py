@@ -200,6 +200,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
         print(f"json: {args.json}")
     return 0
-
-
-TOOL_COMMANDS = {"sample": cmd_sample, "eval": cmd_eval, "compare": cmd_compare, "bench": cmd_bench}
