@@ -53,7 +53,6 @@ class ModelConfig:
     mlp_ratio: PosInt = 4
     max_seq_len: SeqLen = 1024  # learned positions / rotary table length
     positional: Literal["learned", "rotary"] = "learned"
-    rope_base: PosFloat = 10000.0
     # "layernorm" (with gains and biases) | "rmsnorm" (parameter-free)
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     activation: Literal["gelu", "relu2"] = "gelu"
@@ -152,7 +151,6 @@ class OptimConfig:
     muon_backend: Literal["newton_schulz", "polar_express", "svd"] = "newton_schulz"
     muon_ns_steps: PosInt = 5
     muon_shape_scale: Literal["ratio", "max_dim", "rms", "none"] = "ratio"
-    muon_weight_decay: float = 0.0
     # Adam groups that go with Muon
     embed_lr: float = 0.3
     head_lr: float = 0.002

@@ -89,7 +89,7 @@ class Attention(nn.Module):
         self.c_proj = CastedLinear(d, d, bias=cfg.bias)
         self.qk_norm = cfg.qk_norm
         self.rotary = (
-            Rotary(self.head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated, cfg.rope_precision)
+            Rotary(self.head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
             if cfg.positional == "rotary"
             else None
         )
