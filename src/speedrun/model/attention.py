@@ -266,12 +266,7 @@ def block_structure(
 
 def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None = None) -> BlockMask:
     """FlexAttention BlockMask for `spec` over a (B, T) sequence; T must be a multiple of the block size."""
-    if BlockMask is None:  # pragma: no cover - old torch
-        raise RuntimeError("FlexAttention needs torch >= 2.5")
-    if seq_len % spec.block_size:
-        raise ValueError(
-            f"FlexAttention needs a sequence length divisible by {spec.block_size}, got {seq_len}"
-        )
+    assert BlockMask is not None and seq_len % spec.block_size == 0, "flex_usable() decides"
     partial, full = block_structure(
         spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device, spec.block_list
     )

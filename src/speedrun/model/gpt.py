@@ -251,8 +251,7 @@ class GPT(nn.Module):
         A no-op for models without a window."""
         if self.cfg.window <= 0:
             return
-        if not 1 <= tokens <= self.cfg.window:
-            raise ValueError(f"attention window {tokens} is outside 1..model.window ({self.cfg.window})")
+        assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
         self.attn_window.fill_(tokens)
 
     def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:

@@ -51,8 +51,7 @@ def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
     """Logits (B, n, padded vocab) for the new tokens `idx` (B, n); appends them to `cache`."""
     cfg = model.cfg
     start = cache.length
-    if start + idx.size(1) > cfg.max_seq_len:
-        raise ValueError(f"sequence length {start + idx.size(1)} exceeds model.max_seq_len {cfg.max_seq_len}")
+    assert start + idx.size(1) <= cfg.max_seq_len, "callers keep within the context (generate, sample)"
     cache.tokens = idx if cache.tokens is None else torch.cat([cache.tokens, idx], dim=1)
     end, device = cache.tokens.size(1), idx.device
     specs = model.mask_specs(cache.tokens) or [MaskSpec()] * cfg.n_layer  # MaskSpec(): causal only
