@@ -121,26 +121,18 @@ def spec_dense_mask(
 
 
 def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
-    """Per layer, the MaskSpec of a (B, T) token sequence, or None where every layer is plain causal.
-
-    The one place where a recipe's masking switches (document mask, window and its granularity, block
-    listing, long/short layer pattern) become masks: the forward (gpt.GPT.layer_masks) and cached
-    decoding (kv_cache) both build from it, so they cannot drift apart. `window` is the model's 0-d
-    window tensor (None without a window); layers of one kind share one MaskSpec object.
-    """
+    """Per layer, the MaskSpec of a (B, T) token sequence (None: every layer plain causal). The one place
+    a recipe's masking switches (document mask, window, granularity, block listing, long/short pattern)
+    become masks, for the forward and cached decoding alike. `window`: the model's 0-d window tensor."""
     if not (cfg.document_mask or cfg.window > 0):
         return None
     block_window = cfg.window_granularity == "block"
     docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
+    w = window if cfg.window > 0 else None
+    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
     pattern = cfg.window_pattern or "L" * cfg.n_layer
-    windows = {"L": window if cfg.window > 0 else None}
-    if "S" in pattern:
-        windows["S"] = short_window(window, block_window, BLOCK_SIZE)
-    specs = {
-        kind: MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
-        for kind, w in windows.items()
-    }
-    return [specs[kind] for kind in pattern]
+    short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
+    return [long if kind == "L" else short for kind in pattern]
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
