@@ -322,7 +322,7 @@ PER_RECIPE = {  # layer-count-dependent switches, resized for 4 layers
 
 @pytest.mark.parametrize("recipe", NEW_RECIPES)
 def test_new_recipe_trains_end_to_end(recipe, text_data, tmp_path):
-    from speedrun.data.prepare import load_meta
+    from speedrun.data.meta import load_meta
     from speedrun.train.loop import train
 
     eot = load_meta(text_data)["eot_id"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from speedrun.config import Config
-from speedrun.data.prepare import parse_fineweb_source
+from speedrun.data.sources import parse_fineweb_source
 from speedrun.errors import ConfigError
 from tests.conftest import TINY, run_speedrun
 
@@ -74,11 +74,14 @@ def _train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
         ({"train_shards": ["../../elsewhere_train_000000.bin"]}, "not a .bin file name in this folder"),
         ({"train_shards": []}, "bad entry for split 'train'"),
         ({"train_tokens": -5}, "bad entry for split 'train'"),
+        ({"train_shards": "plus val"}, "listed as both train and val"),  # "held-out" loss on trained data
     ],
 )
 def test_meta_json_with_impossible_values(data_copy, tmp_path, change, fragment):
     meta = json.loads((data_copy / "meta.json").read_text())
-    if "train_shards" in change:
+    if change.get("train_shards") == "plus val":
+        meta["splits"]["train"]["shards"] += meta["splits"]["val"]["shards"]
+    elif "train_shards" in change:
         meta["splits"]["train"]["shards"] = change["train_shards"]
     elif "train_tokens" in change:
         meta["splits"]["train"]["tokens"] = change["train_tokens"]

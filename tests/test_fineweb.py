@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from speedrun.data.fineweb import download_fineweb
-from speedrun.data.prepare import load_meta
+from speedrun.data.meta import load_meta
 from speedrun.data.shards import read_header, write_shard
 from speedrun.data.tokenizers import load_tokenizer
 from speedrun.errors import DataError

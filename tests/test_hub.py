@@ -14,7 +14,8 @@ import pytest
 from speedrun.cli import main
 from speedrun.data import pipeline
 from speedrun.data.hub import HubSource, glob_to_regex, parse_hf_source
-from speedrun.data.prepare import load_meta, prepare
+from speedrun.data.meta import load_meta
+from speedrun.data.prepare import prepare
 from speedrun.data.sources import iter_documents
 from speedrun.errors import ConfigError, DataError
 from tests.local_server import LocalServer, QuietHandler

@@ -128,24 +128,69 @@ def test_generation_stops_at_the_context_length():
     assert len(list(generate(model, prompt, 50, temperature=0.0))) == 3
 
 
-@pytest.mark.parametrize("recipe", __import__("speedrun.recipes", fromlist=["x"]).recipe_names())
-def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
-    """Every bundled recipe's switches (value residual, QK-norm order, rotary precision, bf16 model,
-    windows, ...) shrunk as in the recipe matrix: cached logits equal the full forward's, so cached
-    decoding cannot drift from the model when a switch is added to one and not the other."""
+LONG = [  # 512 tokens under the shrunk 192-token window: block listing (12-08) hides keys from 384 on
+    "model.max_seq_len=512",
+    "train.seq_len=512",
+    "train.micro_batch_tokens=512",
+    "train.global_batch_tokens=1024",
+]
+#: Token-granular long/short windows with block listing: no bundled recipe has that combination.
+VARIANTS = {"token-long-short": ("unet-value-embed-2024-12", "model.window_pattern=LSSL")}
+
+
+def _shrunk_model(recipe: str, *extra: str) -> GPT:
     from tests.recipe_matrix import shrunk
 
-    cfg = shrunk(recipe, "train.dtype=fp32")
+    cfg = shrunk(recipe, "train.dtype=fp32", *LONG, *extra)
     torch.manual_seed(0)
     model = GPT(cfg.model).float().eval()  # bf16-model recipes in fp32: the logic, without its rounding
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    n = cfg.train.seq_len
-    idx = _tokens(model, n)
+    return model
+
+
+def _long_documents(model: GPT) -> torch.Tensor:
+    """(2, 512) tokens whose documents outlast every window: row 0 one document from position 100 on,
+    row 1 a single document (short documents would hide what the window hides)."""
+    idx = torch.randint(
+        0, model.cfg.vocab_size - 1, (2, model.cfg.max_seq_len), generator=torch.Generator().manual_seed(1)
+    )
+    idx[:, 0] = idx[0, 100] = model.cfg.eot_id
+    return idx
+
+
+def _decode_all(model: GPT, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    cache = KVCache()
+    pieces = [forward_cached(model, idx[:, :prefill], cache)]
+    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, idx.size(1))]
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize(
+    "recipe", [*__import__("speedrun.recipes", fromlist=["x"]).recipe_names(), *VARIANTS]
+)
+def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
+    """Every bundled recipe's switches (value residual, QK-norm order, rotary precision, bf16 model,
+    windows, block listing, ...) shrunk as in the recipe matrix, at 512 tokens so that every window kind
+    (long/short, token/block granularity, block listing) hides keys: cached logits equal the full
+    forward's, so cached decoding cannot drift from the model when a switch is added to one only."""
+    name, *extra = VARIANTS.get(recipe, (recipe,))
+    model = _shrunk_model(name, *extra)
+    idx = _long_documents(model)
     with torch.no_grad():
         full = model(idx)
-    cache, prefill = KVCache(), n - 12
-    pieces = [forward_cached(model, idx[:, :prefill], cache)]
-    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, n)]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_decode_all(model, idx, 400), full, rtol=1e-4, atol=1e-4)
+
+
+def test_block_listing_bites_at_the_decoding_tests_length():
+    """Guard against a vacuous pass above: the 12-08 block listing (2 blocks for a 192-token window)
+    first hides keys from a query at position 256 on, so it changes the logits of the last blocks only."""
+    model = _shrunk_model("unet-value-embed-2024-12")
+    idx = _long_documents(model)
+    with torch.no_grad():
+        listed = model(idx)
+        model.cfg.window_block_list = False
+        unlisted = model(idx)
+    assert torch.equal(listed[:, :256], unlisted[:, :256])
+    assert not torch.allclose(listed[:, 256:], unlisted[:, 256:], atol=1e-3)

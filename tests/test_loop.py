@@ -28,6 +28,11 @@ def test_micro_batch_is_derived_when_the_recipes_does_not_divide_over_the_proces
     for world in (3, 64):  # 32 sequences cannot be shared by 3 processes, nor one each by 64
         with pytest.raises(ConfigError, match=f"cannot be split over {world} processes"):
             micro_batch_tokens(cfg, world)
+    # validation tokens split the same way: 3 sequences of val_tokens do not share over 2 processes
+    three = load_recipe("demo", ["train.val_tokens=768"])
+    assert micro_batch_tokens(load_recipe("demo", ["train.val_tokens=1024"]), 2) == 512
+    with pytest.raises(ConfigError, match=r"cannot be split over 2 processes .* train.val_tokens \(768\)"):
+        micro_batch_tokens(three, 2)
 
 
 def test_damaged_validation_data_fails_before_the_first_step(text_data, tmp_path, capsys):

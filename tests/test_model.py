@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
-from speedrun.model.attention import attend, dense_mask, document_ids
+from speedrun.model.attention import MaskSpec, attend, document_ids, spec_dense_mask
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 
@@ -44,7 +44,7 @@ def test_document_masked_attention_equals_attention_per_document():
     tokens = torch.randint(1, 9, (1, T))
     tokens[0, [0, 5, 6, 17]] = 0  # documents of length 5, 1, 11, 7
     q, k, v = (torch.randn(1, H, T, D) for _ in range(3))
-    out = attend(q, k, v, dense_mask(document_ids(tokens, 0), T))
+    out = attend(q, k, v, spec_dense_mask(MaskSpec(document_ids(tokens, 0)), 0, T, 0, T, None))
     starts = [0, 5, 6, 17, T]
     for a, b in zip(starts, starts[1:], strict=False):
         ref = F.scaled_dot_product_attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], is_causal=True)

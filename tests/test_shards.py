@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from speedrun.data import shards
-from speedrun.data.shards import find_shards, open_shard, read_header, write_shard
+from speedrun.data.shards import open_shard, read_header, write_shard
 from speedrun.errors import DataError
 
 
@@ -136,18 +136,3 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_shard(tmp_path / "new.bin", np.arange(5))
     assert not (tmp_path / "new.bin").exists()
-
-
-def test_find_shards_sorted_and_split(tmp_path):
-    for name in ["fineweb_train_000002.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]:
-        write_shard(tmp_path / name, np.arange(4))
-    (tmp_path / "notes_train_.txt").write_text("not a shard")
-    assert [p.name for p in find_shards(tmp_path, "train")] == [
-        "fineweb_train_000001.bin",
-        "fineweb_train_000002.bin",
-    ]
-    assert [p.name for p in find_shards(tmp_path, "val")] == ["fineweb_val_000000.bin"]
-    with pytest.raises(DataError, match="test"):
-        find_shards(tmp_path, "test")
-    with pytest.raises(DataError, match="not found"):
-        find_shards(tmp_path / "missing", "train")

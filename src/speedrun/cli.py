@@ -10,7 +10,9 @@ running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error
 from __future__ import annotations
 
 import argparse
+import copy
 import errno
+import importlib
 import json
 import os
 import shutil
@@ -30,7 +32,20 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message} (see --help)")
 
 
-def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+#: Every command and the function that runs it, "module:function", imported only when that command runs
+#: (so `speedrun recipes` never imports torch or the tools). Each takes the parsed arguments.
+COMMANDS = {
+    "train": "speedrun.cli:_cmd_train",
+    "prepare": "speedrun.cli:_cmd_prepare",
+    "recipes": "speedrun.cli:_cmd_recipes",
+    "sample": "speedrun.tools.commands:cmd_sample",
+    "eval": "speedrun.tools.commands:cmd_eval",
+    "compare": "speedrun.tools.commands:cmd_compare",
+    "bench": "speedrun.tools.commands:cmd_bench",
+}
+
+
+def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="speedrun", description="Train GPT-2-class models fast: the NanoGPT speedrun as a package."
     )
@@ -51,6 +66,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
     )
+    train.set_defaults(train_parser=train)  # --resume names the options it would ignore
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
     prep.add_argument(
@@ -74,18 +90,18 @@ def _build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from speedrun.tools.commands import add_tool_commands
 
     add_tool_commands(sub)
-    return parser, train
+    return parser
 
 
 def _dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
-def _cmd_train(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> int:
+def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.recipes import DEFAULT_RECIPE, load_recipe
 
     if args.resume is not None:
-        return _resume(args, train_parser)
+        return _resume(args)
     if args.seeds is not None:
         from speedrun.tools.commands import train_seeds
 
@@ -108,9 +124,9 @@ def _cmd_train(args: argparse.Namespace, train_parser: argparse.ArgumentParser) 
     return 0
 
 
-def _refuse_ignored_options(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> None:
+def _refuse_ignored_options(args: argparse.Namespace) -> None:
     """Every train option other than RESUME_OPTIONS would be silently ignored by --resume: refuse it."""
-    for action in train_parser._actions:
+    for action in args.train_parser._actions:
         if action.dest in RESUME_OPTIONS or not action.option_strings or action.dest == "help":
             continue
         if getattr(args, action.dest) != action.default:
@@ -121,33 +137,24 @@ def _refuse_ignored_options(args: argparse.Namespace, train_parser: argparse.Arg
             )
 
 
-def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> int:
+def _resume(args: argparse.Namespace) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
-    from speedrun.config import RESUMABLE_CHANGES, changed_keys, config_from_dict, parse_overrides, validate
+    from speedrun.config import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config, validate
 
-    _refuse_ignored_options(args, train_parser)
+    _refuse_ignored_options(args)
     run_dir = args.resume
-    try:
-        saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.json)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--resume {run_dir}: config.json is unreadable ({e})") from None
-    if not isinstance(saved, dict):
-        raise ConfigError(f"--resume {run_dir}: config.json is not a speedrun config")
-    try:  # name the file: the same message for an override would point at the command line
-        old = config_from_dict(saved, str(run_dir / "config.json"))
-    except ConfigError as e:
-        raise ConfigError(f"--resume {run_dir}: config.json is unusable ({e})") from None
-    cfg = config_from_dict(saved, str(run_dir / "config.json"))
+    old = read_run_config(run_dir)
+    cfg = copy.deepcopy(old)
     parse_overrides(cfg, args.overrides)
     validate(cfg)
-    for key, before, after in changed_keys(old, cfg):
-        if key not in RESUMABLE_CHANGES:
-            raise ConfigError(
-                f"cannot resume with {key} changed ({before!r} -> {after!r}); "
-                f"only {', '.join(k for k in RESUMABLE_CHANGES if k != 'description')} may change"
-            )
+
+    def refuse(key: str, before: object, after: object) -> ConfigError:
+        allowed = ", ".join(k for k in RESUMABLE_CHANGES if k != "description")
+        return ConfigError(
+            f"cannot resume with {key} changed ({before!r} -> {after!r}); only {allowed} may change"
+        )
+
+    for key, before, after in check_resume(old, cfg, refuse):
         print(f"resume: {key} changed from {before!r} to {after!r}")
     if args.dry_run:
         print(_dumps(cfg.to_dict()))
@@ -158,7 +165,7 @@ def _resume(args: argparse.Namespace, train_parser: argparse.ArgumentParser) -> 
     return 0
 
 
-def _cmd_prepare(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
+def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedrun.data.prepare import prepare
 
     if args.source == "hellaswag":
@@ -182,7 +189,7 @@ def _cmd_prepare(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> 
     return 0
 
 
-def _cmd_recipes(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
+def _cmd_recipes(args: argparse.Namespace) -> int:
     """The recipe list, descriptions wrapped to the terminal; or one recipe's config as JSON."""
     from speedrun.recipes import load_recipe, recipe_names
 
@@ -235,18 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     # ends as our one line naming the file, so its retries would only be noise around it
     # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
-    parser, train_parser = _build_parser()
+    parser = _build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:  # `speedrun` alone: help, never a run (`speedrun train` is the demo)
             parser.print_help()
             return 0
-        if args.command in ("train", "prepare", "recipes"):
-            handler = {"train": _cmd_train, "prepare": _cmd_prepare, "recipes": _cmd_recipes}[args.command]
-            return handler(args, train_parser)
-        from speedrun.tools.commands import TOOL_COMMANDS
-
-        return TOOL_COMMANDS[args.command](args)
+        module, function = COMMANDS[args.command].split(":")
+        return getattr(importlib.import_module(module), function)(args)
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except Stopped as e:  # a clean stop (checkpoint saved) is not an error

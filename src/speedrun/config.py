@@ -16,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +38,7 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
     coerce,
     strip_annotation,
 )
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, SpeedrunError
 
 
 @dataclass
@@ -51,7 +53,6 @@ class ModelConfig:
     mlp_ratio: PosInt = 4
     max_seq_len: SeqLen = 1024  # learned positions / rotary table length
     positional: Literal["learned", "rotary"] = "learned"
-    rope_base: PosFloat = 10000.0
     # "layernorm" (with gains and biases) | "rmsnorm" (parameter-free)
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     activation: Literal["gelu", "relu2"] = "gelu"
@@ -159,7 +160,6 @@ class OptimConfig:
     muon_backend: Literal["newton_schulz", "polar_express", "svd"] = "newton_schulz"
     muon_ns_steps: PosInt = 5
     muon_shape_scale: Literal["ratio", "max_dim", "rms", "none"] = "ratio"
-    muon_weight_decay: float = 0.0
     # Adam groups that go with Muon
     embed_lr: float = 0.3
     head_lr: float = 0.002
@@ -343,6 +343,36 @@ def changed_keys(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for every dotted key whose value differs."""
     a, b = flatten(old.to_dict()), flatten(new.to_dict())
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_resume(
+    old: Config, new: Config, refuse: Callable[[str, Any, Any], SpeedrunError]
+) -> list[tuple[str, Any, Any]]:
+    """The resume rule: a run continues only with changes to RESUMABLE_CHANGES. Returns those changes;
+    raises `refuse(key, before, after)` (the caller's message) for the first other one."""
+    changes = changed_keys(old, new)
+    # a checkpoint made before a time budget fixed the step count (train/budget.py) continues under it:
+    # no step before the fix depended on the count
+    fixed = (
+        old.train.time_budget_s > 0 and new.train.time_budget_s == 0 and new.train.steps <= old.train.steps
+    )
+    allowed = RESUMABLE_CHANGES + (("train.steps", "train.time_budget_s") if fixed else ())
+    for key, before, after in changes:
+        if key not in allowed:
+            raise refuse(key, before, after)
+    return changes
+
+
+def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> Config:
+    """The typed config a run or checkpoint folder saved (`config.json`), with the recipes' type checks;
+    a missing, unreadable or invalid file is one `error` naming it. The one reader of config.json."""
+    path = Path(folder) / "config.json"
+    try:
+        return config_from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except FileNotFoundError:
+        raise error(f"{folder}: not a run directory (no config.json)") from None
+    except (OSError, ValueError, ConfigError) as e:
+        raise error(f"{path} is unusable ({e})") from None
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.data.meta import META_FILE, META_FORMAT, META_VERSION, write_json_atomic
+from speedrun.data.meta import META_FILE, write_meta
 from speedrun.data.shards import open_shard
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
@@ -95,18 +95,7 @@ def download_fineweb(
         entry["tokens"] += tokens
         entry["documents"] += docs
         entry["shards"].append(name)
-    meta = {
-        "format": META_FORMAT,
-        "version": META_VERSION,
-        "source": f"fineweb10B:{num_train_shards}",
-        "repo_id": repo_id,
-        "tokenizer": tok.name,
-        "tokenizer_hash": tok.hash,
-        "vocab_size": tok.vocab_size,
-        "eot_id": tok.eot_id,
-        "splits": splits,
-    }
-    write_json_atomic(meta_path, meta)
+    write_meta(data_dir, f"fineweb10B:{num_train_shards}", tok, splits, repo_id=repo_id)
     train, val = splits["train"]["tokens"], splits["val"]["tokens"]
     log(f"fineweb: {train:,} train and {val:,} val tokens in {data_dir}")
     return data_dir

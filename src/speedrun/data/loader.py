@@ -52,18 +52,14 @@ class _Step:
     shards: np.ndarray
 
 
-def _check_batch_shape(micro_batch_tokens: int, seq_len: int) -> None:
-    if seq_len < 1 or micro_batch_tokens < 1:
-        raise ConfigError(
-            f"seq_len ({seq_len}) and micro_batch_tokens ({micro_batch_tokens}) must be positive"
-        )
-    if micro_batch_tokens % seq_len:
-        raise ConfigError(f"micro_batch_tokens {micro_batch_tokens} is not a multiple of seq_len {seq_len}")
-
-
-def _check_rank(rank: int, world_size: int) -> None:
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
+def _assert_split(total: int, micro_batch_tokens: int, seq_len: int, rank: int, world_size: int) -> None:
+    """The batch rule is the caller's (run_data.micro_batch_tokens validates it once, at set-up)."""
+    assert micro_batch_tokens % seq_len == 0 and 0 <= rank < world_size, (micro_batch_tokens, seq_len, rank)
+    assert total > 0 and total % (world_size * micro_batch_tokens) == 0, (
+        total,
+        world_size,
+        micro_batch_tokens,
+    )
 
 
 def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Path, start: int):
@@ -100,15 +96,8 @@ class TokenLoader:
         end_margin: int = 0,
         repeat_first_batch: bool = False,
     ):
-        _check_batch_shape(micro_batch_tokens, seq_len)
-        _check_rank(rank, world_size)
-        if global_batch_tokens < 1 or global_batch_tokens % (world_size * micro_batch_tokens):
-            raise ConfigError(
-                f"global_batch_tokens {global_batch_tokens} is not a multiple of world_size {world_size} "
-                f"x micro_batch_tokens {micro_batch_tokens} = {world_size * micro_batch_tokens}"
-            )
-        if align_to_bos and bos_id is None:
-            raise ConfigError("align_to_bos needs bos_id (the end-of-text token that starts every document)")
+        _assert_split(global_batch_tokens, micro_batch_tokens, seq_len, rank, world_size)
+        assert bos_id is not None or not align_to_bos, "align_to_bos needs bos_id"
         self.files = [Path(f) for f in files]
         if not self.files:
             raise DataError("no shard files given to the loader")
@@ -368,14 +357,8 @@ def val_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first `val_tokens` tokens of the val shards (not aligned), as chunks `k * W + r` for rank r,
     so the summed loss over all ranks is the same for every world size. Checks run at call time."""
-    _check_batch_shape(micro_batch_tokens, seq_len)
-    _check_rank(rank, world_size)
+    _assert_split(val_tokens, micro_batch_tokens, seq_len, rank, world_size)
     per_round = world_size * micro_batch_tokens
-    if val_tokens < 1 or val_tokens % per_round:
-        raise ConfigError(
-            f"val_tokens {val_tokens} is not a positive multiple of world_size {world_size} "
-            f"x micro_batch_tokens {micro_batch_tokens} = {per_round}"
-        )
     files = [Path(f) for f in files]
     if not files:
         raise DataError("no validation shard files given")

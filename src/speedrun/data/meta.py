@@ -1,7 +1,10 @@
-"""`meta.json`: what marks a folder of shards as complete, and how it is read back.
+"""A prepared data folder: where it is, its `meta.json` (what marks it complete), and whether a recipe
+or a tokenizer fits it.
 
-Shared by `prepare` (text sources) and `fineweb` (downloaded shards), which is why it lives on its
-own: neither of those modules needs to import the other for it.
+The one owner of these rules: `prepare` (text sources) and `fineweb` (downloaded shards) describe the
+folders they write with `write_meta`; training, `eval` and `sample` find a folder with `data_dir_for`,
+read it with `load_meta` (which checks it whole: fields, listed shards present, train and val
+disjoint) and check it against a recipe (`check_fits`) or a tokenizer (`tokenizer_for_data`).
 """
 
 from __future__ import annotations
@@ -9,9 +12,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from speedrun.atomic import write_atomic
+from speedrun.data.sources import source_slug
 from speedrun.errors import DataError
+
+if TYPE_CHECKING:  # tokenizers imports tiktoken: loaded only by the functions that need a tokenizer
+    from speedrun.config import Config
+    from speedrun.data.tokenizers import Tokenizer
 
 META_FILE = "meta.json"
 META_FORMAT = "speedrun-shards"
@@ -21,6 +30,38 @@ META_VERSION = 1
 def write_json_atomic(path: Path, obj: dict) -> None:
     """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
     write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def default_data_dir(source: str, tokenizer: str) -> Path:
+    """`data/<source-slug>` for gpt2, `data/<source-slug>-bpe<N>` for bpe:N (relative to the cwd)."""
+    from speedrun.data.tokenizers import parse_bpe_size
+
+    if tokenizer == "gpt2":
+        return Path("data") / source_slug(source)
+    return Path("data") / f"{source_slug(source)}-bpe{parse_bpe_size(tokenizer)}"
+
+
+def data_dir_for(cfg: Config) -> Path:
+    """The shard folder of a recipe or run: data.dir, else the default folder of its source and tokenizer."""
+    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
+
+
+def write_meta(data_dir: Path, source: str, tok: Tokenizer, splits: dict, **extra: object) -> dict:
+    """Describe a finished folder of shards in its meta.json (written atomically and last: its presence
+    marks the folder complete). `extra`: how the folder was made (seed, split, repo, ...)."""
+    meta = {
+        "format": META_FORMAT,
+        "version": META_VERSION,
+        "source": source,
+        "tokenizer": tok.name,
+        "tokenizer_hash": tok.hash,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        **extra,
+        "splits": splits,
+    }
+    write_json_atomic(Path(data_dir) / META_FILE, meta)
+    return meta
 
 
 def _hint(data_dir: Path) -> str:
@@ -52,6 +93,9 @@ def load_meta(data_dir: Path) -> dict:
                 raise TypeError(f"bad entry for split {split!r}")
             if not all(isinstance(s, str) and s == Path(s).name and s.endswith(".bin") for s in shards):
                 raise TypeError(f"split {split!r} lists a shard that is not a .bin file name in this folder")
+        shared = set(meta["splits"]["train"]["shards"]) & set(meta["splits"]["val"]["shards"])
+        if shared:  # training on the val shards would report a "held-out" loss on trained-on data
+            raise ValueError(f"{', '.join(sorted(shared))} listed as both train and val")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
     for split in ("train", "val"):
@@ -67,6 +111,43 @@ def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Pa
     """The shard files of `split` exactly as `meta.json` lists them."""
     meta = meta if meta is not None else load_meta(data_dir)
     return [Path(data_dir) / name for name in meta["splits"][split]["shards"]]
+
+
+def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
+    """DataError unless the folder's tokenizer, vocabulary and document marker are the recipe's."""
+    m = cfg.model
+    if meta["tokenizer"] != cfg.data.tokenizer:
+        raise DataError(
+            f"{data_dir} was tokenized with {meta['tokenizer']} but the recipe asks for "
+            f"data.tokenizer={cfg.data.tokenizer}"
+        )
+    if meta["vocab_size"] != m.vocab_size:
+        raise DataError(
+            f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {m.vocab_size}"
+        )
+    if m.document_mask and meta["eot_id"] != m.eot_id:
+        raise DataError(f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {m.eot_id}")
+
+
+def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:
+    """DataError unless `tokenizer` is the vocabulary the shards were written with."""
+    where = f"{Path(data_dir) / META_FILE}" if data_dir is not None else META_FILE
+    if meta.get("tokenizer") != tokenizer.name or meta.get("tokenizer_hash") != tokenizer.hash:
+        raise DataError(
+            f"{where}: data was tokenized with {meta.get('tokenizer')!r} "
+            f"(hash {meta.get('tokenizer_hash')}), "
+            f"not {tokenizer.name!r} (hash {tokenizer.hash}); prepare the data again"
+        )
+
+
+def tokenizer_for_data(data_dir: Path, meta: dict | None = None) -> Tokenizer:
+    """Load the tokenizer `data_dir` was made with and verify its hash against `meta.json`."""
+    from speedrun.data.tokenizers import load_tokenizer
+
+    meta = meta if meta is not None else load_meta(data_dir)
+    tok = load_tokenizer(meta["tokenizer"], data_dir)
+    check_tokenizer(meta, tok, data_dir)
+    return tok
 
 
 _SHARD_NAME = re.compile(r".+_(train|val)_\d{6}\.bin")

@@ -21,15 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from speedrun.data.meta import (  # noqa: F401 (re-exported: the loop and tests import them from here)
-    META_FILE,
-    META_FORMAT,
-    META_VERSION,
-    foreign_entries,
-    load_meta,
-    shard_paths,
-    write_json_atomic,
-)
+from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (
     SplitWriter,
     assign_splits,
@@ -38,10 +30,8 @@ from speedrun.data.pipeline import (
     encode_batches,
     split_plan,
 )
-from speedrun.data.sources import (  # noqa: F401 (FINEWEB... re-exported)
+from speedrun.data.sources import (
     FINEWEB,
-    FINEWEB_DEFAULT_SHARDS,
-    FINEWEB_MAX_SHARDS,
     iter_documents,
     parse_fineweb_source,
     source_size,
@@ -50,7 +40,6 @@ from speedrun.data.sources import (  # noqa: F401 (FINEWEB... re-exported)
 from speedrun.data.tokenizers import (
     Tokenizer,
     gpt2_tokenizer,
-    load_tokenizer,
     parse_bpe_size,
     save_tokenizer,
     train_bpe_tokenizer,
@@ -63,15 +52,6 @@ BPE_SAMPLE_BYTES = 100_000_000  # bpe:N is trained on the first this many bytes 
 def _check_tokenizer_name(tokenizer: str) -> None:
     if tokenizer != "gpt2":
         parse_bpe_size(tokenizer)  # ConfigError for anything that is not bpe:N with a sane N
-
-
-def default_data_dir(source: str, tokenizer: str) -> Path:
-    """`data/<source-slug>` for gpt2, `data/<source-slug>-bpe<N>` for bpe:N (relative to the cwd)."""
-    _check_tokenizer_name(tokenizer)
-    slug = source_slug(source)
-    if tokenizer == "gpt2":
-        return Path("data") / slug
-    return Path("data") / f"{slug}-bpe{parse_bpe_size(tokenizer)}"
 
 
 def _check_target(data_dir: Path) -> None:
@@ -248,22 +228,10 @@ def prepare_documents(
                 f"--max-tokens {max_tokens} stops after {n} document(s), too few for a train/val split "
                 f"(val takes {m} of every {block}); raise --max-tokens"
             )
-        meta = {
-            "format": META_FORMAT,
-            "version": META_VERSION,
-            "source": source,
-            "tokenizer": tok.name,
-            "tokenizer_hash": tok.hash,
-            "vocab_size": tok.vocab_size,
-            "eot_id": tok.eot_id,
-            "seed": seed,
-            "val_fraction": val_fraction,
-            "split_block": [m, block],
-            "max_tokens": max_tokens,
-            "bpe_sample_bytes": None if tokenizer == "gpt2" else bpe_sample_bytes,
-            "splits": stats,
-        }
-        write_json_atomic(tmp / META_FILE, meta)
+        write_meta(
+            tmp, source, tok, stats, seed=seed, val_fraction=val_fraction, split_block=[m, block],
+            max_tokens=max_tokens, bpe_sample_bytes=None if tokenizer == "gpt2" else bpe_sample_bytes,
+        )  # fmt: skip
         _install(tmp, data_dir)
     except BaseException as e:
         for w in writers.values():
@@ -324,22 +292,3 @@ def _write_splits(
         if bar.total is not None:
             bar.total = bar.n  # the size was an estimate (file sizes); end the bar at 100%
             bar.refresh()
-
-
-def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:
-    """DataError unless `tokenizer` is the vocabulary the shards were written with."""
-    where = f"{Path(data_dir) / META_FILE}" if data_dir is not None else META_FILE
-    if meta.get("tokenizer") != tokenizer.name or meta.get("tokenizer_hash") != tokenizer.hash:
-        raise DataError(
-            f"{where}: data was tokenized with {meta.get('tokenizer')!r} "
-            f"(hash {meta.get('tokenizer_hash')}), "
-            f"not {tokenizer.name!r} (hash {tokenizer.hash}); prepare the data again"
-        )
-
-
-def tokenizer_for_data(data_dir: Path, meta: dict | None = None) -> Tokenizer:
-    """Load the tokenizer `data_dir` was made with and verify its hash against `meta.json`."""
-    meta = meta if meta is not None else load_meta(data_dir)
-    tok = load_tokenizer(meta["tokenizer"], data_dir)
-    check_tokenizer(meta, tok, data_dir)
-    return tok

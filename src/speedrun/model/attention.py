@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
+from speedrun.config import ModelConfig
+
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - old torch
@@ -118,15 +120,19 @@ def spec_dense_mask(
     return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
 
 
-def dense_mask(
-    doc_ids: Tensor | None,
-    seq_len: int,
-    device: torch.device | None = None,
-    window: Tensor | int | None = None,
-) -> Tensor:
-    """Boolean (B or 1, 1, T, T) mask, True where query i may attend to key j (see mask_rule)."""
-    spec = MaskSpec(doc_ids=doc_ids, window=torch.as_tensor(window) if window is not None else None)
-    return spec_dense_mask(spec, 0, seq_len, 0, seq_len, doc_ids.device if doc_ids is not None else device)
+def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
+    """Per layer, the MaskSpec of a (B, T) token sequence (None: every layer plain causal). The one place
+    a recipe's masking switches (document mask, window, granularity, block listing, long/short pattern)
+    become masks, for the forward and cached decoding alike. `window`: the model's 0-d window tensor."""
+    if not (cfg.document_mask or cfg.window > 0):
+        return None
+    block_window = cfg.window_granularity == "block"
+    docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
+    w = window if cfg.window > 0 else None
+    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
+    pattern = cfg.window_pattern or "L" * cfg.n_layer
+    short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
+    return [long if kind == "L" else short for kind in pattern]
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
@@ -253,12 +259,7 @@ def block_structure(
 
 def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None = None) -> BlockMask:
     """FlexAttention BlockMask for `spec` over a (B, T) sequence; T must be a multiple of the block size."""
-    if BlockMask is None:  # pragma: no cover - old torch
-        raise RuntimeError("FlexAttention needs torch >= 2.5")
-    if seq_len % spec.block_size:
-        raise ValueError(
-            f"FlexAttention needs a sequence length divisible by {spec.block_size}, got {seq_len}"
-        )
+    assert BlockMask is not None and seq_len % spec.block_size == 0, "flex_usable() decides"
     partial, full = block_structure(
         spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device, spec.block_list
     )
@@ -286,8 +287,6 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
 
 # ---------------------------------------------------------------------------------------------------
 # Backend choice and the one attention call
-
-BACKENDS = ("auto", "sdpa", "flex")
 
 
 def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size: int = BLOCK_SIZE) -> bool:
@@ -345,9 +344,9 @@ def attend(
     scale: float | None = None,
     kernel: str = "auto",
 ) -> Tensor:
-    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask (dense_mask()),
-    a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask. `kernel` (SDPA_KERNELS or
-    "auto") forces the SDPA backend on CUDA."""
+    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask
+    (spec_dense_mask()), a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask.
+    `kernel` (SDPA_KERNELS or "auto") forces the SDPA backend on CUDA."""
     if BlockMask is not None and isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):

@@ -23,14 +23,12 @@ from torch import nn
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import (
-    BLOCK_SIZE,
     AttentionMask,
     MaskSpec,
     attend,
     build_block_mask,
     choose_backend,
-    document_ids,
-    short_window,
+    layer_specs,
 )
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
@@ -83,7 +81,7 @@ def make_rotary(cfg: ModelConfig) -> Rotary | None:
     if cfg.positional != "rotary":
         return None
     head_dim = cfg.n_embd // cfg.n_head
-    return Rotary(head_dim, cfg.max_seq_len, cfg.rope_base, cfg.rope_half_truncated, cfg.rope_precision)
+    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
 
 
 class Attention(nn.Module):
@@ -259,34 +257,26 @@ class GPT(nn.Module):
         A no-op for models without a window."""
         if self.cfg.window <= 0:
             return
-        if not 1 <= tokens <= self.cfg.window:
-            raise ValueError(f"attention window {tokens} is outside 1..model.window ({self.cfg.window})")
+        assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
         self.attn_window.fill_(tokens)
 
     def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:
-        """Per layer: None (plain causal), a MaskSpec (dense SDPA) or a FlexAttention BlockMask.
-
-        Built once per forward and shared by the layers with the same (long or short) window.
-        """
-        cfg = self.cfg
-        if not (cfg.document_mask or cfg.window > 0):
-            return [None] * cfg.n_layer
+        """Per layer: None (plain causal or no attention), a MaskSpec (dense SDPA) or a FlexAttention
+        BlockMask, built once per forward and shared by the layers with the same (long or short) window."""
+        specs = self.mask_specs(idx)
+        if specs is None:
+            return [None] * self.cfg.n_layer
         T = idx.size(1)
-        backend = choose_backend(cfg.attention, idx.device, T, True, torch.is_grad_enabled())
-        block_window = cfg.window_granularity == "block"
-        docs = document_ids(idx, cfg.eot_id) if cfg.document_mask else None
-        pattern = cfg.window_pattern or "L" * cfg.n_layer
-        windows = {"L": self.attn_window if cfg.window > 0 else None}
-        if "S" in pattern:
-            windows["S"] = short_window(self.attn_window, block_window, BLOCK_SIZE)
-        masks = {}
-        for kind, window in windows.items():
-            spec = MaskSpec(docs, window, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
-            masks[kind] = build_block_mask(spec, T, idx.device) if backend == "flex" else spec
+        if choose_backend(self.cfg.attention, idx.device, T, True, torch.is_grad_enabled()) == "flex":
+            built = {id(s): build_block_mask(s, T, idx.device) for s in specs}
+            specs = [built[id(s)] for s in specs]
         return [
-            masks[kind] if block.attn is not None else None
-            for kind, block in zip(pattern, self.blocks, strict=True)
+            mask if block.attn is not None else None for mask, block in zip(specs, self.blocks, strict=True)
         ]
+
+    def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
+        """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
+        return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"

@@ -4,7 +4,8 @@
 tokens already in `cache`. It runs the GPT's own `hidden` and `logits` (embeddings, value residual /
 value embeddings, x0 shortcut, U-Net skips, MLP-only layers, head) and its attentions' own
 `project`/`output`; only the attention call differs: keys and values of earlier positions come from
-the cache, under the mask `attention.mask_rule` gives (causal, document, long/short sliding window).
+the cache, under the masks the forward uses (`attention.layer_specs`: causal, document, long/short
+sliding window, block listing), cut to the new rows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.model.attention import BLOCK_SIZE, document_ids, mask_rule, short_window
+from speedrun.model.attention import MaskSpec, spec_dense_mask
 from speedrun.model.gpt import GPT, AttendFn, Attention
 
 
@@ -45,39 +46,20 @@ def _attend_cached(
     return attn.output(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)), raw_v
 
 
-def _masks(model: GPT, tokens: Tensor, start: int) -> dict[str, Tensor]:
-    """Boolean (B, 1, new, all) masks for long (L) and short (S) layers, from mask_rule."""
-    cfg = model.cfg
-    q_idx = torch.arange(start, tokens.size(1), device=tokens.device)[:, None]
-    kv_idx = torch.arange(tokens.size(1), device=tokens.device)[None, :]
-    doc_q = doc_kv = None
-    if cfg.document_mask:
-        docs = document_ids(tokens, cfg.eot_id)
-        doc_q, doc_kv = docs[:, start:, None], docs[:, None, :]
-    block = cfg.window_granularity == "block"
-    windows: dict[str, Tensor | None] = {"L": model.attn_window if cfg.window > 0 else None}
-    if "S" in cfg.window_pattern:
-        windows["S"] = short_window(model.attn_window, block, BLOCK_SIZE)
-    out = {}
-    for kind, window in windows.items():
-        allowed = mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, BLOCK_SIZE, block)
-        out[kind] = (allowed if allowed.dim() == 3 else allowed[None])[:, None]
-    return out
-
-
 @torch.no_grad()
 def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
     """Logits (B, n, padded vocab) for the new tokens `idx` (B, n); appends them to `cache`."""
     cfg = model.cfg
     start = cache.length
-    if start + idx.size(1) > cfg.max_seq_len:
-        raise ValueError(f"sequence length {start + idx.size(1)} exceeds model.max_seq_len {cfg.max_seq_len}")
+    assert start + idx.size(1) <= cfg.max_seq_len, "callers keep within the context (generate, sample)"
     cache.tokens = idx if cache.tokens is None else torch.cat([cache.tokens, idx], dim=1)
-    masks = _masks(model, cache.tokens, start)
-    pattern = cfg.window_pattern or "L" * cfg.n_layer
+    end, device = cache.tokens.size(1), idx.device
+    specs = model.mask_specs(cache.tokens) or [MaskSpec()] * cfg.n_layer  # MaskSpec(): causal only
+    built = {id(s): spec_dense_mask(s, start, end, 0, end, device) for s in specs}
 
     def cached(i: int) -> AttendFn:
-        return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, masks[pattern[i]], cache, start)
+        mask = built[id(specs[i])]
+        return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, mask, cache, start)
 
     hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)])
     return model.logits(hidden)

@@ -111,8 +111,7 @@ class Rotary(nn.Module):
         precision: str = "auto",
     ):
         super().__init__()
-        if precision not in ROPE_PRECISIONS:
-            raise ValueError(f"unknown rotary precision {precision!r}; choose one of {ROPE_PRECISIONS}")
+        assert precision in ROPE_PRECISIONS, precision
         self.fp32 = precision == "fp32" or (precision == "auto" and half_truncated)
         cos, sin = rotary_tables(head_dim, max_seq_len, base, half_truncated, precision)
         self.register_buffer("cos", cos, persistent=False)
@@ -121,8 +120,7 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Rotate x (B, H, T, D) as positions start..start+T (start > 0: cached decoding)."""
         T = x.size(-2)
-        if start + T > self.cos.size(0):
-            raise ValueError(f"sequence length {start + T} exceeds the rotary table ({self.cos.size(0)})")
+        assert start + T <= self.cos.size(0), "config.validate keeps sequences within model.max_seq_len"
         dtype = torch.float32 if self.fp32 else x.dtype
         cos, sin = self.cos[start : start + T].to(dtype), self.sin[start : start + T].to(dtype)
         x1, x2 = x.to(dtype).chunk(2, dim=-1)

@@ -99,7 +99,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from speedrun.tools.runs import load_model, resolve_device, run_data_dir, run_tokenizer
+    from speedrun.data.meta import data_dir_for
+    from speedrun.tools.runs import load_model, resolve_device, run_tokenizer
 
     _positive("--tokens", args.tokens)
     _positive("--limit", args.limit)
@@ -121,7 +122,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     from speedrun.tools.evaluate import evaluate_loss
 
-    result = evaluate_loss(model, cfg, args.data or run_data_dir(cfg), args.tokens, device, ckpt)
+    result = evaluate_loss(model, cfg, args.data or data_dir_for(cfg), args.tokens, device, ckpt)
     bpb = f" | val bpb {result['val_bpb']:.4f}" if result["val_bpb"] is not None else ""
     print(
         f"val loss {result['val_loss']:.4f}{bpb} | {result['tokens']:,} tokens of {result['data']} | "
@@ -199,6 +200,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
         print(f"json: {args.json}")
     return 0
-
-
-TOOL_COMMANDS = {"sample": cmd_sample, "eval": cmd_eval, "compare": cmd_compare, "bench": cmd_bench}

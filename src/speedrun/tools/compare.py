@@ -9,15 +9,17 @@ rules ask whether the group's mean final val loss is below the target, by a one-
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from speedrun.atomic import write_atomic
 from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.train.rundir import read_records
 
 #: Keys that may differ inside a group of repeats.
@@ -133,12 +135,23 @@ class Group:
         return [r.final_val_loss for r in self.runs if r.final_val_loss is not None]
 
 
+def research_module(name: str, command: str) -> ModuleType:
+    """Import a package of the `research` extra, or say in one line which command needs it and how to
+    install it (they are not in the base install)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        package = name.split(".")[0]
+        raise SpeedrunError(
+            f"`speedrun {command}` needs {package}: pip install 'speedrun[research]'"
+        ) from None
+
+
 def below_target_test(losses: list[float], target: float) -> tuple[float, float]:
     """(t, p) of the one-sided one-sample t-test H1: mean < target (scipy.stats.ttest_1samp)."""
     import warnings
 
-    from scipy import stats
-
+    stats = research_module("scipy.stats", "compare")
     with warnings.catch_warnings():  # equal losses: scipy warns of precision loss and returns nan
         warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.ttest_1samp(losses, target, alternative="less")
@@ -218,10 +231,8 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
 
 def plot_runs(runs: list[Run], out: Path, target: float | None = None) -> Path:
     """PNG with val loss against tokens and against training time, one line per run (written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    research_module("matplotlib", "compare --plot").use("Agg")
+    plt = research_module("matplotlib.pyplot", "compare --plot")
 
     fig, (ax_tok, ax_time) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
     for name, run in zip(run_names(runs), runs, strict=True):

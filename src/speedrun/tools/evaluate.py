@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.data.prepare import load_meta, shard_paths
-from speedrun.errors import ConfigError, DataError
+from speedrun.data.meta import check_fits, load_meta, shard_paths
+from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.tools.runs import run_tokenizer
 from speedrun.train.distributed import DistContext
@@ -46,11 +46,7 @@ def evaluate_loss(
     device = torch.device(device)
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)
-    if meta["tokenizer"] != cfg.data.tokenizer or meta["vocab_size"] != cfg.model.vocab_size:
-        raise DataError(
-            f"{data_dir} was tokenized with {meta['tokenizer']} (vocab {meta['vocab_size']}), the model "
-            f"with {cfg.data.tokenizer} (vocab {cfg.model.vocab_size})"
-        )
+    check_fits(meta, cfg, data_dir)
     tokenizer = run_tokenizer(cfg, data_dir, checkpoint)
     n, micro = eval_token_count(cfg, meta["splits"]["val"]["tokens"], tokens)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)

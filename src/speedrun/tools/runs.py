@@ -13,8 +13,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from speedrun.config import Config, config_from_dict
-from speedrun.data.prepare import default_data_dir, load_meta, tokenizer_for_data
+from speedrun.config import Config, read_run_config
+from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
@@ -40,17 +40,6 @@ def find_checkpoint(path: Path) -> Path:
     raise DataError(f"{path}: neither a run directory nor a checkpoint (no config.json)")
 
 
-def read_config(path: Path) -> Config:
-    """The typed config stored in `path/config.json` (a run or a checkpoint)."""
-    file = Path(path) / "config.json"
-    try:
-        return config_from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no config.json") from None
-    except (OSError, json.JSONDecodeError, ConfigError) as e:
-        raise DataError(f"{file} is unusable: {e}") from None
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,7 +60,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     """(model in eval mode on `device`, its config with the precision resolved for `device`, the
     checkpoint folder) for a run or checkpoint."""
     ckpt = find_checkpoint(path)
-    saved = read_config(ckpt)
+    saved = read_run_config(ckpt, DataError)
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
@@ -89,11 +78,6 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     return model.to(device).eval(), cfg, ckpt
 
 
-def run_data_dir(cfg: Config) -> Path:
-    """The shard folder the run trained on (relative paths are relative to the working directory)."""
-    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
-
-
 def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | None = None) -> Tokenizer:
     """The run's tokenizer: GPT-2 from the installed package, a BPE from the run's data folder (or
     `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json and
@@ -101,7 +85,7 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
     if cfg.data.tokenizer == "gpt2" and data_dir is None:
         tok = gpt2_tokenizer()
     else:
-        folder = Path(data_dir) if data_dir is not None else run_data_dir(cfg)
+        folder = Path(data_dir) if data_dir is not None else data_dir_for(cfg)
         if data_dir is None and not (folder / "meta.json").is_file():
             raise DataError(
                 f"the run's tokenizer {cfg.data.tokenizer} lives in its data folder {folder}, which is "
@@ -113,7 +97,7 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
             f"tokenizer {tok.name} (vocab {tok.vocab_size}) does not match the run's "
             f"{cfg.data.tokenizer} (vocab {cfg.model.vocab_size})"
         )
-    own = run_data_dir(cfg) / "meta.json"
+    own = data_dir_for(cfg) / "meta.json"
     if data_dir is not None and own.is_file():  # a same-named BPE trained on other text is another vocabulary
         try:
             own_hash = json.loads(own.read_text(encoding="utf-8")).get("tokenizer_hash")

@@ -1,8 +1,4 @@
-"""`speedrun sample`: text from a trained run, streamed as it is generated (KV-cached decoding).
-
-Every sample starts after the end-of-text token, as every training document does, and ends at the
-model's own end-of-text token or after `max_tokens`.
-"""
+"""`speedrun sample`: text from a trained run, streamed to stdout as it is generated (model/generate.py)."""
 
 from __future__ import annotations
 
@@ -12,71 +8,8 @@ from typing import TextIO
 import torch
 
 from speedrun.data.tokenizers import Tokenizer
+from speedrun.model.generate import stream_sample
 from speedrun.model.gpt import GPT
-from speedrun.model.kv_cache import generate
-
-
-def prompt_ids(tokenizer: Tokenizer, prompt: str, device: torch.device | str) -> torch.Tensor:
-    """(1, T) ids: end-of-text (the document start the model trained with), then the prompt's tokens."""
-    return torch.tensor([[tokenizer.eot_id, *tokenizer.encode(prompt)]], device=device)
-
-
-def stream_sample(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str,
-    max_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    generator: torch.Generator | None,
-    out: TextIO | None = None,
-) -> str:
-    """Generate one continuation of `prompt`, writing text to `out` as soon as it decodes; returns it.
-    A token that ends inside a multi-byte character is held back until the character is complete."""
-    device = next(model.parameters()).device
-    ids: list[int] = []
-    shown = ""
-    prompt_tokens = prompt_ids(tokenizer, prompt, device)
-    for nxt in generate(model, prompt_tokens, max_tokens, temperature, top_k, generator):
-        token = int(nxt[0])
-        if token == tokenizer.eot_id:
-            break
-        ids.append(token)
-        text = tokenizer.decode(ids)
-        if out is not None and not text.endswith("\ufffd"):
-            out.write(text[len(shown) :])
-            out.flush()
-            shown = text
-    text = tokenizer.decode(ids)
-    if out is not None and len(text) > len(shown):
-        out.write(text[len(shown) :])
-    return text
-
-
-#: Fixed prompts for `train.sample_every`: the same text at every log point shows what changed.
-DEFAULT_SAMPLE_PROMPTS = ["The history of", "In mathematics,"]
-
-
-def sample_during_training(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompts: list[str],
-    max_tokens: int = 48,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    seed: int = 0,
-) -> list[str]:
-    """One continuation per prompt (greedy by default, so successive log points are comparable).
-    `model` is the bare GPT (not compiled, not DDP-wrapped); its train/eval mode is restored."""
-    was_training = model.training
-    model.eval()
-    generator = torch.Generator().manual_seed(seed)
-    try:
-        return [
-            stream_sample(model, tokenizer, p, max_tokens, temperature, top_k, generator) for p in prompts
-        ]
-    finally:
-        model.train(was_training)
 
 
 def run_sample(

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 
-from speedrun.config import Config
-
 PROBE_STEPS = 4  # timed steps measured before the step count is fixed
 
 
@@ -35,10 +33,3 @@ def budget_steps(
     assert mean_step_s > 0 and budget_s > 0, (mean_step_s, budget_s)
     fits = untimed + math.floor(budget_s / mean_step_s)
     return max(done + warmdown_steps + 1, min(max_steps, fits))
-
-
-def fixed_after(saved: Config, cfg: Config) -> bool:
-    """Whether `cfg` is `saved` with its budget fixed since: a checkpoint made before the fix resumes
-    under the run's fixed step count, which no earlier step depended on."""
-    s, c = saved.train, cfg.train
-    return s.time_budget_s > 0 and c.time_budget_s == 0 and c.steps <= s.steps

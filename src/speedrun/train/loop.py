@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from speedrun.config import RESUMABLE_CHANGES, Config, changed_keys, config_from_dict
+from speedrun.config import Config, check_resume, config_from_dict
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
-from speedrun.train.budget import PROBE_STEPS, budget_steps, fixed_after
+from speedrun.train.budget import PROBE_STEPS, budget_steps
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.host_fit import MeasuredCompile, size_to_host
@@ -93,12 +93,13 @@ def restore(
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
     except ConfigError as e:
         raise DataError(f"checkpoint {checkpoints[-1]} has an unusable config: {e}") from None
-    budget_keys = ("train.steps", "train.time_budget_s") if fixed_after(saved_cfg, cfg) else ()
-    for key, before, after in changed_keys(saved_cfg, cfg):
-        if key not in RESUMABLE_CHANGES + budget_keys:
-            raise DataError(
-                f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}"
-            )
+    check_resume(
+        saved_cfg,
+        cfg,
+        lambda key, before, after: DataError(
+            f"checkpoint {checkpoints[-1]} was made with {key}={before!r}, this run has {after!r}"
+        ),
+    )
     if state["step"] >= cfg.train.steps and run.has_final_validation(cfg.train.steps):
         raise DataError(f"run in {run.path} already finished ({state['step']} of {cfg.train.steps} steps)")
     try:

@@ -90,7 +90,6 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
         shape_scale=o.muon_shape_scale,
-        weight_decay=o.muon_weight_decay,
         momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
         scale_in_update_dtype=o.muon_scale_in_bf16,

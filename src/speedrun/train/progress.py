@@ -18,8 +18,8 @@ import torch
 from speedrun.config import Config
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
+from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.model.gpt import GPT
-from speedrun.tools.sample import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes

@@ -14,51 +14,37 @@ import torch
 from speedrun.config import Config
 from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.loader import TokenLoader, val_batches
-from speedrun.data.meta import shard_paths
-from speedrun.data.prepare import default_data_dir, load_meta, prepare, tokenizer_for_data
+from speedrun.data.meta import META_FILE, check_fits, data_dir_for, load_meta, shard_paths, tokenizer_for_data
+from speedrun.data.prepare import prepare
 from speedrun.data.tokenizers import Tokenizer
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError
 from speedrun.train import distributed
 from speedrun.train.rundir import RunDir
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
 
-def resolve_data_dir(cfg: Config) -> Path:
-    return Path(cfg.data.dir) if cfg.data.dir else default_data_dir(cfg.data.source, cfg.data.tokenizer)
-
-
 def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
     """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
-    data_dir = resolve_data_dir(cfg)
+    data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
-    if default_dir and not (data_dir / "meta.json").exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
+    if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
         if ctx.is_main:
             log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
             prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
         if ctx.distributed:
             torch.distributed.barrier()
     meta = load_meta(data_dir)
-    if meta["tokenizer"] != cfg.data.tokenizer:
-        raise DataError(
-            f"{data_dir} was tokenized with {meta['tokenizer']} but the recipe asks for "
-            f"data.tokenizer={cfg.data.tokenizer}"
-        )
-    if meta["vocab_size"] != cfg.model.vocab_size:
-        raise DataError(
-            f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {cfg.model.vocab_size}"
-        )
-    if cfg.model.document_mask and meta["eot_id"] != cfg.model.eot_id:
-        raise DataError(
-            f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {cfg.model.eot_id}"
-        )
+    check_fits(meta, cfg, data_dir)
     return data_dir, meta
 
 
 def micro_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Tokens per process per forward. The recipe's value when it divides the global batch over
-    `world_size` processes; else the largest smaller whole number of sequences that does, so that
-    `torchrun --nproc_per_node=N` works without overrides. The tokens of every step stay the same."""
+    """Tokens per process per forward: the one owner of the batch rule (the loaders and the loop take
+    the result as given; accumulation = global / (world_size x micro)). The recipe's value when it
+    divides the global batch and the validation tokens over `world_size` processes; else the largest
+    smaller whole number of sequences that does, so that `torchrun --nproc_per_node=N` works without
+    overrides. The tokens of every step stay the same."""
     t = cfg.train
     chunks = t.global_batch_tokens // t.micro_batch_tokens
     if cfg.data.loader == "documents" and chunks % world_size:
@@ -66,7 +52,8 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
             f"data.loader=documents: the {chunks} rows of a step (train.global_batch_tokens / "
             f"train.micro_batch_tokens) cannot be split over {world_size} processes"
         )
-    if t.global_batch_tokens % (world_size * t.micro_batch_tokens) == 0:
+    per_round = world_size * t.micro_batch_tokens
+    if t.global_batch_tokens % per_round == 0 and t.val_tokens % per_round == 0:
         return t.micro_batch_tokens
     sequences = t.global_batch_tokens // t.seq_len
     for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
