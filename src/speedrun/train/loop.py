@@ -28,7 +28,7 @@ from speedrun.model.summary import model_summary
 from speedrun.train import distributed
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
-from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report
@@ -47,7 +47,7 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
         model = GPT(cfg.model)
     c = cfg.train.compile
     train_model = torch.compile(model) if c == "on" or (c == "auto" and ctx.device.type == "cuda") else model
-    if ctx.distributed:
+    if ctx.distributed and not sharded_optimizer(cfg):  # the 2025–26 optimizer communicates itself
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             train_model = DDP(
