@@ -266,6 +266,18 @@ class ShardedNorMuonAdam:
             self.state[names[self.embed]][key].copy_(self.state[names[self.head]][key])
         self.tied = False
 
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (its shards and the replicated rows)."""
+        return sum(t.numel() * t.element_size() for st in self.state.values() for t in st.values())
+
+    def describe(self) -> str:
+        sharded, matrices = sum(r.sharded for r in self.rows), sum(b.size for b in self.banks)
+        return (
+            f"optimizer: NorMuon on {matrices} matrices in {len(self.banks)} banks + Adam "
+            f"on {len(self.adam_rows)} tensors; {sharded} of {len(self.rows)} sharded over {self.world} "
+            f"processes; optimizer state {self.state_bytes():,} bytes per process"
+        )
+
     # ---- world-size independent state ----
     def state_dict(self) -> dict[str, Any]:
         """Full (gathered) state keyed by parameter name; a collective on every rank."""

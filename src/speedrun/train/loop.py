@@ -143,6 +143,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         compiled = train_model is not model
         run.log(model_summary(model, t.seq_len))
         optimizer = build_optimizer(model, cfg)
+        if optimizer.describe():
+            run.log(optimizer.describe())
         loader = open_loader(cfg, data, ctx)
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
         run.log(

@@ -46,6 +46,10 @@ class RunOptimizer:
         for opt in self.parts.values():
             opt.zero_grad(set_to_none=set_to_none)
 
+    def describe(self) -> str:
+        """A log line about the optimizer when it has one to say (the sharded table does)."""
+        return "\n".join(opt.describe() for opt in self.parts.values() if hasattr(opt, "describe"))
+
     def state_dict(self) -> dict[str, Any]:
         return {kind: opt.state_dict() for kind, opt in self.parts.items()}
 
