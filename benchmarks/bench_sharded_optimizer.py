@@ -86,7 +86,11 @@ def old_path(recipe: str, world: int) -> dict[str, int]:
         for t in s.values()
         if torch.is_tensor(t)
     )
+    counter = OpCounter()
+    with counter, torch.no_grad():
+        opt.step()  # one process: no all-gather (steady state: buffers exist)
     return {
+        "ops": sum(counter.ops.values()),
         "all_reduce": 2 * (world - 1) * grads // world,
         "all_gather": (world - 1) * gather // world,
         "state": state,
@@ -135,13 +139,15 @@ def main() -> None:
         parts = " + ".join(f"{k} {v / mb:,.1f} MiB" for k, v in sorted(sent.items()))
         print(f"  new  ({name}) {parts} = {sum(sent.values()) / mb:,.1f} MiB")
     mean = sum(sum(s.values()) for s in new["steps"]) / 2
-    print(f"  new  mean over two steps {mean / mb:,.1f} MiB = {mean / old_total:.2f}x old")
+    ratio = f" = {mean / old_total:.2f}x old" if old_total else ""
+    print(f"  new  mean over two steps {mean / mb:,.1f} MiB{ratio}")
     print(
         f"optimizer state per process: old {old['state'] / mb:,.1f} MiB (replicated), "
         f"new {new['state'] / mb:,.1f} MiB"
     )
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
-    print(f"aten ops per new optimizer step (rank 0, Adam step): {sum(ops.values())} ({top}, ...)")
+    print(f"aten ops per optimizer step: old (Muon + Adam, one process) {old['ops']}, ")
+    print(f"  new (rank 0 of {args.world}, Adam step) {sum(ops.values())} ({top}, ...)")
 
 
 if __name__ == "__main__":

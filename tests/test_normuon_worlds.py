@@ -36,10 +36,11 @@ SETTINGS = [
 
 # Bound: fp32, but a step's gradient is the mean of 4 micro-batch gradients summed in a different
 # association on each world size (((g1+g2)+g3)+g4 on one process, (g1+g2)+(g3+g4) on two, gloo's order
-# on four), and Polar Express runs in bf16, where such a last-bit difference can move a rounding;
-# measured differences stay below 1e-4 relative over 12 steps. A bypassed reduction (each rank
-# training on its own quarter of the batch) is off by more than 1e-2.
-REL = 2e-4
+# on four), and Polar Express runs in bf16, where such a last-bit difference can move a rounding and the
+# run amplifies it. Measured (1 vs 2 processes): 7e-8 relative after the first step, 4e-7 after the
+# second, growing to 4e-4 by step 7. So the first two losses must agree to 1e-6 (a bypassed or wrong
+# reduction changes the first update by far more) and every later one to 1e-3.
+EARLY, REL = 1e-6, 1e-3
 
 SHARED = pytest.mark.xdist_group("normuon_worlds")
 
@@ -71,10 +72,12 @@ def runs(text_data, tmp_path_factory) -> dict[int, Path]:
     return {n: train(root / f"w{n}", text_data, n) for n in (0, 2, 4)}
 
 
-def assert_same(a: list, b: list) -> None:
+def assert_same(a: list, b: list, first: int = 1) -> None:
+    """Same records; losses of steps first and first + 1 within EARLY, the rest within REL."""
     assert [x[:2] for x in a] == [x[:2] for x in b]
     for x, y in zip(a, b, strict=True):
-        assert y[2] == pytest.approx(x[2], rel=REL, abs=0), (x, y)
+        rel = EARLY if x[0] in (first, first + 1) and x[1] == "train" else REL
+        assert y[2] == pytest.approx(x[2], rel=rel, abs=0), (x, y)
 
 
 @pytest.mark.slow
@@ -100,4 +103,4 @@ def test_saved_on_two_resumes_on_one_and_four(runs, nproc, tmp_path):
             shutil.rmtree(path)
     proc = run_speedrun("train", "--resume", str(resumed), nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same(losses(runs[2]), losses(resumed))
+    assert_same(losses(runs[2]), losses(resumed), first=4)
