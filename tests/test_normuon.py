@@ -271,3 +271,61 @@ def test_state_dict_round_trip_continues_exactly():
     run(c, opt_c, grads[3:])
     for k in a:
         assert torch.equal(a[k], c[k]), k
+
+
+def test_one_normuon_step_composes_the_record_pieces_with_the_shape_multiplier():
+    """ShardedNorMuonAdam on a tall and a wide matrix (two banks) against the record's step in fp64:
+    Nesterov (lerp form) → Polar Express → NorMuon → cautious decay, lr·√max(1, rows/cols)."""
+    gen = torch.Generator().manual_seed(7)
+    tall = torch.nn.Parameter(torch.randn(96, 32, generator=gen) * 0.1)
+    wide = torch.nn.Parameter(torch.randn(32, 96, generator=gen) * 0.1)
+    opt = ShardedNorMuonAdam(
+        [Row("tall", tall, "normuon", "matrix", True), Row("wide", wide, "normuon", "matrix", True)],
+        {}, muon_lr=0.02, momentum=0.9, beta2=0.95, muon_weight_decay=1.2,
+    )  # fmt: skip
+    start = {"tall": tall.detach().double().clone(), "wide": wide.detach().double().clone()}
+    grads = {"tall": torch.randn(96, 32, generator=gen), "wide": torch.randn(32, 96, generator=gen)}
+    tall.grad, wide.grad = grads["tall"].clone(), grads["wide"].clone()
+    opt.step()
+    for name, p in (("tall", tall), ("wide", wide)):
+        g = grads[name].double()
+        buf = torch.zeros_like(g) + (g - 0) * (1 - 0.9)  # lerp(0, g, 0.1)
+        d = g + (buf - g) * 0.9  # lerp(g, buf, 0.9)
+        v = record_polar_express_fp64(d)
+        v, _ = record_normuon_fp64(
+            v, torch.zeros(second_moment_shape(tuple(g.shape)), dtype=torch.float64), 0.95
+        )
+        rows, cols = g.shape
+        lr = 0.02 * max(1.0, rows / cols) ** 0.5
+        w = start[name]
+        want = w - w * ((v * w) >= 0) * (1.2 * 0.02) * lr - v * lr
+        delta, want_delta = p.detach().double() - w, want - w
+        assert (delta - want_delta).norm() / want_delta.norm() < 4e-2, name  # bf16 Polar Express
+
+
+def test_the_new_switches_are_checked_at_the_edge():
+    from speedrun.errors import ConfigError
+    from speedrun.recipes import load_recipe
+
+    with pytest.raises(ConfigError, match="optim.name=normuon"):
+        load_recipe("demo", ["optim.adam_every=2"])
+    with pytest.raises(ConfigError, match="tie_embeddings=false"):
+        load_recipe("demo-normuon", ["model.zero_init_head=true"])
+    with pytest.raises(ConfigError, match="multiple of optim.adam_every"):
+        load_recipe("demo-normuon", ["optim.tie_until=93"])
+
+
+def test_schedule_gives_the_cooldown_and_leaves_old_recipes_alone():
+    from speedrun.recipes import load_recipe
+    from speedrun.train.schedule import schedule_at
+
+    cfg = load_recipe("demo-normuon")
+    o, n = cfg.optim, cfg.train.steps
+    for step in range(n + 1):
+        want = record_momentum(step, n, 30, 6, 0.85, 0.95)
+        assert schedule_at(step, cfg).muon_momentum == pytest.approx(want, abs=1e-15)
+    assert o.muon_momentum_warmup_steps == 30 and o.muon_momentum_cooldown_steps == 6
+    demo = load_recipe("demo")  # no cooldown: the warm-up formula of before, bit for bit
+    for step in range(demo.train.steps + 1):
+        frac = min(1.0, step / 30)
+        assert schedule_at(step, demo).muon_momentum == (1 - frac) * 0.85 + frac * 0.95
