@@ -329,3 +329,28 @@ def test_schedule_gives_the_cooldown_and_leaves_old_recipes_alone():
     for step in range(demo.train.steps + 1):
         frac = min(1.0, step / 30)
         assert schedule_at(step, demo).muon_momentum == (1 - frac) * 0.85 + frac * 0.95
+
+
+def test_bf16_weights_step_exactly_like_fp32_through_the_mantissa_buffer():
+    """A bf16 matrix whose fp32 value lives in (bf16 bits, uint16 mantissa) follows the fp32 matrix fed
+    the same gradients bit for bit (#57): the bf16 weight is just the top half of the fp32 one."""
+    gen = torch.Generator().manual_seed(8)
+    start = (torch.randn(3, 48, 16, generator=gen) * 0.1).bfloat16()
+    p16, p32 = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.float())
+
+    def make(p):
+        return ShardedNorMuonAdam(
+            [Row("m", p, "normuon", "matrix", True)], {}, muon_lr=0.02, momentum=0.9, beta2=0.95,
+            muon_weight_decay=1.2,
+        )  # fmt: skip
+
+    o16, o32 = make(p16), make(p32)
+    for _ in range(4):
+        g = torch.randn(3, 48, 16, generator=gen).bfloat16()
+        p16.grad, p32.grad = g.clone(), g.float()
+        o16.step()
+        o32.step()
+    mantissa = o16.state["bank:48x16:bfloat16"]["mantissa"]
+    rebuilt = join_fp32(p16.detach().view(torch.uint16), mantissa)
+    assert torch.equal(rebuilt.view(torch.int32), p32.detach().view(torch.int32))
+    assert not torch.equal(p16.detach().float(), p32.detach())  # bf16 alone would have lost bits
