@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from speedrun.train import checkpoint as ckpt
-from tests.conftest import TINY, read_metrics, run_speedrun
+from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command
 
 SETTINGS = [
     *TINY,
@@ -59,8 +60,16 @@ def state_bytes(run: Path) -> int:
     return int(m.group(1).replace(",", ""))
 
 
+def launch(*args: str, nproc: int) -> subprocess.CompletedProcess:
+    """run_speedrun, with a longer limit for torchrun: on a loaded 2-core host, 4 processes start up
+    (imports, the MFU matmul-peak measurement) in about 400 s."""
+    if not nproc:
+        return run_speedrun(*args)
+    return subprocess.run(speedrun_command(*args, nproc=nproc), capture_output=True, text=True, timeout=1500)
+
+
 def train(out: Path, data: Path, nproc: int) -> Path:
-    proc = run_speedrun(
+    proc = launch(
         "train", "--recipe", "demo-normuon", "--out", str(out), f"data.dir={data}", *SETTINGS, nproc=nproc
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -102,6 +111,6 @@ def test_saved_on_two_resumes_on_one_and_four(runs, nproc, tmp_path):
     for path in ckpt.list_checkpoints(resumed):
         if ckpt.checkpoint_step(path) > 3:
             shutil.rmtree(path)
-    proc = run_speedrun("train", "--resume", str(resumed), nproc=nproc)
+    proc = launch("train", "--resume", str(resumed), nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(losses(runs[2]), losses(resumed), first=4)
