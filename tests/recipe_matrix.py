@@ -21,7 +21,7 @@ from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.distributed import teardown
-from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 
@@ -85,7 +85,8 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
     """K steps of the shrunk recipe through the training step; the mean loss of each global batch."""
     cfg = shrunk(name)
     model, optimizer = build(cfg)
-    ddp = DDP(model, broadcast_buffers=False, gradient_as_bucket_view=True) if world > 1 else model
+    wrap = world > 1 and not sharded_optimizer(cfg)  # the 2025–26 optimizer communicates itself
+    ddp = DDP(model, broadcast_buffers=False, gradient_as_bucket_view=True) if wrap else model
     accum = MICRO // world
     losses = []
     for step in range(STEPS):

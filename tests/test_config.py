@@ -210,7 +210,7 @@ def test_string_choices_come_from_the_literal_types():
     from speedrun import config
 
     assert not hasattr(config, "CHOICES")
-    assert config.choices("optim.name") == ("adamw", "muon")
+    assert config.choices("optim.name") == ("adamw", "muon", "normuon")
     assert config.choices("data.source") is None  # free-form
     for section, cls in config._sections().items():
         for f in dataclasses.fields(cls):

@@ -144,8 +144,9 @@ class DataConfig:
 class OptimConfig:
     """Optimizer choice and hyperparameters. Learning rates are peak values before the schedule."""
 
-    # "adamw" (one AdamW for everything) | "muon" (Muon matrices + Adam rest)
-    name: Literal["adamw", "muon"] = "adamw"
+    # "adamw" (one AdamW for everything) | "muon" (Muon matrices + Adam rest) | "normuon" (the
+    # 2025–26 optimizer: one table-driven NorMuon + labelled Adam, sharded without DDP; optim/sharded.py)
+    name: Literal["adamw", "muon", "normuon"] = "adamw"
     # AdamW baseline
     lr: float = 6e-4
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
@@ -160,6 +161,7 @@ class OptimConfig:
     muon_backend: Literal["newton_schulz", "polar_express", "svd"] = "newton_schulz"
     muon_ns_steps: PosInt = 5
     muon_shape_scale: Literal["ratio", "max_dim", "rms", "none"] = "ratio"
+    muon_weight_decay: float = 0.0  # decoupled decay of the Muon matrices (cautious under name = "normuon")
     # Adam groups that go with Muon
     embed_lr: float = 0.3
     head_lr: float = 0.002
@@ -174,6 +176,20 @@ class OptimConfig:
     # runs bf16 fast, else fp32 (train/precision.py)
     muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     muon_scale_in_bf16: bool = False  # multiply the bf16 update by its shape scale in bf16 (10-17 … 12-04)
+    # momentum cools down from muon_momentum to muon_momentum_start over the last N steps (#39: 50)
+    muon_momentum_cooldown_steps: int = 0
+    # --- name = "normuon" only (docs/recipes.md, "The optimizer table"); muon_weight_decay is then
+    # cautious with factor wd·lr·lr_eff, and Adam's decay cautious with factor lr²·wd·multiplier ---
+    normuon_beta2: Fraction = 0.95  # EMA of the row/column mean squares (#41; HEAD 0.9); 0 = plain Muon
+    adam_every: PosInt = 1  # Adam steps every N-th step, its gradients summed over the N (#39: 2)
+    adam_weight_decay: float = 0.0  # cautious decoupled decay of embeddings and head (#50: 0.005)
+    embed_betas: tuple[Beta, Beta] = (0.5, 0.95)  # token embedding and head (#52/#56)
+    value_embed_betas: tuple[Beta, Beta] = (0.75, 0.95)
+    scalar_betas: tuple[Beta, Beta] = (0.9, 0.99)
+    embed_wd_mul: float = 150.0  # multipliers of adam_weight_decay per label (HEAD's wd_mul)
+    value_embed_wd_mul: float = 5.0
+    value_embed_lr: float = 0.0  # 0 = embed_lr
+    tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
 
 
 @dataclass

@@ -81,6 +81,7 @@ def cross_field_checks(cfg: Config) -> None:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
     _validate_model_switches(m)
+    _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
         raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
     budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
@@ -184,3 +185,25 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+
+
+def _validate_normuon(cfg: Config) -> None:
+    """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
+    o, m = cfg.optim, cfg.model
+    if o.name != "normuon":
+        if o.adam_every != 1 or o.tie_until:
+            raise ConfigError("optim.adam_every and optim.tie_until need optim.name=normuon")
+        return
+    if o.grad_clip > 0:
+        raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
+    if o.tie_until:
+        if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
+            raise ConfigError(
+                "optim.tie_until needs model.tie_embeddings=false, zero_init_head=false, pad_embeddings=true "
+                "and embed_dtype=fp32 (the optimizer ties two separate matrices of one shape)"
+            )
+        if o.tie_until % o.adam_every:
+            raise ConfigError(
+                f"optim.tie_until ({o.tie_until}) must be a multiple of optim.adam_every ({o.adam_every}): "
+                "the untie step must be one where Adam steps"
+            )

@@ -30,7 +30,7 @@ from speedrun.train.budget import PROBE_STEPS, budget_steps
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.host_fit import MeasuredCompile, size_to_host
-from speedrun.train.optimizers import RunOptimizer, build_optimizer
+from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.progress import Progress
@@ -55,7 +55,7 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
         train_model = torch.compile(model, dynamic=False, fullgraph=True)
     else:
         train_model = model
-    if ctx.distributed:
+    if ctx.distributed and not sharded_optimizer(cfg):  # the 2025–26 optimizer communicates itself
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             train_model = DDP(
@@ -184,6 +184,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(model_summary(model, t.seq_len))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
+        if optimizer.describe():
+            run.log(optimizer.describe())
         loader = open_loader(cfg, data, ctx)
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(rcfg), cfg.optim.grad_clip
         run.log(

@@ -10,6 +10,8 @@ import torch
 from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.sharded import ShardedNorMuonAdam
+from speedrun.optim.table import adam_labels, build_rows
 from speedrun.train.precision import fast_bf16
 
 
@@ -18,13 +20,14 @@ class RunOptimizer:
 
     Every param group is tagged with its `kind` ("adam" or "muon": what the schedule may set in it) and
     its peak LR `initial_lr`. Parts step in insertion order (Adam first, then Muon, as the records do).
+    The "table" part (optim/sharded.py, the 2025–26 optimizer) tags its own groups.
     """
 
-    def __init__(self, parts: dict[str, torch.optim.Optimizer]):
+    def __init__(self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam]):
         self.parts = parts
         for kind, opt in parts.items():
             for group in opt.param_groups:
-                group["kind"] = kind
+                group.setdefault("kind", kind)
                 group["initial_lr"] = group["lr"]
 
     @property
@@ -43,6 +46,10 @@ class RunOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
             opt.zero_grad(set_to_none=set_to_none)
+
+    def describe(self) -> str:
+        """A log line about the optimizer when it has one to say (the sharded table does)."""
+        return "\n".join(opt.describe() for opt in self.parts.values() if hasattr(opt, "describe"))
 
     def state_dict(self) -> dict[str, Any]:
         return {kind: opt.state_dict() for kind, opt in self.parts.items()}
@@ -82,6 +89,8 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
     ]
     for name, p in roles["matrix"]:
         set_muon_split(p, qkv_parts(name, cfg))
+    if o.name == "normuon":
+        return RunOptimizer({"table": build_table_optimizer(model, cfg)})
     muon = Muon(
         [p for _, p in roles["matrix"]],
         lr=o.muon_lr,
@@ -90,6 +99,7 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
         shape_scale=o.muon_shape_scale,
+        weight_decay=o.muon_weight_decay,
         momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
         scale_in_update_dtype=o.muon_scale_in_bf16,
@@ -97,6 +107,47 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
     )
     adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
     return RunOptimizer({"adam": adam, "muon": muon})
+
+
+def sharded_optimizer(cfg: Config) -> bool:
+    """Whether the run's optimizer communicates itself (no DDP around the model)."""
+    return cfg.optim.name == "normuon"
+
+
+def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
+    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe.
+
+    With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
+    o = cfg.optim
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    rows = build_rows(model.param_roles(), world)
+    lrs = {
+        "embed": o.embed_lr,
+        "head": o.head_lr,
+        "scalar": o.scalar_lr,
+        "value_embed": o.value_embed_lr or o.embed_lr,
+    }
+    tie = None
+    if o.tie_until:
+        embed, head = model.wte.weight, model.lm_head.weight
+        assert embed.shape == head.shape, "config checks guarantee one shape"
+        with torch.no_grad():
+            embed.copy_(head)
+        tie = (embed, head, o.tie_until)
+    start = o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum
+    return ShardedNorMuonAdam(
+        rows,
+        adam_labels(o, lrs),
+        muon_lr=o.muon_lr,
+        momentum=start,
+        beta2=o.normuon_beta2,
+        muon_weight_decay=o.muon_weight_decay,
+        backend=o.muon_backend,
+        ns_steps=o.muon_ns_steps,
+        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, model.lm_head.weight.device),
+        adam_every=o.adam_every,
+        tie=tie,
+    )
 
 
 def muon_ns_dtype(asked: str, device: torch.device | None) -> torch.dtype:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
+from speedrun.optim.normuon import momentum_at
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,19 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
     return w if floor == 0 else w + (1 - w) * floor
 
 
-def muon_momentum(step: int, cfg: OptimConfig) -> float:
-    """Muon momentum, warmed up linearly from `muon_momentum_start` to `muon_momentum`."""
+def muon_momentum(step: int, cfg: OptimConfig, total_steps: int = 0) -> float:
+    """Muon momentum, warmed up linearly from `muon_momentum_start` to `muon_momentum` (and, with a
+    cooldown, back down over the last steps of `total_steps`: optim/normuon.momentum_at)."""
+    if cfg.muon_momentum_cooldown_steps > 0:
+        o = cfg
+        return momentum_at(
+            step,
+            total_steps,
+            o.muon_momentum_warmup_steps,
+            o.muon_momentum_cooldown_steps,
+            o.muon_momentum_start,
+            o.muon_momentum,
+        )
     if cfg.muon_momentum_warmup_steps <= 0:
         return cfg.muon_momentum
     frac = min(1.0, step / cfg.muon_momentum_warmup_steps)
@@ -90,7 +102,7 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
     last = max(0, cfg.train.steps - 1)
     return StepSchedule(
         lr=lr_multiplier(min(step, last), cfg.train),
-        muon_momentum=muon_momentum(step, cfg.optim),
+        muon_momentum=muon_momentum(step, cfg.optim, cfg.train.steps),
         window=window_tokens(step, cfg.train.steps, cfg.model),
     )
 

@@ -1,0 +1,351 @@
+"""One optimizer for the whole model, sharded over the processes without DDP (modded-nanogpt HEAD's
+NorMuonAndAdam, records #22–#24, #36, #44, #61): NorMuon on the block matrices, labelled cautious
+Adam on the rest, as the table (optim/table.py) says.
+
+A step, on every rank, in a fixed order (so the collectives match across ranks):
+1. reductions are launched, all asynchronous: each bank's stacked gradients (padded to a multiple of
+   the world size) and each sharded Adam gradient are reduce-scattered along dim 0, every replicated
+   gradient is all-reduced;
+2. updates run small first (replicated Adam, sharded Adam, then the banks, largest first), each on
+   this rank's shard only, and each shard's new weights are all-gathered asynchronously;
+3. the gathers are waited for and written into the parameters.
+Optimizer state exists only for the shard a rank owns. With one process nothing is communicated and
+the shard is everything. The order is fixed up front rather than driven by backward hooks, as HEAD
+does since #61: the reductions start as soon as the step begins and overlap the small updates.
+
+Every other step Adam (``adam_every`` = 2, #39): on the skipped step its gradients are kept, not
+communicated; the next step adds them in. Tied, then untied (#51, #53): while tied the embedding's
+gradient is added into the head's, only the head is updated and the embedding copied from it; at the
+untie step the head's Adam state is copied to the embedding.
+
+State dicts are independent of the world size: ``state_dict`` gathers every shard (a collective:
+call it on all ranks) and averages the kept Adam gradients; ``load_state_dict`` takes this rank's
+slice. A run saved on 2 processes resumes on 1 or 4.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
+from speedrun.optim.normuon import (
+    cautious_step,
+    join_fp32,
+    nesterov_,
+    normuon_normalize_,
+    second_moment_shape,
+    split_fp32,
+)
+from speedrun.optim.orthogonalize import orthogonalize
+from speedrun.optim.table import Bank, Row, blocks, build_banks
+
+STATE_FORMAT = "sharded-normuon-adam-1"
+
+
+class Collectives:
+    """The three collectives the optimizer uses, asynchronous; a subclass counts bytes (benchmarks)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        on = dist.is_available() and dist.is_initialized()
+        self.world = dist.get_world_size(group) if on else 1
+        self.rank = dist.get_rank(group) if on else 0
+
+    def reduce_scatter(self, out: Tensor, inp: Tensor) -> Any:
+        return dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def all_reduce(self, t: Tensor) -> Any:
+        return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+    def all_gather(self, out: Tensor, inp: Tensor) -> Any:
+        return dist.all_gather_into_tensor(out, inp, group=self.group, async_op=True)
+
+
+class ShardedNorMuonAdam:
+    """NorMuon + labelled Adam from one table; see the module docstring. ``param_groups`` has one group
+    per label ({"kind": "muon"|"adam", "label", "lr", "momentum"}) for the schedule to write."""
+
+    def __init__(
+        self,
+        rows: list[Row],
+        adam: dict[str, AdamLabel],
+        muon_lr: float,
+        momentum: float,
+        beta2: float,
+        muon_weight_decay: float,
+        backend: str = "polar_express",
+        ns_dtype: torch.dtype = torch.bfloat16,
+        ns_steps: int = 5,
+        adam_every: int = 1,
+        tie: tuple[Tensor, Tensor, int] | None = None,
+        comms: Collectives | None = None,
+    ) -> None:
+        self.comms = comms or Collectives()
+        self.world, self.rank = self.comms.world, self.comms.rank
+        self.rows = rows
+        self.banks = build_banks(rows, self.world)
+        self.adam_rows = [r for r in rows if r.rule == "adam"]
+        self.adam = adam
+        self.beta2, self.muon_wd, self.backend, self.ns_steps = beta2, muon_weight_decay, backend, ns_steps
+        self.ns_dtype = ns_dtype  # bf16 as the records; fp32 where the device runs bf16 slowly
+        self.adam_every = adam_every
+        self.embed, self.head, self.tie_until = tie if tie else (None, None, 0)
+        self.tied = self.tie_until > 0
+        self.param_groups: list[dict[str, Any]] = []
+        if self.banks:
+            params = [r.param for r in rows if r.rule == "normuon"]
+            self.param_groups.append(
+                dict(kind="muon", label="matrix", lr=muon_lr, momentum=momentum, params=params)
+            )
+        for label in adam:
+            params = [r.param for r in self.adam_rows if r.label == label]
+            if params:
+                self.param_groups.append(dict(kind="adam", label=label, lr=adam[label].lr, params=params))
+        self.steps_done = 0
+        self.adam_steps = 0
+        self.kept: dict[str, Tensor] = {}  # Adam gradients carried over a skipped step (this rank's)
+        self.state: dict[str, dict[str, Tensor]] = {}
+        self._init_state()
+
+    # ---- state: only what this rank owns ----
+    def _init_state(self) -> None:
+        for bank in self.banks:
+            shape = (bank.per_rank, *bank.shape)
+            st = {"momentum": torch.zeros(shape), "second_moment": torch.zeros(second_moment_shape(shape))}
+            if bank.dtype == torch.bfloat16:
+                st["mantissa"] = torch.zeros(shape, dtype=torch.uint16)
+            device = bank.members[0][0].param.device
+            self.state[self._bank_key(bank)] = {k: v.to(device) for k, v in st.items()}
+        for row in self.adam_rows:
+            shard = self._adam_shard(row)
+            zeros = torch.zeros(shard.shape, dtype=torch.float32, device=shard.device)
+            self.state[row.name] = {"exp_avg": zeros, "exp_avg_sq": zeros.clone()}
+
+    @staticmethod
+    def _bank_key(bank: Bank) -> str:
+        return f"bank:{bank.shape[0]}x{bank.shape[1]}:{str(bank.dtype).removeprefix('torch.')}"
+
+    def _row_sharded(self, row: Row) -> bool:
+        return row.sharded and self.world > 1
+
+    def _adam_shard(self, row: Row) -> Tensor:
+        """The rows of an Adam parameter this rank updates (all of them when replicated)."""
+        if not self._row_sharded(row):
+            return row.param.data
+        size = row.param.shape[0] // self.world
+        return row.param.data[self.rank * size : (self.rank + 1) * size]
+
+    def parameters(self):
+        for row in self.rows:
+            yield row.param
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for row in self.rows:
+            row.param.grad = None
+
+    def _group(self, label: str) -> dict[str, Any]:
+        return next(g for g in self.param_groups if g["label"] == label)
+
+    # ---- the step ----
+    @torch.no_grad()
+    def step(self) -> None:
+        do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        self._carry_adam_grads(do_adam)
+        if self.tied and do_adam and self.embed.grad is not None:
+            self.head.grad.add_(self.embed.grad)
+            self.embed.grad = None
+        active = [r for r in self.adam_rows if do_adam and r.param.grad is not None]
+        # 1. launch every reduction, banks first (largest), in the same order on every rank
+        bank_work = [(bank, *self._reduce_bank(bank)) for bank in self.banks]
+        adam_work = [(row, *self._reduce_adam(row)) for row in active]
+        # 2. updates, small first; gathers start as each shard is done
+        if do_adam:
+            self.adam_steps += 1
+        gathers = []
+        for row, grad, work in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
+            if work is not None:
+                work.wait()
+                grad.div_(self.world)
+            hp = self.adam[row.label]
+            shard = self._adam_shard(row)
+            st = self.state[row.name]
+            lr = self._group(row.label)["lr"]
+            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], self.adam_steps, lr, hp)
+            if self._row_sharded(row):
+                gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
+        for bank, grads, work in bank_work:
+            if work is not None:
+                work.wait()
+                grads.div_(self.world)
+            gathers.append(self._update_bank(bank, grads))
+        # 3. write the gathered weights
+        for bank, gathered, work in gathers:
+            if work is not None:
+                work.wait()
+            if bank is not None:
+                self._write_bank(bank, gathered)
+        if self.tied and do_adam:
+            self.embed.data.copy_(self.head.data)
+        self.steps_done += 1
+        if self.tied and self.steps_done >= self.tie_until:
+            self._untie()
+
+    def _carry_adam_grads(self, do_adam: bool) -> None:
+        """Keep Adam gradients over a skipped step (summed, as HEAD's grads that are not cleared)."""
+        for row in self.adam_rows:
+            p, kept = row.param, self.kept.pop(row.name, None)
+            if kept is not None:
+                p.grad = kept if p.grad is None else p.grad.add_(kept)
+            if not do_adam and p.grad is not None:
+                self.kept[row.name] = p.grad
+                p.grad = None
+
+    def _reduce_bank(self, bank: Bank) -> tuple[Tensor, Any]:
+        grads = [blocks(row.param.grad, row.param)[i] for row, i in bank.members]
+        if self.world == 1:
+            return torch.stack(grads), None
+        stacked = torch.zeros((bank.padded, *bank.shape), dtype=grads[0].dtype, device=grads[0].device)
+        torch.stack(grads, out=stacked[: bank.size])
+        out = torch.empty((bank.per_rank, *bank.shape), dtype=stacked.dtype, device=stacked.device)
+        return out, self.comms.reduce_scatter(out, stacked)
+
+    def _reduce_adam(self, row: Row) -> tuple[Tensor, Any]:
+        g = row.param.grad
+        if self.world == 1:
+            return g, None
+        if not self._row_sharded(row):
+            return g, self.comms.all_reduce(g)
+        out = torch.empty((g.shape[0] // self.world, *g.shape[1:]), dtype=g.dtype, device=g.device)
+        return out, self.comms.reduce_scatter(out, g.contiguous())
+
+    def _update_bank(self, bank: Bank, grads: Tensor) -> tuple[Bank, Tensor, Any]:
+        """NorMuon on this rank's matrices of the bank; returns (bank, new weights, gather work)."""
+        group = self._group("matrix")
+        lr = group["lr"] * bank.lr_multiplier
+        st = self.state[self._bank_key(bank)]
+        owned = bank.owned(self.rank)
+        k = len(owned)
+        new = torch.empty((bank.per_rank, *bank.shape), dtype=bank.dtype, device=grads.device)
+        if k:
+            mine = [bank.members[j] for j in owned]
+            d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
+            v = orthogonalize(d, self.backend, self.ns_steps, dtype=self.ns_dtype)
+            if self.beta2 > 0:
+                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2)
+            weights = torch.stack([blocks(row.param.data, row.param)[i] for row, i in mine])
+            mantissa = st.get("mantissa")
+            w32 = (
+                join_fp32(weights.view(torch.uint16), mantissa[:k])
+                if mantissa is not None
+                else weights.float()
+            )
+            w32 = cautious_step(w32, v, lr, self.muon_wd * group["lr"])
+            if mantissa is not None:
+                high, low = split_fp32(w32)
+                mantissa[:k].copy_(low)
+                new[:k].copy_(high.view(torch.bfloat16))
+            else:
+                new[:k].copy_(w32)
+        new[k:].zero_()
+        if self.world == 1:
+            return bank, new, None
+        out = torch.empty((bank.padded, *bank.shape), dtype=bank.dtype, device=grads.device)
+        return bank, out, self.comms.all_gather(out, new)
+
+    @staticmethod
+    def _write_bank(bank: Bank, gathered: Tensor) -> None:
+        dst = [blocks(row.param.data, row.param)[i] for row, i in bank.members]
+        torch._foreach_copy_(dst, list(gathered[: bank.size].unbind(0)))
+
+    def _untie(self) -> None:
+        """The embedding continues from the head's weights and Adam state (shards align: same shape)."""
+        names = {r.param: r.name for r in self.adam_rows}
+        for key in ("exp_avg", "exp_avg_sq"):
+            self.state[names[self.embed]][key].copy_(self.state[names[self.head]][key])
+        self.tied = False
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (its shards and the replicated rows)."""
+        return sum(t.numel() * t.element_size() for st in self.state.values() for t in st.values())
+
+    def describe(self) -> str:
+        sharded, matrices = sum(r.sharded for r in self.rows), sum(b.size for b in self.banks)
+        return (
+            f"optimizer: NorMuon on {matrices} matrices in {len(self.banks)} banks + Adam "
+            f"on {len(self.adam_rows)} tensors; {sharded} of {len(self.rows)} sharded over {self.world} "
+            f"processes; optimizer state {self.state_bytes():,} bytes per process"
+        )
+
+    # ---- world-size independent state ----
+    def state_dict(self) -> dict[str, Any]:
+        """Full (gathered) state keyed by parameter name; a collective on every rank."""
+        params: dict[str, dict[str, Tensor]] = {}
+        for bank in self.banks:
+            full = {k: self._gather(v) for k, v in self.state[self._bank_key(bank)].items()}
+            slots: dict[str, list[int]] = {}  # a param's blocks are consecutive members of its bank
+            for j, (row, _) in enumerate(bank.members):
+                slots.setdefault(row.name, []).append(j)
+            for name, index in slots.items():
+                params[name] = {k: v[index] for k, v in full.items()}
+        for row in self.adam_rows:
+            st = self.state[row.name]
+            params[row.name] = {
+                k: self._gather(v) if self._row_sharded(row) else v.clone() for k, v in st.items()
+            }
+        kept = {}  # each rank keeps its own local gradients over a skipped step: store their mean
+        for name, g in self.kept.items():  # the same names on every rank
+            g = g.clone()
+            if self.world > 1:
+                self.comms.all_reduce(g).wait()
+                g.div_(self.world)
+            kept[name] = g
+        return {
+            "format": STATE_FORMAT,
+            "steps_done": self.steps_done,
+            "adam_steps": self.adam_steps,
+            "tied": self.tied,
+            "params": params,
+            "kept": kept,
+        }
+
+    def _gather(self, shard: Tensor) -> Tensor:
+        if self.world == 1:
+            return shard.clone()
+        out = torch.empty(
+            (shard.shape[0] * self.world, *shard.shape[1:]), dtype=shard.dtype, device=shard.device
+        )
+        self.comms.all_gather(out, shard.contiguous()).wait()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"optimizer state is not {STATE_FORMAT}")
+        params = state["params"]
+        missing = sorted({r.name for r in self.rows} - set(params))
+        if missing:
+            raise ValueError(f"optimizer state has no entry for {missing[0]}")
+        for bank in self.banks:
+            st = self.state[self._bank_key(bank)]
+            for k, v in st.items():
+                full = [params[row.name][k][i] for row, i in bank.members]
+                for slot, j in enumerate(bank.owned(self.rank)):
+                    v[slot].copy_(full[j])
+        for row in self.adam_rows:
+            st, saved = self.state[row.name], params[row.name]
+            for k, v in st.items():
+                size = v.shape[0]
+                src = (
+                    saved[k][self.rank * size : (self.rank + 1) * size]
+                    if self._row_sharded(row)
+                    else saved[k]
+                )
+                v.copy_(src)
+        self.steps_done, self.adam_steps, self.tied = state["steps_done"], state["adam_steps"], state["tied"]
+        self.kept = {name: g.to(self._param(name).device).clone() for name, g in state["kept"].items()}
+
+    def _param(self, name: str) -> Tensor:
+        return next(r.param for r in self.rows if r.name == name)
