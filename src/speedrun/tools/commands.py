@@ -11,6 +11,7 @@ import math
 import sys
 from pathlib import Path
 
+from speedrun.atomic import check_replaceable
 from speedrun.errors import ConfigError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
@@ -135,6 +136,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
+    if args.plot is not None:
+        check_replaceable(args.plot)  # before the work: a link or FIFO there is refused, not replaced
     runs = [load_run(p) for p in args.runs]
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
@@ -190,6 +193,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _positive("--steps", args.steps)
     if args.warmup < 0:
         raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
+    if args.json is not None:
+        check_replaceable(args.json)
     cfg = load_recipe(args.recipe, args.overrides)
     if cfg.train.device != "auto" and args.device == "auto":
         args.device = cfg.train.device

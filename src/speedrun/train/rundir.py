@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.atomic import write_atomic
+from speedrun.atomic import open_regular, write_atomic
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 
@@ -93,7 +93,7 @@ def _never_started(path: Path, entries: list[str]) -> bool:
 
 def _lock(path: Path) -> int:
     """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = open_regular(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # a link here must not be truncated
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -173,7 +173,7 @@ class RunDir:
             raise
 
     def _open(self, name: str) -> int:
-        return os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        return open_regular(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def _append(self, fd: int, name: str, text: str) -> None:
         data = text.encode("utf-8")

@@ -1,0 +1,128 @@
+"""Bad inputs and faults of the third adversarial round (docs/bad-inputs.md, third table): nothing we
+do not own is lost or written through, nothing is silently wrong, and every mistake is one line."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from speedrun import atomic
+from speedrun.errors import SpeedrunError
+from tests.conftest import run_speedrun
+from tests.test_bad_inputs_more import FAST, one_line
+
+
+@pytest.fixture(scope="module")
+def finished(text_data, tmp_path_factory) -> Path:
+    """A finished tiny run with a checkpoint at every step (read-only: tests copy it to change it)."""
+    out = tmp_path_factory.mktemp("round3") / "run"
+    proc = run_speedrun(
+        "train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.checkpoint_every=1"
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def copy_run(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    return dest
+
+
+# ------------------------------------------------------------------------- the one rule for our files
+
+
+def _specials(tmp_path: Path) -> dict[str, Path]:
+    """A symbolic link to a file of the user's, a FIFO and (where mknod is allowed) a device node."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's file\n")
+    out = {"link": tmp_path / "link"}
+    out["link"].symlink_to(precious)
+    out["fifo"] = tmp_path / "fifo"
+    os.mkfifo(out["fifo"])
+    try:
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        out["device"] = tmp_path / "null"
+    except OSError:
+        pass
+    return out
+
+
+def _untouched(tmp_path: Path, specials: dict[str, Path]) -> None:
+    assert (tmp_path / "precious.txt").read_text() == "the user's file\n"
+    assert specials["link"].is_symlink() and stat.S_ISFIFO(specials["fifo"].lstat().st_mode)
+    if "device" in specials:
+        assert stat.S_ISCHR(specials["device"].lstat().st_mode)
+
+
+def test_files_we_write_never_follow_or_replace_links_pipes_or_devices(tmp_path):
+    specials = _specials(tmp_path)
+    for kind, path in specials.items():
+        with pytest.raises(SpeedrunError, match=f"{path}: is a"):
+            atomic.write_atomic(path, b"ours")
+        with pytest.raises(SpeedrunError, match=f"{path}: is a"):
+            os.close(atomic.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+        assert kind in ("link", "fifo", "device")
+    _untouched(tmp_path, specials)
+    atomic.write_atomic(tmp_path / "plain.txt", b"ours")  # a regular file or a new name is written as before
+    os.close(atomic.open_regular(tmp_path / "plain.txt", os.O_WRONLY | os.O_APPEND))
+    assert (tmp_path / "plain.txt").read_bytes() == b"ours"
+    folder = tmp_path / "big-disk"
+    folder.mkdir()
+    (tmp_path / "to-folder").symlink_to(folder)
+    assert atomic.user_folder(tmp_path / "to-folder") == folder.resolve()  # followed: the user's chosen place
+    with pytest.raises(SpeedrunError, match="not a folder"):
+        atomic.user_folder(specials["link"])
+
+
+def test_compare_plot_and_bench_json_onto_a_link_or_fifo(finished, tmp_path):
+    specials = _specials(tmp_path)
+    for path in (specials["link"], specials["fifo"]):
+        one_line(run_speedrun("compare", str(finished), "--plot", str(path)), 1, f"{path}: is a")
+        one_line(
+            run_speedrun("bench", "--json", str(path), "--steps", "1", "--warmup", "0", *FAST), 1, "is a"
+        )
+    _untouched(tmp_path, specials)
+
+
+def test_resume_never_truncates_what_a_linked_lock_file_points_to(finished, tmp_path):
+    run = copy_run(finished, tmp_path / "run")
+    (run / ".speedrun.lock").unlink(missing_ok=True)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's file\n")
+    (run / ".speedrun.lock").symlink_to(precious)
+    one_line(run_speedrun("train", "--resume", str(run)), 1, ".speedrun.lock: is a symbolic link")
+    assert precious.read_text() == "the user's file\n"
+
+
+def test_prepare_into_a_link_to_a_folder_fills_the_folder_and_keeps_the_link(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " + "word " * 30}) + "\n" for i in range(50)))
+    disk = tmp_path / "big-disk" / "shards"
+    disk.mkdir(parents=True)
+    link = tmp_path / "data"
+    link.symlink_to(disk)
+    proc = run_speedrun("prepare", f"text:{src}", "--tokenizer", "bpe:300", "--data-dir", str(link))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and link.resolve() == disk.resolve()
+    assert (disk / "meta.json").is_file()
+    run_speedrun("prepare", f"text:{src}", "--tokenizer", "bpe:300", "--data-dir", str(link))
+    assert link.is_symlink() and (disk / "meta.json").is_file()  # prepared again: still the link
+
+
+def test_prepare_into_a_mount_point_fails_before_any_work(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        src = tmp_path / "docs.jsonl"
+        src.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(50)))
+        proc = run_speedrun("prepare", f"text:{src}", "--tokenizer", "bpe:300", "--data-dir", str(mnt))
+        one_line(proc, 1, "is a mount point", f"--data-dir {mnt / 'data'}")
+        assert "prepare text:" not in proc.stdout  # refused before tokenizing anything
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
