@@ -4,6 +4,7 @@ do not own is lost or written through, nothing is silently wrong, and every mist
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from speedrun import atomic
 from speedrun.errors import SpeedrunError
-from tests.conftest import run_speedrun
+from speedrun.train.checkpoint import list_checkpoints
+from tests.conftest import run_speedrun, speedrun_command, wait_for_metrics
 from tests.test_bad_inputs_more import FAST, one_line
 
 
@@ -126,3 +128,52 @@ def test_prepare_into_a_mount_point_fails_before_any_work(tmp_path):
         assert "prepare text:" not in proc.stdout  # refused before tokenizing anything
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
+
+
+# ----------------------------------------------------------------------------------------- signals
+
+
+def test_sighup_stops_cleanly_like_sigterm(text_data, tmp_path):
+    """A closed terminal or a dropped ssh sends SIGHUP: the run saves a checkpoint and says how to go on."""
+    out = tmp_path / "run"
+    overrides = [*FAST, "train.steps=400", "train.checkpoint_every=0", "train.log_every=1"]
+    args = speedrun_command("train", "--out", str(out), f"data.dir={text_data}", *overrides)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_metrics(out, 2, timeout_s=900)  # a loaded machine can take minutes to reach step 1
+    assert (out / "metrics.jsonl").read_text().count("\n") >= 2, "the run never reached its loop"
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGHUP, stderr
+    assert "stopped by SIGHUP" in stderr and f"--resume {out}" in stderr and "Traceback" not in stderr
+    assert list_checkpoints(out)  # the steps so far are saved
+
+
+# ------------------------------------------------------------------------------ prepared data folders
+
+
+def _edit_meta(folder: Path, edit) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta["splits"])
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_meta_json_that_trains_on_the_val_shards_is_refused(finished, data_copy, tmp_path):
+    val = json.loads((data_copy / "meta.json").read_text())["splits"]["val"]
+
+    def train_on_val(splits):
+        splits["train"]["shards"] += val["shards"]
+        splits["train"]["tokens"] += val["tokens"]  # counts agree with the headers: only the overlap is wrong
+
+    _edit_meta(data_copy, train_on_val)
+    proc = run_speedrun("train", "--out", str(tmp_path / "run"), f"data.dir={data_copy}", *FAST)
+    one_line(proc, 1, "meta.json", "listed under both train and val")
+    one_line(run_speedrun("eval", str(finished), "--data", str(data_copy)), 1, "listed under both")
+
+
+def test_meta_json_counts_must_agree_with_the_shard_headers(data_copy, tmp_path):
+    def inflate(splits):
+        splits["val"]["tokens"] *= 10
+
+    _edit_meta(data_copy, inflate)
+    proc = run_speedrun("train", "--out", str(tmp_path / "run"), f"data.dir={data_copy}", *FAST)
+    one_line(proc, 1, "meta.json", "says the val split holds", "its shards' headers hold")
