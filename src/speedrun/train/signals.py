@@ -37,7 +37,7 @@ class RunInterrupted(Stopped):
 
 
 class StopSignals:
-    """First SIGINT/SIGTERM/SIGHUP asks for a clean stop at the next step boundary; a second one exits at once."""
+    """The first stop signal asks for a clean stop at the next step boundary; a second exits at once."""
 
     def __init__(self, announce: bool = True) -> None:
         self.received: int | None = None
