@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,10 @@ from safetensors.torch import load_file, save_file
 
 from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError
+from speedrun.train.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 FILES = ("model.safetensors", "state.pt", "config.json")
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedrun-checkpoint"
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -45,21 +42,24 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint folder's name says it holds."""
-    m = _STEP_DIR.fullmatch(Path(path).name)
+    m = STEP_DIR.fullmatch(Path(path).name)
     if not m:
         raise DataError(f"{path}: not a checkpoint folder (expected a name like step_000100)")
     return int(m.group(1))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoint folders, oldest first (unfinished `.tmp` folders are ignored).
+    """Finished checkpoint folders, oldest first by the step number in their names, never by name
+    sort (`step_6` is older than `step_000008`, `step_1000000` newer than `step_999999`); unfinished
+    `.tmp` folders are ignored.
 
     Finished means renamed into place, not verified: `load_checkpoint` verifies, so that a damaged
     newest checkpoint is reported rather than silently passed over."""
     root = run_dir / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name))
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))
 
 
 def _fsync(path: Path) -> None:
