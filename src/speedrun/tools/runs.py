@@ -18,7 +18,12 @@ from speedrun.data.prepare import default_data_dir, load_meta, tokenizer_for_dat
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
-from speedrun.train.checkpoint import list_checkpoints, trained_tokenizer_hash
+from speedrun.train.checkpoint import (
+    damaged_message,
+    list_checkpoints,
+    trained_tokenizer_hash,
+    verify_checkpoint,
+)
 from speedrun.train.step import autocast, autocast_dtype
 
 
@@ -66,8 +71,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
-    """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint."""
+    """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint;
+    a checkpoint whose files disagree with its manifest is refused, as `--resume` refuses it."""
     ckpt = find_checkpoint(path)
+    if (problem := verify_checkpoint(ckpt)) is not None:
+        raise DataError(damaged_message(ckpt, problem))
     cfg = read_config(ckpt)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
