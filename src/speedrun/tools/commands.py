@@ -104,6 +104,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     _positive("--tokens", args.tokens)
     _positive("--limit", args.limit)
+    if args.limit is not None and args.hellaswag is None:
+        raise ConfigError("--limit counts HellaSwag examples: it needs --hellaswag (val loss reads --tokens)")
     device = resolve_device(args.device)
     model, cfg, ckpt = load_model(args.path, device)
     if args.hellaswag is not None:
@@ -166,6 +168,8 @@ def train_seeds(args: argparse.Namespace) -> int:
     recipe = DEFAULT_RECIPE if args.recipe is None else args.recipe
     configs = [load_recipe(recipe, [*args.overrides, f"train.seed={s}"]) for s in seeds]
     base = args.out or default_run_dir(configs[0].recipe)
+    if base.name in ("", ".", ".."):  # `--out .` or `/`: there is no folder name to add -seedS to
+        raise ConfigError(f"--out {base} with --seeds: name a folder (runs go into OUT-seedS beside it)")
     dirs = [base.with_name(f"{base.name}-seed{s}") for s in seeds]
     if args.dry_run:
         print(json.dumps(configs[0].to_dict(), indent=2))
