@@ -136,13 +136,13 @@ def test_prepare_into_a_mount_point_fails_before_any_work(tmp_path):
 def test_sighup_stops_cleanly_like_sigterm(text_data, tmp_path):
     """A closed terminal or a dropped ssh sends SIGHUP: the run saves a checkpoint and says how to go on."""
     out = tmp_path / "run"
-    overrides = [*FAST, "train.steps=400", "train.checkpoint_every=0", "train.log_every=1"]
+    overrides = [*FAST, "train.steps=400", "train.log_every=1", "train.dtype=fp32"]
     args = speedrun_command("train", "--out", str(out), f"data.dir={text_data}", *overrides)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_metrics(out, 2, timeout_s=900)  # a loaded machine can take minutes to reach step 1
     assert (out / "metrics.jsonl").read_text().count("\n") >= 2, "the run never reached its loop"
     proc.send_signal(signal.SIGHUP)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGHUP, stderr
     assert "stopped by SIGHUP" in stderr and f"--resume {out}" in stderr and "Traceback" not in stderr
     assert list_checkpoints(out)  # the steps so far are saved
@@ -177,3 +177,55 @@ def test_meta_json_counts_must_agree_with_the_shard_headers(data_copy, tmp_path)
     _edit_meta(data_copy, inflate)
     proc = run_speedrun("train", "--out", str(tmp_path / "run"), f"data.dir={data_copy}", *FAST)
     one_line(proc, 1, "meta.json", "says the val split holds", "its shards' headers hold")
+
+
+# ------------------------------------------------------------------------------- runs and checkpoints
+
+
+def test_the_newest_checkpoint_is_chosen_by_step_number(finished, tmp_path):
+    """Name sort put `step_6` after `step_000008` and `step_1000000` before `step_999999`; then
+    checkpoint_keep deleted the newest."""
+    from speedrun.train.checkpoint import list_checkpoints as listed
+
+    root = tmp_path / "run" / "checkpoints"
+    for name in ("step_999999", "step_6", "step_1000000", "step_000008"):
+        (root / name).mkdir(parents=True)
+    steps = [int(p.name.split("_")[1]) for p in listed(tmp_path / "run")]
+    assert steps == sorted(steps) == [6, 8, 999999, 1000000]
+
+
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_eval_and_sample_refuse_a_damaged_checkpoint(finished, tmp_path, command):
+    run = copy_run(finished, tmp_path / "run")
+    weights = run / "checkpoints" / "step_000003" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one changed byte in a weight: still loads, silently wrong
+    weights.write_bytes(bytes(data))
+    extra = ["--max-tokens", "2"] if command == "sample" else []
+    one_line(run_speedrun(command, str(run), *extra), 1, "step_000003 is damaged", "sha256")
+
+
+def test_eval_limit_without_hellaswag_is_refused(finished):
+    one_line(run_speedrun("eval", str(finished), "--limit", "5"), 2, "--limit", "needs --hellaswag")
+
+
+def test_resume_given_a_checkpoint_folder_names_the_run(finished, tmp_path):
+    run = copy_run(finished, tmp_path / "run")
+    ckpt = run / "checkpoints" / "step_000003"
+    before = sorted(p.name for p in ckpt.iterdir())
+    one_line(run_speedrun("train", "--resume", str(ckpt)), 2, "is a checkpoint of the run", f"--resume {run}")
+    assert sorted(p.name for p in ckpt.iterdir()) == before  # no lock, log or metrics written into it
+
+
+@pytest.mark.parametrize("where", ["checkpoints/step_000010", "checkpoints/step_000003/inner"])
+def test_a_new_run_is_never_made_inside_a_checkpoint(finished, tmp_path, text_data, where):
+    run = copy_run(finished, tmp_path / "run")
+    out = run / where
+    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *FAST)
+    one_line(proc, 2, "is inside the checkpoint")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out", [".", "/"])
+def test_seeds_with_an_out_that_has_no_name(out):
+    one_line(run_speedrun("train", "--seeds", "1,2", "--out", out, "--dry-run", *FAST), 2, "name a folder")
