@@ -74,9 +74,9 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     """(model in eval mode on `device`, its config, the checkpoint folder) for a run or checkpoint;
     a checkpoint whose files disagree with its manifest is refused, as `--resume` refuses it."""
     ckpt = find_checkpoint(path)
+    cfg = read_config(ckpt)
     if (problem := verify_checkpoint(ckpt)) is not None:
         raise DataError(damaged_message(ckpt, problem))
-    cfg = read_config(ckpt)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
     try:

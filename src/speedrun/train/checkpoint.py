@@ -167,7 +167,7 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"{MANIFEST} is missing"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({_first_line(e)})"
-    if manifest.get("step") != checkpoint_step(path):
+    if STEP_DIR.fullmatch(path.name) and manifest.get("step") != checkpoint_step(path):  # a renamed copy
         return f"{MANIFEST} is for step {manifest.get('step')}, the folder for {checkpoint_step(path)}"
     present = {p.name for p in path.iterdir()} - {MANIFEST}
     if missing := sorted(set(files) - present):
@@ -188,6 +188,8 @@ def verify_checkpoint(path: Path) -> str | None:
 def damaged_message(path: Path, problem: str) -> str:
     """Why `path` cannot be used, and exactly what the user can do instead."""
     path = Path(path)
+    if not STEP_DIR.fullmatch(path.name):  # a checkpoint copied out of its run under another name
+        return f"checkpoint {path} is damaged ({problem})"
     step = checkpoint_step(path)
     older = [p for p in list_checkpoints(path.parent.parent) if checkpoint_step(p) < step]
     intact = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
