@@ -74,7 +74,7 @@ def _train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
         ({"train_shards": ["../../elsewhere_train_000000.bin"]}, "not a .bin file name in this folder"),
         ({"train_shards": []}, "bad entry for split 'train'"),
         ({"train_tokens": -5}, "bad entry for split 'train'"),
-        ({"train_shards": "plus val"}, "listed as both train and val"),  # "held-out" loss on trained data
+        ({"train_shards": "plus val"}, "listed under both train and val"),  # "held-out" loss on trained data
     ],
 )
 def test_meta_json_with_impossible_values(data_copy, tmp_path, change, fragment):

@@ -198,7 +198,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
 @pytest.mark.slow
 def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path):
     """The whole path: DocumentLoader, validation rows, the loop; 2 gloo processes under torchrun."""
-    from speedrun.data.prepare import load_meta
+    from speedrun.data.meta import load_meta
 
     eot = load_meta(text_data)["eot_id"]
     tiny = [o for o in shrink(RECIPE) if not o.startswith(("train.", "model.eot_id", "model.max_seq_len"))]
@@ -216,7 +216,7 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
     for nproc in (1, 2):
         out = tmp_path / f"run{nproc}"
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        cmd = [*launch, "-m", "tests.speedrun_no_peak", "train", "--recipe", RECIPE, "--out", str(out), *tiny]
+        cmd = [*launch, "-m", "speedrun", "train", "--recipe", RECIPE, "--out", str(out), *tiny]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         metrics = read_metrics(out)

@@ -12,7 +12,7 @@ from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
-from speedrun.train import loop, progress
+from speedrun.train import loop
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import train_step
@@ -62,7 +62,6 @@ def test_warm_up_restores_everything_so_the_run_is_unchanged(tmp_path):
 def test_timed_steps_never_compile(text_data, tmp_path, monkeypatch):
     """train.compile=on (inductor on CPU), tiny fp32 model: the compile counters do not move once the
     first timed step starts, validations included; losses equal the uncompiled run's."""
-    monkeypatch.setattr(progress, "matmul_peak", lambda device: 1e12)  # minutes of bf16 matmul on AVX2
     counters = torch._dynamo.utils.counters
     seen: list[int] = []
     real_step = loop.train_step

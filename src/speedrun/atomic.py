@@ -1,15 +1,25 @@
-"""Atomic file writes: a reader (or a crash) sees the old file or the complete new one, never a part.
+"""Files we write for the user: atomic writes, and the one rule for what may stand at their paths.
 
-Files are created with the permissions the user's umask gives ordinary files (0644 under the usual
-umask 022), not the 0600 that temporary-file helpers use.
+A reader (or a crash) sees the old file or the complete new one, never a part. Files are created
+with the permissions the user's umask gives ordinary files (0644 under the usual umask 022), not the
+0600 that temporary-file helpers use.
+
+The rule (`check_replaceable`, `open_regular`, `user_folder`): a file we write is absent or a regular
+file; a symbolic link, FIFO, device or socket at its path is never followed and never replaced (that
+would write through a link into a file we never meant, block on a pipe, or destroy the link), but
+refused with one line. A folder the user names for us to fill may be a symbolic link to a folder:
+that is their chosen place (a big disk), so it is followed and the link is kept.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from speedrun.errors import SpeedrunError
 
 
 def umask() -> int:
@@ -35,11 +45,78 @@ def dir_mode() -> int:
     return 0o777 & ~umask()
 
 
-def write_atomic(path: Path, *chunks: bytes) -> None:
-    """Write `chunks` to a temporary file beside `path`, fsync it, then rename it over `path`."""
-    path = Path(path)
-    if path.is_dir():  # else the rename fails naming our temporary file, not the path the user gave
+def _kind(mode: int) -> str | None:
+    """What a non-regular, non-folder file is, in words (None for a regular file or a folder)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    return "a socket" if stat.S_ISSOCK(mode) else "a device"
+
+
+def _refuse(path: Path, kind: str) -> SpeedrunError:
+    return SpeedrunError(
+        f"{path}: is {kind}, not a regular file; not writing through or replacing it "
+        "(remove it, or choose another name)"
+    )
+
+
+def check_replaceable(path: Path) -> None:
+    """Nothing, if `path` is absent or a regular file (which we may replace); else one-line errors:
+    a folder is IsADirectoryError, a symbolic link, FIFO, device or socket a SpeedrunError."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError:  # unreadable parent, not a folder: the write itself names the problem
+        return
+    if stat.S_ISDIR(mode):  # else the rename fails naming our temporary file, not the path the user gave
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    if (kind := _kind(mode)) is not None:
+        raise _refuse(Path(path), kind)
+
+
+def open_regular(path: Path, flags: int, mode: int = 0o666) -> int:
+    """`os.open(path, flags)` that opens only a regular file (or creates one): never follows a
+    symbolic link, never blocks on a FIFO, never opens a device (SpeedrunError naming `path`)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EWOULDBLOCK):
+            raise
+        check_replaceable(path)  # names what stands there
+        raise
+    st_mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(st_mode):
+        os.close(fd)
+        raise _refuse(Path(path), _kind(st_mode) or "a folder")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def user_folder(path: Path) -> Path:
+    """The folder to fill for a path the user gave: `path` itself, or, when it is a symbolic link to a
+    folder, the folder it points to (so that building beside it and renaming into place keeps the
+    link). A link to anything else (or to nothing) is refused."""
+    path = Path(path)
+    if not path.is_symlink():
+        return path
+    target = path.resolve()
+    if not target.is_dir():
+        raise SpeedrunError(
+            f"{path}: is a symbolic link to {target}, which is not a folder; not replacing it "
+            "(point it at a folder, or choose another path)"
+        )
+    return target
+
+
+def write_atomic(path: Path, *chunks: bytes) -> None:
+    """Write `chunks` to a temporary file beside `path`, fsync it, then rename it over `path`
+    (which must be absent or a regular file: `check_replaceable`)."""
+    path = Path(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

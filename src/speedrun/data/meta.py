@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from speedrun.atomic import write_atomic
+from speedrun.data.shards import read_header
 from speedrun.data.sources import source_slug
 from speedrun.errors import DataError
 
@@ -93,18 +94,41 @@ def load_meta(data_dir: Path) -> dict:
                 raise TypeError(f"bad entry for split {split!r}")
             if not all(isinstance(s, str) and s == Path(s).name and s.endswith(".bin") for s in shards):
                 raise TypeError(f"split {split!r} lists a shard that is not a .bin file name in this folder")
-        shared = set(meta["splits"]["train"]["shards"]) & set(meta["splits"]["val"]["shards"])
-        if shared:  # training on the val shards would report a "held-out" loss on trained-on data
-            raise ValueError(f"{', '.join(sorted(shared))} listed as both train and val")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: invalid ({type(e).__name__}: {e}); {_hint(data_dir)}") from None
+    check_splits_disjoint(meta, path)
     for split in ("train", "val"):
         for name in meta["splits"][split]["shards"]:
             if not (data_dir / name).is_file():
                 raise DataError(
                     f"{data_dir / name}: shard listed in {META_FILE} is missing; {_hint(data_dir)}"
                 )
+    check_counts_match_headers(data_dir, meta)
     return meta
+
+
+def check_splits_disjoint(meta: dict, path: Path) -> None:
+    """A shard listed under both train and val would be trained on and then reported as held out."""
+    both = sorted(set(meta["splits"]["train"]["shards"]) & set(meta["splits"]["val"]["shards"]))
+    if both:
+        raise DataError(
+            f"{path}: {', '.join(both)} is listed under both train and val: the validation loss would "
+            "be measured on training data; the splits must not share a shard"
+        )
+
+
+def check_counts_match_headers(data_dir: Path, meta: dict) -> None:
+    """The shard headers are the truth (they are what is read); a meta.json whose token counts
+    disagree with them was edited or belongs to other shards, and every count derived from it is wrong."""
+    for split in ("train", "val"):
+        info = meta["splits"][split]
+        found = sum(read_header(Path(data_dir) / name) for name in info["shards"])
+        if found != info["tokens"]:
+            raise DataError(
+                f"{Path(data_dir) / META_FILE}: says the {split} split holds {info['tokens']:,} tokens, "
+                f"its shards' headers hold {found:,} (shards replaced or meta.json edited?); "
+                f"{_hint(data_dir)}"
+            )
 
 
 def shard_paths(data_dir: Path, split: str, meta: dict | None = None) -> list[Path]:

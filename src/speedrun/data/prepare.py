@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from speedrun.atomic import user_folder
 from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (
     SplitWriter,
@@ -55,9 +56,15 @@ def _check_tokenizer_name(tokenizer: str) -> None:
 
 
 def _check_target(data_dir: Path) -> None:
-    """Refuse to replace a folder that is not wholly ours: it may hold the user's files."""
+    """Refuse to replace a folder that is not wholly ours: it may hold the user's files. Checked
+    before any work, with what `_install` needs: a mount point cannot be renamed into place."""
     if not data_dir.exists():
         return
+    if os.path.ismount(data_dir):
+        raise DataError(
+            f"{data_dir}: is a mount point, which prepare cannot replace (it builds beside the folder "
+            f"and renames it into place); use a folder inside it, e.g. --data-dir {data_dir / 'data'}"
+        )
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: exists and is a file, not a data folder; not replacing it")
     foreign = foreign_entries(data_dir)
@@ -204,7 +211,7 @@ def prepare_documents(
     n_workers = check_options(workers, max_tokens, shard_tokens)
     m, block = split_plan(val_fraction)
     show = sys.stderr.isatty() if progress is None else progress
-    data_dir = Path(data_dir)
+    data_dir = user_folder(data_dir)  # a link to a folder (a big disk) is filled there, and kept
     _check_target(data_dir)
     log(f"prepare {source}: tokenizer {tokenizer}, {n_workers} worker(s)")
 

@@ -11,6 +11,7 @@ import math
 import sys
 from pathlib import Path
 
+from speedrun.atomic import check_replaceable
 from speedrun.errors import ConfigError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
@@ -104,6 +105,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     _positive("--tokens", args.tokens)
     _positive("--limit", args.limit)
+    if args.limit is not None and args.hellaswag is None:
+        raise ConfigError("--limit counts HellaSwag examples: it needs --hellaswag (val loss reads --tokens)")
     device = resolve_device(args.device)
     model, cfg, ckpt = load_model(args.path, device)
     if args.hellaswag is not None:
@@ -136,6 +139,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
+    if args.plot is not None:
+        check_replaceable(args.plot)  # before the work: a link or FIFO there is refused, not replaced
     runs = [load_run(p) for p in args.runs]
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
@@ -164,6 +169,8 @@ def train_seeds(args: argparse.Namespace) -> int:
     recipe = DEFAULT_RECIPE if args.recipe is None else args.recipe
     configs = [load_recipe(recipe, [*args.overrides, f"train.seed={s}"]) for s in seeds]
     base = args.out or default_run_dir(configs[0].recipe)
+    if base.name in ("", ".", ".."):  # `--out .` or `/`: there is no folder name to add -seedS to
+        raise ConfigError(f"--out {base} with --seeds: name a folder (runs go into OUT-seedS beside it)")
     dirs = [base.with_name(f"{base.name}-seed{s}") for s in seeds]
     if args.dry_run:
         print(json.dumps(configs[0].to_dict(), indent=2))
@@ -191,6 +198,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _positive("--steps", args.steps)
     if args.warmup < 0:
         raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
+    if args.json is not None:
+        check_replaceable(args.json)
     cfg = load_recipe(args.recipe, args.overrides)
     if cfg.train.device != "auto" and args.device == "auto":
         args.device = cfg.train.device

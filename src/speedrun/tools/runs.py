@@ -18,7 +18,12 @@ from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
 from speedrun.model.gpt import GPT
-from speedrun.train.checkpoint import list_checkpoints, trained_tokenizer_hash
+from speedrun.train.checkpoint import (
+    damaged_message,
+    list_checkpoints,
+    trained_tokenizer_hash,
+    verify_checkpoint,
+)
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.step import autocast, autocast_dtype
@@ -58,9 +63,12 @@ def resolve_device(name: str) -> torch.device:
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
     """(model in eval mode on `device`, its config with the precision resolved for `device`, the
-    checkpoint folder) for a run or checkpoint."""
+    checkpoint folder) for a run or checkpoint; a checkpoint whose files disagree with its manifest is
+    refused, as `--resume` refuses it."""
     ckpt = find_checkpoint(path)
     saved = read_run_config(ckpt, DataError)
+    if (problem := verify_checkpoint(ckpt)) is not None:
+        raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,10 @@ from safetensors.torch import load_file, save_file
 
 from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError
+from speedrun.train.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 FILES = ("model.safetensors", "state.pt", "config.json")
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedrun-checkpoint"
-_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -45,21 +42,24 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 def checkpoint_step(path: Path) -> int:
     """The step a checkpoint folder's name says it holds."""
-    m = _STEP_DIR.fullmatch(Path(path).name)
+    m = STEP_DIR.fullmatch(Path(path).name)
     if not m:
         raise DataError(f"{path}: not a checkpoint folder (expected a name like step_000100)")
     return int(m.group(1))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoint folders, oldest first (unfinished `.tmp` folders are ignored).
+    """Finished checkpoint folders, oldest first by the step number in their names, never by name
+    sort (`step_6` is older than `step_000008`, `step_1000000` newer than `step_999999`); unfinished
+    `.tmp` folders are ignored.
 
     Finished means renamed into place, not verified: `load_checkpoint` verifies, so that a damaged
     newest checkpoint is reported rather than silently passed over."""
     root = run_dir / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name))
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+    return sorted(found, key=lambda p: (checkpoint_step(p), p.name))
 
 
 def _fsync(path: Path) -> None:
@@ -167,7 +167,7 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"{MANIFEST} is missing"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({_first_line(e)})"
-    if manifest.get("step") != checkpoint_step(path):
+    if STEP_DIR.fullmatch(path.name) and manifest.get("step") != checkpoint_step(path):  # a renamed copy
         return f"{MANIFEST} is for step {manifest.get('step')}, the folder for {checkpoint_step(path)}"
     present = {p.name for p in path.iterdir()} - {MANIFEST}
     if missing := sorted(set(files) - present):
@@ -188,6 +188,8 @@ def verify_checkpoint(path: Path) -> str | None:
 def damaged_message(path: Path, problem: str) -> str:
     """Why `path` cannot be used, and exactly what the user can do instead."""
     path = Path(path)
+    if not STEP_DIR.fullmatch(path.name):  # a checkpoint copied out of its run under another name
+        return f"checkpoint {path} is damaged ({problem})"
     step = checkpoint_step(path)
     older = [p for p in list_checkpoints(path.parent.parent) if checkpoint_step(p) < step]
     intact = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)

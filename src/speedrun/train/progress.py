@@ -9,7 +9,6 @@ write their own rows; the summary is built here too.
 from __future__ import annotations
 
 import math
-import signal
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from speedrun.model.gpt import GPT
 from speedrun.train import distributed
 from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
+from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
 from speedrun.train.tracking import Tracker, matmul_peak, raise_cached_peak
 
@@ -32,12 +32,13 @@ def log_point_values(
 ) -> tuple[float, float, int | None]:
     """Mean over ranks of the last step's loss and of the losses since the previous log point, and a
     stop signal any rank received: one collective and one read, the only ones between log points."""
-    flags = [float(stop == signal.SIGINT), float(stop == signal.SIGTERM)]
+    flags = [float(stop == sig) for sig in STOP_SIGNALS]  # every stop signal, SIGHUP included
     values = torch.cat(
         [last_loss.float().view(1), interval_loss.float().view(1), last_loss.new_tensor(flags)]
     )
-    last, interval, sigint, sigterm = distributed.all_reduce_sum(values, ctx).tolist()
-    stop = signal.SIGTERM if sigterm else signal.SIGINT if sigint else None
+    last, interval, *received = distributed.all_reduce_sum(values, ctx).tolist()
+    # the last signal in STOP_SIGNALS any rank received (SIGTERM before SIGINT, as before)
+    stop = next((sig for sig, n in zip(STOP_SIGNALS[::-1], received[::-1], strict=True) if n), None)
     return last / ctx.world_size, interval / ctx.world_size, stop
 
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -20,13 +21,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.atomic import write_atomic
+from speedrun.atomic import open_regular, write_atomic
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 
 if TYPE_CHECKING:
     import torch
 
+CHECKPOINT_DIR = "checkpoints"  # checkpoints/step_NNNNNN/ inside a run (train/checkpoint.py writes them)
+STEP_DIR = re.compile(r"step_(\d+)")
+MANIFEST = "manifest.json"  # what every checkpoint folder holds
 LOCK_FILE = ".speedrun.lock"  # flock()ed by the process training in the folder; harmless when left over
 SUMMARY_FILE = "summary.json"
 _LOG_START = b"code: speedrun "  # the first line of every log.txt (environment_report)
@@ -58,8 +62,34 @@ def default_run_dir(recipe: str) -> Path:
     return path
 
 
+def enclosing_checkpoint(path: Path) -> Path | None:
+    """The checkpoint folder `path` is or lies inside: a `step_N` folder in a `checkpoints` folder,
+    or a folder holding a checkpoint manifest. None for any other path."""
+    path = Path(os.path.abspath(path))
+    for p in (path, *path.parents):
+        if (p.parent.name == CHECKPOINT_DIR and STEP_DIR.fullmatch(p.name)) or (p / MANIFEST).is_file():
+            return p
+    return None
+
+
+def refuse_checkpoint_folder(path: Path, resume: bool) -> None:
+    """A run never lives in a checkpoint: `--resume CKPT` would write logs into it, and a new run
+    made there would later be taken for a checkpoint of the run around it."""
+    ckpt = enclosing_checkpoint(path)
+    if ckpt is None:
+        return
+    run = ckpt.parent.parent
+    if resume:
+        raise ConfigError(
+            f"--resume {path}: is a checkpoint of the run {run}, not a run; resume the run: "
+            f"speedrun train --resume {run}"
+        )
+    raise ConfigError(f"--out {path}: is inside the checkpoint {ckpt}; choose a folder outside checkpoints")
+
+
 def check_new(path: Path) -> None:
     """A new run goes only into a new or empty folder: never mix with (or overwrite) files not ours."""
+    refuse_checkpoint_folder(path, resume=False)
     if not path.exists():
         return
     if not path.is_dir():
@@ -96,7 +126,7 @@ def _never_started(path: Path, entries: list[str]) -> bool:
 
 def _lock(path: Path) -> int:
     """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = open_regular(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # a link here must not be truncated
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -157,6 +187,8 @@ class RunDir:
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
         if not enabled:
             return
+        if resume:
+            refuse_checkpoint_folder(self.path, resume=True)
         if resume and not (self.path / "config.json").exists():
             raise SpeedrunError(f"{path} is not a run directory (no config.json) and cannot be resumed")
         if not resume:
@@ -176,7 +208,7 @@ class RunDir:
             raise
 
     def _open(self, name: str) -> int:
-        return os.open(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        return open_regular(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def _append(self, fd: int, name: str, text: str) -> None:
         data = text.encode("utf-8")

@@ -1,4 +1,7 @@
-"""Stopping on SIGINT/SIGTERM at a step boundary, with every rank agreeing on the step."""
+"""Stopping on SIGINT/SIGTERM/SIGHUP at a step boundary, with every rank agreeing on the step.
+
+SIGHUP (a closed terminal, a dropped ssh session) is a request to stop like the others: by default it
+would kill the run at once and lose the steps since the last checkpoint."""
 
 from __future__ import annotations
 
@@ -10,15 +13,17 @@ from typing import Any
 
 from speedrun.errors import Stopped
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class RunInterrupted(Stopped):
-    """SIGINT/SIGTERM: a checkpoint was saved at a step boundary; the run can be resumed.
+    """SIGINT/SIGTERM/SIGHUP: a checkpoint was saved at a step boundary; the run can be resumed.
 
     The CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)
-        self.exit_code = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+        self.exit_code = 128 + signum  # the shell convention: 130 SIGINT, 143 SIGTERM, 129 SIGHUP
 
     @classmethod
     def after(cls, signum: int, step: int, checkpoint: Path | None, run_dir: Path) -> RunInterrupted:
@@ -32,7 +37,7 @@ class RunInterrupted(Stopped):
 
 
 class StopSignals:
-    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary; a second one exits at once."""
+    """The first stop signal asks for a clean stop at the next step boundary; a second exits at once."""
 
     def __init__(self, announce: bool = True) -> None:
         self.received: int | None = None
@@ -54,7 +59,7 @@ class StopSignals:
 
     def install(self) -> StopSignals:
         with contextlib.suppress(ValueError):  # signals can only be caught in the main thread
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
