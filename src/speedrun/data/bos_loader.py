@@ -40,6 +40,7 @@ from threading import Lock
 import numpy as np
 import torch
 
+from speedrun.data.loader import discard
 from speedrun.data.shards import open_shard, read_header, shard_fingerprint
 from speedrun.errors import ConfigError, DataError
 
@@ -332,13 +333,7 @@ class DocumentLoader:
         self._step, self._epoch = int(state["step"]), int(state["epoch"])
 
     def _drain(self) -> None:
-        if self._future is not None:
-            self._future.cancel()
-            try:
-                self._future.result()
-            except Exception:  # the prefetched batch is discarded, and so is its error
-                pass
-            self._future = None
+        self._future = discard(self._future)
 
     def close(self) -> None:
         """Stop the background threads."""

@@ -19,6 +19,7 @@ steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after re
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -36,6 +37,14 @@ from speedrun.data.shards import open_shard, read_header, shard_fingerprint
 from speedrun.errors import ConfigError, DataError
 
 _SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
+
+
+def discard(future: Future | None) -> None:
+    """Cancel or wait out a prefetch that will not be used; its error, if any, goes with it."""
+    if future is not None:
+        future.cancel()
+        with contextlib.suppress(Exception):
+            future.result()
 
 
 @dataclass(frozen=True)
@@ -329,13 +338,7 @@ class TokenLoader:
         self._batch = int(state.get("batch", 0))
 
     def _drain(self) -> None:
-        if self._future is not None:
-            self._future.cancel()
-            try:
-                self._future.result()
-            except Exception:  # the prefetched batch is discarded, and so is its error
-                pass
-            self._future = None
+        self._future = discard(self._future)
 
     def close(self) -> None:
         """Stop the prefetch thread."""
