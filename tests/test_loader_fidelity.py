@@ -174,6 +174,27 @@ def test_global_cursor_matches_sub3min_generator(tmp_path, w):
     assert_same(twice, sub3min_steps(streams, steps)[:1] + sub3min_steps(streams, steps - 1))
 
 
+@pytest.mark.parametrize("w", [1, 2, 8])
+@pytest.mark.parametrize("first", [G + 1, 2 * G + 1])
+def test_sub3min_reads_a_shard_of_exactly_one_batch_it_moves_to(tmp_path, w, first):
+    """The generator loads the next shard and reads at 0 without testing `pos + G + 1 >= len` again,
+    so a later shard of exactly G + 1 tokens yields one batch; the first shard's start is tested."""
+    files, streams = make_shards(tmp_path, [first, G + 1, 2 * G + 7, G + 1, G + 1])
+    record = sub3min_steps(streams, 5 if first == G + 1 else 6)
+    assert record[-1][0][0] == streams[4][0]  # the record read the last shard of G + 1 tokens
+    ours, _ = our_steps(files, len(record), w, end_margin=1)
+    assert_same(ours, record)
+    # mid-step state on the shard of G + 1 tokens: the next micro-step plans from (shard, 0) again
+    loader = TokenLoader(files, G, S // 2, T, rank=0, world_size=1, end_margin=1)
+    for _ in range(16 * len(record) - 1):  # 16 micro-steps of 8 tokens a step, the last one left
+        loader.next_batch()
+    again = TokenLoader(files, G, S // 2, T, rank=0, world_size=1, end_margin=1)
+    again.load_state_dict(loader.state_dict())
+    last = np.concatenate([b[:-1] for b in record[-1]])
+    assert again.next_batch()[0].flatten().tolist() == last[8 * 15 :].tolist()
+    loader.close(), again.close()
+
+
 @pytest.mark.parametrize("repeat", [False, True])
 def test_resume_on_another_world_size_is_exact(shards, repeat):
     files, _ = shards

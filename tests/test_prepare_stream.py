@@ -4,6 +4,7 @@ bad inputs of the streaming options, each one line on stderr with its exit code.
 
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,8 @@ def test_one_and_two_workers_give_identical_shards(tmp_path, small_batches, monk
     contexts = []
     real = pipeline.multiprocessing.get_context
     monkeypatch.setattr(pipeline.multiprocessing, "get_context", lambda m: contexts.append(m) or real(m))
+    prepare_module = sys.modules[prepare.__module__]
+    monkeypatch.setattr(prepare_module, "default_workers", lambda: 2)  # two workers on a one-core host too
     one = run(f"text:{tmp_path / 'c.jsonl'}", tmp_path / "one", workers=1, shard_tokens=1000)
     assert contexts == []  # one worker: encoded in this process
     two = run(f"text:{tmp_path / 'c.jsonl'}", tmp_path / "two", workers=2, shard_tokens=1000)

@@ -68,6 +68,8 @@ class ModelConfig:
     init: Literal["gpt2", "torch", "scaled-uniform"] = "gpt2"
     attn_residual_scale: bool = False  # scale attention output by 1/sqrt(2*n_layer) (2024-10-10)
     logit_softcap: float = 0.0  # tanh softcap value; 0 disables
+    # softcap applied to the head's output in its dtype (bf16), then cast to fp32 (11-06 … 12-08 records)
+    softcap_in_bf16: bool = False
     document_mask: bool = False  # attention never crosses end-of-text boundaries
     eot_id: int = 50256  # token that starts every document (used by document_mask)
     # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt.py); every default = off ---

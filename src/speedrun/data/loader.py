@@ -168,7 +168,9 @@ class TokenLoader:
         """Chunk starts and end cursor of a global batch planned from `pos` in shard i, or None."""
         m, length = self.micro_batch_tokens, self._lengths[i]
         if not self.align_to_bos:
-            if pos + self.global_batch_tokens + 1 + self.end_margin > length:
+            # Sub3Min reads a shard it moves to at 0 unchecked (one batch from G + 1 tokens); else the margin
+            margin = self.end_margin if pos or i == 0 else 0
+            if pos + self.global_batch_tokens + 1 + margin > length:
                 return None
             return pos + m * np.arange(self.n_chunks, dtype=np.int64), pos + self.global_batch_tokens
         bos = self._bos_positions(i)

@@ -8,9 +8,11 @@ for any number of workers.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -103,11 +105,26 @@ def batches(
 _worker_tok: Tokenizer | None = None
 
 
-def _init_worker(tok: Tokenizer) -> None:
-    """Keep the tokenizer; leave Ctrl-C to the parent, which stops the pool (no worker tracebacks)."""
+def _init_worker(tok: Tokenizer, parent: int) -> None:
+    """Keep the tokenizer; leave Ctrl-C to the parent, which stops the pool (no worker tracebacks);
+    die with the parent (an OOM kill or SIGKILL leaves no orphans reading a queue no one writes)."""
     global _worker_tok
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     _worker_tok = tok
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this process when its parent exits (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def encode_texts(texts: list[str], tok: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,7 +165,7 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
             yield (b.is_val, *encode_texts(b.texts, tok))
         return
     ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok,)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok, os.getpid())) as pool:
         pending: deque = deque()
         for b in _chain(head, it):
             pending.append((b.is_val, pool.apply_async(encode_texts, (b.texts,))))

@@ -130,7 +130,7 @@ def check_options(workers: int | None, max_tokens: int | None, shard_tokens: int
         return default_workers()
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    return workers
+    return min(workers, default_workers())  # more processes than cores only cost memory
 
 
 def prepare(

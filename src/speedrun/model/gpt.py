@@ -329,14 +329,17 @@ class GPT(nn.Module):
         softcapped as the recipe says."""
         cfg = self.cfg
         if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
-            logits = fp8_linear(x, self.lm_head.weight).float()
+            logits = fp8_linear(x, self.lm_head.weight)
         else:
-            logits = self.lm_head(x).float()
+            logits = self.lm_head(x)
         if cfg.logits_vocab_only:  # llm.c: the padded rows are in the matmul, not in the softmax
             logits = logits[..., : cfg.vocab_size]
         if cfg.logit_softcap > 0:
+            # 11-06 … 12-08 cap the head's output in its own dtype (bf16) and cast after; others cast first
+            if not cfg.softcap_in_bf16:
+                logits = logits.float()
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor)
-        return logits
+        return logits.float()
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').

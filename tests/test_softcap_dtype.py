@@ -1,0 +1,87 @@
+"""The 2024-11-06 … 12-08 records cap the logits in bf16 and cast afterwards; the others cast first.
+
+records/track_1_short/2024-11-06_ShortcutsTweaks/dd7304a6-...txt (under bf16 autocast) and 11-10, 11-19,
+11-24, 12-04, 12-08 (bf16 model): `logits = self.lm_head(x)` (bf16), `logits = 30 * torch.tanh(logits / 30)`,
+`logits = logits.float()`. Sub3Min: `30 * torch.sigmoid(logits.float() / 7.5)`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speedrun.config import ModelConfig
+from speedrun.model.gpt import GPT
+from speedrun.recipes import load_recipe, recipe_names
+
+BF16_SOFTCAP_RECIPES = (
+    "shortcuts-2024-11",
+    "unet-2024-11",
+    "flex-2024-11-19",
+    "flex-2024-11",
+    "value-embed-2024-12",
+    "unet-value-embed-2024-12",
+)
+
+
+def _head_only(name: str) -> GPT:
+    m = load_recipe(name).model
+    cfg = ModelConfig(
+        vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, positional="rotary",
+        norm="rmsnorm", activation="relu2", bias=False, fused_qkv=False, init="torch",
+        logit_softcap=m.logit_softcap, softcap_form=m.softcap_form, softcap_divisor=m.softcap_divisor,
+        softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits of a few tens: the cap binds
+    return model
+
+
+def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: bool):
+    """The records' lines, written out: bf16 head output, then cap and cast in the record's order."""
+    h = h.detach().requires_grad_(True)
+    logits = F.linear(h, model.lm_head.weight.to(torch.bfloat16))
+    cfg = model.cfg
+    if cap_first:
+        logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
+    elif cfg.softcap_form == "sigmoid":
+        divisor = cfg.softcap_divisor or cfg.logit_softcap / 2  # Sub3Min: 30 * sigmoid(z.float() / 7.5)
+        logits = 2 * cfg.logit_softcap * torch.sigmoid(logits.float() / divisor)
+    else:
+        logits = logits.float()
+        logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    loss.backward()
+    return loss.detach(), h.grad
+
+
+def _ours(model: GPT, h: torch.Tensor, targets: torch.Tensor):
+    h = h.detach().requires_grad_(True)
+    logits = model.logits(h)
+    assert logits.dtype == torch.float32
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    loss.backward()
+    return loss.detach(), h.grad
+
+
+@pytest.mark.parametrize("name", [r for r in recipe_names() if load_recipe(r).model.logit_softcap > 0])
+def test_softcap_is_applied_in_the_dtype_each_record_uses(name):
+    model = _head_only(name)
+    gen = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 32, 64, generator=gen).to(torch.bfloat16)
+    targets = torch.randint(0, 512, (2, 32), generator=gen)
+    cap_first = name in BF16_SOFTCAP_RECIPES
+    want_loss, want_grad = _record_loss(model, h, targets, cap_first)
+    loss, grad = _ours(model, h, targets)
+    assert torch.equal(loss, want_loss)
+    assert torch.equal(grad, want_grad)
+    if model.cfg.softcap_form == "tanh":  # the two orders really differ here, so the check can fail
+        other_loss, other_grad = _record_loss(model, h, targets, not cap_first)
+        assert not torch.equal(other_loss, loss) or not torch.equal(other_grad, grad)
+
+
+def test_only_the_11_06_to_12_08_records_cap_in_bf16():
+    for name in recipe_names():
+        assert load_recipe(name).model.softcap_in_bf16 == (name in BF16_SOFTCAP_RECIPES), name
