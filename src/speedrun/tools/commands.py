@@ -135,13 +135,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools.compare import format_table, load_run, make_groups, plot_runs
+    from speedrun.tools.compare import format_table, load_runs, make_groups, plot_runs
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.plot is not None:
         check_replaceable(args.plot)  # before the work: a link or FIFO there is refused, not replaced
-    runs = [load_run(p) for p in args.runs]
+    runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
         print(f"plot: {plot_runs(runs, args.plot, args.target)}")
