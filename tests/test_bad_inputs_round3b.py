@@ -38,3 +38,25 @@ def test_compare_leaves_stopped_and_killed_runs_out_of_the_test(finished, tmp_pa
     line = _group_line(proc.stdout)
     assert "n=2" in line and "2 unfinished run(s) left out" in line, line
     assert "r2 (stopped)" in proc.stdout and "r3 (unfinished)" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------- sample
+
+
+def test_a_tiny_temperature_samples_like_greedy():
+    import torch
+
+    from speedrun.model.kv_cache import pick_next
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0)) * 10
+    for temperature in (1e-300, 5e-324, 1e-40):
+        for top_k in (None, 5):
+            picked = pick_next(logits, 50, temperature, top_k, torch.Generator().manual_seed(1))
+            assert torch.equal(picked, logits.argmax(dim=-1)), (temperature, top_k)
+
+
+def test_sample_at_a_tiny_temperature_prints_the_greedy_text(finished):  # noqa: F811
+    greedy = run_speedrun("sample", str(finished), "--max-tokens", "4", "--temperature", "0")
+    tiny = run_speedrun("sample", str(finished), "--max-tokens", "4", "--temperature", "1e-300")
+    assert tiny.returncode == 0 and tiny.stderr == "", tiny.stderr  # before: a traceback from multinomial
+    assert greedy.returncode == 0 and tiny.stdout == greedy.stdout
