@@ -75,3 +75,39 @@ def test_the_log_says_compile_false_under_ddp_when_compile_is_off(text_data, tmp
     log = (out / "log.txt").read_text().splitlines()  # (lines of a code diff it records start with +-space)
     (line,) = [x for x in log if ", compile " in x and not x.startswith(("+", "-", " "))]
     assert "compile False" in line, line  # before: DDP's wrapper was taken for compilation
+
+
+# --------------------------------------------------------------------------- overrides after options
+
+
+def test_overrides_may_follow_options(tmp_path):
+    from speedrun.cli import _build_parser, parse
+
+    def parsed(*argv: str):
+        return parse(_build_parser(), list(argv))
+
+    out = str(tmp_path / "x")
+    before = parsed("train", "model.n_layer=2", "train.steps=3", "--out", out)
+    after = parsed("train", "--out", out, "model.n_layer=2", "train.steps=3")
+    between = parsed("train", "model.n_layer=2", "--out", out, "train.steps=3")
+    assert after.overrides == before.overrides == between.overrides == ["model.n_layer=2", "train.steps=3"]
+    assert after.out == before.out == between.out
+    seeds = parsed("train", "--seeds", "1,2", "model.n_layer=2")
+    assert seeds.seeds == "1,2" and seeds.overrides == ["model.n_layer=2"]
+    runs = parsed("compare", "a", "--target", "3", "b")
+    assert runs.runs == [Path("a"), Path("b")] and runs.target == 3
+
+
+def test_a_dry_run_with_overrides_on_both_sides_of_an_option_is_the_same_run(tmp_path):
+    out = str(tmp_path / "x")
+    split = run_speedrun("train", "model.n_layer=3", "--out", out, "train.val_every=7", "--dry-run")
+    together = run_speedrun("train", "model.n_layer=3", "train.val_every=7", "--out", out, "--dry-run")
+    assert split.returncode == 0, split.stderr  # before: "unrecognized arguments: train.val_every=7"
+    assert split.stdout == together.stdout and '"n_layer": 3' in split.stdout
+
+
+def test_compare_runs_on_both_sides_of_an_option(finished, tmp_path):  # noqa: F811
+    copy = shutil.copytree(finished, tmp_path / "copy")
+    proc = run_speedrun("compare", str(finished), "--target", "99", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "n=2" in _group_line(proc.stdout)
