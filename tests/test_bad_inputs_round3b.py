@@ -111,3 +111,24 @@ def test_compare_runs_on_both_sides_of_an_option(finished, tmp_path):  # noqa: F
     proc = run_speedrun("compare", str(finished), "--target", "99", str(copy))
     assert proc.returncode == 0, proc.stderr
     assert "n=2" in _group_line(proc.stdout)
+
+
+# --------------------------------------------------------------------------------------- permissions
+
+
+def test_a_checkpoint_we_may_not_read_is_not_called_damaged(finished, monkeypatch):  # noqa: F811
+    """(As root, chmod does not stop reads: the denial is injected where the files are read.)"""
+    import pytest
+
+    from speedrun.errors import SpeedrunError
+    from speedrun.tools.runs import load_model
+    from speedrun.train import checkpoint
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint, "_sha256", denied)
+    with pytest.raises(SpeedrunError) as e:
+        load_model(finished)
+    assert str(e.value).startswith("permission denied: ") and "model.safetensors" in str(e.value)
+    assert "damaged" not in str(e.value) and "mv " not in str(e.value)  # before: advised moving it away
