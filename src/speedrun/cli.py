@@ -63,10 +63,10 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="S1,S2,...",
         help="run once per seed (train.seed) into sibling run directories OUT-seedS, ready for compare",
     )
-    train.add_argument(
+    overrides = train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
     )
-    train.set_defaults(train_parser=train)  # --resume names the options it would ignore
+    train.set_defaults(train_parser=train, trailing=overrides)  # --resume names the options it would ignore
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
     prep.add_argument(
@@ -236,6 +236,20 @@ def _is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse, letting a command's list of words (overrides, run folders) continue after an option:
+    `train --out x model.n_layer=2` as `train model.n_layer=2 --out x` (argparse fills a `*`/`+`
+    positional once, from the words before the first option, and calls the later ones unrecognized)."""
+    args, extras = parser.parse_known_args(argv)
+    trailing = getattr(args, "trailing", None)  # the Action of the command's list positional
+    if extras and trailing is not None and not any(e.startswith("-") for e in extras):
+        convert = trailing.type or str
+        setattr(args, trailing.dest, [*getattr(args, trailing.dest), *map(convert, extras)])
+    elif extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # huggingface_hub logs each retry of a failing download as a warning on stderr; the failure itself
@@ -244,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse(parser, argv)
         if args.command is None:  # `speedrun` alone: help, never a run (`speedrun train` is the demo)
             parser.print_help()
             return 0

@@ -73,7 +73,9 @@ def pick_next(
     logits = logits[:, :vocab_size].float()
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    # in fp64 and shifted so the likeliest logit is 0 before dividing: a tiny temperature (1e-300,
+    # which fp32 rounds to 0) then gives 0 and -inf, i.e. greedy, instead of nan; else the same softmax
+    logits = (logits.double() - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None and 0 < top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -32,6 +32,7 @@ from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
 from speedrun.train.tracking import datasheet_peak, device_name, mfu, probe_matmul_peak
+from speedrun.train.warmup import is_compiled
 
 
 def synthetic_tokens(n: int, vocab_size: int, eot_id: int, mean_doc: int, seed: int = 0) -> np.ndarray:
@@ -76,7 +77,7 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     if device.type == "cuda":
         cuda_allocator_settings()
     model, train_model = build_model(cfg, DistContext(rank=0, local_rank=0, world_size=1, device=device))
-    compiled = train_model is not model
+    compiled = is_compiled(train_model)  # the one rule (the loop also runs it under DDP)
     optimizer = build_optimizer(model, cfg)
     timed = _TimedOptimizer(optimizer, device)
     schedule = schedule_at(t.steps // 2, cfg)

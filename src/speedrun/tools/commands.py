@@ -46,7 +46,7 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
 
     cmp = sub.add_parser("compare", help="table, t-test and plots of several runs")
-    cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    cmp.set_defaults(trailing=cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR"))
     cmp.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
     cmp.add_argument("--plot", type=Path, default=None, help="write val-loss curves to this PNG")
 
@@ -56,7 +56,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, warm-up)")
     bench.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     bench.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
-    bench.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4")
+    bench.set_defaults(
+        trailing=bench.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4")
+    )
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -135,13 +137,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools.compare import format_table, load_run, make_groups, plot_runs
+    from speedrun.tools.compare import format_table, load_runs, make_groups, plot_runs
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.plot is not None:
         check_replaceable(args.plot)  # before the work: a link or FIFO there is refused, not replaced
-    runs = [load_run(p) for p in args.runs]
+    runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
         print(f"plot: {plot_runs(runs, args.plot, args.target)}")

@@ -39,6 +39,11 @@ class Run:
     final_val_loss: float | None = None
     final_val_bpb: float | None = None
     curve: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, time_s, val_loss)
+    status: str = "unfinished"  # summary.json's "finished" | "stopped"; no summary: killed or still running
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
 
     @property
     def seed(self) -> int | None:
@@ -106,11 +111,24 @@ def load_run(path: Path) -> Run:
         run.final_val_loss, run.final_val_bpb = float(val[-1]["val_loss"]), val[-1].get("val_bpb")
     if (path / "summary.json").is_file():  # the loop's own numbers, when it wrote them
         summary = _read_json(path / "summary.json")
+        run.status = str(summary.get("status", "finished"))  # summaries before the field: finished runs
         for key in ("steps", "train_time_s", "tokens_per_s", "final_val_loss", "final_val_bpb"):
             value = _number(summary.get(key), str(path / "summary.json"), key, integer=key == "steps")
             if value is not None:
                 setattr(run, key, value)
     return run
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """Each run once: the same folder given twice (or by a link or another relative path) is one run,
+    not two repeats (which would halve the t-test's p-value on no new evidence)."""
+    seen: set[Path] = set()
+    runs = []
+    for path in paths:
+        if Path(path).resolve() not in seen:
+            seen.add(Path(path).resolve())
+            runs.append(load_run(path))
+    return runs
 
 
 def group_key(run: Run) -> tuple:
@@ -132,7 +150,12 @@ class Group:
 
     @property
     def losses(self) -> list[float]:
-        return [r.final_val_loss for r in self.runs if r.final_val_loss is not None]
+        """Final val losses of the runs that finished: a stopped or killed run's last loss is not a result."""
+        return [r.final_val_loss for r in self.runs if r.finished and r.final_val_loss is not None]
+
+    @property
+    def unfinished(self) -> int:
+        return sum(not r.finished for r in self.runs)
 
 
 def research_module(name: str, command: str) -> ModuleType:
@@ -201,7 +224,7 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
     header = ("run", "recipe", "seed", "steps", "train time", "tokens/s", "val loss", "val bpb")
     rows = [
         (
-            name,
+            name if r.finished else f"{name} ({r.status})",
             r.recipe,
             _fmt(r.seed, "d"),
             _fmt(r.steps, "d"),
@@ -224,7 +247,9 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
             verdict = "below" if g.p < 0.01 else "not shown below"
             stats += f"  t={g.t:.3f}  p={g.p:.3g} (mean < {target}: {verdict} at p<0.01)"
         else:
-            stats += "  (t-test needs >= 2 runs with a final val loss)"
+            stats += "  (t-test needs >= 2 finished runs with a final val loss)"
+        if g.unfinished:
+            stats += f"  ({g.unfinished} unfinished run(s) left out)"
         lines.append(f"group {g.label}: {stats}")
     return "\n".join(lines)
 

@@ -156,8 +156,16 @@ def trained_tokenizer_hash(path: Path) -> str | None:
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase)."""
-    path = Path(path)
+    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase).
+    A file we may not read is not damage (the advice would move an intact checkpoint away): it ends
+    as `permission denied: FILE`."""
+    try:
+        return _verify(Path(path))
+    except PermissionError as e:
+        raise SpeedrunError(f"permission denied: {e.filename or path}") from None
+
+
+def _verify(path: Path) -> str | None:
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
         files = manifest["files"]
@@ -165,6 +173,8 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{MANIFEST} is not a speedrun checkpoint manifest"
     except FileNotFoundError:
         return f"{MANIFEST} is missing"
+    except PermissionError:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({_first_line(e)})"
     if STEP_DIR.fullmatch(path.name) and manifest.get("step") != checkpoint_step(path):  # a renamed copy
@@ -178,6 +188,8 @@ def verify_checkpoint(path: Path) -> str | None:
         try:
             if (path / name).stat().st_size != entry["bytes"] or _sha256(path / name) != entry["sha256"]:
                 return f"{name} does not match its sha256 in {MANIFEST}"
+        except PermissionError:
+            raise
         except OSError as e:
             return f"{name} is unreadable ({_first_line(e)})"
         except (KeyError, TypeError):

@@ -180,7 +180,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         chooser = None  # train.compile=auto on one CPU process with a time budget: measured
         if t.compile == "auto" and t.time_budget_s > 0 and ctx.device.type == "cpu" and not ctx.distributed:
             chooser = MeasuredCompile(model, run.log)
-        compiled = train_model is not model or chooser is not None
+        compiled = is_compiled(train_model) or chooser is not None  # not `is not model`: DDP wraps it too
         run.log(model_summary(model, t.seq_len))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
