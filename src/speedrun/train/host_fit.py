@@ -71,10 +71,10 @@ def shrinks_needed(rcfg: Config, step_s: Callable[[Config], float]) -> tuple[int
 
 def size_to_host(
     cfg: Config, rcfg: Config, device: torch.device, log: Callable[[str], None], agree: Callable[[int], int]
-) -> None:
+) -> bool:
     """Shrink `cfg` (and its effective copy `rcfg`) until `train.budget_min_steps` fit the time budget;
     `agree` makes every process take rank 0's answer. The fit is then spent (budget_min_steps = 0), so
-    a resume keeps the sizes."""
+    a resume keeps the sizes. Returns whether anything shrank."""
     measured, seconds = shrinks_needed(rcfg, lambda c: probe_step_s(c, device))
     n = agree(measured)
     changes = [shrink(cfg) for _ in range(n)]
@@ -85,6 +85,7 @@ def size_to_host(
     fits = int(budget / seconds)
     log(f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{fits} steps in {budget:g}s)")
     cfg.train.budget_min_steps = rcfg.train.budget_min_steps = 0
+    return n > 0
 
 
 class MeasuredCompile:

@@ -170,12 +170,14 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     try:
         # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
-        if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
-            size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx))
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
-        data = load_data(cfg, ctx, run)
+        data = load_data(cfg, ctx, run)  # data problems surface first, before any probe
+        if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
+            if size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx)):
+                data = load_data(cfg, ctx, run)  # the batch changed: its split over processes too
+            run.write_config(cfg)
         model, train_model = build_model(rcfg, ctx)
         chooser = None  # train.compile=auto on one CPU process with a time budget: measured
         if t.compile == "auto" and t.time_budget_s > 0 and ctx.device.type == "cpu" and not ctx.distributed:
