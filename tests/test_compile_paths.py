@@ -44,10 +44,11 @@ def test_eager_flex_on_cuda_goes_through_one_compiled_wrapper_and_never_falls_ba
     instead of silently running eager flex_attention (T × T scores: out of memory at 65,536 tokens)."""
     monkeypatch.setattr(flex, "_on_cuda", lambda t: True)
     monkeypatch.setattr(flex, "FLEX_WRAPPER_BACKEND", "eager")  # inductor flex is slow to build here
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     flex._compiled_flex.cache_clear()
-    with torch.no_grad():
+    # config.patch, not monkeypatch: undoing a setattr on dynamo's config module deleted the key, and
+    # every later compile in the same worker failed ("recompile_limit does not exist")
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
         for seed in (0, 1):  # same shape: the first graph is reused
             args, want = _flex_case(256, seed)
             torch.testing.assert_close(flex_attend(*args), want, atol=2e-5, rtol=1e-4)
