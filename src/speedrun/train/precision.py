@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import platform
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from speedrun.config import Config
+from speedrun.train.tracking import cpuinfo, measured_matmul_peak
 
 #: CPU flags (Linux /proc/cpuinfo) of instructions that run bf16 matmuls natively.
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX512-BF16, x86 AMX, ARM FEAT_BF16
@@ -45,33 +44,16 @@ class Precision:
 
 
 def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (x86 `flags`, ARM `Features`); None where unreadable."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return None
-
-
-def _best_matmul_s(dtype: torch.dtype, size: int, reps: int = 3) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b  # first call: allocation and kernel selection
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return best
+    """The CPU's feature flags (x86 `flags`, ARM `Features`); None where unreadable."""
+    flags = cpuinfo("flags", "Features")
+    return set(flags.split()) if flags is not None else None
 
 
 def bf16_speedup_probe(size: int = 192) -> float:
-    """fp32 time over bf16 time of a small square matmul on this CPU (> 1: bf16 is faster). Bounded:
-    about 0.2 s where bf16 is emulated, milliseconds where it is native."""
-    return _best_matmul_s(torch.float32, size) / _best_matmul_s(torch.bfloat16, size)
+    """bf16 over fp32 matmul rate of a small square matmul on this CPU (> 1: bf16 is faster). Bounded:
+    about 0.3 s where bf16 is emulated, milliseconds where it is native."""
+    rate = functools.partial(measured_matmul_peak, "cpu", size, iters=2)
+    return rate(dtype=torch.bfloat16) / rate(dtype=torch.float32)
 
 
 @functools.cache

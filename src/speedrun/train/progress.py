@@ -24,7 +24,7 @@ from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, matmul_peak, raise_cached_peak
+from speedrun.train.tracking import Tracker, matmul_peak, mfu, raise_cached_peak
 
 
 def log_point_values(
@@ -108,8 +108,8 @@ class Progress:
         tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
         eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
         achieved = self.flops_per_token * tok_s / self.ctx.world_size
-        self.peak_flops = max(self.peak_flops, achieved)
-        utilization = achieved / self.peak_flops
+        self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
+        utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
         self.run.metric(
             {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
              "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}

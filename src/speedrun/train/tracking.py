@@ -59,6 +59,20 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
     return flops_per_token * tokens_per_s / peak_flops
 
 
+def cpuinfo(*keys: str) -> str | None:
+    """The first /proc/cpuinfo value under one of `keys` (e.g. x86 `flags`, ARM `Features`, `model
+    name`); None where the file or the key is missing (macOS, Windows, some containers)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
 def measured_matmul_peak(
     device: torch.device | str = "cpu", size: int = 4096, dtype: torch.dtype = torch.bfloat16, iters: int = 10
 ) -> float:
@@ -102,12 +116,7 @@ def _cache_file() -> Path:
 
 def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
     """What the probe's answer depends on: the processor, torch, threads, dtype and ISA limits."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                cpu = line.partition(":")[2].strip()
-                break
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "") + "/" + torch.backends.cpu.get_cpu_capability()
     return f"{device_name(device)}|{cpu}|{isa}|torch {torch.__version__}|{torch.get_num_threads()}t|{dtype}"
 
