@@ -72,7 +72,7 @@ def _check_stages(cfg: Config) -> None:
     for i, stage in enumerate(plan.stages):
         if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
             raise ConfigError(
-                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into the {rows} rows "
+                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
                 f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
                 f"model.max_seq_len ({m.max_seq_len}) tokens"
             )
