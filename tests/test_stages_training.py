@@ -6,10 +6,12 @@ compile across a stage change."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 import shutil
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +27,7 @@ from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
-from speedrun.train.stages import stage_plan, stage_values
+from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
 from tests.conftest import TINY, read_metrics, run_speedrun
 
 # 2 rows a step; rows of 64, 128 and 192 tokens; documents cut to 48 and 96 tokens in stages 1 and 2
@@ -293,3 +295,16 @@ def test_timed_steps_never_compile_across_stage_changes(text_data, tmp_path, mon
             assert seen[0] > 0, "the warm-up compiled before the first timed step"
             assert seen == [seen[0]] * len(seen) == [sum(counters["stats"].values())] * len(seen)
     assert runs["on"] == pytest.approx(runs["off"], rel=1e-4)
+
+
+def test_the_documented_stage_plan_is_todays_record():
+    """docs/recipes.md's `train.stages` example is STAGES_2026_07 (written from today's TrainingSchedule),
+    less its multi-token-prediction weights and its untie stage, which are not configured here."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
+    block = doc.split("## Training stages", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
+    t = tomllib.loads(block)["train"]
+    momentum = (0.85, 0.95, 300, 50)
+    plan = parse_stages(t["stages"], t["steps"], t["warmdown_frac"], t["final_lr_frac"], momentum)
+    no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
+    assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp), split_stage=-1)
+    assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
