@@ -247,24 +247,26 @@ def test_yarn_attention_equals_record_31(history):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "stages, words",
-    [
-        ("tokens=128 windows=1/1 frac=1", "needs at least one scheduled stage"),
-        ("tokens=128 windows=1/1; tokens=128 windows=1/1 ext=0", "stage 1 needs frac"),
-        ("tokens=128 windows=2/1 frac=1; tokens=128 windows=1/1 ext=0", "1 <= SHORT <= LONG"),
-        ("tokens=128 windows=1/1 frac=0.5; tokens=128 windows=1/1 ext=0", "add up to 0.5, not 1"),
-        ("tokens=128 windows=1/1 frac=1 size=3; tokens=128 windows=1/1 ext=0", "'size=3' is not key=value"),
-        (
-            "tokens=101 windows=1/1 frac=1; tokens=128 windows=1/1 ext=0",
-            "tokens=101 must split into 2 rows",
-        ),
-        ("tokens=128 windows=1/2 frac=1; tokens=128 windows=1/2 ext=0 val=1", "val=1 must not be below"),
-    ],
-)
-def test_a_bad_stage_plan_is_one_config_error_naming_it(text_data, stages, words):
-    with pytest.raises(ConfigError, match="train.stages") as err:
-        load_recipe("demo", [*staged(text_data), f"train.stages={stages}"])
+BAD_PLANS = [
+    ("tokens=128 windows=1/1 frac=1", "needs at least one scheduled stage"),
+    ("tokens=128 windows=1/1; tokens=128 windows=1/1 ext=0", "stage 1 needs frac"),
+    ("tokens=128 windows=2/1 frac=1; tokens=128 windows=1/1 ext=0", "1 <= SHORT <= LONG"),
+    ("tokens=128 windows=1/1 frac=0.5; tokens=128 windows=1/1 ext=0", "add up to 0.5, not 1"),
+    ("tokens=128 windows=1/1 frac=1 size=3; tokens=128 windows=1/1 ext=0", "'size=3' is not key=value"),
+    ("tokens=101 windows=1/1 frac=1; tokens=128 windows=1/1 ext=0", "tokens=101 must split into 2 rows"),
+    ("tokens=128 windows=1/2 frac=1; tokens=128 windows=1/2 ext=0 val=1", "val=1 must not be below"),
+]
+BAD_BESIDES = [  # a good plan with other keys that do not go with it
+    ("data.doc_rule=stream", "doc=N cuts documents only with data.doc_rule=packed"),
+    ("model.attention=sdpa", "train.stages needs model.attention=varlen"),
+    ("train.warmdown_frac=0", "train.stages needs train.warmdown_frac > 0"),
+]
+
+
+@pytest.mark.parametrize("override, words", [(f"train.stages={p}", w) for p, w in BAD_PLANS] + BAD_BESIDES)
+def test_a_bad_stage_plan_is_one_config_error_naming_it(text_data, override, words):
+    with pytest.raises(ConfigError) as err:
+        load_recipe("demo", [*staged(text_data), override])
     assert words in str(err.value)
 
 

@@ -69,6 +69,8 @@ def _check_stages(cfg: Config) -> None:
             "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
         )
     rows = t.global_batch_tokens // t.micro_batch_tokens
+    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
+        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
     for i, stage in enumerate(plan.stages):
         if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
             raise ConfigError(

@@ -161,6 +161,20 @@ def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     return (*history, final) if final != history[-1] else tuple(history)
 
 
+def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
+    """One log line: each stage's steps, tokens (processes x micro-steps x row), document cut, windows."""
+    parts = []
+    for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
+        row = s.batch_tokens // (accumulation * world_size)
+        doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
+        parts.append(
+            f"steps {start}-{end - 1}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
+            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
+        )
+    val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
+    return "stages: " + "; ".join(parts) + val
+
+
 # ---------------------------------------------------------------------------------------------------
 # `train.stages`: the stage plan as a recipe writes it, parsed once (the one owner of its rules)
 
