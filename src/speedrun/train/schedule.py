@@ -2,7 +2,9 @@
 
 For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
 `apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
-optimizer name) and the model. Pure functions of the step, so a resumed run is exact.
+optimizer name) and the model. With `train.stages` they come from the stage plan (train/stages.py),
+which also sets the stage's windows and YaRN on the model. Pure functions of the step, so a resumed
+run is exact.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def warm_up(
     validate: Callable[[], object],
     start: int = 0,
 ) -> int:
-    """Run the warm-up steps and one validation pass, then restore everything; returns the steps run.
+    """Run the warm-up steps and the validations (one per stage that validates with stages, else one),
+    then restore everything; returns the training steps run.
 
     `validate` runs the validation forward (the loop's `evaluate`, limited to one batch per process).
     """
