@@ -25,6 +25,8 @@ from speedrun.model import varlen
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
+from speedrun.tools.evaluate import evaluate_loss
+from speedrun.tools.runs import load_model
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
 from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
@@ -48,7 +50,8 @@ def staged(text_data: Path, *extra: str) -> list[str]:
         "train.warmdown_steps=0", "train.warmdown_frac=0.5", "train.final_lr_frac=0.15",
         f"train.stages={STAGES}", "train.val_every=5", "train.log_every=1", "optim.name=muon",
         "optim.muon_momentum_start=0.85", "optim.muon_momentum_warmup_steps=4",
-        "optim.muon_momentum_cooldown_steps=3", "train.checkpoint_every=6", "train.checkpoint_keep=0", *extra,
+        "optim.muon_momentum_cooldown_steps=3", "train.checkpoint_every=6", "train.checkpoint_at_end=true",
+        "train.checkpoint_keep=0", *extra,
     ]  # fmt: skip
 
 
@@ -135,6 +138,17 @@ def test_a_resume_inside_stage_two_gives_the_uninterrupted_losses(straight, tmp_
     want = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
     got = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(resumed)]
     assert got == want
+
+
+def test_eval_of_the_finished_run_uses_the_final_windows_and_yarn(straight):
+    """`speedrun eval` (tools/evaluate.py) on the last checkpoint gives the loop's final val loss: the
+    model gets the final validation's long window (4 blocks) and its YaRN, not the initial ones."""
+    cfg, out, _ = straight
+    model, saved, _ = load_model(out)
+    assert model.varlen_windows.long == 0  # a fresh model: no stage applied yet
+    result = evaluate_loss(model, saved, saved.data.dir)
+    assert model.varlen_windows.long == 4 * 128 + 1
+    assert result["val_loss"] == pytest.approx(read_metrics(out)[-1]["val_loss"], abs=1e-6)
 
 
 @pytest.mark.slow

@@ -135,6 +135,12 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
         group["lr"] = group["initial_lr"] * values.lr
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
+    apply_to_model(values, model)
+
+
+def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
+    """The model's part of the schedule: the window, or the stage's windows and YaRN. Also what a
+    finished run is evaluated with (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
     if values.stage is not None:
         v = values.stage
         set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
