@@ -73,8 +73,9 @@ class ModelConfig:
     document_mask: bool = False  # attention never crosses end-of-text boundaries
     eot_id: int = 50256  # token that starts every document (used by document_mask)
     # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt.py); every default = off ---
-    # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex
-    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex | varlen (documents
+    # passed as cu_seqlens from data.loader=documents to model/attention_tiers.varlen_attention, #29 on)
+    attention: Literal["auto", "sdpa", "flex", "varlen"] = "auto"
     window: int = 0  # sliding window in tokens (final value when warmed up); 0 = unlimited
     # token | block (Sub3Min: whole 128-token blocks enter/leave)
     window_granularity: Literal["token", "block"] = "token"
@@ -117,6 +118,9 @@ class ModelConfig:
     logits_vocab_only: bool = False
     # --- issue 20 (2025-07 on): sigmoid softcap divides z by this instead of cap/2 (#26: 7.5·√768)
     softcap_divisor: float = 0.0
+    # YaRN (#31): when a train.stages long window grows (and for the final validation's), rotary
+    # frequencies are interpolated and the attention scale multiplied by 0.2·ln(new/old) + 1 (model/yarn.py)
+    yarn: bool = False
 
 
 @dataclass
@@ -234,6 +238,11 @@ class TrainConfig:
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
     # --- issue 20: validation rows of this many tokens, one per process per val step (#21 on: 4·64K)
     val_seq_len: int = 0  # 0 = train.seq_len
+    # training stages (#46 on; train/schedule.py parse_stages): "tokens=N doc=N windows=S/L lr=F frac=F; ...;
+    # tokens=N doc=N windows=S/L ext=N val=L" — per stage the tokens per step, longest document, short/long
+    # windows in 128-token blocks, LR multiplier and fraction of the scheduled steps; the last stage runs
+    # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off
+    stages: str = ""
 
 
 @dataclass

@@ -34,6 +34,52 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
 
 
+def _check_stages(cfg: Config) -> None:
+    """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest."""
+    m, t, d = cfg.model, cfg.train, cfg.data
+    if m.attention == "varlen":
+        if d.loader != "documents":
+            raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
+        if m.window_warmup != "none" or m.window_granularity != "token" or m.window_block_list:
+            raise ConfigError(
+                "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
+                "window_granularity=token, window_block_list=false); train.stages changes them per stage"
+            )
+    if m.yarn and not (t.stages and m.rope_half_truncated and m.rope_precision in ("auto", "fp32")):
+        raise ConfigError(
+            "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
+            "rope_precision auto or fp32"
+        )
+    if m.yarn and m.attn_scale <= 0:
+        raise ConfigError(
+            "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
+        )
+    if not t.stages:
+        return
+    from speedrun.train.stages import stage_plan
+
+    plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
+    assert plan is not None
+    if m.attention != "varlen":
+        raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
+    if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
+        raise ConfigError(
+            "train.stages sets the windows and the LR itself: model.window, train.warmup_steps, "
+            "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
+            "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
+        )
+    rows = t.global_batch_tokens // t.micro_batch_tokens
+    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
+        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
+    for i, stage in enumerate(plan.stages):
+        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
+                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
+                f"model.max_seq_len ({m.max_seq_len}) tokens"
+            )
+
+
 def cross_field_checks(cfg: Config) -> None:
     """Rules between fields that do not depend on the world size (each field's own range is checked
     first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
@@ -63,7 +109,7 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError(
             "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
         )
-    if m.document_mask and m.eot_id >= m.vocab_size:
+    if (m.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
     if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
         from speedrun.data.sources import check_source
@@ -80,6 +126,7 @@ def cross_field_checks(cfg: Config) -> None:
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
+    _check_stages(cfg)
     _validate_model_switches(m)
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
@@ -154,7 +201,7 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError(
             f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
         )
-    if "S" in m.window_pattern and m.window <= 0:
+    if "S" in m.window_pattern and m.window <= 0 and m.attention != "varlen":  # varlen: stage windows
         raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
     try:
         no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}

@@ -133,6 +133,7 @@ class DocumentLoader:
         device: str | torch.device = "cpu",
         loop: bool = True,
         prefetch: bool | None = None,
+        with_cu_seqlens: bool = False,
     ):
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
@@ -146,6 +147,7 @@ class DocumentLoader:
         self.chunks, self.stage_of, self.bos_id, self.rule = chunks, stage_of, bos_id, rule
         self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
         self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
+        self.with_cu_seqlens = with_cu_seqlens  # next_batch() adds cu_seqlens (model.attention=varlen)
         self.merged_docs = 0  # document boundaries dropped because a chunk had more than max_docs
         self.last_wait_s = self.total_wait_s = 0.0
         self._lengths = [read_header(f) for f in self.files]
@@ -273,10 +275,11 @@ class DocumentLoader:
             return x, y, cu
         return (t.to(self.device, non_blocking=True) for t in (x, y, cu))  # type: ignore[return-value]
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next micro-batch as one (1, T) row for models that find documents from the BOS tokens."""
-        x, y, _ = self.next_packed()
-        return x.view(1, -1), y.view(1, -1)
+    def next_batch(self) -> tuple[torch.Tensor, ...]:
+        """The next micro-batch as one (1, T) row, for models that find documents from the BOS tokens,
+        or (with `with_cu_seqlens`) that take them as cu_seqlens."""
+        x, y, cu = self.next_packed()
+        return (x.view(1, -1), y.view(1, -1), cu) if self.with_cu_seqlens else (x.view(1, -1), y.view(1, -1))
 
     @property
     def epoch(self) -> int:

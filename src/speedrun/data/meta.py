@@ -149,7 +149,7 @@ def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
         raise DataError(
             f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {m.vocab_size}"
         )
-    if m.document_mask and meta["eot_id"] != m.eot_id:
+    if (m.document_mask or m.attention == "varlen") and meta["eot_id"] != m.eot_id:
         raise DataError(f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {m.eot_id}")
 
 

@@ -309,7 +309,7 @@ def choose_backend(
         return "causal"
     if setting == "sdpa":
         return "dense"
-    if setting == "auto" and device.type != "cuda":
+    if setting in ("auto", "varlen") and device.type != "cuda":  # varlen: forwards without cu_seqlens
         return "dense"
     return "flex" if flex_usable(device, seq_len, needs_grad) else "dense"
 

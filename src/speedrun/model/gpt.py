@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
+from speedrun.model import varlen
 from speedrun.model.attention import (
     AttentionMask,
     MaskSpec,
@@ -212,6 +213,7 @@ class GPT(nn.Module):
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(torch.ones(cfg.n_layer // 2)) if cfg.unet else None
+        self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
@@ -279,11 +281,20 @@ class GPT(nn.Module):
         return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        reduction: str = "mean",
     ) -> torch.Tensor:
-        """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits."""
+        """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits.
+        With `cu_seqlens` (one packed row of documents) every layer attends through model/varlen.py."""
         B, T = idx.shape
-        logits = self.logits(self.hidden(idx, self.layer_masks(idx)))
+        if cu_seqlens is not None:
+            hidden = self.hidden(idx, attend_fns=varlen.attend_fns(self, idx, cu_seqlens))
+        else:
+            hidden = self.hidden(idx, self.layer_masks(idx))
+        logits = self.logits(hidden)
         if targets is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)

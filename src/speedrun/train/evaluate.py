@@ -8,9 +8,19 @@ from pathlib import Path
 import torch
 
 from speedrun.config import Config
+from speedrun.data.bos_loader import cu_seqlens, record_max_docs
 from speedrun.data.loader import val_batches
 from speedrun.train import distributed
 from speedrun.train.step import autocast, autocast_dtype
+
+
+def row_cu_seqlens(x: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """cu_seqlens of one (1, T) validation row from its BOS tokens, as the records build them for their
+    unaligned validation chunks (padded to a fixed length, so every row has one shape)."""
+    assert x.size(0) == 1, "varlen validation reads one row per forward (train.val_seq_len)"
+    max_docs = cfg.data.max_docs or record_max_docs(x.size(1))
+    cu, _ = cu_seqlens(x[0].cpu().numpy(), cfg.model.eot_id, max_docs)
+    return torch.from_numpy(cu).to(x.device)
 
 
 @torch.no_grad()
@@ -35,8 +45,9 @@ def evaluate(
     )  # fmt: skip
     dtype = autocast_dtype(cfg) if t.val_autocast else None  # 2024-10 records validate in fp32
     for x, y in batches:
+        extra = (row_cu_seqlens(x, cfg),) if cfg.model.attention == "varlen" else ()
         with autocast(ctx.device, dtype):
-            losses = model(x, y, reduction="none")
+            losses = model(x, y, *extra, reduction="none")
         totals[0] += losses.double().sum()
         totals[1] += y.numel()
         if token_bytes is not None:

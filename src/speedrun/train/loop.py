@@ -38,6 +38,7 @@ from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir, environment_report
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
+from speedrun.train.stages import describe_stages, stage_plan
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
 from speedrun.train.tracking import Tracker
@@ -195,6 +196,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
             f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, {autocast_label(rcfg)}"
         )
+        if t.stages:  # the batch above is only the rows of a step: the stages set its tokens
+            run.log(describe_stages(stage_plan(cfg), accum, ctx.world_size))
         clock = StepClock(ctx.device)
         start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0
         if is_compiled(train_model):  # issue 20: compile every shape untimed, then restore everything

@@ -22,6 +22,7 @@ from speedrun.model.gpt import GPT
 from speedrun.train import distributed
 from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
+from speedrun.train.schedule import tokens_through
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
 from speedrun.train.tracking import Tracker, matmul_peak, mfu, raise_cached_peak
@@ -105,13 +106,15 @@ class Progress:
                 "the last good checkpoint (if any) is kept"
             )
         step_s, wait_s = seconds / steps, (self.loader.total_wait_s - self._wait_mark) / steps
-        tok_s = t.global_batch_tokens / clock.mean_step_s(fallback=step_s)
+        tok_s = (tokens_through(done, self.cfg) - tokens_through(done - 1, self.cfg)) / clock.mean_step_s(
+            fallback=step_s
+        )
         eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
         achieved = self.flops_per_token * tok_s / self.ctx.world_size
         self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
         utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
         self.run.metric(
-            {"step": done, "train_loss": train_loss, "tokens": done * t.global_batch_tokens,
+            {"step": done, "train_loss": train_loss, "tokens": tokens_through(done, self.cfg),
              "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
         )  # fmt: skip
         self.run.log(
@@ -130,7 +133,7 @@ class Progress:
         self.val_loss, self.val_bpb, t = val_loss, val_bpb, self.cfg.train
         self.run.metric(
             {"step": step, "val_loss": val_loss, "val_bpb": val_bpb,
-             "tokens": step * t.global_batch_tokens, "time_s": self.clock.timed_s}
+             "tokens": tokens_through(step, self.cfg), "time_s": self.clock.timed_s}
         )  # fmt: skip
         bpb = f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""
         self.run.log(
@@ -158,7 +161,11 @@ class Progress:
             "final_val_bpb": self.val_bpb,
             "train_time_s": clock.timed_s,
             "wall_time_s": time.perf_counter() - self.wall_start,
-            "tokens_per_s": t.global_batch_tokens / clock.mean_step_s() if clock.timed_steps else None,
+            "tokens_per_s": (
+                tokens_through(t.steps, self.cfg) / t.steps / clock.mean_step_s()
+                if clock.timed_steps
+                else None
+            ),
             "data_wait_s": self.loader.total_wait_s,
             "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
             "precision": {"dtype": self.precision.dtype, "reason": self.precision.reason},

@@ -20,6 +20,7 @@ from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError
 from speedrun.train import distributed
 from speedrun.train.rundir import RunDir
+from speedrun.train.stages import stage_plan, stage_values
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
@@ -130,11 +131,19 @@ def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> Tok
     """This rank's share of every step's batch, prefetched on a background thread (close it)."""
     t, d = cfg.train, cfg.data
     if d.loader == "documents":
+        plan = stage_plan(cfg)
+
+        def stage_of(step: int) -> tuple[int, int]:
+            if plan is None:
+                return t.global_batch_tokens, d.max_doc_len
+            v = stage_values(step, plan)
+            return v.batch_tokens, v.max_doc_len
+
         return DocumentLoader(
-            data.train_files, t.global_batch_tokens // t.micro_batch_tokens,
-            lambda step: (t.global_batch_tokens, d.max_doc_len),
+            data.train_files, t.global_batch_tokens // t.micro_batch_tokens, stage_of,
             data.eot_id, ctx.rank, ctx.world_size, rule=d.doc_rule, max_docs=d.max_docs,
             vocab_size=cfg.model.vocab_size, device=ctx.device,
+            with_cu_seqlens=cfg.model.attention == "varlen",
         )  # fmt: skip
     return TokenLoader(
         data.train_files, t.global_batch_tokens, data.micro_batch_tokens, t.seq_len, ctx.rank,

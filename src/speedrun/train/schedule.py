@@ -2,18 +2,31 @@
 
 For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
 `apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
-optimizer name) and the model. Pure functions of the step, so a resumed run is exact.
+optimizer name) and the model. With `train.stages` they come from the stage plan (train/stages.py),
+which also sets the stage's windows and YaRN on the model. Pure functions of the step, so a resumed
+run is exact.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
+from speedrun.model.varlen import set_stage
 from speedrun.optim.normuon import momentum_at
+from speedrun.train.stages import (  # noqa: F401  (STAGES_2026_07, Stage, StagePlan: re-exported)
+    STAGES_2026_07,
+    Stage,
+    StagePlan,
+    StageValues,
+    long_window_history,
+    stage_bounds,
+    stage_plan,
+    stage_values,
+)
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,8 @@ class StepSchedule:
     lr: float  # multiplier of every group's peak LR
     muon_momentum: float
     window: int  # sliding attention window in tokens; 0 = the model has none
+    stage: StageValues | None = None  # with train.stages: the stage's batch, document cut and windows
+    yarn: tuple[int, ...] = field(default=())  # model.yarn: the long windows (blocks) so far, in order
 
 
 def warmdown_length(cfg: TrainConfig) -> float:
@@ -98,7 +113,13 @@ def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
 
 
 def schedule_at(step: int, cfg: Config) -> StepSchedule:
-    """All per-step values for step `step`; `step == cfg.train.steps` is the final validation."""
+    """All per-step values for step `step`; `step == cfg.train.steps` is the final validation. With
+    `train.stages` every value comes from `stage_values` (the record's stage plan)."""
+    plan = stage_plan(cfg)
+    if plan is not None:
+        v = stage_values(step, plan)
+        yarn = long_window_history(step, plan) if cfg.model.yarn else ()
+        return StepSchedule(lr=v.lr, muon_momentum=v.muon_momentum, window=0, stage=v, yarn=yarn)
     last = max(0, cfg.train.steps - 1)
     return StepSchedule(
         lr=lr_multiplier(min(step, last), cfg.train),
@@ -114,148 +135,25 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
         group["lr"] = group["initial_lr"] * values.lr
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
-    if values.window > 0:
+    apply_to_model(values, model)
+
+
+def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
+    """The model's part of the schedule: the window, or the stage's windows and YaRN. Also what a
+    finished run is evaluated with (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
+    if values.stage is not None:
+        v = values.stage
+        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
+    elif values.window > 0:
         model.set_attention_window(values.window)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Training stages (records #46 on): the batch, the longest document, the windows, the LR multiplier
-# and the multi-token-prediction weights change at stage boundaries; extension steps follow the
-# scheduled ones at the final values. Every value is a pure function of the step.
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage. `duration` is its fraction of the scheduled steps (unused for the extension stage)."""
-
-    batch_tokens: int  # tokens per optimizer step
-    max_doc_len: int  # longest document in a training sequence (tokens; 0 = no cut)
-    windows: tuple[int, int]  # (short, long) attention windows in blocks
-    lr_mul: float  # LR multiplier before the cool-down
-    mtp_start: tuple[float, ...] = (1.0,)  # multi-token-prediction weights at the stage's start ...
-    mtp_end: tuple[float, ...] = (1.0,)  # ... and at its end (linear in between)
-    duration: float = 0.0
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """Stages (the last one is the extension), step counts and the step-wise formulas' constants."""
-
-    stages: tuple[Stage, ...]
-    scheduled_steps: int
-    extension_steps: int = 0
-    cooldown_frac: float = 0.5  # linear cool-down over this fraction of the scheduled steps ...
-    lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
-    split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
-    val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
-    momentum_min: float = 0.85
-    momentum_max: float = 0.95
-    momentum_warmup: int = 300
-    momentum_cooldown: int = 50
-
-    @property
-    def total_steps(self) -> int:
-        return self.scheduled_steps + self.extension_steps
-
-
-@dataclass(frozen=True)
-class StageValues:
-    """The values in force while optimizer step `step` runs."""
-
-    stage: int
-    batch_tokens: int
-    max_doc_len: int
-    short_window: int  # blocks
-    long_window: int  # blocks
-    lr: float
-    muon_momentum: float
-    mtp_weights: tuple[float, ...]
-    untied: bool
-
-
-def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
-    """[start, end) of every stage: the scheduled ones at rounded cumulative fractions, then the extension."""
-    ends, acc = [0], 0.0
-    for stage in plan.stages[:-1]:
-        acc += stage.duration
-        ends.append(round(acc * plan.scheduled_steps))
-    assert ends[-1] == plan.scheduled_steps, "scheduled stage durations must add up to 1"
-    ends.append(plan.total_steps)
-    return list(zip(ends[:-1], ends[1:], strict=True))
-
-
-def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
-    """Index of the stage running `step` and how far into it (0 … 1); past the end: the last, 1.0."""
+def tokens_through(steps: int, cfg: Config) -> int:
+    """Training tokens of the first `steps` optimizer steps (stages change the tokens per step)."""
+    plan = stage_plan(cfg)
+    if plan is None:
+        return steps * cfg.train.global_batch_tokens
+    total = 0
     for i, (start, end) in enumerate(stage_bounds(plan)):
-        if step < end:
-            return i, (step - start) / (end - start)
-    return len(plan.stages) - 1, 1.0
-
-
-def stage_lr(step: int, plan: StagePlan) -> float:
-    """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down."""
-    lr = plan.stages[stage_at(step, plan)[0]].lr_mul
-    n = plan.scheduled_steps
-    start = int(n * (1 - plan.cooldown_frac))
-    if step >= start:
-        t = min(1.0, (step - start) / (n - start))
-        lr = lr * (1 - t) + plan.lr_floor * t
-    return lr
-
-
-def momentum_warmup_cooldown(step: int, plan: StagePlan) -> float:
-    """Muon momentum: linear warm-up min → max, then linear cool-down to min over the last steps of
-    the whole run (today's `get_muon_momentum`). Lives here until the optimizer module has it."""
-    lo, hi = plan.momentum_min, plan.momentum_max
-    cooldown_start = plan.total_steps - plan.momentum_cooldown
-    if step < plan.momentum_warmup:
-        return lo + step / plan.momentum_warmup * (hi - lo)
-    if step > cooldown_start:
-        return hi - (step - cooldown_start) / plan.momentum_cooldown * (hi - lo)
-    return hi
-
-
-def split_step(plan: StagePlan) -> int:
-    """First step with embedding and head untied: the split stage's first odd step (Adam steps on odd
-    steps only); past the run when never."""
-    if plan.split_stage < 0:
-        return plan.total_steps + 1
-    return stage_bounds(plan)[plan.split_stage][0] | 1
-
-
-def stage_values(step: int, plan: StagePlan) -> StageValues:
-    """Everything the stage plan sets for `step`; `step == total_steps` is the final validation."""
-    i, t = stage_at(step, plan)
-    s = plan.stages[i]
-    short, long = s.windows
-    if step >= plan.total_steps and plan.val_long_window:
-        long = plan.val_long_window
-    return StageValues(
-        stage=i,
-        batch_tokens=s.batch_tokens,
-        max_doc_len=s.max_doc_len,
-        short_window=short,
-        long_window=long,
-        lr=stage_lr(step, plan),
-        muon_momentum=momentum_warmup_cooldown(step, plan),
-        mtp_weights=tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
-        untied=step >= split_step(plan),
-    )
-
-
-#: Today's record (train_gpt.py @ f411b3d3): 8 → 16 → 24 sequences of 2,048 per step, max document
-#: 896 → 2,048, windows (1,3) → (3,7) → (5,11) → extension (6,13), 20 long blocks at the last validation.
-STAGES_2026_07 = StagePlan(
-    stages=(
-        Stage(131072, 896, (1, 3), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0), duration=1 / 3),
-        Stage(262144, 2048, (3, 7), 1.52, (1.0, 0.5), (1.0, 0.0), duration=1 / 3),
-        Stage(393216, 2048, (5, 11), 1.73, duration=1 / 3),
-        Stage(393216, 2048, (6, 13), 1.0),
-    ),
-    scheduled_steps=1270,
-    extension_steps=15,
-    cooldown_frac=0.60,
-    lr_floor=0.15,
-    split_stage=2,
-    val_long_window=20,
-)
+        total += max(0, min(end, steps) - start) * plan.stages[i].batch_tokens
+    return total

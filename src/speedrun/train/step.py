@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from speedrun.config import Config
 from speedrun.train.optimizers import RunOptimizer
 
-Batch = tuple[Tensor, Tensor]
+Batch = tuple[Tensor, ...]  # inputs, targets (and cu_seqlens with model.attention=varlen)
 
 
 def autocast_dtype(cfg: Config) -> torch.dtype | None:
@@ -58,11 +58,11 @@ def train_step(
     """
     loss_sum: Tensor | None = None
     for micro in range(accumulation_steps):
-        x, y = next_batch()
+        x, y, *cu_seqlens = next_batch()
         defer_sync = isinstance(model, DistributedDataParallel) and micro < accumulation_steps - 1
         with model.no_sync() if defer_sync else contextlib.nullcontext():
             with autocast(x.device, dtype):
-                loss = model(x, y)
+                loss = model(x, y, *cu_seqlens)
             loss.backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if accumulation_steps > 1:

@@ -13,6 +13,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.train.schedule import apply_schedule, schedule_at
+from speedrun.train.stages import stage_at, stage_bounds, stage_plan
 from speedrun.train.step import train_step
 
 
@@ -23,9 +24,34 @@ def is_compiled(train_model: torch.nn.Module) -> bool:
 
 
 def warmup_steps(cfg: Config, start: int) -> list[int]:
-    """Steps whose shapes differ: today one training shape per run (windows are tensors, so the window
-    schedule does not recompile); with stage plans, the first step of each stage joins here."""
-    return [start]
+    """Steps whose shapes differ: without stages one training shape per run (windows are tensors, so
+    the window schedule does not recompile); with `train.stages`, also the first step of every later
+    stage (its batch, windows and YaRN scale are new shapes and constants)."""
+    plan = stage_plan(cfg)
+    if plan is None:
+        return [start]
+    return [start, *(a for a, _ in stage_bounds(plan)[1:] if start < a < plan.total_steps)]
+
+
+def validation_steps(cfg: Config, start: int) -> list[int]:
+    """One step per distinct validation shape still to come: with stages, the stages that validate
+    (`train.val_every`) and the final validation (its longer window). Without stages none: the one
+    validation pass after the training steps covers the only shape."""
+    plan = stage_plan(cfg)
+    if plan is None:
+        return []
+    t, keys = cfg.train, {}
+    for step in [*(range(0, t.steps, t.val_every) if t.val_every > 0 else []), t.steps]:
+        if step >= start:
+            keys.setdefault((stage_at(step, plan)[0], step == t.steps), step)
+    return list(keys.values())
+
+
+def _loader_at(loader, step: int) -> None:
+    """Point a document loader at `step`, so its next batch has that stage's size (warm-up only)."""
+    state = loader.state_dict()
+    if state.get("step", step) != step:
+        loader.load_state_dict({**state, "step": step})
 
 
 def warm_up(
@@ -39,7 +65,8 @@ def warm_up(
     validate: Callable[[], object],
     start: int = 0,
 ) -> int:
-    """Run the warm-up steps and one validation pass, then restore everything; returns the steps run.
+    """Run the warm-up steps and the validations (one per stage that validates with stages, else one),
+    then restore everything; returns the training steps run.
 
     `validate` runs the validation forward (the loop's `evaluate`, limited to one batch per process).
     """
@@ -48,11 +75,20 @@ def warm_up(
     saved_loader = loader.state_dict()
     saved_rng = torch.get_rng_state()
     saved_cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    steps = warmup_steps(cfg, start)
+    steps, val_steps = warmup_steps(cfg, start), validation_steps(cfg, start)
+    if val_steps:  # a graph per stage for training and for validation: more than dynamo's default 8
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, 2 * (len(steps) + len(val_steps)))
     for step in steps:
         apply_schedule(schedule_at(step, cfg), optimizer, model)
+        if val_steps:
+            _loader_at(loader, step)
         train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, cfg.optim.grad_clip)
-    validate()
+    for step in val_steps:
+        apply_schedule(schedule_at(step, cfg), optimizer, model)
+        validate()
+    if not val_steps:
+        validate()
     with torch.no_grad():
         model.load_state_dict(saved_model)
     optimizer.load_state_dict(saved_optimizer)

@@ -1,0 +1,297 @@
+"""Training stages (records #46 on): the batch, the longest document, the windows, the LR multiplier
+and the multi-token-prediction weights change at stage boundaries; extension steps follow the
+scheduled ones at the final values. Every value is a pure function of the step (`stage_values`);
+`train.stages` writes a plan as text (`parse_stages`, the one owner of its rules), and
+train/schedule.schedule_at turns it into the per-step values the loop applies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from speedrun.config import Config
+from speedrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage. `duration` is its fraction of the scheduled steps (unused for the extension stage)."""
+
+    batch_tokens: int  # tokens per optimizer step
+    max_doc_len: int  # longest document in a training sequence (tokens; 0 = no cut)
+    windows: tuple[int, int]  # (short, long) attention windows in blocks
+    lr_mul: float  # LR multiplier before the cool-down
+    mtp_start: tuple[float, ...] = (1.0,)  # multi-token-prediction weights at the stage's start ...
+    mtp_end: tuple[float, ...] = (1.0,)  # ... and at its end (linear in between)
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Stages (the last one is the extension), step counts and the step-wise formulas' constants."""
+
+    stages: tuple[Stage, ...]
+    scheduled_steps: int
+    extension_steps: int = 0
+    cooldown_frac: float = 0.5  # linear cool-down over this fraction of the scheduled steps ...
+    lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
+    split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
+    val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
+    momentum_min: float = 0.85
+    momentum_max: float = 0.95
+    momentum_warmup: int = 300
+    momentum_cooldown: int = 50
+
+    @property
+    def total_steps(self) -> int:
+        return self.scheduled_steps + self.extension_steps
+
+
+@dataclass(frozen=True)
+class StageValues:
+    """The values in force while optimizer step `step` runs."""
+
+    stage: int
+    batch_tokens: int
+    max_doc_len: int
+    short_window: int  # blocks
+    long_window: int  # blocks
+    lr: float
+    muon_momentum: float
+    mtp_weights: tuple[float, ...]
+    untied: bool
+
+
+def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
+    """[start, end) of every stage: the scheduled ones at rounded cumulative fractions, then the extension."""
+    ends, acc = [0], 0.0
+    for stage in plan.stages[:-1]:
+        acc += stage.duration
+        ends.append(round(acc * plan.scheduled_steps))
+    assert ends[-1] == plan.scheduled_steps, "scheduled stage durations must add up to 1"
+    ends.append(plan.total_steps)
+    return list(zip(ends[:-1], ends[1:], strict=True))
+
+
+def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
+    """Index of the stage running `step` and how far into it (0 … 1); past the end: the last, 1.0."""
+    for i, (start, end) in enumerate(stage_bounds(plan)):
+        if step < end:
+            return i, (step - start) / (end - start)
+    return len(plan.stages) - 1, 1.0
+
+
+def stage_lr(step: int, plan: StagePlan) -> float:
+    """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down."""
+    lr = plan.stages[stage_at(step, plan)[0]].lr_mul
+    n = plan.scheduled_steps
+    start = int(n * (1 - plan.cooldown_frac))
+    if step >= start:
+        t = min(1.0, (step - start) / (n - start))
+        lr = lr * (1 - t) + plan.lr_floor * t
+    return lr
+
+
+def momentum_warmup_cooldown(step: int, plan: StagePlan) -> float:
+    """Muon momentum: linear warm-up min → max, then linear cool-down to min over the last steps of
+    the whole run (today's `get_muon_momentum`). Lives here until the optimizer module has it."""
+    lo, hi = plan.momentum_min, plan.momentum_max
+    cooldown_start = plan.total_steps - plan.momentum_cooldown
+    if step < plan.momentum_warmup:
+        return lo + step / plan.momentum_warmup * (hi - lo)
+    if step > cooldown_start:
+        return hi - (step - cooldown_start) / plan.momentum_cooldown * (hi - lo)
+    return hi
+
+
+def split_step(plan: StagePlan) -> int:
+    """First step with embedding and head untied: the split stage's first odd step (Adam steps on odd
+    steps only); past the run when never."""
+    if plan.split_stage < 0:
+        return plan.total_steps + 1
+    return stage_bounds(plan)[plan.split_stage][0] | 1
+
+
+def stage_values(step: int, plan: StagePlan) -> StageValues:
+    """Everything the stage plan sets for `step`; `step == total_steps` is the final validation."""
+    i, t = stage_at(step, plan)
+    s = plan.stages[i]
+    short, long = s.windows
+    if step >= plan.total_steps and plan.val_long_window:
+        long = plan.val_long_window
+    return StageValues(
+        stage=i,
+        batch_tokens=s.batch_tokens,
+        max_doc_len=s.max_doc_len,
+        short_window=short,
+        long_window=long,
+        lr=stage_lr(step, plan),
+        muon_momentum=momentum_warmup_cooldown(step, plan),
+        mtp_weights=tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
+        untied=step >= split_step(plan),
+    )
+
+
+#: Today's record (train_gpt.py @ f411b3d3): 8 → 16 → 24 sequences of 2,048 per step, max document
+#: 896 → 2,048, windows (1,3) → (3,7) → (5,11) → extension (6,13), 20 long blocks at the last validation.
+STAGES_2026_07 = StagePlan(
+    stages=(
+        Stage(131072, 896, (1, 3), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0), duration=1 / 3),
+        Stage(262144, 2048, (3, 7), 1.52, (1.0, 0.5), (1.0, 0.0), duration=1 / 3),
+        Stage(393216, 2048, (5, 11), 1.73, duration=1 / 3),
+        Stage(393216, 2048, (6, 13), 1.0),
+    ),
+    scheduled_steps=1270,
+    extension_steps=15,
+    cooldown_frac=0.60,
+    lr_floor=0.15,
+    split_stage=2,
+    val_long_window=20,
+)
+
+
+def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
+    """The long windows (blocks) the run has gone through up to `step`, in order: what YaRN rescales by
+    (#31: once per growth, and once more for the final validation's longer window)."""
+    i = stage_at(step, plan)[0]
+    history = [s.windows[1] for s in plan.stages[: i + 1]]
+    final = stage_values(step, plan).long_window
+    return (*history, final) if final != history[-1] else tuple(history)
+
+
+def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
+    """One log line: each stage's steps, tokens (processes x micro-steps x row), document cut, windows."""
+    parts = []
+    for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
+        row = s.batch_tokens // (accumulation * world_size)
+        doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
+        parts.append(
+            f"steps {start}-{end - 1}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
+            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
+        )
+    val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
+    return "stages: " + "; ".join(parts) + val
+
+
+# ---------------------------------------------------------------------------------------------------
+# `train.stages`: the stage plan as a recipe writes it, parsed once (the one owner of its rules)
+
+
+def stage_plan(cfg: Config) -> StagePlan | None:
+    """The StagePlan of `train.stages` (None when unset). The cool-down is `train.warmdown_frac` of the
+    scheduled steps down to the LR `train.final_lr_frac`; Muon momentum warms up and cools down as the
+    optim.muon_momentum_* keys say."""
+    t, o = cfg.train, cfg.optim
+    if not t.stages.strip():
+        return None
+    momentum = (
+        o.muon_momentum_start,
+        o.muon_momentum,
+        o.muon_momentum_warmup_steps,
+        o.muon_momentum_cooldown_steps,
+    )
+    return parse_stages(t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum)
+
+
+def _number(key: str, text: str, kind: type, entry: int) -> float:
+    try:
+        if kind is float and "/" in text:
+            a, b = text.split("/", 1)
+            return float(a) / float(b)
+        value = kind(text)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key}={text!r} is not a valid number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key} must be a finite number >= 0, got {text}")
+    return value
+
+
+def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, int]:
+    """One `key=value ...` entry → (Stage, extension steps, final validation long window)."""
+    allowed = {"tokens", "doc", "windows", "lr", "ext" if last else "frac"} | ({"val"} if last else set())
+    fields: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or key not in allowed:
+            raise ConfigError(
+                f"train.stages: stage {entry + 1}: {item!r} is not key=value with a key of "
+                f"{', '.join(sorted(allowed))}"
+            )
+        fields[key] = value
+    required = {"tokens", "windows", "ext" if last else "frac"}
+    if missing := sorted(required - set(fields)):
+        raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
+    short, sep, long = fields["windows"].partition("/")
+    windows = (
+        int(_number("windows", short, int, entry)),
+        int(_number("windows", long, int, entry)) if sep else -1,
+    )
+    if not 1 <= windows[0] <= windows[1]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
+            f"got {fields['windows']!r}"
+        )
+    stage = Stage(
+        batch_tokens=int(_number("tokens", fields["tokens"], int, entry)),
+        max_doc_len=int(_number("doc", fields.get("doc", "0"), int, entry)),
+        windows=windows,
+        lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
+        duration=0.0 if last else _number("frac", fields["frac"], float, entry),
+    )
+    if stage.batch_tokens < 1:
+        raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
+    ext = int(_number("ext", fields.get("ext", "0"), int, entry))
+    val = int(_number("val", fields.get("val", "0"), int, entry))
+    if val and val < windows[1]:
+        raise ConfigError(
+            f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
+        )
+    return stage, ext, val
+
+
+@functools.cache
+def parse_stages(
+    text: str, steps: int, cooldown_frac: float, lr_floor: float, momentum: tuple[float, float, int, int]
+) -> StagePlan:
+    """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
+
+    Stages are separated by `;`. A scheduled stage: `tokens=N` (per optimizer step), `windows=S/L`
+    (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
+    document, 0 = no cut) and `lr=F` (multiplier, 1). The last stage is the extension: `ext=N` steps at
+    its values after the scheduled ones (train.steps counts them), optional `val=L` long window for the
+    final validation.
+    """
+    entries = [e for e in text.split(";") if e.strip()]
+    if len(entries) < 2:
+        raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
+    parsed = [_stage(e, i, i == len(entries) - 1) for i, e in enumerate(entries)]
+    stages = tuple(p[0] for p in parsed)
+    ext, val = parsed[-1][1], parsed[-1][2]
+    scheduled = steps - ext
+    if scheduled < len(stages) - 1:
+        raise ConfigError(
+            f"train.stages: ext={ext} leaves {scheduled} of train.steps ({steps}) for "
+            f"{len(stages) - 1} stage(s)"
+        )
+    ends, acc = [0], 0.0
+    for i, stage in enumerate(stages[:-1]):
+        acc += stage.duration
+        ends.append(round(acc * scheduled))
+        if ends[-1] <= ends[-2]:
+            raise ConfigError(
+                f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
+            )
+    if ends[-1] != scheduled:
+        raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:g}, not 1")
+    if not 0 < cooldown_frac <= 1:
+        raise ConfigError(
+            "train.stages needs train.warmdown_frac > 0 (the cool-down's share of the scheduled steps)"
+        )
+    low, high, warmup, cooldown = momentum
+    return StagePlan(
+        stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
+        lr_floor=lr_floor, val_long_window=val, momentum_min=low, momentum_max=high,
+        momentum_warmup=warmup, momentum_cooldown=cooldown,
+    )  # fmt: skip

@@ -1,0 +1,326 @@
+"""Training with `train.stages`, `model.attention=varlen` and `model.yarn` (issue 20), fp32 on CPU: every
+step takes its batch, document cut, windows, LR and momentum from `stage_values`; a resume inside stage
+2 reproduces the uninterrupted run; 1 and 2 processes give the same losses; the varlen forward equals
+the dense document-masked one; YaRN'd attention equals record #31's formulas; timed steps never
+compile across a stage change."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import shutil
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speedrun.config import ModelConfig
+from speedrun.errors import ConfigError
+from speedrun.model import varlen
+from speedrun.model.attention_tiers import varlen_attention
+from speedrun.model.gpt import GPT
+from speedrun.recipes import load_recipe
+from speedrun.tools.evaluate import evaluate_loss
+from speedrun.tools.runs import load_model
+from speedrun.train import checkpoint as ckpt
+from speedrun.train import loop
+from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
+from tests.conftest import TINY, read_metrics, run_speedrun
+
+# 2 rows a step; rows of 64, 128 and 192 tokens; documents cut to 48 and 96 tokens in stages 1 and 2
+STAGES = (
+    "tokens=128 doc=48 windows=1/1 frac=1/3; tokens=256 doc=96 windows=1/2 lr=1.5 frac=1/3; "
+    "tokens=384 windows=1/2 lr=1.7 frac=1/3; tokens=384 windows=1/3 ext=2 val=4"
+)
+
+
+def staged(text_data: Path, *extra: str) -> list[str]:
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    return [
+        *TINY, f"data.dir={text_data}", "data.loader=documents", "data.doc_rule=packed",
+        "model.attention=varlen", f"model.eot_id={eot}", "model.positional=rotary", "model.norm=rmsnorm",
+        "model.rope_half_truncated=true", "model.yarn=true", "model.attn_scale=0.1", "model.qk_norm=true",
+        "model.window_pattern=LS", "model.max_seq_len=256", "train.seq_len=64", "train.micro_batch_tokens=64",
+        "train.global_batch_tokens=128", "train.val_seq_len=256", "train.val_tokens=1024", "train.steps=14",
+        "train.warmdown_steps=0", "train.warmdown_frac=0.5", "train.final_lr_frac=0.15",
+        f"train.stages={STAGES}", "train.val_every=5", "train.log_every=1", "optim.name=muon",
+        "optim.muon_momentum_start=0.85", "optim.muon_momentum_warmup_steps=4",
+        "optim.muon_momentum_cooldown_steps=3", "train.checkpoint_every=6", "train.checkpoint_at_end=true",
+        "train.checkpoint_keep=0", *extra,
+    ]  # fmt: skip
+
+
+def record_attn_scale(long_windows_blocks: list[int]) -> float:
+    """#31: attn_scales = accumulate([0.1] + [0.2·log(curr/prev) + 1 ...]) over the distinct windows."""
+    windows = list(dict.fromkeys(long_windows_blocks))
+    scale = 0.1
+    for prev, curr in zip(windows[:-1], windows[1:], strict=True):
+        scale *= 0.2 * math.log(curr / prev) + 1
+    return scale
+
+
+@pytest.fixture(scope="module")
+def straight(text_data, tmp_path_factory):
+    """The uninterrupted 3-stage run, with what every step saw recorded."""
+    out = tmp_path_factory.mktemp("stages") / "run"
+    cfg = load_recipe("demo", staged(text_data))
+    seen: list[dict] = []
+    real = loop.train_step
+
+    def recording_step(model, optimizer, next_batch, accumulation_steps, *args):
+        batches = []
+
+        def recorded():
+            batch = next_batch()
+            batches.append(batch)
+            return batch
+
+        inner = getattr(model, "module", model)
+        seen.append(
+            {
+                "lr": [g["lr"] / g["initial_lr"] for g in optimizer.param_groups],
+                "momentum": [g["momentum"] for g in optimizer.param_groups if g["kind"] == "muon"],
+                "windows": inner.varlen_windows,
+                "scale": inner.blocks[0].attn.scale,
+                "batches": batches,
+            }
+        )
+        return real(model, optimizer, recorded, accumulation_steps, *args)
+
+    loop.train_step = recording_step
+    try:
+        loop.train(cfg, out)
+    finally:
+        loop.train_step = real
+    return cfg, out, seen
+
+
+def test_every_step_takes_its_values_from_the_stage_plan(straight):
+    cfg, _, seen = straight
+    plan = stage_plan(cfg)
+    assert len(seen) == cfg.train.steps and plan.scheduled_steps == 12
+    long_seen = []
+    for step, got in enumerate(seen):
+        v = stage_values(step, plan)
+        long_seen.append(v.long_window)
+        assert got["lr"] == pytest.approx([v.lr] * len(got["lr"]), rel=1e-12), step
+        assert got["momentum"] == [v.muon_momentum] * len(got["momentum"]), step
+        assert (
+            got["windows"].short == 128 * v.short_window + 1
+            and got["windows"].long == 128 * v.long_window + 1
+        )
+        assert got["scale"] == pytest.approx(record_attn_scale(long_seen), rel=1e-12), step
+        xs = [b[0] for b in got["batches"]]
+        assert len(xs) == 2 and sum(x.numel() for x in xs) == v.batch_tokens, step  # 2 rows on 1 process
+        for x, _y, cu in got["batches"]:
+            bounds = np.unique(cu.numpy())
+            assert bounds[0] == 0 and bounds[-1] == x.numel()
+            assert (x[0, bounds[:-1]] == cfg.model.eot_id).all()  # every document starts at its BOS
+            if v.max_doc_len:
+                assert np.diff(bounds).max() <= v.max_doc_len, step
+    assert {stage_values(s, plan).stage for s in range(len(seen))} == {0, 1, 2, 3}
+
+
+def test_a_resume_inside_stage_two_gives_the_uninterrupted_losses(straight, tmp_path):
+    cfg, out, _ = straight
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    for path in ckpt.list_checkpoints(resumed):
+        if int(path.name.split("_")[1]) > 6:  # step 6 lies in stage 2 (steps 4 … 7)
+            shutil.rmtree(path)
+    assert stage_values(6, stage_plan(cfg)).stage == 1
+    loop.train(cfg, resumed, resume=True)
+    want = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
+    got = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(resumed)]
+    assert got == want
+
+
+def test_eval_of_the_finished_run_uses_the_final_windows_and_yarn(straight):
+    """`speedrun eval` (tools/evaluate.py) on the last checkpoint gives the loop's final val loss: the
+    model gets the final validation's long window (4 blocks) and its YaRN, not the initial ones."""
+    cfg, out, _ = straight
+    model, saved, _ = load_model(out)
+    assert model.varlen_windows.long == 0  # a fresh model: no stage applied yet
+    result = evaluate_loss(model, saved, saved.data.dir)
+    assert model.varlen_windows.long == 4 * 128 + 1
+    assert result["val_loss"] == pytest.approx(read_metrics(out)[-1]["val_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_losses(straight, text_data, tmp_path):
+    _, out, _ = straight
+    proc = run_speedrun("train", "--out", str(tmp_path / "two"), *staged(text_data), nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
+    got = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(tmp_path / "two")]
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for (_, a, b), (_, c, d) in zip(got, want, strict=True):
+        assert (a, b) == pytest.approx((c, d), rel=1e-5, abs=1e-6)
+
+
+# ------------------------------------------------------------------ the model's varlen and YaRN parts
+
+
+def tiny_model(**model) -> GPT:
+    base = dict(vocab_size=64, n_layer=2, n_head=2, n_embd=32, max_seq_len=512, positional="rotary",
+                norm="rmsnorm", activation="relu2", bias=False, qk_norm=True, eot_id=0,
+                window_pattern="LS")  # fmt: skip
+    torch.manual_seed(0)
+    return GPT(ModelConfig(**{**base, **model}))
+
+
+def packed_row(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (1, T) row of documents that each start with BOS 0, and its padded cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(1, 64, (1, T), generator=g)
+    starts = [0, 40, 41, 170, 300]
+    idx[0, starts] = 0
+    cu = torch.tensor([*starts, T, T, T], dtype=torch.int32)
+    return idx, cu
+
+
+def test_varlen_forward_and_gradients_equal_the_dense_document_masked_model():
+    """Same weights: cu_seqlens through varlen_attention (blocked SDPA) vs the dense path's document
+    mask from the BOS tokens, long window 150 / short 75 tokens (layers L, S)."""
+    fast = tiny_model(attention="varlen", window=150)
+    dense = tiny_model(attention="sdpa", window=150, document_mask=True)
+    dense.load_state_dict(fast.state_dict())
+    idx, cu = packed_row(400)
+    targets = torch.roll(idx, -1, 1)
+    a, b = fast(idx, targets, cu), dense(idx, targets)
+    a.backward()
+    b.backward()
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(fast.named_parameters(), dense.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_stage_window_sees_what_fa3_window_size_blocks_times_128_sees():
+    """The records pass window_size=(blocks·128, 0) to FA3: keys q − 128·blocks … q, inclusive."""
+    T, H, D = 400, 2, 8
+    q, k, v = (torch.randn(T, H, D, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    _, cu = packed_row(T)
+    pos = torch.arange(T)
+    docs = torch.searchsorted(cu[1:].contiguous(), pos.to(torch.int32), right=True)
+    mask = (pos[:, None] >= pos) & (docs[:, None] == docs) & (pos[:, None] - pos <= 128)
+    ref = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), mask).transpose(0, 1)
+    torch.testing.assert_close(varlen_attention(q, k, v, cu, varlen.blocks_to_tokens(1)), ref)
+
+
+def record31_rotary(x_BTHD, cos, sin):
+    cos, sin = cos[None, : x_BTHD.size(-3), None, :], sin[None, : x_BTHD.size(-3), None, :]
+    x1, x2 = x_BTHD.to(dtype=torch.float32).chunk(2, dim=-1)
+    y1 = x1 * cos + x2 * sin
+    y2 = x1 * (-sin) + x2 * cos
+    return torch.cat((y1, y2), 3).type_as(x_BTHD)
+
+
+def record31_tables(head_dim, max_seq_len, history_blocks, block_size=128, alpha=1, beta=32):
+    """GPT.setup_yarn and apply_yarn of record #31, over the long windows `history_blocks`."""
+    angular_freq = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32)
+    angular_freq = torch.cat([angular_freq, angular_freq.new_zeros(head_dim // 4)])
+    for old_window, new_window in zip(history_blocks[:-1], history_blocks[1:], strict=True):
+        rotations = block_size * old_window * angular_freq / (2 * torch.pi)
+        scaling_factor = old_window / new_window
+        interpolation_weight = torch.clamp((rotations - alpha) / (beta - alpha), 0, 1)
+        angular_freq *= scaling_factor + interpolation_weight * (1 - scaling_factor)
+    theta = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), angular_freq)
+    return theta.cos(), theta.sin()
+
+
+@pytest.mark.parametrize("history", [(3,), (3, 7), (3, 7, 11, 13)])
+def test_yarn_attention_equals_record_31(history):
+    """One attention layer after the long window went through `history` blocks, against #31's
+    CausalSelfAttention (QK-norm, its rotary tables and attention scale, FA3 window (blocks·128, 0))."""
+    model = tiny_model(
+        attention="varlen", rope_half_truncated=True, yarn=True, attn_scale=0.1, window_pattern="LL"
+    )
+    varlen.set_stage(model, 1, history[-1], 0, history)
+    idx, cu = packed_row(400)
+    T, H, D = 400, 2, 16
+    attn = model.blocks[0].attn
+    h = torch.randn(1, T, 32, generator=torch.Generator().manual_seed(5))
+    got, _ = varlen.attend_fns(model, idx, cu)[0](attn, h, None)
+
+    cos, sin = record31_tables(D, 512, list(history))
+    q, k, v = F.linear(h, attn.c_attn.weight).view(1, T, 3 * H, D).chunk(3, dim=-2)
+    q, k = F.rms_norm(q, (D,)), F.rms_norm(k, (D,))
+    q, k = record31_rotary(q, cos, sin), record31_rotary(k, cos, sin)
+    pos = torch.arange(T)
+    docs = torch.searchsorted(cu[1:].contiguous(), pos.to(torch.int32), right=True)
+    mask = (pos[:, None] >= pos) & (docs[:, None] == docs) & (pos[:, None] - pos <= 128 * history[-1])
+    y = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, scale=record_attn_scale(list(history))
+    )
+    want = F.linear(y.transpose(1, 2).reshape(1, T, H * D), attn.c_proj.weight)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+BAD_PLANS = [
+    ("tokens=128 windows=1/1 frac=1", "needs at least one scheduled stage"),
+    ("tokens=128 windows=1/1; tokens=128 windows=1/1 ext=0", "stage 1 needs frac"),
+    ("tokens=128 windows=2/1 frac=1; tokens=128 windows=1/1 ext=0", "1 <= SHORT <= LONG"),
+    ("tokens=128 windows=1/1 frac=0.5; tokens=128 windows=1/1 ext=0", "add up to 0.5, not 1"),
+    ("tokens=128 windows=1/1 frac=1 size=3; tokens=128 windows=1/1 ext=0", "'size=3' is not key=value"),
+    ("tokens=101 windows=1/1 frac=1; tokens=128 windows=1/1 ext=0", "tokens=101 must split into 2 rows"),
+    ("tokens=128 windows=1/2 frac=1; tokens=128 windows=1/2 ext=0 val=1", "val=1 must not be below"),
+]
+BAD_BESIDES = [  # a good plan with other keys that do not go with it
+    ("data.doc_rule=stream", "doc=N cuts documents only with data.doc_rule=packed"),
+    ("model.attention=sdpa", "train.stages needs model.attention=varlen"),
+    ("train.warmdown_frac=0", "train.stages needs train.warmdown_frac > 0"),
+]
+
+
+@pytest.mark.parametrize("override, words", [(f"train.stages={p}", w) for p, w in BAD_PLANS] + BAD_BESIDES)
+def test_a_bad_stage_plan_is_one_config_error_naming_it(text_data, override, words):
+    with pytest.raises(ConfigError) as err:
+        load_recipe("demo", [*staged(text_data), override])
+    assert words in str(err.value)
+
+
+@pytest.mark.slow
+def test_timed_steps_never_compile_across_stage_changes(text_data, tmp_path, monkeypatch):
+    """train.compile=on (aot_eager: the CPU checks the graphs, not inductor's kernels): the warm-up
+    compiles every stage's training shape and every validation shape; the timed steps and
+    validations after it compile nothing, and the losses equal the uncompiled run's."""
+    counters = torch._dynamo.utils.counters
+    seen: list[int] = []
+    real_step, real_compile = loop.train_step, torch.compile
+
+    def counting_step(*args, **kwargs):
+        seen.append(sum(counters["stats"].values()))
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", counting_step)
+    monkeypatch.setattr(torch, "compile", functools.partial(real_compile, backend="aot_eager"))
+    runs = {}
+    for compile_ in ("on", "off"):
+        torch._dynamo.reset()
+        counters.clear()
+        seen.clear()
+        cfg = load_recipe("demo", staged(text_data, f"train.compile={compile_}", "train.checkpoint_every=0"))
+        loop.train(cfg, tmp_path / compile_)
+        runs[compile_] = [r.get("train_loss", r.get("val_loss")) for r in read_metrics(tmp_path / compile_)]
+        if compile_ == "on":
+            assert seen[0] > 0, "the warm-up compiled before the first timed step"
+            assert seen == [seen[0]] * len(seen) == [sum(counters["stats"].values())] * len(seen)
+    assert runs["on"] == pytest.approx(runs["off"], rel=1e-4)
+
+
+def test_the_documented_stage_plan_is_todays_record():
+    """docs/recipes.md's `train.stages` example is STAGES_2026_07 (written from today's TrainingSchedule),
+    less its multi-token-prediction weights and its untie stage, which are not configured here."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
+    block = doc.split("## Training stages", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
+    t = tomllib.loads(block)["train"]
+    momentum = (0.85, 0.95, 300, 50)
+    plan = parse_stages(t["stages"], t["steps"], t["warmdown_frac"], t["final_lr_frac"], momentum)
+    no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
+    assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp), split_stage=-1)
+    assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
