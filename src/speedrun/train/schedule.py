@@ -8,6 +8,7 @@ optimizer name) and the model. Pure functions of the step, so a resumed run is e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ class StepSchedule:
     lr: float  # multiplier of every group's peak LR
     muon_momentum: float
     window: int  # sliding attention window in tokens; 0 = the model has none
+    frozen: bool = False  # labels that pause at transitions (optim.scalar_freeze_steps) are paused
 
 
 def warmdown_length(cfg: TrainConfig) -> float:
@@ -97,6 +99,19 @@ def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
     return max(u, u * units)
 
 
+def frozen_at(step: int, span: int, transition: Callable[[int], bool]) -> bool:
+    """Record #52's pause: a span of `span` steps from each transition step on (the transition step
+    included; a transition inside a pause restarts it). `transition(s)`: whether step s starts new
+    schedule values (#52: a new window or batch size)."""
+    return span > 0 and any(transition(s) for s in range(max(1, step - span + 1), step + 1))
+
+
+def window_transition(step: int, cfg: Config) -> bool:
+    """Whether step `step` (>= 1) trains with another attention window than the step before."""
+    n = cfg.train.steps
+    return window_tokens(step, n, cfg.model) != window_tokens(step - 1, n, cfg.model)
+
+
 def schedule_at(step: int, cfg: Config) -> StepSchedule:
     """All per-step values for step `step`; `step == cfg.train.steps` is the final validation."""
     last = max(0, cfg.train.steps - 1)
@@ -104,6 +119,7 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
         lr=lr_multiplier(min(step, last), cfg.train),
         muon_momentum=muon_momentum(step, cfg.optim, cfg.train.steps),
         window=window_tokens(step, cfg.train.steps, cfg.model),
+        frozen=frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: window_transition(s, cfg)),
     )
 
 
@@ -114,6 +130,8 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
         group["lr"] = group["initial_lr"] * values.lr
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
+        if "frozen" in group:
+            group["frozen"] = values.frozen
     if values.window > 0:
         model.set_attention_window(values.window)
 
