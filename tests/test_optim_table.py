@@ -215,3 +215,17 @@ def test_state_dict_with_a_param_in_two_banks_round_trips_and_reads_format_1():
         run(c, opt_c, grads[2:])
         for (name, pa), pc in zip(a.named_parameters(), c.parameters(), strict=True):
             assert torch.equal(pa, pc), (name, old_format)
+
+
+def test_the_new_switches_are_checked_at_the_edge():
+    from speedrun.errors import ConfigError
+
+    for bad, match in [
+        (["optim.muon_qk_block_heads=2"], "need optim.name=normuon"),
+        (["optim.mlp_proj_lr_mul=2.0"], "needs optim.name=normuon"),
+        (["optim.name=normuon", "optim.muon_qk_block_heads=3"], "must divide model.n_head"),
+        (["optim.name=normuon", "optim.scalar_freeze_steps=-1"], "must be >= 0"),
+        (["optim.name=normuon", "optim.mlp_proj_lr_mul=0"], "> 0"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            load_recipe("demo", bad)

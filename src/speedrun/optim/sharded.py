@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
+from speedrun.optim.cautious_adam import AdamLabel, adam_foreach_, cautious_adam_
 from speedrun.optim.normuon import (
     cautious_step,
     join_fp32,
@@ -182,19 +182,7 @@ class ShardedNorMuonAdam:
         if do_adam:
             for label in self.adam_steps:
                 self.adam_steps[label] += label not in frozen
-        gathers = []
-        for row, grad, work in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
-            if work is not None:
-                work.wait()
-                grad.div_(self.world)
-            hp = self.adam[row.label]
-            shard = self._adam_shard(row)
-            st = self.state[row.name]
-            lr = self._group(row.label)["lr"]
-            t = self.adam_steps[row.label]
-            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, hp)
-            if self._row_sharded(row):
-                gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
+        gathers = self._update_adam(adam_work)
         for bank, grads, work in bank_work:
             if work is not None:
                 work.wait()
@@ -212,6 +200,36 @@ class ShardedNorMuonAdam:
         if self.tied and self.steps_done >= self.tie_until:
             self._untie()
 
+    def _update_adam(self, adam_work: list[tuple[Row, Tensor, Any]]) -> list[tuple[None, None, Any]]:
+        """Adam on this rank's shards, replicated tensors first: those of one label without decay in
+        multi-tensor ops (the scalars), the rest one by one. Returns the sharded rows' gathers."""
+        for *_, work in adam_work:
+            if work is not None:
+                work.wait()
+        if self.world > 1 and adam_work:
+            torch._foreach_div_([grad for _, grad, _ in adam_work], self.world)
+        batched: dict[str, list[tuple[Row, Tensor]]] = {}
+        single, gathers = [], []
+        for row, grad, _ in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
+            plain = not self._row_sharded(row) and not self.adam[row.label].weight_decay
+            if plain and row.param.dtype == torch.float32:
+                batched.setdefault(row.label, []).append((row, grad))
+            else:
+                single.append((row, grad))
+        for label, items in batched.items():
+            st = [self.state[row.name] for row, _ in items]
+            weights, grads = [row.param for row, _ in items], [g for _, g in items]  # (no_grad)
+            exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
+            lr, t = self._group(label)["lr"], self.adam_steps[label]
+            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self.adam[label])
+        for row, grad in single:
+            shard, st = self._adam_shard(row), self.state[row.name]
+            lr, t = self._group(row.label)["lr"], self.adam_steps[row.label]
+            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self.adam[row.label])
+            if self._row_sharded(row):
+                gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
+        return gathers
+
     def _carry_adam_grads(self, do_adam: bool) -> None:
         """Keep Adam gradients over a skipped step (summed, as HEAD's grads that are not cleared)."""
         for row in self.adam_rows:
@@ -222,24 +240,13 @@ class ShardedNorMuonAdam:
                 self.kept[row.name] = p.grad
                 p.grad = None
 
-    @staticmethod
-    def _views(bank: Bank, members: list[tuple[Row, int]], grad: bool = False) -> list[Tensor]:
-        """The (rows, cols) blocks of ``members`` of ``bank``: views of each param (or its gradient),
-        split once per param."""
-        split: dict[str, tuple[Tensor, ...]] = {}
-        out = []
-        for row, i in members:
-            if row.name not in split:
-                split[row.name] = row.blocks(row.param.grad if grad else row.param.data)
-            out.append(split[row.name][i])
-        return out
-
     def _reduce_bank(self, bank: Bank) -> tuple[Tensor, Any]:
-        grads = self._views(bank, bank.members, grad=True)
+        grads = bank.grad_rows()
+        rows, cols = bank.shape
         if self.world == 1:
-            return torch.stack(grads), None
-        stacked = torch.zeros((bank.padded, *bank.shape), dtype=grads[0].dtype, device=grads[0].device)
-        torch.stack(grads, out=stacked[: bank.size])
+            return torch.cat(grads).view(bank.size, rows, cols), None
+        stacked = torch.zeros((bank.padded, rows, cols), dtype=grads[0].dtype, device=grads[0].device)
+        torch.cat(grads, out=stacked.view(-1, cols)[: bank.size * rows])
         out = torch.empty((bank.per_rank, *bank.shape), dtype=stacked.dtype, device=stacked.device)
         return out, self.comms.reduce_scatter(out, stacked)
 
@@ -269,7 +276,7 @@ class ShardedNorMuonAdam:
             v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
             if self.beta2 > 0:
                 v = normuon_normalize_(v, st["second_moment"][:k], self.beta2)
-            weights = torch.stack(self._views(bank, mine))
+            weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (
                 join_fp32(weights.view(torch.uint16), mantissa[:k])
@@ -291,8 +298,7 @@ class ShardedNorMuonAdam:
 
     @staticmethod
     def _write_bank(bank: Bank, gathered: Tensor) -> None:
-        dst = ShardedNorMuonAdam._views(bank, bank.members)
-        torch._foreach_copy_(dst, list(gathered[: bank.size].unbind(0)))
+        torch._foreach_copy_(bank.weight_views(), list(gathered[: bank.size].unbind(0)))
 
     def _untie(self) -> None:
         """The embedding continues from the head's weights and Adam state (shards align: same shape)."""

@@ -65,6 +65,37 @@ class Bank:
     dtype: torch.dtype
     members: list[tuple[Row, int]] = field(default_factory=list)  # (row, block index in the param)
     world: int = 1
+    _views: tuple = ((), [])  # (storage key, the members' weight views): built once per storage
+
+    def weight_views(self) -> list[Tensor]:
+        """Every member's (rows, cols) block as a view of its parameter, built again only when a
+        parameter's storage changes (a step then dispatches no view ops for them)."""
+        key = tuple(row.param.data_ptr() for row, _ in self.members)
+        if self._views[0] != key:
+            split: dict[str, tuple[Tensor, ...]] = {}
+            for row, _ in self.members:
+                split.setdefault(row.name, row.blocks(row.param.data))
+            self._views = (key, [split[row.name][i] for row, i in self.members])
+        return self._views[1]
+
+    def grad_rows(self) -> list[Tensor]:
+        """The members' gradients as 2-D row ranges, one per run of consecutive blocks of one
+        parameter (a whole 2-D gradient as it is): concatenated, they are the stacked blocks."""
+        runs: list[tuple[Row, int, int]] = []  # (row, first block, end block)
+        for row, i in self.members:
+            if runs and runs[-1][0] is row and runs[-1][2] == i:
+                runs[-1] = (row, runs[-1][1], i + 1)
+            else:
+                runs.append((row, i, i + 1))
+        out = []
+        for row, first, end in runs:
+            g = row.param.grad
+            if first == 0 and end == len(row.block_rows) and g.ndim == 2:
+                out.append(g)
+                continue
+            g = g if g.ndim == 2 else g.view(-1, g.shape[-1])
+            out.append(g[sum(row.block_rows[:first]) : sum(row.block_rows[:end])])
+        return out
 
     @property
     def size(self) -> int:
