@@ -229,3 +229,20 @@ def test_the_new_switches_are_checked_at_the_edge():
     ]:
         with pytest.raises(ConfigError, match=match):
             load_recipe("demo", bad)
+
+
+def test_multi_tensor_adam_is_the_per_tensor_step_bit_for_bit():
+    from speedrun.optim.cautious_adam import adam_foreach_, cautious_adam_
+
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(3,), (4, 5), ()]
+    hp = AdamLabel(0.04, (0.9, 0.99), 0.0, 1e-8)
+    one = [torch.randn(s, generator=gen) for s in shapes]
+    many = [t.clone() for t in one]
+    state = [[torch.zeros(s) for s in shapes] for _ in range(4)]
+    for t in (1, 2, 3):
+        grads = [torch.randn(s, generator=gen) for s in shapes]
+        for w, g, m, v in zip(one, grads, state[0], state[1], strict=True):
+            cautious_adam_(w, g, m, v, t, 0.04, hp)
+        adam_foreach_(many, grads, state[2], state[3], t, 0.04, hp)
+    assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
