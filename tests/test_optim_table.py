@@ -246,3 +246,22 @@ def test_multi_tensor_adam_is_the_per_tensor_step_bit_for_bit():
             cautious_adam_(w, g, m, v, t, 0.04, hp)
         adam_foreach_(many, grads, state[2], state[3], t, 0.04, hp)
     assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
+
+
+def test_stage_plan_transitions_are_where_batch_or_windows_change():
+    """#52's definition (a step whose window or batch size differs from the step before) on today's
+    stage plan: the stage starts, extension included; pauses then cover 40 steps from each."""
+    from speedrun.train.schedule import STAGES_2026_07, frozen_at, stage_transition, stage_values
+
+    plan = STAGES_2026_07
+
+    def changed(step: int) -> bool:
+        a, b = stage_values(step - 1, plan), stage_values(step, plan)
+        return (a.batch_tokens, a.long_window) != (b.batch_tokens, b.long_window)
+
+    steps = range(1, plan.total_steps)
+    assert [stage_transition(s, plan) for s in steps] == [changed(s) for s in steps]
+    paused = [s for s in range(plan.total_steps) if frozen_at(s, 40, lambda t: stage_transition(t, plan))]
+    starts = [s for s in steps if changed(s)]
+    n = plan.total_steps
+    assert len(starts) == 3 and paused == sorted({t + k for t in starts for k in range(40) if t + k < n})

@@ -112,6 +112,12 @@ def window_transition(step: int, cfg: Config) -> bool:
     return window_tokens(step, n, cfg.model) != window_tokens(step - 1, n, cfg.model)
 
 
+def stage_transition(step: int, plan: StagePlan) -> bool:
+    """Whether step `step` starts a stage after the first (its batch and windows change there): the
+    transitions of a stage plan, as HEAD's `get_transition_steps`."""
+    return any(step == start for start, _ in stage_bounds(plan)[1:])
+
+
 def schedule_at(step: int, cfg: Config) -> StepSchedule:
     """All per-step values for step `step`; `step == cfg.train.steps` is the final validation."""
     last = max(0, cfg.train.steps - 1)
