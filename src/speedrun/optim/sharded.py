@@ -201,28 +201,32 @@ class ShardedNorMuonAdam:
             self._untie()
 
     def _update_adam(self, adam_work: list[tuple[Row, Tensor, Any]]) -> list[tuple[None, None, Any]]:
-        """Adam on this rank's shards, replicated tensors first: those of one label without decay in
-        multi-tensor ops (the scalars), the rest one by one. Returns the sharded rows' gathers."""
-        for *_, work in adam_work:
-            if work is not None:
-                work.wait()
-        if self.world > 1 and adam_work:
-            torch._foreach_div_([grad for _, grad, _ in adam_work], self.world)
-        batched: dict[str, list[tuple[Row, Tensor]]] = {}
+        """Adam on this rank's shards, each after its reduction, replicated tensors first: those of one
+        label without decay in multi-tensor ops (the scalars), the rest one by one. Returns the sharded
+        rows' gathers."""
+        batched: dict[str, list[tuple[Row, Tensor, Any]]] = {}
         single, gathers = [], []
-        for row, grad, _ in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
+        for row, grad, work in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
             plain = not self._row_sharded(row) and not self.adam[row.label].weight_decay
             if plain and row.param.dtype == torch.float32:
-                batched.setdefault(row.label, []).append((row, grad))
+                batched.setdefault(row.label, []).append((row, grad, work))
             else:
-                single.append((row, grad))
+                single.append((row, grad, work))
         for label, items in batched.items():
-            st = [self.state[row.name] for row, _ in items]
-            weights, grads = [row.param for row, _ in items], [g for _, g in items]  # (no_grad)
+            for *_, work in items:
+                if work is not None:
+                    work.wait()
+            grads, st = [g for _, g, _ in items], [self.state[row.name] for row, _, _ in items]
+            if self.world > 1:
+                torch._foreach_div_(grads, self.world)
+            weights = [row.param for row, _, _ in items]  # (no_grad)
             exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
             lr, t = self._group(label)["lr"], self.adam_steps[label]
             adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self.adam[label])
-        for row, grad in single:
+        for row, grad, work in single:
+            if work is not None:
+                work.wait()
+                grad.div_(self.world)
             shard, st = self._adam_shard(row), self.state[row.name]
             lr, t = self._group(row.label)["lr"], self.adam_steps[row.label]
             cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self.adam[row.label])
