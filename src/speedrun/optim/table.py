@@ -65,7 +65,8 @@ class Bank:
     dtype: torch.dtype
     members: list[tuple[Row, int]] = field(default_factory=list)  # (row, block index in the param)
     world: int = 1
-    _views: tuple = ((), [])  # (storage key, the members' weight views): built once per storage
+    # (storage key, the members' weight views): built once per storage
+    _views: tuple = field(default=((), ()), init=False, repr=False)
 
     def weight_views(self) -> list[Tensor]:
         """Every member's (rows, cols) block as a view of its parameter, built again only when a
