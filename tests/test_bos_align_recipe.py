@@ -208,8 +208,9 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         "train.val_seq_len=256", "train.val_tokens=2048", "train.steps=6", "train.val_every=3",
         "train.log_every=1", "train.dtype=fp32", "train.compile=off", "model.fp8_head=false",
         "model.embed_dtype=fp32", "model.softcap_divisor=60.0",
-        # fp32 orthogonalization: bf16 Newton-Schulz turns DDP's (g1 + g2)/2 vs accumulated g1/2 + g2/2
-        # rounding into ~1e-4 loss differences by step 3 (measured; record-2025-01 shows the same)
+        # fp32 orthogonalization: bf16 Newton-Schulz turns the reduce-scatter's (g1 + g2)/2 vs accumulated
+        # g1/2 + g2/2 rounding into ~1e-4 loss differences by step 3 (measured under DDP; record-2025-01
+        # shows the same)
         "optim.muon_backend=svd",
     ]  # fmt: skip
     losses = {}

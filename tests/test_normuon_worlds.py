@@ -2,7 +2,7 @@
 4 gloo processes: the same losses, and checkpoints that resume on another number of processes.
 
 Every new switch is on: NorMuon with Polar Express and cautious decay, momentum warm-up and cool-down,
-Adam every other step (so a checkpoint at an odd step carries kept gradients), tied embedding and head
+Q/K orthogonalized per head, a per-matrix LR multiplier, Adam every other step (so a checkpoint at an odd step carries kept gradients), tied embedding and head
 untied mid-run. Sharding is visible in the log: each rank holds 1/W of the optimizer state.
 """
 
@@ -33,6 +33,8 @@ SETTINGS = [
     "optim.tie_until=8",
     "optim.embed_lr=0.02",
     "optim.head_lr=0.02",
+    "optim.muon_qk_block_heads=1",  # per-head Q/K blocks (#80 pairs; TINY has 2 heads): a second bank
+    "optim.mlp_proj_lr_mul=2.0",  # HEAD's per-matrix multiplier
 ]
 
 # Bound: fp32, but a step's gradient is the mean of 4 micro-batch gradients summed in a different

@@ -196,6 +196,9 @@ class OptimConfig:
     value_embed_wd_mul: float = 5.0
     value_embed_lr: float = 0.0  # 0 = embed_lr
     tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
+    muon_qk_block_heads: int = 0  # Q and K orthogonalized per group of this many heads (#80: 2); 0 = whole
+    mlp_proj_lr_mul: float = 1.0  # LR multiplier of the MLP output projections (HEAD: 2, see docs/recipes.md)
+    scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 
 
 @dataclass

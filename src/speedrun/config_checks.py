@@ -238,9 +238,23 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
-        if o.adam_every != 1 or o.tie_until:
-            raise ConfigError("optim.adam_every and optim.tie_until need optim.name=normuon")
+        if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
+            raise ConfigError(
+                "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
+                "need optim.name=normuon"
+            )
+        if o.mlp_proj_lr_mul != 1.0:
+            raise ConfigError("optim.mlp_proj_lr_mul needs optim.name=normuon")
         return
+    if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or o.mlp_proj_lr_mul <= 0:
+        raise ConfigError(
+            "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul > 0"
+        )
+    if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (m.fused_qkv and not o.muon_split_qkv)):
+        raise ConfigError(
+            f"optim.muon_qk_block_heads ({o.muon_qk_block_heads}) must divide model.n_head ({m.n_head}) "
+            "and needs optim.muon_split_qkv=true"
+        )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
     if o.tie_until:

@@ -14,7 +14,10 @@ the shard is everything. The order is fixed up front rather than driven by backw
 does since #61: the reductions start as soon as the step begins and overlap the small updates.
 
 Every other step Adam (``adam_every`` = 2, #39): on the skipped step its gradients are kept, not
-communicated; the next step adds them in. Tied, then untied (#51, #53): while tied the embedding's
+communicated; the next step adds them in. Frozen labels (#52, ``frozen_labels``): while the schedule
+sets their group's ``frozen`` (a span of steps from each schedule transition on), their gradients,
+kept ones included, are dropped and they do not step; their Adam moments and step count stay as
+they were, so they resume where they paused. Tied, then untied (#51, #53): while tied the embedding's
 gradient is added into the head's, only the head is updated and the embedding copied from it; at the
 untie step the head's Adam state is copied to the embedding.
 
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
+from speedrun.optim.cautious_adam import AdamLabel, adam_foreach_, cautious_adam_
 from speedrun.optim.normuon import (
     cautious_step,
     join_fp32,
@@ -41,9 +44,11 @@ from speedrun.optim.normuon import (
     split_fp32,
 )
 from speedrun.optim.orthogonalize import orthogonalize
-from speedrun.optim.table import Bank, Row, blocks, build_banks
+from speedrun.optim.table import Bank, Row, build_banks
 
-STATE_FORMAT = "sharded-normuon-adam-1"
+# -2: per-label Adam step counts; NorMuon state per block (a row's blocks may sit in two banks)
+STATE_FORMAT = "sharded-normuon-adam-2"
+READABLE_FORMATS = ("sharded-normuon-adam-1", STATE_FORMAT)
 
 
 class Collectives:
@@ -80,7 +85,9 @@ class ShardedNorMuonAdam:
         backend: str = "polar_express",
         ns_dtype: torch.dtype = torch.bfloat16,
         ns_steps: int = 5,
+        ns_form: str = "fused",
         adam_every: int = 1,
+        frozen_labels: tuple[str, ...] = (),
         tie: tuple[Tensor, Tensor, int] | None = None,
         comms: Collectives | None = None,
     ) -> None:
@@ -91,6 +98,7 @@ class ShardedNorMuonAdam:
         self.adam_rows = [r for r in rows if r.rule == "adam"]
         self.adam = adam
         self.beta2, self.muon_wd, self.backend, self.ns_steps = beta2, muon_weight_decay, backend, ns_steps
+        self.ns_form = ns_form  # Newton-Schulz op order of a record era (optim/orthogonalize.py)
         self.ns_dtype = ns_dtype  # bf16 as the records; fp32 where the device runs bf16 slowly
         self.adam_every = adam_every
         self.embed, self.head, self.tie_until = tie if tie else (None, None, 0)
@@ -104,9 +112,12 @@ class ShardedNorMuonAdam:
         for label in adam:
             params = [r.param for r in self.adam_rows if r.label == label]
             if params:
-                self.param_groups.append(dict(kind="adam", label=label, lr=adam[label].lr, params=params))
+                group = dict(kind="adam", label=label, lr=adam[label].lr, params=params)
+                if label in frozen_labels:
+                    group["frozen"] = False  # the schedule sets it (train/schedule.py, frozen_at)
+                self.param_groups.append(group)
         self.steps_done = 0
-        self.adam_steps = 0
+        self.adam_steps = dict.fromkeys(adam, 0)  # Adam steps taken, per label
         self.kept: dict[str, Tensor] = {}  # Adam gradients carried over a skipped step (this rank's)
         self.state: dict[str, dict[str, Tensor]] = {}
         self._init_state()
@@ -154,6 +165,11 @@ class ShardedNorMuonAdam:
     @torch.no_grad()
     def step(self) -> None:
         do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
+        for row in self.adam_rows:
+            if row.label in frozen:  # #52: this step's and any kept gradients are dropped
+                row.param.grad = None
+                self.kept.pop(row.name, None)
         self._carry_adam_grads(do_adam)
         if self.tied and do_adam and self.embed.grad is not None:
             self.head.grad.add_(self.embed.grad)
@@ -164,19 +180,9 @@ class ShardedNorMuonAdam:
         adam_work = [(row, *self._reduce_adam(row)) for row in active]
         # 2. updates, small first; gathers start as each shard is done
         if do_adam:
-            self.adam_steps += 1
-        gathers = []
-        for row, grad, work in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
-            if work is not None:
-                work.wait()
-                grad.div_(self.world)
-            hp = self.adam[row.label]
-            shard = self._adam_shard(row)
-            st = self.state[row.name]
-            lr = self._group(row.label)["lr"]
-            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], self.adam_steps, lr, hp)
-            if self._row_sharded(row):
-                gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
+            for label in self.adam_steps:
+                self.adam_steps[label] += label not in frozen
+        gathers = self._update_adam(adam_work)
         for bank, grads, work in bank_work:
             if work is not None:
                 work.wait()
@@ -194,6 +200,40 @@ class ShardedNorMuonAdam:
         if self.tied and self.steps_done >= self.tie_until:
             self._untie()
 
+    def _update_adam(self, adam_work: list[tuple[Row, Tensor, Any]]) -> list[tuple[None, None, Any]]:
+        """Adam on this rank's shards, each after its reduction, replicated tensors first: those of one
+        label without decay in multi-tensor ops (the scalars), the rest one by one. Returns the sharded
+        rows' gathers."""
+        batched: dict[str, list[tuple[Row, Tensor, Any]]] = {}
+        single, gathers = [], []
+        for row, grad, work in sorted(adam_work, key=lambda w: self._row_sharded(w[0])):
+            plain = not self._row_sharded(row) and not self.adam[row.label].weight_decay
+            if plain and row.param.dtype == torch.float32:
+                batched.setdefault(row.label, []).append((row, grad, work))
+            else:
+                single.append((row, grad, work))
+        for label, items in batched.items():
+            for *_, work in items:
+                if work is not None:
+                    work.wait()
+            grads, st = [g for _, g, _ in items], [self.state[row.name] for row, _, _ in items]
+            if self.world > 1:
+                torch._foreach_div_(grads, self.world)
+            weights = [row.param for row, _, _ in items]  # (no_grad)
+            exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
+            lr, t = self._group(label)["lr"], self.adam_steps[label]
+            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self.adam[label])
+        for row, grad, work in single:
+            if work is not None:
+                work.wait()
+                grad.div_(self.world)
+            shard, st = self._adam_shard(row), self.state[row.name]
+            lr, t = self._group(row.label)["lr"], self.adam_steps[row.label]
+            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self.adam[row.label])
+            if self._row_sharded(row):
+                gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
+        return gathers
+
     def _carry_adam_grads(self, do_adam: bool) -> None:
         """Keep Adam gradients over a skipped step (summed, as HEAD's grads that are not cleared)."""
         for row in self.adam_rows:
@@ -205,11 +245,12 @@ class ShardedNorMuonAdam:
                 p.grad = None
 
     def _reduce_bank(self, bank: Bank) -> tuple[Tensor, Any]:
-        grads = [blocks(row.param.grad, row.param)[i] for row, i in bank.members]
+        grads = bank.grad_rows()
+        rows, cols = bank.shape
         if self.world == 1:
-            return torch.stack(grads), None
-        stacked = torch.zeros((bank.padded, *bank.shape), dtype=grads[0].dtype, device=grads[0].device)
-        torch.stack(grads, out=stacked[: bank.size])
+            return torch.cat(grads).view(bank.size, rows, cols), None
+        stacked = torch.zeros((bank.padded, rows, cols), dtype=grads[0].dtype, device=grads[0].device)
+        torch.cat(grads, out=stacked.view(-1, cols)[: bank.size * rows])
         out = torch.empty((bank.per_rank, *bank.shape), dtype=stacked.dtype, device=stacked.device)
         return out, self.comms.reduce_scatter(out, stacked)
 
@@ -225,18 +266,21 @@ class ShardedNorMuonAdam:
     def _update_bank(self, bank: Bank, grads: Tensor) -> tuple[Bank, Tensor, Any]:
         """NorMuon on this rank's matrices of the bank; returns (bank, new weights, gather work)."""
         group = self._group("matrix")
-        lr = group["lr"] * bank.lr_multiplier
         st = self.state[self._bank_key(bank)]
         owned = bank.owned(self.rank)
         k = len(owned)
         new = torch.empty((bank.per_rank, *bank.shape), dtype=bank.dtype, device=grads.device)
         if k:
             mine = [bank.members[j] for j in owned]
+            lr = group["lr"] * bank.lr_multiplier
+            muls = [row.lr_mul for row, _ in mine]
+            if any(m != 1.0 for m in muls):  # per-matrix multipliers (HEAD's c_proj ×2)
+                lr = lr * torch.tensor(muls, device=grads.device).view(k, 1, 1)
             d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
-            v = orthogonalize(d, self.backend, self.ns_steps, dtype=self.ns_dtype)
+            v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
             if self.beta2 > 0:
                 v = normuon_normalize_(v, st["second_moment"][:k], self.beta2)
-            weights = torch.stack([blocks(row.param.data, row.param)[i] for row, i in mine])
+            weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (
                 join_fp32(weights.view(torch.uint16), mantissa[:k])
@@ -258,8 +302,7 @@ class ShardedNorMuonAdam:
 
     @staticmethod
     def _write_bank(bank: Bank, gathered: Tensor) -> None:
-        dst = [blocks(row.param.data, row.param)[i] for row, i in bank.members]
-        torch._foreach_copy_(dst, list(gathered[: bank.size].unbind(0)))
+        torch._foreach_copy_(bank.weight_views(), list(gathered[: bank.size].unbind(0)))
 
     def _untie(self) -> None:
         """The embedding continues from the head's weights and Adam state (shards align: same shape)."""
@@ -284,13 +327,12 @@ class ShardedNorMuonAdam:
     def state_dict(self) -> dict[str, Any]:
         """Full (gathered) state keyed by parameter name; a collective on every rank."""
         params: dict[str, dict[str, Tensor]] = {}
-        for bank in self.banks:
+        for bank in self.banks:  # NorMuon: per param, a list with one tensor per block
             full = {k: self._gather(v) for k, v in self.state[self._bank_key(bank)].items()}
-            slots: dict[str, list[int]] = {}  # a param's blocks are consecutive members of its bank
-            for j, (row, _) in enumerate(bank.members):
-                slots.setdefault(row.name, []).append(j)
-            for name, index in slots.items():
-                params[name] = {k: v[index] for k, v in full.items()}
+            for j, (row, i) in enumerate(bank.members):
+                entry = params.setdefault(row.name, {})
+                for k, v in full.items():
+                    entry.setdefault(k, [None] * len(row.block_rows))[i] = v[j]
         for row in self.adam_rows:
             st = self.state[row.name]
             params[row.name] = {
@@ -306,7 +348,7 @@ class ShardedNorMuonAdam:
         return {
             "format": STATE_FORMAT,
             "steps_done": self.steps_done,
-            "adam_steps": self.adam_steps,
+            "adam_steps": dict(self.adam_steps),
             "tied": self.tied,
             "params": params,
             "kept": kept,
@@ -322,7 +364,7 @@ class ShardedNorMuonAdam:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
             raise ValueError(f"optimizer state is not {STATE_FORMAT}")
         params = state["params"]
         missing = sorted({r.name for r in self.rows} - set(params))
@@ -330,7 +372,7 @@ class ShardedNorMuonAdam:
             raise ValueError(f"optimizer state has no entry for {missing[0]}")
         for bank in self.banks:
             st = self.state[self._bank_key(bank)]
-            for k, v in st.items():
+            for k, v in st.items():  # -1 stored a stacked tensor per param, -2 a list: both index by block
                 full = [params[row.name][k][i] for row, i in bank.members]
                 for slot, j in enumerate(bank.owned(self.rank)):
                     v[slot].copy_(full[j])
@@ -344,7 +386,9 @@ class ShardedNorMuonAdam:
                     else saved[k]
                 )
                 v.copy_(src)
-        self.steps_done, self.adam_steps, self.tied = state["steps_done"], state["adam_steps"], state["tied"]
+        self.steps_done, self.tied = state["steps_done"], state["tied"]
+        steps = state["adam_steps"]  # -1: one count for every label
+        self.adam_steps = {label: steps if isinstance(steps, int) else steps[label] for label in self.adam}
         self.kept = {name: g.to(self._param(name).device).clone() for name, g in state["kept"].items()}
 
     def _param(self, name: str) -> Tensor:

@@ -7,7 +7,12 @@ How a parameter gets its row (docs/recipes.md, "The optimizer table"):
   ``lm_head.`` → head, the rest → scalar (each label has its own LR, betas and decay);
 - the size picks the communication: NorMuon matrices are always sharded (stacked by shape into banks,
   whole matrices per rank); an Adam tensor is sharded along its rows when it is an embedding or head
-  whose row count the world size divides, else replicated (all-reduced, updated on every rank).
+  whose row count the world size divides, else replicated (all-reduced, updated on every rank);
+- the layout picks a NorMuon row's blocks (``block_rows``, the matrices orthogonalized separately, cut
+  down dim 0): a fused QKV is Q, K and V; with per-head-pair Q/K (#80) each group of heads of Q and of
+  K is one block (2·head_dim rows), V stays whole;
+- the name picks a NorMuon row's LR multiplier (``lr_mul``, on top of the bank's shape multiplier):
+  the MLP output projection may get its own (HEAD's c_proj ×2).
 The rule never depends on the world size except through that divisibility, and a sharded and a
 replicated update do the same arithmetic, so the table changes how bytes travel, not the result.
 """
@@ -37,6 +42,18 @@ class Row:
     rule: str  # "normuon" | "adam"
     label: str  # one of LABELS
     sharded: bool  # reduce-scatter + owner update + all-gather, else all-reduce + update everywhere
+    block_rows: tuple[int, ...] = ()  # NorMuon: rows of each block down dim 0 (() = from the layout)
+    lr_mul: float = 1.0  # NorMuon: LR multiplier of every block of this row (HEAD's per_matrix_lr_mul)
+
+    def __post_init__(self) -> None:
+        if self.rule == "normuon" and not self.block_rows:
+            view = _layout_blocks(self.param.detach(), self.param)
+            self.block_rows = (view.shape[1],) * view.shape[0]
+        assert sum(self.block_rows) * self.param.shape[-1] == self.param.numel() or self.rule != "normuon"
+
+    def blocks(self, t: Tensor) -> tuple[Tensor, ...]:
+        """``t`` (shaped like this row's param) as the (rows, cols) matrices NorMuon updates: views."""
+        return t.view(-1, t.shape[-1]).split(self.block_rows)
 
 
 @dataclass
@@ -48,6 +65,38 @@ class Bank:
     dtype: torch.dtype
     members: list[tuple[Row, int]] = field(default_factory=list)  # (row, block index in the param)
     world: int = 1
+    # (storage key, the members' weight views): built once per storage
+    _views: tuple = field(default=((), ()), init=False, repr=False)
+
+    def weight_views(self) -> list[Tensor]:
+        """Every member's (rows, cols) block as a view of its parameter, built again only when a
+        parameter's storage changes (a step then dispatches no view ops for them)."""
+        key = tuple(row.param.data_ptr() for row, _ in self.members)
+        if self._views[0] != key:
+            split: dict[str, tuple[Tensor, ...]] = {}
+            for row, _ in self.members:
+                split.setdefault(row.name, row.blocks(row.param.data))
+            self._views = (key, [split[row.name][i] for row, i in self.members])
+        return self._views[1]
+
+    def grad_rows(self) -> list[Tensor]:
+        """The members' gradients as 2-D row ranges, one per run of consecutive blocks of one
+        parameter (a whole 2-D gradient as it is): concatenated, they are the stacked blocks."""
+        runs: list[tuple[Row, int, int]] = []  # (row, first block, end block)
+        for row, i in self.members:
+            if runs and runs[-1][0] is row and runs[-1][2] == i:
+                runs[-1] = (row, runs[-1][1], i + 1)
+            else:
+                runs.append((row, i, i + 1))
+        out = []
+        for row, first, end in runs:
+            g = row.param.grad
+            if first == 0 and end == len(row.block_rows) and g.ndim == 2:
+                out.append(g)
+                continue
+            g = g if g.ndim == 2 else g.view(-1, g.shape[-1])
+            out.append(g[sum(row.block_rows[:first]) : sum(row.block_rows[:end])])
+        return out
 
     @property
     def size(self) -> int:
@@ -73,9 +122,9 @@ class Bank:
         return math.sqrt(max(1.0, rows / cols))
 
 
-def blocks(t: Tensor, like: Tensor) -> Tensor:
-    """``t`` (shaped like param ``like``) viewed as (count, rows, cols): the matrices NorMuon sees
-    (a fused QKV declared with ``set_muon_split`` is three)."""
+def _layout_blocks(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` (shaped like param ``like``) viewed as (count, rows, cols): the matrices of its layout
+    (a fused QKV declared with ``set_muon_split`` is three, a stack over leading dims is its members)."""
     if like.ndim == 2:
         parts = muon_split(like)
         return t.view(parts, like.shape[0] // parts, like.shape[1])
@@ -92,8 +141,28 @@ def label_of(role: str, name: str) -> str:
     return "scalar"
 
 
-def build_rows(roles: dict[str, list[tuple[str, Tensor]]], world: int) -> list[Row]:
-    """The table for a model's parameter roles on ``world`` processes, in the model's role order."""
+def qk_block_rows(name: str, p: Tensor, qk_rows: int) -> tuple[int, ...]:
+    """Blocks of an attention weight with Q and K cut into blocks of ``qk_rows`` rows (#80: a head pair,
+    2·head_dim) and V whole: a fused QKV (3d, d) gives (qk_rows, …, qk_rows, d); a separate Q or K
+    (d, d) its blocks; anything else () (its layout)."""
+    rows = p.shape[0]
+    if qk_rows <= 0 or p.ndim != 2:
+        return ()
+    if name.endswith("attn.c_attn.weight") and muon_split(p) == 3:
+        d = rows // 3
+        return (qk_rows,) * (2 * d // qk_rows) + (d,)
+    if name.endswith(("attn.c_q.weight", "attn.c_k.weight")):
+        return (qk_rows,) * (rows // qk_rows)
+    return ()
+
+
+def build_rows(
+    roles: dict[str, list[tuple[str, Tensor]]], world: int, qk_rows: int = 0, proj_lr_mul: float = 1.0
+) -> list[Row]:
+    """The table for a model's parameter roles on ``world`` processes, in the model's role order.
+
+    ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul``: LR multiplier of the MLP
+    output projections (``mlp.c_proj``)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
@@ -102,7 +171,11 @@ def build_rows(roles: dict[str, list[tuple[str, Tensor]]], world: int) -> list[R
             sharded = rule == "normuon" or (
                 label in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
             )
-            rows.append(Row(name, p, rule, label, sharded))
+            row = Row(name, p, rule, label, sharded)
+            if rule == "normuon":
+                row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
+                row.lr_mul = proj_lr_mul if name.endswith("mlp.c_proj.weight") else 1.0
+            rows.append(row)
     return rows
 
 
@@ -112,10 +185,10 @@ def build_banks(rows: list[Row], world: int) -> list[Bank]:
     for row in rows:
         if row.rule != "normuon":
             continue
-        view = blocks(row.param.detach(), row.param)
-        key = (tuple(view.shape[1:]), row.param.dtype)
-        bank = banks.setdefault(key, Bank(key[0], row.param.dtype, world=world))
-        bank.members.extend((row, i) for i in range(view.shape[0]))
+        for i, block in enumerate(row.blocks(row.param.detach())):
+            key = (tuple(block.shape), row.param.dtype)
+            bank = banks.setdefault(key, Bank(key[0], row.param.dtype, world=world))
+            bank.members.append((row, i))
     return sorted(banks.values(), key=lambda b: -b.shape[0] * b.shape[1])
 
 

@@ -120,7 +120,8 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    rows = build_rows(model.param_roles(), world)
+    qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
+    rows = build_rows(model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul)
     lrs = {
         "embed": o.embed_lr,
         "head": o.head_lr,
@@ -145,7 +146,9 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
         ns_dtype=muon_ns_dtype(o.muon_ns_dtype, model.lm_head.weight.device),
+        ns_form=o.muon_ns_form,
         adam_every=o.adam_every,
+        frozen_labels=("scalar",) if o.scalar_freeze_steps else (),
         tie=tie,
     )
 

@@ -10,6 +10,7 @@ run is exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ class StepSchedule:
     window: int  # sliding attention window in tokens; 0 = the model has none
     stage: StageValues | None = None  # with train.stages: the stage's batch, document cut and windows
     yarn: tuple[int, ...] = field(default=())  # model.yarn: the long windows (blocks) so far, in order
+    frozen: bool = False  # labels that pause at transitions (optim.scalar_freeze_steps) are paused
 
 
 def warmdown_length(cfg: TrainConfig) -> float:
@@ -112,6 +114,25 @@ def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
     return max(u, u * units)
 
 
+def frozen_at(step: int, span: int, transition: Callable[[int], bool]) -> bool:
+    """Record #52's pause: a span of `span` steps from each transition step on (the transition step
+    included; a transition inside a pause restarts it). `transition(s)`: whether step s starts new
+    schedule values (#52: a new window or batch size)."""
+    return span > 0 and any(transition(s) for s in range(max(1, step - span + 1), step + 1))
+
+
+def window_transition(step: int, cfg: Config) -> bool:
+    """Whether step `step` (>= 1) trains with another attention window than the step before."""
+    n = cfg.train.steps
+    return window_tokens(step, n, cfg.model) != window_tokens(step - 1, n, cfg.model)
+
+
+def stage_transition(step: int, plan: StagePlan) -> bool:
+    """Whether step `step` starts a stage after the first (its batch and windows change there): the
+    transitions of a stage plan, as HEAD's `get_transition_steps`."""
+    return any(step == start for start, _ in stage_bounds(plan)[1:])
+
+
 def schedule_at(step: int, cfg: Config) -> StepSchedule:
     """All per-step values for step `step`; `step == cfg.train.steps` is the final validation. With
     `train.stages` every value comes from `stage_values` (the record's stage plan)."""
@@ -119,12 +140,14 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
     if plan is not None:
         v = stage_values(step, plan)
         yarn = long_window_history(step, plan) if cfg.model.yarn else ()
-        return StepSchedule(lr=v.lr, muon_momentum=v.muon_momentum, window=0, stage=v, yarn=yarn)
+        frozen = frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: stage_transition(s, plan))
+        return StepSchedule(v.lr, v.muon_momentum, window=0, stage=v, yarn=yarn, frozen=frozen)
     last = max(0, cfg.train.steps - 1)
     return StepSchedule(
         lr=lr_multiplier(min(step, last), cfg.train),
         muon_momentum=muon_momentum(step, cfg.optim, cfg.train.steps),
         window=window_tokens(step, cfg.train.steps, cfg.model),
+        frozen=frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: window_transition(s, cfg)),
     )
 
 
@@ -135,6 +158,8 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
         group["lr"] = group["initial_lr"] * values.lr
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
+        if "frozen" in group:
+            group["frozen"] = values.frozen
     apply_to_model(values, model)
 
 
