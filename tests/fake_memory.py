@@ -29,7 +29,7 @@ from speedrun.model import gpt
 from speedrun.model.gpt import GPT
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
-from speedrun.train.step import autocast_dtype, train_step
+from speedrun.train.step import autocast, autocast_dtype, train_step
 
 
 class LiveStorage(TorchDispatchMode):
@@ -132,7 +132,7 @@ def fake_peak_bytes(cfg: Config) -> dict[str, int]:
         optimizer = build_optimizer(model, cfg)
         weights = tracker.live
         for p in optimizer.parameters():
-            p.grad = torch.zeros_like(p)
+            p.grad = torch.zeros(p.shape, dtype=p.dtype)  # zeros_like: fp32 for 0-dim bf16 fakes
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state = tracker.live - weights
@@ -144,4 +144,12 @@ def fake_peak_bytes(cfg: Config) -> dict[str, int]:
         apply_schedule(schedule_at(t.steps // 2, cfg), optimizer, model)
         tracker.reset_peak()
         train_step(model, optimizer, next_batch, accum, autocast_dtype(cfg), cfg.optim.grad_clip)
-        return {"weights": weights, "state": state, "peak": tracker.peak}
+        peak = tracker.peak
+        tracker.reset_peak()
+        with torch.no_grad(), autocast(torch.device("cpu"), autocast_dtype(cfg) if t.val_autocast else None):
+            model.eval()  # as train/evaluate.py: one row of val_seq_len tokens, or a micro-batch
+            row = t.val_seq_len or t.seq_len
+            rows = (t.val_seq_len or t.micro_batch_tokens) // row
+            tokens = torch.randint(0, cfg.model.vocab_size, (rows, row))
+            model(tokens, tokens, reduction="none")
+        return {"weights": weights, "state": state, "peak": peak, "validation": tracker.peak}

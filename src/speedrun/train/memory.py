@@ -38,8 +38,8 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per process at a step's peak, by part (`total`: the larger of the backward's start and the
-    optimizer step)."""
+    """Bytes per process at a step's peak, by part (`total`: the largest of the backward's start, the
+    optimizer step and a validation forward)."""
 
     weights: int
     gradients: int  # alive at the backward's start (accumulation or DDP buckets), else 0
@@ -47,6 +47,7 @@ class MemoryEstimate:
     activations: int  # saved for backward by the layers (and eager's bf16 weight copies)
     logits: int  # the loss's saved tensors and first gradients
     optimizer_step: int  # weights + gradients + state + the step's temporaries
+    validation: int  # a validation forward: weights, DDP's buckets, state, its logits
 
     @property
     def backward_start(self) -> int:
@@ -54,7 +55,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return max(self.backward_start, self.optimizer_step)
+        return max(self.backward_start, self.optimizer_step, self.validation)
 
 
 def _meta_model(cfg: Config) -> GPT:
@@ -133,6 +134,20 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
 
 
+def _validation_bytes(cfg: Config, compiled: bool) -> int:
+    """Bytes of one validation forward beyond weights and state (no gradients: nothing is saved).
+    Eager, an fp32 softcap holds three fp32 logit-sized tensors at once (the cast, z/c and its tanh
+    or sigmoid), else the peak is the fp32 logits and their log-softmax; compiled, the head's output and per-row
+    results. Plus a layer's transient activations."""
+    m, t = cfg.model, cfg.train
+    tokens = t.val_seq_len or t.micro_batch_tokens
+    bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
+    a = 2 if bf16_stream or (t.dtype == "bf16" and t.val_autocast) else 4
+    per_logit = a if compiled else (12 if m.logit_softcap > 0 and not m.softcap_in_bf16 else 8)
+    layer = a * m.mlp_ratio * m.n_embd * (1 if compiled else 2) + 4 * 3 * m.n_embd
+    return tokens * (padded_vocab(m) * per_logit + layer)
+
+
 def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstimate:
     """The peak of one training step of `cfg` (its effective config: `train.dtype` resolved) on each
     of `world_size` processes, compiled or eager, on CUDA (FlexAttention, fused RMSNorm)."""
@@ -160,6 +175,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
         activations=activations,
         logits=logits,
         optimizer_step=weights + grads + state + step_temporaries,
+        validation=weights + (grads if ddp else 0) + state + _validation_bytes(cfg, compiled),
     )
 
 
@@ -178,20 +194,22 @@ def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
 
 
 def _smaller_batches(cfg: Config, world: int):
-    """(overrides, config) with smaller micro-batches, largest first: fewer rows of `seq_len` that
-    still divide the batch of a process, then (one row) shorter rows."""
+    """(overrides, config) with smaller forwards, largest first: fewer rows of `seq_len` that still
+    divide the batch of a process, then shorter validation rows, then (one row) shorter rows."""
     t = cfg.train
     per_process = t.global_batch_tokens // world
     for rows in range(t.micro_batch_tokens // t.seq_len - 1, 0, -1):
         micro = rows * t.seq_len
         if per_process % micro == 0:
             yield f"train.micro_batch_tokens={micro}", _with(cfg, micro_batch_tokens=micro)
+    val = t.val_seq_len // 2
+    while val >= t.seq_len and t.val_tokens % (world * val) == 0:
+        yield f"train.val_seq_len={val}", _with(cfg, val_seq_len=val)
+        val //= 2
     seq = t.seq_len // 2
     while seq >= 128 and per_process % seq == 0:
-        yield (
-            f"train.seq_len={seq} train.micro_batch_tokens={seq}",
-            _with(cfg, seq_len=seq, micro_batch_tokens=seq),
-        )
+        overrides = f"train.seq_len={seq} train.micro_batch_tokens={seq}"
+        yield overrides, _with(cfg, seq_len=seq, micro_batch_tokens=seq)
         seq //= 2
 
 
