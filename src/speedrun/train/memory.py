@@ -137,8 +137,8 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
 def _validation_bytes(cfg: Config, compiled: bool) -> int:
     """Bytes of one validation forward beyond weights and state (no gradients: nothing is saved).
     Eager, an fp32 softcap holds three fp32 logit-sized tensors at once (the cast, z/c and its tanh
-    or sigmoid), else the peak is the fp32 logits and their log-softmax; compiled, the head's output and per-row
-    results. Plus a layer's transient activations."""
+    or sigmoid), else the peak is the fp32 logits and their log-softmax; compiled, the head's output
+    and per-row results. Plus a layer's transient activations."""
     m, t = cfg.model, cfg.train
     tokens = t.val_seq_len or t.micro_batch_tokens
     bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
@@ -227,8 +227,14 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     where = f"{need / GiB:,.1f} GiB per process; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB"
     where += " free"
     if not compiled and _fits(cfg, world_size, True, free):
-        raise SpeedrunError(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
+        raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
     for setting, smaller in _smaller_batches(cfg, world_size):
         if _fits(smaller, world_size, compiled, free):
-            raise SpeedrunError(f"estimated peak memory {where}: run with {setting}")
-    raise SpeedrunError(f"estimated peak memory {where}, and no smaller micro-batch fits")
+            raise _refusal(f"estimated peak memory {where}: run with {setting}")
+    raise _refusal(f"estimated peak memory {where}, and no smaller micro-batch fits")
+
+
+def _refusal(message: str) -> SpeedrunError:
+    error = SpeedrunError(message)
+    error.rank_specific = True  # each rank reads its own GPU: the one that is full must say so
+    return error
