@@ -52,7 +52,10 @@ def compiles(cfg: Config, device: torch.device) -> bool:
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
     """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
-    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun."""
+    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun. In this order the
+    all-reduce overlaps the backward: dynamo compiles under DDP's forward with DDPOptimizer, which
+    splits the graph at bucket boundaries (tests/test_ddp_compile.py); `torch.compile(DDP(model),
+    fullgraph=True)` cannot trace DDP's own forward (torch 2.13)."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = GPT(cfg.model)
