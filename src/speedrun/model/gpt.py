@@ -220,8 +220,8 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.wte.weight = self.lm_head.weight
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy (records from 2024-11-08 on)
-            for emb in [self.wte, *(self.value_embeds or [])]:
-                emb.to(torch.bfloat16)
+            for emb in [self.wte, *(self.value_embeds or [])]:  # as .to() does, but fake tensors too
+                emb.weight.data = emb.weight.data.to(torch.bfloat16)
         if cfg.bf16_model:  # 11-08 … 12-08: model.bfloat16(), then every CastedLinear back to fp32
             linear = {id(p) for m in self.modules() if isinstance(m, CastedLinear) for p in m.parameters()}
             for p in self.parameters():

@@ -10,7 +10,8 @@ Reported: median step time split into forward+backward and optimizer (the optimi
 waiting for the device before and after its step, so on a GPU the split costs a little overlap),
 tokens/s, MFU against the device's matmul peak measured in the run's dtype (a probe of at most ~2 s)
 and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the
-process's peak resident set).
+process's peak resident set), beside the memory guard's estimate for a CUDA step of the same config
+(train/memory.py; for the GPU check it is the number to compare with the measured CUDA peak).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from speedrun.config import Config
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.loop import build_model
+from speedrun.train.memory import estimate_peak_bytes
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
@@ -145,6 +147,8 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         "datasheet_bf16_peak_flops": sheet,
         "mfu_datasheet_peak": mfu(flops_per_token, tokens_per_s, sheet) if sheet else None,
         "peak_memory_bytes": peak_memory_bytes(device),
+        "memory_estimate_bytes": estimate_peak_bytes(cfg, 1, compiled),  # this run's compile setting
+        "memory_estimate_other_bytes": estimate_peak_bytes(cfg, 1, not compiled),
         "loss_first": losses[0],
         "loss_last": losses[-1],
     }
@@ -170,7 +174,9 @@ def format_bench(r: dict) -> str:
         f"  tokens/s       {r['tokens_per_s']:9,.0f}",
         f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured matmul peak "
         f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
-        f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB",
+        f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB  (CUDA estimate "
+        f"{r['memory_estimate_bytes'] / 2**20:,.0f} MiB {'compiled' if r['compile'] else 'eager'}, "
+        f"{r['memory_estimate_other_bytes'] / 2**20:,.0f} MiB {'eager' if r['compile'] else 'compiled'})",
         f"  loss           {r['loss_first']:.3f} -> {r['loss_last']:.3f} (synthetic Zipf tokens)",
     ]
     return "\n".join(lines)

@@ -30,6 +30,7 @@ from speedrun.train.budget import PROBE_STEPS, budget_steps
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.evaluate import evaluate
 from speedrun.train.host_fit import MeasuredCompile, size_to_host
+from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
@@ -45,14 +46,21 @@ from speedrun.train.tracking import Tracker
 from speedrun.train.warmup import is_compiled, warm_up
 
 
+def compiles(cfg: Config, device: torch.device) -> bool:
+    """Whether the run's forwards are compiled: `train.compile=on`, or `auto` on CUDA."""
+    return cfg.train.compile == "on" or (cfg.train.compile == "auto" and device.type == "cuda")
+
+
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
     """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
-    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun."""
+    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun. In this order the
+    all-reduce overlaps the backward: dynamo compiles under DDP's forward with DDPOptimizer, which
+    splits the graph at bucket boundaries (tests/test_ddp_compile.py); `torch.compile(DDP(model),
+    fullgraph=True)` cannot trace DDP's own forward (torch 2.13)."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = GPT(cfg.model)
-    c = cfg.train.compile
-    if c == "on" or (c == "auto" and ctx.device.type == "cuda"):  # as the records: a graph break fails
+    if compiles(cfg, ctx.device):  # as the records: a graph break fails
         train_model = torch.compile(model, dynamic=False, fullgraph=True)
     else:
         train_model = model
@@ -179,6 +187,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             if size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx)):
                 data = load_data(cfg, ctx, run)  # the batch changed: its split over processes too
             run.write_config(cfg)
+        if ctx.device.type == "cuda":  # the memory guard: one line naming what fits, before any allocation
+            need = check_fits(rcfg, ctx.world_size, compiles(rcfg, ctx.device), ctx.device)
+            run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/memory.py)")
         model, train_model = build_model(rcfg, ctx)
         chooser = None  # train.compile=auto on one CPU process with a time budget: measured
         if t.compile == "auto" and t.time_budget_s > 0 and ctx.device.type == "cpu" and not ctx.distributed:

@@ -1,0 +1,240 @@
+"""The memory guard: a training step's peak memory per process, estimated from the config alone, and a
+check before step 0 on CUDA that names the setting that fits when the recipe does not.
+
+The estimate adds what is alive at the peak of a step, which (at full size) is the start of the
+backward pass: weights, gradients where they outlive the step (accumulation, DDP's buckets),
+optimizer state, the activations each layer saved for its backward, and the logits with the first
+gradients of the loss. Parameter shapes and dtypes come from the model built on the meta device (no
+memory), so every switch that adds or types a parameter is counted exactly.
+
+Eager and compiled differ in what is saved (tests/fake_memory.py measures eager with fake tensors;
+the estimate agrees within 6 % for every bundled recipe it can run, tests/test_memory.py):
+- eager keeps every intermediate an autograd node needs: the residual sums, the norms' outputs, the
+  bf16 copies of fp32 weights, the MLP's pre- and post-activation, and in the loss the softcapped
+  fp32 logits and their log-softmax, plus two logit-sized gradients when the backward starts
+  (16 bytes per logit for the records: 4 × 65,536 × 50,304 × 4 bytes ≈ 49 GB);
+- compiled (inductor) recomputes pointwise work in the backward: per layer it keeps the norms' inputs,
+  the QKV projection, the attention output and the MLP's pre-activation; the loss keeps the head's
+  output and writes one gradient of its dtype (plus the e5m2 copy of the FP8 head). This half is a
+  model, not a measurement: `speedrun bench` prints it beside the measured CUDA peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from speedrun.config import Config
+from speedrun.errors import SpeedrunError
+from speedrun.model.gpt import GPT, attention_layers, padded_vocab, value_embed_layout
+from speedrun.optim.muon import set_muon_split
+from speedrun.optim.table import build_banks, build_rows
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per process at a step's peak, by part (`total`: the largest of the backward's start, the
+    optimizer step and a validation forward)."""
+
+    weights: int
+    gradients: int  # alive at the backward's start (accumulation or DDP buckets), else 0
+    optimizer: int  # state, plus Muon's all-gather buffers on several processes
+    activations: int  # saved for backward by the layers (and eager's bf16 weight copies)
+    logits: int  # the loss's saved tensors and first gradients
+    optimizer_step: int  # weights + gradients + state + the step's temporaries
+    validation: int  # a validation forward: weights, DDP's buckets, state, its logits
+
+    @property
+    def backward_start(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    @property
+    def total(self) -> int:
+        return max(self.backward_start, self.optimizer_step, self.validation)
+
+
+def _meta_model(cfg: Config) -> GPT:
+    with torch.device("meta"):
+        return GPT(cfg.model)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _optimizer_bytes(cfg: Config, model: GPT, world: int) -> tuple[int, int]:
+    """(state bytes per process, the step's temporaries) of the run's optimizer."""
+    roles = model.param_roles()
+    matrices = [p for _, p in roles["matrix"]]
+    others = [p for role in ("embed", "head", "scalar") for _, p in roles[role]]
+    if cfg.optim.name == "adamw":  # exp_avg, exp_avg_sq like each parameter
+        return 2 * _nbytes(others + matrices), 0
+    if cfg.optim.name == "muon":  # fp32 momentum per matrix, Adam's two moments for the rest
+        momentum = sum(p.numel() * max(4, p.element_size()) for p in matrices)
+        state = momentum + 2 * _nbytes(others)
+        by_shape: dict[tuple[int, ...], int] = {}
+        for p in matrices:
+            by_shape[tuple(p.shape)] = by_shape.get(tuple(p.shape), 0) + p.numel()
+        largest = max(by_shape.values(), default=0)
+        if world > 1:  # per shape: this rank's blocks and the gathered blocks of all ranks, bf16
+            state += sum(2 * math.ceil(n / world) * (world + 1) for n in by_shape.values())
+        # Nesterov directions of every matrix (fp32), then per shape a stacked copy and the
+        # Newton-Schulz iterates
+        return state, momentum + 4 * largest + 3 * 2 * largest
+    for name, p in roles["matrix"]:  # normuon: state only for this rank's shard (optim/sharded.py)
+        set_muon_split(p, 3 if cfg.model.fused_qkv and name.endswith("c_attn.weight") else 1)
+    rows = build_rows(roles, world)
+    state = 0
+    for bank in build_banks(rows, world):
+        per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
+        state += per_rank * (4 + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
+        state += bank.per_rank * 4 * min(bank.shape)  # the second moment's row or column means
+    for row in rows:
+        if row.rule == "adam":
+            state += 2 * 4 * row.param.numel() // (world if row.sharded and world > 1 else 1)
+    return state, 2 * _nbytes(matrices)  # the stacked gradients and the gathered new weights
+
+
+def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
+    """(bytes saved for backward per token by the layers, bytes per logit at the backward's start)."""
+    m, d = cfg.model, cfg.model.n_embd
+    bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
+    r = 2 if bf16_stream else 4  # the residual stream: the embedding's dtype
+    a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
+    hidden = m.mlp_ratio * d
+    layout = value_embed_layout(m)
+    mixes = m.value_residual or m.value_embeds != "none"
+    n_skip = m.n_layer // 2 if m.unet else 0
+    total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
+    for i, has_attention in enumerate(attention_layers(m)):
+        residuals = 2 if has_attention else 1  # after the attention, after the MLP
+        residuals += (1 if m.x0_shortcut else 0) + (1 if i >= m.n_layer - n_skip > 0 else 0)
+        if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
+            total += residuals * r * d + a * hidden
+            if has_attention:
+                total += a * (3 * d + d + 2 * d) + 4 * m.n_head  # q, k, v, output, rotated q, k, lse
+            continue
+        norms = 2 if has_attention else 1
+        total += (residuals + norms) * r * d + 2 * a * hidden  # + MLP pre- and post-activation
+        if has_attention:
+            v_mixed = mixes and (m.value_mix == "lambdas" or layout[i] is not None or m.value_residual)
+            rotated = m.positional == "rotary" or m.qk_norm
+            # QKV; mixed v; rotated (or normed) q, k; attention output and its (B, T, C) copy; lse
+            total += a * d * (3 + int(v_mixed) + 2 * int(rotated) + 2) + 4 * m.n_head
+    total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)
+    head = 2 if (a == 2 or m.fp8_head) else 4
+    if compiled:  # the head's output saved, its gradient, and the FP8 backward's e5m2 copy
+        return total, 2 * head + (1 if m.fp8_head else 0)
+    capped = (head if m.softcap_in_bf16 else 4) if m.logit_softcap > 0 else 0
+    return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
+
+
+def _validation_bytes(cfg: Config, compiled: bool) -> int:
+    """Bytes of one validation forward beyond weights and state (no gradients: nothing is saved).
+    Eager, an fp32 softcap holds three fp32 logit-sized tensors at once (the cast, z/c and its tanh
+    or sigmoid), else the peak is the fp32 logits and their log-softmax; compiled, the head's output
+    and per-row results. Plus a layer's transient activations."""
+    m, t = cfg.model, cfg.train
+    tokens = t.val_seq_len or t.micro_batch_tokens
+    bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
+    a = 2 if bf16_stream or (t.dtype == "bf16" and t.val_autocast) else 4
+    per_logit = a if compiled else (12 if m.logit_softcap > 0 and not m.softcap_in_bf16 else 8)
+    layer = a * m.mlp_ratio * m.n_embd * (1 if compiled else 2) + 4 * 3 * m.n_embd
+    return tokens * (padded_vocab(m) * per_logit + layer)
+
+
+def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstimate:
+    """The peak of one training step of `cfg` (its effective config: `train.dtype` resolved) on each
+    of `world_size` processes, compiled or eager, on CUDA (FlexAttention, fused RMSNorm)."""
+    assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
+    t = cfg.train
+    model = _meta_model(cfg)
+    params = list({id(p): p for p in model.parameters()}.values())
+    weights = _nbytes(params) + _nbytes(model.buffers())
+    grads = _nbytes(params)
+    accumulation = max(1, t.global_batch_tokens // (world_size * t.micro_batch_tokens))
+    ddp = world_size > 1 and cfg.optim.name != "normuon"  # DDP's buckets hold the gradients always
+    state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
+    per_token, per_logit = _activation_bytes(cfg, compiled)
+    activations = per_token * t.micro_batch_tokens
+    a_bf16 = cfg.model.embed_dtype == "bf16" or cfg.model.bf16_model or t.dtype == "bf16"
+    if not compiled and a_bf16:  # eager saves the bf16 copy of every fp32 block weight it multiplied
+        matrices = [p for _, p in model.param_roles()["matrix"] if p.dtype == torch.float32]
+        activations += sum(p.numel() * 2 for p in matrices)
+    vocab = cfg.model.vocab_size if cfg.model.logits_vocab_only else padded_vocab(cfg.model)
+    logits = per_logit * t.micro_batch_tokens * vocab
+    return MemoryEstimate(
+        weights=weights,
+        gradients=grads if accumulation > 1 or ddp else 0,
+        optimizer=state,
+        activations=activations,
+        logits=logits,
+        optimizer_step=weights + grads + state + step_temporaries,
+        validation=weights + (grads if ddp else 0) + state + _validation_bytes(cfg, compiled),
+    )
+
+
+def estimate_peak_bytes(cfg: Config, world_size: int, compiled: bool) -> int:
+    """Estimated peak bytes per process of a training step (see `estimate_memory`)."""
+    return estimate_memory(cfg, world_size, compiled).total
+
+
+def device_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of a CUDA device: the one place the guard reads the device."""
+    return torch.cuda.mem_get_info(device)
+
+
+def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
+    return estimate_peak_bytes(cfg, world, compiled) <= free
+
+
+def _smaller_batches(cfg: Config, world: int):
+    """(overrides, config) with smaller forwards, largest first: fewer rows of `seq_len` that still
+    divide the batch of a process, then shorter validation rows, then (one row) shorter rows."""
+    t = cfg.train
+    per_process = t.global_batch_tokens // world
+    for rows in range(t.micro_batch_tokens // t.seq_len - 1, 0, -1):
+        micro = rows * t.seq_len
+        if per_process % micro == 0:
+            yield f"train.micro_batch_tokens={micro}", _with(cfg, micro_batch_tokens=micro)
+    val = t.val_seq_len // 2
+    while val >= t.seq_len and t.val_tokens % (world * val) == 0:
+        yield f"train.val_seq_len={val}", _with(cfg, val_seq_len=val)
+        val //= 2
+    seq = t.seq_len // 2
+    while seq >= 128 and per_process % seq == 0:
+        overrides = f"train.seq_len={seq} train.micro_batch_tokens={seq}"
+        yield overrides, _with(cfg, seq_len=seq, micro_batch_tokens=seq)
+        seq //= 2
+
+
+def _with(cfg: Config, **train) -> Config:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+
+
+def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.device) -> int:
+    """Before step 0 on CUDA: refuse, in one line naming the setting that fits, a step whose estimated
+    peak exceeds the device's free memory. Returns the estimate (for the log)."""
+    free, total = device_memory(device)
+    need = estimate_peak_bytes(cfg, world_size, compiled)
+    if need <= free:
+        return need
+    where = f"{need / GiB:,.1f} GiB per process; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB"
+    where += " free"
+    if not compiled and _fits(cfg, world_size, True, free):
+        raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
+    for setting, smaller in _smaller_batches(cfg, world_size):
+        if _fits(smaller, world_size, compiled, free):
+            raise _refusal(f"estimated peak memory {where}: run with {setting}")
+    raise _refusal(f"estimated peak memory {where}, and no smaller micro-batch fits")
+
+
+def _refusal(message: str) -> SpeedrunError:
+    error = SpeedrunError(message)
+    error.rank_specific = True  # each rank reads its own GPU: the one that is full must say so
+    return error
