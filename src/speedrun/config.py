@@ -247,6 +247,12 @@ class TrainConfig:
     # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off
     stages: str = ""
 
+    @property
+    def document_rows(self) -> int:
+        """Rows of one step under data.loader=documents (global / micro, one BOS-aligned row each,
+        whatever a stage's tokens): the one place this is computed."""
+        return self.global_batch_tokens // self.micro_batch_tokens
+
 
 @dataclass
 class Config:

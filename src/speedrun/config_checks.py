@@ -68,7 +68,7 @@ def _check_stages(cfg: Config) -> None:
             "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
             "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
         )
-    rows = t.global_batch_tokens // t.micro_batch_tokens
+    rows = t.document_rows
     if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
         raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
     for i, stage in enumerate(plan.stages):

@@ -47,7 +47,7 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
     smaller whole number of sequences that does, so that `torchrun --nproc_per_node=N` works without
     overrides. The tokens of every step stay the same."""
     t = cfg.train
-    chunks = t.global_batch_tokens // t.micro_batch_tokens
+    chunks = t.document_rows
     if cfg.data.loader == "documents" and chunks % world_size:
         raise ConfigError(
             f"data.loader=documents: the {chunks} rows of a step (train.global_batch_tokens / "
@@ -140,7 +140,7 @@ def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> Tok
             return v.batch_tokens, v.max_doc_len
 
         return DocumentLoader(
-            data.train_files, t.global_batch_tokens // t.micro_batch_tokens, stage_of,
+            data.train_files, t.document_rows, stage_of,
             data.eot_id, ctx.rank, ctx.world_size, rule=d.doc_rule, max_docs=d.max_docs,
             vocab_size=cfg.model.vocab_size, device=ctx.device,
             with_cu_seqlens=cfg.model.attention == "varlen",
