@@ -24,7 +24,7 @@ from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir, peak_memory_bytes
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, matmul_peak, mfu, raise_cached_peak
+from speedrun.train.tracking import Tracker, hardware_name, matmul_peak, mfu, raise_cached_peak
 
 
 def log_point_values(
@@ -166,6 +166,8 @@ class Progress:
             "mfu_peak_source": self.peak_source,
             "run_dir": str(self.run.path),
             "status": status,
+            "device_name": hardware_name(self.ctx.device),
+            "world_size": self.ctx.world_size,
         }
 
     def finish(self) -> dict[str, Any]:
