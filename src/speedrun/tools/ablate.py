@@ -85,7 +85,7 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
 
 def state(folder: Path) -> str:
     """ "new" (nothing there, or a run that never reached step 0), "finished", "stopped" (resumable from
-    its checkpoint) or "broken" (a run that ended without a checkpoint to continue from)."""
+    its checkpoint) or "broken" (a run that ended without a checkpoint, or files not ours)."""
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.rundir import SUMMARY_FILE, check_new
 
@@ -118,7 +118,7 @@ def train_arms(arms: list[Arm]) -> None:
     broken = [folder for folder, s in states.items() if s == "broken"]
     if broken:
         raise DataError(
-            f"{broken[0]} holds a run that ended without a checkpoint; remove it to train it again"
+            f"{broken[0]} holds neither a finished run nor a checkpoint to resume; remove it to train again"
         )
     for i, (arm, cfg, folder) in enumerate(todo, 1):
         tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
