@@ -84,8 +84,8 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
 
 
 def state(folder: Path) -> str:
-    """ "new" (nothing there, or a run that never reached step 0), "finished", "stopped" (resumable from
-    its checkpoint) or "broken" (a run that ended without a checkpoint, or files not ours)."""
+    """The folder's state: "new" (nothing there, or a run that never reached step 0), "finished",
+    "stopped" (resumable from its checkpoint) or "broken" (ended without a checkpoint, or not ours)."""
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.rundir import SUMMARY_FILE, check_new
 
