@@ -187,7 +187,10 @@ def rule_code(facts: list[Facts]) -> Outcome:
     for f in facts[1:]:
         if f.codes[0] != first:
             return "fails", f"{facts[0].name}: {_code(first)}; {f.name}: {_code(f.codes[0])}"
-    return "ok", f"{_code(first)} in all runs"
+    installed = (
+        " (the version is all an installed package records)" if "installed package" in first[0] else ""
+    )
+    return "ok", f"{_code(first)} in all runs{installed}"
 
 
 def rule_validation(facts: list[Facts]) -> Outcome:
