@@ -94,6 +94,7 @@ def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_da
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "2 processes x 1 micro-steps x 512 tokens" in (out / "log.txt").read_text()
     assert Path(out / "config.json").exists()
+    assert json.loads((out / "summary.json").read_text())["world_size"] == 2  # what `verify` compares
 
 
 def test_a_compiler_failure_is_one_line_naming_the_setting_that_avoids_it():

@@ -1,4 +1,4 @@
-"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench`.
+"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate`.
 
 User mistakes end in one stderr line, no traceback.
 
@@ -43,6 +43,8 @@ COMMANDS = {
     "eval": "speedrun.tools.commands:cmd_eval",
     "compare": "speedrun.tools.commands:cmd_compare",
     "bench": "speedrun.tools.commands:cmd_bench",
+    "verify": "speedrun.tools.verify:cmd_verify",
+    "ablate": "speedrun.tools.ablate:cmd_ablate",
 }
 
 

@@ -1,4 +1,4 @@
-"""The research subcommands of `speedrun` (sample, eval, compare, bench) and `train --seeds`.
+"""The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate) and `train --seeds`.
 
 cli.py owns the parser and error handling; this module adds these commands to it and runs them.
 """
@@ -58,6 +58,39 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     bench.set_defaults(
         trailing=bench.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4")
+    )
+
+    verify = sub.add_parser("verify", help="check runs against the record rules, one line per rule")
+    verify.set_defaults(trailing=verify.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR"))
+    verify.add_argument("--track", type=int, choices=(1, 3), default=1, help="1: time (default) | 3: steps")
+    verify.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
+    verify.add_argument(
+        "--baseline",
+        nargs="+",
+        action="extend",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the record to beat, re-run here",
+    )
+    verify.add_argument("--json", type=Path, default=None, help="also write the verdicts to this JSON file")
+
+    ablate = sub.add_parser("ablate", help="train a recipe and one-switch variants over seeds, then a table")
+    ablate.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    ablate.add_argument(
+        "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
+    )
+    ablate.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default runs/ablate-<recipe>)"
+    )
+    ablate.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="an override for every arm (repeat it)",
+    )
+    ablate.set_defaults(
+        trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
     )
 
 

@@ -25,7 +25,7 @@ from speedrun.train.rundir import RunDir, peak_memory_bytes
 from speedrun.train.schedule import tokens_through
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, matmul_peak, mfu, raise_cached_peak
+from speedrun.train.tracking import Tracker, hardware_name, matmul_peak, mfu, raise_cached_peak
 
 
 def log_point_values(
@@ -173,6 +173,8 @@ class Progress:
             "mfu_peak_source": self.peak_source,
             "run_dir": str(self.run.path),
             "status": status,
+            "device_name": hardware_name(self.ctx.device),
+            "world_size": self.ctx.world_size,
         }
 
     def finish(self) -> dict[str, Any]:

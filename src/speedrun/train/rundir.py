@@ -49,6 +49,8 @@ SUMMARY_KEYS = (
     "mfu_peak_source",
     "run_dir",
     "status",  # "finished" | "stopped" (a signal: a checkpoint was saved, --resume continues)
+    "device_name",  # the hardware kind: GPU name ("NVIDIA H100 80GB HBM3") or "cpu (<model name>)"
+    "world_size",  # processes that trained; with device_name what `verify` calls the hardware
 )
 
 
@@ -313,6 +315,9 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.rstrip()
 
 
+DIFF_START, DIFF_END = "--- uncommitted diff ---", "--- end of diff ---"  # around the diff in log.txt
+
+
 def code_version() -> str:
     """Git commit plus the uncommitted diff when running from a checkout, else the package version."""
     src = Path(speedrun.__file__).resolve().parent
@@ -322,7 +327,7 @@ def code_version() -> str:
     diff = _run(["git", "diff", "HEAD", "--", "."], cwd=src.parent.parent) or ""
     state = "clean" if not diff else "dirty"
     text = f"speedrun {speedrun.__version__} git {commit} ({state})"
-    return text + ("\n--- uncommitted diff ---\n" + diff + "\n--- end of diff ---" if diff else "")
+    return text + (f"\n{DIFF_START}\n{diff}\n{DIFF_END}" if diff else "")
 
 
 def cpu_description() -> str:
@@ -339,6 +344,18 @@ def cpu_description() -> str:
     return f"{model}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"
 
 
+#: Inductor reads its config from these variables; the rules allow only the default config (rule 3),
+#: so the log records any that are set (`speedrun verify` reads the line).
+INDUCTOR_ENV_PREFIX = "TORCHINDUCTOR_"
+
+
+def inductor_environment() -> str:
+    """`none`, or the TORCHINDUCTOR_* variables set for this process (the code itself never changes
+    torch._inductor.config or passes a compile mode, so these are the only way off the defaults)."""
+    found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(INDUCTOR_ENV_PREFIX))
+    return " ".join(found) or "none"
+
+
 def environment_report() -> str:
     """Everything needed to tell two runs' environments apart (goes to log.txt)."""
     import torch
@@ -348,6 +365,7 @@ def environment_report() -> str:
         f"python: {sys.version.split()[0]}  torch: {torch.__version__}  cuda: {torch.version.cuda or 'none'}",
         f"platform: {platform.platform()}",
         f"cpu: {cpu_description()}",
+        f"inductor env: {inductor_environment()}",
         f"command: {' '.join(sys.argv)}",
     ]
     smi = _run(["nvidia-smi"])

@@ -52,6 +52,15 @@ def device_name(device: torch.device | str) -> str:
     return "cpu"
 
 
+def hardware_name(device: torch.device | str) -> str:
+    """The device kind a run's time depends on: the GPU's name, or the CPU model for a CPU run
+    (summary.json's `device_name`; `verify` refuses baselines timed on another kind)."""
+    name = device_name(device)
+    if name != "cpu":
+        return name
+    return f"cpu ({cpuinfo('model name', 'Model', 'Hardware') or platform.machine() or 'unknown'})"
+
+
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device)."""
     if peak_flops <= 0:

@@ -1,0 +1,208 @@
+"""`speedrun ablate`: what is each technique worth at this scale? The recipe (the baseline) and each
+one-switch variant are trained for every seed, then one row per arm: the mean final val loss, its sd,
+the difference to the baseline with Welch's two-sample t-test, tokens and training time.
+
+Each run goes into `OUT/<arm>-seed<S>-<hash>`, the hash being that of the run's resolved config, so
+running the same ablation again reuses the runs that finished, resumes those that were stopped (a
+checkpoint was saved), and trains only what is missing; a changed recipe or override trains anew.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedrun.config import Config
+from speedrun.errors import ConfigError, DataError
+
+BASELINE = "baseline"
+
+
+@dataclass
+class Arm:
+    """The baseline or one variant: its label and one (config, run folder) per seed."""
+
+    label: str
+    switch: str | None
+    runs: list[tuple[Config, Path]] = field(default_factory=list)
+
+
+def parse_seed_count(text: str) -> list[int]:
+    """`N` is the seeds 1..N; `S1,S2,...` is those seeds (train --seeds' parser)."""
+    from speedrun.tools.commands import parse_seeds
+
+    if "," in text:
+        return parse_seeds(text)
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {text!r}: expected a count N or seeds S1,S2,..., e.g. 3 or 1,2,3"
+        ) from None
+    if n < 1:
+        raise ConfigError(f"--seeds {text!r}: expected at least one seed")
+    return list(range(1, n + 1))
+
+
+def config_hash(cfg: Config) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def run_folder(out: Path, label: str, seed: int, cfg: Config) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._=+-]", "_", label)[:60]
+    return out / f"{slug}-seed{seed}-{config_hash(cfg)}"
+
+
+def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], out: Path | None) -> list[Arm]:
+    """Every arm's configs and folders, resolved before anything trains: an unknown key, a bad value, a
+    switch that changes nothing or repeats, or a switch of the seed is a usage error here."""
+    from speedrun.recipes import load_recipe
+
+    for item in [*sets, *switches]:
+        if item.partition("=")[0].strip() == "train.seed":
+            raise ConfigError("ablate sets train.seed from --seeds; drop the train.seed= override")
+    keys = {s.partition("=")[0].strip() for s in sets}
+    for switch in switches:
+        if switches.count(switch) > 1 or switch.partition("=")[0].strip() in keys:
+            raise ConfigError(f"switch {switch}: given twice, or also set for all arms by --set")
+    base = load_recipe(recipe, sets)
+    out = out if out is not None else Path("runs") / f"ablate-{base.recipe}"
+    arms = [Arm(BASELINE, None), *(Arm(s.strip(), s) for s in switches)]
+    for arm in arms:
+        if arm.switch is not None and load_recipe(recipe, [*sets, arm.switch]).to_dict() == base.to_dict():
+            raise ConfigError(
+                f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
+            )
+        for seed in seeds:
+            cfg = load_recipe(recipe, [*sets, *([arm.switch] if arm.switch else []), f"train.seed={seed}"])
+            arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
+    return arms
+
+
+def state(folder: Path) -> str:
+    """The folder's state: "new" (nothing there, or a run that never reached step 0), "finished",
+    "stopped" (resumable from its checkpoint) or "broken" (ended without a checkpoint, or not ours)."""
+    from speedrun.train.checkpoint import list_checkpoints
+    from speedrun.train.rundir import SUMMARY_FILE, check_new
+
+    if not folder.exists():
+        return "new"
+    summary = folder / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            status = json.loads(summary.read_text(encoding="utf-8")).get("status", "finished")
+        except (OSError, ValueError, AttributeError):
+            raise DataError(f"{summary}: unreadable; remove {folder} to train this run again") from None
+        if status == "finished":
+            return "finished"
+    if (folder / "config.json").is_file() and list_checkpoints(folder):
+        return "stopped"
+    try:
+        check_new(folder)
+    except ConfigError:
+        return "broken"
+    return "new"
+
+
+def train_arms(arms: list[Arm]) -> None:
+    """Train what is missing, one run after another; report what is reused or resumed."""
+    from speedrun.config import read_run_config
+    from speedrun.train.loop import train
+
+    todo = [(arm, cfg, folder) for arm in arms for cfg, folder in arm.runs]
+    states = {folder: state(folder) for _, _, folder in todo}  # all checked before the first run trains
+    broken = [folder for folder, s in states.items() if s == "broken"]
+    if broken:
+        raise DataError(
+            f"{broken[0]} holds neither a finished run nor a checkpoint to resume; remove it to train again"
+        )
+    for i, (arm, cfg, folder) in enumerate(todo, 1):
+        tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
+        if states[folder] == "finished":
+            print(f"=== {tag}: finished before, reused ===", flush=True)
+        elif states[folder] == "stopped":
+            print(f"=== {tag}: resumed from its checkpoint ===", flush=True)
+            train(read_run_config(folder, DataError), folder, resume=True)
+        else:
+            print(f"=== {tag} ===", flush=True)
+            train(cfg, folder)
+
+
+@dataclass
+class Row:
+    label: str
+    n: int
+    mean: float | None
+    sd: float | None
+    diff: float | None  # mean - the baseline's mean
+    p: float | None  # Welch's two-sided p against the baseline
+    tokens: float | None  # mean tokens trained per run
+    train_time_s: float | None
+
+
+def results(arms: list[Arm]) -> list[Row]:
+    """One row per arm from its runs' files (compare's reader; only finished runs count)."""
+    from speedrun.tools.compare import Group, load_run
+    from speedrun.tools.stats import mean_sd, welch_test
+
+    groups = [Group(arm.label, [load_run(folder) for _, folder in arm.runs]) for arm in arms]
+    base = groups[0].losses
+    base_mean = mean_sd(base)[0]
+    rows = []
+    for g in groups:
+        done = [r for r in g.runs if r.finished]
+        mean, sd = mean_sd(g.losses)
+        test = welch_test(g.losses, base, "ablate") if g is not groups[0] else None
+        rows.append(
+            Row(
+                g.label,
+                g.n,
+                mean,
+                sd,
+                mean - base_mean if g is not groups[0] and None not in (mean, base_mean) else None,
+                test[1] if test else None,
+                mean_sd([r.steps * r.config["train.global_batch_tokens"] for r in done if r.steps])[0],
+                mean_sd([r.train_time_s for r in done if r.train_time_s is not None])[0],
+            )
+        )
+    return rows
+
+
+def format_rows(rows: list[Row]) -> str:
+    def fmt(value: float | None, spec: str, unit: str = "") -> str:
+        return "-" if value is None else format(value, spec) + unit
+
+    header = ("arm", "n", "val loss", "sd", "vs baseline", "p (Welch)", "tokens", "train time")
+    table = [header] + [
+        (
+            r.label,
+            str(r.n),
+            fmt(r.mean, ".4f"),
+            fmt(r.sd, ".4f"),
+            fmt(r.diff, "+.4f"),
+            fmt(r.p, ".3g"),
+            fmt(r.tokens, ",.0f"),
+            fmt(r.train_time_s, ".1f", "s"),
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    )
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file, not a folder")
+    seeds = parse_seed_count(args.seeds)
+    arms = plan(args.recipe, seeds, args.set, args.switches, args.out)
+    train_arms(arms)
+    out = arms[0].runs[0][1].parent
+    print(f"ablation of {arms[0].runs[0][0].recipe}, seeds {', '.join(map(str, seeds))} (runs in {out}):")
+    print(format_rows(results(arms)))
+    return 0

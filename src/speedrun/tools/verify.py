@@ -1,0 +1,349 @@
+"""`speedrun verify`: would these runs be accepted as a record? One line per rule, and why not.
+
+Everything is read from the run folders (config.json, metrics.jsonl, summary.json, log.txt), so runs
+copied from other machines verify. A rule whose facts a folder does not record (a run from before the
+fact was written) says `unknown: <what is missing>`: not a pass. The rules (modded-nanogpt README,
+docs/roadmap.md): the target by the track's test, one config and one code version, validation on the
+first 10,485,760 FineWeb val tokens, every step timed with only an untimed warm-up that restores
+its state, the default inductor config, one kind of hardware, and a baseline re-run on that hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedrun.errors import ConfigError, DataError
+from speedrun.tools.compare import Group, Run, below_target_test, group_key, load_runs, run_names
+from speedrun.tools.stats import mean_sd, welch_test
+from speedrun.train.rundir import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX, SUMMARY_FILE
+
+ALPHA = 0.01  # track 1: the one-sided t-test's p must be below this
+TRACK3_MARGIN = 0.004  # track 3: (target - mean) * sqrt(n) must reach this
+RECORD_VAL_TOKENS = 10_485_760  # the first 10,485,760 tokens of FineWeb's val split
+RECORD_SOURCE, RECORD_TOKENIZER = "fineweb10B", "gpt2"
+VALIDATION = f"the first {RECORD_VAL_TOKENS:,} {RECORD_TOKENIZER} tokens of the {RECORD_SOURCE} val split"
+# inductor variables that only say where compiled code is cached, not what is compiled
+CACHE_ONLY_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+RESTORED = "state restored"  # what the loop's warm-up line says (train/loop.py, train/warmup.py)
+
+
+@dataclass
+class Verdict:
+    rule: str
+    status: str  # "ok" | "fails" | "unknown"
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.rule:<10} {self.status}: {self.detail}"
+
+
+@dataclass
+class Facts:
+    """What the rules read from one run folder beyond compare's Run."""
+
+    run: Run
+    name: str
+    codes: list[tuple[str, str | None]] | None  # (code line, sha256 of its diff) per start; None: no log
+    inductor: list[str | None]  # the `inductor env:` value of each start (None: not recorded)
+    warmups: list[str]  # the warm-up lines
+    hardware: str | None  # "8 x NVIDIA H100 80GB HBM3"; None: not recorded
+
+
+def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None], list[str]]:
+    """(code versions, inductor environments, warm-up lines) of a log.txt. Each start of the run (the
+    first and every --resume) writes an environment report beginning with its `code:` line."""
+    lines = text.splitlines()
+    codes: list[tuple[str, str | None]] = []
+    inductor: list[str | None] = []
+    warmups = [line for line in lines if line.startswith("warm-up:")]
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("code: "):
+            diff = None
+            if lines[i + 1 : i + 2] == [DIFF_START]:
+                rest = lines[i + 2 :]
+                end = rest.index(DIFF_END) if DIFF_END in rest else len(rest)
+                diff = hashlib.sha256("\n".join(rest[:end]).encode()).hexdigest()
+                i += 2 + end
+            codes.append((line.removeprefix("code: ").strip(), diff))
+            inductor.append(None)
+        elif line.startswith("inductor env: ") and inductor:
+            inductor[-1] = line.removeprefix("inductor env: ").strip()
+        i += 1
+    return codes, inductor, warmups
+
+
+def _hardware(path: Path) -> str | None:
+    """`world_size x device_name` from summary.json; None when the summary or the fields are absent."""
+    try:
+        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # load_run read it already; a file changed since is still one line
+        raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
+    name, world = summary.get("device_name"), summary.get("world_size")
+    if name is None or world is None:
+        return None
+    if not isinstance(name, str) or isinstance(world, bool) or not isinstance(world, int):
+        raise DataError(f"{path / SUMMARY_FILE}: device_name must be a string and world_size an integer")
+    return f"{world} x {name}"
+
+
+def read_facts(runs: list[Run]) -> list[Facts]:
+    facts = []
+    for name, run in zip(run_names(runs), runs, strict=True):
+        log = run.path / "log.txt"
+        try:
+            text = log.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            text = None
+        except OSError as e:
+            raise DataError(f"cannot read {log}: {e.strerror or e}") from None
+        codes, inductor, warmups = parse_log(text) if text is not None else (None, [], [])
+        facts.append(Facts(run, name, codes, inductor, warmups, _hardware(run.path)))
+    return facts
+
+
+# ---- the rules: each returns (status, why) for the runs' facts; `verify` names them ----
+Outcome = tuple[str, str]  # ("ok" | "fails" | "unknown", the reason)
+
+
+def rule_finished(facts: list[Facts]) -> Outcome:
+    why = {"stopped": "stopped", "unfinished": "no summary.json: killed or still running"}
+    bad = [f"{f.name} ({why.get(f.run.status, f.run.status)})" for f in facts if not f.run.finished]
+    return ("fails", "not finished: " + ", ".join(bad)) if bad else ("ok", f"all {len(facts)} runs finished")
+
+
+def rule_target(facts: list[Facts], track: int, target: float) -> Outcome:
+    """Track 1: compare's one-sided t-test that the mean final val loss is below the target, p < 0.01.
+    Track 3: (target - mean)·√n >= 0.004. Only finished runs count (compare's Group.losses)."""
+    losses = Group("", [f.run for f in facts]).losses
+    (mean, sd), n = mean_sd(losses), len(losses)
+    if track == 3:
+        if not n:
+            return "fails", "no finished run with a final val loss"
+        score = (target - mean) * math.sqrt(n)
+        text = f"({target} - mean {mean:.4f})·√{n} = {score:.4f}"
+        return (
+            ("ok", f"{text} >= {TRACK3_MARGIN}")
+            if score >= TRACK3_MARGIN
+            else ("fails", f"{text} < {TRACK3_MARGIN}")
+        )
+    if n < 2:
+        return "fails", f"the t-test needs >= 2 finished runs with a final val loss, got {n}"
+    t, p = below_target_test(losses, target)
+    text = f"mean {mean:.4f} (n={n}, sd {sd:.4f}); one-sided t-test of mean < {target}: t={t:.3f}, p={p:.3g}"
+    return ("ok", f"{text} < {ALPHA}") if p < ALPHA else ("fails", f"{text}, not < {ALPHA}")
+
+
+def rule_config(facts: list[Facts]) -> Outcome:
+    """One config apart from the seed and the observing settings (compare's grouping rule), and no
+    seed twice (a repeated seed is not an independent run)."""
+    first = dict(group_key(facts[0].run))
+    for f in facts[1:]:
+        key = dict(group_key(f.run))
+        if key != first:
+            diff = sorted(k for k in first.keys() | key.keys() if first.get(k) != key.get(k))
+            shown = ", ".join(f"{k} {first.get(k, '-')} vs {key.get(k, '-')}" for k in diff[:3])
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+            return "fails", f"{f.name} differs from {facts[0].name}: {shown}{more}"
+    seen: dict[object, str] = {}
+    for f in facts:
+        if f.run.seed in seen:
+            return (
+                "fails",
+                f"{seen[f.run.seed]} and {f.name} both ran train.seed={f.run.seed}: not independent",
+            )
+        seen[f.run.seed] = f.name
+    return "ok", f"equal apart from the seed and observing settings (seeds {', '.join(map(str, seen))})"
+
+
+def _code(code: tuple[str, str | None]) -> str:
+    return code[0] if code[1] is None else f"{code[0]}, diff sha256 {code[1][:12]}"
+
+
+def rule_code(facts: list[Facts]) -> Outcome:
+    """The same code in every run and every start of a run: the log's `code:` line (commit and clean or
+    dirty, or the installed version) and, when dirty, the diff text."""
+    missing = [
+        f"{f.name}: {'no log.txt' if f.codes is None else 'no code: line in log.txt'}"
+        for f in facts
+        if not f.codes
+    ]
+    if missing:
+        return "unknown", "; ".join(missing)
+    for f in facts:
+        if len(set(f.codes)) > 1:
+            return "fails", f"{f.name} was resumed with other code: " + " / ".join(
+                map(_code, dict.fromkeys(f.codes))
+            )
+    first = facts[0].codes[0]
+    for f in facts[1:]:
+        if f.codes[0] != first:
+            return "fails", f"{facts[0].name}: {_code(first)}; {f.name}: {_code(f.codes[0])}"
+    installed = (
+        " (the version is all an installed package records)" if "installed package" in first[0] else ""
+    )
+    return "ok", f"{_code(first)} in all runs{installed}"
+
+
+def rule_validation(facts: list[Facts]) -> Outcome:
+    """The first 10,485,760 tokens of FineWeb's val split, GPT-2 tokens. The loader has one val order
+    (from the start of the split, not aligned: data/loader.val_batches), so the config's token count,
+    source and tokenizer are what can differ."""
+    for f in facts:
+        c = f.run.config
+        missing = [k for k in ("train.val_tokens", "data.source", "data.tokenizer") if k not in c]
+        if missing:
+            return "unknown", f"{f.name}: config.json lacks {', '.join(missing)}"
+        wrong = (
+            [f"train.val_tokens={c['train.val_tokens']}"]
+            if c["train.val_tokens"] != RECORD_VAL_TOKENS
+            else []
+        )
+        wrong += (
+            [f"data.source={c['data.source']}"] if not str(c["data.source"]).startswith(RECORD_SOURCE) else []
+        )
+        wrong += [f"data.tokenizer={c['data.tokenizer']}"] if c["data.tokenizer"] != RECORD_TOKENIZER else []
+        if wrong:
+            return "fails", f"{f.name}: {', '.join(wrong)}; the rules validate on {VALIDATION}"
+    return "ok", f"{VALIDATION}, unaligned"
+
+
+def rule_timing(facts: list[Facts]) -> Outcome:
+    """Every training step timed (record 21 on): no step trains outside the clock except a warm-up that
+    puts model, optimizer and loader back. Validation is never timed (train/loop.py)."""
+    for f in facts:
+        grace = f.run.config.get("train.timing_warmup_steps")
+        if grace is None:
+            return "unknown", f"{f.name}: config.json lacks train.timing_warmup_steps"
+        if grace:
+            return "fails", (
+                f"{f.name} trained its first {grace} steps untimed (train.timing_warmup_steps={grace}); the "
+                "rules time every step: set it to 0 (the compiled warm-up restores what it trains)"
+            )
+        kept = [w for w in f.warmups if RESTORED not in w]
+        if kept:
+            return "fails", f"{f.name}: a warm-up that kept its training: {kept[0]!r}"
+    warm = sum(bool(f.warmups) for f in facts)
+    return "ok", "every step timed, validation untimed; " + (
+        f"{warm} run(s) warmed up untimed, state restored" if warm else "no untimed warm-up"
+    )
+
+
+def rule_inductor(facts: list[Facts]) -> Outcome:
+    """Rule 3: the default inductor config. The code never changes it; TORCHINDUCTOR_* variables can,
+    and every start of a run records them in log.txt."""
+    for f in facts:
+        if not f.inductor or None in f.inductor:
+            return "unknown", f"{f.name}: log.txt does not record the inductor environment (an older run)"
+        for env in f.inductor:
+            changed = [v for v in env.split() if v != "none" and v.split("=")[0] not in CACHE_ONLY_ENV]
+            if changed:
+                return (
+                    "fails",
+                    f"{f.name} ran with {' '.join(changed)}; the rules allow the default config only",
+                )
+    return "ok", f"default config in all runs (no {INDUCTOR_ENV_PREFIX}* setting)"
+
+
+def one_hardware(facts: list[Facts], who: str) -> tuple[str | None, Outcome | None]:
+    """(the hardware all of `facts` ran on, None), or (None, why there is not one)."""
+    missing = [f.name for f in facts if f.hardware is None]
+    if missing:
+        return None, ("unknown", f"{who} {', '.join(missing)}: summary.json lacks device_name, world_size")
+    kinds = {f.hardware: f.name for f in reversed(facts)}  # each kind with the first run on it
+    if len(kinds) > 1:
+        return None, (
+            "fails",
+            f"{who} ran on different hardware: " + "; ".join(f"{n} on {k}" for k, n in kinds.items()),
+        )
+    return facts[0].hardware, None
+
+
+def rule_hardware(facts: list[Facts]) -> Outcome:
+    kind, problem = one_hardware(facts, "runs")
+    return problem or ("ok", f"{kind} in all runs")
+
+
+def rule_baseline(facts: list[Facts], baseline: list[Facts], track: int) -> Outcome:
+    """Rule 4: a record is compared with a baseline re-run on the same hardware, never with one timed
+    elsewhere. Track 1 compares the mean training time, track 3 the mean step count."""
+    (mine, problem), (theirs, problem_b) = one_hardware(facts, "runs"), one_hardware(baseline, "baseline")
+    if problem or problem_b:
+        return problem or problem_b
+    if mine != theirs:
+        return (
+            "fails",
+            f"refused: the baseline ran on {theirs}, these runs on {mine}; re-baseline here (rule 4)",
+        )
+    attr, what = ("train_time_s", "train time (s)") if track == 1 else ("steps", "steps")
+    ours, base = ([getattr(f.run, attr) for f in side if f.run.finished] for side in (facts, baseline))
+    ours, base = [x for x in ours if x is not None], [x for x in base if x is not None]
+    if not ours or not base:
+        return "fails", f"a side without a finished run with its {what}"
+    (a, _), (b, _), test = mean_sd(ours), mean_sd(base), welch_test(ours, base, "verify")
+    text = f"mean {what} {a:.4g} vs baseline {b:.4g} ({a - b:+.4g}; n={len(ours)} vs {len(base)}" + (
+        f", Welch p={test[1]:.3g})" if test else ")"
+    )
+    return ("ok", text) if a < b else ("fails", f"not below the baseline: {text}")
+
+
+def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | None = None) -> list[Verdict]:
+    """The verdict of every rule of `track` on `runs` (and on `baseline`, when given)."""
+    facts = read_facts(runs)
+    verdicts = [
+        Verdict("finished", *rule_finished(facts)),
+        Verdict("target", *rule_target(facts, track, target)),
+        Verdict("config", *rule_config(facts)),
+        Verdict("code", *rule_code(facts)),
+        Verdict("validation", *rule_validation(facts)),
+    ]
+    if track == 1:  # track 3 scores steps, not time
+        verdicts += [Verdict("timing", *rule_timing(facts)), Verdict("inductor", *rule_inductor(facts))]
+    verdicts.append(Verdict("hardware", *rule_hardware(facts)))
+    if baseline:
+        verdicts.append(Verdict("baseline", *rule_baseline(facts, read_facts(baseline), track)))
+    return verdicts
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from speedrun.atomic import check_replaceable, write_atomic
+
+    if not math.isfinite(args.target):
+        raise ConfigError(f"--target must be a finite val loss, got {args.target}")
+    if args.json is not None:
+        check_replaceable(args.json)
+    runs = load_runs(args.runs)
+    baseline = load_runs(args.baseline) if args.baseline else None
+    shared = {r.path.resolve() for r in runs} & {r.path.resolve() for r in baseline or []}
+    if shared:
+        raise ConfigError(f"--baseline {sorted(shared)[0]} is also one of the runs to verify")
+    verdicts = verify(runs, args.track, args.target, baseline)
+    print(f"verify {len(runs)} run(s), track {args.track}, target {args.target}:")
+    for v in verdicts:
+        print(v.line())
+    bad = [v for v in verdicts if v.status != "ok"]
+    failed, unknown = sum(v.status == "fails" for v in bad), sum(v.status == "unknown" for v in bad)
+    print(
+        "accepted: every rule passes"
+        if not bad
+        else f"not accepted: {failed} rule(s) fail, {unknown} unknown"
+    )
+    if args.json is not None:
+        report = {
+            "track": args.track,
+            "target": args.target,
+            "runs": [str(r.path) for r in runs],
+            "baseline": [str(r.path) for r in baseline or []],
+            "rules": [{"rule": v.rule, "status": v.status, "detail": v.detail} for v in verdicts],
+            "accepted": not bad,
+        }
+        write_atomic(args.json, (json.dumps(report, indent=2) + "\n").encode())
+    return 0 if not bad else 1

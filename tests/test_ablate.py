@@ -1,0 +1,106 @@
+"""`speedrun ablate` end to end on a tiny recipe (2 arms x 2 seeds): the table against scipy computed
+here from the runs' own files, reuse of finished runs, resume of a stopped one, and usage errors that
+end before anything trains."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from speedrun.cli import main
+from speedrun.errors import ConfigError
+from speedrun.tools.ablate import parse_seed_count
+from tests.conftest import TINY
+
+FAST = ["train.steps=6", "train.warmdown_steps=2", "train.val_every=3", "train.checkpoint_every=3"]
+SWITCH = "model.unet=true"
+
+
+def sets(text_data: Path) -> list[str]:
+    return [w for o in [*TINY, *FAST, f"data.dir={text_data}"] for w in ("--set", o)]
+
+
+def table(out: str) -> dict[str, list[str]]:
+    """The rows of the printed table by arm."""
+    lines = out[out.index("\narm ") + 1 :].strip().splitlines()
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def final_losses(folder: Path, arm: str) -> list[float]:
+    runs = sorted(folder.glob(f"{arm}-seed*"))
+    return [json.loads((r / "summary.json").read_text())["final_val_loss"] for r in runs]
+
+
+@pytest.mark.slow
+def test_ablate_table_matches_scipy_and_a_second_call_reuses_and_resumes(text_data, tmp_path, capsys):
+    from scipy import stats
+
+    out = tmp_path / "abl"
+    argv = ["ablate", "--recipe", "demo", "--seeds", "2", "--out", str(out), *sets(text_data), SWITCH]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    rows = table(first)
+    base, var = final_losses(out, "baseline"), final_losses(out, SWITCH)
+    assert len(base) == len(var) == 2 and len(list(out.iterdir())) == 4
+    mean = sum(var) / 2
+    assert rows[SWITCH][:3] == ["2", f"{mean:.4f}", f"{stats.tstd(var):.4f}"]
+    assert rows[SWITCH][3] == f"{mean - sum(base) / 2:+.4f}"
+    assert rows[SWITCH][4] == f"{stats.ttest_ind(var, base, equal_var=False).pvalue:.3g}"
+    assert rows[SWITCH][5] == f"{6 * 1024:,}" and rows["baseline"][3:5] == ["-", "-"]
+
+    # an interrupted ablation: one run stopped after its step-3 checkpoint, one finished
+    stopped = sorted(out.glob(f"{SWITCH}-seed2-*"))[0]
+    (stopped / "summary.json").unlink()
+    shutil.rmtree(stopped / "checkpoints" / "step_000006")
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert again.count("finished before, reused") == 3 and again.count("resumed from its checkpoint") == 1
+    assert final_losses(out, SWITCH) == var  # the resumed run computes what it computed before
+    assert {k: v[:-1] for k, v in table(again).items()} == {
+        k: v[:-1] for k, v in rows.items()
+    }  # not the time
+
+
+def test_usage_errors_end_before_anything_trains(tmp_path, capsys):
+    out = tmp_path / "abl"
+    common = ["ablate", "--recipe", "demo", "--out", str(out)]
+    cases = [
+        ([*common, "model.not_a_key=1"], "unknown config key 'model.not_a_key'"),
+        ([*common, "model.unet=false"], "the recipe's own value"),
+        ([*common, "train.seed=4"], "from --seeds"),
+        ([*common, "--seeds", "x", SWITCH], "--seeds 'x'"),
+        ([*common, "--set", "model.unet=false", SWITCH], "also set for all arms"),
+        ([*common, SWITCH, SWITCH], "given twice"),
+        (common, "required: SWITCH=VALUE"),
+    ]
+    for argv, text in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("speedrun: error:") and text in err and "\n" not in err, (argv, err)
+    assert not out.exists()
+
+
+def test_a_folder_it_cannot_reuse_or_resume_is_named_not_overwritten(text_data, tmp_path, capsys):
+    from speedrun.tools.ablate import plan
+
+    out = tmp_path / "abl"
+    overrides = [*TINY, *FAST, f"data.dir={text_data}"]
+    folder = plan("demo", [1], overrides, [SWITCH], out)[0].runs[0][1]
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("not ours")
+    argv = ["ablate", "--recipe", "demo", "--seeds", "1", "--out", str(out), *sets(text_data), SWITCH]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{folder} holds neither a finished run nor a checkpoint" in err
+    assert [p.name for p in out.iterdir()] == [folder.name] and (
+        folder / "notes.txt"
+    ).read_text() == "not ours"
+
+
+def test_seed_counts_and_lists():
+    assert parse_seed_count("3") == [1, 2, 3]
+    assert parse_seed_count("5,2") == [5, 2]
+    for bad in ("0", "x", "1,1", ""):
+        with pytest.raises(ConfigError):
+            parse_seed_count(bad)

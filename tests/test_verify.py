@@ -1,0 +1,251 @@
+"""`speedrun verify` on run folders made by tiny real training runs, and on copies edited to break one
+rule each: every rule's failure, the statistics against scipy and the formulas written here, older
+folders that lack a fact (`unknown`, never a crash), and bad input as one line."""
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from speedrun.cli import main
+from speedrun.tools.compare import load_runs
+from speedrun.tools.verify import verify
+from speedrun.train.rundir import DIFF_END, DIFF_START, code_version
+from speedrun.train.tracking import hardware_name
+from tests.conftest import TINY, read_metrics
+
+SEEDS = (1, 2, 3)
+FAST = ["train.steps=6", "train.warmdown_steps=2", "train.val_every=3", "train.timing_warmup_steps=0"]
+pytestmark = pytest.mark.xdist_group("verify_runs")  # one worker trains the runs once
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, text_data) -> list[Path]:
+    """Three tiny demo runs that differ only in train.seed (about 1 s in all)."""
+    root = tmp_path_factory.mktemp("verify")
+    args = ["train", "--recipe", "demo", "--out", str(root / "r"), "--seeds", "1,2,3"]
+    assert main([*args, *TINY, *FAST, f"data.dir={text_data}"]) == 0
+    return [root / f"r-seed{s}" for s in SEEDS]
+
+
+def copies(runs: list[Path], dst: Path, edit=None, which: int | None = None) -> list[Path]:
+    """Copies of the runs; `edit(folder)` changes the copy number `which` (every copy when None)."""
+    out = []
+    for i, run in enumerate(runs):
+        out.append(dst / run.name)
+        shutil.copytree(run, out[-1], ignore=shutil.ignore_patterns("events.out.*"))
+        if edit is not None and which in (None, i):
+            edit(out[-1])
+    return out
+
+
+def edit_json(name: str, change):
+    def edit(folder: Path) -> None:
+        data = json.loads((folder / name).read_text())
+        change(data)
+        (folder / name).write_text(json.dumps(data))
+
+    return edit
+
+
+def edit_log(old: str, new: str):
+    """Replace the first match of the regular expression `old` in log.txt."""
+
+    def edit(folder: Path) -> None:
+        text = (folder / "log.txt").read_text()
+        assert re.search(old, text, flags=re.M), old
+        (folder / "log.txt").write_text(re.sub(old, new, text, count=1, flags=re.M))
+
+    return edit
+
+
+INDUCTOR_LINE = r"^inductor env: .*\n"  # `none`, or a TORCHINDUCTOR_CACHE_DIR set around the tests
+
+
+def rules(paths: list[Path], target: float = 9.0, track: int = 1, baseline=None) -> dict[str, tuple]:
+    verdicts = verify(load_runs(paths), track, target, load_runs(baseline) if baseline else None)
+    return {v.rule: (v.status, v.detail) for v in verdicts}
+
+
+def finals(paths: list[Path]) -> list[float]:
+    return [[r for r in read_metrics(p) if "val_loss" in r][-1]["val_loss"] for p in paths]
+
+
+def record_validation(folder: Path) -> None:
+    edit_json("config.json", lambda c: (c["train"].update(val_tokens=10_485_760), c["data"].update(
+        source="fineweb10B", tokenizer="gpt2")))(folder)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_tiny_runs_fail_only_the_record_validation(runs, tmp_path, capsys):
+    from scipy import stats
+
+    report = tmp_path / "v.json"
+    assert main(["verify", *map(str, runs), "--target", "9", "--json", str(report)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    got = {r["rule"]: (r["status"], r["detail"]) for r in json.loads(report.read_text())["rules"]}
+    assert list(got) == [
+        "finished",
+        "target",
+        "config",
+        "code",
+        "validation",
+        "timing",
+        "inductor",
+        "hardware",
+    ]
+    assert len(lines) == len(got) + 2 and lines[-1].startswith("not accepted: 1 rule(s) fail")
+    assert {r for r, (status, _) in got.items() if status != "ok"} == {"validation"}
+    assert "train.val_tokens=2048" in got["validation"][1]
+    p = stats.ttest_1samp(finals(runs), 9.0, alternative="less").pvalue
+    assert f"p={p:.3g}" in got["target"][1]
+    assert got["code"][1].startswith(code_version().splitlines()[0])  # the log's code line
+    assert got["hardware"][1] == f"1 x {hardware_name('cpu')} in all runs"  # summary.json's new fields
+    assert "seeds 1, 2, 3" in got["config"][1]
+
+
+@pytest.mark.slow
+def test_every_rule_passes_when_the_config_states_the_record_validation(runs, tmp_path, capsys):
+    # the files are the whole input: a config with the rules' validation set passes every rule
+    paths = copies(runs, tmp_path, record_validation)
+    assert main(["verify", *map(str, paths), "--target", "9"]) == 0
+    assert capsys.readouterr().out.strip().endswith("accepted: every rule passes")
+
+
+BROKEN = {  # rule: (edit of the second run, words its failure names)
+    "finished": (edit_json("summary.json", lambda s: s.update(status="stopped")), "r-seed2 (stopped)"),
+    "config": (
+        edit_json("config.json", lambda c: c["optim"].update(muon_lr=0.1)),
+        "optim.muon_lr 0.05 vs 0.1",
+    ),
+    "code": (edit_log("^code: .*$", "code: speedrun 0.0.1 git 0000000 (clean)"), "r-seed2: speedrun 0.0.1"),
+    "timing": (edit_json("config.json", lambda c: c["train"].update(timing_warmup_steps=2)), "first 2 steps"),
+    "inductor": (
+        edit_log(INDUCTOR_LINE, "inductor env: TORCHINDUCTOR_MAX_AUTOTUNE=1\n"),
+        "MAX_AUTOTUNE=1",
+    ),
+    "hardware": (edit_json("summary.json", lambda s: s.update(device_name="NVIDIA H100")), "1 x NVIDIA H100"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", BROKEN)
+def test_each_rule_fails_on_a_folder_edited_to_break_it(runs, tmp_path, rule):
+    edit, words = BROKEN[rule]
+    got = rules(copies(runs, tmp_path, edit, which=1))
+    assert got[rule][0] == "fails" and words in got[rule][1], got[rule]
+    assert all(status == "ok" for r, (status, _) in got.items() if r not in (rule, "validation")), got
+
+
+@pytest.mark.slow
+def test_other_failures_killed_runs_seeds_warm_up_and_cache_settings(runs, tmp_path):
+    killed = copies(runs, tmp_path / "k", lambda f: (f / "summary.json").unlink(), which=0)
+    assert "r-seed1 (no summary.json" in rules(killed)["finished"][1]
+    same_seed = copies(runs, tmp_path / "s", edit_json("config.json", lambda c: c["train"].update(seed=2)), 0)
+    assert "both ran train.seed=2" in rules(same_seed)["config"][1]
+    kept = copies(runs, tmp_path / "w", edit_log("^step ", "warm-up: 1 training step(s) compiled\nstep "), 0)
+    assert rules(kept)["timing"][0] == "fails"
+    cache = copies(
+        runs, tmp_path / "c", edit_log(INDUCTOR_LINE, "inductor env: TORCHINDUCTOR_CACHE_DIR=/x\n"), 0
+    )
+    assert rules(cache)["inductor"][0] == "ok"  # where compiled code is cached changes no code
+
+
+@pytest.mark.slow
+def test_a_dirty_tree_passes_only_with_the_same_diff(runs, tmp_path):
+    first = "speedrun 0.1.0 git 51cf411923068b6ecc3494607575879c84311be5 (dirty)"
+
+    def dirty(diff: str):
+        def edit(folder: Path) -> None:
+            text = (folder / "log.txt").read_text()
+            start = text.index("code: ") + len("code: ")
+            end = text.index("\npython: ")
+            (folder / "log.txt").write_text(
+                f"{text[:start]}{first}\n{DIFF_START}\n{diff}\n{DIFF_END}{text[end:]}"
+            )
+
+        return edit
+
+    same = copies(runs, tmp_path / "same", dirty("+a = 1"))
+    status, detail = rules(same)["code"]
+    assert status == "ok" and "(dirty), diff sha256" in detail
+    other = copies(same, tmp_path / "other", dirty("+a = 2"), which=2)
+    assert rules(other)["code"][0] == "fails"
+
+    def resume_with_other_code(folder: Path) -> None:
+        log = folder / "log.txt"
+        log.write_text(log.read_text() + f"code: {first.replace('(dirty)', '(clean)')}\n")
+
+    resumed = copies(same, tmp_path / "resumed", resume_with_other_code, which=0)
+    status, detail = rules(resumed)["code"]
+    assert status == "fails" and "r-seed1 was resumed with other code" in detail
+
+
+@pytest.mark.slow
+def test_target_rules_of_both_tracks_against_the_formulas(runs, tmp_path):
+    losses = finals(runs)
+    n, mean = len(losses), sum(losses) / len(losses)
+    assert rules(runs, target=mean)["target"][0] == "fails"  # not below at p < 0.01
+    assert "needs >= 2" in rules(runs[:1])["target"][1]
+    edge = mean + 0.004 / math.sqrt(n)  # (target - mean)·√n = 0.004 exactly: the track-3 threshold
+    assert rules(runs, target=edge + 1e-6, track=3)["target"][0] == "ok"
+    assert rules(runs, target=edge - 1e-6, track=3)["target"][0] == "fails"
+    assert "timing" not in rules(runs, track=3)  # track 3 scores steps, not time
+
+
+@pytest.mark.slow
+def test_baseline_on_the_same_hardware_is_compared_by_welch_and_refused_elsewhere(runs, tmp_path):
+    from scipy import stats
+
+    times = (106.0, 101.5, 102.0)
+    slower = [
+        copies([run], tmp_path / f"b{t}", edit_json("summary.json", lambda s, t=t: s.update(train_time_s=t)))[
+            0
+        ]
+        for run, t in zip(runs, times, strict=True)
+    ]
+    status, detail = rules(runs, baseline=slower)["baseline"]
+    ours = [json.loads((r / "summary.json").read_text())["train_time_s"] for r in runs]
+    p = stats.ttest_ind(ours, times, equal_var=False).pvalue
+    assert status == "ok" and f"Welch p={p:.3g}" in detail
+    assert rules(slower, baseline=runs)["baseline"][0] == "fails"  # slower than its baseline
+    elsewhere = copies(
+        runs, tmp_path / "e", edit_json("summary.json", lambda s: s.update(device_name="NVIDIA A100"))
+    )
+    status, detail = rules(runs, baseline=elsewhere)["baseline"]
+    assert status == "fails" and detail.startswith("refused: the baseline ran on 1 x NVIDIA A100")
+
+
+@pytest.mark.slow
+def test_older_run_folders_say_unknown(runs, tmp_path, capsys):
+    def old(folder: Path) -> None:
+        edit_json("summary.json", lambda s: (s.pop("device_name"), s.pop("world_size")))(folder)
+        edit_log(INDUCTOR_LINE, "")(folder)
+
+    paths = copies(runs, tmp_path, old)
+    (paths[0] / "log.txt").unlink()
+    assert main(["verify", *map(str, paths), "--target", "9"]) == 1
+    out = capsys.readouterr().out
+    assert "code       unknown: r-seed1: no log.txt" in out
+    assert (
+        "inductor   unknown: r-seed1" in out and "hardware   unknown: runs r-seed1, r-seed2, r-seed3" in out
+    )
+
+
+@pytest.mark.slow
+def test_bad_inputs_are_one_line(runs, tmp_path, capsys):
+    cases = [
+        ([str(tmp_path / "missing")], 1, "not a run directory"),
+        ([str(tmp_path)], 1, "not a run directory"),
+        ([], 2, "required: RUN_DIR"),
+        ([str(runs[0]), "--track", "5"], 2, "invalid choice: 5"),
+        ([str(runs[0]), "--target", "nan"], 2, "--target must be a finite"),
+        ([str(runs[0]), "--baseline", str(runs[0])], 2, "is also one of the runs"),
+    ]
+    for argv, code, text in cases:
+        assert main(["verify", *argv]) == code, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("speedrun: error:") and text in err and "\n" not in err, (argv, err)
