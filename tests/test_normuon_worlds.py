@@ -2,8 +2,8 @@
 4 gloo processes: the same losses, and checkpoints that resume on another number of processes.
 
 Every new switch is on: NorMuon with Polar Express and cautious decay, momentum warm-up and cool-down,
-Q/K orthogonalized per head, a per-matrix LR multiplier, Adam every other step (so a checkpoint at an odd step carries kept gradients), tied embedding and head
-untied mid-run. Sharding is visible in the log: each rank holds 1/W of the optimizer state.
+Q/K orthogonalized per head, a per-matrix LR multiplier, Adam every other step (so a checkpoint at an
+odd step carries kept gradients), tied embedding and head untied mid-run. Sharding is visible in the log: each rank holds 1/W of the optimizer state.
 """
 
 from __future__ import annotations
