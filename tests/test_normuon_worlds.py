@@ -3,7 +3,8 @@
 
 Every new switch is on: NorMuon with Polar Express and cautious decay, momentum warm-up and cool-down,
 Q/K orthogonalized per head, a per-matrix LR multiplier, Adam every other step (so a checkpoint at an
-odd step carries kept gradients), tied embedding and head untied mid-run. Sharding is visible in the log: each rank holds 1/W of the optimizer state.
+odd step carries kept gradients), tied embedding and head untied mid-run. Sharding is visible in the
+log: each rank holds 1/W of the optimizer state.
 """
 
 from __future__ import annotations
