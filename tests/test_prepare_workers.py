@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,3 +95,60 @@ def test_workers_die_with_their_parent(tmp_path):
     for p in left:  # do not leave them behind when the test fails
         os.kill(p, signal.SIGKILL)
     assert not left
+
+
+def _spawned_workers(parent: int) -> int:
+    """How many of `parent`'s children are multiprocessing workers past their exec (still starting)."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                count += b"spawn_main" in (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+def _tokens_written(data_dir: Path) -> bool:
+    """True once the hidden build folder holds a train shard with tokens in it (tokenizing is under way)."""
+    shards = data_dir.parent.glob(f".{data_dir.name}.tmp-*/.*_train_000000.bin.*")
+    return any(p.stat().st_size > 4096 for p in shards if p.exists())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["workers starting", "tokenizing"])
+def test_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment):
+    """Ctrl-C (SIGINT to the terminal's whole process group) while workers start or tokenize: no worker
+    traceback, one line, exit 130, no folder under the final name, no temporary left; a re-run works.
+    (Before: a worker still importing when the signal came printed a KeyboardInterrupt traceback.)"""
+    words = [f"w{i}" for i in range(500)]
+    line = json.dumps({"text": " ".join(words)})
+    (tmp_path / "src.jsonl").write_text((line + "\n") * 2500)  # 5 MB: a second of tokenizing
+    data_dir = tmp_path / "shards"
+    argv = ["prepare", f"text:{tmp_path / 'src.jsonl'}", "--data-dir", str(data_dir), "--workers", "2"]
+    code = (  # two workers on a one-core host too, where --workers 2 would be capped to one
+        "import sys; from speedrun.data import prepare; prepare.default_workers = lambda: 2; "
+        f"from speedrun.cli import main; sys.exit(main({argv!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, which the SIGINT goes to, as a terminal's does
+    )  # fmt: skip
+    ready = (lambda: _spawned_workers(proc.pid) >= 2) if moment == "workers starting" else None
+    ready = ready or (lambda: _tokens_written(data_dir))
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if moment == "workers starting":  # past the interpreter's start, into its imports
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert err == "speedrun: interrupted\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.jsonl"]  # no shards, no .shards.tmp-*
+    if moment == "tokenizing":
+        from tests.conftest import run_speedrun
+
+        again = run_speedrun(*argv, "--max-tokens", "100000")  # into the same folder
+        assert again.returncode == 0, again.stderr
+        assert (data_dir / "meta.json").is_file()

@@ -15,9 +15,12 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
+from multiprocessing import resource_tracker
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +110,9 @@ _worker_tok: Tokenizer | None = None
 
 def _init_worker(tok: Tokenizer, parent: int) -> None:
     """Keep the tokenizer; leave Ctrl-C to the parent, which stops the pool (no worker tracebacks);
-    die with the parent (an OOM kill or SIGKILL leaves no orphans reading a queue no one writes)."""
+    die with the parent (an OOM kill or SIGKILL leaves no orphans reading a queue no one writes).
+    SIGINT stays blocked from the spawn (`_start_pool`): ignoring it here drops one that came during
+    start-up, when the worker was still importing and a Ctrl-C would print its traceback."""
     global _worker_tok
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
@@ -164,8 +169,7 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
         for b in _chain(head, it):
             yield (b.is_val, *encode_texts(b.texts, tok))
         return
-    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok, os.getpid())) as pool:
+    with _start_pool(workers, tok) as pool:
         pending: deque = deque()
         for b in _chain(head, it):
             pending.append((b.is_val, pool.apply_async(encode_texts, (b.texts,))))
@@ -176,6 +180,25 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
         while pending:
             is_val, res = pending.popleft()
             yield (is_val, *res.get())
+
+
+@contextmanager
+def _start_pool(workers: int, tok: Tokenizer) -> Iterator[Any]:
+    """A pool of `workers` tokenizer processes, terminated on leaving. They start with SIGINT blocked
+    (a signal mask survives the spawn), so a Ctrl-C to the terminal's process group reaches only us."""
+    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
+    resource_tracker.ensure_running()  # its first start unblocks SIGINT in this process: do it before
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok, os.getpid()))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back meanwhile arrives here
+        yield pool
+    finally:
+        pool.terminate()
 
 
 def _chain(head: list[Batch], rest: Iterator[Batch]) -> Iterator[Batch]:
