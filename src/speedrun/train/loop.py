@@ -84,10 +84,11 @@ def restore(
     run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock
 ) -> int:
     """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
-    recorded after it; return its step."""
+    recorded after it; return its step (0 for a run with no checkpoint: it starts over)."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
-        raise DataError(f"no checkpoint in {run.path} to resume from (enable train.checkpoint_every)")
+        run.start_over(cfg.train.steps)
+        return 0
     state, saved = load_checkpoint(checkpoints[-1], model)
     try:  # through the typed config, so fields added since the checkpoint compare as their defaults
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))

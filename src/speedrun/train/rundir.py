@@ -257,6 +257,20 @@ class RunDir:
                 f"metrics.jsonl: dropped a torn last line ({len(torn)} bytes) left by an interrupted write"
             )
 
+    def start_over(self, steps: int) -> None:
+        """`--resume` of a run that stopped before its first checkpoint (a kill, a double Ctrl-C): nothing
+        can be continued, so it starts again at step 0 in its own folder. The attempt's metrics records
+        are dropped (the new attempt writes them again), and log.txt says so; a finished run stays."""
+        if self.has_final_validation(steps):
+            raise DataError(f"run in {self.path} already finished ({steps} of {steps} steps)")
+        records, _torn = read_records(self.path / "metrics.jsonl")
+        self.truncate_metrics(0)
+        self.log(
+            f"resume: no checkpoint in {self.path}, so the run starts again from step 0 (the "
+            f"{len(records)} metrics record(s) of the attempt that stopped before its first checkpoint "
+            "are dropped)"
+        )
+
     def has_final_validation(self, steps: int) -> bool:
         """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
         validation has its last checkpoint but not this record, and resume must still produce it).
