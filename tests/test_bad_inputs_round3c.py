@@ -51,3 +51,67 @@ def test_resume_of_a_finished_run_without_checkpoints_is_refused(uncheckpointed,
     proc = run_speedrun("train", "--resume", str(run))
     assert proc.returncode == 1 and proc.stderr.strip().endswith("already finished (3 of 3 steps)")
     assert (run / "metrics.jsonl").read_bytes() == before
+
+
+# ----------------------------------------------------------------- bytes that are not UTF-8 in paths, args
+
+XFF = "\udcff"  # what Python makes of a command-line byte 0xff (surrogateescape): `--out $'r\xff'`
+
+
+def _main_on_a_terminal(*args: str, encoding: str = "utf-8") -> tuple[int, str, str]:
+    """main() writing to standard output and error as a terminal of `encoding` takes them: strictly (in a
+    UTF-8 locale such as en_US.UTF-8, Python's stdout refuses what is not UTF-8). (code, out, err)."""
+    import contextlib
+    import io
+
+    from speedrun.cli import main
+
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding=encoding, errors="strict") for _ in range(2))
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    out.flush(), err.flush()
+    return code, out.buffer.getvalue().decode(encoding), err.buffer.getvalue().decode(encoding)
+
+
+def test_prepare_with_a_source_and_folder_named_in_other_bytes(text_data, tmp_path):
+    source = tmp_path / f"s{XFF}.jsonl"
+    shutil.copy(text_data.parent / "docs.jsonl", source)
+    data = tmp_path / f"d{XFF}"
+    code, out, err = _main_on_a_terminal(
+        "prepare", f"text:{source}", "--data-dir", str(data), "--max-tokens", "20000"
+    )
+    assert code == 0, err
+    assert f"prepared text:{tmp_path}/s\\xff.jsonl in {tmp_path}/d\\xff" in out  # (before: a traceback)
+    assert json.loads((data / "meta.json").read_bytes())["source"] == f"text:{source}"  # reads back exactly
+
+
+def test_a_run_named_in_other_bytes_trains_resumes_evaluates_and_compares(text_data, tmp_path):
+    data, run = Path(shutil.copytree(text_data, tmp_path / f"d{XFF}")), tmp_path / f"r{XFF}"
+    args = ["--out", str(run), f"data.dir={data}", *FAST, "train.checkpoint_at_end=true"]
+    code, out, err = _main_on_a_terminal("train", *args)
+    assert code == 0, err
+    for name in ("config.json", "summary.json", "checkpoints/step_000003/manifest.json"):
+        json.loads((run / name).read_bytes())  # valid JSON (ASCII, with \udcff escapes) ...
+    assert json.loads((run / "config.json").read_bytes())["data"]["dir"] == str(data)  # ... that reads back
+    log = (run / "log.txt").read_bytes().decode("utf-8")  # valid UTF-8
+    assert f"run dir {tmp_path}/r\\xff" in log and "TensorBoard: no event files" in log
+    # the checkpoint is read (safetensors took only UTF-8 paths: it was called damaged)
+    code, out, err = _main_on_a_terminal("train", "--resume", str(run))
+    assert code == 1 and err.strip().endswith("already finished (3 of 3 steps)"), err
+    assert _main_on_a_terminal("eval", str(run))[0] == 0
+    assert _main_on_a_terminal("sample", str(run), "--max-tokens", "3", "--prompt", f"a{XFF}")[0] == 0
+    other = shutil.copytree(run, tmp_path / f"r2{XFF}")
+    code, out, err = _main_on_a_terminal(
+        "compare", str(run), str(other), "--plot", str(tmp_path / f"p{XFF}.png")
+    )
+    assert code == 0, err
+    assert "r\\xff " in out and (tmp_path / f"p{XFF}.png").stat().st_size > 0  # a legend matplotlib took
+
+
+def test_arguments_in_other_bytes_and_an_ascii_terminal():
+    code, out, err = _main_on_a_terminal("train", "--dry-run", f"train.wandb_project={XFF}")
+    assert code == 0 and '"wandb_project": "\\xff"' in out, err
+    code, out, err = _main_on_a_terminal("train", "--dry-run", f"model.n_layer={XFF}")
+    assert code == 2 and len(err.splitlines()) == 1 and "model.n_layer: expected an integer" in err
+    code, out, err = _main_on_a_terminal("recipes", encoding="ascii")  # descriptions hold '·', '…'
+    assert code == 0 and "demo" in out, err

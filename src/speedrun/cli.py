@@ -23,6 +23,7 @@ from typing import Any
 
 import speedrun
 from speedrun.errors import ConfigError, SpeedrunError, Stopped
+from speedrun.printable import ESCAPE
 
 # `--resume RUN` continues with RUN's saved recipe and folder: only these train options mean anything then.
 RESUME_OPTIONS = ("resume", "dry_run", "overrides")
@@ -282,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser = _build_parser()
+    for stream in (sys.stdout, sys.stderr):  # a path's non-UTF-8 byte, an ASCII terminal: no traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ESCAPE)
     stdout, sys.stdout = sys.stdout, _NamedStdout(sys.stdout)
     try:
         args = parse(parser, argv)

@@ -20,6 +20,7 @@ from types import ModuleType
 from speedrun.atomic import write_atomic
 from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.printable import printable
 from speedrun.train.rundir import read_records
 
 #: Keys that may differ inside a group of repeats.
@@ -207,11 +208,12 @@ def make_groups(runs: list[Run], target: float) -> list[Group]:
 
 
 def run_names(runs: list[Run]) -> list[str]:
-    """Short unique names: the folder name, with its parent when names repeat (runs/a/seed1 ...)."""
-    names = [r.path.name for r in runs]
+    """Short unique names: the folder name, with its parent when names repeat (runs/a/seed1 ...); a
+    byte that is not UTF-8 reads `\\xNN` (matplotlib refuses it in a legend)."""
+    names = [printable(r.path.name) for r in runs]
     if len(set(names)) == len(names):
         return names
-    return [f"{r.path.parent.name}/{r.path.name}" for r in runs]
+    return [printable(f"{r.path.parent.name}/{r.path.name}") for r in runs]
 
 
 def _fmt(value, spec: str) -> str:

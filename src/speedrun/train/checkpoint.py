@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load, save_file
 
 from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError
@@ -215,6 +215,15 @@ def damaged_message(path: Path, problem: str) -> str:
     return f"checkpoint {path} is damaged ({problem}); {advice}"
 
 
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors (on the CPU) and the metadata of a safetensors file, read through Python's own file
+    layer: safetensors' opener takes only UTF-8 paths, and a run folder named with other bytes is
+    still a run. Raises SafetensorError or ValueError for a file that is not one."""
+    data = Path(path).read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    return load(data), header.get("__metadata__") or {}
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
     """Verify checkpoint `path`, load its weights into `model` (in place), return (state, config).
 
@@ -225,9 +234,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         raise DataError(damaged_message(path, problem))
     step = checkpoint_step(path)
     try:
-        weights = load_file(path / "model.safetensors", device="cpu")
-        with safe_open(path / "model.safetensors", framework="pt") as f:
-            weights_step = (f.metadata() or {}).get("step")
+        weights, metadata = read_weights(path / "model.safetensors")
+        weights_step = metadata.get("step")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, SafetensorError, RuntimeError, ValueError, EOFError) as e:

@@ -173,7 +173,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
-        tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
+        tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main, log=run.log)
         data = load_data(cfg, ctx, run)  # data problems surface first, before any probe
         if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
             if size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx)):

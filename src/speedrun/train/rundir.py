@@ -24,6 +24,7 @@ import speedrun
 from speedrun.atomic import open_regular, write_atomic
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.printable import ESCAPE
 
 if TYPE_CHECKING:
     import torch
@@ -211,7 +212,7 @@ class RunDir:
         return open_regular(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def _append(self, fd: int, name: str, text: str) -> None:
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", ESCAPE)  # a path's non-UTF-8 byte is logged as \xNN
         size = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)
