@@ -186,12 +186,10 @@ class Tracker:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        if printable(str(run_dir)) == str(run_dir):
-            self.writer = SummaryWriter(log_dir=str(run_dir))
+        if printable(name := str(run_dir)) == name:
+            self.writer = SummaryWriter(log_dir=name)
         else:  # TensorBoard encodes paths as strict UTF-8: its first event would end in a traceback
-            log(
-                f"TensorBoard: no event files, as the run folder's name is not UTF-8 ({printable(str(run_dir))})"
-            )
+            log(f"TensorBoard: no event files, as the run folder's name is not UTF-8 ({printable(name)})")
         if wandb_project:
             try:
                 import wandb
