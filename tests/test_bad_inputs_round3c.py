@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_speedrun
+from tests.conftest import another_run, run_speedrun
 from tests.test_bad_inputs_more import FAST
 
 
@@ -37,9 +37,11 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_over(uncheck
     killed = [x for x in lines if json.loads(x)["step"] <= 2]
     (run / "metrics.jsonl").write_text("".join(killed) + '{"step": 3, "val_lo')  # and a torn line
     (run / "summary.json").unlink()
+    run_id = json.loads((run / "config.json").read_text())["run_id"]
     proc = run_speedrun("train", "--resume", str(run))
     assert proc.returncode == 0, proc.stderr
     assert _losses(run) == _losses(uncheckpointed)
+    assert json.loads((run / "config.json").read_text())["run_id"] == run_id  # the same run, started over
     log = (run / "log.txt").read_text()
     assert f"no checkpoint in {run}, so the run starts again from step 0 (the {len(killed)} metrics" in log
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"
@@ -115,3 +117,37 @@ def test_arguments_in_other_bytes_and_an_ascii_terminal():
     assert code == 2 and len(err.splitlines()) == 1 and "model.n_layer: expected an integer" in err
     code, out, err = _main_on_a_terminal("recipes", encoding="ascii")  # descriptions hold '·', '…'
     assert code == 0 and "demo" in out, err
+
+
+# ------------------------------------------------------------------------------ copied runs in compare
+
+
+def _group_line(stdout: str) -> str:
+    (line,) = [x for x in stdout.splitlines() if x.startswith("group ")]
+    return line
+
+
+def test_compare_counts_a_copied_run_once_and_keeps_the_copy_furthest_along(uncheckpointed, tmp_path):
+    """A run copied to another folder (another disk, a backup) is one run: counted once (before: n=2 and
+    a t-test on one run's loss), and of the copies the furthest along is kept, with one line saying so."""
+    run = uncheckpointed
+    copy = Path(shutil.copytree(run, tmp_path / "copy"))
+    (copy / "summary.json").unlink()  # copied while it trained
+    proc = run_speedrun("compare", str(copy), str(run))
+    assert proc.returncode == 0, proc.stderr
+    run_id = json.loads((run / "config.json").read_text())["run_id"]
+    note = f"{copy} and {run} are copies of one run (run id {run_id}): counted once, from the latter"
+    assert proc.stdout.splitlines()[0] == note
+    assert "n=1" in _group_line(proc.stdout) and "unfinished" not in proc.stdout  # the finished copy kept
+    second = another_run(run, tmp_path / "second")  # a run of its own with the same losses still counts
+    assert "n=2" in _group_line(run_speedrun("compare", str(run), str(second)).stdout)
+
+
+def test_compare_of_runs_from_before_run_ids_keeps_the_real_path_rule(uncheckpointed, tmp_path):
+    old = Path(shutil.copytree(uncheckpointed, tmp_path / "old"))
+    config = json.loads((old / "config.json").read_text())
+    del config["run_id"]
+    (old / "config.json").write_text(json.dumps(config))
+    (tmp_path / "link").symlink_to(old)
+    proc = run_speedrun("compare", str(old), str(tmp_path / "link"))
+    assert proc.returncode == 0 and "n=1" in _group_line(proc.stdout), proc.stderr

@@ -348,12 +348,17 @@ RESUMABLE_CHANGES = (
 )
 
 
+#: config.json's one entry beside the config: the run's identity, made by RunDir when the run is created,
+#: which copies of the folder keep (so `compare` counts a copied run once). Not a setting.
+RUN_ID = "run_id"
+
+
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
     if not isinstance(data, dict):  # a config.json holding a list or a number
         raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
     cfg = Config()
-    apply_table(cfg, data, origin)
+    apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
     return cfg
 
 

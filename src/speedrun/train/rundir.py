@@ -17,12 +17,13 @@ import resource
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
 from speedrun.atomic import open_regular, write_atomic
-from speedrun.config import Config
+from speedrun.config import RUN_ID, Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
 
@@ -125,6 +126,15 @@ def _never_started(path: Path, entries: list[str]) -> bool:
         return False
 
 
+def saved_run_id(path: Path) -> str | None:
+    """The identity config.json of the run `path` records (None: a run from before run ids)."""
+    try:
+        value = json.loads((Path(path) / "config.json").read_bytes()).get(RUN_ID)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
     fd = open_regular(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # a link here must not be truncated
@@ -186,6 +196,7 @@ class RunDir:
         self.echo = echo
         self._lock_fd = self._log = self._metrics = None
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
+        self.run_id = saved_run_id(self.path) if resume else uuid.uuid4().hex  # see config.RUN_ID
         if not enabled:
             return
         if resume:
@@ -227,7 +238,8 @@ class RunDir:
     def write_config(self, cfg: Config) -> None:
         if not self.enabled:
             return
-        write_atomic(self.path / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+        saved = {RUN_ID: self.run_id, **cfg.to_dict()} if self.run_id else cfg.to_dict()
+        write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records the resumed run will write again: anything after `step`, and validation at `step`
