@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,11 +117,20 @@ def _tokens_written(data_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["workers starting", "tokenizing"])
-def test_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment):
-    """Ctrl-C (SIGINT to the terminal's whole process group) while workers start or tokenize: no worker
-    traceback, one line, exit 130, no folder under the final name, no temporary left; a re-run works.
-    (Before: a worker still importing when the signal came printed a KeyboardInterrupt traceback.)"""
+@pytest.mark.parametrize(
+    ("moment", "sig", "group"),
+    [
+        ("workers starting", signal.SIGINT, True),  # Ctrl-C: the terminal signals the process group
+        ("tokenizing", signal.SIGHUP, True),  # a closed terminal, likewise
+        ("tokenizing", signal.SIGTERM, True),  # `kill -- -PGID`, systemd stopping a unit
+    ],
+)
+def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment, sig, group):
+    """Ctrl-C while the workers start, a closed terminal or a `kill` while they tokenize: no worker or
+    resource-tracker traceback, no hang, one line, exit 128 + N, no folder under the final name and no
+    temporary folder left (hidden, and gigabytes for a big corpus); a re-run works. (Before: a worker
+    still importing printed a KeyboardInterrupt traceback; SIGTERM and SIGHUP killed prepare and left
+    its temporary folder; SIGHUP killed the resource tracker, restarted with tracebacks.)"""
     words = [f"w{i}" for i in range(500)]
     line = json.dumps({"text": " ".join(words)})
     (tmp_path / "src.jsonl").write_text((line + "\n") * 2500)  # 5 MB: a second of tokenizing
@@ -132,7 +142,7 @@ def test_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment):
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # its own process group, which the SIGINT goes to, as a terminal's does
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
     )  # fmt: skip
     ready = (lambda: _spawned_workers(proc.pid) >= 2) if moment == "workers starting" else None
     ready = ready or (lambda: _tokens_written(data_dir))
@@ -141,12 +151,17 @@ def test_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment):
         time.sleep(0.005)
     if moment == "workers starting":  # past the interpreter's start, into its imports
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (out, err)
-    assert err == "speedrun: interrupted\n"
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:  # a hang fails the test without leaving the processes behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + sig, (out, err)
+    by = "" if sig == signal.SIGINT else f" by {signal.Signals(sig).name}"
+    assert err == f"speedrun: interrupted{by}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.jsonl"]  # no shards, no .shards.tmp-*
-    if moment == "tokenizing":
+    if sig == signal.SIGTERM:
         from tests.conftest import run_speedrun
 
         again = run_speedrun(*argv, "--max-tokens", "100000")  # into the same folder

@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -317,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else "MemoryError"
         _say(f"speedrun: error: out of memory ({first}); try a smaller train.micro_batch_tokens or model", e)
         return 1
-    except KeyboardInterrupt:
-        _say("speedrun: interrupted")
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C; in prepare also SIGTERM and SIGHUP (data/pipeline.py)
+        signum = getattr(e, "signum", signal.SIGINT)
+        by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        _say(f"speedrun: interrupted{by}")
+        return 128 + signum
     finally:
         sys.stdout = stdout
