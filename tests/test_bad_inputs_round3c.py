@@ -151,3 +151,13 @@ def test_compare_of_runs_from_before_run_ids_keeps_the_real_path_rule(uncheckpoi
     (tmp_path / "link").symlink_to(old)
     proc = run_speedrun("compare", str(old), str(tmp_path / "link"))
     assert proc.returncode == 0 and "n=1" in _group_line(proc.stdout), proc.stderr
+
+
+# ---------------------------------------------------------------------------------------- messages
+
+
+@pytest.mark.parametrize("argv", [["train", "--bogus"], ["sample", "run", "--bogus"], ["recipes", "a", "b"]])
+def test_an_unrecognized_argument_names_the_command_whose_help_lists_the_options(argv):
+    proc = run_speedrun(*argv)  # (before: `speedrun: unrecognized ...`, pointing at the top-level --help)
+    assert proc.returncode == 2
+    assert proc.stderr == f"speedrun: error: speedrun {argv[0]}: unrecognized arguments: {argv[-1]} (see --help)\n"

@@ -69,7 +69,7 @@ def _build_parser() -> argparse.ArgumentParser:
     overrides = train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
     )
-    train.set_defaults(train_parser=train, trailing=overrides)  # --resume names the options it would ignore
+    train.set_defaults(trailing=overrides)
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
     prep.add_argument(
@@ -93,6 +93,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from speedrun.tools.commands import add_tool_commands
 
     add_tool_commands(sub)
+    for command in sub.choices.values():  # its errors name it; --resume names the options it would ignore
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -129,7 +131,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:
     """Every train option other than RESUME_OPTIONS would be silently ignored by --resume: refuse it."""
-    for action in args.train_parser._actions:
+    for action in args.command_parser._actions:
         if action.dest in RESUME_OPTIONS or not action.option_strings or action.dest == "help":
             continue
         if getattr(args, action.dest) != action.default:
@@ -272,8 +274,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     if extras and trailing is not None and not any(e.startswith("-") for e in extras):
         convert = trailing.type or str
         setattr(args, trailing.dest, [*getattr(args, trailing.dest), *map(convert, extras)])
-    elif extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    elif extras:  # named by the command's parser: `speedrun train: ...`, whose --help lists its options
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extras)}")
     return args
 
 
