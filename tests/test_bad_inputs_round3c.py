@@ -159,5 +159,5 @@ def test_compare_of_runs_from_before_run_ids_keeps_the_real_path_rule(uncheckpoi
 @pytest.mark.parametrize("argv", [["train", "--bogus"], ["sample", "run", "--bogus"], ["recipes", "a", "b"]])
 def test_an_unrecognized_argument_names_the_command_whose_help_lists_the_options(argv):
     proc = run_speedrun(*argv)  # (before: `speedrun: unrecognized ...`, pointing at the top-level --help)
-    assert proc.returncode == 2
-    assert proc.stderr == f"speedrun: error: speedrun {argv[0]}: unrecognized arguments: {argv[-1]} (see --help)\n"
+    line = f"speedrun: error: speedrun {argv[0]}: unrecognized arguments: {argv[-1]} (see --help)"
+    assert proc.returncode == 2 and proc.stderr == line + "\n"
