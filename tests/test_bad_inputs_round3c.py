@@ -161,3 +161,12 @@ def test_an_unrecognized_argument_names_the_command_whose_help_lists_the_options
     proc = run_speedrun(*argv)  # (before: `speedrun: unrecognized ...`, pointing at the top-level --help)
     line = f"speedrun: error: speedrun {argv[0]}: unrecognized arguments: {argv[-1]} (see --help)"
     assert proc.returncode == 2 and proc.stderr == line + "\n"
+
+
+def test_a_data_folder_that_is_a_file_is_named_a_file(tmp_path):
+    file = tmp_path / "docs.jsonl"
+    file.write_text("{}\n")
+    proc = run_speedrun("train", "--out", str(tmp_path / "run"), f"data.dir={file}", *FAST)
+    assert proc.returncode == 1
+    # (before: "data folder not found; run `speedrun prepare SOURCE --data-dir FILE`", which refuses it)
+    assert proc.stderr == f"speedrun: error: {file}: is a file, not a data folder made by speedrun prepare\n"
