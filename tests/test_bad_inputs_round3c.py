@@ -170,3 +170,20 @@ def test_a_data_folder_that_is_a_file_is_named_a_file(tmp_path):
     assert proc.returncode == 1
     # (before: "data folder not found; run `speedrun prepare SOURCE --data-dir FILE`", which refuses it)
     assert proc.stderr == f"speedrun: error: {file}: is a file, not a data folder made by speedrun prepare\n"
+
+
+def test_seeds_repeat_the_steps_the_first_runs_time_budget_fixed(text_data, tmp_path, monkeypatch):
+    """`--seeds` with a time budget: each run measured its own step time and fixed its own step count,
+    so `compare` put the repeats in groups of one (no t-test). Later seeds now repeat the first run's
+    resolved config. (Measured step times differ from run to run; here the budget rule says so.)"""
+    import speedrun.train.loop as loop
+
+    counts = iter([6, 7, 8])
+    monkeypatch.setattr(loop, "budget_steps", lambda *args: next(counts))
+    budget = ["train.time_budget_s=60", "train.steps=20", "train.timing_warmup_steps=1", "train.log_every=1"]
+    out = tmp_path / "rep"
+    proc = run_speedrun("train", "--seeds", "1,2", "--out", str(out), f"data.dir={text_data}", *FAST, *budget)
+    assert proc.returncode == 0, proc.stderr
+    runs = [tmp_path / f"rep-seed{s}" for s in (1, 2)]
+    assert [json.loads((r / "config.json").read_text())["train"]["steps"] for r in runs] == [6, 6]
+    assert "n=2" in _group_line(run_speedrun("compare", *map(str, runs)).stdout)
