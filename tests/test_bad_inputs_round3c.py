@@ -187,3 +187,14 @@ def test_seeds_repeat_the_steps_the_first_runs_time_budget_fixed(text_data, tmp_
     runs = [tmp_path / f"rep-seed{s}" for s in (1, 2)]
     assert [json.loads((r / "config.json").read_text())["train"]["steps"] for r in runs] == [6, 6]
     assert "n=2" in _group_line(run_speedrun("compare", *map(str, runs)).stdout)
+
+
+def test_prepare_into_the_current_folder(text_data, tmp_path):
+    """`--data-dir .` (an empty folder one stands in): the shards land there (before: the temporary
+    folder was made inside it, and after all the work prepare refused to replace a folder holding it)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    source = f"text:{text_data.parent / 'docs.jsonl'}"
+    proc = run_speedrun("prepare", source, "--data-dir", ".", "--max-tokens", "20000", cwd=here)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((here / "meta.json").read_text())["source"] == source

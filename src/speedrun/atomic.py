@@ -99,8 +99,11 @@ def open_regular(path: Path, flags: int, mode: int = 0o666) -> int:
 def user_folder(path: Path) -> Path:
     """The folder to fill for a path the user gave: `path` itself, or, when it is a symbolic link to a
     folder, the folder it points to (so that building beside it and renaming into place keeps the
-    link). A link to anything else (or to nothing) is refused."""
+    link). A link to anything else (or to nothing) is refused. `.` and `..` are named by their absolute
+    path, which has a parent to build beside (`.` built inside itself, then refused to replace itself)."""
     path = Path(path)
+    if path.name in ("", ".."):
+        path = Path(os.path.abspath(path))
     if not path.is_symlink():
         return path
     target = path.resolve()
