@@ -42,6 +42,10 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_over(uncheck
     assert proc.returncode == 0, proc.stderr
     assert _losses(run) == _losses(uncheckpointed)
     assert json.loads((run / "config.json").read_text())["run_id"] == run_id  # the same run, started over
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run)).Reload()  # TensorBoard shows each step once, not both attempts
+    assert [e.step for e in events.Scalars("train_loss")] == [1, 2, 3]
     log = (run / "log.txt").read_text()
     assert f"no checkpoint in {run}, so the run starts again from step 0 (the {len(killed)} metrics" in log
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"

@@ -180,6 +180,7 @@ class Tracker:
         enabled: bool = True,
         run_name: str | None = None,
         log: Callable[[str], object] = print,
+        purge_step: int | None = None,
     ):
         self.writer = self.wandb_run = None
         if not enabled:
@@ -187,7 +188,7 @@ class Tracker:
         from torch.utils.tensorboard import SummaryWriter
 
         if printable(name := str(run_dir)) == name:
-            self.writer = SummaryWriter(log_dir=name)
+            self.writer = SummaryWriter(log_dir=name, purge_step=purge_step)
         else:  # TensorBoard encodes paths as strict UTF-8: its first event would end in a traceback
             log(f"TensorBoard: no event files, as the run folder's name is not UTF-8 ({printable(name)})")
         if wandb_project:
