@@ -114,6 +114,22 @@ def test_a_run_named_in_other_bytes_trains_resumes_evaluates_and_compares(text_d
     assert "r\\xff " in out and (tmp_path / f"p{XFF}.png").stat().st_size > 0  # a legend matplotlib took
 
 
+def test_read_weights_reads_what_safetensors_own_opener_reads(tmp_path):
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from speedrun.train.checkpoint import read_weights
+
+    tensors = {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.bfloat16)}
+    save_file(tensors, tmp_path / "m.safetensors", metadata={"step": "12"})
+    weights, metadata = read_weights(tmp_path / "m.safetensors")
+    reference = load_file(tmp_path / "m.safetensors")
+    assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in weights)
+    with safe_open(tmp_path / "m.safetensors", framework="pt") as f:
+        assert metadata == f.metadata()
+
+
 def test_arguments_in_other_bytes_and_an_ascii_terminal():
     code, out, err = _main_on_a_terminal("train", "--dry-run", f"train.wandb_project={XFF}")
     assert code == 0 and '"wandb_project": "\\xff"' in out, err

@@ -220,8 +220,9 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     layer: safetensors' opener takes only UTF-8 paths, and a run folder named with other bytes is
     still a run. Raises SafetensorError or ValueError for a file that is not one."""
     data = Path(path).read_bytes()
+    tensors = load(data)  # checks the format first: the header below is then a JSON object
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
-    return load(data), header.get("__metadata__") or {}
+    return tensors, header.get("__metadata__") or {}
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
