@@ -218,3 +218,24 @@ def test_prepare_into_the_current_folder(text_data, tmp_path):
     proc = run_speedrun("prepare", source, "--data-dir", ".", "--max-tokens", "20000", cwd=here)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((here / "meta.json").read_text())["source"] == source
+
+
+def test_resume_of_a_run_whose_config_json_is_a_fifo_is_refused_not_waited_on(uncheckpointed, tmp_path):
+    """(Before: reading the named pipe waited forever for a writer; compare and eval check is_file.)"""
+    import os
+    import threading
+
+    run = Path(shutil.copytree(uncheckpointed, tmp_path / "run"))
+    (run / "config.json").unlink()
+    os.mkfifo(run / "config.json")
+    done: list = []
+    thread = threading.Thread(
+        target=lambda: done.append(run_speedrun("train", "--resume", str(run))), daemon=True
+    )
+    thread.start()
+    thread.join(timeout=30)
+    assert done, "--resume waited on the FIFO"
+    line = (
+        f"speedrun: error: {run / 'config.json'}: is a named pipe (FIFO), not a regular file; not reading it"
+    )
+    assert done[0].returncode == 1 and done[0].stderr == line + "\n"

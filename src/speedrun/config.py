@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from speedrun.atomic import read_regular
 from speedrun.config_checks import cross_field_checks
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
@@ -391,7 +392,7 @@ def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> C
     a missing, unreadable or invalid file is one `error` naming it. The one reader of config.json."""
     path = Path(folder) / "config.json"
     try:
-        return config_from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+        return config_from_dict(json.loads(read_regular(path).decode("utf-8")), str(path))
     except FileNotFoundError:
         raise error(f"{folder}: not a run directory (no config.json)") from None
     except (OSError, ValueError, ConfigError) as e:

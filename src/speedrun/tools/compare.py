@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from speedrun.atomic import write_atomic
+from speedrun.atomic import read_regular, write_atomic
 from speedrun.config import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import printable
@@ -55,7 +55,7 @@ class Run:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable ({e})") from None
     if not isinstance(data, dict):

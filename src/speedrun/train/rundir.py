@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.atomic import open_regular, write_atomic
+from speedrun.atomic import open_regular, read_regular, write_atomic
 from speedrun.config import RUN_ID, Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
@@ -129,8 +129,8 @@ def _never_started(path: Path, entries: list[str]) -> bool:
 def saved_run_id(path: Path) -> str | None:
     """The identity config.json of the run `path` records (None: a run from before run ids)."""
     try:
-        value = json.loads((Path(path) / "config.json").read_bytes()).get(RUN_ID)
-    except (OSError, ValueError, AttributeError):
+        value = json.loads(read_regular(Path(path) / "config.json")).get(RUN_ID)
+    except (OSError, ValueError, AttributeError, SpeedrunError):
         return None
     return value if isinstance(value, str) and value else None
 
@@ -158,7 +158,7 @@ def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes 
     Only the last line can be torn (a write cut short by a crash or a full disk); any other line
     that is not a JSON record with a "step" means the file was damaged some other way: DataError."""
     try:
-        lines = path.read_bytes().split(b"\n")
+        lines = read_regular(path).split(b"\n")
     except FileNotFoundError:
         return [], None
     except OSError as e:
