@@ -205,8 +205,12 @@ def damaged_message(path: Path, problem: str) -> str:
     step = checkpoint_step(path)
     older = [p for p in list_checkpoints(path.parent.parent) if checkpoint_step(p) < step]
     intact = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
-    if intact is None:
-        advice = "no older checkpoint is intact, so the run cannot be resumed"
+    if intact is None:  # with no checkpoint, --resume starts the run over (RunDir.start_over)
+        root = path.parent
+        advice = (
+            f"no older checkpoint is intact; to start the run over from step 0, mv {root} "
+            f"{root.with_name('damaged-' + root.name)} and resume again"
+        )
     else:
         aside = path.parent.parent / f"damaged-{path.name}"
         advice = (
