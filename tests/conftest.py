@@ -96,6 +96,17 @@ def run_speedrun(
     return subprocess.CompletedProcess(["speedrun", *args], code, out.getvalue(), err.getvalue())
 
 
+def another_run(run: Path, dest: Path) -> Path:
+    """A copy of `run` standing for another run with the same results: it gets a run id of its own (a
+    plain copy is the same run, which `compare` counts once)."""
+    import uuid
+
+    shutil.copytree(run, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "run_id": uuid.uuid4().hex}))
+    return dest
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -178,8 +178,8 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
 
 def test_resume_without_checkpoints(text_data, tmp_path):
     out = tmp_path / "run"
-    assert train(text_data, out).returncode == 0
-    assert_one_line(run_speedrun("train", "--resume", str(out)), 1, "no checkpoint")
+    assert train(text_data, out).returncode == 0  # finished; one stopped early starts over (round3c)
+    assert_one_line(run_speedrun("train", "--resume", str(out)), 1, "already finished (3 of 3 steps)")
 
 
 def test_checkpoint_from_another_recipe_is_refused(finished_run, tmp_path):

@@ -2,14 +2,13 @@
 numbers, the compile flag in the log, overrides after options, permissions that are not damage."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_speedrun
+from tests.conftest import another_run, run_speedrun
 from tests.test_bad_inputs_more import FAST
 from tests.test_bad_inputs_round3 import finished  # noqa: F401  (the module's shared tiny run)
 
@@ -29,12 +28,12 @@ def test_compare_counts_a_run_once_however_it_is_named(finished, tmp_path, monke
     assert proc.returncode == 0, proc.stderr
     line = _group_line(proc.stdout)
     assert "n=1" in line and "p=" not in line, line  # one run is no evidence (before: n=4, p=0)
-    copy = Path(shutil.copytree(finished, tmp_path / "copy"))  # a real second run still counts
-    assert "n=2" in _group_line(run_speedrun("compare", str(finished), str(copy)).stdout)
+    second = another_run(finished, tmp_path / "second")  # a second run still counts (a copy: round3c)
+    assert "n=2" in _group_line(run_speedrun("compare", str(finished), str(second)).stdout)
 
 
 def test_compare_leaves_stopped_and_killed_runs_out_of_the_test(finished, tmp_path):  # noqa: F811
-    runs = [Path(shutil.copytree(finished, tmp_path / f"r{i}")) for i in range(4)]
+    runs = [another_run(finished, tmp_path / f"r{i}") for i in range(4)]
     summary = json.loads((runs[2] / "summary.json").read_text())
     (runs[2] / "summary.json").write_text(json.dumps({**summary, "status": "stopped"}))
     (runs[3] / "summary.json").unlink()  # killed (or still running): no summary
@@ -111,8 +110,8 @@ def test_a_dry_run_with_overrides_on_both_sides_of_an_option_is_the_same_run(tmp
 
 
 def test_compare_runs_on_both_sides_of_an_option(finished, tmp_path):  # noqa: F811
-    copy = shutil.copytree(finished, tmp_path / "copy")
-    proc = run_speedrun("compare", str(finished), "--target", "99", str(copy))
+    second = another_run(finished, tmp_path / "second")
+    proc = run_speedrun("compare", str(finished), "--target", "99", str(second))
     assert proc.returncode == 0, proc.stderr
     assert "n=2" in _group_line(proc.stdout)
 

@@ -1,5 +1,6 @@
 """Checkpoints, exact resume, signals and interrupted writes."""
 
+import re
 import shutil
 import signal
 import subprocess
@@ -262,7 +263,8 @@ def test_a_damaged_only_checkpoint_says_the_run_cannot_resume(tmp_path):
     cfg = load_recipe("demo", [*TINY])
     path = ckpt.save_checkpoint(tmp_path, 3, GPT(cfg.model), {"step": 3}, cfg.to_dict(), 0)
     (path / "manifest.json").unlink()
-    with pytest.raises(DataError, match="manifest.json is missing.*no older checkpoint is intact"):
+    advice = f"no older checkpoint is intact; to start the run over from step 0, mv {tmp_path}/checkpoints "
+    with pytest.raises(DataError, match=f"manifest.json is missing.*{re.escape(advice)}"):
         ckpt.load_checkpoint(path, GPT(cfg.model))
 
 

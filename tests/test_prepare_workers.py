@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -94,3 +96,74 @@ def test_workers_die_with_their_parent(tmp_path):
     for p in left:  # do not leave them behind when the test fails
         os.kill(p, signal.SIGKILL)
     assert not left
+
+
+def _spawned_workers(parent: int) -> int:
+    """How many of `parent`'s children are multiprocessing workers past their exec (still starting)."""
+    count = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                count += b"spawn_main" in (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+def _tokens_written(data_dir: Path) -> bool:
+    """True once the hidden build folder holds a train shard with tokens in it (tokenizing is under way)."""
+    shards = data_dir.parent.glob(f".{data_dir.name}.tmp-*/.*_train_000000.bin.*")
+    return any(p.stat().st_size > 4096 for p in shards if p.exists())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("moment", "sig", "group"),
+    [
+        ("workers starting", signal.SIGINT, True),  # Ctrl-C: the terminal signals the process group
+        ("tokenizing", signal.SIGHUP, True),  # a closed terminal, likewise
+        ("tokenizing", signal.SIGTERM, True),  # `kill -- -PGID`, systemd stopping a unit
+    ],
+)
+def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, moment, sig, group):
+    """Ctrl-C while the workers start, a closed terminal or a `kill` while they tokenize: no worker or
+    resource-tracker traceback, no hang, one line, exit 128 + N, no folder under the final name and no
+    temporary folder left (hidden, and gigabytes for a big corpus); a re-run works. (Before: a worker
+    still importing printed a KeyboardInterrupt traceback; SIGTERM and SIGHUP killed prepare and left
+    its temporary folder; SIGHUP killed the resource tracker, restarted with tracebacks.)"""
+    words = [f"w{i}" for i in range(500)]
+    line = json.dumps({"text": " ".join(words)})
+    (tmp_path / "src.jsonl").write_text((line + "\n") * 2500)  # 5 MB: a second of tokenizing
+    data_dir = tmp_path / "shards"
+    argv = ["prepare", f"text:{tmp_path / 'src.jsonl'}", "--data-dir", str(data_dir), "--workers", "2"]
+    code = (  # two workers on a one-core host too, where --workers 2 would be capped to one
+        "import sys; from speedrun.data import prepare; prepare.default_workers = lambda: 2; "
+        f"from speedrun.cli import main; sys.exit(main({argv!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
+    )  # fmt: skip
+    ready = (lambda: _spawned_workers(proc.pid) >= 2) if moment == "workers starting" else None
+    ready = ready or (lambda: _tokens_written(data_dir))
+    deadline = time.monotonic() + 60
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if moment == "workers starting":  # past the interpreter's start, into its imports
+        time.sleep(0.05)
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:  # a hang fails the test without leaving the processes behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + sig, (out, err)
+    by = "" if sig == signal.SIGINT else f" by {signal.Signals(sig).name}"
+    assert err == f"speedrun: interrupted{by}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.jsonl"]  # no shards, no .shards.tmp-*
+    if sig == signal.SIGTERM:
+        from tests.conftest import run_speedrun
+
+        again = run_speedrun(*argv, "--max-tokens", "100000")  # into the same folder
+        assert again.returncode == 0, again.stderr
+        assert (data_dir / "meta.json").is_file()

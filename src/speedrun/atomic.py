@@ -96,11 +96,28 @@ def open_regular(path: Path, flags: int, mode: int = 0o666) -> int:
     return fd
 
 
+def read_regular(path: Path) -> bytes:
+    """The bytes of the file at `path` (a link to a regular file is followed). A FIFO there would block
+    the read forever and a device (`/dev/zero`) never end it: either is one SpeedrunError naming `path`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if (kind := _kind(os.fstat(fd).st_mode)) is not None:
+            raise SpeedrunError(f"{path}: is {kind}, not a regular file; not reading it")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
 def user_folder(path: Path) -> Path:
     """The folder to fill for a path the user gave: `path` itself, or, when it is a symbolic link to a
     folder, the folder it points to (so that building beside it and renaming into place keeps the
-    link). A link to anything else (or to nothing) is refused."""
+    link). A link to anything else (or to nothing) is refused. `.` and `..` are named by their absolute
+    path, which has a parent to build beside (`.` built inside itself, then refused to replace itself)."""
     path = Path(path)
+    if path.name in ("", ".."):
+        path = Path(os.path.abspath(path))
     if not path.is_symlink():
         return path
     target = path.resolve()

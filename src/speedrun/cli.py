@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import speedrun
 from speedrun.errors import ConfigError, SpeedrunError, Stopped
+from speedrun.printable import ESCAPE
 
 # `--resume RUN` continues with RUN's saved recipe and folder: only these train options mean anything then.
 RESUME_OPTIONS = ("resume", "dry_run", "overrides")
@@ -69,7 +71,7 @@ def _build_parser() -> argparse.ArgumentParser:
     overrides = train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
     )
-    train.set_defaults(train_parser=train, trailing=overrides)  # --resume names the options it would ignore
+    train.set_defaults(trailing=overrides)
 
     prep = sub.add_parser("prepare", help="build token shards from a text source")
     prep.add_argument(
@@ -93,6 +95,8 @@ def _build_parser() -> argparse.ArgumentParser:
     from speedrun.tools.commands import add_tool_commands
 
     add_tool_commands(sub)
+    for command in sub.choices.values():  # its errors name it; --resume names the options it would ignore
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -129,7 +133,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:
     """Every train option other than RESUME_OPTIONS would be silently ignored by --resume: refuse it."""
-    for action in args.train_parser._actions:
+    for action in args.command_parser._actions:
         if action.dest in RESUME_OPTIONS or not action.option_strings or action.dest == "help":
             continue
         if getattr(args, action.dest) != action.default:
@@ -272,8 +276,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     if extras and trailing is not None and not any(e.startswith("-") for e in extras):
         convert = trailing.type or str
         setattr(args, trailing.dest, [*getattr(args, trailing.dest), *map(convert, extras)])
-    elif extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    elif extras:  # named by the command's parser: `speedrun train: ...`, whose --help lists its options
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extras)}")
     return args
 
 
@@ -284,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     # (read when huggingface_hub is imported; a user's own HF_HUB_VERBOSITY wins)
     os.environ.setdefault("HF_HUB_VERBOSITY", "error")
     parser = _build_parser()
+    for stream in (sys.stdout, sys.stderr):  # a path's non-UTF-8 byte, an ASCII terminal: no traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=ESCAPE)
     stdout, sys.stdout = sys.stdout, _NamedStdout(sys.stdout)
     try:
         args = parse(parser, argv)
@@ -315,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else "MemoryError"
         _say(f"speedrun: error: out of memory ({first}); try a smaller train.micro_batch_tokens or model", e)
         return 1
-    except KeyboardInterrupt:
-        _say("speedrun: interrupted")
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C; in prepare also SIGTERM and SIGHUP (data/pipeline.py)
+        signum = getattr(e, "signum", signal.SIGINT)
+        by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        _say(f"speedrun: interrupted{by}")
+        return 128 + signum
     finally:
         sys.stdout = stdout

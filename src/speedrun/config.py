@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from speedrun.atomic import read_regular
 from speedrun.config_checks import cross_field_checks
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
@@ -366,12 +367,17 @@ RESUMABLE_CHANGES = (
 )
 
 
+#: config.json's one entry beside the config: the run's identity, made by RunDir when the run is created,
+#: which copies of the folder keep (so `compare` counts a copied run once). Not a setting.
+RUN_ID = "run_id"
+
+
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
     if not isinstance(data, dict):  # a config.json holding a list or a number
         raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
     cfg = Config()
-    apply_table(cfg, data, origin)
+    apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
     return cfg
 
 
@@ -404,7 +410,7 @@ def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> C
     a missing, unreadable or invalid file is one `error` naming it. The one reader of config.json."""
     path = Path(folder) / "config.json"
     try:
-        return config_from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+        return config_from_dict(json.loads(read_regular(path).decode("utf-8")), str(path))
     except FileNotFoundError:
         raise error(f"{folder}: not a run directory (no config.json)") from None
     except (OSError, ValueError, ConfigError) as e:

@@ -72,6 +72,8 @@ def _hint(data_dir: Path) -> str:
 def load_meta(data_dir: Path) -> dict:
     """Read and validate `data_dir/meta.json`; its presence is what marks a folder as complete."""
     data_dir = Path(data_dir)
+    if data_dir.exists() and not data_dir.is_dir():  # (before: "not found", and advice to prepare into it)
+        raise DataError(f"{data_dir}: is a file, not a data folder made by speedrun prepare")
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: data folder not found; {_hint(data_dir)}")
     path = data_dir / META_FILE

@@ -8,6 +8,7 @@ for any number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -15,9 +16,12 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
+from multiprocessing import resource_tracker
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +33,7 @@ MAX_SPLIT_BLOCK = 1000  # val_fraction is taken as a fraction m/B with B <= this
 BATCH_DOCS = 1024  # a tokenizer batch closes at this many documents ...
 BATCH_CHARS = 1 << 20  # ... or this many characters of text, whichever comes first
 IN_FLIGHT_PER_WORKER = 2  # batches submitted ahead of the one being written, per worker
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def split_plan(val_fraction: float) -> tuple[int, int]:
@@ -102,25 +107,61 @@ def batches(
         yield batch
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during prepare, handled as Ctrl-C is; the CLI exits with 128 + `signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a `kill`, a closed terminal) interrupt the block as Ctrl-C does, so prepare
+    removes its temporary folder (hidden beside the target, gigabytes for FineWeb) instead of dying
+    with it in place."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {}
+    with contextlib.suppress(ValueError):  # only the main thread may set handlers
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 _worker_tok: Tokenizer | None = None
 
 
 def _init_worker(tok: Tokenizer, parent: int) -> None:
-    """Keep the tokenizer; leave Ctrl-C to the parent, which stops the pool (no worker tracebacks);
-    die with the parent (an OOM kill or SIGKILL leaves no orphans reading a queue no one writes)."""
+    """Keep the tokenizer; ignore the stop signals and die with the parent (an OOM kill or SIGKILL
+    leaves no orphans reading a queue no one writes).
+
+    Stopping is the parent's alone (`_start_pool`): Ctrl-C, a closed terminal or a `kill` of the whole
+    process group reach us too, and a worker that died of them at any moment could die holding a
+    queue's lock or halfway through a result, and stopping the pool would then wait forever. The
+    signals were blocked from the spawn, so one that came while the worker was still importing (and
+    would have printed its traceback) is dropped here."""
     global _worker_tok
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
     _worker_tok = tok
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _die_with_parent(parent)
 
 
 def _die_with_parent(parent: int) -> None:
-    """Linux: SIGTERM this process when its parent exits (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    """Linux: SIGKILL this process when its parent exits (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
@@ -164,8 +205,7 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
         for b in _chain(head, it):
             yield (b.is_val, *encode_texts(b.texts, tok))
         return
-    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok, os.getpid())) as pool:
+    with _start_pool(workers, tok) as pool:
         pending: deque = deque()
         for b in _chain(head, it):
             pending.append((b.is_val, pool.apply_async(encode_texts, (b.texts,))))
@@ -176,6 +216,30 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
         while pending:
             is_val, res = pending.popleft()
             yield (is_val, *res.get())
+
+
+@contextmanager
+def _start_pool(workers: int, tok: Tokenizer) -> Iterator[Any]:
+    """A pool of `workers` tokenizer processes, stopped on leaving. They start with the stop signals
+    blocked (a signal mask survives the spawn), so a Ctrl-C to the terminal's process group reaches only
+    us, and none interrupts us halfway through handing a worker its start-up data. So does
+    multiprocessing's resource tracker, which ignores SIGINT and SIGTERM itself but would die of a
+    SIGHUP to the group (a closed terminal) and be restarted with tracebacks."""
+    ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()  # starting it unblocks SIGINT and SIGTERM here: block again
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok, os.getpid()))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back meanwhile arrives here
+        yield pool
+    finally:  # the workers finish what is queued (a second or so) and leave: nothing killed mid-write
+        pool.close()
+        pool.join()
 
 
 def _chain(head: list[Batch], rest: Iterator[Batch]) -> Iterator[Batch]:

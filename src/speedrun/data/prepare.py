@@ -30,6 +30,7 @@ from speedrun.data.pipeline import (
     default_workers,
     encode_batches,
     split_plan,
+    stop_signals_interrupt,
 )
 from speedrun.data.sources import (
     FINEWEB,
@@ -190,6 +191,7 @@ def prepare(
     )
 
 
+@stop_signals_interrupt()
 def prepare_documents(
     documents: Callable[[], Iterable[str]],
     data_dir: Path,
@@ -295,7 +297,7 @@ def _write_splits(
                 if stop:
                     break
         finally:
-            stream.close()  # stops the worker pool at once, also on errors and interrupts
+            stream.close()  # stops the worker pool, also on errors and interrupts
         if bar.total is not None:
             bar.total = bar.n  # the size was an estimate (file sizes); end the bar at 100%
             bar.refresh()

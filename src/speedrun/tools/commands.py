@@ -212,6 +212,7 @@ def train_seeds(args: argparse.Namespace) -> int:
         for s, d in zip(seeds, dirs, strict=True):
             print(f"seed {s}: {d}")
         return 0
+    from speedrun.config import read_run_config
     from speedrun.train.loop import train
     from speedrun.train.rundir import check_new
 
@@ -219,6 +220,9 @@ def train_seeds(args: argparse.Namespace) -> int:
         check_new(out)
     for s, (cfg, out) in enumerate(zip(configs, dirs, strict=True)):
         print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out} ===", flush=True)
+        if s > 0:  # repeats of the first run as it ran: its time budget fixed the steps and the host probe
+            cfg = read_run_config(dirs[0])  # the batch; measured again, they could differ, and compare
+            cfg.train.seed = seeds[s]  # would put the repeats in groups of one
         train(cfg, out)
     print(f"compare them with: speedrun compare {' '.join(str(d) for d in dirs)}")
     return 0

@@ -13,17 +13,19 @@ import importlib
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from speedrun.atomic import write_atomic
-from speedrun.config import RESUMABLE_CHANGES, config_from_dict, flatten
+from speedrun.atomic import read_regular, write_atomic
+from speedrun.config import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
-from speedrun.train.rundir import read_records
+from speedrun.printable import printable
+from speedrun.train.rundir import read_records, saved_run_id
 
 #: Keys that may differ inside a group of repeats.
-NOT_COMPARED = ("train.seed", "data.dir", *RESUMABLE_CHANGES)
+NOT_COMPARED = ("train.seed", "data.dir", RUN_ID, *RESUMABLE_CHANGES)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Run:
     final_val_bpb: float | None = None
     curve: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, time_s, val_loss)
     status: str = "unfinished"  # summary.json's "finished" | "stopped"; no summary: killed or still running
+    run_id: str | None = None  # config.json's identity of the run (config.RUN_ID); None before run ids
 
     @property
     def finished(self) -> bool:
@@ -52,7 +55,7 @@ class Run:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable ({e})") from None
     if not isinstance(data, dict):
@@ -94,7 +97,7 @@ def load_run(path: Path) -> Run:
         config = flatten(raw)
         _number(config.get("train.seed"), str(path / "config.json"), "train.seed", integer=True)
     records = _records(path / "metrics.jsonl")
-    run = Run(path, str(config.get("recipe", "?")), config)
+    run = Run(path, str(config.get("recipe", "?")), config, run_id=saved_run_id(path))
     train = [r for r in records if "train_loss" in r]
     val = [r for r in records if r.get("val_loss") is not None]
     run.curve = [(int(r.get("tokens", 0)), float(r.get("time_s", 0.0)), float(r["val_loss"])) for r in val]
@@ -119,16 +122,28 @@ def load_run(path: Path) -> Run:
     return run
 
 
-def load_runs(paths: list[Path]) -> list[Run]:
-    """Each run once: the same folder given twice (or by a link or another relative path) is one run,
-    not two repeats (which would halve the t-test's p-value on no new evidence)."""
-    seen: set[Path] = set()
-    runs = []
+def load_runs(paths: list[Path], note: Callable[[str], object] = print) -> list[Run]:
+    """Each run once, not as two repeats (which would halve the t-test's p-value on no new evidence): a
+    run is known by the identity config.json got when it was created, which a copy of the folder keeps,
+    or, for a run from before run ids, by its real path (the same folder by a link or another relative
+    path). Of copies, the one furthest along is kept (finished, stopped, unfinished; then more steps;
+    then the first given), and `note` says which."""
+    kept: dict[object, Run] = {}
     for path in paths:
-        if Path(path).resolve() not in seen:
-            seen.add(Path(path).resolve())
-            runs.append(load_run(path))
-    return runs
+        run = load_run(path)
+        key = run.run_id or Path(path).resolve()
+        if (first := kept.setdefault(key, run)) is run:
+            continue
+        keep, drop = (run, first) if _progress(run) > _progress(first) else (first, run)
+        kept[key] = keep
+        if drop.path.resolve() != keep.path.resolve():  # a copy, not the same folder named again
+            note(f"{drop.path} and {keep.path} are copies of one run (run id {key}): counted once, from the "
+                 "latter")  # fmt: skip
+    return list(kept.values())
+
+
+def _progress(run: Run) -> tuple[int, int]:
+    return {"stopped": 1, "finished": 2}.get(run.status, 0), run.steps or 0
 
 
 def group_key(run: Run) -> tuple:
@@ -207,11 +222,12 @@ def make_groups(runs: list[Run], target: float) -> list[Group]:
 
 
 def run_names(runs: list[Run]) -> list[str]:
-    """Short unique names: the folder name, with its parent when names repeat (runs/a/seed1 ...)."""
-    names = [r.path.name for r in runs]
+    """Short unique names: the folder name, with its parent when names repeat (runs/a/seed1 ...); a
+    byte that is not UTF-8 reads `\\xNN` (matplotlib refuses it in a legend)."""
+    names = [printable(r.path.name) for r in runs]
     if len(set(names)) == len(names):
         return names
-    return [f"{r.path.parent.name}/{r.path.name}" for r in runs]
+    return [printable(f"{r.path.parent.name}/{r.path.name}") for r in runs]
 
 
 def _fmt(value, spec: str) -> str:

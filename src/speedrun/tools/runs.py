@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from speedrun.config import Config, read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
@@ -21,6 +20,7 @@ from speedrun.model.gpt import GPT
 from speedrun.train.checkpoint import (
     damaged_message,
     list_checkpoints,
+    read_weights,
     trained_tokenizer_hash,
     verify_checkpoint,
 )
@@ -73,8 +73,8 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
     try:
-        weights = load_file(ckpt / "model.safetensors", device="cpu")
-    except (OSError, SafetensorError) as e:
+        weights, _metadata = read_weights(ckpt / "model.safetensors")
+    except (OSError, SafetensorError, ValueError) as e:
         raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
     if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
         raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load, save_file
 
 from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError
@@ -205,14 +205,28 @@ def damaged_message(path: Path, problem: str) -> str:
     step = checkpoint_step(path)
     older = [p for p in list_checkpoints(path.parent.parent) if checkpoint_step(p) < step]
     intact = next((p for p in reversed(older) if verify_checkpoint(p) is None), None)
-    if intact is None:
-        advice = "no older checkpoint is intact, so the run cannot be resumed"
+    if intact is None:  # with no checkpoint, --resume starts the run over (RunDir.start_over)
+        root = path.parent
+        advice = (
+            f"no older checkpoint is intact; to start the run over from step 0, mv {root} "
+            f"{root.with_name('damaged-' + root.name)} and resume again"
+        )
     else:
         aside = path.parent.parent / f"damaged-{path.name}"
         advice = (
             f"the newest intact one is {intact.name}: to resume from it, mv {path} {aside} and resume again"
         )
     return f"checkpoint {path} is damaged ({problem}); {advice}"
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors (on the CPU) and the metadata of a safetensors file, read through Python's own file
+    layer: safetensors' opener takes only UTF-8 paths, and a run folder named with other bytes is
+    still a run. Raises SafetensorError or ValueError for a file that is not one."""
+    data = Path(path).read_bytes()
+    tensors = load(data)  # checks the format first: the header below is then a JSON object
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    return tensors, header.get("__metadata__") or {}
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -225,9 +239,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         raise DataError(damaged_message(path, problem))
     step = checkpoint_step(path)
     try:
-        weights = load_file(path / "model.safetensors", device="cpu")
-        with safe_open(path / "model.safetensors", framework="pt") as f:
-            weights_step = (f.metadata() or {}).get("step")
+        weights, metadata = read_weights(path / "model.safetensors")
+        weights_step = metadata.get("step")
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, SafetensorError, RuntimeError, ValueError, EOFError) as e:

@@ -93,10 +93,11 @@ def restore(
     run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock
 ) -> int:
     """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
-    recorded after it; return its step."""
+    recorded after it; return its step (0 for a run with no checkpoint: it starts over)."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
-        raise DataError(f"no checkpoint in {run.path} to resume from (enable train.checkpoint_every)")
+        run.start_over(cfg.train.steps)
+        return 0
     state, saved = load_checkpoint(checkpoints[-1], model)
     try:  # through the typed config, so fields added since the checkpoint compare as their defaults
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
@@ -181,7 +182,6 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
-        tracker = Tracker(run.path, t.wandb_project, cfg.to_dict(), enabled=ctx.is_main)
         data = load_data(cfg, ctx, run)  # data problems surface first, before any probe
         if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
             if size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx)):
@@ -218,6 +218,10 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                     train_model, rcfg, data.val_files, data.val_micro_batch_tokens, None, ctx, one_val_batch
                 ), start_step)  # fmt: skip
             run.log(f"warm-up: {n} training step(s) and one validation batch compiled, state restored")
+        tracker = Tracker(  # resumed: TensorBoard hides the earlier events of the steps written again
+            run.path, t.wandb_project, cfg.to_dict(), ctx.is_main, log=run.log,
+            purge_step=start_step if resume else None,
+        )  # fmt: skip
         progress = Progress(rcfg, ctx, run, tracker, clock, loader, model, start_step, wall_start, precision)
 
         def checkpoint(done: int) -> Path | None:

@@ -17,13 +17,15 @@ import resource
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.atomic import open_regular, write_atomic
-from speedrun.config import Config
+from speedrun.atomic import open_regular, read_regular, write_atomic
+from speedrun.config import RUN_ID, Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.printable import ESCAPE
 
 if TYPE_CHECKING:
     import torch
@@ -126,6 +128,15 @@ def _never_started(path: Path, entries: list[str]) -> bool:
         return False
 
 
+def saved_run_id(path: Path) -> str | None:
+    """The identity config.json of the run `path` records (None: a run from before run ids)."""
+    try:
+        value = json.loads(read_regular(Path(path) / "config.json")).get(RUN_ID)
+    except (OSError, ValueError, AttributeError, SpeedrunError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
     fd = open_regular(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # a link here must not be truncated
@@ -149,7 +160,7 @@ def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes 
     Only the last line can be torn (a write cut short by a crash or a full disk); any other line
     that is not a JSON record with a "step" means the file was damaged some other way: DataError."""
     try:
-        lines = path.read_bytes().split(b"\n")
+        lines = read_regular(path).split(b"\n")
     except FileNotFoundError:
         return [], None
     except OSError as e:
@@ -187,6 +198,7 @@ class RunDir:
         self.echo = echo
         self._lock_fd = self._log = self._metrics = None
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
+        self.run_id = saved_run_id(self.path) if resume else uuid.uuid4().hex  # see config.RUN_ID
         if not enabled:
             return
         if resume:
@@ -213,7 +225,7 @@ class RunDir:
         return open_regular(self.path / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
     def _append(self, fd: int, name: str, text: str) -> None:
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", ESCAPE)  # a path's non-UTF-8 byte is logged as \xNN
         size = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)
@@ -228,7 +240,8 @@ class RunDir:
     def write_config(self, cfg: Config) -> None:
         if not self.enabled:
             return
-        write_atomic(self.path / "config.json", (json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+        saved = {RUN_ID: self.run_id, **cfg.to_dict()} if self.run_id else cfg.to_dict()
+        write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records the resumed run will write again: anything after `step`, and validation at `step`
@@ -258,6 +271,20 @@ class RunDir:
             self.log(
                 f"metrics.jsonl: dropped a torn last line ({len(torn)} bytes) left by an interrupted write"
             )
+
+    def start_over(self, steps: int) -> None:
+        """`--resume` of a run that stopped before its first checkpoint (a kill, a double Ctrl-C): nothing
+        can be continued, so it starts again at step 0 in its own folder. The attempt's metrics records
+        are dropped (the new attempt writes them again), and log.txt says so; a finished run stays."""
+        if self.has_final_validation(steps):
+            raise DataError(f"run in {self.path} already finished ({steps} of {steps} steps)")
+        records, _torn = read_records(self.path / "metrics.jsonl")
+        self.truncate_metrics(0)
+        self.log(
+            f"resume: no checkpoint in {self.path}, so the run starts again from step 0 (the "
+            f"{len(records)} metrics record(s) of the attempt that stopped before its first checkpoint "
+            "are dropped)"
+        )
 
     def has_final_validation(self, steps: int) -> bool:
         """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final

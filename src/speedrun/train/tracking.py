@@ -12,13 +12,14 @@ import json
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from speedrun.errors import ConfigError
+from speedrun.printable import printable
 
 #: Datasheet dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a substring of the device name.
 DATASHEET_BF16_PEAK = {
@@ -187,13 +188,18 @@ class Tracker:
         config: Mapping[str, Any] | None = None,
         enabled: bool = True,
         run_name: str | None = None,
+        log: Callable[[str], object] = print,
+        purge_step: int | None = None,
     ):
         self.writer = self.wandb_run = None
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir))
+        if printable(name := str(run_dir)) == name:
+            self.writer = SummaryWriter(log_dir=name, purge_step=purge_step)
+        else:  # TensorBoard encodes paths as strict UTF-8: its first event would end in a traceback
+            log(f"TensorBoard: no event files, as the run folder's name is not UTF-8 ({printable(name)})")
         if wandb_project:
             try:
                 import wandb
