@@ -31,6 +31,7 @@ from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
 from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
 from tests.conftest import TINY, read_metrics, run_speedrun
+from tests.test_warmup import assert_timed_steps_never_compile
 
 # 2 rows a step; rows of 64, 128 and 192 tokens; documents cut to 48 and 96 tokens in stages 1 and 2
 STAGES = (
@@ -289,28 +290,8 @@ def test_timed_steps_never_compile_across_stage_changes(text_data, tmp_path, mon
     """train.compile=on (aot_eager: the CPU checks the graphs, not inductor's kernels): the warm-up
     compiles every stage's training shape and every validation shape; the timed steps and
     validations after it compile nothing, and the losses equal the uncompiled run's."""
-    counters = torch._dynamo.utils.counters
-    seen: list[int] = []
-    real_step, real_compile = loop.train_step, torch.compile
-
-    def counting_step(*args, **kwargs):
-        seen.append(sum(counters["stats"].values()))
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "train_step", counting_step)
-    monkeypatch.setattr(torch, "compile", functools.partial(real_compile, backend="aot_eager"))
-    runs = {}
-    for compile_ in ("on", "off"):
-        torch._dynamo.reset()
-        counters.clear()
-        seen.clear()
-        cfg = load_recipe("demo", staged(text_data, f"train.compile={compile_}", "train.checkpoint_every=0"))
-        loop.train(cfg, tmp_path / compile_)
-        runs[compile_] = [r.get("train_loss", r.get("val_loss")) for r in read_metrics(tmp_path / compile_)]
-        if compile_ == "on":
-            assert seen[0] > 0, "the warm-up compiled before the first timed step"
-            assert seen == [seen[0]] * len(seen) == [sum(counters["stats"].values())] * len(seen)
-    assert runs["on"] == pytest.approx(runs["off"], rel=1e-4)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    assert_timed_steps_never_compile(staged(text_data, "train.checkpoint_every=0"), tmp_path, monkeypatch)
 
 
 def test_the_documented_stage_plan_is_todays_record():

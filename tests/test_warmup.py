@@ -3,6 +3,8 @@ follow are bit-identical to a run without it), and with train.compile=on no time
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -58,10 +60,9 @@ def test_warm_up_restores_everything_so_the_run_is_unchanged(tmp_path):
         assert torch.equal(a, b)
 
 
-@pytest.mark.slow
-def test_timed_steps_never_compile(text_data, tmp_path, monkeypatch):
-    """train.compile=on (inductor on CPU), tiny fp32 model: the compile counters do not move once the
-    first timed step starts, validations included; losses equal the uncompiled run's."""
+def assert_timed_steps_never_compile(overrides: list[str], out: Path, monkeypatch) -> None:
+    """Train the demo with `overrides` compiled and eager: dynamo's counters do not move once the first
+    timed step starts (validations included), and the losses equal the eager run's."""
     counters = torch._dynamo.utils.counters
     seen: list[int] = []
     real_step = loop.train_step
@@ -71,17 +72,22 @@ def test_timed_steps_never_compile(text_data, tmp_path, monkeypatch):
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(loop, "train_step", counting_step)
-    overrides = [*TINY, f"data.dir={text_data}", "train.steps=6", "train.val_every=3", "train.log_every=1",
-                 "train.dtype=fp32", "train.warmdown_steps=2"]  # fmt: skip
     runs = {}
     for compile_ in ("on", "off"):
         torch._dynamo.reset()
         counters.clear()
         seen.clear()
-        cfg = load_recipe("demo", [*overrides, f"train.compile={compile_}"])
-        loop.train(cfg, tmp_path / compile_)
-        runs[compile_] = [r.get("train_loss", r.get("val_loss")) for r in read_metrics(tmp_path / compile_)]
+        loop.train(load_recipe("demo", [*overrides, f"train.compile={compile_}"]), out / compile_)
+        runs[compile_] = [r.get("train_loss", r.get("val_loss")) for r in read_metrics(out / compile_)]
         if compile_ == "on":
             assert seen[0] > 0, "the warm-up compiled before the first timed step"
             assert seen == [seen[0]] * len(seen) == [sum(counters["stats"].values())] * len(seen)
     assert runs["on"] == pytest.approx(runs["off"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_timed_steps_never_compile(text_data, tmp_path, monkeypatch):
+    """train.compile=on (inductor on CPU), tiny fp32 model."""
+    overrides = [*TINY, f"data.dir={text_data}", "train.steps=6", "train.val_every=3", "train.log_every=1",
+                 "train.dtype=fp32", "train.warmdown_steps=2"]  # fmt: skip
+    assert_timed_steps_never_compile(overrides, tmp_path, monkeypatch)
