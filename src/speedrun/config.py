@@ -122,6 +122,10 @@ class ModelConfig:
     # YaRN (#31): when a train.stages long window grows (and for the final validation's), rotary
     # frequencies are interpolated and the attention scale multiplied by 0.2·ln(new/old) + 1 (model/yarn.py)
     yarn: bool = False
+    # --- 2025-07 … 09 records #27–#30 (model/gpt.py); every default = off ---
+    mlp_fc_transposed: bool = False  # #27: MLP up-projection stored (dim, hidden), so Muon's shape LR is 1x
+    attn_gate: int = 0  # #28: per-head sigmoid gate on attention output from the first N input dims (12)
+    no_mlp_layers: str = ""  # #30: comma-separated layers that have only attention ("0")
 
 
 @dataclass

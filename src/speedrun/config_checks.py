@@ -203,17 +203,16 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if "S" in m.window_pattern and m.window <= 0 and m.attention != "varlen":  # varlen: stage windows
         raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
-    try:
-        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
-    except ValueError:
-        raise ConfigError(
-            f"model.no_attention_layers: expected comma-separated layer numbers, "
-            f"got {m.no_attention_layers!r}"
-        ) from None
-    if any(not 0 <= i < m.n_layer for i in no_attn):
-        raise ConfigError(
-            f"model.no_attention_layers {m.no_attention_layers!r}: layers are 0..{m.n_layer - 1}"
-        )
+    for key in ("no_attention_layers", "no_mlp_layers"):  # Sub3Min: attention-free 7; #30: MLP-free 0
+        text = getattr(m, key)
+        try:
+            layers = {int(s) for s in text.split(",") if s.strip()}
+        except ValueError:
+            raise ConfigError(f"model.{key}: expected comma-separated layer numbers, got {text!r}") from None
+        if any(not 0 <= i < m.n_layer for i in layers):
+            raise ConfigError(f"model.{key} {text!r}: layers are 0..{m.n_layer - 1}")
+    if m.attn_gate > m.n_embd:
+        raise ConfigError(f"model.attn_gate ({m.attn_gate}) reads that many of the {m.n_embd} input dims")
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:

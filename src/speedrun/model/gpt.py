@@ -31,6 +31,7 @@ from speedrun.model.attention import (
     choose_backend,
     layer_specs,
 )
+from speedrun.model.attn_gate import AttentionGate
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
 
@@ -46,10 +47,19 @@ def embedding_rows(cfg: ModelConfig) -> int:
     return padded_vocab(cfg) if cfg.pad_embeddings else cfg.vocab_size
 
 
+def _kept(cfg: ModelConfig, dropped_layers: str) -> list[bool]:
+    dropped = {int(s) for s in dropped_layers.split(",") if s.strip()}
+    return [i not in dropped for i in range(cfg.n_layer)]
+
+
 def attention_layers(cfg: ModelConfig) -> list[bool]:
     """Per layer, whether it has attention (Sub3Min drops it in layer 7)."""
-    dropped = {int(s) for s in cfg.no_attention_layers.split(",") if s.strip()}
-    return [i not in dropped for i in range(cfg.n_layer)]
+    return _kept(cfg, cfg.no_attention_layers)
+
+
+def mlp_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer, whether it has an MLP (#30 drops the first one)."""
+    return _kept(cfg, cfg.no_mlp_layers)
 
 
 def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
@@ -106,6 +116,7 @@ class Attention(nn.Module):
         self.self_mix = cfg.value_residual
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
         self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
+        self.gate = AttentionGate(cfg.attn_gate, cfg.n_head) if cfg.attn_gate else None  # #28
         mixes = cfg.value_residual or cfg.value_embeds != "none"
         self.value_mix = cfg.value_mix if mixes else None
         if self.value_mix == "lerp":
@@ -129,11 +140,13 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual)."""
         q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, k, v, mask, self.scale, self.sdpa_kernel)), raw_v
+        return self.output(attend(q, k, v, mask, self.scale, self.sdpa_kernel), x), raw_v
 
-    def output(self, y: torch.Tensor) -> torch.Tensor:
-        """Attention result (B, H, T, D) → the layer's output (B, T, C)."""
+    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
         B, _, T, _ = y.shape
+        if self.gate is not None:
+            y = self.gate(y, x)
         y = self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
         return y * self.out_scale if self.out_scale != 1.0 else y
 
@@ -166,15 +179,19 @@ AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None):
+    def __init__(
+        self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None, has_mlp: bool = True
+    ):
         super().__init__()
         if has_attention:
             self.norm1 = make_norm(cfg)
             self.attn = Attention(cfg, rotary)
         else:
             self.norm1 = self.attn = None
-        self.norm2 = make_norm(cfg)
-        self.mlp = MLP(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, cfg.bias, cfg.activation == "relu2", cfg.gelu)
+        self.norm2 = make_norm(cfg) if has_mlp else None
+        relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
+        mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu, cfg.mlp_fc_transposed) if has_mlp else None
+        self.mlp = mlp
         self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut else None
 
     def forward(
@@ -194,7 +211,7 @@ class Block(nn.Module):
             h = self.norm1(x)
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
-        return x + self.mlp(self.norm2(x)), raw_v
+        return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
 
 
 class GPT(nn.Module):
@@ -206,7 +223,8 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
-        self.blocks = nn.ModuleList(Block(cfg, has, rotary) for has in attention_layers(cfg))
+        layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
+        self.blocks = nn.ModuleList(Block(cfg, attn, rotary, mlp) for attn, mlp in layers)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
         self.ve_layout = value_embed_layout(cfg)
@@ -249,7 +267,10 @@ class GPT(nn.Module):
             for block in self.blocks:
                 if block.attn is not None:
                     nn.init.zeros_(block.attn.c_proj.weight)
-                nn.init.zeros_(block.mlp.c_proj.weight)
+                if block.mlp is not None:
+                    nn.init.zeros_(block.mlp.c_proj.weight)
+        for gate in (m for m in self.modules() if isinstance(m, AttentionGate)):
+            gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
 

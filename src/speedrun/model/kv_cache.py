@@ -43,7 +43,8 @@ def _attend_cached(
         k = torch.cat([cache.keys[layer], k], dim=2)
         v = torch.cat([cache.values[layer], v], dim=2)
     cache.keys[layer], cache.values[layer] = k, v
-    return attn.output(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)), raw_v
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
+    return attn.output(y, x), raw_v
 
 
 @torch.no_grad()

@@ -25,6 +25,20 @@ class CastedLinear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype), bias)
 
 
+class TransposedLinear(CastedLinear):
+    """A CastedLinear whose weight is stored transposed, (in, out) (#27 stores the MLP up-projection as
+    (768, 3072), the shape of the down-projection): the same map, but Muon's shape rule √max(1, rows/cols)
+    sees 768/3072 and gives it the base LR instead of twice it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
+        self.weight = nn.Parameter(self.weight.detach().T.contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.weight.T.to(x.dtype), bias)
+
+
 def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> torch.Tensor:
     """Uniform init with std `gain / sqrt(fan_in)` (Sub3Min: 0.5 is a bit better than torch's 1/sqrt(3))."""
     bound = math.sqrt(3.0) * gain / math.sqrt(fan_in)
@@ -128,11 +142,14 @@ class Rotary(nn.Module):
 
 
 class MLP(nn.Module):
-    """Up-projection, ReLU² or GELU (tanh form as GPT-2/llm.c, or exact erf as the 2024-10 records)."""
+    """Up-projection, ReLU² or GELU (tanh form as GPT-2/llm.c, or exact erf as the 2024-10 records);
+    `fc_transposed` stores the up-projection as (dim, hidden) (#27, TransposedLinear)."""
 
-    def __init__(self, dim: int, hidden: int, bias: bool, relu2: bool, gelu: str = "tanh"):
+    def __init__(
+        self, dim: int, hidden: int, bias: bool, relu2: bool, gelu: str = "tanh", fc_transposed: bool = False
+    ):
         super().__init__()
-        self.c_fc = CastedLinear(dim, hidden, bias=bias)
+        self.c_fc = (TransposedLinear if fc_transposed else CastedLinear)(dim, hidden, bias=bias)
         self.c_proj = CastedLinear(hidden, dim, bias=bias)
         self.relu2 = relu2
         self.gelu_approximate = "tanh" if gelu == "tanh" else "none"

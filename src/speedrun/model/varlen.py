@@ -54,7 +54,7 @@ def _layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: 
     q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    return attn.output(y.transpose(0, 1)[None]), raw_v
+    return attn.output(y.transpose(0, 1)[None], h), raw_v
 
 
 def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
