@@ -21,6 +21,7 @@ from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.distributed import teardown
+from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
@@ -59,7 +60,26 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append("model.value_embed_tables=1")
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
+    if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256
+        tokens = SEQ * MICRO
+        out.append(
+            f"train.stages=tokens={tokens} windows=1/1 frac=1/2; tokens={tokens} windows=1/2 frac=1/2; "
+            f"tokens={tokens} windows=1/2 ext=0"
+        )
     return out
+
+
+def flex_overrides(name: str) -> list[str]:
+    """attention=flex for the compile test; a staged varlen recipe drops its stages and YaRN for a fixed
+    window (its varlen path compiles in tests/test_stages_training.py)."""
+    if load_recipe(name).train.stages:
+        return ["model.attention=flex", "train.stages=", "model.yarn=false", "model.window=192"]
+    return ["model.attention=flex"]
+
+
+def rows(cfg: Config, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One (1, T) row as the model takes it: with its cu_seqlens under model.attention=varlen."""
+    return (x, y, row_cu_seqlens(x, cfg)) if cfg.model.attention == "varlen" else (x, y)
 
 
 def shrunk(name: str, *extra: str, n_layer: int = 4) -> Config:
@@ -92,11 +112,11 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
     for step in range(STEPS):
         apply_schedule(schedule_at(step, cfg), optimizer, model)
         x, y = batch(step, cfg)
-        rows = iter(range(rank * accum, (rank + 1) * accum))  # this rank's sequences of the global batch
+        mine = iter(range(rank * accum, (rank + 1) * accum))  # this rank's sequences of the global batch
 
-        def next_batch(rows=rows, x=x, y=y) -> tuple[torch.Tensor, torch.Tensor]:
-            i = next(rows)
-            return x[i : i + 1], y[i : i + 1]
+        def next_batch(mine=mine, x=x, y=y) -> tuple[torch.Tensor, ...]:
+            i = next(mine)
+            return rows(cfg, x[i : i + 1], y[i : i + 1])
 
         loss = train_step(ddp, optimizer, next_batch, accum, autocast_dtype(cfg))
         if world > 1:

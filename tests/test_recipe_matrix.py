@@ -16,7 +16,7 @@ import torch
 
 from speedrun.model import attention
 from speedrun.recipes import recipe_names
-from tests.recipe_matrix import batch, build, shrunk, train_losses
+from tests.recipe_matrix import batch, build, flex_overrides, rows, shrunk, train_losses
 
 RECIPES = recipe_names()
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_parameter_gets_a_gradient(recipe):
     """DDP stops a run at its second step when a parameter never receives a gradient."""
-    model, _ = build(shrunk(recipe))
-    x, y = batch(0, shrunk(recipe))
-    model(x[:1], y[:1]).backward()
+    cfg = shrunk(recipe)
+    model, _ = build(cfg)
+    x, y = batch(0, cfg)
+    model(*rows(cfg, x[:1], y[:1])).backward()
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
@@ -58,7 +59,7 @@ def _distinct_models() -> list[str]:
     trace the same graph."""
     seen, keep = [], []
     for name in RECIPES:
-        model_cfg = shrunk(name, "model.attention=flex", n_layer=2).model
+        model_cfg = shrunk(name, *flex_overrides(name), n_layer=2).model
         if model_cfg not in seen:
             seen.append(model_cfg)
             keep.append(name)
@@ -72,13 +73,14 @@ def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recip
     CUDA would (aot_eager trains through its reference implementation); eager runs dense SDPA. A forced
     SDPA kernel is entered as on CUDA (with the math kernel this CPU has), so its context is traced too."""
     torch._dynamo.reset()  # every recipe's GPT.forward is the same code object
-    cfg = shrunk(recipe, "model.attention=flex", n_layer=2)  # 2 layers: tracing time grows with depth
+    cfg = shrunk(recipe, *flex_overrides(recipe), n_layer=2)  # 2 layers: tracing time grows with depth
     if cfg.model.sdpa_kernel != "auto":
         math_only = [torch.nn.attention.SDPBackend.MATH]
         monkeypatch.setattr(attention, "_on_cuda", lambda t: True)
         monkeypatch.setattr(attention, "sdpa_kernel", lambda _: torch.nn.attention.sdpa_kernel(math_only))
     model, _ = build(cfg)
-    ref, _ = build(shrunk(recipe, "model.attention=sdpa", n_layer=2))
+    sdpa = [o.replace("=flex", "=sdpa") for o in flex_overrides(recipe)]
+    ref, _ = build(shrunk(recipe, *sdpa, n_layer=2))
     ref.load_state_dict(model.state_dict())
     x, y = batch(0, cfg)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
