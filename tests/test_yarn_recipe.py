@@ -314,8 +314,8 @@ def record_muon_step(params, state, lr, momentum):
 
 
 def record_layout(name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
-    """A tensor of ours in the record's layout and back: #31 stores c_fc as (dim, 4·dim) (#27), whatever
-    we store, so Muon's √max(1, rows/cols) gives it 1 there."""
+    """A tensor of ours in the record's layout: #31 stores c_fc as (dim, 4·dim) (#27), whatever we store,
+    so its Muon's √max(1, rows/cols) gives it 1."""
     return t.T if name.endswith("mlp.c_fc.weight") and t.shape[0] != dim else t
 
 
@@ -368,7 +368,8 @@ def test_three_steps_equal_record_31s_optimizer():
             q = rec[name.replace("c_attn", "qkvo").replace("c_proj", "qkvo")].detach()
             want = (q[:3].reshape(-1, dim) if "c_attn" in name else q[3]) - start[name]
         else:
-            want = record_layout(name, rec[name].detach(), dim) - start[name]
+            r = rec[name].detach()
+            want = (r if r.shape == p.shape else r.T) - start[name]
         got = p.detach() - start[name]
         assert (got - want).norm() <= 2e-6 * want.norm(), name
 
