@@ -411,3 +411,21 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         assert a[0] == b[0]
         for u, v in zip(a[1:], b[1:], strict=True):
             assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=1e-5))
+
+
+def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
+    """Cached decoding and generation call the model without cu_seqlens: documents from the BOS tokens
+    and the stage's windows give the logits of the varlen forward."""
+    cfg = load_recipe(RECIPE, [*shrink(RECIPE), "model.max_seq_len=512", "model.embed_dtype=fp32"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    apply_to_model(schedule_at(cfg.train.steps, cfg), model)  # windows 1/2 blocks: 129 and 257 tokens
+    idx = torch.randint(0, cfg.model.eot_id, (1, 512), generator=torch.Generator().manual_seed(2))
+    idx[0, [0, 40, 200]] = cfg.model.eot_id
+    cu = torch.full((128,), 512, dtype=torch.int32)
+    cu[:3] = torch.tensor([0, 40, 200])
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx), model(idx, cu_seqlens=cu), rtol=1e-5, atol=1e-5)

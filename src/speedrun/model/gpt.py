@@ -299,6 +299,8 @@ class GPT(nn.Module):
 
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
         """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
+        if self.cfg.attention == "varlen":  # a forward without cu_seqlens
+            return varlen.mask_specs(self, tokens)
         return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
 
     def forward(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from speedrun.model.attention import BLOCK_SIZE
+from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.yarn import rotary_tables, yarn_after
 
@@ -73,6 +73,20 @@ def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
             else functools.partial(_layer, cu_seqlens=cu_seqlens, window=window, max_seqlen=max_seqlen)
         )
     return fns
+
+
+def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
+    """Per layer, the MaskSpec of a forward without cu_seqlens (cached decoding, generation): documents
+    from the BOS tokens and the layer's current window, the varlen call's semantics."""
+    w: VarlenWindows = model.varlen_windows
+    docs = document_ids(tokens, model.cfg.eot_id)
+
+    def spec(window: int) -> MaskSpec:
+        t = torch.tensor(window, device=tokens.device) if window > 0 else None
+        return MaskSpec(docs, t, max_window=window)
+
+    long, short = spec(w.long), spec(w.short)
+    return [long if kind == "L" else short for kind in model.cfg.window_pattern or "L" * model.cfg.n_layer]
 
 
 def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, yarn: tuple[int, ...]) -> None:
