@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 from itertools import accumulate
@@ -18,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.model.yarn import yarn_after
 from speedrun.recipes import load_recipe
@@ -429,3 +431,16 @@ def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
     cu[:3] = torch.tensor([0, 40, 200])
     with torch.no_grad():
         torch.testing.assert_close(model(idx), model(idx, cu_seqlens=cu), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("model.no_mlp_layers=12", "model.no_mlp_layers '12': layers are 0..11"),
+        ("model.no_mlp_layers=first", "model.no_mlp_layers: expected comma-separated layer numbers"),
+        ("model.attn_gate=769", "model.attn_gate (769) must not exceed model.n_embd (768)"),
+    ],
+)
+def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_recipe(RECIPE, [override])

@@ -212,7 +212,10 @@ def _validate_model_switches(m: ModelConfig) -> None:
         if any(not 0 <= i < m.n_layer for i in layers):
             raise ConfigError(f"model.{key} {text!r}: layers are 0..{m.n_layer - 1}")
     if m.attn_gate > m.n_embd:
-        raise ConfigError(f"model.attn_gate ({m.attn_gate}) reads that many of the {m.n_embd} input dims")
+        raise ConfigError(
+            f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
+            "that many input dims"
+        )
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
