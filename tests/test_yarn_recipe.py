@@ -23,6 +23,7 @@ from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.model.yarn import yarn_after
 from speedrun.recipes import load_recipe
+from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
@@ -162,7 +163,13 @@ def test_tokens_and_cu_seqlens_of_every_step_are_the_records_8_ranks(tmp_path, w
     stage = f"tokens={8 * local} doc={doc} windows=1/3"
     cfg = load_recipe(RECIPE, [f"train.micro_batch_tokens={local}", f"train.seq_len={local}",
                                f"train.global_batch_tokens={8 * local}",
-                               f"train.stages={stage} frac=1; {stage} ext=0"])  # fmt: skip
+                               f"train.stages={stage} frac=1; {stage} ext=0", "data.max_docs=0"])  # fmt: skip
+    # the record's cu_seqlens length, next_multiple_of_n(local // 300, n=128): the table's for 256 tokens,
+    # the recipe's data.max_docs for its 48K chunks
+    full = load_recipe(RECIPE)
+    assert full.data.max_docs == next_multiple_of_n(49152 // 300, n=128)
+    val_row = torch.zeros(1, full.train.val_seq_len, dtype=torch.int64)  # validation: #31's val formula
+    assert len(row_cu_seqlens(val_row, full)) == next_multiple_of_n(full.train.val_seq_len // 300, n=128)
     files, streams = make_shards(tmp_path, [16000, 18000, 17000, 20000], max_doc=300)
     data = RunData(files, files, local, None, None, BOS)
     loaders = [open_loader(cfg, data, _ctx(r, world)) for r in range(world)]

@@ -148,7 +148,7 @@ class DataConfig:
     loader: Literal["tokens", "documents"] = "tokens"
     doc_rule: Literal["stream", "packed"] = "stream"  # stream: #26's chunks | packed: #29 on, docs cut
     max_doc_len: int = 0  # packed: documents cut to this many tokens (0 = no cut)
-    max_docs: int = 0  # cu_seqlens length per chunk (0 = the records' table)
+    max_docs: int = 0  # cu_seqlens length per training chunk (0 = the records' table; #29–#45: 256)
 
 
 @dataclass

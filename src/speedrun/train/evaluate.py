@@ -16,9 +16,10 @@ from speedrun.train.step import autocast, autocast_dtype
 
 def row_cu_seqlens(x: torch.Tensor, cfg: Config) -> torch.Tensor:
     """cu_seqlens of one (1, T) validation row from its BOS tokens, as the records build them for their
-    unaligned validation chunks (padded to a fixed length, so every row has one shape)."""
+    unaligned validation chunks (padded to the records' length for T, so every row has one shape;
+    data.max_docs sizes training chunks only)."""
     assert x.size(0) == 1, "varlen validation reads one row per forward (train.val_seq_len)"
-    max_docs = cfg.data.max_docs or record_max_docs(x.size(1))
+    max_docs = record_max_docs(x.size(1))
     cu, _ = cu_seqlens(x[0].cpu().numpy(), cfg.model.eot_id, max_docs)
     return torch.from_numpy(cu).to(x.device)
 
