@@ -294,24 +294,33 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
 # ------------------------------------------------------------------ record #31's optimizer, from its code
 
 
-def newton_schulz_triton(G: torch.Tensor) -> torch.Tensor:
-    """#31's Triton Newton-Schulz with each kernel as the torch op it computes (fp32 here)."""
+def newton_schulz_triton(G: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """#31's newton_schulz_triton (G.bfloat16() there): each line one kernel that accumulates in fp32
+    and rounds once to `dtype`, the upper triangle of the symmetric products mirrored."""
+
+    def kernel(out: torch.Tensor) -> torch.Tensor:
+        return out.to(dtype)
+
+    def sym(t: torch.Tensor) -> torch.Tensor:  # ns_line_1/2 compute the upper triangle and mirror it
+        upper = torch.triu(t)
+        return upper + torch.triu(t, 1).mT
+
     a, b, c = (3.4445, -4.7750, 2.0315)
-    X = G.float()
+    X = G.to(dtype)
     if G.size(-2) > G.size(-1):
         X = X.mT
     X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(5):
-        A = X @ X.mT  # ns_line_1
-        B = c * (A @ A.mT) + b * A  # ns_line_2(A, alpha=c, beta=b)
-        X = a * X + B @ X  # ns_line_3 = baddbmm / addmm(X, B, X, beta=a)
+        A = kernel(sym(X.float() @ X.float().mT))  # ns_line_1: A = X·Xᵀ
+        B = kernel(sym(c * (A.float() @ A.float().mT) + b * A.float()))  # ns_line_2(A, alpha=c, beta=b)
+        X = kernel(a * X.float() + B.float() @ X.float())  # ns_line_3: baddbmm / addmm(X, B, X, beta=a)
     if G.size(-2) > G.size(-1):
         X = X.mT
     return X
 
 
 @torch.no_grad()
-def record_muon_step(params, state, lr, momentum):
+def record_muon_step(params, state, lr, momentum, dtype):
     """#31's Muon.step for world_size 1 (weight decay 0)."""
     for p in params:
         grad = p.grad
@@ -319,7 +328,7 @@ def record_muon_step(params, state, lr, momentum):
         buf = state.setdefault(id(p), torch.zeros_like(grad))
         buf.lerp_(grad, 1 - momentum)
         grad = grad.lerp_(buf, momentum)
-        p.add_(other=newton_schulz_triton(grad), alpha=-eff_lr)
+        p.add_(other=newton_schulz_triton(grad, dtype), alpha=-eff_lr)
 
 
 def record_layout(name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -328,8 +337,9 @@ def record_layout(name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
     return t.T if name.endswith("mlp.c_fc.weight") and t.shape[0] != dim else t
 
 
-def test_three_steps_equal_record_31s_optimizer():
-    extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
+@pytest.mark.parametrize("ns_dtype", ["fp32", "bf16"])
+def test_three_steps_equal_record_31s_optimizer(ns_dtype):
+    extra = ["model.embed_dtype=fp32", "model.fp8_head=false", f"optim.muon_ns_dtype={ns_dtype}"]
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     dim = cfg.model.n_embd
     torch.manual_seed(0)
@@ -371,7 +381,8 @@ def test_three_steps_equal_record_31s_optimizer():
         lr = record_lr_shrunk(step, cfg.train.steps)
         frac = min(step / 300, 1)
         record_adam_step(adam, adam_state, 0.008 * lr)
-        record_muon_step(muon, muon_state, 0.05 * lr, (1 - frac) * 0.85 + frac * 0.95)
+        dtype = torch.bfloat16 if ns_dtype == "bf16" else torch.float32
+        record_muon_step(muon, muon_state, 0.05 * lr, (1 - frac) * 0.85 + frac * 0.95, dtype)
     for name, p in ours.items():
         if "attn.c_" in name:
             q = rec[name.replace("c_attn", "qkvo").replace("c_proj", "qkvo")].detach()
@@ -380,7 +391,9 @@ def test_three_steps_equal_record_31s_optimizer():
             r = rec[name].detach()
             want = (r if r.shape == p.shape else r.T) - start[name]
         got = p.detach() - start[name]
-        assert (got - want).norm() <= 2e-6 * want.norm(), name
+        # fp32: measured <= 1e-6. bf16: Triton's kernels and bmm sum in different fp32 orders, so
+        # roundings differ in the last bit (measured 0.4%); the 11-10 op order is 2.7% off
+        assert (got - want).norm() <= (2e-6 if ns_dtype == "fp32" else 1e-2) * want.norm(), name
 
 
 def record_lr_shrunk(step: int, n: int) -> float:
