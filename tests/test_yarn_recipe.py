@@ -464,3 +464,25 @@ def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
 def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_recipe(RECIPE, [override])
+
+
+def test_transposed_linear_and_attention_gate_are_their_formulas():
+    """#27: TransposedLinear stores (in, out) and maps as nn.Linear with the transposed weight. #28: the
+    gate multiplies head h at position t by sigmoid(W[h] · x[t, :k]) and starts at one half."""
+    from speedrun.model.attn_gate import AttentionGate
+    from speedrun.model.layers import TransposedLinear
+
+    gen = torch.Generator().manual_seed(3)
+    lin = TransposedLinear(8, 24)
+    x = torch.randn(2, 5, 8, generator=gen)
+    assert lin.weight.shape == (8, 24)
+    torch.testing.assert_close(lin(x), x @ lin.weight)
+    gate = AttentionGate(3, 2)
+    y = torch.randn(2, 2, 5, 4, generator=gen)  # (B, H, T, D)
+    torch.testing.assert_close(gate(y, x), y / 2)
+    with torch.no_grad():
+        gate.proj.weight.normal_(generator=gen)
+    want = torch.stack(
+        [y[:, h] * torch.sigmoid(x[..., :3] @ gate.proj.weight[h])[..., None] for h in range(2)], 1
+    )
+    torch.testing.assert_close(gate(y, x), want)
