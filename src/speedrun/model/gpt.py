@@ -8,7 +8,9 @@ The range it covers:
 - the 2024-11 … 2025-01 records: value residual and x0 shortcut (11-06), U-Net skips (11-10),
   document-masked sliding-window attention on long sequences (11-19/11-24, model/attention.py),
   value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
-  half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min).
+  half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min);
+- the 2025-07 … 09 records: transposed MLP up-projection (#27), sparse attention gate (#28,
+  model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py.
 The model knows nothing about distribution or optimizers (see train/).
 """
 
