@@ -42,6 +42,7 @@ def test_estimate_is_within_15_percent_of_a_fake_tensor_measurement(recipe, accu
     [
         ("record-2025-01", 37653),  # records/track_1_short/2025-01-16_Sub3Min/*.txt
         ("bos-align-2025-07", 33644),  # records/track_1_short/2025-07-12_BosAlign/0c5449cc-….txt
+        ("yarn-2025-09", 32470),  # records/track_1_short/2025-09-10_Yarn/0ecdb695-….txt
     ],
 )
 def test_compiled_estimate_is_near_the_records_own_peak(recipe, log_mib):

@@ -29,7 +29,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
-from speedrun.model.gpt import GPT, attention_layers, padded_vocab, value_embed_layout
+from speedrun.model.gpt import GPT, attention_layers, mlp_layers, padded_vocab, value_embed_layout
 from speedrun.optim.muon import set_muon_split
 from speedrun.optim.table import build_banks, build_rows
 
@@ -111,16 +111,17 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     mixes = m.value_residual or m.value_embeds != "none"
     n_skip = m.n_layer // 2 if m.unet else 0
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
-    for i, has_attention in enumerate(attention_layers(m)):
-        residuals = 2 if has_attention else 1  # after the attention, after the MLP
+    parts = zip(attention_layers(m), mlp_layers(m), strict=True)
+    for i, (has_attention, has_mlp) in enumerate(parts):
+        residuals = int(has_attention) + int(has_mlp)  # after the attention, after the MLP
         residuals += (1 if m.x0_shortcut else 0) + (1 if i >= m.n_layer - n_skip > 0 else 0)
         if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
-            total += residuals * r * d + a * hidden
+            total += residuals * r * d + a * hidden * int(has_mlp)
             if has_attention:
                 total += a * (3 * d + d + 2 * d) + 4 * m.n_head  # q, k, v, output, rotated q, k, lse
             continue
-        norms = 2 if has_attention else 1
-        total += (residuals + norms) * r * d + 2 * a * hidden  # + MLP pre- and post-activation
+        norms = int(has_attention) + int(has_mlp)
+        total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
         if has_attention:
             v_mixed = mixes and (m.value_mix == "lambdas" or layout[i] is not None or m.value_residual)
             rotated = m.positional == "rotary" or m.qk_norm
