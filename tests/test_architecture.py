@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT, value_embed_layout
+from speedrun.model.gpt import GPT
 from speedrun.model.layers import Rotary, rotary_frequencies, softcap
+from speedrun.model.layout import value_embed_layout
 from speedrun.recipes import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from speedrun.model.gpt import GPT, attention_layers, embedding_rows, padded_vocab
+from speedrun.model.gpt import GPT
+from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab
 
 
 def _attention_line(model: GPT) -> str | None:

@@ -29,7 +29,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
-from speedrun.model.gpt import GPT, attention_layers, mlp_layers, padded_vocab, value_embed_layout
+from speedrun.model.gpt import GPT
+from speedrun.model.layout import attention_layers, mlp_layers, padded_vocab, value_embed_layout
 from speedrun.optim.muon import set_muon_split
 from speedrun.optim.table import build_banks, build_rows
 

@@ -1,0 +1,51 @@
+"""Which layer has what, and how many rows the embeddings and head have: pure functions of the model
+config, shared by the model, its summary and the memory estimate."""
+
+from __future__ import annotations
+
+from speedrun.config import ModelConfig
+
+
+def padded_vocab(cfg: ModelConfig) -> int:
+    """Head rows: vocab rounded up to `pad_vocab_to` (a multiple of 128 makes matmuls faster)."""
+    m = max(1, cfg.pad_vocab_to)
+    return (cfg.vocab_size + m - 1) // m * m
+
+
+def embedding_rows(cfg: ModelConfig) -> int:
+    """Token/value embedding rows: padded like the head, or exactly the vocab (Sub3Min)."""
+    return padded_vocab(cfg) if cfg.pad_embeddings else cfg.vocab_size
+
+
+def _kept(cfg: ModelConfig, dropped_layers: str) -> list[bool]:
+    dropped = {int(s) for s in dropped_layers.split(",") if s.strip()}
+    return [i not in dropped for i in range(cfg.n_layer)]
+
+
+def attention_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer, whether it has attention (Sub3Min drops it in layer 7)."""
+    return _kept(cfg, cfg.no_attention_layers)
+
+
+def mlp_layers(cfg: ModelConfig) -> list[bool]:
+    """Per layer, whether it has an MLP (#30 drops the first one)."""
+    return _kept(cfg, cfg.no_mlp_layers)
+
+
+def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
+    """Per layer, the value-embedding table it mixes into v (None: no table).
+
+    per-layer (12-04): layer i uses table i. unet (12-08): L/2 tables, encoder layer i uses table i and
+    decoder layer i uses table L/2-1-i. ends (Sub3Min): k tables on the first k and the last k layers,
+    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2].
+    """
+    L = cfg.n_layer
+    if cfg.value_embeds == "per-layer":
+        return list(range(L))
+    if cfg.value_embeds == "unet":
+        half = list(range(L // 2))
+        return half + half[::-1]
+    if cfg.value_embeds == "ends":
+        k = cfg.value_embed_tables
+        return list(range(k)) + [None] * (L - 2 * k) + list(range(k))
+    return [None] * L
