@@ -1,0 +1,54 @@
+"""The fourth adversarial round (issue 22): stage plans, verify, ablate. Each test failed before its fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from speedrun.config_types import FP32_MAX, MAX_SEQ_LEN
+from speedrun.errors import ConfigError
+from speedrun.train.stages import parse_stages
+
+MOMENTUM = (0.85, 0.95, 4, 3)
+EXT = "tokens=128 windows=1/1 ext=2"
+
+
+def plan(text: str, steps: int = 14):
+    return parse_stages(text, steps, 0.5, 0.15, MOMENTUM)
+
+
+@pytest.mark.parametrize(
+    ("stages", "words"),
+    [
+        # a fraction bypassed the finite, >= 0 check: nan and inf reached round() as a traceback
+        (f"tokens=128 windows=1/1 frac=1e400/1e400; {EXT}", "frac must be a finite number >= 0"),
+        (f"tokens=128 windows=1/1 frac=inf/1; {EXT}", "frac must be a finite number >= 0"),
+        (f"tokens=128 windows=1/1 frac=-1/2; tokens=128 windows=1/1 frac=3/2; {EXT}", "finite number >= 0"),
+        # a key given twice: the later one silently won
+        (f"tokens=128 windows=1/1 frac=0.5 frac=1; {EXT}", "frac is given twice"),
+        # windows beyond int32 positions: an OverflowError in the first step's mask
+        (f"tokens=128 windows=1/{2**70} frac=1; {EXT}", "windows must be at most"),
+        (f"tokens=128 windows=1/1 frac=1; {EXT} val={(MAX_SEQ_LEN - 1) // 128 + 1}", "val must be at most"),
+        # an LR multiplier beyond fp32: a traceback in Adam's update
+        (f"tokens=128 windows=1/1 frac=1 lr=1e39; {EXT}", "lr must be at most"),
+        # fractions off 1 by more than rounding: accepted when they rounded to the step count
+        (f"tokens=128 windows=1/1 frac=0.5; tokens=128 windows=1/1 frac=0.53; {EXT}", "add up to 1.03"),
+        (f"tokens=128 windows=1/1 frac=0.5; tokens=128 windows=1/1 frac=0.47; {EXT}", "add up to 0.97"),
+    ],
+)
+def test_a_stage_plan_that_cannot_run_as_written_is_one_config_error(stages, words):
+    with pytest.raises(ConfigError, match="train.stages") as err:
+        plan(stages)
+    assert words in str(err.value)
+
+
+def test_stage_plan_limits_are_what_torch_holds():
+    """The largest window (int32 positions of blocks·128 + 1 tokens) and LR multiplier (fp32) still parse,
+    and fractions that add up to 1 in floating point (0.6 + 0.3 + 0.1, thirds) are one."""
+    blocks = (MAX_SEQ_LEN - 1) // 128
+    p = plan(f"tokens=128 windows=1/{blocks} frac=1 lr={FP32_MAX!r}; {EXT} val={blocks}")
+    assert p.stages[0].windows == (1, blocks) and blocks * 128 + 1 <= MAX_SEQ_LEN
+    assert p.stages[0].lr_mul == FP32_MAX and p.val_long_window == blocks
+    tenths = "; ".join(f"tokens=128 windows=1/1 frac={f}" for f in (0.6, 0.3, 0.1))
+    assert [s.duration for s in plan(f"{tenths}; {EXT}", 22).stages[:3]] == [0.6, 0.3, 0.1]
+    thirds = "; ".join(["tokens=128 windows=1/1 frac=1/3"] * 3)
+    assert plan(f"{thirds}; {EXT}").scheduled_steps == 12
