@@ -7,6 +7,7 @@ import pytest
 from speedrun.config_types import FP32_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 from speedrun.train.stages import parse_stages
+from tests.conftest import run_speedrun
 
 MOMENTUM = (0.85, 0.95, 4, 3)
 EXT = "tokens=128 windows=1/1 ext=2"
@@ -52,3 +53,31 @@ def test_stage_plan_limits_are_what_torch_holds():
     assert [s.duration for s in plan(f"{tenths}; {EXT}", 22).stages[:3]] == [0.6, 0.3, 0.1]
     thirds = "; ".join(["tokens=128 windows=1/1 frac=1/3"] * 3)
     assert plan(f"{thirds}; {EXT}").scheduled_steps == 12
+
+
+REPORTS = [("verify", "RUN", "--json"), ("compare", "RUN", "--plot"), ("bench", "--recipe", "demo", "--json")]
+
+
+@pytest.mark.parametrize("command", REPORTS, ids=lambda c: f"{c[0]} {c[-1]}")
+def test_a_report_never_replaces_a_runs_own_file(tmp_path, command):
+    """`verify RUN --json RUN/summary.json` replaced the run's result with the report (and the next
+    verify read the report as a finished run's summary); likewise --plot onto log.txt. Refused before any
+    work, whether the file is there or not, through `..` or a link to the folder; a new name beside is
+    fine."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000003").mkdir(parents=True)
+    files = {"config.json": b'{"recipe": "demo"}', "metrics.jsonl": b'{"step": 0}\n', "log.txt": b"code: x\n"}
+    for name, data in files.items():
+        (run / name).write_bytes(data)
+    (tmp_path / "link").symlink_to(run)
+    targets = ["summary.json", "config.json", "metrics.jsonl", "log.txt", "checkpoints/step_000003/x"]
+    for target in targets:
+        for where in (run / target, tmp_path / "link" / target, run / ".." / "run" / target):
+            r = run_speedrun(*[str(run) if c == "RUN" else c for c in command], str(where))
+            assert r.returncode == 2 and r.stderr.count("\n") == 1, (where, r.stderr)
+            assert f"is the run {run}'s own {target.split('/')[0]}" in r.stderr
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
+    assert not (run / "summary.json").exists() and not any((run / "checkpoints" / "step_000003").iterdir())
+    from speedrun.tools.compare import check_report
+
+    check_report(run / "verify.json", "--json")  # a report beside the run's files is the user's to write

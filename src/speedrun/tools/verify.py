@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.errors import ConfigError, DataError
-from speedrun.tools.compare import Group, Run, below_target_test, group_key, load_runs, run_names
+from speedrun.tools.compare import (
+    Group,
+    Run,
+    below_target_test,
+    check_report,
+    group_key,
+    load_runs,
+    run_names,
+)
 from speedrun.tools.stats import mean_sd, welch_test
 from speedrun.train.rundir import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX, SUMMARY_FILE
 
@@ -314,12 +322,12 @@ def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | Non
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from speedrun.atomic import check_replaceable, write_atomic
+    from speedrun.atomic import write_atomic
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.json is not None:
-        check_replaceable(args.json)
+        check_report(args.json, "--json")
     runs = load_runs(args.runs)
     baseline = load_runs(args.baseline) if args.baseline else None
     shared = {r.path.resolve() for r in runs} & {r.path.resolve() for r in baseline or []}
