@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from speedrun.config_types import FP32_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 from speedrun.train.stages import parse_stages
-from tests.conftest import run_speedrun
+from tests.conftest import TINY, run_speedrun
 
 MOMENTUM = (0.85, 0.95, 4, 3)
 EXT = "tokens=128 windows=1/1 ext=2"
@@ -81,3 +83,44 @@ def test_a_report_never_replaces_a_runs_own_file(tmp_path, command):
     from speedrun.tools.compare import check_report
 
     check_report(run / "verify.json", "--json")  # a report beside the run's files is the user's to write
+
+
+def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data, tmp_path, capsys):
+    """A run of the ablation killed before its first checkpoint (no summary.json, no checkpoint) was
+    "holds neither a finished run nor a checkpoint; remove it", though `train --resume` starts such a run
+    over: ablate now does the same, and the result is the uninterrupted run's. A killed run of another
+    config under the arm's name is still refused, before anything trains."""
+    import shutil
+
+    from speedrun.cli import main
+    from speedrun.tools.ablate import plan
+
+    overrides = [*TINY, f"data.dir={text_data}", "train.steps=4", "train.warmdown_steps=1"]
+    overrides.append("train.val_every=2")
+    out = tmp_path / "abl"
+    arms = plan("demo", [1], overrides, ["model.qk_norm=false"], out)
+    folder, other = arms[0].runs[0][1], arms[1].runs[0][1]
+    argv = ["ablate", "--recipe", "demo", "--seeds", "1", "--out", str(out)]
+    argv += [w for o in overrides for w in ("--set", o)] + ["model.qk_norm=false"]
+    assert main(argv) == 0
+    straight = json.loads((folder / "summary.json").read_text())["final_val_loss"]
+    metrics = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    for f in (folder, other):  # killed at step 2: no summary, no checkpoint, the records of steps 0-2
+        (f / "summary.json").unlink()
+        shutil.rmtree(f / "checkpoints", ignore_errors=True)
+        (f / "metrics.jsonl").write_text("".join(metrics[:3]))
+    (other / "config.json").write_bytes((folder / "config.json").read_bytes())  # another config's run
+    capsys.readouterr()
+    assert main(argv) == 1
+    assert f"{other} holds neither a finished run nor a checkpoint" in capsys.readouterr().err
+    assert not (folder / "summary.json").exists()  # refused before anything trained
+    shutil.rmtree(other)
+    assert main(argv) == 0
+    assert "started over" in capsys.readouterr().out
+    assert json.loads((folder / "summary.json").read_text())["final_val_loss"] == straight
+
+    def losses(lines: list[str]) -> list[tuple]:
+        return [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in map(json.loads, lines)]
+
+    again = (folder / "metrics.jsonl").read_text().splitlines()
+    assert losses(again) == losses(metrics)  # each step once, as the uninterrupted run wrote them

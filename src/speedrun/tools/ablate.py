@@ -83,9 +83,11 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
     return arms
 
 
-def state(folder: Path) -> str:
+def state(folder: Path, cfg: Config) -> str:
     """The folder's state: "new" (nothing there, or a run that never reached step 0), "finished",
-    "stopped" (resumable from its checkpoint) or "broken" (ended without a checkpoint, or not ours)."""
+    "stopped" (resumable: from its checkpoint, or started over, as `train --resume` does, when this arm's
+    run was killed before its first checkpoint) or "broken" (not ours)."""
+    from speedrun.config import read_run_config
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.rundir import SUMMARY_FILE, check_new
 
@@ -104,17 +106,24 @@ def state(folder: Path) -> str:
     try:
         check_new(folder)
     except ConfigError:
-        return "broken"
+        if not (folder / "metrics.jsonl").is_file():
+            return "broken"
+        try:
+            ours = config_hash(read_run_config(folder)) == config_hash(cfg)
+        except ConfigError:
+            return "broken"
+        return "stopped" if ours else "broken"
     return "new"
 
 
 def train_arms(arms: list[Arm]) -> None:
     """Train what is missing, one run after another; report what is reused or resumed."""
     from speedrun.config import read_run_config
+    from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.loop import train
 
     todo = [(arm, cfg, folder) for arm in arms for cfg, folder in arm.runs]
-    states = {folder: state(folder) for _, _, folder in todo}  # all checked before the first run trains
+    states = {folder: state(folder, cfg) for _, cfg, folder in todo}  # all before the first run trains
     broken = [folder for folder, s in states.items() if s == "broken"]
     if broken:
         raise DataError(
@@ -125,7 +134,8 @@ def train_arms(arms: list[Arm]) -> None:
         if states[folder] == "finished":
             print(f"=== {tag}: finished before, reused ===", flush=True)
         elif states[folder] == "stopped":
-            print(f"=== {tag}: resumed from its checkpoint ===", flush=True)
+            how = "resumed from its checkpoint" if list_checkpoints(folder) else "started over"
+            print(f"=== {tag}: {how} ===", flush=True)
             train(read_run_config(folder, DataError), folder, resume=True)
         else:
             print(f"=== {tag} ===", flush=True)
