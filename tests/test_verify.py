@@ -273,3 +273,13 @@ def test_validation_is_judged_by_the_data_folders_source_not_the_label(runs, tmp
     got = rules(older)["validation"]
     assert got[0] == "unknown" and "does not record the data's source" in got[1], got
     assert rules(copies(runs, tmp_path / "rec", record_validation))["validation"][0] == "ok"
+
+
+@pytest.mark.slow
+def test_a_baseline_that_is_a_copy_of_a_run_to_verify_is_refused(runs, tmp_path, capsys):
+    """A copy keeps its run id (compare counts copies once); as a baseline it was compared with itself."""
+    copy = copies(runs[:1], tmp_path)[0]
+    assert main(["verify", *map(str, runs[:2]), "--baseline", str(copy), str(runs[2])]) == 2
+    err = capsys.readouterr().err.strip()
+    said = f"--baseline {copy} is also one of the runs to verify (a copy of {runs[0]}: the same run id)"
+    assert err == f"speedrun: error: {said}"

@@ -339,9 +339,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         check_report(args.json, "--json")
     runs = load_runs(args.runs)
     baseline = load_runs(args.baseline) if args.baseline else None
-    shared = {r.path.resolve() for r in runs} & {r.path.resolve() for r in baseline or []}
+    mine = {r.run_id or r.path.resolve(): r for r in runs}  # a copy of a run is that run (load_runs)
+    shared = [(r, mine[k]) for r in baseline or [] if (k := r.run_id or r.path.resolve()) in mine]
     if shared:
-        raise ConfigError(f"--baseline {sorted(shared)[0]} is also one of the runs to verify")
+        (base, run), copy = shared[0], shared[0][0].path.resolve() != shared[0][1].path.resolve()
+        also = f" (a copy of {run.path}: the same run id)" if copy else ""
+        raise ConfigError(f"--baseline {base.path} is also one of the runs to verify{also}")
     verdicts = verify(runs, args.track, args.target, baseline)
     print(f"verify {len(runs)} run(s), track {args.track}, target {args.target}:")
     for v in verdicts:
