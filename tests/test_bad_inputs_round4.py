@@ -124,3 +124,14 @@ def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data,
 
     again = (folder / "metrics.jsonl").read_text().splitlines()
     assert losses(again) == losses(metrics)  # each step once, as the uninterrupted run wrote them
+
+
+def test_an_extension_stage_without_steps_is_described_as_such():
+    """ext=0: the extension stage trains no step (its windows serve the final validation); the log said
+    `steps 14-13`."""
+    from speedrun.train.stages import describe_stages, stage_bounds
+
+    p = plan(f"tokens=128 windows=1/1 frac=1; {EXT.replace('ext=2', 'ext=0')}")
+    assert stage_bounds(p)[-1] == (14, 14)
+    line = describe_stages(p, 1, 1)
+    assert "steps 0-13: 128 tokens" in line and "; no steps (ext=0: final validation only): 128" in line

@@ -171,8 +171,9 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
     for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
         row = s.batch_tokens // (accumulation * world_size)
         doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
+        steps = f"steps {start}-{end - 1}" if end > start else "no steps (ext=0: final validation only)"
         parts.append(
-            f"steps {start}-{end - 1}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
+            f"{steps}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
             f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
         )
     val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
