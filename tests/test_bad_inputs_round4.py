@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -85,12 +86,23 @@ def test_a_report_never_replaces_a_runs_own_file(tmp_path, command):
     check_report(run / "verify.json", "--json")  # a report beside the run's files is the user's to write
 
 
+def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
+    """`verify RUN --json DATA/meta.json` replaced the data folder's description (a FineWeb download is
+    hours); its tokenizer and shards are refused alike."""
+    data = tmp_path / "data"
+    shutil.copytree(text_data, data)
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    for name in before:
+        r = run_speedrun("compare", "RUN", "--plot", str(data / name))
+        assert r.returncode == 2 and f"is the data folder {data}'s {name}; choose another name" in r.stderr
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+
+
 def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data, tmp_path, capsys):
     """A run of the ablation killed before its first checkpoint (no summary.json, no checkpoint) was
     "holds neither a finished run nor a checkpoint; remove it", though `train --resume` starts such a run
     over: ablate now does the same, and the result is the uninterrupted run's. A killed run of another
     config under the arm's name is still refused, before anything trains."""
-    import shutil
 
     from speedrun.cli import main
     from speedrun.tools.ablate import plan

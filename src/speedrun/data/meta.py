@@ -180,6 +180,11 @@ _SHARD_NAME = re.compile(r".+_(train|val)_\d{6}\.bin")
 _TOKENIZER_FILE = "tokenizer.json"  # data/tokenizers.py TOKENIZER_FILE (not imported: it loads tiktoken)
 
 
+def is_data_file_name(name: str) -> bool:
+    """Whether `name` is one a prepared folder of ours holds: meta.json, tokenizer.json, shards, .cache."""
+    return name in (META_FILE, _TOKENIZER_FILE, ".cache") or bool(_SHARD_NAME.fullmatch(name))
+
+
 def foreign_entries(data_dir: Path) -> list[str]:
     """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
     meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,

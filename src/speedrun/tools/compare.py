@@ -125,17 +125,22 @@ def load_run(path: Path) -> Run:
 def check_report(path: Path, flag: str) -> None:
     """Where a command writes its report (`verify --json`, `compare --plot`, `bench --json`), checked
     before any work: a regular file or nothing (atomic.check_replaceable), and never a run's own file
-    (config.json, metrics.jsonl, log.txt, summary.json, the lock, event files, checkpoints), present or
-    not: `verify RUN --json RUN/summary.json` replaced the run's result with the report."""
+    (config.json, metrics.jsonl, log.txt, summary.json, the lock, event files, checkpoints) or a data
+    folder's (meta.json, tokenizer.json, shards), present or not: `verify RUN --json RUN/summary.json`
+    replaced the run's result with the report, `--json DATA/meta.json` the data folder's description."""
+    from speedrun.data.meta import META_FILE, is_data_file_name
+
     check_replaceable(path)
     path = Path(path)
     target = path.parent.resolve() / path.name
     for folder in target.parents:
+        first = target.relative_to(folder).parts[0]
         if (folder / "config.json").is_file() and (folder / "metrics.jsonl").is_file():
-            first = target.relative_to(folder).parts[0]
             if first in RUN_FILES or first.startswith("events.out.tfevents."):
                 raise ConfigError(f"{flag} {path}: is the run {folder}'s own {first}; choose another name")
             return
+        if (folder / META_FILE).is_file() and is_data_file_name(first):
+            raise ConfigError(f"{flag} {path}: is the data folder {folder}'s {first}; choose another name")
 
 
 def load_runs(paths: list[Path], note: Callable[[str], object] = print) -> list[Run]:
