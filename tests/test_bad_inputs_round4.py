@@ -98,6 +98,7 @@ def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data, tmp_path, capsys):
     """A run of the ablation killed before its first checkpoint (no summary.json, no checkpoint) was
     "holds neither a finished run nor a checkpoint; remove it", though `train --resume` starts such a run
