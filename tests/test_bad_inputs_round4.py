@@ -148,3 +148,16 @@ def test_an_extension_stage_without_steps_is_described_as_such():
     assert stage_bounds(p)[-1] == (14, 14)
     line = describe_stages(p, 1, 1)
     assert "steps 0-13: 128 tokens" in line and "; no steps (ext=0: final validation only): 128" in line
+
+
+def test_a_blank_stage_plan_in_a_recipe_file_is_no_plan(tmp_path):
+    """`stages = "  "` in a recipe file (an override strips it; a file does not) is unset, as stage_plan
+    reads it; the config check took it for a plan and failed its assert (a traceback)."""
+    from speedrun.recipes import load_recipe
+    from speedrun.train.stages import stage_plan
+
+    recipe = tmp_path / "blank.toml"
+    recipe.write_text('base = "demo"\n[train]\nstages = " \\n\\t "\n')
+    cfg = load_recipe(str(recipe), TINY)
+    assert cfg.train.stages.strip() == "" and stage_plan(cfg) is None
+    assert stage_plan(load_recipe("demo", TINY)) is None  # what an unset plan gives
