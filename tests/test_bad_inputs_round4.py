@@ -99,12 +99,12 @@ def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data, tmp_path, capsys):
+def test_ablate_starts_over_a_killed_arm_and_never_reuses_another_configs_run(text_data, tmp_path, capsys):
     """A run of the ablation killed before its first checkpoint (no summary.json, no checkpoint) was
     "holds neither a finished run nor a checkpoint; remove it", though `train --resume` starts such a run
-    over: ablate now does the same, and the result is the uninterrupted run's. A killed run of another
-    config under the arm's name is still refused, before anything trains."""
-
+    over: ablate now does the same, and the result is the uninterrupted run's. A finished run copied
+    under another arm's name was reused as that arm's result (the variant's row showed the baseline's
+    loss); now refused, before anything trains, as is a killed run of another config."""
     from speedrun.cli import main
     from speedrun.tools.ablate import plan
 
@@ -118,14 +118,17 @@ def test_ablate_starts_over_an_arm_killed_before_its_first_checkpoint(text_data,
     assert main(argv) == 0
     straight = json.loads((folder / "summary.json").read_text())["final_val_loss"]
     metrics = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    shutil.rmtree(other)
+    shutil.copytree(folder, other)  # the baseline's finished run under the variant's name
+    capsys.readouterr()
+    assert main(argv) == 1
+    assert f"{other} holds a run of another config" in capsys.readouterr().err
     for f in (folder, other):  # killed at step 2: no summary, no checkpoint, the records of steps 0-2
         (f / "summary.json").unlink()
         shutil.rmtree(f / "checkpoints", ignore_errors=True)
         (f / "metrics.jsonl").write_text("".join(metrics[:3]))
-    (other / "config.json").write_bytes((folder / "config.json").read_bytes())  # another config's run
-    capsys.readouterr()
     assert main(argv) == 1
-    assert f"{other} holds neither a finished run nor a checkpoint" in capsys.readouterr().err
+    assert f"{other} holds a run of another config" in capsys.readouterr().err
     assert not (folder / "summary.json").exists()  # refused before anything trained
     shutil.rmtree(other)
     assert main(argv) == 0

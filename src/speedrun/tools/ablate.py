@@ -83,11 +83,31 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
     return arms
 
 
+def is_arms_run(folder: Path, cfg: Config) -> bool:
+    """Whether the run in `folder` was made from `cfg` (its config.json hashes as the folder's name says).
+    A time budget or host fit writes what it resolved into config.json, so such a run is taken as is."""
+    from speedrun.config import read_run_config
+
+    if cfg.train.time_budget_s > 0 or cfg.train.budget_min_steps > 0:
+        return True
+    try:
+        return config_hash(read_run_config(folder)) == config_hash(cfg)
+    except ConfigError:
+        return False
+
+
 def state(folder: Path, cfg: Config) -> str:
     """The folder's state: "new" (nothing there, or a run that never reached step 0), "finished",
-    "stopped" (resumable: from its checkpoint, or started over, as `train --resume` does, when this arm's
-    run was killed before its first checkpoint) or "broken" (not ours)."""
-    from speedrun.config import read_run_config
+    "stopped" (resumable: from its checkpoint, or started over, as `train --resume` does, when it was
+    killed before its first checkpoint), "other" (a finished or stopped run of another config: a copy, an
+    edit) or "broken" (not ours)."""
+    found = _found(folder)
+    if found in ("finished", "stopped") and not is_arms_run(folder, cfg):
+        return "other"
+    return found
+
+
+def _found(folder: Path) -> str:
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.rundir import SUMMARY_FILE, check_new
 
@@ -106,13 +126,7 @@ def state(folder: Path, cfg: Config) -> str:
     try:
         check_new(folder)
     except ConfigError:
-        if not (folder / "metrics.jsonl").is_file():
-            return "broken"
-        try:
-            ours = config_hash(read_run_config(folder)) == config_hash(cfg)
-        except ConfigError:
-            return "broken"
-        return "stopped" if ours else "broken"
+        return "stopped" if (folder / "metrics.jsonl").is_file() else "broken"
     return "new"
 
 
@@ -124,11 +138,16 @@ def train_arms(arms: list[Arm]) -> None:
 
     todo = [(arm, cfg, folder) for arm in arms for cfg, folder in arm.runs]
     states = {folder: state(folder, cfg) for _, cfg, folder in todo}  # all before the first run trains
-    broken = [folder for folder, s in states.items() if s == "broken"]
-    if broken:
-        raise DataError(
-            f"{broken[0]} holds neither a finished run nor a checkpoint to resume; remove it to train again"
-        )
+    for folder, s in states.items():
+        if s == "other":
+            raise DataError(
+                f"{folder} holds a run of another config (its config.json is not this arm's: copied or "
+                "edited?); remove it to train this run again"
+            )
+        if s == "broken":
+            raise DataError(
+                f"{folder} holds neither a finished run nor a checkpoint to resume; remove it to train again"
+            )
     for i, (arm, cfg, folder) in enumerate(todo, 1):
         tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
         if states[folder] == "finished":
