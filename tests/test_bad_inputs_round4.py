@@ -96,6 +96,10 @@ def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
         r = run_speedrun("compare", "RUN", "--plot", str(data / name))
         assert r.returncode == 2 and f"is the data folder {data}'s {name}; choose another name" in r.stderr
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+    from speedrun.tools.compare import check_report
+
+    (tmp_path / "meta.json").write_text('{"project": "mine"}')  # a user's file of that name: not a data folder
+    check_report(tmp_path / ".cache" / "report.json", "--json")
 
 
 @pytest.mark.slow

@@ -128,7 +128,7 @@ def check_report(path: Path, flag: str) -> None:
     (config.json, metrics.jsonl, log.txt, summary.json, the lock, event files, checkpoints) or a data
     folder's (meta.json, tokenizer.json, shards), present or not: `verify RUN --json RUN/summary.json`
     replaced the run's result with the report, `--json DATA/meta.json` the data folder's description."""
-    from speedrun.data.meta import META_FILE, is_data_file_name
+    from speedrun.data.meta import is_data_file_name, is_prepared_folder
 
     check_replaceable(path)
     path = Path(path)
@@ -139,7 +139,7 @@ def check_report(path: Path, flag: str) -> None:
             if first in RUN_FILES or first.startswith("events.out.tfevents."):
                 raise ConfigError(f"{flag} {path}: is the run {folder}'s own {first}; choose another name")
             return
-        if (folder / META_FILE).is_file() and is_data_file_name(first):
+        if is_data_file_name(first) and is_prepared_folder(folder):
             raise ConfigError(f"{flag} {path}: is the data folder {folder}'s {first}; choose another name")
 
 
