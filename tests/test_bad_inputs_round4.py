@@ -98,7 +98,7 @@ def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
     from speedrun.tools.compare import check_report
 
-    (tmp_path / "meta.json").write_text('{"project": "mine"}')  # a user's file of that name: not a data folder
+    (tmp_path / "meta.json").write_text('{"project": "mine"}')  # a user's meta.json: no data folder
     check_report(tmp_path / ".cache" / "report.json", "--json")
 
 
