@@ -74,9 +74,15 @@ def finals(paths: list[Path]) -> list[float]:
     return [[r for r in read_metrics(p) if "val_loss" in r][-1]["val_loss"] for p in paths]
 
 
-def record_validation(folder: Path) -> None:
+def record_label(folder: Path) -> None:
+    """The config's labels say the record validation (the data folder's meta.json does not)."""
     edit_json("config.json", lambda c: (c["train"].update(val_tokens=10_485_760), c["data"].update(
         source="fineweb10B", tokenizer="gpt2")))(folder)  # fmt: skip
+
+
+def record_validation(folder: Path) -> None:
+    record_label(folder)
+    edit_json("summary.json", lambda s: s.update(data_source="fineweb10B:1"))(folder)
 
 
 @pytest.mark.slow
@@ -249,3 +255,31 @@ def test_bad_inputs_are_one_line(runs, tmp_path, capsys):
         assert main(["verify", *argv]) == code, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith("speedrun: error:") and text in err and "\n" not in err, (argv, err)
+
+
+@pytest.mark.slow
+def test_validation_is_judged_by_the_data_folders_source_not_the_label(runs, tmp_path, text_data):
+    """Beside data.dir, data.source is only a label: runs on other data (fineweb-edu, say) whose recipe
+    still says fineweb10B passed the validation rule. summary.json records the folder's meta.json source."""
+    source = json.loads((text_data / "meta.json").read_text())["source"]
+    assert [json.loads((r / "summary.json").read_text())["data_source"] for r in runs] == [source] * 3
+    got = rules(copies(runs, tmp_path / "label", record_label))["validation"]
+    assert got[0] == "fails" and f"r-seed1: data source {source};" in got[1], got
+    older = copies(
+        runs,
+        tmp_path / "old",
+        lambda f: (record_label(f), edit_json("summary.json", lambda s: s.pop("data_source"))(f)),
+    )
+    got = rules(older)["validation"]
+    assert got[0] == "unknown" and "does not record the data's source" in got[1], got
+    assert rules(copies(runs, tmp_path / "rec", record_validation))["validation"][0] == "ok"
+
+
+@pytest.mark.slow
+def test_a_baseline_that_is_a_copy_of_a_run_to_verify_is_refused(runs, tmp_path, capsys):
+    """A copy keeps its run id (compare counts copies once); as a baseline it was compared with itself."""
+    copy = copies(runs[:1], tmp_path)[0]
+    assert main(["verify", *map(str, runs[:2]), "--baseline", str(copy), str(runs[2])]) == 2
+    err = capsys.readouterr().err.strip()
+    said = f"--baseline {copy} is also one of the runs to verify (a copy of {runs[0]}: the same run id)"
+    assert err == f"speedrun: error: {said}"

@@ -37,6 +37,7 @@ def _check_document_loader(cfg: Config) -> None:
 def _check_stages(cfg: Config) -> None:
     """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest."""
     m, t, d = cfg.model, cfg.train, cfg.data
+    staged = bool(t.stages.strip())  # blank is unset, as train/stages.stage_plan reads it
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -45,7 +46,7 @@ def _check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if m.yarn and not (t.stages and m.rope_half_truncated and m.rope_precision in ("auto", "fp32")):
+    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32")):
         raise ConfigError(
             "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
             "rope_precision auto or fp32"
@@ -54,7 +55,7 @@ def _check_stages(cfg: Config) -> None:
         raise ConfigError(
             "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
         )
-    if not t.stages:
+    if not staged:
         return
     from speedrun.train.stages import stage_plan
 

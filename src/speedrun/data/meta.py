@@ -180,6 +180,20 @@ _SHARD_NAME = re.compile(r".+_(train|val)_\d{6}\.bin")
 _TOKENIZER_FILE = "tokenizer.json"  # data/tokenizers.py TOKENIZER_FILE (not imported: it loads tiktoken)
 
 
+def is_data_file_name(name: str) -> bool:
+    """Whether `name` is one a prepared folder of ours holds: meta.json, tokenizer.json, shards, .cache."""
+    return name in (META_FILE, _TOKENIZER_FILE, ".cache") or bool(_SHARD_NAME.fullmatch(name))
+
+
+def is_prepared_folder(data_dir: Path) -> bool:
+    """Whether `data_dir` holds a meta.json of ours (speedrun-shards), not a user's file of that name."""
+    try:
+        meta = json.loads((Path(data_dir) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == META_FORMAT
+
+
 def foreign_entries(data_dir: Path) -> list[str]:
     """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
     meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,
@@ -187,12 +201,7 @@ def foreign_entries(data_dir: Path) -> list[str]:
     deleted. A `.cache/huggingface` folder is ours: Hub downloads leave it."""
     data_dir = Path(data_dir)
     entries = sorted(p.name for p in data_dir.iterdir())
-    try:
-        meta = json.loads((data_dir / META_FILE).read_text(encoding="utf-8"))
-        ours = isinstance(meta, dict) and meta.get("format") == META_FORMAT
-    except (OSError, ValueError):
-        ours = False
-    if not ours:
+    if not is_prepared_folder(data_dir):
         return entries
 
     def is_ours(name: str) -> bool:

@@ -83,9 +83,31 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
     return arms
 
 
-def state(folder: Path) -> str:
+def is_arms_run(folder: Path, cfg: Config) -> bool:
+    """Whether the run in `folder` was made from `cfg` (its config.json hashes as the folder's name says).
+    A time budget or host fit writes what it resolved into config.json, so such a run is taken as is."""
+    from speedrun.config import read_run_config
+
+    if cfg.train.time_budget_s > 0 or cfg.train.budget_min_steps > 0:
+        return True
+    try:
+        return config_hash(read_run_config(folder)) == config_hash(cfg)
+    except ConfigError:
+        return False
+
+
+def state(folder: Path, cfg: Config) -> str:
     """The folder's state: "new" (nothing there, or a run that never reached step 0), "finished",
-    "stopped" (resumable from its checkpoint) or "broken" (ended without a checkpoint, or not ours)."""
+    "stopped" (resumable: from its checkpoint, or started over, as `train --resume` does, when it was
+    killed before its first checkpoint), "other" (a finished or stopped run of another config: a copy, an
+    edit) or "broken" (not ours)."""
+    found = _found(folder)
+    if found in ("finished", "stopped") and not is_arms_run(folder, cfg):
+        return "other"
+    return found
+
+
+def _found(folder: Path) -> str:
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.rundir import SUMMARY_FILE, check_new
 
@@ -104,28 +126,35 @@ def state(folder: Path) -> str:
     try:
         check_new(folder)
     except ConfigError:
-        return "broken"
+        return "stopped" if (folder / "metrics.jsonl").is_file() else "broken"
     return "new"
 
 
 def train_arms(arms: list[Arm]) -> None:
     """Train what is missing, one run after another; report what is reused or resumed."""
     from speedrun.config import read_run_config
+    from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.loop import train
 
     todo = [(arm, cfg, folder) for arm in arms for cfg, folder in arm.runs]
-    states = {folder: state(folder) for _, _, folder in todo}  # all checked before the first run trains
-    broken = [folder for folder, s in states.items() if s == "broken"]
-    if broken:
-        raise DataError(
-            f"{broken[0]} holds neither a finished run nor a checkpoint to resume; remove it to train again"
-        )
+    states = {folder: state(folder, cfg) for _, cfg, folder in todo}  # all before the first run trains
+    for folder, s in states.items():
+        if s == "other":
+            raise DataError(
+                f"{folder} holds a run of another config (its config.json is not this arm's: copied or "
+                "edited?); remove it to train this run again"
+            )
+        if s == "broken":
+            raise DataError(
+                f"{folder} holds neither a finished run nor a checkpoint to resume; remove it to train again"
+            )
     for i, (arm, cfg, folder) in enumerate(todo, 1):
         tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
         if states[folder] == "finished":
             print(f"=== {tag}: finished before, reused ===", flush=True)
         elif states[folder] == "stopped":
-            print(f"=== {tag}: resumed from its checkpoint ===", flush=True)
+            how = "resumed from its checkpoint" if list_checkpoints(folder) else "started over"
+            print(f"=== {tag}: {how} ===", flush=True)
             train(read_run_config(folder, DataError), folder, resume=True)
         else:
             print(f"=== {tag} ===", flush=True)

@@ -11,7 +11,6 @@ import math
 import sys
 from pathlib import Path
 
-from speedrun.atomic import check_replaceable
 from speedrun.errors import ConfigError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
@@ -170,12 +169,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools.compare import format_table, load_runs, make_groups, plot_runs
+    from speedrun.tools.compare import check_report, format_table, load_runs, make_groups, plot_runs
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.plot is not None:
-        check_replaceable(args.plot)  # before the work: a link or FIFO there is refused, not replaced
+        check_report(args.plot, "--plot")  # before the work: a link, FIFO or run file is refused
     runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
@@ -232,13 +231,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speedrun.atomic import write_atomic
     from speedrun.recipes import load_recipe
     from speedrun.tools.bench import format_bench, run_bench
+    from speedrun.tools.compare import check_report
     from speedrun.tools.runs import resolve_device
 
     _positive("--steps", args.steps)
     if args.warmup < 0:
         raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
     if args.json is not None:
-        check_replaceable(args.json)
+        check_report(args.json, "--json")
     cfg = load_recipe(args.recipe, args.overrides)
     if cfg.train.device != "auto" and args.device == "auto":
         args.device = cfg.train.device

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from speedrun.atomic import read_regular, write_atomic
+from speedrun.atomic import check_replaceable, read_regular, write_atomic
 from speedrun.config import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import printable
-from speedrun.train.rundir import read_records, saved_run_id
+from speedrun.train.rundir import RUN_FILES, read_records, saved_run_id
 
 #: Keys that may differ inside a group of repeats.
 NOT_COMPARED = ("train.seed", "data.dir", RUN_ID, *RESUMABLE_CHANGES)
@@ -120,6 +120,27 @@ def load_run(path: Path) -> Run:
             if value is not None:
                 setattr(run, key, value)
     return run
+
+
+def check_report(path: Path, flag: str) -> None:
+    """Where a command writes its report (`verify --json`, `compare --plot`, `bench --json`), checked
+    before any work: a regular file or nothing (atomic.check_replaceable), and never a run's own file
+    (config.json, metrics.jsonl, log.txt, summary.json, the lock, event files, checkpoints) or a data
+    folder's (meta.json, tokenizer.json, shards), present or not: `verify RUN --json RUN/summary.json`
+    replaced the run's result with the report, `--json DATA/meta.json` the data folder's description."""
+    from speedrun.data.meta import is_data_file_name, is_prepared_folder
+
+    check_replaceable(path)
+    path = Path(path)
+    target = path.parent.resolve() / path.name
+    for folder in target.parents:
+        first = target.relative_to(folder).parts[0]
+        if (folder / "config.json").is_file() and (folder / "metrics.jsonl").is_file():
+            if first in RUN_FILES or first.startswith("events.out.tfevents."):
+                raise ConfigError(f"{flag} {path}: is the run {folder}'s own {first}; choose another name")
+            return
+        if is_data_file_name(first) and is_prepared_folder(folder):
+            raise ConfigError(f"{flag} {path}: is the data folder {folder}'s {first}; choose another name")
 
 
 def load_runs(paths: list[Path], note: Callable[[str], object] = print) -> list[Run]:

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.errors import ConfigError, DataError
-from speedrun.tools.compare import Group, Run, below_target_test, group_key, load_runs, run_names
+from speedrun.tools.compare import (
+    Group,
+    Run,
+    below_target_test,
+    check_report,
+    group_key,
+    load_runs,
+    run_names,
+)
 from speedrun.tools.stats import mean_sd, welch_test
 from speedrun.train.rundir import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX, SUMMARY_FILE
 
@@ -52,6 +60,7 @@ class Facts:
     inductor: list[str | None]  # the `inductor env:` value of each start (None: not recorded)
     warmups: list[str]  # the warm-up lines
     hardware: str | None  # "8 x NVIDIA H100 80GB HBM3"; None: not recorded
+    data_source: str | None  # the data folder's meta.json source (summary.json); None: not recorded
 
 
 def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None], list[str]]:
@@ -79,20 +88,22 @@ def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None]
     return codes, inductor, warmups
 
 
-def _hardware(path: Path) -> str | None:
-    """`world_size x device_name` from summary.json; None when the summary or the fields are absent."""
+def _recorded(path: Path) -> tuple[str | None, str | None]:
+    """(`world_size x device_name`, `data_source`) from summary.json; None where absent."""
     try:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return None
+        return None, None
     except (OSError, ValueError) as e:  # load_run read it already; a file changed since is still one line
         raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
-    name, world = summary.get("device_name"), summary.get("world_size")
+    name, world, source = summary.get("device_name"), summary.get("world_size"), summary.get("data_source")
+    if source is not None and not isinstance(source, str):
+        raise DataError(f"{path / SUMMARY_FILE}: data_source must be a string")
     if name is None or world is None:
-        return None
+        return None, source
     if not isinstance(name, str) or isinstance(world, bool) or not isinstance(world, int):
         raise DataError(f"{path / SUMMARY_FILE}: device_name must be a string and world_size an integer")
-    return f"{world} x {name}"
+    return f"{world} x {name}", source
 
 
 def read_facts(runs: list[Run]) -> list[Facts]:
@@ -106,7 +117,7 @@ def read_facts(runs: list[Run]) -> list[Facts]:
         except OSError as e:
             raise DataError(f"cannot read {log}: {e.strerror or e}") from None
         codes, inductor, warmups = parse_log(text) if text is not None else (None, [], [])
-        facts.append(Facts(run, name, codes, inductor, warmups, _hardware(run.path)))
+        facts.append(Facts(run, name, codes, inductor, warmups, *_recorded(run.path)))
     return facts
 
 
@@ -195,25 +206,31 @@ def rule_code(facts: list[Facts]) -> Outcome:
 
 def rule_validation(facts: list[Facts]) -> Outcome:
     """The first 10,485,760 tokens of FineWeb's val split, GPT-2 tokens. The loader has one val order
-    (from the start of the split, not aligned: data/loader.val_batches), so the config's token count,
-    source and tokenizer are what can differ."""
+    (from the start of the split, not aligned: data/loader.val_batches), so the config's token count
+    and tokenizer, and the data's source, are what can differ. The source is the one the data folder's
+    meta.json names (summary.json's data_source): beside `data.dir`, `data.source` is only a label."""
+    unknown = None
     for f in facts:
         c = f.run.config
         missing = [k for k in ("train.val_tokens", "data.source", "data.tokenizer") if k not in c]
         if missing:
             return "unknown", f"{f.name}: config.json lacks {', '.join(missing)}"
+        source = f.data_source or (None if c.get("data.dir") else str(c["data.source"]))
         wrong = (
             [f"train.val_tokens={c['train.val_tokens']}"]
             if c["train.val_tokens"] != RECORD_VAL_TOKENS
             else []
         )
-        wrong += (
-            [f"data.source={c['data.source']}"] if not str(c["data.source"]).startswith(RECORD_SOURCE) else []
-        )
+        wrong += [f"data source {source}"] if source and not source.startswith(RECORD_SOURCE) else []
         wrong += [f"data.tokenizer={c['data.tokenizer']}"] if c["data.tokenizer"] != RECORD_TOKENIZER else []
         if wrong:
             return "fails", f"{f.name}: {', '.join(wrong)}; the rules validate on {VALIDATION}"
-    return "ok", f"{VALIDATION}, unaligned"
+        if source is None:
+            unknown = unknown or (
+                f"{f.name}: summary.json does not record the data's source, and beside data.dir="
+                f"{c['data.dir']} data.source is only a label"
+            )
+    return ("unknown", unknown) if unknown else ("ok", f"{VALIDATION}, unaligned")
 
 
 def rule_timing(facts: list[Facts]) -> Outcome:
@@ -314,17 +331,20 @@ def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | Non
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from speedrun.atomic import check_replaceable, write_atomic
+    from speedrun.atomic import write_atomic
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.json is not None:
-        check_replaceable(args.json)
+        check_report(args.json, "--json")
     runs = load_runs(args.runs)
     baseline = load_runs(args.baseline) if args.baseline else None
-    shared = {r.path.resolve() for r in runs} & {r.path.resolve() for r in baseline or []}
+    mine = {r.run_id or r.path.resolve(): r for r in runs}  # a copy of a run is that run (load_runs)
+    shared = [(r, mine[k]) for r in baseline or [] if (k := r.run_id or r.path.resolve()) in mine]
     if shared:
-        raise ConfigError(f"--baseline {sorted(shared)[0]} is also one of the runs to verify")
+        (base, run), copy = shared[0], shared[0][0].path.resolve() != shared[0][1].path.resolve()
+        also = f" (a copy of {run.path}: the same run id)" if copy else ""
+        raise ConfigError(f"--baseline {base.path} is also one of the runs to verify{also}")
     verdicts = verify(runs, args.track, args.target, baseline)
     print(f"verify {len(runs)} run(s), track {args.track}, target {args.target}:")
     for v in verdicts:

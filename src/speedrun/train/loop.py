@@ -222,7 +222,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.path, t.wandb_project, cfg.to_dict(), ctx.is_main, log=run.log,
             purge_step=start_step if resume else None,
         )  # fmt: skip
-        progress = Progress(rcfg, ctx, run, tracker, clock, loader, model, start_step, wall_start, precision)
+        progress = Progress(
+            rcfg, ctx, run, tracker, clock, loader, model, start_step, wall_start, precision, data.source
+        )
 
         def checkpoint(done: int) -> Path | None:
             state = training_state(done, optimizer, loader, clock, ctx.device)

@@ -58,6 +58,7 @@ class Progress:
         start_step: int,
         wall_start: float,
         precision: Precision,
+        data_source: str | None = None,
     ):
         self.cfg, self.ctx, self.run, self.tracker, self.clock, self.loader = (
             cfg,
@@ -68,6 +69,7 @@ class Progress:
             loader,
         )
         self.wall_start = wall_start  # wall time includes the set-up
+        self.data_source = data_source  # summary.json's: what `verify` checks the validation data by
         self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
         self.precision = precision
         # MFU's denominator, in the dtype the run computes in; raised to the best rate reached, so a
@@ -175,6 +177,7 @@ class Progress:
             "status": status,
             "device_name": hardware_name(self.ctx.device),
             "world_size": self.ctx.world_size,
+            "data_source": self.data_source,
         }
 
     def finish(self) -> dict[str, Any]:

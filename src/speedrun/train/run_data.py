@@ -105,6 +105,7 @@ class RunData:
     token_bytes: torch.Tensor  # (vocab,) on the device, for bits per byte
     eot_id: int
     val_micro_batch_tokens: int = 0  # tokens per process per validation forward
+    source: str | None = None  # meta.json's source: what the shards hold (data.source may be a label)
 
 
 def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData:
@@ -123,8 +124,9 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
         f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
     )
     return RunData(
-        train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"], val_micro
-    )
+        train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"], val_micro,
+        meta.get("source"),
+    )  # fmt: skip
 
 
 def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> TokenLoader | DocumentLoader:

@@ -35,6 +35,7 @@ STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"  # what every checkpoint folder holds
 LOCK_FILE = ".speedrun.lock"  # flock()ed by the process training in the folder; harmless when left over
 SUMMARY_FILE = "summary.json"
+RUN_FILES = ("config.json", "metrics.jsonl", "log.txt", SUMMARY_FILE, LOCK_FILE, CHECKPOINT_DIR)
 _LOG_START = b"code: speedrun "  # the first line of every log.txt (environment_report)
 SUMMARY_KEYS = (
     "recipe",
@@ -53,6 +54,7 @@ SUMMARY_KEYS = (
     "status",  # "finished" | "stopped" (a signal: a checkpoint was saved, --resume continues)
     "device_name",  # the hardware kind: GPU name ("NVIDIA H100 80GB HBM3") or "cpu (<model name>)"
     "world_size",  # processes that trained; with device_name what `verify` calls the hardware
+    "data_source",  # the data folder's meta.json source (data.source is only a label beside data.dir)
 )
 
 

@@ -12,7 +12,11 @@ import math
 from dataclasses import dataclass
 
 from speedrun.config import Config
+from speedrun.config_types import FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
+from speedrun.model.attention import BLOCK_SIZE
+
+MAX_BLOCKS = (MAX_SEQ_LEN - 1) // BLOCK_SIZE  # a window is blocks·128 + 1 int32 positions (model/varlen.py)
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,9 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
     for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
         row = s.batch_tokens // (accumulation * world_size)
         doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
+        steps = f"steps {start}-{end - 1}" if end > start else "no steps (ext=0: final validation only)"
         parts.append(
-            f"steps {start}-{end - 1}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
+            f"{steps}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
             f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
         )
     val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
@@ -199,12 +204,17 @@ def _number(key: str, text: str, kind: type, entry: int) -> float:
     try:
         if kind is float and "/" in text:
             a, b = text.split("/", 1)
-            return float(a) / float(b)
-        value = kind(text)
+            value = float(a) / float(b)
+        else:
+            value = kind(text)
     except (ValueError, ZeroDivisionError):
         raise ConfigError(f"train.stages: stage {entry + 1}: {key}={text!r} is not a valid number") from None
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value) or value < 0:  # a fraction too (1e400/1e400 is nan, -1/2 negative)
         raise ConfigError(f"train.stages: stage {entry + 1}: {key} must be a finite number >= 0, got {text}")
+    limit = FP32_MAX if kind is float else MAX_BLOCKS if key in ("windows", "val") else INT64_MAX
+    if value > limit:  # what torch holds: an fp32 LR, int32 positions, int64 counts
+        shown = f"{limit:.4g}" if kind is float else f"{limit:,}" + " blocks" * (limit == MAX_BLOCKS)
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key} must be at most {shown}, got {text}")
     return value
 
 
@@ -219,6 +229,8 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, int]:
                 f"train.stages: stage {entry + 1}: {item!r} is not key=value with a key of "
                 f"{', '.join(sorted(allowed))}"
             )
+        if key in fields:  # which one was meant? (the later one silently won)
+            raise ConfigError(f"train.stages: stage {entry + 1}: {key} is given twice")
         fields[key] = value
     required = {"tokens", "windows", "ext" if last else "frac"}
     if missing := sorted(required - set(fields)):
@@ -283,8 +295,8 @@ def parse_stages(
             raise ConfigError(
                 f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
             )
-    if ends[-1] != scheduled:
-        raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:g}, not 1")
+    if abs(acc - 1) > 1e-9 or ends[-1] != scheduled:  # the sum, not its rounding to steps (0.97 is no 1)
+        raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:.10g}, not 1")
     if not 0 < cooldown_frac <= 1:
         raise ConfigError(
             "train.stages needs train.warmdown_frac > 0 (the cool-down's share of the scheduled steps)"
