@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train import distributed
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import schedule_at
-from tests.conftest import read_metrics
+from tests.conftest import read_metrics, run_speedrun
 from tests.recipe_matrix import shrink
 from tests.test_bos_loader import BOS, make_shards, record26_generator
 
@@ -214,14 +212,13 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         "optim.muon_backend=svd",
     ]  # fmt: skip
     losses = {}
-    for nproc in (1, 2):
+    for nproc in (1, 2):  # one process in this one (as `python -m speedrun`), two under torchrun
         out = tmp_path / f"run{nproc}"
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        cmd = [*launch, "-m", "speedrun", "train", "--recipe", RECIPE, "--out", str(out), *tiny]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        res = run_speedrun(
+            "train", "--recipe", RECIPE, "--out", str(out), *tiny, nproc=0 if nproc == 1 else 2
+        )
         assert res.returncode == 0, res.stderr[-3000:]
-        metrics = read_metrics(out)
-        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in metrics]
+        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
     assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
     for a, b in zip(losses[1], losses[2], strict=True):
         assert a[0] == b[0]

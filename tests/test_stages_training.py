@@ -30,7 +30,7 @@ from speedrun.tools.runs import load_model
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
 from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
-from tests.conftest import TINY, read_metrics, run_speedrun
+from tests.conftest import TINY, read_metrics
 from tests.test_warmup import assert_timed_steps_never_compile
 
 # 2 rows a step; rows of 64, 128 and 192 tokens; documents cut to 48 and 96 tokens in stages 1 and 2
@@ -150,18 +150,6 @@ def test_eval_of_the_finished_run_uses_the_final_windows_and_yarn(straight):
     result = evaluate_loss(model, saved, saved.data.dir)
     assert model.varlen_windows.long == 4 * 128 + 1
     assert result["val_loss"] == pytest.approx(read_metrics(out)[-1]["val_loss"], abs=1e-6)
-
-
-@pytest.mark.slow
-def test_two_processes_give_the_one_process_losses(straight, text_data, tmp_path):
-    _, out, _ = straight
-    proc = run_speedrun("train", "--out", str(tmp_path / "two"), *staged(text_data), nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
-    got = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(tmp_path / "two")]
-    assert [g[0] for g in got] == [w[0] for w in want]
-    for (_, a, b), (_, c, d) in zip(got, want, strict=True):
-        assert (a, b) == pytest.approx((c, d), rel=1e-5, abs=1e-6)
 
 
 # ------------------------------------------------------------------ the model's varlen and YaRN parts

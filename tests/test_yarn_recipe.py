@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import subprocess
-import sys
 from itertools import accumulate
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
-from tests.conftest import read_metrics
+from tests.conftest import read_metrics, run_speedrun
 from tests.recipe_matrix import shrink
 from tests.test_bos_align_optimizer import record_adam_step
 from tests.test_bos_align_recipe import _ctx
@@ -421,11 +419,11 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         f"train.stages={stage}1/1 frac=1/2; {stage}1/2 frac=1/2; {stage}1/2 ext=0",
     ]  # fmt: skip
     losses = {}
-    for nproc in (1, 2):
+    for nproc in (1, 2):  # one process in this one (as `python -m speedrun`), two under torchrun
         out = tmp_path / f"run{nproc}"
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        cmd = [*launch, "-m", "speedrun", "train", "--recipe", RECIPE, "--out", str(out), *tiny]
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        res = run_speedrun(
+            "train", "--recipe", RECIPE, "--out", str(out), *tiny, nproc=0 if nproc == 1 else 2
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
     assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
