@@ -193,6 +193,24 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def assert_one_and_two_processes_train_alike(recipe: str, overrides: list[str], tmp_path: Path) -> None:
+    """Train `recipe` with `overrides` in this process (as `python -m speedrun`) and on 2 gloo processes
+    under torchrun: the same train and val losses at every logged step."""
+    losses = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"run{nproc}"
+        res = run_speedrun(
+            "train", "--recipe", recipe, "--out", str(out), *overrides, nproc=0 if nproc == 1 else 2
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
+    assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
+    for a, b in zip(losses[1], losses[2], strict=True):
+        assert a[0] == b[0]
+        for u, v in zip(a[1:], b[1:], strict=True):
+            assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=1e-5))
+
+
 @pytest.mark.slow
 def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path):
     """The whole path: DocumentLoader, validation rows, the loop; 2 gloo processes under torchrun."""
@@ -211,16 +229,4 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         # shows the same)
         "optim.muon_backend=svd",
     ]  # fmt: skip
-    losses = {}
-    for nproc in (1, 2):  # one process in this one (as `python -m speedrun`), two under torchrun
-        out = tmp_path / f"run{nproc}"
-        res = run_speedrun(
-            "train", "--recipe", RECIPE, "--out", str(out), *tiny, nproc=0 if nproc == 1 else 2
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
-    assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
-    for a, b in zip(losses[1], losses[2], strict=True):
-        assert a[0] == b[0]
-        for u, v in zip(a[1:], b[1:], strict=True):
-            assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=1e-5))
+    assert_one_and_two_processes_train_alike(RECIPE, tiny, tmp_path)

@@ -25,10 +25,9 @@ from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
-from tests.conftest import read_metrics, run_speedrun
 from tests.recipe_matrix import shrink
 from tests.test_bos_align_optimizer import record_adam_step
-from tests.test_bos_align_recipe import _ctx
+from tests.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
 from tests.test_bos_loader import BOS, make_shards
 
 RECIPE = "yarn-2025-09"
@@ -418,19 +417,7 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         "model.embed_dtype=fp32", "optim.muon_backend=svd",
         f"train.stages={stage}1/1 frac=1/2; {stage}1/2 frac=1/2; {stage}1/2 ext=0",
     ]  # fmt: skip
-    losses = {}
-    for nproc in (1, 2):  # one process in this one (as `python -m speedrun`), two under torchrun
-        out = tmp_path / f"run{nproc}"
-        res = run_speedrun(
-            "train", "--recipe", RECIPE, "--out", str(out), *tiny, nproc=0 if nproc == 1 else 2
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
-    assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
-    for a, b in zip(losses[1], losses[2], strict=True):
-        assert a[0] == b[0]
-        for u, v in zip(a[1:], b[1:], strict=True):
-            assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=1e-5))
+    assert_one_and_two_processes_train_alike(RECIPE, tiny, tmp_path)
 
 
 def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
