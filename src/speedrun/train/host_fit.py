@@ -80,7 +80,8 @@ def size_to_host(
     changes = [shrink(cfg) for _ in range(n)]
     for _ in range(n):
         shrink(rcfg)
-    what = ", ".join(str(c) for c in changes) if n else "the recipe's size fits"
+    final = {str(c).split("=")[0]: str(c) for c in changes}  # a key halved twice is named once
+    what = ", ".join(final.values()) if n else "the recipe's size fits"
     budget = cfg.train.time_budget_s
     fits = int(budget / seconds)
     log(f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{fits} steps in {budget:g}s)")
