@@ -18,9 +18,7 @@ import torch
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
 from speedrun.model.varlen import set_stage
 from speedrun.optim.normuon import momentum_at
-from speedrun.train.stages import (  # noqa: F401  (STAGES_2026_07, Stage, StagePlan: re-exported)
-    STAGES_2026_07,
-    Stage,
+from speedrun.train.stages import (
     StagePlan,
     StageValues,
     long_window_history,
