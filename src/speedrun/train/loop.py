@@ -205,7 +205,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
             f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
-            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, compile {compiled}, {autocast_label(rcfg)}"
+            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, "
+            f"compile {'measured (eager or compiled)' if chooser else compiled}, {autocast_label(rcfg)}"
         )
         if t.stages:  # the batch above is only the rows of a step: the stages set its tokens
             run.log(describe_stages(stage_plan(cfg), accum, ctx.world_size))
