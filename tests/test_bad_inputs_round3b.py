@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import another_run, run_speedrun
-from tests.test_bad_inputs_more import FAST
 from tests.test_bad_inputs_round3 import finished  # noqa: F401  (the module's shared tiny run)
 
 # ------------------------------------------------------------------------------------------ compare
@@ -64,20 +63,6 @@ def test_sample_at_a_tiny_temperature_prints_the_greedy_text(finished):  # noqa:
     tiny = run_speedrun("sample", str(finished), "--max-tokens", "4", "--temperature", "1e-300")
     assert tiny.returncode == 0 and tiny.stderr == "", tiny.stderr  # before: a traceback from multinomial
     assert greedy.returncode == 0 and tiny.stdout == greedy.stdout
-
-
-# ------------------------------------------------------------------------------------------- the log
-
-
-def test_the_log_says_compile_false_under_ddp_when_compile_is_off(text_data, tmp_path):
-    out = tmp_path / "run"
-    proc = run_speedrun(
-        "train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.compile=off", nproc=2
-    )
-    assert proc.returncode == 0, proc.stderr
-    log = (out / "log.txt").read_text().splitlines()  # (lines of a code diff it records start with +-space)
-    (line,) = [x for x in log if ", compile " in x and not x.startswith(("+", "-", " "))]
-    assert "compile False" in line, line  # before: DDP's wrapper was taken for compilation
 
 
 # --------------------------------------------------------------------------- overrides after options

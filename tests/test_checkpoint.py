@@ -177,6 +177,10 @@ def test_two_processes_train_exactly_like_one_process_with_accumulation(straight
         assert b[key] == pytest.approx(a[key], rel=1e-6, abs=0), (a, b)
     assert "2 processes x 1 micro-steps" in (two_process_run / "log.txt").read_text()
     assert "1 processes x 2 micro-steps" in (straight_run / "log.txt").read_text()
+    # train.compile=off under DDP: the batch line says so (DDP's wrapper was once taken for compilation)
+    log = (two_process_run / "log.txt").read_text().splitlines()
+    (line,) = [x for x in log if ", compile " in x and not x.startswith(("+", "-", " "))]  # not a code diff
+    assert "compile False" in line, line
 
 
 @pytest.mark.slow

@@ -58,9 +58,10 @@ def losses(run: Path) -> list[tuple[int, str, float]]:
 
 
 def state_bytes(run: Path) -> int:
-    m = re.search(r"optimizer state ([\d,]+) bytes per process", (run / "log.txt").read_text())
-    assert m, "the log names the optimizer state per process"
-    return int(m.group(1).replace(",", ""))
+    """The optimizer state per process of the run's latest start (a resumed run's log holds each start)."""
+    found = re.findall(r"optimizer state ([\d,]+) bytes per process", (run / "log.txt").read_text())
+    assert found, "the log names the optimizer state per process"
+    return int(found[-1].replace(",", ""))
 
 
 def launch(*args: str, nproc: int) -> subprocess.CompletedProcess:
@@ -82,7 +83,7 @@ def train(out: Path, data: Path, nproc: int) -> Path:
 @pytest.fixture(scope="module")
 def runs(text_data, tmp_path_factory) -> dict[int, Path]:
     root = tmp_path_factory.mktemp("normuon")
-    return {n: train(root / f"w{n}", text_data, n) for n in (0, 2, 4)}
+    return {n: train(root / f"w{n}", text_data, n) for n in (0, 2)}
 
 
 def assert_same(a: list, b: list, first: int = 1) -> None:
@@ -95,20 +96,18 @@ def assert_same(a: list, b: list, first: int = 1) -> None:
 
 @pytest.mark.slow
 @SHARED
-def test_one_two_and_four_processes_train_alike_with_sharded_state(runs):
-    one = losses(runs[0])
-    assert_same(one, losses(runs[2]))
-    assert_same(one, losses(runs[4]))
-    full = state_bytes(runs[0])
-    assert state_bytes(runs[2]) < 0.6 * full  # sharded, not replicated
-    assert state_bytes(runs[4]) < 0.35 * full
+def test_one_and_two_processes_train_alike_with_sharded_state(runs):
+    assert_same(losses(runs[0]), losses(runs[2]))
+    assert state_bytes(runs[2]) < 0.6 * state_bytes(runs[0])  # sharded, not replicated
 
 
 @pytest.mark.slow
 @SHARED
 @pytest.mark.parametrize("nproc", [0, 4])
 def test_saved_on_two_resumes_on_one_and_four(runs, nproc, tmp_path):
-    """Step 3: tied, and Adam skipped step 2, so its kept gradients travel in the checkpoint."""
+    """Step 3: tied, and Adam skipped step 2, so its kept gradients travel in the checkpoint. Four
+    processes are proven here only: steps 4-12 on 4 equal those on 2, which equal those on 1 (a
+    from-scratch run on 4 would add a launch, ~25 s of a 2-core host, and no code path)."""
     resumed = tmp_path / "resumed"
     shutil.copytree(runs[2], resumed)
     for path in ckpt.list_checkpoints(resumed):
@@ -117,3 +116,5 @@ def test_saved_on_two_resumes_on_one_and_four(runs, nproc, tmp_path):
     proc = launch("train", "--resume", str(resumed), nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(losses(runs[2]), losses(resumed), first=4)
+    if nproc == 4:
+        assert state_bytes(resumed) < 0.35 * state_bytes(runs[0])  # each of 4 ranks holds about 1/4
