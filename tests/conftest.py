@@ -62,6 +62,24 @@ def data_copy(text_data, tmp_path) -> Path:
     return copy
 
 
+# The tests that read the suite's one in-library torchrun launch (tests/gloo_launch.py) share a
+# pytest-xdist worker (--dist loadgroup), so it runs once per suite.
+GLOO_LAUNCH = pytest.mark.xdist_group("gloo_launch")
+
+
+@pytest.fixture(scope="session")
+def gloo_launch(tmp_path_factory) -> dict:
+    """Results of tests/gloo_launch.py on 2 gloo processes: {"recipes": ..., "ddp_compile": ...}."""
+    out = tmp_path_factory.mktemp("gloo_launch") / "results.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [*cmd, "-m", "tests.gloo_launch", str(out)], cwd=root, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 def speedrun_command(*args: str, nproc: int = 0) -> list[str]:
     """`python -m speedrun ARGS`, under torchrun with `nproc` processes when nproc > 0."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]

@@ -1,23 +1,19 @@
 """Worker of tests/test_ddp_compile.py: a shrunk recipe trains a few steps through the loop's
 `build_model` and `train_step` on 1 process or under torchrun with 2 gloo processes, eager or
 compiled (aot_eager: the CPU stand-in for inductor), and reports its losses and how dynamo compiled it.
-
-`python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.ddp_compile OUT`
+(under torchrun in tests/gloo_launch.py's one launch)
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
-from speedrun.train.distributed import DistContext, teardown
+from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
@@ -73,14 +69,6 @@ def run(compile_on: bool, rank: int = 0, world: int = 1) -> dict:
     }
 
 
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results = {"eager": run(False, rank, world), "compiled": run(True, rank, world)}
-    if rank == 0:
-        Path(sys.argv[1]).write_text(json.dumps(results))
-    teardown(clean=True)
-
-
-if __name__ == "__main__":
-    main()
+def eager_and_compiled(rank: int, world: int) -> dict[str, dict]:
+    """Both runs on this rank; run by tests/gloo_launch.py under torchrun."""
+    return {"eager": run(False, rank, world), "compiled": run(True, rank, world)}

@@ -1,17 +1,12 @@
 """Recipe matrix worker: every bundled recipe, shrunk but with its switches, trains K optimizer steps.
 
-Run in-process (one process, gradient accumulation over 2 micro-batches) or once under torchrun with
-2 gloo processes (`python -m torch.distributed.run --nproc_per_node=2 -m tests.recipe_matrix OUT`),
-where each rank takes one micro-batch and the model is wrapped in DDP exactly as the training loop does.
-Both see the same global batch per step, so their losses must agree. One launch runs every recipe, so
-process start-up and imports are paid once.
+Run in-process (one process, gradient accumulation over 2 micro-batches) or under torchrun with 2 gloo
+processes (in tests/gloo_launch.py's one launch), where each rank takes one micro-batch and the model is
+wrapped in DDP exactly as the training loop does. Both see the same global batch per step, so their
+losses must agree.
 """
 
 from __future__ import annotations
-
-import json
-import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,7 +15,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
-from speedrun.train.distributed import teardown
 from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
@@ -126,10 +120,8 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
     return losses
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def every_recipe(rank: int, world: int) -> dict[str, object]:
+    """Each recipe's losses on this rank, or its error; run by tests/gloo_launch.py under torchrun."""
     results: dict[str, object] = {}
     for name in recipe_names():
         try:
@@ -138,10 +130,4 @@ def main() -> None:
             results[name] = f"{type(e).__name__}: {e}"
             # a rank that failed leaves its peer waiting in a collective: both must stop together
             break
-    if rank == 0:
-        out.write_text(json.dumps(results))
-    teardown(clean=True)  # a rank that leaves while its peer's last collective drains aborts the peer
-
-
-if __name__ == "__main__":
-    main()
+    return results

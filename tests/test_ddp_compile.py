@@ -11,27 +11,16 @@ DDP's own `_pre_forward` (its logger), and without fullgraph that is a graph bre
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import GLOO_LAUNCH
 from tests.ddp_compile import run
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_compiled_ddp_is_split_at_buckets_and_trains_like_eager_and_one_process(tmp_path):
-    out = tmp_path / "ddp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(
-        [*cmd, "-m", "tests.ddp_compile", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    two = json.loads(out.read_text())
+@GLOO_LAUNCH
+def test_compiled_ddp_is_split_at_buckets_and_trains_like_eager_and_one_process(gloo_launch):
+    two = gloo_launch["ddp_compile"]
     compiled, eager = two["compiled"], two["eager"]
     assert compiled["wrapper"] == "DistributedDataParallel"
     # one dynamo graph, no graph break (fullgraph), handed to the backend in more than one piece

@@ -1,25 +1,21 @@
 """Every bundled recipe, shrunk but with its switches: trains on 2 gloo processes exactly like on one,
 and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses.
 
-The worker is tests/recipe_matrix.py; one torchrun launch runs all recipes (start-up paid once).
+The worker is tests/recipe_matrix.py; the suite's one in-library torchrun launch (tests/gloo_launch.py)
+runs all recipes (start-up paid once).
 """
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from speedrun.model import attention
 from speedrun.recipes import recipe_names
+from tests.conftest import GLOO_LAUNCH
 from tests.recipe_matrix import batch, build, flex_overrides, rows, shrunk, train_losses
 
 RECIPES = recipe_names()
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -32,19 +28,10 @@ def test_every_parameter_gets_a_gradient(recipe):
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
 
 
-@pytest.fixture(scope="module")
-def two_process_losses(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("matrix") / "losses.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(
-        [*cmd, "-m", "tests.recipe_matrix", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
 @pytest.mark.slow
-def test_two_gloo_processes_train_every_recipe_like_one_process(two_process_losses):
+@GLOO_LAUNCH
+def test_two_gloo_processes_train_every_recipe_like_one_process(gloo_launch):
+    two_process_losses = gloo_launch["recipes"]
     assert sorted(two_process_losses) == RECIPES
     for recipe in RECIPES:
         two = two_process_losses[recipe]
