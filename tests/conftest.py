@@ -69,15 +69,16 @@ GLOO_LAUNCH = pytest.mark.xdist_group("gloo_launch")
 
 @pytest.fixture(scope="session")
 def gloo_launch(tmp_path_factory) -> dict:
-    """Results of tests/gloo_launch.py on 2 gloo processes: {"recipes": ..., "ddp_compile": ...}."""
-    out = tmp_path_factory.mktemp("gloo_launch") / "results.json"
+    """Results of tests/gloo_launch.py on 2 gloo processes: {"recipes": ..., "ddp_compile": ...,
+    "folder": where it saved the tensors it returns}."""
+    out = tmp_path_factory.mktemp("gloo_launch")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
         [*cmd, "-m", "tests.gloo_launch", str(out)], cwd=root, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    return {**json.loads((out / "results.json").read_text()), "folder": str(out)}
 
 
 def speedrun_command(*args: str, nproc: int = 0) -> list[str]:
