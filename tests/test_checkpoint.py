@@ -185,12 +185,19 @@ def test_two_processes_train_exactly_like_one_process_with_accumulation(straight
 
 @pytest.mark.slow
 @SHARED_RUNS
-def test_two_process_save_and_resume_match_the_uninterrupted_run(two_process_run, tmp_path):
+def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_process_run, tmp_path):
+    """The checkpoint does not depend on the world size (the DDP path; the sharded optimizer's resume
+    on 1 and 4 processes is tests/test_normuon_worlds.py). Resumed in this process: a second torchrun
+    launch would cost ~13 s of a 2-core host. Same bound as the 1-vs-2-process test above."""
     resumed = tmp_path / "resumed"
     rewind(two_process_run, resumed, 6)
-    proc = run_speedrun("train", "--resume", str(resumed), nproc=2)
+    proc = run_speedrun("train", "--resume", str(resumed))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert losses(read_metrics(resumed)) == losses(read_metrics(two_process_run))
+    after, before = losses(read_metrics(resumed)), losses(read_metrics(two_process_run))
+    assert [r[:2] for r in after] == [r[:2] for r in before]
+    assert [r[2] for r in after] == pytest.approx([r[2] for r in before], rel=1e-6, abs=0)
+    starts = re.findall(r"(\d+) processes x (\d+) micro-steps", (resumed / "log.txt").read_text())
+    assert starts == [("2", "1"), ("1", "2")]  # started on two, resumed on one
 
 
 @pytest.fixture
