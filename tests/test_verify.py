@@ -13,7 +13,7 @@ import pytest
 from speedrun.cli import main
 from speedrun.tools.compare import load_runs
 from speedrun.tools.verify import verify
-from speedrun.train.rundir import DIFF_END, DIFF_START, code_version
+from speedrun.train.environment import DIFF_END, DIFF_START, code_version
 from speedrun.train.tracking import hardware_name
 from tests.conftest import TINY, read_metrics
 

@@ -24,12 +24,12 @@ import torch
 
 from speedrun.config import Config
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
+from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.loop import build_model
 from speedrun.train.memory import estimate_peak_bytes
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
-from speedrun.train.rundir import peak_memory_bytes
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device

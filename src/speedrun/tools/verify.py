@@ -28,7 +28,8 @@ from speedrun.tools.compare import (
     run_names,
 )
 from speedrun.tools.stats import mean_sd, welch_test
-from speedrun.train.rundir import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX, SUMMARY_FILE
+from speedrun.train.environment import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX
+from speedrun.train.rundir import SUMMARY_FILE
 
 ALPHA = 0.01  # track 1: the one-sided t-test's p must be below this
 TRACK3_MARGIN = 0.004  # track 3: (target - mean) * sqrt(n) must reach this

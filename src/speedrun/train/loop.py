@@ -28,6 +28,7 @@ from speedrun.model.summary import model_summary
 from speedrun.train import distributed
 from speedrun.train.budget import PROBE_STEPS, budget_steps
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from speedrun.train.environment import environment_report
 from speedrun.train.evaluate import evaluate
 from speedrun.train.host_fit import MeasuredCompile, size_to_host
 from speedrun.train.memory import check_fits
@@ -36,7 +37,7 @@ from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
-from speedrun.train.rundir import RunDir, default_run_dir, environment_report
+from speedrun.train.rundir import RunDir, default_run_dir
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages, stage_plan

@@ -20,8 +20,9 @@ from speedrun.errors import SpeedrunError
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.model.gpt import GPT
 from speedrun.train import distributed
+from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.precision import Precision
-from speedrun.train.rundir import RunDir, peak_memory_bytes
+from speedrun.train.rundir import RunDir
 from speedrun.train.schedule import tokens_through
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
