@@ -217,6 +217,13 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
             "that many input dims"
         )
+    if not 0 <= m.smear <= m.n_embd:
+        raise ConfigError(
+            f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
+            "many embedding dims"
+        )
+    if m.unet_gate == "sigmoid" and not m.unet:
+        raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
