@@ -46,10 +46,10 @@ def _check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32")):
+    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
-            "rope_precision auto or fp32"
+            "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
     if m.yarn and m.attn_scale <= 0:
         raise ConfigError(

@@ -38,8 +38,6 @@ from speedrun.model.attention import (
 from speedrun.model.attn_gate import AttentionGate
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
-from speedrun.model.smear import Smear
-from speedrun.model.unet import initial_weights, skip_scale, skip_sources
 from speedrun.model.layout import (
     attention_layers,
     embedding_rows,
@@ -47,6 +45,8 @@ from speedrun.model.layout import (
     padded_vocab,
     value_embed_layout,
 )
+from speedrun.model.smear import Smear
+from speedrun.model.unet import initial_weights, skip_scale, skip_sources
 
 
 def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
@@ -361,7 +361,8 @@ class GPT(nn.Module):
 
         embed: token/position/value embeddings (lookups, not matmuls); head: the untied output matrix;
         matrix: weights with >= 2 dims inside the blocks, and the smear gate; scalar: everything else
-        (biases, norm gains, value-mix and x0 lambdas, U-Net skip weights, smear's λ). A tied embedding appears once, as 'embed'.
+        (biases, norm gains, value-mix and x0 lambdas, U-Net skip weights, smear's λ).
+        A tied embedding appears once, as 'embed'.
         """
         roles: dict[str, list[tuple[str, nn.Parameter]]] = {
             "embed": [],
