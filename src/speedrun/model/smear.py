@@ -17,7 +17,7 @@ class Smear(nn.Module):
     def __init__(self, dims: int):
         super().__init__()
         self.gate = CastedLinear(dims, 1, bias=False)
-        self.lamb = nn.Parameter(torch.zeros(()))
+        self.lamb = nn.Parameter(torch.zeros(1))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
