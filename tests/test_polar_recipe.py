@@ -270,3 +270,27 @@ def test_polar_express_is_the_records(shape):
 def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_recipe(RECIPE, [override])
+
+
+def test_training_cross_entropy_is_in_bf16_and_validation_in_fp32():
+    """#37: in training the loss is F.cross_entropy of the bf16 softcapped logits, `30 * sigmoid(z / 7.5)`
+    of the bf16 head output; in eval the same logits cast to fp32 first (#38's GPT.forward)."""
+    from tests.recipe_matrix import shrunk
+
+    cfg = shrunk(RECIPE, "model.embed_dtype=fp32", n_layer=2)
+    torch.manual_seed(0)
+    model = GPT(cfg.model).bfloat16()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(std=1.0)  # logits of a few tens: bf16 rounding shows in the loss
+    gen = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, cfg.model.eot_id, (1, 64), generator=gen)
+    targets = torch.randint(0, cfg.model.eot_id, (1, 64), generator=gen)
+    with torch.no_grad():
+        h = model.hidden(idx, model.layer_masks(idx))
+        logits = 30 * torch.sigmoid(F.linear(h, model.lm_head.weight) / 7.5)
+        assert logits.dtype == torch.bfloat16
+        want_train = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        want_eval = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        assert not torch.equal(want_train.float(), want_eval)  # the two really differ here
+        assert torch.equal(model.train()(idx, targets), want_train)
+        assert torch.equal(model.eval()(idx, targets), want_eval)
