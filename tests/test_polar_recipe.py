@@ -294,3 +294,80 @@ def test_training_cross_entropy_is_in_bf16_and_validation_in_fp32():
         assert not torch.equal(want_train.float(), want_eval)  # the two really differ here
         assert torch.equal(model.train()(idx, targets), want_train)
         assert torch.equal(model.eval()(idx, targets), want_eval)
+
+
+@torch.no_grad()
+def record_muon_step(params, state, lr, momentum):
+    """#38's Muon.step for world_size 1 (weight decay 0), its polar_express in fp32."""
+    for p in params:
+        grad = p.grad
+        eff_lr = lr * max(1, p.size(-2) / p.size(-1)) ** 0.5
+        buf = state.setdefault(id(p), torch.zeros_like(grad))
+        buf.lerp_(grad, 1 - momentum)
+        p.add_(other=record_polar_express(grad.lerp(buf, momentum)), alpha=-eff_lr)
+
+
+def test_three_steps_equal_record_38s_optimizer():
+    """Muon (lr 0.06, Polar Express; the attention gates and the smear gate among its matrices, #38's
+    gate_params) and DistAdam (lr 0.008 x lr_mul, eps 1e-8), fp32, against #38's code."""
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.schedule import apply_schedule
+    from tests.recipe_matrix import shrink
+    from tests.test_bos_align_optimizer import record_adam_step
+    from tests.test_yarn_recipe import record_layout
+
+    extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
+    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    dim, n = cfg.model.n_embd, cfg.train.steps
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opt = build_optimizer(model, cfg)
+    ours = dict(model.named_parameters())
+    rec = {}  # the record's parameters: qkvo_w per layer as (4, d, d)
+    for name, p in ours.items():
+        if name.endswith("attn.c_proj.weight"):
+            continue
+        if name.endswith("attn.c_attn.weight"):
+            name = name.replace("c_attn", "qkvo")
+            w = torch.cat([p.detach().view(3, dim, dim), ours[name.replace("qkvo", "c_proj")].detach()[None]])
+        else:
+            w = record_layout(name, p.detach(), dim)
+        rec[name] = torch.nn.Parameter(w.clone())
+        rec[name].lr_mul = (
+            75.0 if name.startswith(("wte.", "value_embeds.")) else 1.0 if "lm_head" in name else 5.0
+        )
+    is_muon = {n: (n.startswith("blocks.") or "gate" in n) and p.ndim >= 2 for n, p in rec.items()}
+    muon = [p for n, p in rec.items() if is_muon[n]]
+    adam = [p for n, p in rec.items() if not is_muon[n]]
+    assert "smear.gate.weight" in rec and is_muon["smear.gate.weight"]
+    start = {n: p.detach().clone() for n, p in ours.items()}
+    muon_state, adam_state = {}, {}
+    gen = torch.Generator().manual_seed(1)
+    for step in (0, 5, 8):  # LR 1 then in the cool-down; momentum warming up
+        apply_schedule(schedule_at(step, cfg), opt, model)
+        for p in ours.values():
+            p.grad = torch.randn(p.shape, generator=gen)
+        for name, w in rec.items():
+            if "qkvo" in name:
+                qkv, o = ours[name.replace("qkvo", "c_attn")].grad, ours[name.replace("qkvo", "c_proj")].grad
+                w.grad = torch.cat([qkv.view(3, dim, dim), o[None]])
+            else:
+                w.grad = record_layout(name, ours[name].grad, dim).clone()
+        opt.step()
+        opt.zero_grad()
+        x = min(0.9999, step / n)
+        lr = 1.0 if x < 0.5 else (1 - x) / 0.5 + (1 - (1 - x) / 0.5) * 0.1
+        frac = min(step / 300, 1)
+        record_adam_step(adam, adam_state, 0.008 * lr, eps=1e-8)
+        record_muon_step(muon, muon_state, 0.06 * lr, (1 - frac) * 0.85 + frac * 0.95)
+    for name, p in ours.items():
+        if "attn.c_" in name:
+            q = rec[name.replace("c_attn", "qkvo").replace("c_proj", "qkvo")].detach()
+            want = (q[:3].reshape(-1, dim) if "c_attn" in name else q[3]) - start[name]
+        else:
+            r = rec[name].detach()
+            want = (r if r.shape == p.shape else r.T) - start[name]
+        got = p.detach() - start[name]
+        # fp32 op-order noise, largest where Polar Express's big first coefficients meet a tiny matrix
+        # (smear's (1, 12) gate: measured 6.2e-6) or one element (smear's λ: 5.6e-9 off 1.9e-3)
+        assert (got - want).norm() <= 1e-5 * want.norm() + 1e-8, name
