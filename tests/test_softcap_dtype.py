@@ -2,7 +2,9 @@
 
 records/track_1_short/2024-11-06_ShortcutsTweaks/dd7304a6-...txt (under bf16 autocast) and 11-10, 11-19,
 11-24, 12-04, 12-08 (bf16 model): `logits = self.lm_head(x)` (bf16), `logits = 30 * torch.tanh(logits / 30)`,
-`logits = logits.float()`. Sub3Min: `30 * torch.sigmoid(logits.float() / 7.5)`.
+`logits = logits.float()`. Sub3Min: `30 * torch.sigmoid(logits.float() / 7.5)`. #32 on (polar-2025-09):
+`30 * torch.sigmoid(logits / 7.5)` on the bf16 head output, cast afterwards (not at all for the training
+loss, #37: tests/test_polar_recipe.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ BF16_SOFTCAP_RECIPES = (
     "flex-2024-11",
     "value-embed-2024-12",
     "unet-value-embed-2024-12",
+    "polar-2025-09",
 )
 
 
@@ -44,7 +47,9 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
     h = h.detach().requires_grad_(True)
     logits = F.linear(h, model.lm_head.weight.to(torch.bfloat16))
     cfg = model.cfg
-    if cap_first:
+    if cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
+        logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
+    elif cap_first:
         logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
     elif cfg.softcap_form == "sigmoid":
         divisor = cfg.softcap_divisor or cfg.logit_softcap / 2  # Sub3Min: 30 * sigmoid(z.float() / 7.5)

@@ -126,6 +126,10 @@ class ModelConfig:
     mlp_fc_transposed: bool = False  # #27: MLP up-projection stored (dim, hidden), so Muon's shape LR is 1x
     attn_gate: int = 0  # #28: per-head sigmoid gate on attention output from the first N input dims (12)
     no_mlp_layers: str = ""  # #30: comma-separated layers that have only attention ("0")
+    # --- 2025-09 records #32–#37 (model/unet.py, model/smear.py, model/gpt.py); every default = off ---
+    unet_gate: Literal["weight", "sigmoid"] = "weight"  # #32: skip scaled by sigmoid(w), w init -1.5
+    smear: int = 0  # #34: previous token's embedding mixed in by a gate on the first N dims (12); 0 = off
+    ce_bf16: bool = False  # #37: training cross-entropy on the logits in their dtype (bf16), not fp32
 
 
 @dataclass

@@ -46,10 +46,10 @@ def _check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32")):
+    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
-            "rope_precision auto or fp32"
+            "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
     if m.yarn and m.attn_scale <= 0:
         raise ConfigError(
@@ -217,6 +217,13 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
             "that many input dims"
         )
+    if not 0 <= m.smear <= m.n_embd:
+        raise ConfigError(
+            f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
+            "many embedding dims"
+        )
+    if m.unet_gate == "sigmoid" and not m.unet:
+        raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:

@@ -10,7 +10,9 @@ The range it covers:
   value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
   half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min);
 - the 2025-07 … 09 records: transposed MLP up-projection (#27), sparse attention gate (#28,
-  model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py.
+  model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py;
+- #32–#37: sigmoid-gated U-Net skips (model/unet.py), smear (model/smear.py), empty layers (#35's
+  layer 0 has neither attention nor MLP and is skipped whole), cross-entropy in bf16 in training (#37).
 The model knows nothing about distribution or optimizers (see train/).
 """
 
@@ -43,6 +45,8 @@ from speedrun.model.layout import (
     padded_vocab,
     value_embed_layout,
 )
+from speedrun.model.smear import Smear
+from speedrun.model.unet import initial_weights, skip_scale, skip_sources
 
 
 def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
@@ -156,7 +160,9 @@ class Block(nn.Module):
         relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
         mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu, cfg.mlp_fc_transposed) if has_mlp else None
         self.mlp = mlp
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut else None
+        # a layer with neither attention nor MLP (#35's layer 0) is absent: no x0 mix either
+        present = has_attention or has_mlp
+        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut and present else None
 
     def forward(
         self,
@@ -185,6 +191,7 @@ class GPT(nn.Module):
         vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
         self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
+        self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
@@ -194,7 +201,8 @@ class GPT(nn.Module):
         self.ve_layout = value_embed_layout(cfg)
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
-        self.skip_weights = nn.Parameter(torch.ones(cfg.n_layer // 2)) if cfg.unet else None
+        self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
+        self.skip_sources = skip_sources(cfg)
         self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -233,7 +241,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(block.attn.c_proj.weight)
                 if block.mlp is not None:
                     nn.init.zeros_(block.mlp.c_proj.weight)
-        for gate in (m for m in self.modules() if isinstance(m, AttentionGate)):
+        for gate in (m for m in self.modules() if isinstance(m, AttentionGate | Smear)):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
@@ -281,9 +289,10 @@ class GPT(nn.Module):
             hidden = self.hidden(idx, attend_fns=varlen.attend_fns(self, idx, cu_seqlens))
         else:
             hidden = self.hidden(idx, self.layer_masks(idx))
-        logits = self.logits(hidden)
         if targets is None:
-            return logits
+            return self.logits(hidden)
+        logits = self.capped_logits(hidden)  # #37: bf16 cross-entropy in training
+        logits = logits if self.cfg.ce_bf16 and self.training else logits.float()
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
@@ -293,38 +302,46 @@ class GPT(nn.Module):
         masks: list[AttentionMask] | None = None,
         start: int = 0,
         attend_fns: list[AttendFn | None] | None = None,
+        prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embeddings and blocks up to the final norm, for tokens at positions start.. . Cached decoding
-        passes per-layer `attend_fns` (and start > 0); the forward passes the layers' masks."""
+        passes per-layer `attend_fns`, start > 0 and the token before idx, `prev` (B, 1), for smear;
+        the forward passes the layers' masks."""
         cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + idx.size(1), device=idx.device))
+        if self.smear is not None:
+            x = self.smear(x, self.wte(prev) if prev is not None else None)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x0 = x
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
-        n_skip = self.skip_weights.numel() if self.skip_weights is not None else 0
-        first_decoder = cfg.n_layer - n_skip  # layer L-1-i receives encoder layer i's output
-        skips: list[torch.Tensor] = []
+        first_decoder = cfg.n_layer - cfg.n_layer // 2  # skip weight j belongs to layer first_decoder + j
+        sources = set(self.skip_sources) - {None}
+        outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
-            if n_skip and i >= first_decoder:
-                x = x + self.skip_weights[i - first_decoder] * skips.pop()
+            if (src := self.skip_sources[i]) is not None:
+                x = x + skip_scale(self.skip_weights[i - first_decoder], cfg.unet_gate) * outputs.pop(src)
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
-            if i < n_skip:
-                skips.append(x)
+            if i in sources:
+                outputs[i] = x
         return self.norm_f(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states → fp32 logits (padded vocab, or the real vocab with `logits_vocab_only`),
         softcapped as the recipe says."""
+        return self.capped_logits(x).float()
+
+    def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits before the final fp32 cast: in the head's dtype where the softcap runs in it."""
         cfg = self.cfg
         if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
             logits = fp8_linear(x, self.lm_head.weight)
@@ -337,14 +354,15 @@ class GPT(nn.Module):
             if not cfg.softcap_in_bf16:
                 logits = logits.float()
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor)
-        return logits.float()
+        return logits
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').
 
         embed: token/position/value embeddings (lookups, not matmuls); head: the untied output matrix;
-        matrix: weights with >= 2 dims inside the blocks; scalar: everything else (biases, norm gains,
-        value-mix and x0 lambdas, U-Net skip weights). A tied embedding appears once, as 'embed'.
+        matrix: weights with >= 2 dims inside the blocks, and the smear gate; scalar: everything else
+        (biases, norm gains, value-mix and x0 lambdas, U-Net skip weights, smear's λ).
+        A tied embedding appears once, as 'embed'.
         """
         roles: dict[str, list[tuple[str, nn.Parameter]]] = {
             "embed": [],
@@ -363,7 +381,7 @@ class GPT(nn.Module):
                 roles["embed"].append((name, p))
             elif name.startswith("lm_head."):
                 roles["head"].append((name, p))
-            elif p.dim() >= 2 and name.startswith("blocks."):
+            elif p.dim() >= 2 and name.startswith(("blocks.", "smear.")):  # #34: Muon trains the smear gate
                 roles["matrix"].append((name, p))
             else:
                 roles["scalar"].append((name, p))

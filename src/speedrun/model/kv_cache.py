@@ -62,7 +62,8 @@ def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
         mask = built[id(specs[i])]
         return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, mask, cache, start)
 
-    hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)])
+    prev = cache.tokens[:, start - 1 : start] if start > 0 else None  # smear's look-back (#34)
+    hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)], prev=prev)
     return model.logits(hidden)
 
 

@@ -43,6 +43,8 @@ class StagePlan:
     lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
     split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
     val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
+    val_short_window: int = 0  # short window (blocks) of the final validation; 0 = the last stage's
+    val_yarn_window: int = 0  # #35: the final validation's YaRN rescales to this, not to its long window
     momentum_min: float = 0.85
     momentum_max: float = 0.95
     momentum_warmup: int = 300
@@ -123,8 +125,8 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
     i, t = stage_at(step, plan)
     s = plan.stages[i]
     short, long = s.windows
-    if step >= plan.total_steps and plan.val_long_window:
-        long = plan.val_long_window
+    if step >= plan.total_steps:
+        short, long = plan.val_short_window or short, plan.val_long_window or long
     return StageValues(
         stage=i,
         batch_tokens=s.batch_tokens,
@@ -158,10 +160,13 @@ STAGES_2026_07 = StagePlan(
 
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     """The long windows (blocks) the run has gone through up to `step`, in order: what YaRN rescales by
-    (#31: once per growth, and once more for the final validation's longer window)."""
+    (#31: once per growth, and once more for the final validation's longer window, or for its YaRN
+    window where the plan names one: #35 validates with 20 long blocks but rescales to 13)."""
     i = stage_at(step, plan)[0]
     history = [s.windows[1] for s in plan.stages[: i + 1]]
     final = stage_values(step, plan).long_window
+    if step >= plan.total_steps and plan.val_yarn_window:
+        final = plan.val_yarn_window
     return (*history, final) if final != history[-1] else tuple(history)
 
 
@@ -177,6 +182,8 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
             f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
         )
     val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
+    val += f", short {plan.val_short_window}" if plan.val_short_window else ""
+    val += f", YaRN to {plan.val_yarn_window}" if plan.val_yarn_window else ""
     return "stages: " + "; ".join(parts) + val
 
 
@@ -218,9 +225,12 @@ def _number(key: str, text: str, kind: type, entry: int) -> float:
     return value
 
 
-def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, int]:
-    """One `key=value ...` entry → (Stage, extension steps, final validation long window)."""
-    allowed = {"tokens", "doc", "windows", "lr", "ext" if last else "frac"} | ({"val"} if last else set())
+def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
+    """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
+    windows, 0 where not given)."""
+    allowed = {"tokens", "doc", "windows", "lr", "ext" if last else "frac"} | (
+        {"val", "yarn"} if last else set()
+    )
     fields: dict[str, str] = {}
     for item in text.split():
         key, sep, value = item.partition("=")
@@ -255,12 +265,22 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, int]:
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
-    val = int(_number("val", fields.get("val", "0"), int, entry))
+    val_short, sep, val_long = fields.get("val", "0").rpartition("/")
+    val = int(_number("val", val_long, int, entry))
+    short_val = int(_number("val", val_short, int, entry)) if sep else 0
+    yarn = int(_number("yarn", fields.get("yarn", "0"), int, entry))
     if val and val < windows[1]:
         raise ConfigError(
             f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
         )
-    return stage, ext, val
+    if sep and not 1 <= short_val <= val:
+        raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
+    if yarn and not windows[1] <= yarn <= val:
+        raise ConfigError(
+            f"train.stages: yarn={yarn} (the final validation's YaRN window) must lie between the last "
+            f"stage's long window ({windows[1]}) and val ({val or 'not given'})"
+        )
+    return stage, ext, (val, short_val, yarn)
 
 
 @functools.cache
@@ -273,14 +293,15 @@ def parse_stages(
     (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
     document, 0 = no cut) and `lr=F` (multiplier, 1). The last stage is the extension: `ext=N` steps at
     its values after the scheduled ones (train.steps counts them), optional `val=L` long window for the
-    final validation.
+    final validation (`val=S/L`: its short and long windows) and `yarn=Y`, the window its YaRN
+    rescales to (default: its long window).
     """
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
     parsed = [_stage(e, i, i == len(entries) - 1) for i, e in enumerate(entries)]
     stages = tuple(p[0] for p in parsed)
-    ext, val = parsed[-1][1], parsed[-1][2]
+    ext, (val, val_short, val_yarn) = parsed[-1][1], parsed[-1][2]
     scheduled = steps - ext
     if scheduled < len(stages) - 1:
         raise ConfigError(
@@ -304,6 +325,7 @@ def parse_stages(
     low, high, warmup, cooldown = momentum
     return StagePlan(
         stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
-        lr_floor=lr_floor, val_long_window=val, momentum_min=low, momentum_max=high,
+        lr_floor=lr_floor, val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
+        momentum_min=low, momentum_max=high,
         momentum_warmup=warmup, momentum_cooldown=cooldown,
     )  # fmt: skip
