@@ -52,6 +52,8 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append(f"model.no_attention_layers={n_layer // 2}")
     if m.value_embeds == "ends":
         out.append("model.value_embed_tables=1")
+    if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
+        out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
     if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256
@@ -67,7 +69,8 @@ def flex_overrides(name: str) -> list[str]:
     """attention=flex for the compile test; a staged varlen recipe drops its stages and YaRN for a fixed
     window (its varlen path compiles in tests/test_stages_training.py)."""
     if load_recipe(name).train.stages:
-        return ["model.attention=flex", "train.stages=", "model.yarn=false", "model.window=192"]
+        fixed = ["train.stages=", "train.cooldown_start=int", "model.yarn=false", "model.window=192"]
+        return ["model.attention=flex", *fixed]
     return ["model.attention=flex"]
 
 

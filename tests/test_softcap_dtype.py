@@ -25,6 +25,7 @@ BF16_SOFTCAP_RECIPES = (
     "value-embed-2024-12",
     "unet-value-embed-2024-12",
     "polar-2025-09",
+    "normuon-2025-10",
 )
 
 

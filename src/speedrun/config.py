@@ -130,6 +130,8 @@ class ModelConfig:
     unet_gate: Literal["weight", "sigmoid"] = "weight"  # #32: skip scaled by sigmoid(w), w init -1.5
     smear: int = 0  # #34: previous token's embedding mixed in by a gate on the first N dims (12); 0 = off
     ce_bf16: bool = False  # #37: training cross-entropy on the logits in their dtype (bf16), not fp32
+    # --- 2025-10 records #39–#42 (model/backout.py) ---
+    backout_layer: int = 0  # #40: λ·(this layer's output) subtracted before the final norm (8); 0 = off
 
 
 @dataclass
@@ -207,6 +209,10 @@ class OptimConfig:
     tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
     muon_qk_block_heads: int = 0  # Q and K orthogonalized per group of this many heads (#80: 2); 0 = whole
     mlp_proj_lr_mul: float = 1.0  # LR multiplier of the MLP output projections (HEAD: 2, see docs/recipes.md)
+    mlp_fc_lr_mul: float = 1.0  # LR multiplier of the MLP up-projections (#42: 2, stored (768, 3072))
+    # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
+    # attention matrices are blocks of a wide (768, 3072) parameter)
+    normuon_square_stats: Literal["rows", "cols"] = "rows"
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 
 
@@ -255,6 +261,10 @@ class TrainConfig:
     # windows in 128-token blocks, LR multiplier and fraction of the scheduled steps; the last stage runs
     # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off
     stages: str = ""
+    # where the stages' LR cool-down starts: int = int(N·(1 − warmdown_frac)), t = (s − start)/(N − start)
+    # (HEAD, #46 on) | exact = N·(1 − warmdown_frac), w = (1 − min(s/N, 0.9999))/warmdown_frac (#26–#45's
+    # get_lr, N the scheduled steps; the extension at the floor + 0.0002·(1 − floor))
+    cooldown_start: Literal["int", "exact"] = "int"
 
     @property
     def document_rows(self) -> int:

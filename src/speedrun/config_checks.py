@@ -56,6 +56,8 @@ def _check_stages(cfg: Config) -> None:
             "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
+        if t.cooldown_start != "int":
+            raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
         return
     from speedrun.train.stages import stage_plan
 
@@ -222,6 +224,11 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
             "many embedding dims"
         )
+    if m.backout_layer >= m.n_layer:
+        raise ConfigError(
+            f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({m.n_layer}): the layer "
+            "whose output is backed out (0 = off)"
+        )
     if m.unet_gate == "sigmoid" and not m.unet:
         raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
     if m.unet and m.n_layer < 2:
@@ -253,12 +260,15 @@ def _validate_normuon(cfg: Config) -> None:
                 "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
                 "need optim.name=normuon"
             )
-        if o.mlp_proj_lr_mul != 1.0:
-            raise ConfigError("optim.mlp_proj_lr_mul needs optim.name=normuon")
+        if o.mlp_proj_lr_mul != 1.0 or o.mlp_fc_lr_mul != 1.0 or o.normuon_square_stats != "rows":
+            raise ConfigError(
+                "optim.mlp_proj_lr_mul, mlp_fc_lr_mul and normuon_square_stats need optim.name=normuon"
+            )
         return
-    if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or o.mlp_proj_lr_mul <= 0:
+    if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or min(o.mlp_proj_lr_mul, o.mlp_fc_lr_mul) <= 0:
         raise ConfigError(
-            "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul > 0"
+            "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul and "
+            "mlp_fc_lr_mul > 0"
         )
     if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (m.fused_qkv and not o.muon_split_qkv)):
         raise ConfigError(

@@ -12,7 +12,8 @@ The range it covers:
 - the 2025-07 … 09 records: transposed MLP up-projection (#27), sparse attention gate (#28,
   model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py;
 - #32–#37: sigmoid-gated U-Net skips (model/unet.py), smear (model/smear.py), empty layers (#35's
-  layer 0 has neither attention nor MLP and is skipped whole), cross-entropy in bf16 in training (#37).
+  layer 0 has neither attention nor MLP and is skipped whole), cross-entropy in bf16 in training (#37);
+- #40: backout, a learned share of an earlier layer's output subtracted before the head (model/backout.py).
 The model knows nothing about distribution or optimizers (see train/).
 """
 
@@ -36,8 +37,9 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.attn_gate import AttentionGate
+from speedrun.model.backout import Backout
 from speedrun.model.fp8 import fp8_linear
-from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
+from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
     embedding_rows,
@@ -47,20 +49,6 @@ from speedrun.model.layout import (
 )
 from speedrun.model.smear import Smear
 from speedrun.model.unet import initial_weights, skip_scale, skip_sources
-
-
-def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
-    """The recipe's norm (kind defaults to cfg.norm) with its RMSNorm epsilon and precision."""
-    return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
-
-
-def make_rotary(cfg: ModelConfig) -> Rotary | None:
-    """The recipe's rotary tables, or None for learned positions. One per model, shared by its layers
-    (per layer, the fp32 tables of a 65,536-token recipe would be 0.37 GB of copies)."""
-    if cfg.positional != "rotary":
-        return None
-    head_dim = cfg.n_embd // cfg.n_head
-    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
 
 
 class Attention(nn.Module):
@@ -203,6 +191,7 @@ class GPT(nn.Module):
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
         self.skip_sources = skip_sources(cfg)
+        self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -320,12 +309,12 @@ class GPT(nn.Module):
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         first_decoder = cfg.n_layer - cfg.n_layer // 2  # skip weight j belongs to layer first_decoder + j
-        sources = set(self.skip_sources) - {None}
+        sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                x = x + skip_scale(self.skip_weights[i - first_decoder], cfg.unet_gate) * outputs.pop(src)
+                x = x + skip_scale(self.skip_weights[i - first_decoder], cfg.unet_gate) * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
@@ -333,7 +322,7 @@ class GPT(nn.Module):
                 v_first = raw_v
             if i in sources:
                 outputs[i] = x
-        return self.norm_f(x)
+        return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states → fp32 logits (padded vocab, or the real vocab with `logits_vocab_only`),

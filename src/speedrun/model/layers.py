@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.config import ModelConfig
+
 
 class CastedLinear(nn.Linear):
     """nn.Linear whose weight (and bias) are cast to the input's dtype in forward.
@@ -169,3 +171,17 @@ def softcap(logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0) -
     if form == "sigmoid":
         return 2 * cap * torch.sigmoid(logits / (divisor or cap / 2))
     return cap * torch.tanh(logits / cap)
+
+
+def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
+    """The recipe's norm (kind defaults to cfg.norm) with its RMSNorm epsilon and precision."""
+    return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
+
+
+def make_rotary(cfg: ModelConfig) -> Rotary | None:
+    """The recipe's rotary tables, or None for learned positions. One per model, shared by its layers
+    (per layer, the fp32 tables of a 65,536-token recipe would be 0.37 GB of copies)."""
+    if cfg.positional != "rotary":
+        return None
+    head_dim = cfg.n_embd // cfg.n_head
+    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)

@@ -25,23 +25,28 @@ def nesterov_(grad: Tensor, buf: Tensor, momentum: float) -> Tensor:
     return grad.lerp_(buf, momentum)
 
 
-def variance_axis(rows: int, cols: int) -> int:
-    """The dim NorMuon averages over: the columns (one statistic per row) of a square or tall matrix,
-    the rows (one per column) of a wide one, so the statistics run along the longer side (#48)."""
-    return -1 if rows >= cols else -2
+def variance_axis(rows: int, cols: int, square: str = "rows") -> int:
+    """The dim NorMuon averages over: the columns (one statistic per row) of a tall matrix, the rows
+    (one per column) of a wide one, so the statistics run along the longer side (#48). A square matrix
+    gets one per row (``square="rows"``, #48 on) or one per column (``"cols"``: #41–#47 decide by the
+    stored parameter, and their attention matrices are (768, 768) blocks of a wide (768, 3072) one)."""
+    if rows == cols:
+        return -1 if square == "rows" else -2
+    return -1 if rows > cols else -2
 
 
-def second_moment_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def second_moment_shape(shape: tuple[int, ...], square: str = "rows") -> tuple[int, ...]:
     """Shape of NorMuon's second-moment buffer for a (..., rows, cols) stack."""
     *lead, rows, cols = shape
-    return (*lead, rows, 1) if variance_axis(rows, cols) == -1 else (*lead, 1, cols)
+    return (*lead, rows, 1) if variance_axis(rows, cols, square) == -1 else (*lead, 1, cols)
 
 
-def normuon_normalize_(v: Tensor, second_moment: Tensor, beta2: float) -> Tensor:
-    """NorMuon: divide V by the root of an EMA of its row (or column) mean squares, then rescale each
-    matrix back to its own Frobenius norm. ``second_moment`` (fp32) is updated in place; V (any dtype,
-    (..., rows, cols)) is scaled in place and returned. Op order of HEAD's fused version."""
-    axis = variance_axis(*v.shape[-2:])
+def normuon_normalize_(v: Tensor, second_moment: Tensor, beta2: float, square: str = "rows") -> Tensor:
+    """NorMuon (#41): divide V by the root of an EMA of its row (or column) mean squares, then rescale
+    each matrix back to its own Frobenius norm. ``second_moment`` (fp32) is updated in place; V (any
+    dtype, (..., rows, cols)) is scaled in place and returned. Op order of HEAD's fused version (#48);
+    #41/#42 take the two norms of V directly, the same values in exact arithmetic."""
+    axis = variance_axis(*v.shape[-2:], square)
     size = v.size(axis)
     v_mean = v.float().square().mean(dim=axis, keepdim=True)
     v_norm = v_mean.sum(dim=(-2, -1), keepdim=True).mul_(size).sqrt_()

@@ -87,6 +87,7 @@ class ShardedNorMuonAdam:
         ns_steps: int = 5,
         ns_form: str = "fused",
         adam_every: int = 1,
+        square_stats: str = "rows",
         frozen_labels: tuple[str, ...] = (),
         tie: tuple[Tensor, Tensor, int] | None = None,
         comms: Collectives | None = None,
@@ -101,6 +102,7 @@ class ShardedNorMuonAdam:
         self.ns_form = ns_form  # Newton-Schulz op order of a record era (optim/orthogonalize.py)
         self.ns_dtype = ns_dtype  # bf16 as the records; fp32 where the device runs bf16 slowly
         self.adam_every = adam_every
+        self.square_stats = square_stats  # NorMuon's statistics of square matrices (optim/normuon.py)
         self.embed, self.head, self.tie_until = tie if tie else (None, None, 0)
         self.tied = self.tie_until > 0
         self.param_groups: list[dict[str, Any]] = []
@@ -126,7 +128,8 @@ class ShardedNorMuonAdam:
     def _init_state(self) -> None:
         for bank in self.banks:
             shape = (bank.per_rank, *bank.shape)
-            st = {"momentum": torch.zeros(shape), "second_moment": torch.zeros(second_moment_shape(shape))}
+            moments = second_moment_shape(shape, self.square_stats)
+            st = {"momentum": torch.zeros(shape), "second_moment": torch.zeros(moments)}
             if bank.dtype == torch.bfloat16:
                 st["mantissa"] = torch.zeros(shape, dtype=torch.uint16)
             device = bank.members[0][0].param.device
@@ -279,7 +282,7 @@ class ShardedNorMuonAdam:
             d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
             v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
             if self.beta2 > 0:
-                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2)
+                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, self.square_stats)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (

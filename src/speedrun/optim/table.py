@@ -12,7 +12,7 @@ How a parameter gets its row (docs/recipes.md, "The optimizer table"):
   down dim 0): a fused QKV is Q, K and V; with per-head-pair Q/K (#80) each group of heads of Q and of
   K is one block (2·head_dim rows), V stays whole;
 - the name picks a NorMuon row's LR multiplier (``lr_mul``, on top of the bank's shape multiplier):
-  the MLP output projection may get its own (HEAD's c_proj ×2).
+  the MLP output and input projections may get their own (HEAD's c_proj ×2, #42's c_fc ×2).
 The rule never depends on the world size except through that divisibility, and a sharded and a
 replicated update do the same arithmetic, so the table changes how bytes travel, not the result.
 """
@@ -157,12 +157,16 @@ def qk_block_rows(name: str, p: Tensor, qk_rows: int) -> tuple[int, ...]:
 
 
 def build_rows(
-    roles: dict[str, list[tuple[str, Tensor]]], world: int, qk_rows: int = 0, proj_lr_mul: float = 1.0
+    roles: dict[str, list[tuple[str, Tensor]]],
+    world: int,
+    qk_rows: int = 0,
+    proj_lr_mul: float = 1.0,
+    fc_lr_mul: float = 1.0,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
-    ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul``: LR multiplier of the MLP
-    output projections (``mlp.c_proj``)."""
+    ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul`` and ``fc_lr_mul``: LR
+    multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
@@ -174,7 +178,8 @@ def build_rows(
             row = Row(name, p, rule, label, sharded)
             if rule == "normuon":
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
-                row.lr_mul = proj_lr_mul if name.endswith("mlp.c_proj.weight") else 1.0
+                muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
+                row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows
 

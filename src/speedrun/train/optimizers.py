@@ -121,7 +121,7 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
-    rows = build_rows(model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul)
+    rows = build_rows(model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul)
     lrs = {
         "embed": o.embed_lr,
         "head": o.head_lr,
@@ -148,6 +148,7 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         ns_dtype=muon_ns_dtype(o.muon_ns_dtype, model.lm_head.weight.device),
         ns_form=o.muon_ns_form,
         adam_every=o.adam_every,
+        square_stats=o.normuon_square_stats,
         frozen_labels=("scalar",) if o.scalar_freeze_steps else (),
         tie=tie,
     )

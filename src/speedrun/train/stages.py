@@ -41,6 +41,7 @@ class StagePlan:
     extension_steps: int = 0
     cooldown_frac: float = 0.5  # linear cool-down over this fraction of the scheduled steps ...
     lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
+    exact_cooldown: bool = False  # #26–#45's get_lr: starts at N·(1 − frac), not int(N·(1 − frac))
     split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
     val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
     val_short_window: int = 0  # short window (blocks) of the final validation; 0 = the last stage's
@@ -90,9 +91,17 @@ def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
 
 
 def stage_lr(step: int, plan: StagePlan) -> float:
-    """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down."""
+    """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down: from step
+    int(N·(1 − frac)) on (HEAD), or with `exact_cooldown` as #26–#45's get_lr, x = min(s/N, 0.9999) and
+    t = 1 − (1 − x)/frac once x >= 1 − frac (the same where N·(1 − frac) is whole, but for the cap)."""
     lr = plan.stages[stage_at(step, plan)[0]].lr_mul
     n = plan.scheduled_steps
+    if plan.exact_cooldown:
+        x = min(0.9999, step / n)
+        if x < 1 - plan.cooldown_frac:
+            return lr
+        w = (1 - x) / plan.cooldown_frac
+        return lr * w + plan.lr_floor * (1 - w)
     start = int(n * (1 - plan.cooldown_frac))
     if step >= start:
         t = min(1.0, (step - start) / (n - start))
@@ -204,7 +213,8 @@ def stage_plan(cfg: Config) -> StagePlan | None:
         o.muon_momentum_warmup_steps,
         o.muon_momentum_cooldown_steps,
     )
-    return parse_stages(t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum)
+    exact = t.cooldown_start == "exact"
+    return parse_stages(t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, exact)
 
 
 def _number(key: str, text: str, kind: type, entry: int) -> float:
@@ -285,7 +295,12 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
 
 @functools.cache
 def parse_stages(
-    text: str, steps: int, cooldown_frac: float, lr_floor: float, momentum: tuple[float, float, int, int]
+    text: str,
+    steps: int,
+    cooldown_frac: float,
+    lr_floor: float,
+    momentum: tuple[float, float, int, int],
+    exact_cooldown: bool = False,
 ) -> StagePlan:
     """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
 
@@ -325,7 +340,8 @@ def parse_stages(
     low, high, warmup, cooldown = momentum
     return StagePlan(
         stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
-        lr_floor=lr_floor, val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
+        lr_floor=lr_floor, exact_cooldown=exact_cooldown,
+        val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
         momentum_min=low, momentum_max=high,
         momentum_warmup=warmup, momentum_cooldown=cooldown,
     )  # fmt: skip
