@@ -1,5 +1,6 @@
 """Every bundled recipe, shrunk but with its switches: trains on 2 gloo processes exactly like on one,
-and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses.
+and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses (a
+cover of the recipes: every model setting value and attention layout of every recipe, compiled once).
 
 The worker is tests/recipe_matrix.py; one torchrun launch runs all recipes (start-up paid once).
 """
