@@ -83,6 +83,12 @@ def shrunk(name: str, *extra: str, n_layer: int = 4) -> Config:
     return load_recipe(name, [*shrink(name, n_layer), *extra])
 
 
+def compile_config(name: str, *extra: str) -> Config:
+    """The recipe as the fullgraph compile test builds it: shrunk to 2 layers (tracing time grows with
+    depth), FlexAttention where CUDA takes it."""
+    return shrunk(name, *flex_overrides(name), *extra, n_layer=2)
+
+
 def batch(step: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of a step: MICRO sequences with documents (end-of-text about every 60 tokens)."""
     gen = torch.Generator().manual_seed(1000 + step)

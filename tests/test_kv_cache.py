@@ -4,9 +4,12 @@ for shrunk `demo` and `demo-2025-01` models (windows, document masks, U-Net, val
 import pytest
 import torch
 
+from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
 from speedrun.recipes import load_recipe
+from tests.recipe_cover import recipe_cover
+from tests.recipe_matrix import shrunk
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -138,10 +141,13 @@ LONG = [  # 512 tokens under the shrunk 192-token window: block listing (12-08) 
 VARIANTS = {"token-long-short": ("unet-value-embed-2024-12", "model.window_pattern=LSSL")}
 
 
-def _shrunk_model(recipe: str, *extra: str) -> GPT:
-    from tests.recipe_matrix import shrunk
+def decode_config(recipe: str, *extra: str) -> Config:
+    """The recipe shrunk as in the recipe matrix, at 512 tokens."""
+    return shrunk(recipe, "train.dtype=fp32", *LONG, *extra)
 
-    cfg = shrunk(recipe, "train.dtype=fp32", *LONG, *extra)
+
+def _shrunk_model(recipe: str, *extra: str) -> GPT:
+    cfg = decode_config(recipe, *extra)
     torch.manual_seed(0)
     model = GPT(cfg.model).float().eval()  # bf16-model recipes in fp32: the logic, without its rounding
     with torch.no_grad():
@@ -167,14 +173,14 @@ def _decode_all(model: GPT, idx: torch.Tensor, prefill: int) -> torch.Tensor:
     return torch.cat(pieces, dim=1)
 
 
-@pytest.mark.parametrize(
-    "recipe", [*__import__("speedrun.recipes", fromlist=["x"]).recipe_names(), *VARIANTS]
-)
+@pytest.mark.parametrize("recipe", [*recipe_cover(decode_config), *VARIANTS])
 def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
     """Every bundled recipe's switches (value residual, QK-norm order, rotary precision, bf16 model,
     windows, block listing, ...) shrunk as in the recipe matrix, at 512 tokens so that every window kind
     (long/short, token/block granularity, block listing) hides keys: cached logits equal the full
-    forward's, so cached decoding cannot drift from the model when a switch is added to one only."""
+    forward's, so cached decoding cannot drift from the model when a switch is added to one only.
+    The recipes are a cover (tests/recipe_cover.py): together they use every model setting value and
+    every distinct attention layout (mask, windows, attending layers, value embeddings) of every recipe."""
     name, *extra = VARIANTS.get(recipe, (recipe,))
     model = _shrunk_model(name, *extra)
     idx = _long_documents(model)

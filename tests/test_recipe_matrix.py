@@ -1,5 +1,6 @@
 """Every bundled recipe, shrunk but with its switches: trains on 2 gloo processes exactly like on one,
-and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses.
+and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses (a
+cover of the recipes: every model setting value and attention layout of every recipe, compiled once).
 
 The worker is tests/recipe_matrix.py; the suite's one in-library torchrun launch (tests/gloo_launch.py)
 runs all recipes (start-up paid once).
@@ -13,7 +14,8 @@ import torch
 from speedrun.model import attention
 from speedrun.recipes import recipe_names
 from tests.conftest import GLOO_LAUNCH
-from tests.recipe_matrix import batch, build, flex_overrides, rows, shrunk, train_losses
+from tests.recipe_cover import recipe_cover
+from tests.recipe_matrix import batch, build, compile_config, flex_overrides, rows, shrunk, train_losses
 
 RECIPES = recipe_names()
 
@@ -41,26 +43,16 @@ def test_two_gloo_processes_train_every_recipe_like_one_process(gloo_launch):
         assert two == pytest.approx(train_losses(recipe), rel=1e-5, abs=0), recipe
 
 
-def _distinct_models() -> list[str]:
-    """One recipe per distinct (shrunk) model: recipes that differ only in optimizer or schedule
-    trace the same graph."""
-    seen, keep = [], []
-    for name in RECIPES:
-        model_cfg = shrunk(name, *flex_overrides(name), n_layer=2).model
-        if model_cfg not in seen:
-            seen.append(model_cfg)
-            keep.append(name)
-    return keep
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", _distinct_models())
+@pytest.mark.parametrize("recipe", recipe_cover(compile_config))
 def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recipe, monkeypatch):
     """torch.compile(fullgraph=True) fails on any graph break. attention=flex takes FlexAttention where
     CUDA would (aot_eager trains through its reference implementation); eager runs dense SDPA. A forced
-    SDPA kernel is entered as on CUDA (with the math kernel this CPU has), so its context is traced too."""
+    SDPA kernel is entered as on CUDA (with the math kernel this CPU has), so its context is traced too.
+    Each graph costs seconds to trace: the recipes are a cover (tests/recipe_cover.py) that uses every
+    model setting and attention layout of every recipe, not one recipe per distinct model."""
     torch._dynamo.reset()  # every recipe's GPT.forward is the same code object
-    cfg = shrunk(recipe, *flex_overrides(recipe), n_layer=2)  # 2 layers: tracing time grows with depth
+    cfg = compile_config(recipe)
     if cfg.model.sdpa_kernel != "auto":
         math_only = [torch.nn.attention.SDPBackend.MATH]
         monkeypatch.setattr(attention, "_on_cuda", lambda t: True)

@@ -273,13 +273,27 @@ def test_a_bad_stage_plan_is_one_config_error_naming_it(text_data, override, wor
     assert words in str(err.value)
 
 
+# One stage change of each kind, each a graph to compile (seconds each): the batch grows with the
+# same windows, then the windows (and YaRN) change with the same batch. Validations in the first two
+# stages (steps 0 and 5), and the final one with its own long window.
+COMPILE_STAGES = (
+    "tokens=128 doc=48 windows=1/1 frac=1/2; tokens=256 windows=1/1 lr=1.5 frac=1/2; "
+    "tokens=256 windows=1/2 ext=2 val=4"
+)
+
+
 @pytest.mark.slow
 def test_timed_steps_never_compile_across_stage_changes(text_data, tmp_path, monkeypatch):
     """train.compile=on (aot_eager: the CPU checks the graphs, not inductor's kernels): the warm-up
     compiles every stage's training shape and every validation shape; the timed steps and
     validations after it compile nothing, and the losses equal the uncompiled run's."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    assert_timed_steps_never_compile(staged(text_data, "train.checkpoint_every=0"), tmp_path, monkeypatch)
+    stages = f"train.stages={COMPILE_STAGES}"
+    overrides = staged(text_data, "train.checkpoint_every=0", stages, "train.steps=8")
+    plan = stage_plan(load_recipe("demo", overrides))
+    assert [stage_values(s, plan).batch_tokens for s in (0, 3, 6)] == [128, 256, 256]
+    assert [stage_values(s, plan).long_window for s in (0, 3, 6)] == [1, 1, 2]
+    assert_timed_steps_never_compile(overrides, tmp_path, monkeypatch)
 
 
 def test_the_documented_stage_plan_is_todays_record():
