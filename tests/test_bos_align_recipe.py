@@ -195,16 +195,16 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
 
 
 def assert_one_and_two_processes_train_alike(
-    name: str, recipe: str, overrides: list[str], text_data: Path, tmp_path: Path, tmp_path_factory
+    recipe: str, overrides: list[str], text_data: Path, tmp_path: Path, tmp_path_factory
 ) -> None:
     """Train `recipe` with `overrides` in this process (as `python -m speedrun`) and compare with job
-    `name` of tests/two_processes.py, the same arguments on 2 gloo processes under torchrun: the same
+    `recipe` of tests/two_processes.py, the same arguments on 2 gloo processes under torchrun: the same
     train and val losses at every logged step."""
     out = tmp_path / "run1"
     res = run_speedrun("train", "--recipe", recipe, "--out", str(out), *overrides)
     assert res.returncode == 0, res.stderr[-3000:]
     losses = {}
-    for nproc, run in ((1, out), (2, two_processes.run_dir(name, text_data, tmp_path_factory))):
+    for nproc, run in ((1, out), (2, two_processes.run_dir(recipe, text_data, tmp_path_factory))):
         losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(run)]
     assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
     for a, b in zip(losses[1], losses[2], strict=True):
@@ -240,4 +240,4 @@ two_processes.job(RECIPE, lambda data: ["--recipe", RECIPE, *shrunk_overrides(da
 def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path, tmp_path_factory):
     """The whole path: DocumentLoader, validation rows, the loop; 2 gloo processes under torchrun."""
     overrides = shrunk_overrides(text_data)
-    assert_one_and_two_processes_train_alike(RECIPE, RECIPE, overrides, text_data, tmp_path, tmp_path_factory)
+    assert_one_and_two_processes_train_alike(RECIPE, overrides, text_data, tmp_path, tmp_path_factory)

@@ -427,7 +427,7 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
     """The whole path: DocumentLoader (packed, documents cut), varlen attention, stages, YaRN, validation
     rows, the loop; 2 gloo processes under torchrun."""
     overrides = shrunk_overrides(text_data)
-    assert_one_and_two_processes_train_alike(RECIPE, RECIPE, overrides, text_data, tmp_path, tmp_path_factory)
+    assert_one_and_two_processes_train_alike(RECIPE, overrides, text_data, tmp_path, tmp_path_factory)
 
 
 def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():

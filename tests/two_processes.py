@@ -3,9 +3,9 @@
 Each process pays ~6 s of CPU to import torch (and torch._dynamo, which torch.optim imports) before it
 trains for about a second; a launch is three processes. So the tests register their runs here (`job`,
 at import) and the first one to ask for a run (`run_dir`) launches them all once per pytest worker:
-every rank runs `speedrun.cli.main(["train", ...])` for each job in turn, exactly what `torchrun -m
-speedrun train ...` runs, with a fresh process group per run (the loop sets one up and tears it down).
-Tests that use it carry `SHARED` so that pytest-xdist gives them one worker.
+every rank runs `speedrun.cli.main(["train", ...])` for each job in turn, what `torchrun -m speedrun
+train ...` runs, the jobs sharing the process group the first one sets up (see `main`). Tests that use
+it carry `SHARED` so that pytest-xdist gives them one worker.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m tests.two_processes SPEC.json
 """
@@ -88,7 +88,7 @@ def _run(spec: dict, root: Path, rank: str) -> dict:
                     code = main(args)
             else:
                 code = main(args)
-        except BaseException:  # a failed run must not keep the other jobs from running
+        except BaseException:  # an unexpected error: its traceback goes to the test, not lost in the log
             traceback.print_exc()
     return {"code": code, "stderr": err.getvalue()}
 
