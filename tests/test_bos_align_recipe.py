@@ -18,6 +18,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train import distributed
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import schedule_at
+from tests import two_processes
 from tests.conftest import read_metrics, run_speedrun
 from tests.recipe_matrix import shrink
 from tests.test_bos_loader import BOS, make_shards, record26_generator
@@ -193,17 +194,18 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def assert_one_and_two_processes_train_alike(recipe: str, overrides: list[str], tmp_path: Path) -> None:
-    """Train `recipe` with `overrides` in this process (as `python -m speedrun`) and on 2 gloo processes
-    under torchrun: the same train and val losses at every logged step."""
+def assert_one_and_two_processes_train_alike(
+    recipe: str, overrides: list[str], text_data: Path, tmp_path: Path, tmp_path_factory
+) -> None:
+    """Train `recipe` with `overrides` in this process (as `python -m speedrun`) and compare with job
+    `recipe` of tests/two_processes.py, the same arguments on 2 gloo processes under torchrun: the same
+    train and val losses at every logged step."""
+    out = tmp_path / "run1"
+    res = run_speedrun("train", "--recipe", recipe, "--out", str(out), *overrides)
+    assert res.returncode == 0, res.stderr[-3000:]
     losses = {}
-    for nproc in (1, 2):
-        out = tmp_path / f"run{nproc}"
-        res = run_speedrun(
-            "train", "--recipe", recipe, "--out", str(out), *overrides, nproc=0 if nproc == 1 else 2
-        )
-        assert res.returncode == 0, res.stderr[-3000:]
-        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(out)]
+    for nproc, run in ((1, out), (2, two_processes.run_dir(recipe, text_data, tmp_path_factory))):
+        losses[nproc] = [(r["step"], r.get("train_loss"), r.get("val_loss")) for r in read_metrics(run)]
     assert any(v is not None for _, _, v in losses[1]) and any(t is not None for _, t, _ in losses[1])
     for a, b in zip(losses[1], losses[2], strict=True):
         assert a[0] == b[0]
@@ -211,14 +213,13 @@ def assert_one_and_two_processes_train_alike(recipe: str, overrides: list[str], 
             assert (u is None) == (v is None) and (u is None or u == pytest.approx(v, rel=1e-5))
 
 
-@pytest.mark.slow
-def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path):
-    """The whole path: DocumentLoader, validation rows, the loop; 2 gloo processes under torchrun."""
+def shrunk_overrides(text_data: Path) -> list[str]:
+    """The recipe shrunk for the whole path on 1 and 2 processes (tests/two_processes.py)."""
     from speedrun.data.meta import load_meta
 
     eot = load_meta(text_data)["eot_id"]
     tiny = [o for o in shrink(RECIPE) if not o.startswith(("train.", "model.eot_id", "model.max_seq_len"))]
-    tiny += [
+    return tiny + [
         f"data.dir={text_data}", "data.tokenizer=bpe:512", f"model.eot_id={eot}", "model.max_seq_len=256",
         "train.seq_len=128", "train.micro_batch_tokens=128", "train.global_batch_tokens=512",
         "train.val_seq_len=256", "train.val_tokens=2048", "train.steps=6", "train.val_every=3",
@@ -229,4 +230,14 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         # shows the same)
         "optim.muon_backend=svd",
     ]  # fmt: skip
-    assert_one_and_two_processes_train_alike(RECIPE, tiny, tmp_path)
+
+
+two_processes.job(RECIPE, lambda data: ["--recipe", RECIPE, *shrunk_overrides(data)])
+
+
+@pytest.mark.slow
+@two_processes.SHARED
+def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path, tmp_path_factory):
+    """The whole path: DocumentLoader, validation rows, the loop; 2 gloo processes under torchrun."""
+    overrides = shrunk_overrides(text_data)
+    assert_one_and_two_processes_train_alike(RECIPE, overrides, text_data, tmp_path, tmp_path_factory)

@@ -150,12 +150,24 @@ def _train(cfg, out: Path, resume: bool) -> None:
     train(cfg, out, resume=resume)
 
 
+# the two kill tests share the uninterrupted run: one pytest-xdist worker trains it once
+STRAIGHT = pytest.mark.xdist_group("faults_straight")
+
+
+@pytest.fixture(scope="module")
+def straight_losses(text_data, tmp_path_factory) -> list[tuple]:
+    """The losses of the uninterrupted run (`speedrun train` with KILLABLE), trained once per module."""
+    straight = tmp_path_factory.mktemp("straight") / "run"
+    _train(load_recipe("demo", [*KILLABLE, f"data.dir={text_data}"]), straight, resume=False)
+    return losses(read_metrics(straight))
+
+
 @pytest.mark.slow
-def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(text_data, tmp_path, capsys):
+@STRAIGHT
+def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(
+    text_data, tmp_path, capsys, straight_losses
+):
     cfg = load_recipe("demo", [*KILLABLE, f"data.dir={text_data}"])
-    straight = tmp_path / "straight"
-    _train(cfg, straight, resume=False)
-    expected = losses(read_metrics(straight))
 
     rng = random.Random(11)
     out, started, hits = tmp_path / "run", False, []
@@ -173,16 +185,15 @@ def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(tex
         pytest.fail("the run never finished")
     capsys.readouterr()
     assert len(hits) >= 5 and {"line", "checkpoint", "rename"} <= set(hits), hits
-    assert losses(read_metrics(out)) == expected  # every record, bit for bit, each exactly once
+    assert losses(read_metrics(out)) == straight_losses  # every record, bit for bit, each exactly once
     assert not list((out / "checkpoints").glob("*.tmp"))
     assert "starts again from step 0" in (out / "log.txt").read_text()  # kills before the first checkpoint
 
 
 @pytest.mark.slow
-def test_real_sigkills_during_writes_then_resume(text_data, tmp_path):
+@STRAIGHT
+def test_real_sigkills_during_writes_then_resume(text_data, tmp_path, straight_losses):
     args = [f"data.dir={text_data}", *KILLABLE]
-    straight = tmp_path / "straight"
-    assert run_speedrun("train", "--out", str(straight), *args).returncode == 0
     out = tmp_path / "run"
     proc = subprocess.Popen(speedrun_command("train", "--out", str(out), *args), stdout=subprocess.DEVNULL)
     wait_for_metrics(out, 4)  # inside the loop
@@ -194,4 +205,4 @@ def test_real_sigkills_during_writes_then_resume(text_data, tmp_path):
     resumed.wait()
     final = run_speedrun("train", "--resume", str(out))  # no checkpoint at the last step: always resumable
     assert final.returncode == 0, final.stderr
-    assert losses(read_metrics(out)) == losses(read_metrics(straight))
+    assert losses(read_metrics(out)) == straight_losses

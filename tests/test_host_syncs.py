@@ -2,30 +2,34 @@
 control collective, so more steps between two log points cost no extra waits."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests import two_processes
 from tests.conftest import TINY
 
-HERE = Path(__file__).parent
 STEPS = 12  # log points: the first step, the end of the timing warm-up (2 steps) and the last step
+two_processes.job(
+    "host_syncs",
+    lambda data: [
+        f"data.dir={data}",
+        *TINY,
+        "train.warmdown_steps=0",
+        "train.val_every=0",
+        f"train.steps={STEPS}",
+        f"train.log_every={STEPS}",
+    ],  # fmt: skip
+    count_syncs=True,
+)
 
 
 @pytest.mark.slow
-def test_steps_between_log_points_make_no_host_syncs_or_collectives(text_data, tmp_path):
-    args = [f"data.dir={text_data}", *TINY, "train.warmdown_steps=0", "train.val_every=0"]
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [*launch, str(HERE / "count_host_syncs.py"), str(out), str(STEPS), *args],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@two_processes.SHARED
+def test_steps_between_log_points_make_no_host_syncs_or_collectives(text_data, tmp_path_factory):
+    """Counted on both ranks of a torchrun launch (tests/count_host_syncs.py)."""
+    out = two_processes.run_dir("host_syncs", text_data, tmp_path_factory)
     for rank in (0, 1):
-        counts = json.loads(Path(f"{out}.rank{rank}.json").read_text())
+        counts = json.loads(out.with_name(f"{out.name}.syncs.rank{rank}.json").read_text())
         at = counts["at_steps"]
         assert len(at) == STEPS, counts
         # Steps 3 to 11 (0-based 2..10 start a step that is no log point and no validation): from the

@@ -14,6 +14,7 @@ from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from speedrun.train.run_data import micro_batch_tokens
 from speedrun.train.timing import StepClock
+from tests import two_processes
 from tests.conftest import TINY, read_metrics
 
 FAST = [*TINY, "train.steps=4", "train.warmdown_steps=1", "train.val_every=0"]
@@ -80,18 +81,25 @@ def test_clock_counts_only_timed_intervals_and_survives_a_resume():
     assert resumed.mean_step_s() == clock.timed_s / 4
 
 
-@pytest.mark.slow
-def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_data, tmp_path):
-    from tests.conftest import run_speedrun
+two_processes.job(
+    "demo",
+    lambda data: [
+        f"data.dir={data}",
+        *(o for o in TINY if "batch_tokens" not in o),  # the demo's 1 x global
+        "train.global_batch_tokens=1024",
+        "train.micro_batch_tokens=1024",
+        "train.steps=2",
+        "train.warmdown_steps=1",
+        "train.val_every=0",
+    ],  # fmt: skip
+)
 
-    out = tmp_path / "two"
-    small = [o for o in TINY if "batch_tokens" not in o]  # keep the demo's 1 x global micro-batch
-    proc = run_speedrun(
-        "train", "--out", str(out), f"data.dir={text_data}", *small,
-        "train.global_batch_tokens=1024", "train.micro_batch_tokens=1024",
-        "train.steps=2", "train.warmdown_steps=1", "train.val_every=0", nproc=2,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+
+@pytest.mark.slow
+@two_processes.SHARED
+def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_data, tmp_path_factory):
+    """The demo's micro-batch (the whole global batch) is split over 2 processes (tests/two_processes.py)."""
+    out = two_processes.run_dir("demo", text_data, tmp_path_factory)
     assert "2 processes x 1 micro-steps x 512 tokens" in (out / "log.txt").read_text()
     assert Path(out / "config.json").exists()
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2  # what `verify` compares

@@ -124,3 +124,5 @@ def test_research_commands_name_their_extra(tmp_path, args, package):
         f"speedrun: error: `speedrun {command}` needs {package}: pip install 'speedrun[research]'"
     ], proc.stderr
     assert not (tmp_path / "curves.png").exists()
+    if args:  # --plot: refused before the work (the table, the t-tests), not after it
+        assert proc.stdout == "", proc.stdout

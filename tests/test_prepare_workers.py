@@ -61,11 +61,15 @@ def test_workers_die_with_their_parent(tmp_path):
     script = _script(
         tmp_path,
         """
+        import glob
         import multiprocessing
         import threading
 
+        BUSY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "busy-")
+
         class Slow:  # a tokenizer that takes a minute per document
             def encode_ordinary(self, text):
+                open(f"{BUSY}{os.getpid()}", "w").close()  # this worker has taken a batch
                 time.sleep(60)
                 return []
 
@@ -80,7 +84,8 @@ def test_workers_die_with_their_parent(tmp_path):
             while len(multiprocessing.active_children()) < 2 and time.monotonic() < started + 30:
                 time.sleep(0.05)
             print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
-            time.sleep(3)  # the workers have started and taken a batch each
+            while len(glob.glob(BUSY + "*")) < 2 and time.monotonic() < started + 30:
+                time.sleep(0.02)  # until the workers have started and taken a batch each
             os.kill(os.getpid(), signal.SIGKILL)
         """,
     )
@@ -164,6 +169,7 @@ def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, m
     if sig == signal.SIGTERM:
         from tests.conftest import run_speedrun
 
-        again = run_speedrun(*argv, "--max-tokens", "100000")  # into the same folder
+        # into the same folder; one worker tokenizes in this process (what is tested is the folder)
+        again = run_speedrun(*argv, "--workers", "1", "--max-tokens", "100000")
         assert again.returncode == 0, again.stderr
         assert (data_dir / "meta.json").is_file()

@@ -25,6 +25,7 @@ from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
+from tests import two_processes
 from tests.recipe_matrix import shrink
 from tests.test_bos_align_optimizer import record_adam_step
 from tests.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
@@ -400,16 +401,14 @@ def record_lr_shrunk(step: int, n: int) -> float:
     return 1.0 if x < 0.5 else w * 1.0 + (1 - w) * 0.1
 
 
-@pytest.mark.slow
-def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path):
-    """The whole path: DocumentLoader (packed, documents cut), varlen attention, stages, YaRN, validation
-    rows, the loop; 2 gloo processes under torchrun."""
+def shrunk_overrides(text_data: Path) -> list[str]:
+    """The recipe shrunk for the whole path on 1 and 2 processes (tests/two_processes.py)."""
     from speedrun.data.meta import load_meta
 
     eot = load_meta(text_data)["eot_id"]
     tiny = [o for o in shrink(RECIPE) if not o.startswith(("train.", "model.eot_id", "model.max_seq_len"))]
     stage = "tokens=1024 doc=128 windows="
-    tiny += [
+    return tiny + [
         f"data.dir={text_data}", "data.tokenizer=bpe:512", f"model.eot_id={eot}", "model.max_seq_len=256",
         "train.seq_len=256", "train.micro_batch_tokens=256", "train.global_batch_tokens=1024",
         "train.val_seq_len=256", "train.val_tokens=2048", "train.steps=6", "train.val_every=3",
@@ -417,7 +416,18 @@ def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp
         "model.embed_dtype=fp32", "optim.muon_backend=svd",
         f"train.stages={stage}1/1 frac=1/2; {stage}1/2 frac=1/2; {stage}1/2 ext=0",
     ]  # fmt: skip
-    assert_one_and_two_processes_train_alike(RECIPE, tiny, tmp_path)
+
+
+two_processes.job(RECIPE, lambda data: ["--recipe", RECIPE, *shrunk_overrides(data)])
+
+
+@pytest.mark.slow
+@two_processes.SHARED
+def test_trains_shrunk_on_one_and_two_processes_with_equal_losses(text_data, tmp_path, tmp_path_factory):
+    """The whole path: DocumentLoader (packed, documents cut), varlen attention, stages, YaRN, validation
+    rows, the loop; 2 gloo processes under torchrun."""
+    overrides = shrunk_overrides(text_data)
+    assert_one_and_two_processes_train_alike(RECIPE, overrides, text_data, tmp_path, tmp_path_factory)
 
 
 def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():

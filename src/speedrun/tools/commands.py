@@ -169,12 +169,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools.compare import check_report, format_table, load_runs, make_groups, plot_runs
+    from speedrun.tools.compare import (
+        check_report,
+        format_table,
+        load_runs,
+        make_groups,
+        plot_runs,
+        research_module,
+    )
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.plot is not None:
         check_report(args.plot, "--plot")  # before the work: a link, FIFO or run file is refused
+        research_module("matplotlib", "compare --plot")  # and a missing extra is said before, not after
     runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
