@@ -62,23 +62,13 @@ def data_copy(text_data, tmp_path) -> Path:
     return copy
 
 
-# The tests that read the suite's one in-library torchrun launch (tests/gloo_launch.py) share a
-# pytest-xdist worker (--dist loadgroup), so it runs once per suite.
-GLOO_LAUNCH = pytest.mark.xdist_group("gloo_launch")
-
-
 @pytest.fixture(scope="session")
-def gloo_launch(tmp_path_factory) -> dict:
-    """Results of tests/gloo_launch.py on 2 gloo processes: {"recipes": ..., "ddp_compile": ...,
-    "folder": where it saved the tensors it returns}."""
-    out = tmp_path_factory.mktemp("gloo_launch")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(
-        [*cmd, "-m", "tests.gloo_launch", str(out)], cwd=root, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {**json.loads((out / "results.json").read_text()), "folder": str(out)}
+def library_results(text_data, tmp_path_factory) -> dict:
+    """What the in-library checks found on 2 gloo processes (tests/library_checks.py, run in
+    tests/two_processes.py's one launch); tests using it carry `two_processes.SHARED`."""
+    from tests import two_processes
+
+    return two_processes.library_results(text_data, tmp_path_factory)
 
 
 def speedrun_command(*args: str, nproc: int = 0) -> list[str]:

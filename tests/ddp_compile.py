@@ -1,7 +1,7 @@
 """Worker of tests/test_ddp_compile.py: a shrunk recipe trains a few steps through the loop's
 `build_model` and `train_step` on 1 process or under torchrun with 2 gloo processes, eager or
 compiled (aot_eager: the CPU stand-in for inductor), and reports its losses and how dynamo compiled it.
-(under torchrun in tests/gloo_launch.py's one launch)
+(under torchrun in tests/two_processes.py's one launch)
 """
 
 from __future__ import annotations
@@ -70,5 +70,5 @@ def run(compile_on: bool, rank: int = 0, world: int = 1) -> dict:
 
 
 def eager_and_compiled(rank: int, world: int) -> dict[str, dict]:
-    """Both runs on this rank; run by tests/gloo_launch.py under torchrun."""
+    """Both runs on this rank; run by tests/library_checks.py under torchrun."""
     return {"eager": run(False, rank, world), "compiled": run(True, rank, world)}

@@ -1,7 +1,7 @@
 """Recipe matrix worker: every bundled recipe, shrunk but with its switches, trains K optimizer steps.
 
 Run in-process (one process, gradient accumulation over 2 micro-batches) or under torchrun with 2 gloo
-processes (in tests/gloo_launch.py's one launch), where each rank takes one micro-batch and the model is
+processes (in tests/two_processes.py's one launch), where each rank takes one micro-batch and the model is
 wrapped in DDP exactly as the training loop does. Both see the same global batch per step, so their
 losses must agree.
 """
@@ -130,7 +130,7 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
 
 
 def every_recipe(rank: int, world: int) -> dict[str, object]:
-    """Each recipe's losses on this rank, or its error; run by tests/gloo_launch.py under torchrun."""
+    """Each recipe's losses on this rank, or its error; run by tests/library_checks.py under torchrun."""
     results: dict[str, object] = {}
     for name in recipe_names():
         try:

@@ -14,6 +14,7 @@ from speedrun.errors import DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
+from tests import two_processes
 from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 
 # fp32 on CPU: a resumed run must reproduce the uninterrupted one bit for bit.
@@ -46,7 +47,8 @@ def rewind(run_dir: Path, copy: Path, step: int) -> None:
 
 
 # Tests that share the runs below run on one pytest-xdist worker (--dist loadgroup), so each run is
-# trained once per suite.
+# trained once per suite; the two-process tests run on the worker of the suite's one torchrun launch
+# (where the one-process run, ~2 s, is trained once more).
 SHARED_RUNS = pytest.mark.xdist_group("checkpoint_runs")
 
 
@@ -59,13 +61,14 @@ def straight_run(text_data, tmp_path_factory) -> Path:
     return out
 
 
+two_processes.job("checkpoint", lambda data: [f"data.dir={data}", *RESUMABLE])
+
+
 @pytest.fixture(scope="module")
 def two_process_run(text_data, tmp_path_factory) -> Path:
-    """The same run on 2 gloo processes under torchrun (1 micro-batch each per step)."""
-    out = tmp_path_factory.mktemp("two") / "run"
-    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE, nproc=2)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    """The same run on 2 gloo processes under torchrun (1 micro-batch each per step), in the suite's
+    one launch (tests/two_processes.py)."""
+    return two_processes.run_dir("checkpoint", text_data, tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -162,7 +165,7 @@ def test_tied_weights_round_trip(tmp_path):
 
 
 @pytest.mark.slow
-@SHARED_RUNS
+@two_processes.SHARED
 def test_two_processes_train_exactly_like_one_process_with_accumulation(straight_run, two_process_run):
     """World-size invariance through the whole loop (loader shards, DDP, Muon's distributed update,
     validation, checkpoints). fp32, so the only possible difference is rounding: DDP averages two
@@ -184,7 +187,7 @@ def test_two_processes_train_exactly_like_one_process_with_accumulation(straight
 
 
 @pytest.mark.slow
-@SHARED_RUNS
+@two_processes.SHARED
 def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_process_run, tmp_path):
     """The checkpoint does not depend on the world size (the DDP path; the sharded optimizer's resume
     on 1 and 4 processes is tests/test_normuon_worlds.py). Resumed in this process: a second torchrun

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import GLOO_LAUNCH
 from tests.ddp_compile import run
+from tests.two_processes import SHARED
 
 
 @pytest.mark.slow
-@GLOO_LAUNCH
-def test_compiled_ddp_is_split_at_buckets_and_trains_like_eager_and_one_process(gloo_launch):
-    two = gloo_launch["ddp_compile"]
+@SHARED
+def test_compiled_ddp_is_split_at_buckets_and_trains_like_eager_and_one_process(library_results):
+    two = library_results["ddp_compile"]
     compiled, eager = two["compiled"], two["eager"]
     assert compiled["wrapper"] == "DistributedDataParallel"
     # one dynamo graph, no graph break (fullgraph), handed to the backend in more than one piece

@@ -1,7 +1,7 @@
 """Muon across 2 gloo processes on CPU equals Muon in one process, and its state round-trips.
 
 The matrix counts per shape (5, 2, 1, 8): 5 is not divisible by 2 (padding) and rank 1 owns no
-(24, 16) matrix at all (an empty share). The two ranks run in tests/gloo_launch.py's one torchrun
+(24, 16) matrix at all (an empty share). The two ranks run in tests/two_processes.py's one torchrun
 launch: first in a group passed explicitly, then in the default group, which Muon finds by itself.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from speedrun.optim import Muon, set_muon_split
-from tests.conftest import GLOO_LAUNCH
+from tests.two_processes import SHARED
 
 STEPS_BEFORE_SAVE, STEPS_AFTER_LOAD = 3, 2
 
@@ -71,7 +71,7 @@ def _train(
 
 
 def on_two_ranks(rank: int, folder: Path) -> None:
-    """Run by tests/gloo_launch.py on each of 2 ranks: train in an explicitly passed group, then in the
+    """Run by tests/library_checks.py on each of 2 ranks: train in an explicitly passed group, then in the
     default group; each rank saves (params at save, state, final params) of both into `folder`."""
     explicit = dist.new_group([0, 1])
     for name, group in (("explicit", explicit), ("default", None)):
@@ -81,11 +81,11 @@ def on_two_ranks(rank: int, folder: Path) -> None:
 
 
 @pytest.mark.slow
-@GLOO_LAUNCH
+@SHARED
 @pytest.mark.parametrize("group", ["explicit", "default"])
-def test_distributed_matches_single_process_and_state_round_trips(group: str, gloo_launch) -> None:
+def test_distributed_matches_single_process_and_state_round_trips(group: str, library_results) -> None:
     expected_saved, expected_state, expected_final = _train()
-    folder = Path(gloo_launch["folder"])
+    folder = Path(library_results["folder"])
     results = [torch.load(folder / f"muon-{group}-rank{rank}.pt") for rank in range(2)]
     for saved, state, final in results:
         for got, want in zip(saved + final, expected_saved + expected_final, strict=True):

@@ -2,8 +2,8 @@
 and its model compiles with fullgraph on the path CUDA takes (FlexAttention) with the eager losses (a
 cover of the recipes: every model setting value and attention layout of every recipe, compiled once).
 
-The worker is tests/recipe_matrix.py; the suite's one in-library torchrun launch (tests/gloo_launch.py)
-runs all recipes (start-up paid once).
+The worker is tests/recipe_matrix.py; the suite's one torchrun launch (tests/two_processes.py) runs all
+recipes after its CLI jobs (tests/library_checks.py; start-up paid once).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 
 from speedrun.model import attention
 from speedrun.recipes import recipe_names
-from tests.conftest import GLOO_LAUNCH
 from tests.recipe_cover import recipe_cover
 from tests.recipe_matrix import batch, build, compile_config, flex_overrides, rows, shrunk, train_losses
+from tests.two_processes import SHARED
 
 RECIPES = recipe_names()
 
@@ -31,9 +31,9 @@ def test_every_parameter_gets_a_gradient(recipe):
 
 
 @pytest.mark.slow
-@GLOO_LAUNCH
-def test_two_gloo_processes_train_every_recipe_like_one_process(gloo_launch):
-    two_process_losses = gloo_launch["recipes"]
+@SHARED
+def test_two_gloo_processes_train_every_recipe_like_one_process(library_results):
+    two_process_losses = library_results["recipes"]
     assert sorted(two_process_losses) == RECIPES
     for recipe in RECIPES:
         two = two_process_losses[recipe]

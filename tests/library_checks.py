@@ -1,0 +1,27 @@
+"""The in-library 2-process checks, run by tests/two_processes.py's one torchrun launch after its
+`speedrun train` jobs, in the same process group: every recipe's losses (tests/recipe_matrix.py),
+compiled DDP (tests/ddp_compile.py) and distributed Muon (tests/test_muon_distributed.py). Rank 0
+writes `results.json` into the launch's folder; the tensors of the Muon check are saved beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch.distributed as dist
+
+from tests import ddp_compile, recipe_matrix, test_muon_distributed
+
+
+def run(folder: Path) -> None:
+    """Every check on this rank; the default process group is set up (by the jobs, or here)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {
+        "recipes": recipe_matrix.every_recipe(rank, world),
+        "ddp_compile": ddp_compile.eager_and_compiled(rank, world),
+    }
+    test_muon_distributed.on_two_ranks(rank, folder)
+    if rank == 0:
+        (folder / "results.json").write_text(json.dumps(results))
