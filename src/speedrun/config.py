@@ -132,6 +132,9 @@ class ModelConfig:
     ce_bf16: bool = False  # #37: training cross-entropy on the logits in their dtype (bf16), not fp32
     # --- 2025-10 records #39–#42 (model/backout.py) ---
     backout_layer: int = 0  # #40: λ·(this layer's output) subtracted before the final norm (8); 0 = off
+    # --- 2025-12 records #43–#53 (model/key_offset.py) ---
+    key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
+    mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
 
 
 @dataclass
@@ -262,9 +265,13 @@ class TrainConfig:
     # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off
     stages: str = ""
     # where the stages' LR cool-down starts: int = int(N·(1 − warmdown_frac)), t = (s − start)/(N − start)
-    # (HEAD, #46 on) | exact = N·(1 − warmdown_frac), w = (1 − min(s/N, 0.9999))/warmdown_frac (#26–#45's
-    # get_lr, N the scheduled steps; the extension at the floor + 0.0002·(1 − floor))
-    cooldown_start: Literal["int", "exact"] = "int"
+    # (HEAD) | exact = N·(1 − warmdown_frac), w = (1 − min(s/N, 0.9999))/warmdown_frac (#26–#45's
+    # get_lr, N the scheduled steps; the extension at the floor + 0.0002·(1 − floor)) | fraction = #46–#53's
+    # get_lr: x = s/N, w = (1 − x)/warmdown_frac once x >= 1 − warmdown_frac, the floor after N
+    cooldown_start: Literal["int", "exact", "fraction"] = "int"
+    # where a stage starts: round = round(N·cumulative frac) (HEAD) | fraction = the first step with
+    # s/N >= it, and MTP weights linear in s/N (#46–#53's int(3·s/N))
+    stage_bounds: Literal["round", "fraction"] = "round"
 
     @property
     def document_rows(self) -> int:

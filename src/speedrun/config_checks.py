@@ -58,11 +58,20 @@ def _check_stages(cfg: Config) -> None:
     if not staged:
         if t.cooldown_start != "int":
             raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
+        if t.stage_bounds != "round":
+            raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
+        if m.mtp > 1:
+            raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
         return
     from speedrun.train.stages import stage_plan
 
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
+    weights = max(len(s.mtp_start) for s in plan.stages)
+    if weights > max(1, m.mtp):
+        raise ConfigError(
+            f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
+        )
     if m.attention != "varlen":
         raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
     if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
@@ -228,6 +237,11 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError(
             f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({m.n_layer}): the layer "
             "whose output is backed out (0 = off)"
+        )
+    if m.key_offset and not (m.rope_half_truncated and m.window_pattern and m.n_embd // m.n_head % 4 == 0):
+        raise ConfigError(
+            "model.key_offset shifts the unrotated key dims of the long (L) layers: it needs "
+            "model.rope_half_truncated=true, a model.window_pattern and a head size divisible by 4"
         )
     if m.unet_gate == "sigmoid" and not m.unet:
         raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
