@@ -355,9 +355,9 @@ def parse_stages(
     (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
     document, 0 = no cut), `lr=F` (multiplier, 1) and `mtp=W,W,…` or `mtp=START>END` (#53's
     multi-token-prediction weights, constant or linear over the stage; default 1). The last stage is
-    the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them), optional `val=L` long window for the
-    final validation (`val=S/L`: its short and long windows) and `yarn=Y`, the window its YaRN
-    rescales to (default: its long window).
+    the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them),
+    optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
+    `yarn=Y`, the window its YaRN rescales to (default: its long window).
     """
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
