@@ -92,8 +92,9 @@ class ModelConfig:
     # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2)
     value_embeds: Literal["none", "per-layer", "unet", "ends"] = "none"
     value_embed_tables: PosInt = 3  # number of tables for value_embeds = "ends"
-    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5)
-    value_mix: Literal["lerp", "lambdas"] = "lerp"
+    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5) | weights (#47/#48):
+    # λ0 multiplies the QKV weight and λ1 the output projection's, v = λ0·v + other, (0.5, 1.0)
+    value_mix: Literal["lerp", "lambdas", "weights"] = "lerp"
     pad_embeddings: bool = True  # pad token/value embedding rows like the head (Sub3Min: only the head)
     # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c)
     softcap_form: Literal["tanh", "sigmoid"] = "tanh"
@@ -134,6 +135,8 @@ class ModelConfig:
     backout_layer: int = 0  # #40: λ·(this layer's output) subtracted before the final norm (8); 0 = off
     # --- 2025-12 records #43–#53 (model/key_offset.py) ---
     key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
+    skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
+    resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
     mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
 
 

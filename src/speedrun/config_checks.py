@@ -238,6 +238,20 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({m.n_layer}): the layer "
             "whose output is backed out (0 = off)"
         )
+    if m.skips:
+        pairs = [p.split(">") for p in m.skips.split(",")]
+        ok = all(len(p) == 2 and all(x.strip().isdigit() for x in p) for p in pairs)
+        if not (ok and m.unet and all(int(a) < int(b) < m.n_layer for a, b in pairs)):
+            raise ConfigError(
+                f"model.skips {m.skips!r} must be SRC>DST pairs, comma-separated, 0 <= SRC < DST < n_layer "
+                f"({m.n_layer}), and needs model.unet=true"
+            )
+        if len({int(b) for _, b in pairs}) != len(pairs):
+            raise ConfigError(f"model.skips {m.skips!r}: a layer receives one skip at most")
+    if m.value_mix == "weights" and (not m.fused_qkv or m.bias):
+        raise ConfigError(
+            "model.value_mix=weights scales the fused QKV weight: needs fused_qkv=true, bias=false"
+        )
     if m.key_offset and not (m.rope_half_truncated and m.window_pattern and m.n_embd // m.n_head % 4 == 0):
         raise ConfigError(
             "model.key_offset shifts the unrotated key dims of the long (L) layers: it needs "

@@ -51,7 +51,7 @@ from speedrun.model.layout import (
 from speedrun.model.mtp import mtp_loss
 from speedrun.model.self_attention import Attention
 from speedrun.model.smear import Smear
-from speedrun.model.unet import initial_weights, skip_scale, skip_sources
+from speedrun.model.unet import initial_weights, skip_scale, skip_sources, skip_weight_index
 
 #: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
 #: module's own (cached decoding brings its keys and values from earlier positions).
@@ -74,7 +74,8 @@ class Block(nn.Module):
         self.mlp = mlp
         # a layer with neither attention nor MLP (#35's layer 0) is absent: no x0 mix either
         present = has_attention or has_mlp
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut and present else None
+        init = [cfg.resid_lambda_init, 0.0]  # #45: the residual's weight from 1.1
+        self.lambdas = nn.Parameter(torch.tensor(init)) if cfg.x0_shortcut and present else None
 
     def forward(
         self,
@@ -117,7 +118,7 @@ class GPT(nn.Module):
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
-        self.skip_sources = skip_sources(cfg)
+        self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
@@ -239,13 +240,12 @@ class GPT(nn.Module):
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
-        first_decoder = cfg.n_layer - cfg.n_layer // 2  # skip weight j belongs to layer first_decoder + j
         sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                x = x + skip_scale(self.skip_weights[i - first_decoder], cfg.unet_gate) * outputs[src]
+                x = x + skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate) * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])

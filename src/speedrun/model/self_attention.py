@@ -46,6 +46,11 @@ class Attention(nn.Module):
             self.lamb = nn.Parameter(torch.tensor(0.5))
         elif self.value_mix == "lambdas":
             self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
+        elif self.value_mix == "weights":  # #47/#48: λ0 scales the QKV weight, λ1 the output's
+            assert cfg.fused_qkv and not cfg.bias, (
+                "config_checks: value_mix=weights needs a fused QKV, no bias"
+            )
+            self.lambdas = nn.Parameter(torch.tensor([0.5, 1.0]))
 
     def mix_values(self, v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
         """Value residual / value embeddings: lerp (1-λ)v + λ·other, or lambdas λ0·v + λ1·other (λ0·v alone
@@ -55,6 +60,8 @@ class Attention(nn.Module):
         other = other.view_as(v) if other is not None else None
         if self.value_mix == "lerp":
             return v if other is None else (1 - self.lamb) * v + self.lamb * other
+        if self.value_mix == "weights":  # v is already λ0·v (the weight was scaled): the embedding adds
+            return v if other is None else v + other
         v = self.lambdas[0] * v
         return v if other is None else v + self.lambdas[1] * other
 
@@ -74,7 +81,11 @@ class Attention(nn.Module):
         B, _, T, _ = y.shape
         if self.gate is not None:
             y = self.gate(y, x)
-        y = self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        if self.value_mix == "weights":  # #48: λ1 pre-multiplied into the output projection
+            y = F.linear(y, (self.lambdas[1] * self.c_proj.weight).type_as(y))
+        else:
+            y = self.c_proj(y)
         return y * self.out_scale if self.out_scale != 1.0 else y
 
     def project(
@@ -84,7 +95,10 @@ class Attention(nn.Module):
         rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding."""
         B, T, C = x.shape
         if hasattr(self, "c_attn"):
-            q, k, v = self.c_attn(x).split(C, dim=-1)
+            if self.value_mix == "weights":  # #47: λ0 pre-multiplied into the QKV weight
+                q, k, v = F.linear(x, (self.lambdas[0] * self.c_attn.weight).type_as(x)).split(C, dim=-1)
+            else:
+                q, k, v = self.c_attn(x).split(C, dim=-1)
         else:
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
