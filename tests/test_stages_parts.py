@@ -217,3 +217,149 @@ def test_the_schedule_writes_the_stage_mtp_weights_into_the_model():
 def test_a_bad_new_switch_is_one_config_error_naming_it(overrides, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_recipe(BASE, overrides)
+
+
+# ------------------------------------------------------------------ #53's model, from its code
+
+BLOCK = 128
+MODEL_53 = [  # what #45–#53 change in normuon-2025-10's model (the recipe, when built, sets these)
+    "model.n_layer=11", "model.no_attention_layers=6", "model.no_mlp_layers=", "model.backout_layer=7",
+    "model.window_pattern=SSSLSSSSSSL", "model.skips=3>6", "model.resid_lambda_init=1.1",
+    "model.value_mix=weights", "model.value_embeds=ends-late", "model.key_offset=true", "model.mtp=3",
+    "model.mlp_fc_transposed=false", f"train.stages={PLAN_53}", f"train.steps={N + EXT}",
+    "train.stage_bounds=fraction", "train.cooldown_start=fraction", "train.warmdown_frac=0.55",
+    "train.final_lr_frac=0.1",
+]  # fmt: skip
+
+
+def record_53_forward(
+    w, input_seq, target_seq, seqlens, ws_short, ws_long, yarn, scale, mtp, heads, dim, training
+):
+    """#53's GPT.forward (fp32: no FP8), the summed (MTP) loss in training; its x0_lambdas are our
+    blocks.i.lambdas[1], its resid lambdas our lambdas[0], its sa_lambdas our attn.lambdas."""
+    from tests.test_polar_recipe import record_rotary
+    from tests.test_yarn_recipe import fa3_reference, norm, record_qkvo
+
+    L, hd, T = 11, dim // heads, len(input_seq)
+    cos, sin = yarn.cos.bfloat16().float(), yarn.sin.bfloat16().float()
+    skip_connections, skip_in, skip_out, backout_layer = [], [3], [6], 7
+    short_bm, long_bm = ws_short * BLOCK, ws_long * BLOCK
+    bm_sizes = [
+        short_bm,
+        short_bm,
+        short_bm,
+        long_bm,
+        short_bm,
+        short_bm,
+        None,
+        short_bm,
+        short_bm,
+        short_bm,
+        long_bm,
+    ]
+    key_shift = [b == long_bm for b in bm_sizes]
+    x = F.embedding(input_seq, w["wte.weight"])  # tied: the head's rows; split: the embedding's
+    ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
+    ve = [ve[1], ve[2]] + [None] * (L - 5) + [ve[0], ve[1], ve[2]]
+    smear_gate = w["smear.gate.weight"]
+    gate_out = w["smear.lamb"] * torch.sigmoid(F.linear(x[1:, : smear_gate.size(-1)], smear_gate))
+    x = torch.cat([x[:1], x[1:] + gate_out * x[:-1]])
+    x = x0 = norm(x[None])
+    x_backout = None
+    for i in range(L):
+        if i in skip_out:
+            x = x + torch.sigmoid(w["skip_weights"][0]) * skip_connections.pop()
+        lam = w[f"blocks.{i}.lambdas"]  # (resid_lambdas[i], x0_lambdas[i])
+        x = (lam[0] + lam[1]) * x if i == 0 else lam[0] * x + lam[1] * x0
+        if bm_sizes[i] is not None:
+            h = norm(x)
+            sa = w[f"blocks.{i}.attn.lambdas"]
+            qkvo_w = record_qkvo(w, i, dim)
+            q, k, v = (
+                F.linear(h, sa[0] * qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
+            )
+            q, k = norm(q), norm(k)
+            q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
+            if key_shift[i]:
+                k = record_key_shift(k)
+            if ve[i] is not None:
+                v = v + ve[i].view_as(v)
+            y = fa3_reference(q[0], k[0], v[0], seqlens, bm_sizes[i], scale).view(1, T, heads, hd)
+            gate = w[f"blocks.{i}.attn.gate.proj.weight"]
+            y = y * torch.sigmoid(F.linear(h[..., : gate.size(-1)], gate)).view(1, T, heads, 1)
+            x = x + F.linear(y.contiguous().view(1, T, dim), sa[1] * qkvo_w[3])
+        h = F.linear(norm(x), w[f"blocks.{i}.mlp.c_fc.weight"])
+        x = x + F.linear(F.relu(h).square(), w[f"blocks.{i}.mlp.c_proj.weight"])
+        if i in skip_in:
+            skip_connections.append(x)
+        if i == backout_layer:
+            x_backout = x
+    x = x - w["backout.lamb"] * x_backout
+    logits = 30 * torch.sigmoid(F.linear(norm(x), w["lm_head.weight"]) / 7.5)[0]
+    if training and len(mtp) > 1:
+        return record_mtp_loss(logits, target_seq, torch.tensor(mtp))
+    return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
+
+
+@pytest.mark.parametrize("step", [100, 700, N + EXT])  # MTP 3 (windows 1/3), MTP 2 (YaRN 3 → 7), validation
+def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
+    import math
+
+    from tests.test_yarn_recipe import RecordYarn
+
+    heads, dim, T, vocab = 2, 64, 1024, 120
+    cfg = load_recipe(BASE, MODEL_53)
+    cfg.model = dataclasses.replace(
+        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
+        fp8_head=False, eot_id=vocab - 1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
+    gen = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
+    seq[[0, 1000]] = vocab - 1
+    cu = torch.full((128,), T, dtype=torch.int32)
+    cu[:2] = torch.tensor([0, 1000])
+    x, y = seq[:-1], seq[1:]
+    training = step < N + EXT
+    model.train(training)
+    apply_to_model(schedule_at(step, cfg), model)
+    _, ws_short, ws_long = record_bs_ws(step)
+    ws_long = WS_POST_YARN if not training else ws_long
+    yarn, scale, seen = RecordYarn(dim // heads, T), 0.1, [WS[0]]
+    for s in range(min(step, N + EXT - 1) + 1):
+        if record_bs_ws(s)[2] != seen[-1]:
+            seen.append(record_bs_ws(s)[2])
+    for old, new in zip(seen[:-1], seen[1:], strict=True):
+        yarn.apply_yarn(old, new)
+        scale *= 0.2 * math.log(new / old) + 1
+    weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
+    with torch.set_grad_enabled(training):
+        loss = model(x[None], y[None], cu)
+        ref = record_53_forward(
+            weights, x, y, cu, ws_short, ws_long, yarn, scale, record_mtp(step), heads, dim, training
+        )
+    ref = ref / T if training else ref
+    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
+    if not training:
+        return
+    loss.backward()
+    ref.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_initial_scalars_are_the_53_models():
+    """#53's GPT.__init__: resid lambdas 1.1 (#45), x0 lambdas 0, sa lambdas (0.5, 1.0), skip λ −1.5, smear
+    λ 0, backout λ 0.5; value embeddings on layers 0, 1 (tables 1, 2) and 8, 9, 10 (tables 0, 1, 2)."""
+    cfg = load_recipe(BASE, MODEL_53)
+    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    for i, block in enumerate(model.blocks):
+        assert block.lambdas.tolist() == pytest.approx([1.1, 0.0]), i
+        assert block.attn is None if i == 6 else block.attn.lambdas.tolist() == [0.5, 1.0], i
+    assert model.skip_weights.tolist() == [-1.5] and model.skip_sources == [None] * 6 + [3] + [None] * 4
+    assert (model.smear.lamb.item(), model.backout.lamb.item()) == (0.0, 0.5)
+    assert model.ve_layout == [1, 2] + [None] * 6 + [0, 1, 2]
