@@ -137,6 +137,12 @@ class ModelConfig:
     key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
     skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
     resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
+    x0_lambda_apart: bool = (
+        False  # #52: the x0 shortcut's λ1 its own parameter (blocks.i.x0_lambda), in the main Adam
+    )
+    head_init_std: float = (
+        0.0  # #51/#53: the head (and the embedding tied to it) from normal(0, this) (0.005)
+    )
     mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
 
 
@@ -219,6 +225,7 @@ class OptimConfig:
     # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
     # attention matrices are blocks of a wide (768, 3072) parameter)
     normuon_square_stats: Literal["rows", "cols"] = "rows"
+    smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 
 

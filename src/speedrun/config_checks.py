@@ -253,6 +253,12 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError(
             "model.value_mix=weights scales the fused QKV weight: needs fused_qkv=true, bias=false"
         )
+    if m.x0_lambda_apart and not m.x0_shortcut:
+        raise ConfigError(
+            "model.x0_lambda_apart separates the x0 shortcut's weight: it needs model.x0_shortcut=true"
+        )
+    if m.head_init_std < 0 or (m.head_init_std and m.zero_init_head):
+        raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
     if m.key_offset and not (m.rope_half_truncated and m.window_pattern and m.n_embd // m.n_head % 4 == 0):
         raise ConfigError(
             "model.key_offset shifts the unrotated key dims of the long (L) layers: it needs "
@@ -284,6 +290,10 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
+        if o.smear_gate_lr:
+            raise ConfigError(
+                "optim.smear_gate_lr needs optim.name=normuon (its table routes the smear gate)"
+            )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
                 "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
@@ -306,6 +316,10 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
+    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not m.smear):
+        raise ConfigError(
+            "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
+        )
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
             raise ConfigError(

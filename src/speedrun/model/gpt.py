@@ -75,7 +75,11 @@ class Block(nn.Module):
         # a layer with neither attention nor MLP (#35's layer 0) is absent: no x0 mix either
         present = has_attention or has_mlp
         init = [cfg.resid_lambda_init, 0.0]  # #45: the residual's weight from 1.1
-        self.lambdas = nn.Parameter(torch.tensor(init)) if cfg.x0_shortcut and present else None
+        shortcut = cfg.x0_shortcut and present
+        self.lambdas = (
+            nn.Parameter(torch.tensor(init[: 1 if cfg.x0_lambda_apart else 2])) if shortcut else None
+        )
+        self.x0_lambda = nn.Parameter(torch.zeros(1)) if shortcut and cfg.x0_lambda_apart else None  # #52
 
     def forward(
         self,
@@ -88,7 +92,7 @@ class Block(nn.Module):
         """Returns the new residual stream and the attention's unmixed v (None without attention).
         `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
         if self.lambdas is not None:
-            x = self.lambdas[0] * x + self.lambdas[1] * x0
+            x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         raw_v = None
         if self.attn is not None:
             h = self.norm1(x)
@@ -164,6 +168,8 @@ class GPT(nn.Module):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
+        elif cfg.head_init_std > 0:  # #51/#53
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.head_init_std)
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards; called every step by the training loop

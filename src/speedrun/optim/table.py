@@ -4,7 +4,9 @@ hyperparameters, and whether its update is sharded over the processes or replica
 How a parameter gets its row (docs/recipes.md, "The optimizer table"):
 - the model's role (``GPT.param_roles``) picks the rule: 'matrix' → NorMuon, anything else → Adam;
 - the name picks the Adam label: ``wte.``/``wpe.`` → embed, ``value_embeds.`` → value_embed,
-  ``lm_head.`` → head, the rest → scalar (each label has its own LR, betas and decay);
+  ``lm_head.`` → head, ``.x0_lambda`` → x0 (#52: the x0 shortcut's weights stay in the main Adam),
+  the rest → scalar (each label has its own LR, betas and decay); with ``smear_gate`` (#52) the smear
+  gate leaves NorMuon for Adam's label smear_gate;
 - the size picks the communication: NorMuon matrices are always sharded (stacked by shape into banks,
   whole matrices per rank); an Adam tensor is sharded along its rows when it is an embedding or head
   whose row count the world size divides, else replicated (all-reduced, updated on every rank);
@@ -29,7 +31,7 @@ from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.muon import muon_split
 
 RULES = ("normuon", "adam")
-LABELS = ("matrix", "embed", "value_embed", "head", "scalar")
+LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate")
 SHARDED_LABELS = ("embed", "value_embed", "head")
 
 
@@ -131,14 +133,16 @@ def _layout_blocks(t: Tensor, like: Tensor) -> Tensor:
     return t.view(-1, *like.shape[-2:])
 
 
-def label_of(role: str, name: str) -> str:
+def label_of(role: str, name: str, smear_gate: bool = False) -> str:
+    if smear_gate and name.startswith("smear.gate"):
+        return "smear_gate"
     if role == "matrix":
         return "matrix"
     if role == "head":
         return "head"
     if role == "embed":
         return "value_embed" if name.startswith("value_embeds.") else "embed"
-    return "scalar"
+    return "x0" if name.endswith(".x0_lambda") else "scalar"
 
 
 def qk_block_rows(name: str, p: Tensor, qk_rows: int) -> tuple[int, ...]:
@@ -162,15 +166,17 @@ def build_rows(
     qk_rows: int = 0,
     proj_lr_mul: float = 1.0,
     fc_lr_mul: float = 1.0,
+    smear_gate: bool = False,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
     ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul`` and ``fc_lr_mul``: LR
-    multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``)."""
+    multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``); ``smear_gate``:
+    Adam, not NorMuon, trains the smear gate (#52)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
-            label = label_of(role, name)
+            label = label_of(role, name, smear_gate)
             rule = "normuon" if label == "matrix" else "adam"
             sharded = rule == "normuon" or (
                 label in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
@@ -198,9 +204,11 @@ def build_banks(rows: list[Row], world: int) -> list[Bank]:
 
 
 def adam_labels(o, lrs: dict[str, float]) -> dict[str, AdamLabel]:
-    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs."""
+    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs (x0 and
+    smear_gate only where ``lrs`` names them: #52's main-Adam betas, no decay)."""
     wd = o.adam_weight_decay
-    return {
+    extra = {k: AdamLabel(lrs[k], tuple(o.embed_betas), 0.0, o.eps) for k in ("x0", "smear_gate") if k in lrs}
+    return extra | {
         "embed": AdamLabel(lrs["embed"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "head": AdamLabel(lrs["head"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "value_embed": AdamLabel(

@@ -1,8 +1,10 @@
-"""The parts of records #43–#53 built so far, each against the record's code (records/track_1_short/
-2025-12-22_MultiTokenPrediction, the script at the top of each log), written here: #49's partial key
-offset, #53's multi-token-prediction loss, and #46–#53's schedule formulas (get_lr, get_bs, get_ws and
-the MTP weights) through a stage plan written as `train.stages` text. The recipe `stages-2025-12`
-itself is not built yet (see docs/roadmap.md)."""
+"""Recipe `stages-2025-12` against record #53's script (records/track_1_short/2025-12-22_MultiTokenPrediction,
+the code at the top of each log), its formulas written here: each new part (#49's partial key offset,
+#53's multi-token-prediction loss), the schedules (get_lr, get_bs, get_ws, the MTP weights, momentum,
+the untie step) at chosen steps, the fp32 forward loss and gradients of its model (FA3 replaced by a
+dense document-causal window mask, as tests/test_yarn_recipe.py), its initial scalars, and several
+steps of its optimizers (NorMuon with cautious weight decay, the main DistAdam with cautious decay,
+the scalars' own DistAdam paused at a transition, the tied embedding untied)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import parse_stages, stage_values
 
 BASE = "normuon-2025-10"
+RECIPE = "stages-2025-12"
 
 
 def record_key_shift(k: torch.Tensor) -> torch.Tensor:
@@ -222,21 +225,13 @@ def test_a_bad_new_switch_is_one_config_error_naming_it(overrides, words):
 # ------------------------------------------------------------------ #53's model, from its code
 
 BLOCK = 128
-MODEL_53 = [  # what #45–#53 change in normuon-2025-10's model (the recipe, when built, sets these)
-    "model.n_layer=11", "model.no_attention_layers=6", "model.no_mlp_layers=", "model.backout_layer=7",
-    "model.window_pattern=SSSLSSSSSSL", "model.skips=3>6", "model.resid_lambda_init=1.1",
-    "model.value_mix=weights", "model.value_embeds=ends-late", "model.key_offset=true", "model.mtp=3",
-    "model.mlp_fc_transposed=false", f"train.stages={PLAN_53}", f"train.steps={N + EXT}",
-    "train.stage_bounds=fraction", "train.cooldown_start=fraction", "train.warmdown_frac=0.55",
-    "train.final_lr_frac=0.1",
-]  # fmt: skip
 
 
 def record_53_forward(
     w, input_seq, target_seq, seqlens, ws_short, ws_long, yarn, scale, mtp, heads, dim, training
 ):
-    """#53's GPT.forward (fp32: no FP8), the summed (MTP) loss in training; its x0_lambdas are our
-    blocks.i.lambdas[1], its resid lambdas our lambdas[0], its sa_lambdas our attn.lambdas."""
+    """#53's GPT.forward (fp32: no FP8), the summed (MTP) loss in training; its resid lambdas are our
+    blocks.i.lambdas, its x0_lambdas our blocks.i.x0_lambda, its sa_lambdas our attn.lambdas."""
     from tests.test_polar_recipe import record_rotary
     from tests.test_yarn_recipe import fa3_reference, norm, record_qkvo
 
@@ -269,8 +264,8 @@ def record_53_forward(
     for i in range(L):
         if i in skip_out:
             x = x + torch.sigmoid(w["skip_weights"][0]) * skip_connections.pop()
-        lam = w[f"blocks.{i}.lambdas"]  # (resid_lambdas[i], x0_lambdas[i])
-        x = (lam[0] + lam[1]) * x if i == 0 else lam[0] * x + lam[1] * x0
+        resid, x0_lambda = w[f"blocks.{i}.lambdas"][0], w[f"blocks.{i}.x0_lambda"][0]
+        x = (resid + x0_lambda) * x if i == 0 else resid * x + x0_lambda * x0
         if bm_sizes[i] is not None:
             h = norm(x)
             sa = w[f"blocks.{i}.attn.lambdas"]
@@ -308,7 +303,7 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
     from tests.test_yarn_recipe import RecordYarn
 
     heads, dim, T, vocab = 2, 64, 1024, 120
-    cfg = load_recipe(BASE, MODEL_53)
+    cfg = load_recipe(RECIPE)
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
@@ -355,10 +350,10 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
 def test_initial_scalars_are_the_53_models():
     """#53's GPT.__init__: resid lambdas 1.1 (#45), x0 lambdas 0, sa lambdas (0.5, 1.0), skip λ −1.5, smear
     λ 0, backout λ 0.5; value embeddings on layers 0, 1 (tables 1, 2) and 8, 9, 10 (tables 0, 1, 2)."""
-    cfg = load_recipe(BASE, MODEL_53)
+    cfg = load_recipe(RECIPE)
     model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     for i, block in enumerate(model.blocks):
-        assert block.lambdas.tolist() == pytest.approx([1.1, 0.0]), i
+        assert (block.lambdas.tolist(), block.x0_lambda.tolist()) == (pytest.approx([1.1]), [0.0]), i
         assert block.attn is None if i == 6 else block.attn.lambdas.tolist() == [0.5, 1.0], i
     assert model.skip_weights.tolist() == [-1.5] and model.skip_sources == [None] * 6 + [3] + [None] * 4
     assert (model.smear.lamb.item(), model.backout.lamb.item()) == (0.0, 0.5)
