@@ -225,6 +225,9 @@ class OptimConfig:
     # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
     # attention matrices are blocks of a wide (768, 3072) parameter)
     normuon_square_stats: Literal["rows", "cols"] = "rows"
+    normuon_gate_row_stats: bool = (
+        False  # #48–#55: the attention gates (heads, 12) get one statistic per head
+    )
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 

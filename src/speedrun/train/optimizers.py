@@ -154,6 +154,7 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         ns_form=o.muon_ns_form,
         adam_every=o.adam_every,
         square_stats=o.normuon_square_stats,
+        gate_row_stats=o.normuon_gate_row_stats,
         frozen_labels=("scalar",) if o.scalar_freeze_steps else (),
         tie=tie,
     )
