@@ -358,3 +358,191 @@ def test_initial_scalars_are_the_53_models():
     assert model.skip_weights.tolist() == [-1.5] and model.skip_sources == [None] * 6 + [3] + [None] * 4
     assert (model.smear.lamb.item(), model.backout.lamb.item()) == (0.0, 0.5)
     assert model.ve_layout == [1, 2] + [None] * 6 + [0, 1, 2]
+
+
+# ------------------------------------------------------------------ #53's optimizers, from its code
+
+
+def record_cautious_wd_and_update_(p, v, wd, lr):
+    """#53's cautious_wd_and_update_inplace."""
+    mask = (v * p) >= 0
+    p.copy_(p - (p * mask * wd * lr) - (v * lr))
+
+
+def record_normuon_variance_(v, buf, beta2, red_dim):
+    """#53's apply_normuon_variance_reduction (fp32)."""
+    v_mean = v.float().square().mean(dim=red_dim, keepdim=True)
+    red_dim_size = v.size(red_dim)
+    v_norm = v_mean.sum(dim=(-2, -1), keepdim=True).mul_(red_dim_size).sqrt_()
+    buf.lerp_(v_mean, 1 - beta2)
+    step_size = buf.clamp_min(1e-10).rsqrt()
+    scaled_sq_sum = (v_mean * red_dim_size) * step_size.square()
+    v_norm_new = scaled_sq_sum.sum(dim=(-2, -1), keepdim=True).sqrt_()
+    return v * (step_size * (v_norm / v_norm_new.clamp_min_(1e-10)))
+
+
+@torch.no_grad()
+def record_normuon_step(params, state, lr, momentum, wd=1.2, beta2=0.95):
+    """#53's NorMuon.step for world_size 1, per parameter (its groups stack same-label parameters; the
+    statistics stay per parameter), polar_express in fp32."""
+    from tests.test_polar_recipe import record_polar_express
+
+    for p in params:
+        st = state.setdefault(id(p), {})
+        grad = p.grad[None].clone()
+        buf = st.setdefault("momentum_buffer", torch.zeros_like(grad))
+        buf.lerp_(grad, 1 - momentum)
+        updated = grad.lerp_(buf, momentum)
+        if p.label == "attn":
+            updated = updated.view(4 * 1, grad.shape[1] // 4, grad.shape[2])
+        is_gate = p.label == "attn_gate"
+        rows, cols = p.shape
+        if "second_momentum_buffer" not in st:
+            like = updated[..., :, :1] if is_gate or rows >= cols else updated[..., :1, :]
+            st["second_momentum_buffer"] = torch.zeros_like(like)
+        v = record_polar_express(updated)
+        red_dim = -1 if (is_gate or rows >= cols) else -2
+        v = record_normuon_variance_(v, st["second_momentum_buffer"], beta2, red_dim).view(1, rows, cols)
+        eff_lr = lr * max(1.0, rows / cols) ** 0.5 * getattr(p, "lr_mul", 1.0)
+        record_cautious_wd_and_update_(p, v[0], wd * lr * getattr(p, "wd_mul", 1.0), eff_lr)
+
+
+@torch.no_grad()
+def record_dist_adam_step(params, state, lr, betas, eps=1e-8, wd=0.005):
+    """#53's DistAdam.step for world_size 1: lr·lr_mul, cautious decay lr·wd·wd_mul·lr."""
+    beta1, beta2 = betas
+    for p in params:
+        if p.grad is None:
+            continue
+        st = state.setdefault(id(p), {})
+        if not st:
+            st["step"], st["exp_avg"], st["exp_avg_sq"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+        plr = lr * p.lr_mul
+        st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        st["step"] += 1
+        t = st["step"]
+        bias1, bias2 = 1 - beta1**t, 1 - beta2**t
+        update = st["exp_avg"].div(st["exp_avg_sq"].sqrt().add_(eps)).mul_(plr * (bias2**0.5 / bias1))
+        mask = (update * p) > 0
+        update.addcmul_(p, mask, value=plr * wd * p.wd_mul * plr)
+        p.add_(other=update, alpha=-1.0)
+
+
+def test_eight_steps_equal_record_53s_optimizers():
+    """NorMuon every step (lr 0.023, cautious wd 1.2, gates' statistics per head, the MLP's (3072, 768)
+    layout: x2 shape LR on both, c_proj lr_mul 2); on odd steps the main DistAdam (betas 0.65/0.95, wd
+    0.005, smear gate lr x0.01, x0 lambdas x5) and the scalars' DistAdam (0.9/0.99, x5), paused (its
+    gradients dropped) from a transition for `transition_steps`; the embedding tied to the head until the
+    untie step, then continuing from the head's weights and Adam state (copy_lm_to_embed). Shrunk: 10
+    steps, the second stage from step 5, untie at 4, pause 2 steps; fp32."""
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.schedule import apply_schedule
+    from tests.recipe_matrix import shrink
+
+    extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
+    extra += ["optim.tie_until=4", "optim.scalar_freeze_steps=2"]
+    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    dim = cfg.model.n_embd
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opt = build_optimizer(model, cfg)  # the embedding starts as a copy of the head
+    ours = dict(model.named_parameters())
+    torch.testing.assert_close(ours["wte.weight"], ours["lm_head.weight"], rtol=0, atol=0)
+    rec, muon, adam, scalars = {}, [], [], []
+    for name, p in ours.items():
+        if name.endswith("attn.c_proj.weight"):
+            continue
+        if name.endswith("attn.c_attn.weight"):
+            name = name.replace("c_attn", "qkvo")
+            w, label = torch.cat([p.detach(), ours[name.replace("qkvo", "c_proj")].detach()]), "attn"
+        elif name.endswith("mlp.c_proj.weight"):
+            w, label = p.detach().T, "mlp"  # the record stores it (4d, d)
+        else:
+            w = p.detach()
+            label = "mlp" if "mlp." in name else "attn_gate" if "attn.gate" in name else "adam"
+        r = rec[name] = torch.nn.Parameter(w.clone())
+        r.label, r.lr_mul, r.wd_mul = label, 1.0, 1.0
+        if label != "adam":
+            r.lr_mul = 2.0 if name.endswith("mlp.c_proj.weight") else 1.0
+            muon.append(r)
+        elif name.startswith("value_embeds."):
+            r.lr_mul = 75.0
+            adam.append(r)
+        elif name in ("wte.weight", "lm_head.weight"):
+            adam.append(r)
+        elif name == "smear.gate.weight":
+            r.lr_mul, r.wd_mul = 0.01, 0.0
+            adam.append(r)
+        elif name.endswith(".x0_lambda"):
+            r.lr_mul, r.wd_mul = 5.0, 0.0
+            adam.append(r)
+        else:
+            r.lr_mul, r.wd_mul = 5.0, 0.0
+            scalars.append(r)
+    assert len(scalars) >= 4 and any(n.endswith(".x0_lambda") for n in rec)
+    start = {n: p.detach().clone() for n, p in ours.items()}
+    muon_state, adam_state, scalar_state = {}, {}, {}
+    tied, transition_left = True, 0
+    gen = torch.Generator().manual_seed(1)
+    assert cfg.train.steps == 10
+    for step in range(8):
+        apply_schedule(schedule_at(step, cfg), opt, model)
+        for p in ours.values():
+            p.grad = torch.randn(p.shape, generator=gen)
+        for name, w in rec.items():
+            if "qkvo" in name:
+                g = torch.cat(
+                    [ours[name.replace("qkvo", "c_attn")].grad, ours[name.replace("qkvo", "c_proj")].grad]
+                )
+            elif name.endswith("mlp.c_proj.weight"):
+                g = ours[name].grad.T.clone()
+            else:
+                g = ours[name].grad.clone()
+            if tied and name == "wte.weight":  # F.embedding(input, lm_head.weight): the head gets it
+                w = rec["lm_head.weight"]
+            w.grad = g if w.grad is None else w.grad + g  # Adam's gradients are not cleared on even steps
+        opt.step()
+        opt.zero_grad()
+        # the record's step_optimizers
+        x = step / 10
+        lr = 1.0 if x < 1 - 0.55 else (1 - x) / 0.55 + (1 - (1 - x) / 0.55) * 0.1
+        if step == 5:  # the second stage's first step: a transition
+            transition_left = 2
+        in_transition = transition_left > 0
+        transition_left -= in_transition
+        record_normuon_step(muon, muon_state, 0.023 * lr, 0.85 + step / 300 * (0.95 - 0.85))
+        for p in muon:
+            p.grad = None
+        if step % 2 == 1:
+            record_dist_adam_step(adam, adam_state, 0.008 * lr, (0.65, 0.95))
+            if not in_transition:
+                record_dist_adam_step(scalars, scalar_state, 0.008 * lr, (0.9, 0.99))
+            for p in adam + scalars:
+                p.grad = None
+        if in_transition:
+            for p in scalars:
+                p.grad = None
+        if tied:
+            rec["wte.weight"].data.copy_(rec["lm_head.weight"].data)  # one matrix while tied
+        if step == (4 - 2) | 1:  # copy_lm_to_embed after the last tied Adam step
+            head, embed = rec["lm_head.weight"], rec["wte.weight"]
+            adam_state[id(embed)] = {
+                k: v.clone() if torch.is_tensor(v) else v for k, v in adam_state[id(head)].items()
+            }
+            embed.data.copy_(head.data)
+            tied = False
+    bad = []
+    for name, p in ours.items():
+        if "attn.c_" in name:
+            q = rec[name.replace("c_attn", "qkvo").replace("c_proj", "qkvo")].detach()
+            want = (q[: 3 * dim] if "c_attn" in name else q[3 * dim :]) - start[name]
+        elif name.endswith("mlp.c_proj.weight"):
+            want = rec[name].detach().T - start[name]
+        else:
+            want = rec[name].detach() - start[name]
+        got = p.detach() - start[name]
+        assert want.norm() > 0, name
+        if (got - want).norm() > 1e-5 * want.norm() + 1e-8:
+            bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
+    assert not bad, bad

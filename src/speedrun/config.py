@@ -221,6 +221,9 @@ class OptimConfig:
     tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
     muon_qk_block_heads: int = 0  # Q and K orthogonalized per group of this many heads (#80: 2); 0 = whole
     mlp_proj_lr_mul: float = 1.0  # LR multiplier of the MLP output projections (HEAD: 2, see docs/recipes.md)
+    attn_lr_mul: float = (
+        1.0  # LR multiplier of the attention matrices (#48–#53: 2, their (3072, 768) qkvo's shape)
+    )
     mlp_fc_lr_mul: float = 1.0  # LR multiplier of the MLP up-projections (#42: 2, stored (768, 3072))
     # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
     # attention matrices are blocks of a wide (768, 3072) parameter)

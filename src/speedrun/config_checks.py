@@ -290,9 +290,9 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
-        if o.smear_gate_lr:
+        if o.smear_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
             raise ConfigError(
-                "optim.smear_gate_lr needs optim.name=normuon (its table routes the smear gate)"
+                "optim.smear_gate_lr, normuon_gate_row_stats and attn_lr_mul need optim.name=normuon"
             )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
@@ -316,6 +316,8 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
+    if o.attn_lr_mul <= 0:
+        raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
     if o.smear_gate_lr < 0 or (o.smear_gate_lr and not m.smear):
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"

@@ -167,12 +167,14 @@ def build_rows(
     proj_lr_mul: float = 1.0,
     fc_lr_mul: float = 1.0,
     smear_gate: bool = False,
+    attn_lr_mul: float = 1.0,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
     ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul`` and ``fc_lr_mul``: LR
     multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``); ``smear_gate``:
-    Adam, not NorMuon, trains the smear gate (#52)."""
+    Adam, not NorMuon, trains the smear gate (#52); ``attn_lr_mul``: LR multiplier of the attention's
+    QKV and output matrices (#48 on: the record's (3072, 768) qkvo parameter gets shape LR x2)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
@@ -185,6 +187,7 @@ def build_rows(
             if rule == "normuon":
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
                 muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
+                muls |= {"attn.c_attn.weight": attn_lr_mul, "attn.c_proj.weight": attn_lr_mul}
                 row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows

@@ -122,7 +122,9 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
     smear_gate = o.smear_gate_lr > 0  # #52
-    rows = build_rows(model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate)
+    rows = build_rows(
+        model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul
+    )
     lrs = {
         "embed": o.embed_lr,
         "head": o.head_lr,
