@@ -168,15 +168,51 @@ def record_mtp(step: int) -> list[float]:
     return [1.0]
 
 
-@pytest.mark.parametrize("step", [0, 1, 300, 626, 627, 845, 846, 1000, 1253, 1254, 1700, 1879, 1880, 1919])
-def test_the_53_plan_gives_its_lr_batch_windows_and_mtp_weights(step):
-    plan = parse_stages(PLAN_53, N + EXT, 0.55, 0.1, (0.85, 0.95, 300, 50), "fraction", True)
-    v = stage_values(step, plan)
-    assert v.lr == pytest.approx(record_lr(step), rel=1e-12, abs=1e-15), step
+def record_momentum(step: int) -> float:
+    """#53's get_muon_momentum (300 warm-up steps, 50 cool-down steps of all 1,920, 0.85 ↔ 0.95)."""
+    cd_start = N + EXT - 50
+    if step < 300:
+        return 0.85 + step / 300 * (0.95 - 0.85)
+    if step > cd_start:
+        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
+    return 0.95
+
+
+def record_frozen(step: int) -> bool:
+    """#52's scalar pause: 40 steps from each step whose batch or window differs from the step before."""
+    changes = [s for s in range(1, step + 1) if record_bs_ws(s) != record_bs_ws(s - 1)]
+    return bool(changes) and step - changes[-1] < 40
+
+
+@pytest.mark.parametrize(
+    "step", [0, 1, 300, 626, 627, 666, 667, 845, 846, 1000, 1253, 1254, 1293, 1294, 1700, 1879, 1880, 1919]
+)
+def test_schedule_at_chosen_steps_is_the_records(step):
+    cfg = load_recipe(RECIPE)
+    got = schedule_at(step, cfg)
+    v = got.stage
+    assert got.lr == pytest.approx(record_lr(step), rel=1e-12, abs=1e-15), step
+    assert got.muon_momentum == pytest.approx(record_momentum(step), rel=1e-12), step
     assert (v.batch_tokens, v.short_window, v.long_window) == record_bs_ws(step), step
+    assert v.max_doc_len == 2048
     assert v.mtp_weights == pytest.approx(record_mtp(step), rel=1e-12, abs=1e-15), step
-    final = stage_values(N + EXT, plan)
+    assert got.frozen == record_frozen(step), step
+    final = schedule_at(N + EXT, cfg).stage
     assert (final.short_window, final.long_window) == (WS_FINAL // 2, WS_POST_YARN)
+
+
+def test_the_untie_step_and_batch_rows_are_the_records():
+    """#53: split_step = ceil(2/3 · 1880); copy_lm_to_embed after step (split_step − 2) | 1, an Adam
+    (odd) step, so `optim.tie_until` steps run tied; 8 rows of tokens/8 per step (8 ranks x 1)."""
+    import math
+
+    cfg = load_recipe(RECIPE)
+    split_step = math.ceil(2 / 3 * N)
+    assert cfg.optim.tie_until == ((split_step - 2) | 1) + 1 == split_step == 1254
+    assert cfg.optim.adam_every == 2 and ((split_step - 2) | 1) % 2 == 1
+    assert cfg.train.document_rows == 8
+    for step in (0, 627, 1254):
+        assert schedule_at(step, cfg).stage.batch_tokens // 8 == record_bs_ws(step)[0] // 8
 
 
 def test_rounded_bounds_would_start_the_third_stage_a_step_early():
