@@ -58,6 +58,8 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append(f"model.no_attention_layers={n_layer // 2}")
     if m.value_embeds in ("ends", "ends-late"):
         out.append("model.value_embed_tables=1")
+    if m.value_embeds == "ends-late" and n_layer < 4:  # its one table reaches only the last layer
+        out.append("model.no_attention_layers=0")
     if m.skips:  # #45's one skip 3 → 6 of 11: from the first layer to the last
         out.append(f"model.skips=0>{n_layer - 1}")
     if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth

@@ -201,6 +201,12 @@ def test_schedule_at_chosen_steps_is_the_records(step):
     assert (final.short_window, final.long_window) == (WS_FINAL // 2, WS_POST_YARN)
 
 
+def test_the_lr_at_every_step_is_the_records():
+    cfg = load_recipe(RECIPE)
+    got = [schedule_at(s, cfg).lr for s in range(N + EXT)]
+    assert got == pytest.approx([record_lr(s) for s in range(N + EXT)], rel=1e-12, abs=1e-15)
+
+
 def test_the_untie_step_and_batch_rows_are_the_records():
     """#53: split_step = ceil(2/3 · 1880); copy_lm_to_embed after step (split_step − 2) | 1, an Adam
     (odd) step, so `optim.tie_until` steps run tied; 8 rows of tokens/8 per step (8 ranks x 1)."""
