@@ -9,6 +9,7 @@ the scalars' own DistAdam paused at a transition, the tied embedding untied)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -588,3 +589,42 @@ def test_eight_steps_equal_record_53s_optimizers():
         if (got - want).norm() > 1e-5 * want.norm() + 1e-8:
             bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
     assert not bad, bad
+
+
+@pytest.mark.slow
+def test_the_shrunk_recipe_trains_through_the_loop_with_its_switches(text_data, tmp_path):
+    """The training loop on the shrunk recipe: stages with MTP weights, the scalars' pause, tie → untie."""
+    import json
+
+    from speedrun.train import loop
+    from tests.recipe_matrix import shrink
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    plan = (
+        "tokens=256 doc=64 windows=1/1 frac=1/2 mtp=1,0.5,0.25>1,0.5,0; "
+        "tokens=512 windows=1/2 lr=1.5 frac=1/2 mtp=1,0.5>1,0; tokens=512 windows=1/2 ext=2 val=1/3 yarn=2"
+    )
+    over = [*shrink(RECIPE), f"data.dir={text_data}", "data.tokenizer=bpe:512", f"model.eot_id={eot}",
+            "model.vocab_size=512", "model.embed_dtype=fp32", "model.fp8_head=false",
+            "optim.muon_ns_dtype=fp32",
+            "train.seq_len=128", "train.micro_batch_tokens=128", "train.global_batch_tokens=512",
+            "model.max_seq_len=512", "train.val_seq_len=512", "train.val_tokens=2048", "train.steps=8",
+            f"train.stages={plan}", "optim.tie_until=4", "optim.scalar_freeze_steps=2", "train.log_every=1",
+            "data.max_docs=0"]  # fmt: skip
+    cfg = load_recipe(RECIPE, over)
+    seen = []
+    real = loop.train_step
+
+    def recording_step(model, *args):
+        inner = getattr(model, "module", model)
+        seen.append(inner.mtp_weights.tolist())
+        return real(model, *args)
+
+    loop.train_step = recording_step
+    try:
+        loop.train(cfg, tmp_path / "run")
+    finally:
+        loop.train_step = real
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in lines if "loss" in r)
+    assert seen[0] == pytest.approx([1.0, 0.5, 0.25]) and seen[-1] == pytest.approx([1.0, 0.0, 0.0])

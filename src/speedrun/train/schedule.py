@@ -163,7 +163,7 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
 
 
 def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
-    """The model's part of the schedule: the window, or the stage's windows and YaRN. Also what a
+    """The model's part of the schedule: the window, or the stage's windows, YaRN and MTP weights. Also what a
     finished run is evaluated with (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
     if values.stage is not None:
         v = values.stage
