@@ -24,7 +24,7 @@ def mtp_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor)
     ce = torch.logsumexp(logits, dim=-1, keepdim=True) - logits.gather(-1, idx)  # (B, T, n)
     valid = torch.arange(T, device=logits.device)[:, None] + torch.arange(n, device=logits.device) < T
     ce = torch.where(valid, ce, torch.zeros((), dtype=ce.dtype, device=ce.device))
-    return (ce * weights.to(ce.dtype)).sum() / (B * T)
+    return (ce * weights).sum() / (B * T)  # bf16 cross-entropies x fp32 weights: summed in fp32, as #53
 
 
 def write_weights(buffer: torch.Tensor, weights: tuple[float, ...]) -> None:
