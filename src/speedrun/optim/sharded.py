@@ -88,7 +88,6 @@ class ShardedNorMuonAdam:
         ns_form: str = "fused",
         adam_every: int = 1,
         square_stats: str = "rows",
-        gate_row_stats: bool = False,
         frozen_labels: tuple[str, ...] = (),
         tie: tuple[Tensor, Tensor, int] | None = None,
         comms: Collectives | None = None,
@@ -104,7 +103,6 @@ class ShardedNorMuonAdam:
         self.ns_dtype = ns_dtype  # bf16 as the records; fp32 where the device runs bf16 slowly
         self.adam_every = adam_every
         self.square_stats = square_stats  # NorMuon's statistics of square matrices (optim/normuon.py)
-        self.gate_row_stats = gate_row_stats  # #48: the attention gates' statistics per row (per head)
         self.embed, self.head, self.tie_until = tie if tie else (None, None, 0)
         self.tied = self.tie_until > 0
         self.param_groups: list[dict[str, Any]] = []
@@ -130,7 +128,7 @@ class ShardedNorMuonAdam:
     def _init_state(self) -> None:
         for bank in self.banks:
             shape = (bank.per_rank, *bank.shape)
-            moments = second_moment_shape(shape, self._stats(bank))
+            moments = second_moment_shape(shape, bank.stats_rule(self.square_stats))
             st = {"momentum": torch.zeros(shape), "second_moment": torch.zeros(moments)}
             if bank.dtype == torch.bfloat16:
                 st["mantissa"] = torch.zeros(shape, dtype=torch.uint16)
@@ -268,11 +266,6 @@ class ShardedNorMuonAdam:
         out = torch.empty((g.shape[0] // self.world, *g.shape[1:]), dtype=g.dtype, device=g.device)
         return out, self.comms.reduce_scatter(out, g.contiguous())
 
-    def _stats(self, bank: Bank) -> str:
-        """NorMuon's statistics rule for a bank (optim/normuon.variance_axis)."""
-        gates = all(row.name.endswith(".attn.gate.proj.weight") for row, _ in bank.members)
-        return "all-rows" if self.gate_row_stats and gates else self.square_stats
-
     def _update_bank(self, bank: Bank, grads: Tensor) -> tuple[Bank, Tensor, Any]:
         """NorMuon on this rank's matrices of the bank; returns (bank, new weights, gather work)."""
         group = self._group("matrix")
@@ -289,7 +282,8 @@ class ShardedNorMuonAdam:
             d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
             v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
             if self.beta2 > 0:
-                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, self._stats(bank))
+                rule = bank.stats_rule(self.square_stats)
+                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (

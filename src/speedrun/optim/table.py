@@ -46,6 +46,7 @@ class Row:
     sharded: bool  # reduce-scatter + owner update + all-gather, else all-reduce + update everywhere
     block_rows: tuple[int, ...] = ()  # NorMuon: rows of each block down dim 0 (() = from the layout)
     lr_mul: float = 1.0  # NorMuon: LR multiplier of every block of this row (HEAD's per_matrix_lr_mul)
+    gate_rows: bool = False  # NorMuon: one statistic per row whatever the shape (#48's attention gates)
 
     def __post_init__(self) -> None:
         if self.rule == "normuon" and not self.block_rows:
@@ -117,6 +118,10 @@ class Bank:
         start = rank * self.per_rank
         return range(min(start, self.size), min(start + self.per_rank, self.size))
 
+    def stats_rule(self, square: str) -> str:
+        """NorMuon's statistics rule (optim/normuon.variance_axis): #48's gates one per row (per head)."""
+        return "all-rows" if all(row.gate_rows for row, _ in self.members) else square
+
     @property
     def lr_multiplier(self) -> float:
         """Shape multiplier √max(1, rows/cols) of the matrix as stored (HEAD's shape_mult)."""
@@ -168,13 +173,15 @@ def build_rows(
     fc_lr_mul: float = 1.0,
     smear_gate: bool = False,
     attn_lr_mul: float = 1.0,
+    gate_row_stats: bool = False,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
     ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul`` and ``fc_lr_mul``: LR
     multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``); ``smear_gate``:
     Adam, not NorMuon, trains the smear gate (#52); ``attn_lr_mul``: LR multiplier of the attention's
-    QKV and output matrices (#48 on: the record's (3072, 768) qkvo parameter gets shape LR x2)."""
+    QKV and output matrices (#48 on: the record's (3072, 768) qkvo parameter gets shape LR x2);
+    ``gate_row_stats``: the attention gates' NorMuon statistics per row (#48)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
@@ -188,6 +195,7 @@ def build_rows(
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
                 muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
                 muls |= {"attn.c_attn.weight": attn_lr_mul, "attn.c_proj.weight": attn_lr_mul}
+                row.gate_rows = gate_row_stats and name.endswith(".attn.gate.proj.weight")
                 row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows

@@ -123,8 +123,9 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
     smear_gate = o.smear_gate_lr > 0  # #52
     rows = build_rows(
-        model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul
-    )
+        model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul,
+        o.normuon_gate_row_stats,
+    )  # fmt: skip
     lrs = {
         "embed": o.embed_lr,
         "head": o.head_lr,
@@ -156,7 +157,6 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         ns_form=o.muon_ns_form,
         adam_every=o.adam_every,
         square_stats=o.normuon_square_stats,
-        gate_row_stats=o.normuon_gate_row_stats,
         frozen_labels=("scalar",) if o.scalar_freeze_steps else (),
         tie=tie,
     )
