@@ -1,10 +1,11 @@
 """Recipe `stages-2025-12` against record #53's script (records/track_1_short/2025-12-22_MultiTokenPrediction,
 the code at the top of each log), its formulas written here: the schedules (get_lr at every step;
-get_bs, get_ws, the MTP weights, momentum, the scalars' pause, the untie step at chosen steps), the fp32 forward loss and gradients of its model (FA3 replaced by a
-dense document-causal window mask, as tests/test_yarn_recipe.py), its initial scalars, and several
-steps of its optimizers (NorMuon with cautious weight decay, the main DistAdam with cautious decay,
-the scalars' own DistAdam paused at a transition, the tied embedding untied), and a short run of the
-shrunk recipe through the training loop. Each new switch on its own: tests/test_stages_switches.py."""
+get_bs, get_ws, the MTP weights, momentum, the scalars' pause, the untie step at chosen steps), the
+fp32 forward loss and gradients of its model (FA3 replaced by a dense document-causal window mask, as
+tests/test_yarn_recipe.py), its initial scalars, eight steps of its optimizers (NorMuon with cautious
+weight decay, the main DistAdam with cautious decay, the scalars' own DistAdam paused at a transition,
+the tied embedding untied), and a short run of the shrunk recipe through the training loop. Each new
+switch on its own: tests/test_stages_switches.py."""
 
 from __future__ import annotations
 
