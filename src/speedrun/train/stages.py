@@ -359,6 +359,7 @@ def parse_stages(
     optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
     `yarn=Y`, the window its YaRN rescales to (default: its long window).
     """
+    assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
