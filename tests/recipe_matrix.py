@@ -50,8 +50,12 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
     if m.no_attention_layers:
         out.append(f"model.no_attention_layers={n_layer // 2}")
-    if m.value_embeds == "ends":
+    if m.value_embeds in ("ends", "ends-late"):
         out.append("model.value_embed_tables=1")
+    if m.value_embeds == "ends-late" and n_layer < 4:  # its one table reaches only the last layer
+        out.append("model.no_attention_layers=0")
+    if m.skips:  # #45's one skip 3 → 6 of 11: from the first layer to the last
+        out.append(f"model.skips=0>{n_layer - 1}")
     if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
         out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
@@ -70,6 +74,7 @@ def flex_overrides(name: str) -> list[str]:
     window (its varlen path compiles in tests/test_stages_training.py)."""
     if load_recipe(name).train.stages:
         fixed = ["train.stages=", "train.cooldown_start=int", "model.yarn=false", "model.window=192"]
+        fixed += ["train.stage_bounds=round", "model.mtp=0"]  # #53's stage-driven switches go with them
         return ["model.attention=flex", *fixed]
     return ["model.attention=flex"]
 

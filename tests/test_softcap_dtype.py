@@ -26,6 +26,7 @@ BF16_SOFTCAP_RECIPES = (
     "unet-value-embed-2024-12",
     "polar-2025-09",
     "normuon-2025-10",
+    "stages-2025-12",
 )
 
 

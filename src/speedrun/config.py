@@ -89,11 +89,12 @@ class ModelConfig:
     unet: bool = False
     x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
     value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
-    # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2)
-    value_embeds: Literal["none", "per-layer", "unet", "ends"] = "none"
+    # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2) | ends-late (#45: 1,2,…,0,1,2)
+    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late"] = "none"
     value_embed_tables: PosInt = 3  # number of tables for value_embeds = "ends"
-    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5)
-    value_mix: Literal["lerp", "lambdas"] = "lerp"
+    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5) | weights (#47/#48):
+    # λ0 multiplies the QKV weight and λ1 the output projection's, v = λ0·v + other, (0.5, 1.0)
+    value_mix: Literal["lerp", "lambdas", "weights"] = "lerp"
     pad_embeddings: bool = True  # pad token/value embedding rows like the head (Sub3Min: only the head)
     # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c)
     softcap_form: Literal["tanh", "sigmoid"] = "tanh"
@@ -132,6 +133,17 @@ class ModelConfig:
     ce_bf16: bool = False  # #37: training cross-entropy on the logits in their dtype (bf16), not fp32
     # --- 2025-10 records #39–#42 (model/backout.py) ---
     backout_layer: int = 0  # #40: λ·(this layer's output) subtracted before the final norm (8); 0 = off
+    # --- 2025-12 records #43–#53 (model/key_offset.py) ---
+    key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
+    skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
+    resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
+    x0_lambda_apart: bool = (
+        False  # #52: the x0 shortcut's λ1 its own parameter (blocks.i.x0_lambda), in the main Adam
+    )
+    head_init_std: float = (
+        0.0  # #51/#53: the head (and the embedding tied to it) from normal(0, this) (0.005)
+    )
+    mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
 
 
 @dataclass
@@ -209,10 +221,17 @@ class OptimConfig:
     tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
     muon_qk_block_heads: int = 0  # Q and K orthogonalized per group of this many heads (#80: 2); 0 = whole
     mlp_proj_lr_mul: float = 1.0  # LR multiplier of the MLP output projections (HEAD: 2, see docs/recipes.md)
+    attn_lr_mul: float = (
+        1.0  # LR multiplier of the attention matrices (#48–#53: 2, their (3072, 768) qkvo's shape)
+    )
     mlp_fc_lr_mul: float = 1.0  # LR multiplier of the MLP up-projections (#42: 2, stored (768, 3072))
     # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
     # attention matrices are blocks of a wide (768, 3072) parameter)
     normuon_square_stats: Literal["rows", "cols"] = "rows"
+    normuon_gate_row_stats: bool = (
+        False  # #48–#55: the attention gates (heads, 12) get one statistic per head
+    )
+    smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 
 
@@ -262,9 +281,13 @@ class TrainConfig:
     # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off
     stages: str = ""
     # where the stages' LR cool-down starts: int = int(N·(1 − warmdown_frac)), t = (s − start)/(N − start)
-    # (HEAD, #46 on) | exact = N·(1 − warmdown_frac), w = (1 − min(s/N, 0.9999))/warmdown_frac (#26–#45's
-    # get_lr, N the scheduled steps; the extension at the floor + 0.0002·(1 − floor))
-    cooldown_start: Literal["int", "exact"] = "int"
+    # (HEAD) | exact = N·(1 − warmdown_frac), w = (1 − min(s/N, 0.9999))/warmdown_frac (#26–#45's
+    # get_lr, N the scheduled steps; the extension at the floor + 0.0002·(1 − floor)) | fraction = #46–#53's
+    # get_lr: x = s/N, w = (1 − x)/warmdown_frac once x >= 1 − warmdown_frac, the floor after N
+    cooldown_start: Literal["int", "exact", "fraction"] = "int"
+    # where a stage starts: round = round(N·cumulative frac) (HEAD) | fraction = the first step with
+    # s/N >= it, and MTP weights linear in s/N (#46–#53's int(3·s/N))
+    stage_bounds: Literal["round", "fraction"] = "round"
 
     @property
     def document_rows(self) -> int:

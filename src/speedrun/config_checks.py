@@ -58,11 +58,20 @@ def _check_stages(cfg: Config) -> None:
     if not staged:
         if t.cooldown_start != "int":
             raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
+        if t.stage_bounds != "round":
+            raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
+        if m.mtp > 1:
+            raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
         return
     from speedrun.train.stages import stage_plan
 
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
+    weights = max(len(s.mtp_start) for s in plan.stages)
+    if weights > max(1, m.mtp):
+        raise ConfigError(
+            f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
+        )
     if m.attention != "varlen":
         raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
     if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
@@ -170,6 +179,7 @@ def _check_memory(m: ModelConfig) -> None:
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
     tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
+    tables["ends-late"] = m.value_embed_tables
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
     embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
@@ -229,13 +239,38 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({m.n_layer}): the layer "
             "whose output is backed out (0 = off)"
         )
+    if m.skips:
+        pairs = [p.split(">") for p in m.skips.split(",")]
+        ok = all(len(p) == 2 and all(x.strip().isdigit() for x in p) for p in pairs)
+        if not (ok and m.unet and all(int(a) < int(b) < m.n_layer for a, b in pairs)):
+            raise ConfigError(
+                f"model.skips {m.skips!r} must be SRC>DST pairs, comma-separated, 0 <= SRC < DST < n_layer "
+                f"({m.n_layer}), and needs model.unet=true"
+            )
+        if len({int(b) for _, b in pairs}) != len(pairs):
+            raise ConfigError(f"model.skips {m.skips!r}: a layer receives one skip at most")
+    if m.value_mix == "weights" and (not m.fused_qkv or m.bias):
+        raise ConfigError(
+            "model.value_mix=weights scales the fused QKV weight: needs fused_qkv=true, bias=false"
+        )
+    if m.x0_lambda_apart and not m.x0_shortcut:
+        raise ConfigError(
+            "model.x0_lambda_apart separates the x0 shortcut's weight: it needs model.x0_shortcut=true"
+        )
+    if m.head_init_std < 0 or (m.head_init_std and m.zero_init_head):
+        raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
+    if m.key_offset and not (m.rope_half_truncated and m.window_pattern and m.n_embd // m.n_head % 4 == 0):
+        raise ConfigError(
+            "model.key_offset shifts the unrotated key dims of the long (L) layers: it needs "
+            "model.rope_half_truncated=true, a model.window_pattern and a head size divisible by 4"
+        )
     if m.unet_gate == "sigmoid" and not m.unet:
         raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
         raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+    if m.value_embeds in ("ends", "ends-late") and not 1 <= m.value_embed_tables <= m.n_layer // 2:
         raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
     if m.value_embeds != "none" and m.value_residual:
         raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
@@ -255,6 +290,10 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
+        if o.smear_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
+            raise ConfigError(
+                "optim.smear_gate_lr, normuon_gate_row_stats and attn_lr_mul need optim.name=normuon"
+            )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
                 "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
@@ -277,6 +316,12 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
+    if o.attn_lr_mul <= 0:
+        raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
+    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not m.smear):
+        raise ConfigError(
+            "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
+        )
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
             raise ConfigError(

@@ -13,7 +13,9 @@ The range it covers:
   model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py;
 - #32–#37: sigmoid-gated U-Net skips (model/unet.py), smear (model/smear.py), empty layers (#35's
   layer 0 has neither attention nor MLP and is skipped whole), cross-entropy in bf16 in training (#37);
-- #40: backout, a learned share of an earlier layer's output subtracted before the head (model/backout.py).
+- #40: backout, a learned share of an earlier layer's output subtracted before the head (model/backout.py);
+- #49: partial key offset on the long-window layers (model/key_offset.py); #53: multi-token prediction
+  in training (model/mtp.py).
 The model knows nothing about distribution or optimizers (see train/).
 """
 
@@ -31,7 +33,6 @@ from speedrun.model import varlen
 from speedrun.model.attention import (
     AttentionMask,
     MaskSpec,
-    attend,
     build_block_mask,
     choose_backend,
     layer_specs,
@@ -47,87 +48,10 @@ from speedrun.model.layout import (
     padded_vocab,
     value_embed_layout,
 )
+from speedrun.model.mtp import mtp_loss
+from speedrun.model.self_attention import Attention
 from speedrun.model.smear import Smear
-from speedrun.model.unet import initial_weights, skip_scale, skip_sources
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None):
-        super().__init__()
-        d, self.n_head = cfg.n_embd, cfg.n_head
-        self.head_dim = d // cfg.n_head
-        if cfg.fused_qkv:
-            self.c_attn = CastedLinear(d, 3 * d, bias=cfg.bias)
-        else:
-            self.c_q = CastedLinear(d, d, bias=cfg.bias)
-            self.c_k = CastedLinear(d, d, bias=cfg.bias)
-            self.c_v = CastedLinear(d, d, bias=cfg.bias)
-        self.c_proj = CastedLinear(d, d, bias=cfg.bias)
-        self.qk_norm = cfg.qk_norm
-        self.rotary = rotary if rotary is not None else make_rotary(cfg)
-        self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
-        self.sdpa_kernel = cfg.sdpa_kernel
-        # The value residual mixes layer 0's v with itself, as the record does: a no-op in value, but
-        # every λ then gets a gradient (DDP refuses parameters that never receive one).
-        self.self_mix = cfg.value_residual
-        self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
-        self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
-        self.gate = AttentionGate(cfg.attn_gate, cfg.n_head) if cfg.attn_gate else None  # #28
-        mixes = cfg.value_residual or cfg.value_embeds != "none"
-        self.value_mix = cfg.value_mix if mixes else None
-        if self.value_mix == "lerp":
-            self.lamb = nn.Parameter(torch.tensor(0.5))
-        elif self.value_mix == "lambdas":
-            self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
-
-    def mix_values(self, v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
-        """Value residual / value embeddings: lerp (1-λ)v + λ·other, or lambdas λ0·v + λ1·other (λ0·v alone
-        where a layer has no value embedding, as Sub3Min)."""
-        if self.value_mix is None:
-            return v
-        other = other.view_as(v) if other is not None else None
-        if self.value_mix == "lerp":
-            return v if other is None else (1 - self.lamb) * v + self.lamb * other
-        v = self.lambdas[0] * v
-        return v if other is None else v + self.lambdas[1] * other
-
-    def forward(
-        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual)."""
-        q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, k, v, mask, self.scale, self.sdpa_kernel), x), raw_v
-
-    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
-        B, _, T, _ = y.shape
-        if self.gate is not None:
-            y = self.gate(y, x)
-        y = self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
-        return y * self.out_scale if self.out_scale != 1.0 else y
-
-    def project(
-        self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (B, H, T, D) of positions start.. of x (B, T, C): projected, v mixed, QK-normed and
-        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding."""
-        B, T, C = x.shape
-        if hasattr(self, "c_attn"):
-            q, k, v = self.c_attn(x).split(C, dim=-1)
-        else:
-            q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
-        raw_v = v
-        v = self.mix_values(v, raw_v if other_v is None and self.self_mix else other_v)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.qk_norm and not self.qk_norm_after_rotary:
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
-        if self.rotary is not None:
-            q, k = self.rotary(q, start), self.rotary(k, start)
-        if self.qk_norm and self.qk_norm_after_rotary:  # 2024-10-14
-            q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
-        return q, k, v, raw_v
-
+from speedrun.model.unet import initial_weights, skip_scale, skip_sources, skip_weight_index
 
 #: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
 #: module's own (cached decoding brings its keys and values from earlier positions).
@@ -150,7 +74,12 @@ class Block(nn.Module):
         self.mlp = mlp
         # a layer with neither attention nor MLP (#35's layer 0) is absent: no x0 mix either
         present = has_attention or has_mlp
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut and present else None
+        init = [cfg.resid_lambda_init, 0.0]  # #45: the residual's weight from 1.1
+        shortcut = cfg.x0_shortcut and present
+        self.lambdas = (
+            nn.Parameter(torch.tensor(init[: 1 if cfg.x0_lambda_apart else 2])) if shortcut else None
+        )
+        self.x0_lambda = nn.Parameter(torch.zeros(1)) if shortcut and cfg.x0_lambda_apart else None  # #52
 
     def forward(
         self,
@@ -163,7 +92,7 @@ class Block(nn.Module):
         """Returns the new residual stream and the attention's unmixed v (None without attention).
         `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
         if self.lambdas is not None:
-            x = self.lambdas[0] * x + self.lambdas[1] * x0
+            x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         raw_v = None
         if self.attn is not None:
             h = self.norm1(x)
@@ -184,14 +113,19 @@ class GPT(nn.Module):
         rotary = make_rotary(cfg)
         layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary, mlp) for attn, mlp in layers)
+        for kind, block in zip(cfg.window_pattern, self.blocks, strict=False):  # #49: long layers only
+            if block.attn is not None:
+                block.attn.key_offset = cfg.key_offset and kind == "L"
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
         self.ve_layout = value_embed_layout(cfg)
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
-        self.skip_sources = skip_sources(cfg)
+        self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
+            self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
         self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -234,6 +168,8 @@ class GPT(nn.Module):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
+        elif cfg.head_init_std > 0:  # #51/#53
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.head_init_std)
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards; called every step by the training loop
@@ -282,6 +218,8 @@ class GPT(nn.Module):
             return self.logits(hidden)
         logits = self.capped_logits(hidden)  # #37: bf16 cross-entropy in training
         logits = logits if self.cfg.ce_bf16 and self.training else logits.float()
+        if self.cfg.mtp > 1 and self.training and reduction == "mean":
+            return mtp_loss(logits, targets, self.mtp_weights)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
@@ -308,13 +246,12 @@ class GPT(nn.Module):
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
-        first_decoder = cfg.n_layer - cfg.n_layer // 2  # skip weight j belongs to layer first_decoder + j
         sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                x = x + skip_scale(self.skip_weights[i - first_decoder], cfg.unet_gate) * outputs[src]
+                x = x + skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate) * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])

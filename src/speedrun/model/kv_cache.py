@@ -42,8 +42,8 @@ def _attend_cached(
     if layer in cache.keys:
         k = torch.cat([cache.keys[layer], k], dim=2)
         v = torch.cat([cache.values[layer], v], dim=2)
-    cache.keys[layer], cache.values[layer] = k, v
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scale)
+    cache.keys[layer], cache.values[layer] = k, v  # as projected: #49's offset reads the key before
+    y = F.scaled_dot_product_attention(q, attn.attended_keys(k), v, attn_mask=mask, scale=attn.scale)
     return attn.output(y, x), raw_v
 
 

@@ -37,7 +37,8 @@ def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
 
     per-layer (12-04): layer i uses table i. unet (12-08): L/2 tables, encoder layer i uses table i and
     decoder layer i uses table L/2-1-i. ends (Sub3Min): k tables on the first k and the last k layers,
-    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2].
+    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2]. ends-late (#45–#53's 11 layers): the first
+    layers lose table 0, [1, 2, None × 6, 0, 1, 2].
     """
     L = cfg.n_layer
     if cfg.value_embeds == "per-layer":
@@ -48,4 +49,7 @@ def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
     if cfg.value_embeds == "ends":
         k = cfg.value_embed_tables
         return list(range(k)) + [None] * (L - 2 * k) + list(range(k))
+    if cfg.value_embeds == "ends-late":  # #45 on: #35's empty layer 0 dropped, its table 0 with it
+        k = cfg.value_embed_tables
+        return list(range(1, k)) + [None] * (L - 2 * k + 1) + list(range(k))
     return [None] * L

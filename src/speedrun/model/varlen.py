@@ -52,6 +52,7 @@ def blocks_to_tokens(blocks: int) -> int:
 def _layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: int, max_seqlen: int):
     """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
     q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D)
+    k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
     return attn.output(y.transpose(0, 1)[None], h), raw_v

@@ -29,7 +29,10 @@ def variance_axis(rows: int, cols: int, square: str = "rows") -> int:
     """The dim NorMuon averages over: the columns (one statistic per row) of a tall matrix, the rows
     (one per column) of a wide one, so the statistics run along the longer side (#48). A square matrix
     gets one per row (``square="rows"``, #48 on) or one per column (``"cols"``: #41–#47 decide by the
-    stored parameter, and their attention matrices are (768, 768) blocks of a wide (768, 3072) one)."""
+    stored parameter, and their attention matrices are (768, 768) blocks of a wide (768, 3072) one).
+    ``"all-rows"``: one per row whatever the shape (#48–#55's attention gates)."""
+    if square == "all-rows":  # #48's attention gates (heads, 12): one statistic per head, whatever the shape
+        return -1
     if rows == cols:
         return -1 if square == "rows" else -2
     return -1 if rows > cols else -2

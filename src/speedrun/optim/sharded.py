@@ -128,7 +128,7 @@ class ShardedNorMuonAdam:
     def _init_state(self) -> None:
         for bank in self.banks:
             shape = (bank.per_rank, *bank.shape)
-            moments = second_moment_shape(shape, self.square_stats)
+            moments = second_moment_shape(shape, bank.stats_rule(self.square_stats))
             st = {"momentum": torch.zeros(shape), "second_moment": torch.zeros(moments)}
             if bank.dtype == torch.bfloat16:
                 st["mantissa"] = torch.zeros(shape, dtype=torch.uint16)
@@ -282,7 +282,8 @@ class ShardedNorMuonAdam:
             d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
             v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
             if self.beta2 > 0:
-                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, self.square_stats)
+                rule = bank.stats_rule(self.square_stats)
+                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (

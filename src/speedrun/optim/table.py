@@ -4,7 +4,9 @@ hyperparameters, and whether its update is sharded over the processes or replica
 How a parameter gets its row (docs/recipes.md, "The optimizer table"):
 - the model's role (``GPT.param_roles``) picks the rule: 'matrix' → NorMuon, anything else → Adam;
 - the name picks the Adam label: ``wte.``/``wpe.`` → embed, ``value_embeds.`` → value_embed,
-  ``lm_head.`` → head, the rest → scalar (each label has its own LR, betas and decay);
+  ``lm_head.`` → head, ``.x0_lambda`` → x0 (#52: the x0 shortcut's weights stay in the main Adam),
+  the rest → scalar (each label has its own LR, betas and decay); with ``smear_gate`` (#52) the smear
+  gate leaves NorMuon for Adam's label smear_gate;
 - the size picks the communication: NorMuon matrices are always sharded (stacked by shape into banks,
   whole matrices per rank); an Adam tensor is sharded along its rows when it is an embedding or head
   whose row count the world size divides, else replicated (all-reduced, updated on every rank);
@@ -29,7 +31,7 @@ from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.muon import muon_split
 
 RULES = ("normuon", "adam")
-LABELS = ("matrix", "embed", "value_embed", "head", "scalar")
+LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate")
 SHARDED_LABELS = ("embed", "value_embed", "head")
 
 
@@ -44,6 +46,7 @@ class Row:
     sharded: bool  # reduce-scatter + owner update + all-gather, else all-reduce + update everywhere
     block_rows: tuple[int, ...] = ()  # NorMuon: rows of each block down dim 0 (() = from the layout)
     lr_mul: float = 1.0  # NorMuon: LR multiplier of every block of this row (HEAD's per_matrix_lr_mul)
+    gate_rows: bool = False  # NorMuon: one statistic per row whatever the shape (#48's attention gates)
 
     def __post_init__(self) -> None:
         if self.rule == "normuon" and not self.block_rows:
@@ -115,6 +118,10 @@ class Bank:
         start = rank * self.per_rank
         return range(min(start, self.size), min(start + self.per_rank, self.size))
 
+    def stats_rule(self, square: str) -> str:
+        """NorMuon's statistics rule (optim/normuon.variance_axis): #48's gates one per row (per head)."""
+        return "all-rows" if all(row.gate_rows for row, _ in self.members) else square
+
     @property
     def lr_multiplier(self) -> float:
         """Shape multiplier √max(1, rows/cols) of the matrix as stored (HEAD's shape_mult)."""
@@ -131,14 +138,16 @@ def _layout_blocks(t: Tensor, like: Tensor) -> Tensor:
     return t.view(-1, *like.shape[-2:])
 
 
-def label_of(role: str, name: str) -> str:
+def label_of(role: str, name: str, smear_gate: bool = False) -> str:
+    if smear_gate and name.startswith("smear.gate"):
+        return "smear_gate"
     if role == "matrix":
         return "matrix"
     if role == "head":
         return "head"
     if role == "embed":
         return "value_embed" if name.startswith("value_embeds.") else "embed"
-    return "scalar"
+    return "x0" if name.endswith(".x0_lambda") else "scalar"
 
 
 def qk_block_rows(name: str, p: Tensor, qk_rows: int) -> tuple[int, ...]:
@@ -162,15 +171,21 @@ def build_rows(
     qk_rows: int = 0,
     proj_lr_mul: float = 1.0,
     fc_lr_mul: float = 1.0,
+    smear_gate: bool = False,
+    attn_lr_mul: float = 1.0,
+    gate_row_stats: bool = False,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
     ``qk_rows``: rows per Q/K block (0 = Q and K whole); ``proj_lr_mul`` and ``fc_lr_mul``: LR
-    multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``)."""
+    multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``); ``smear_gate``:
+    Adam, not NorMuon, trains the smear gate (#52); ``attn_lr_mul``: LR multiplier of the attention's
+    QKV and output matrices (#48 on: the record's (3072, 768) qkvo parameter gets shape LR x2);
+    ``gate_row_stats``: the attention gates' NorMuon statistics per row (#48)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
-            label = label_of(role, name)
+            label = label_of(role, name, smear_gate)
             rule = "normuon" if label == "matrix" else "adam"
             sharded = rule == "normuon" or (
                 label in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
@@ -179,6 +194,8 @@ def build_rows(
             if rule == "normuon":
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
                 muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
+                muls |= {"attn.c_attn.weight": attn_lr_mul, "attn.c_proj.weight": attn_lr_mul}
+                row.gate_rows = gate_row_stats and name.endswith(".attn.gate.proj.weight")
                 row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows
@@ -198,9 +215,11 @@ def build_banks(rows: list[Row], world: int) -> list[Bank]:
 
 
 def adam_labels(o, lrs: dict[str, float]) -> dict[str, AdamLabel]:
-    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs."""
+    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs (x0 and
+    smear_gate only where ``lrs`` names them: #52's main-Adam betas, no decay)."""
     wd = o.adam_weight_decay
-    return {
+    extra = {k: AdamLabel(lrs[k], tuple(o.embed_betas), 0.0, o.eps) for k in ("x0", "smear_gate") if k in lrs}
+    return extra | {
         "embed": AdamLabel(lrs["embed"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "head": AdamLabel(lrs["head"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "value_embed": AdamLabel(

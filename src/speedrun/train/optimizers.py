@@ -121,13 +121,21 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
-    rows = build_rows(model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul)
+    smear_gate = o.smear_gate_lr > 0  # #52
+    rows = build_rows(
+        model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul,
+        o.normuon_gate_row_stats,
+    )  # fmt: skip
     lrs = {
         "embed": o.embed_lr,
         "head": o.head_lr,
         "scalar": o.scalar_lr,
         "value_embed": o.value_embed_lr or o.embed_lr,
     }
+    if model.cfg.x0_lambda_apart:  # #52: the x0 lambdas in the main Adam (its betas), not with the scalars
+        lrs["x0"] = o.scalar_lr
+    if smear_gate:
+        lrs["smear_gate"] = o.smear_gate_lr
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight

@@ -7,6 +7,7 @@ train/schedule.schedule_at turns it into the per-step values the loop applies.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -41,7 +42,12 @@ class StagePlan:
     extension_steps: int = 0
     cooldown_frac: float = 0.5  # linear cool-down over this fraction of the scheduled steps ...
     lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
-    exact_cooldown: bool = False  # #26–#45's get_lr: starts at N·(1 − frac), not int(N·(1 − frac))
+    # int: HEAD's get_lr, from int(N·(1 − frac)) | exact: #26–#45's, x = min(s/N, 0.9999) | fraction:
+    # #46–#53's, x = s/N, the floor after N (stage_lr)
+    cooldown_form: str = "int"
+    # #46–#53: a stage starts at the first step with s/N >= its start fraction (int(3·s/N)), and the MTP
+    # weights interpolate in s/N over its nominal fraction; else rounded starts and step-wise weights
+    fraction_bounds: bool = False
     split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
     val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
     val_short_window: int = 0  # short window (blocks) of the final validation; 0 = the last stage's
@@ -71,12 +77,25 @@ class StageValues:
     untied: bool
 
 
+def boundary(acc: float, n: int, fraction: bool) -> int:
+    """The step where cumulative fraction `acc` of `n` scheduled steps ends: rounded, or (#46–#53) the
+    first step s with s/n >= acc."""
+    if not fraction:
+        return round(acc * n)
+    s = math.ceil(acc * n)
+    while s > 0 and (s - 1) / n >= acc:
+        s -= 1
+    while s / n < acc:
+        s += 1
+    return s
+
+
 def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
-    """[start, end) of every stage: the scheduled ones at rounded cumulative fractions, then the extension."""
+    """[start, end) of every stage: the scheduled ones at their cumulative fractions, then the extension."""
     ends, acc = [0], 0.0
     for stage in plan.stages[:-1]:
         acc += stage.duration
-        ends.append(round(acc * plan.scheduled_steps))
+        ends.append(boundary(acc, plan.scheduled_steps, plan.fraction_bounds))
     assert ends[-1] == plan.scheduled_steps, "scheduled stage durations must add up to 1"
     ends.append(plan.total_steps)
     return list(zip(ends[:-1], ends[1:], strict=True))
@@ -92,11 +111,20 @@ def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
 
 def stage_lr(step: int, plan: StagePlan) -> float:
     """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down: from step
-    int(N·(1 − frac)) on (HEAD), or with `exact_cooldown` as #26–#45's get_lr, x = min(s/N, 0.9999) and
+    int(N·(1 − frac)) on (HEAD), with `cooldown_form` "fraction" as #46–#53's get_lr (x = s/N, the
+    floor after N), or with "exact" as #26–#45's get_lr, x = min(s/N, 0.9999) and
     t = 1 − (1 − x)/frac once x >= 1 − frac (the same where N·(1 − frac) is whole, but for the cap)."""
     lr = plan.stages[stage_at(step, plan)[0]].lr_mul
     n = plan.scheduled_steps
-    if plan.exact_cooldown:
+    if plan.cooldown_form == "fraction":  # #46–#53's get_lr
+        x = step / n
+        if step > n:
+            return plan.lr_floor
+        if x < 1 - plan.cooldown_frac:
+            return lr
+        w = (1 - x) / plan.cooldown_frac
+        return lr * w + (1 - w) * plan.lr_floor
+    if plan.cooldown_form == "exact":
         x = min(0.9999, step / n)
         if x < 1 - plan.cooldown_frac:
             return lr
@@ -134,6 +162,9 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
     i, t = stage_at(step, plan)
     s = plan.stages[i]
     short, long = s.windows
+    mtp_t = t
+    if plan.fraction_bounds and i < len(plan.stages) - 1:  # #53: in x = s/N over the nominal fraction
+        mtp_t = (step / plan.scheduled_steps - sum(p.duration for p in plan.stages[:i])) / s.duration
     if step >= plan.total_steps:
         short, long = plan.val_short_window or short, plan.val_long_window or long
     return StageValues(
@@ -144,7 +175,7 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
         long_window=long,
         lr=stage_lr(step, plan),
         muon_momentum=momentum_warmup_cooldown(step, plan),
-        mtp_weights=tuple(a + (b - a) * t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
+        mtp_weights=tuple(a + (b - a) * mtp_t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
         untied=step >= split_step(plan),
     )
 
@@ -213,8 +244,10 @@ def stage_plan(cfg: Config) -> StagePlan | None:
         o.muon_momentum_warmup_steps,
         o.muon_momentum_cooldown_steps,
     )
-    exact = t.cooldown_start == "exact"
-    return parse_stages(t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, exact)
+    return parse_stages(
+        t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, t.cooldown_start,
+        t.stage_bounds == "fraction",
+    )  # fmt: skip
 
 
 def _number(key: str, text: str, kind: type, entry: int) -> float:
@@ -235,10 +268,21 @@ def _number(key: str, text: str, kind: type, entry: int) -> float:
     return value
 
 
+def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
+    """`mtp=W,W,…` (constant) or `mtp=START>END` (each W,W,…: linear from START to END over the stage)."""
+    start, sep, end = text.partition(">")
+    ends = [tuple(_number("mtp", w, float, entry) for w in part.split(",")) for part in (start, end or start)]
+    if len(ends[0]) != len(ends[1]) or not ends[0]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: mtp={text!r} must be weights W,W,… or START>END of one length"
+        )
+    return {"mtp_start": ends[0], "mtp_end": ends[1]}
+
+
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
     windows, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "ext" if last else "frac"} | (
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "ext" if last else "frac"} | (
         {"val", "yarn"} if last else set()
     )
     fields: dict[str, str] = {}
@@ -272,6 +316,8 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
         lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
         duration=0.0 if last else _number("frac", fields["frac"], float, entry),
     )
+    if "mtp" in fields:
+        stage = dataclasses.replace(stage, **_mtp(fields["mtp"], entry))
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
@@ -300,17 +346,20 @@ def parse_stages(
     cooldown_frac: float,
     lr_floor: float,
     momentum: tuple[float, float, int, int],
-    exact_cooldown: bool = False,
+    cooldown_form: str = "int",
+    fraction_bounds: bool = False,
 ) -> StagePlan:
     """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
 
     Stages are separated by `;`. A scheduled stage: `tokens=N` (per optimizer step), `windows=S/L`
     (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
-    document, 0 = no cut) and `lr=F` (multiplier, 1). The last stage is the extension: `ext=N` steps at
-    its values after the scheduled ones (train.steps counts them), optional `val=L` long window for the
-    final validation (`val=S/L`: its short and long windows) and `yarn=Y`, the window its YaRN
-    rescales to (default: its long window).
+    document, 0 = no cut), `lr=F` (multiplier, 1) and `mtp=W,W,…` or `mtp=START>END` (#53's
+    multi-token-prediction weights, constant or linear over the stage; default 1). The last stage is
+    the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them),
+    optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
+    `yarn=Y`, the window its YaRN rescales to (default: its long window).
     """
+    assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
@@ -326,7 +375,7 @@ def parse_stages(
     ends, acc = [0], 0.0
     for i, stage in enumerate(stages[:-1]):
         acc += stage.duration
-        ends.append(round(acc * scheduled))
+        ends.append(boundary(acc, scheduled, fraction_bounds))
         if ends[-1] <= ends[-2]:
             raise ConfigError(
                 f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
@@ -340,7 +389,7 @@ def parse_stages(
     low, high, warmup, cooldown = momentum
     return StagePlan(
         stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
-        lr_floor=lr_floor, exact_cooldown=exact_cooldown,
+        lr_floor=lr_floor, cooldown_form=cooldown_form, fraction_bounds=fraction_bounds,
         val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
         momentum_min=low, momentum_max=high,
         momentum_warmup=warmup, momentum_cooldown=cooldown,
