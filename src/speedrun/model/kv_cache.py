@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model.attention import MaskSpec, spec_dense_mask
-from speedrun.model.gpt import GPT, AttendFn, Attention
+from speedrun.model.gpt import GPT, AttendFn
+from speedrun.model.self_attention import Attention
 
 
 @dataclass
