@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from speedrun.config import Config, parse_overrides
+from speedrun.config import Config
+from speedrun.config_files import parse_overrides
 from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
@@ -184,7 +185,7 @@ def _numeric_fields():
 
     from speedrun import config
 
-    for section, cls in config._sections().items():
+    for section, cls in config.sections().items():
         for f in dataclasses.fields(cls):
             typ, _ = config.strip_annotation(typing.get_type_hints(cls, include_extras=True)[f.name])
             if typ in (int, float):
@@ -212,7 +213,7 @@ def test_string_choices_come_from_the_literal_types():
     assert not hasattr(config, "CHOICES")
     assert config.choices("optim.name") == ("adamw", "muon", "normuon")
     assert config.choices("data.source") is None  # free-form
-    for section, cls in config._sections().items():
+    for section, cls in config.sections().items():
         for f in dataclasses.fields(cls):
             allowed = config.choices(f"{section}.{f.name}")
             if allowed:
@@ -230,7 +231,7 @@ def test_unreadable_recipe_files_are_one_line(tmp_path):
     folder.mkdir()
     with pytest.raises(ConfigError, match="recipe file not found|is a directory"):
         load_recipe(str(folder))
-    from speedrun.config import read_toml
+    from speedrun.config_files import read_toml
 
     with pytest.raises(ConfigError, match="is a directory"):
         read_toml(folder)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from speedrun.config import Config, apply_table, parse_overrides, read_toml, validate
+from speedrun.config import Config, validate
+from speedrun.config_files import apply_table, parse_overrides, read_toml
 from speedrun.errors import ConfigError
 
 DEFAULT_RECIPE = "demo"

@@ -86,7 +86,7 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
 def is_arms_run(folder: Path, cfg: Config) -> bool:
     """Whether the run in `folder` was made from `cfg` (its config.json hashes as the folder's name says).
     A time budget or host fit writes what it resolved into config.json, so such a run is taken as is."""
-    from speedrun.config import read_run_config
+    from speedrun.config_files import read_run_config
 
     if cfg.train.time_budget_s > 0 or cfg.train.budget_min_steps > 0:
         return True
@@ -132,7 +132,7 @@ def _found(folder: Path) -> str:
 
 def train_arms(arms: list[Arm]) -> None:
     """Train what is missing, one run after another; report what is reused or resumed."""
-    from speedrun.config import read_run_config
+    from speedrun.config_files import read_run_config
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.loop import train
 

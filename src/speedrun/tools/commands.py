@@ -219,7 +219,7 @@ def train_seeds(args: argparse.Namespace) -> int:
         for s, d in zip(seeds, dirs, strict=True):
             print(f"seed {s}: {d}")
         return 0
-    from speedrun.config import read_run_config
+    from speedrun.config_files import read_run_config
     from speedrun.train.loop import train
     from speedrun.train.rundir import check_new
 

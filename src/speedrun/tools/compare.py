@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from speedrun.atomic import check_replaceable, read_regular, write_atomic
-from speedrun.config import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
+from speedrun.config_files import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import printable
 from speedrun.train.rundir import RUN_FILES, read_records, saved_run_id

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from speedrun.config import Config, read_run_config
+from speedrun.config import Config
+from speedrun.config_files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError

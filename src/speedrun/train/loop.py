@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from speedrun.config import Config, check_resume, config_from_dict
+from speedrun.config import Config
+from speedrun.config_files import check_resume, config_from_dict
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT

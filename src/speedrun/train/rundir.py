@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.atomic import open_regular, read_regular, write_atomic
-from speedrun.config import RUN_ID, Config
+from speedrun.config import Config
+from speedrun.config_files import RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
 

@@ -1,0 +1,154 @@
+"""Reading and changing a config: dotted keys and `key=value` overrides, recipe TOML tables, a run's
+`config.json`, and the resume rule (which settings a resumed run may change). What a config *is* (its
+fields, types and checks) lives in config.py; this module only fills one in, with the same checks."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from speedrun.atomic import read_regular
+from speedrun.config import Config, all_keys, field_types, sections
+from speedrun.config_types import coerce
+from speedrun.errors import ConfigError, SpeedrunError
+
+
+def _unknown_key(key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def set_value(cfg: Config, key: str, value: Any) -> None:
+    """Set one dotted key (e.g. 'model.n_layer') with type checking."""
+    if key in ("recipe", "description"):
+        setattr(cfg, key, coerce(key, value, str))
+        return
+    section, _, name = key.partition(".")
+    known = sections()
+    if section not in known or name not in field_types(known[section]):
+        raise _unknown_key(key, all_keys())
+    typed = coerce(key, value, field_types(known[section])[name])
+    setattr(getattr(cfg, section), name, typed)
+
+
+def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
+    """Apply a nested TOML table ({'model': {'n_layer': 4}, ...}) onto cfg."""
+    for key, value in table.items():
+        if key == "base":
+            continue
+        if isinstance(value, dict):
+            if key not in sections():
+                raise ConfigError(f"{origin}: unknown config section '{key}'")
+            for sub, subval in value.items():
+                set_value(cfg, f"{key}.{sub}", subval)
+        else:
+            set_value(cfg, key, value)
+
+
+def parse_overrides(cfg: Config, overrides: list[str]) -> None:
+    """Apply command-line `key=value` overrides."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        set_value(cfg, key.strip(), value.strip())
+
+
+# Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
+RESUMABLE_CHANGES = (
+    "description",
+    "model.attention",  # the backends compute the same attention
+    "train.val_every",
+    "train.log_every",
+    "train.timing_warmup_steps",
+    "train.compile",
+    "train.device",
+    "train.dist_timeout_s",
+    "train.checkpoint_every",
+    "train.checkpoint_at_end",
+    "train.checkpoint_keep",
+    "train.sample_every",
+    "train.wandb_project",
+)
+
+
+#: config.json's one entry beside the config: the run's identity, made by RunDir when the run is created,
+#: which copies of the folder keep (so `compare` counts a copied run once). Not a setting.
+RUN_ID = "run_id"
+
+
+def config_from_dict(data: dict[str, Any], origin: str) -> Config:
+    """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
+    if not isinstance(data, dict):  # a config.json holding a list or a number
+        raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
+    cfg = Config()
+    apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
+    return cfg
+
+
+def changed_keys(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """(key, old value, new value) for every dotted key whose value differs."""
+    a, b = flatten(old.to_dict()), flatten(new.to_dict())
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_resume(
+    old: Config, new: Config, refuse: Callable[[str, Any, Any], SpeedrunError]
+) -> list[tuple[str, Any, Any]]:
+    """The resume rule: a run continues only with changes to RESUMABLE_CHANGES. Returns those changes;
+    raises `refuse(key, before, after)` (the caller's message) for the first other one."""
+    changes = changed_keys(old, new)
+    # a checkpoint made before a time budget fixed the step count (train/budget.py) continues under it:
+    # no step before the fix depended on the count
+    fixed = (
+        old.train.time_budget_s > 0 and new.train.time_budget_s == 0 and new.train.steps <= old.train.steps
+    )
+    allowed = RESUMABLE_CHANGES + (("train.steps", "train.time_budget_s") if fixed else ())
+    for key, before, after in changes:
+        if key not in allowed:
+            raise refuse(key, before, after)
+    return changes
+
+
+def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> Config:
+    """The typed config a run or checkpoint folder saved (`config.json`), with the recipes' type checks;
+    a missing, unreadable or invalid file is one `error` naming it. The one reader of config.json."""
+    path = Path(folder) / "config.json"
+    try:
+        return config_from_dict(json.loads(read_regular(path).decode("utf-8")), str(path))
+    except FileNotFoundError:
+        raise error(f"{folder}: not a run directory (no config.json)") from None
+    except (OSError, ValueError, ConfigError) as e:
+        raise error(f"{path} is unusable ({e})") from None
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A recipe file's table; any unreadable, non-UTF-8 or invalid file is one ConfigError line."""
+    try:
+        raw = Path(path).read_bytes()
+        return tomllib.loads(raw.removeprefix(b"\xef\xbb\xbf").decode())  # a BOM: Windows editors add one
+    except FileNotFoundError:
+        raise ConfigError(f"recipe file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"recipe file {path} is a directory, not a .toml file") from None
+    except OSError as e:
+        raise ConfigError(f"recipe file {path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"recipe file {path} is not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"recipe file {path} is not valid TOML: {e}") from None
