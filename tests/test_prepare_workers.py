@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,17 +146,24 @@ def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, m
         "import sys; from speedrun.data import prepare; prepare.default_workers = lambda: 2; "
         f"from speedrun.cli import main; sys.exit(main({argv!r}))"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job has
-    )  # fmt: skip
-    ready = (lambda: _spawned_workers(proc.pid) >= 2) if moment == "workers starting" else None
-    ready = ready or (lambda: _tokens_written(data_dir))
-    deadline = time.monotonic() + 60
-    while not ready() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if moment == "workers starting":  # past the interpreter's start, into its imports
-        time.sleep(0.05)
+    for _ in range(3):  # a loaded host can finish the whole prepare before the moment is seen: again
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,  # its own process group, as a terminal's foreground job has
+        )  # fmt: skip
+        ready = (lambda p=proc: _spawned_workers(p.pid) >= 2) if moment == "workers starting" else None
+        ready = ready or (lambda: _tokens_written(data_dir))
+        deadline = time.monotonic() + 60
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if moment == "workers starting":  # past the interpreter's start, into its imports
+            time.sleep(0.05)
+        if proc.poll() is None:
+            break
+        proc.communicate()
+        shutil.rmtree(data_dir, ignore_errors=True)  # it finished: the moment was missed, not a failure
+    else:
+        pytest.fail(f"prepare finished three times before the moment '{moment}' could be caught")
     (os.killpg if group else os.kill)(proc.pid, sig)
     try:
         out, err = proc.communicate(timeout=60)
