@@ -113,6 +113,7 @@ class ModelConfig:
     logits_vocab_only: bool = False
     # --- issue 20 (2025-07 on): sigmoid softcap divides z by this instead of cap/2 (#26: 7.5·√768)
     softcap_divisor: float = 0.0
+    softcap_offset: float = 0.0  # #54: the sigmoid softcap shifts z by this first, 23·sigmoid((z+5)/7.5)
     # YaRN (#31): when a train.stages long window grows (and for the final validation's), rotary
     # frequencies are interpolated and the attention scale multiplied by 0.2·ln(new/old) + 1 (model/yarn.py)
     yarn: bool = False

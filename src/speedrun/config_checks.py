@@ -284,6 +284,8 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.softcap_offset and (m.softcap_form != "sigmoid" or m.logit_softcap <= 0):
+        raise ConfigError("model.softcap_offset needs model.softcap_form=sigmoid and model.logit_softcap > 0")
 
 
 def _validate_normuon(cfg: Config) -> None:

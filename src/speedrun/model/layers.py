@@ -162,14 +162,18 @@ class MLP(nn.Module):
         return self.c_proj(h)
 
 
-def softcap(logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0) -> torch.Tensor:
+def softcap(
+    logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0, offset: float = 0.0
+) -> torch.Tensor:
     """Bound the logits smoothly. tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap)
     = cap·tanh(z/cap) + cap (Sub3Min writes 30·sigmoid(z/7.5) for cap 15); the constant shift
     leaves softmax and cross-entropy unchanged. Both divide as the records do (z/7.5, not z·(2/15):
     2/15 is inexact in binary, so the product rounds differently in about half of all logits).
-    `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768)))."""
+    `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768))); `offset`
+    shifts z first, making the cap asymmetric (#54: 23·sigmoid((z + 5) / 7.5), cap 11.5)."""
     if form == "sigmoid":
-        return 2 * cap * torch.sigmoid(logits / (divisor or cap / 2))
+        z = logits + offset if offset else logits  # no add when 0: older records' op order exactly
+        return 2 * cap * torch.sigmoid(z / (divisor or cap / 2))
     return cap * torch.tanh(logits / cap)
 
 
