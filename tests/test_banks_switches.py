@@ -27,7 +27,8 @@ def test_asymmetric_softcap_is_the_records_line_bit_for_bit():
     # asymmetric: the range is (0, 23), reached at z = -5 ± ∞, centre 11.5 at z = -5, not 0
     assert softcap(torch.tensor([-5.0]), 11.5, "sigmoid", 7.5, 5.0).item() == 11.5
     # an offset of 0 leaves the older records' op order (z / 7.5, no add)
-    torch.testing.assert_close(softcap(z, 15.0, "sigmoid", 7.5, 0.0), 30 * torch.sigmoid(z / 7.5), rtol=0, atol=0)
+    plain = softcap(z, 15.0, "sigmoid", 7.5, 0.0)
+    torch.testing.assert_close(plain, 30 * torch.sigmoid(z / 7.5), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

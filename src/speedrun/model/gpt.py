@@ -279,7 +279,8 @@ class GPT(nn.Module):
             # 11-06 … 12-08 cap the head's output in its own dtype (bf16) and cast after; others cast first
             if not cfg.softcap_in_bf16:
                 logits = logits.float()
-            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor, cfg.softcap_offset)
+            cap = (cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor, cfg.softcap_offset)
+            logits = softcap(logits, *cap)
         return logits
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
