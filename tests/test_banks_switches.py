@@ -1,19 +1,44 @@
-"""The parts #54–#65 add, each against the record's own line: #54's asymmetric softcap
-23·sigmoid((z + 5) / 7.5), and one ConfigError for each bad new switch. (The banks-2026-01 recipe
-itself is not built yet: see docs/roadmap.md.)"""
+"""The parts #54–#65 add, each against the record's own lines (records/track_1_short/2025-12-26_LogitRescale
+and 2025-12-29_VeSkipGates, the code at the top of each log): #54's asymmetric softcap
+23·sigmoid((z + 5) / 7.5); #55's gates on the value embeddings and on the skip, in #55's model written
+here from its code (stages-2025-12 with the new switches on: fp32 loss and gradients); the optimizer
+table's rows for the gates; one ConfigError for each bad new switch. The banks-2026-01 recipe itself
+is not built yet (docs/roadmap.md)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
+from speedrun.model.gpt import GPT
 from speedrun.model.layers import softcap
+from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
+from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.test_stages_recipe import (
+    BLOCK,
+    EXT,
+    WS,
+    WS_POST_YARN,
+    N,
+    record_bs_ws,
+    record_key_shift,
+    record_mtp,
+    record_mtp_loss,
+)
 
 BASE = "stages-2025-12"
+#: #54 and #55's model switches on #53's recipe (#55's schedule, LRs and decay are not here)
+GATED = [
+    "model.logit_softcap=11.5", "model.softcap_divisor=7.5", "model.softcap_offset=5",
+    "model.ve_gate=12", "model.skip_gate=12", "optim.skip_gate_lr=0.0004",
+]  # fmt: skip
 
 
 def test_asymmetric_softcap_is_the_records_line_bit_for_bit():
@@ -31,11 +56,143 @@ def test_asymmetric_softcap_is_the_records_line_bit_for_bit():
     torch.testing.assert_close(plain, 30 * torch.sigmoid(z / 7.5), rtol=0, atol=0)
 
 
+def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, heads, dim, training):
+    """#55's GPT.forward (fp32: no FP8), the summed (MTP) loss in training: #53's with
+    `ve_gate_out = 2 * sigmoid(value_embed_gate(x[..., :12]))`, `v = v + ve_gate_out * ve`,
+    `skip_gate_out = sigmoid(skip_lambda) * 2 * sigmoid(skip_gate(x0[..., :12]))` and
+    `logits = 23 * sigmoid((logits + 5) / 7.5)` (#54)."""
+    from tests.test_polar_recipe import record_rotary
+    from tests.test_yarn_recipe import fa3_reference, norm, record_qkvo
+
+    L, hd, T = 11, dim // heads, len(input_seq)
+    cos, sin = yarn.cos.bfloat16().float(), yarn.sin.bfloat16().float()
+    skip_connections, skip_in, skip_out, backout_layer = [], [3], [6], 7
+    short_bm, long_bm = ws[0] * BLOCK, ws[1] * BLOCK
+    bm_sizes = [short_bm] * 3 + [long_bm] + [short_bm] * 2 + [None] + [short_bm] * 3 + [long_bm]
+    x = F.embedding(input_seq, w["wte.weight"])
+    ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
+    ve = [ve[1], ve[2]] + [None] * (L - 5) + [ve[0], ve[1], ve[2]]
+    smear_gate = w["smear.gate.weight"]
+    gate_out = w["smear.lamb"] * torch.sigmoid(F.linear(x[1:, : smear_gate.size(-1)], smear_gate))
+    x = torch.cat([x[:1], x[1:] + gate_out * x[:-1]])
+    x = x0 = norm(x[None])
+    x_backout = None
+    for i in range(L):
+        if i in skip_out:
+            skip_gate = w["skip_gate.proj.weight"]
+            skip_gate_out = (
+                torch.sigmoid(w["skip_weights"][0]) * 2 * torch.sigmoid(F.linear(x0[..., :12], skip_gate))
+            )
+            x = x + skip_gate_out * skip_connections.pop()
+        resid, x0_lambda = w[f"blocks.{i}.lambdas"][0], w[f"blocks.{i}.x0_lambda"][0]
+        x = (resid + x0_lambda) * x if i == 0 else resid * x + x0_lambda * x0
+        if bm_sizes[i] is not None:
+            h = norm(x)
+            sa = w[f"blocks.{i}.attn.lambdas"]
+            qkvo_w = record_qkvo(w, i, dim)
+            q, k, v = (
+                F.linear(h, sa[0] * qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
+            )
+            q, k = norm(q), norm(k)
+            q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
+            if bm_sizes[i] == long_bm:
+                k = record_key_shift(k)
+            if ve[i] is not None:
+                ve_gate = w[f"blocks.{i}.attn.ve_gate.proj.weight"]
+                ve_gate_out = 2 * torch.sigmoid(F.linear(h[..., :12], ve_gate)).view(1, T, heads, 1)
+                v = v + ve_gate_out * ve[i].view_as(v)
+            y = fa3_reference(q[0], k[0], v[0], seqlens, bm_sizes[i], scale).view(1, T, heads, hd)
+            gate = w[f"blocks.{i}.attn.gate.proj.weight"]
+            y = y * torch.sigmoid(F.linear(h[..., : gate.size(-1)], gate)).view(1, T, heads, 1)
+            x = x + F.linear(y.contiguous().view(1, T, dim), sa[1] * qkvo_w[3])
+        h = F.linear(norm(x), w[f"blocks.{i}.mlp.c_fc.weight"])
+        x = x + F.linear(F.relu(h).square(), w[f"blocks.{i}.mlp.c_proj.weight"])
+        if i in skip_in:
+            skip_connections.append(x)
+        if i == backout_layer:
+            x_backout = x
+    x = x - w["backout.lamb"] * x_backout
+    logits = 23 * torch.sigmoid((F.linear(norm(x), w["lm_head.weight"]) + 5) / 7.5)[0]
+    if training and len(mtp) > 1:
+        return record_mtp_loss(logits, target_seq, torch.tensor(mtp))
+    return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
+
+
+@pytest.mark.parametrize("step", [700, N + EXT])  # MTP 2 after YaRN 3 → 7 (training); validation
+def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step):
+    from tests.test_yarn_recipe import RecordYarn
+
+    heads, dim, T, vocab = 2, 64, 1024, 120
+    cfg = load_recipe(BASE, GATED)
+    cfg.model = dataclasses.replace(
+        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
+        fp8_head=False, eot_id=vocab - 1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    gates = [n for n, p in model.named_parameters() if "gate" in n and p.abs().sum() == 0]
+    assert len(gates) == 1 + 11 - 1 + 5 + 1  # smear, 10 attention gates, 5 value-embedding gates, skip: zero
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
+        for n, p in model.named_parameters():
+            if "ve_gate" in n or "skip_gate" in n:  # gates far from 1
+                p.copy_(torch.randn_like(p))
+    gen = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
+    seq[[0, 1000]] = vocab - 1
+    cu = torch.full((128,), T, dtype=torch.int32)
+    cu[:2] = torch.tensor([0, 1000])
+    x, y = seq[:-1], seq[1:]
+    training = step < N + EXT
+    model.train(training)
+    apply_to_model(schedule_at(step, cfg), model)
+    _, ws_short, ws_long = record_bs_ws(step)
+    ws_long = WS_POST_YARN if not training else ws_long
+    yarn, scale, seen = RecordYarn(dim // heads, T), 0.1, [WS[0]]
+    for s in range(min(step, N + EXT - 1) + 1):
+        if record_bs_ws(s)[2] != seen[-1]:
+            seen.append(record_bs_ws(s)[2])
+    for old, new in zip(seen[:-1], seen[1:], strict=True):
+        yarn.apply_yarn(old, new)
+        scale *= 0.2 * math.log(new / old) + 1
+    weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
+    with torch.set_grad_enabled(training):
+        loss = model(x[None], y[None], cu)
+        ref = record_55_forward(
+            weights, x, y, cu, (ws_short, ws_long), yarn, scale, record_mtp(step), heads, dim, training
+        )
+    ref = ref / T if training else ref
+    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
+    if not training:
+        return
+    loss.backward()
+    ref.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_gates_rows_are_the_records():
+    """#55: the value-embedding gates with the attention gates in NorMuon (`is_gate = 'gate' in label`:
+    one statistic per head), the skip gate in the main Adam at its own LR (label skip_gate)."""
+    cfg = load_recipe(BASE, GATED)
+    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    rows = {r.name: r for r in build_rows(model.param_roles(), 1, gate_row_stats=True)}
+    ve_gates = [n for n in rows if ".ve_gate." in n]
+    assert ve_gates == [f"blocks.{i}.attn.ve_gate.proj.weight" for i in (0, 1, 8, 9, 10)]
+    assert all((rows[n].rule, rows[n].gate_rows, rows[n].lr_mul) == ("normuon", True, 1.0) for n in ve_gates)
+    assert (rows["skip_gate.proj.weight"].rule, rows["skip_gate.proj.weight"].label) == ("adam", "skip_gate")
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
         (["model.softcap_form=tanh", "model.softcap_offset=5"], "model.softcap_offset"),
         (["model.logit_softcap=0", "model.softcap_offset=5"], "model.softcap_offset"),
+        (["model.ve_gate=12", "model.value_embeds=none"], "model.ve_gate (#55)"),
+        (["model.skip_gate=800"], "model.skip_gate (#55)"),
+        (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
+        (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
     ],
 )
 def test_a_bad_new_switch_is_one_config_error_naming_it(overrides, words):

@@ -131,6 +131,8 @@ class ModelConfig:
     key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
     skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
     resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
+    ve_gate: int = 0  # #55: value embeddings scaled per head by 2·sigmoid(W·x[:N]) (12); 0 = off
+    skip_gate: int = 0  # #55: the skip scaled by 2·sigmoid(u·x0[:N]) (12), u trained by Adam; 0 = off
     x0_lambda_apart: bool = (
         False  # #52: the x0 shortcut's λ1 its own parameter (blocks.i.x0_lambda), in the main Adam
     )
@@ -225,6 +227,7 @@ class OptimConfig:
     normuon_gate_row_stats: bool = (
         False  # #48–#55: the attention gates (heads, 12) get one statistic per head
     )
+    skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 

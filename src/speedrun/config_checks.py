@@ -229,6 +229,12 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
             "that many input dims"
         )
+    for key, needs, ok in (
+        ("ve_gate", "model.value_embeds", m.value_embeds != "none"),
+        ("skip_gate", "model.unet", m.unet),
+    ):
+        if not 0 <= getattr(m, key) <= m.n_embd or (getattr(m, key) and not ok):  # #55
+            raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
     if not 0 <= m.smear <= m.n_embd:
         raise ConfigError(
             f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
@@ -292,9 +298,10 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
-        if o.smear_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
+        if o.smear_gate_lr or o.skip_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
             raise ConfigError(
-                "optim.smear_gate_lr, normuon_gate_row_stats and attn_lr_mul need optim.name=normuon"
+                "optim.smear_gate_lr, skip_gate_lr, normuon_gate_row_stats and attn_lr_mul need "
+                "optim.name=normuon"
             )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
@@ -324,6 +331,8 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
         )
+    if (o.skip_gate_lr > 0) != (m.skip_gate > 0) or o.skip_gate_lr < 0:
+        raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
             raise ConfigError(

@@ -40,6 +40,7 @@ from speedrun.model.attention import (
 from speedrun.model.attn_gate import AttentionGate
 from speedrun.model.backout import Backout
 from speedrun.model.fp8 import fp8_linear
+from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
@@ -116,12 +117,16 @@ class GPT(nn.Module):
         for kind, block in zip(cfg.window_pattern, self.blocks, strict=False):  # #49: long layers only
             if block.attn is not None:
                 block.attn.key_offset = cfg.key_offset and kind == "L"
+        self.ve_layout = value_embed_layout(cfg)
+        for j, block in zip(self.ve_layout, self.blocks, strict=True):  # #55: where a value embedding is
+            if cfg.ve_gate and j is not None and block.attn is not None:
+                block.attn.ve_gate = ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
-        self.ve_layout = value_embed_layout(cfg)
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
+        self.skip_gate = SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
@@ -164,7 +169,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(block.attn.c_proj.weight)
                 if block.mlp is not None:
                     nn.init.zeros_(block.mlp.c_proj.weight)
-        for gate in (m for m in self.modules() if isinstance(m, AttentionGate | Smear)):
+        for gate in (m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate)):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
@@ -251,7 +256,9 @@ class GPT(nn.Module):
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                x = x + skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate) * outputs[src]
+                scale = skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate)
+                scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
+                x = x + scale * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])

@@ -13,6 +13,7 @@ from torch import nn
 from speedrun.config import ModelConfig
 from speedrun.model.attention import AttentionMask, attend
 from speedrun.model.attn_gate import AttentionGate
+from speedrun.model.gates import ValueEmbedGate
 from speedrun.model.key_offset import offset_keys
 from speedrun.model.layers import CastedLinear, Rotary, make_rotary
 
@@ -39,6 +40,7 @@ class Attention(nn.Module):
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
         self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
         self.gate = AttentionGate(cfg.attn_gate, cfg.n_head) if cfg.attn_gate else None  # #28
+        self.ve_gate: ValueEmbedGate | None = None  # #55: set by GPT on the value-embedding layers
         self.key_offset = False  # #49: set by GPT on the long-window layers (model/key_offset.py)
         mixes = cfg.value_residual or cfg.value_embeds != "none"
         self.value_mix = cfg.value_mix if mixes else None
@@ -103,6 +105,8 @@ class Attention(nn.Module):
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
         raw_v = v
+        if self.ve_gate is not None and other_v is not None:  # #55
+            other_v = self.ve_gate.gate(other_v.view_as(v), x)
         v = self.mix_values(v, raw_v if other_v is None and self.self_mix else other_v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.qk_norm and not self.qk_norm_after_rotary:

@@ -31,7 +31,7 @@ from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.muon import muon_split
 
 RULES = ("normuon", "adam")
-LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate")
+LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate", "skip_gate")
 SHARDED_LABELS = ("embed", "value_embed", "head")
 
 
@@ -141,6 +141,8 @@ def _layout_blocks(t: Tensor, like: Tensor) -> Tensor:
 def label_of(role: str, name: str, smear_gate: bool = False) -> str:
     if smear_gate and name.startswith("smear.gate"):
         return "smear_gate"
+    if name.startswith("skip_gate."):  # #55: Adam (main betas) at its own LR, no decay
+        return "skip_gate"
     if role == "matrix":
         return "matrix"
     if role == "head":
@@ -195,7 +197,8 @@ def build_rows(
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
                 muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
                 muls |= {"attn.c_attn.weight": attn_lr_mul, "attn.c_proj.weight": attn_lr_mul}
-                row.gate_rows = gate_row_stats and name.endswith(".attn.gate.proj.weight")
+                gates = (".attn.gate.proj.weight", ".attn.ve_gate.proj.weight")  # #48, #55
+                row.gate_rows = gate_row_stats and name.endswith(gates)
                 row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows
@@ -218,7 +221,11 @@ def adam_labels(o, lrs: dict[str, float]) -> dict[str, AdamLabel]:
     """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs (x0 and
     smear_gate only where ``lrs`` names them: #52's main-Adam betas, no decay)."""
     wd = o.adam_weight_decay
-    extra = {k: AdamLabel(lrs[k], tuple(o.embed_betas), 0.0, o.eps) for k in ("x0", "smear_gate") if k in lrs}
+    extra = {
+        k: AdamLabel(lrs[k], tuple(o.embed_betas), 0.0, o.eps)
+        for k in ("x0", "smear_gate", "skip_gate")
+        if k in lrs
+    }
     return extra | {
         "embed": AdamLabel(lrs["embed"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "head": AdamLabel(lrs["head"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),

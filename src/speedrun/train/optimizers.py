@@ -136,6 +136,8 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         lrs["x0"] = o.scalar_lr
     if smear_gate:
         lrs["smear_gate"] = o.smear_gate_lr
+    if model.cfg.skip_gate:  # #55
+        lrs["skip_gate"] = o.skip_gate_lr
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight
