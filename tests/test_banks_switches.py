@@ -1,9 +1,11 @@
-"""The parts #54–#65 add, each against the record's own lines (records/track_1_short/2025-12-26_LogitRescale
-and 2025-12-29_VeSkipGates, the code at the top of each log): #54's asymmetric softcap
-23·sigmoid((z + 5) / 7.5); #55's gates on the value embeddings and on the skip, in #55's model written
-here from its code (stages-2025-12 with the new switches on: fp32 loss and gradients); the optimizer
-table's rows for the gates; one ConfigError for each bad new switch. The banks-2026-01 recipe itself
-is not built yet (docs/roadmap.md)."""
+"""The parts #54–#65 add, each against the record's own lines (records/track_1_short/
+2025-12-26_LogitRescale, 2025-12-29_VeSkipGates and 2026-01-19_BigramHashEmbedding, the code at the
+top of each log): #54's asymmetric softcap 23·sigmoid((z + 5) / 7.5); #55's gates on the value
+embeddings and on the skip and #62's bigram hash embedding, in #55's model written here from its code
+with #62's bigram lines (stages-2025-12 with the new switches on: fp32 loss and gradients); #62's hash
+against get_bigram_hash, and cached decoding with it; the optimizer table's rows for the gates and the
+bigram table; one ConfigError for each bad new switch. The banks-2026-01 recipe itself is not built
+yet (docs/roadmap.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
+from speedrun.model.bigram import bigram_hash
 from speedrun.model.gpt import GPT
+from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
@@ -56,6 +60,31 @@ def test_asymmetric_softcap_is_the_records_line_bit_for_bit():
     torch.testing.assert_close(plain, 30 * torch.sigmoid(z / 7.5), rtol=0, atol=0)
 
 
+BIGRAM = 50304 * 5  # #62's args.bigram_vocab_size
+
+
+def record_bigram_hash(x, bigram_vocab_size=BIGRAM):
+    """#62's get_bigram_hash (a rank's flat token sequence)."""
+    rand_int_1 = 36313
+    rand_int_2 = 27191
+    mod = bigram_vocab_size - 1
+    x = x.to(torch.int32).clone()
+    x[0] = mod
+    x[1:] = torch.bitwise_xor(rand_int_1 * x[1:], rand_int_2 * x[:-1]) % mod
+    return x
+
+
+def test_bigram_hash_is_the_records_and_continues_across_cached_steps():
+    seq = torch.randint(0, 50257, (4096,), generator=torch.Generator().manual_seed(3))
+    seq[:4] = torch.tensor([50256, 50256, 0, 50255])  # the extremes: no int32 overflow
+    ours = bigram_hash(seq[None], BIGRAM)[0]
+    assert torch.equal(ours, record_bigram_hash(seq)) and ours.dtype == torch.int32
+    assert ours.min() >= 0 and (ours == BIGRAM - 1).nonzero().tolist() == [[0]]
+    for start in (1, 2, 100):  # cached decoding; position 1 hashes with the reserved value (the record's)
+        tail = bigram_hash(seq[None, start:], BIGRAM, prev=seq[None, start - 1 : start], start=start)[0]
+        assert torch.equal(tail, ours[start:]), start
+
+
 def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, heads, dim, training):
     """#55's GPT.forward (fp32: no FP8), the summed (MTP) loss in training: #53's with
     `ve_gate_out = 2 * sigmoid(value_embed_gate(x[..., :12]))`, `v = v + ve_gate_out * ve`,
@@ -76,6 +105,9 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
     gate_out = w["smear.lamb"] * torch.sigmoid(F.linear(x[1:, : smear_gate.size(-1)], smear_gate))
     x = torch.cat([x[:1], x[1:] + gate_out * x[:-1]])
     x = x0 = norm(x[None])
+    bigram = "bigram.embed.weight" in w  # #62's lines (bigram_lambdas are our bigram.lambdas)
+    if bigram:
+        x0_bigram = F.embedding(record_bigram_hash(input_seq), w["bigram.embed.weight"])[None]
     x_backout = None
     for i in range(L):
         if i in skip_out:
@@ -85,7 +117,12 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
             )
             x = x + skip_gate_out * skip_connections.pop()
         resid, x0_lambda = w[f"blocks.{i}.lambdas"][0], w[f"blocks.{i}.x0_lambda"][0]
-        x = (resid + x0_lambda) * x if i == 0 else resid * x + x0_lambda * x0
+        if bigram and i == 0:
+            x = (resid + x0_lambda) * x + w["bigram.lambdas"][0] * x0_bigram
+        elif bigram:
+            x = resid * x + x0_lambda * x0 + w["bigram.lambdas"][i] * x0_bigram
+        else:
+            x = (resid + x0_lambda) * x if i == 0 else resid * x + x0_lambda * x0
         if bm_sizes[i] is not None:
             h = norm(x)
             sa = w[f"blocks.{i}.attn.lambdas"]
@@ -118,12 +155,14 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
     return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
 
 
-@pytest.mark.parametrize("step", [700, N + EXT])  # MTP 2 after YaRN 3 → 7 (training); validation
-def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step):
+@pytest.mark.parametrize(
+    ("step", "bigram"), [(700, False), (N + EXT, False), (100, True)]
+)  # MTP 2 after YaRN 3 → 7; validation; MTP 3 with #62's bigram table
+def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, bigram):
     from tests.test_yarn_recipe import RecordYarn
 
     heads, dim, T, vocab = 2, 64, 1024, 120
-    cfg = load_recipe(BASE, GATED)
+    cfg = load_recipe(BASE, GATED + [f"model.bigram_rows={BIGRAM}"] * bigram)
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
@@ -138,6 +177,8 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step):
         for n, p in model.named_parameters():
             if "ve_gate" in n or "skip_gate" in n:  # gates far from 1
                 p.copy_(torch.randn_like(p))
+            if n == "bigram.embed.weight":  # rows of the size of the token embedding's
+                p.normal_(std=0.5)
     gen = torch.Generator().manual_seed(1)
     seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
     seq[[0, 1000]] = vocab - 1
@@ -172,6 +213,29 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step):
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_cached_decoding_with_the_bigram_table_equals_the_forward():
+    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
+    cfg.model = dataclasses.replace(
+        cfg.model, n_layer=4, n_head=2, n_embd=64, vocab_size=100, max_seq_len=64, embed_dtype="fp32",
+        fp8_head=False, eot_id=99, window_pattern="LSSL", no_attention_layers="2", no_mlp_layers="",
+        value_embed_tables=1, backout_layer=2, skips="1>2",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache()
+        parts = [forward_cached(model, idx[:, :25], cache)]
+        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
+        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        model.bigram.embed.weight.zero_()
+        assert not torch.allclose(model(idx), full)  # the table changes what the model computes
+
+
 def test_the_gates_rows_are_the_records():
     """#55: the value-embedding gates with the attention gates in NorMuon (`is_gate = 'gate' in label`:
     one statistic per head), the skip gate in the main Adam at its own LR (label skip_gate)."""
@@ -182,6 +246,11 @@ def test_the_gates_rows_are_the_records():
     assert ve_gates == [f"blocks.{i}.attn.ve_gate.proj.weight" for i in (0, 1, 8, 9, 10)]
     assert all((rows[n].rule, rows[n].gate_rows, rows[n].lr_mul) == ("normuon", True, 1.0) for n in ve_gates)
     assert (rows["skip_gate.proj.weight"].rule, rows["skip_gate.proj.weight"].label) == ("adam", "skip_gate")
+    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
+    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    rows = {r.name: r for r in build_rows(model.param_roles(), 8)}
+    assert (rows["bigram.embed.weight"].label, rows["bigram.embed.weight"].sharded) == ("value_embed", True)
+    assert rows["bigram.lambdas"].label == "scalar"  # #62: in the record's scalars (their own Adam)
 
 
 @pytest.mark.parametrize(
@@ -193,6 +262,8 @@ def test_the_gates_rows_are_the_records():
         (["model.skip_gate=800"], "model.skip_gate (#55)"),
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
+        (["model.bigram_rows=1"], "model.bigram_rows (#62)"),
+        (["model.bigram_rows=100", "model.x0_shortcut=false"], "model.bigram_rows (#62)"),
     ],
 )
 def test_a_bad_new_switch_is_one_config_error_naming_it(overrides, words):

@@ -235,6 +235,8 @@ def _validate_model_switches(m: ModelConfig) -> None:
     ):
         if not 0 <= getattr(m, key) <= m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.bigram_rows and (m.bigram_rows < 2 or m.bigram_rows > 2**31 or not m.x0_shortcut):
+        raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets and needs model.x0_shortcut")
     if not 0 <= m.smear <= m.n_embd:
         raise ConfigError(
             f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "

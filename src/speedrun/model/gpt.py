@@ -39,6 +39,7 @@ from speedrun.model.attention import (
 )
 from speedrun.model.attn_gate import AttentionGate
 from speedrun.model.backout import Backout
+from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
@@ -89,11 +90,15 @@ class Block(nn.Module):
         x0: torch.Tensor | None = None,
         other_v: torch.Tensor | None = None,
         attend_fn: AttendFn | None = None,
+        bigram: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the new residual stream and the attention's unmixed v (None without attention).
-        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
+        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding); `bigram`: #62's
+        λ_i·b, added with the x0 shortcut."""
         if self.lambdas is not None:
             x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
+        if bigram is not None:
+            x = x + bigram
         raw_v = None
         if self.attn is not None:
             h = self.norm1(x)
@@ -110,6 +115,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
+        self.bigram = (
+            BigramEmbed(cfg.bigram_rows, cfg.n_embd, cfg.n_layer) if cfg.bigram_rows else None
+        )  # #62
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
@@ -169,7 +177,9 @@ class GPT(nn.Module):
                     nn.init.zeros_(block.attn.c_proj.weight)
                 if block.mlp is not None:
                     nn.init.zeros_(block.mlp.c_proj.weight)
-        for gate in (m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate)):
+        for gate in (
+            m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate | BigramEmbed)
+        ):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
@@ -251,6 +261,7 @@ class GPT(nn.Module):
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
+        bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
         sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
@@ -261,7 +272,8 @@ class GPT(nn.Module):
                 x = x + scale * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
-            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
+            b = self.bigram.lambdas[i] * bigram if bigram is not None else None
+            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i], b)
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
             if i in sources:
@@ -309,7 +321,7 @@ class GPT(nn.Module):
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if name.startswith(("wte.", "wpe.", "value_embeds.")) or (
+            if name.startswith(("wte.", "wpe.", "value_embeds.", "bigram.embed.")) or (
                 name.startswith("lm_head.") and self.cfg.tie_embeddings
             ):
                 roles["embed"].append((name, p))

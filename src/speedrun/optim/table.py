@@ -148,7 +148,8 @@ def label_of(role: str, name: str, smear_gate: bool = False) -> str:
     if role == "head":
         return "head"
     if role == "embed":
-        return "value_embed" if name.startswith("value_embeds.") else "embed"
+        # #62/#65: the bigram table has the value embeddings' Adam settings (betas, LR x75, decay x5)
+        return "value_embed" if name.startswith(("value_embeds.", "bigram.embed.")) else "embed"
     return "x0" if name.endswith(".x0_lambda") else "scalar"
 
 
