@@ -99,8 +99,12 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
     short_bm, long_bm = ws[0] * BLOCK, ws[1] * BLOCK
     bm_sizes = [short_bm] * 3 + [long_bm] + [short_bm] * 2 + [None] + [short_bm] * 3 + [long_bm]
     x = F.embedding(input_seq, w["wte.weight"])
-    ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
-    ve = [ve[1], ve[2]] + [None] * (L - 5) + [ve[0], ve[1], ve[2]]
+    if "value_embeds.4.weight" in w:  # #63's five tables, ".01...234"
+        ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(5)]
+        ve = [ve[0], ve[1]] + [None] * (L - 5) + [ve[2], ve[3], ve[4]]
+    else:
+        ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
+        ve = [ve[1], ve[2]] + [None] * (L - 5) + [ve[0], ve[1], ve[2]]
     smear_gate = w["smear.gate.weight"]
     gate_out = w["smear.lamb"] * torch.sigmoid(F.linear(x[1:, : smear_gate.size(-1)], smear_gate))
     x = torch.cat([x[:1], x[1:] + gate_out * x[:-1]])
@@ -156,13 +160,13 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
 
 
 @pytest.mark.parametrize(
-    ("step", "bigram"), [(700, False), (N + EXT, False), (100, True)]
-)  # MTP 2 after YaRN 3 → 7; validation; MTP 3 with #62's bigram table
-def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, bigram):
+    ("step", "later"), [(700, False), (N + EXT, False), (100, True)]
+)  # MTP 2 after YaRN 3 → 7; validation; MTP 3 with #62's bigram table and #63's five value embeddings
+def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     from tests.test_yarn_recipe import RecordYarn
 
     heads, dim, T, vocab = 2, 64, 1024, 120
-    cfg = load_recipe(BASE, GATED + [f"model.bigram_rows={BIGRAM}"] * bigram)
+    cfg = load_recipe(BASE, GATED + [f"model.bigram_rows={BIGRAM}", "model.value_embeds=untied-late"] * later)
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
@@ -211,6 +215,13 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, bigram):
     ref.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_untied_value_embeddings_are_the_63_layout():
+    """#63: `ve = [ve[0], ve[1]] + [None] * (num_layers - 5) + [ve[2], ve[3], ve[4]]`."""
+    cfg = load_recipe(BASE, ["model.value_embeds=untied-late"])
+    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    assert model.ve_layout == [0, 1] + [None] * 6 + [2, 3, 4] and len(model.value_embeds) == 5
 
 
 def test_cached_decoding_with_the_bigram_table_equals_the_forward():

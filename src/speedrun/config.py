@@ -83,7 +83,8 @@ class ModelConfig:
     x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
     value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
     # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2) | ends-late (#45: 1,2,…,0,1,2)
-    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late"] = "none"
+    # | untied-late (#63: 0,1,…,2,3,4)
+    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late", "untied-late"] = "none"
     value_embed_tables: PosInt = 3  # number of tables for value_embeds = "ends"
     # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5) | weights (#47/#48):
     # λ0 multiplies the QKV weight and λ1 the output projection's, v = λ0·v + other, (0.5, 1.0)

@@ -179,7 +179,7 @@ def _check_memory(m: ModelConfig) -> None:
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
     tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-    tables["ends-late"] = m.value_embed_tables
+    tables["ends-late"], tables["untied-late"] = m.value_embed_tables, 2 * m.value_embed_tables - 1
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
     embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
@@ -278,7 +278,10 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
         raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if m.value_embeds in ("ends", "ends-late") and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+    if (
+        m.value_embeds in ("ends", "ends-late", "untied-late")
+        and not 1 <= m.value_embed_tables <= m.n_layer // 2
+    ):
         raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
     if m.value_embeds != "none" and m.value_residual:
         raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
