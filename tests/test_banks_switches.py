@@ -1,9 +1,11 @@
 """The parts #54–#65 add, each against the record's own lines (records/track_1_short/
-2025-12-26_LogitRescale, 2025-12-29_VeSkipGates and 2026-01-19_BigramHashEmbedding, the code at the
-top of each log): #54's asymmetric softcap 23·sigmoid((z + 5) / 7.5); #55's gates on the value
-embeddings and on the skip and #62's bigram hash embedding, in #55's model written here from its code
-with #62's bigram lines (stages-2025-12 with the new switches on: fp32 loss and gradients); #62's hash
-against get_bigram_hash, and cached decoding with it; the optimizer table's rows for the gates and the
+2025-12-26_LogitRescale, 2025-12-29_VeSkipGates, 2026-01-07_PairedHeadAttention,
+2026-01-19_BigramHashEmbedding and 2026-01-26-UntieValueEmbeddings, the code at the top of each log):
+#54's asymmetric softcap 23·sigmoid((z + 5) / 7.5); #55's gates on the value embeddings and on the
+skip, #58's paired heads, #62's bigram hash embedding and #63's five value embeddings, in #55's model
+written here from its code with #58's, #62's and #63's lines (stages-2025-12 with the new switches on:
+fp32 loss and gradients); #62's hash against get_bigram_hash; cached decoding with paired heads and
+the bigram table; the optimizer table's rows for the gates and the
 bigram table; one ConfigError for each bad new switch. The banks-2026-01 recipe itself is not built
 yet (docs/roadmap.md)."""
 
@@ -85,11 +87,33 @@ def test_bigram_hash_is_the_records_and_continues_across_cached_steps():
         assert torch.equal(tail, ours[start:]), start
 
 
-def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, heads, dim, training):
+def record_58_paired_qkv(q, k, v, cos, sin):
+    """#58's PairedHeadCausalSelfAttention between QK-norm and the attention call, its YarnPairedHead
+    tables (theta1 = outer(2t, freq), theta2 = outer(2t + 1, freq), concatenated) in #53's rotary layout
+    (ours: each half of a head's dims rotated by `record_rotary`)."""
+    from tests.test_polar_recipe import record_rotary
+
+    B, T, H, hd = q.shape
+    q = q.view(B, T, H // 2, hd * 2)
+    k = k.view(B, T, H // 2, hd * 2)
+    v = v.reshape(B, T * 2, H // 2, hd)
+    even, odd = slice(0, 2 * T, 2), slice(1, 2 * T, 2)
+
+    def rotary(x):  # factor1 = cat(cos(theta1), cos(theta2)): first head of the pair at 2t, second at 2t+1
+        a, b = x.split(hd, dim=-1)
+        return torch.cat([record_rotary(a, cos[even], sin[even]), record_rotary(b, cos[odd], sin[odd])], -1)
+
+    q, k = rotary(q), rotary(k)
+    return q.view(B, T * 2, H // 2, hd), k.view(B, T * 2, H // 2, hd), v
+
+
+def record_55_forward(
+    w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, heads, dim, training, paired=()
+):
     """#55's GPT.forward (fp32: no FP8), the summed (MTP) loss in training: #53's with
     `ve_gate_out = 2 * sigmoid(value_embed_gate(x[..., :12]))`, `v = v + ve_gate_out * ve`,
     `skip_gate_out = sigmoid(skip_lambda) * 2 * sigmoid(skip_gate(x0[..., :12]))` and
-    `logits = 23 * sigmoid((logits + 5) / 7.5)` (#54)."""
+    `logits = 23 * sigmoid((logits + 5) / 7.5)` (#54); #58's paired heads on the layers `paired`."""
     from tests.test_polar_recipe import record_rotary
     from tests.test_yarn_recipe import fa3_reference, norm, record_qkvo
 
@@ -135,14 +159,19 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
                 F.linear(h, sa[0] * qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
             )
             q, k = norm(q), norm(k)
-            q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
+            n = 2 if i in paired else 1  # #58: 2T positions of H/2 heads, seqlens x2
+            if i in paired:
+                q, k, v = record_58_paired_qkv(q, k, v, cos, sin)
+            else:
+                q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
             if bm_sizes[i] == long_bm:
                 k = record_key_shift(k)
             if ve[i] is not None:
                 ve_gate = w[f"blocks.{i}.attn.ve_gate.proj.weight"]
-                ve_gate_out = 2 * torch.sigmoid(F.linear(h[..., :12], ve_gate)).view(1, T, heads, 1)
+                ve_gate_out = 2 * torch.sigmoid(F.linear(h[..., :12], ve_gate)).view(1, n * T, heads // n, 1)
                 v = v + ve_gate_out * ve[i].view_as(v)
-            y = fa3_reference(q[0], k[0], v[0], seqlens, bm_sizes[i], scale).view(1, T, heads, hd)
+            y = fa3_reference(q[0], k[0], v[0], n * seqlens, bm_sizes[i], scale)  # FA3: contiguous
+            y = y.contiguous().view(1, T, heads, hd)
             gate = w[f"blocks.{i}.attn.gate.proj.weight"]
             y = y * torch.sigmoid(F.linear(h[..., : gate.size(-1)], gate)).view(1, T, heads, 1)
             x = x + F.linear(y.contiguous().view(1, T, dim), sa[1] * qkvo_w[3])
@@ -160,19 +189,27 @@ def record_55_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
 
 
 @pytest.mark.parametrize(
-    ("step", "later"), [(700, False), (N + EXT, False), (100, True)]
-)  # MTP 2 after YaRN 3 → 7; validation; MTP 3 with #62's bigram table and #63's five value embeddings
+    ("step", "later"), [(700, False), (N + EXT, False), (100, True), (N + EXT, True)]
+)  # MTP 2 after YaRN 3 → 7; validation; with #58's paired heads, #62's bigram table and #63's layout
 def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     from tests.test_yarn_recipe import RecordYarn
 
-    heads, dim, T, vocab = 2, 64, 1024, 120
-    cfg = load_recipe(BASE, GATED + [f"model.bigram_rows={BIGRAM}", "model.value_embeds=untied-late"] * later)
+    heads, dim, T, vocab = 2 + 2 * later, 64, 1024, 120  # paired: two pairs of heads
+    later_switches = [
+        f"model.bigram_rows={BIGRAM}",
+        "model.value_embeds=untied-late",
+        "model.paired_heads=0,2,5,9",
+    ]
+    cfg = load_recipe(BASE, GATED + later_switches * later)
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
     model = GPT(cfg.model)
+    assert [b.attn is not None and b.attn.paired for b in model.blocks] == [
+        i in (0, 2, 5, 9) and later for i in range(11)
+    ]
     gates = [n for n, p in model.named_parameters() if "gate" in n and p.abs().sum() == 0]
     assert len(gates) == 1 + 11 - 1 + 5 + 1  # smear, 10 attention gates, 5 value-embedding gates, skip: zero
     with torch.no_grad():
@@ -194,7 +231,7 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     apply_to_model(schedule_at(step, cfg), model)
     _, ws_short, ws_long = record_bs_ws(step)
     ws_long = WS_POST_YARN if not training else ws_long
-    yarn, scale, seen = RecordYarn(dim // heads, T), 0.1, [WS[0]]
+    yarn, scale, seen = RecordYarn(dim // heads, 2 * T), 0.1, [WS[0]]  # #58 on: 2·max_seq_len tables
     for s in range(min(step, N + EXT - 1) + 1):
         if record_bs_ws(s)[2] != seen[-1]:
             seen.append(record_bs_ws(s)[2])
@@ -205,7 +242,18 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)
         ref = record_55_forward(
-            weights, x, y, cu, (ws_short, ws_long), yarn, scale, record_mtp(step), heads, dim, training
+            weights,
+            x,
+            y,
+            cu,
+            (ws_short, ws_long),
+            yarn,
+            scale,
+            record_mtp(step),
+            heads,
+            dim,
+            training,
+            (0, 2, 5, 9) if later else (),
         )
     ref = ref / T if training else ref
     assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
@@ -224,10 +272,10 @@ def test_untied_value_embeddings_are_the_63_layout():
     assert model.ve_layout == [0, 1] + [None] * 6 + [2, 3, 4] and len(model.value_embeds) == 5
 
 
-def test_cached_decoding_with_the_bigram_table_equals_the_forward():
-    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
+def test_cached_decoding_with_bigram_table_and_paired_heads_equals_the_forward():
+    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000", "model.paired_heads=1"])
     cfg.model = dataclasses.replace(
-        cfg.model, n_layer=4, n_head=2, n_embd=64, vocab_size=100, max_seq_len=64, embed_dtype="fp32",
+        cfg.model, n_layer=4, n_head=4, n_embd=64, vocab_size=100, max_seq_len=64, embed_dtype="fp32",
         fp8_head=False, eot_id=99, window_pattern="LSSL", no_attention_layers="2", no_mlp_layers="",
         value_embed_tables=1, backout_layer=2, skips="1>2",
     )  # fmt: skip
@@ -243,8 +291,11 @@ def test_cached_decoding_with_the_bigram_table_equals_the_forward():
         parts = [forward_cached(model, idx[:, :25], cache)]
         parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
         torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        model.blocks[1].attn.paired = False
+        assert not torch.allclose(model(idx), full)  # pairing changes what the model computes
+        model.blocks[1].attn.paired = True
         model.bigram.embed.weight.zero_()
-        assert not torch.allclose(model(idx), full)  # the table changes what the model computes
+        assert not torch.allclose(model(idx), full)  # so does the table
 
 
 def test_the_gates_rows_are_the_records():
@@ -274,6 +325,10 @@ def test_the_gates_rows_are_the_records():
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
         (["model.bigram_rows=1"], "model.bigram_rows (#62)"),
+        (["model.paired_heads=3"], "model.paired_heads '3' must name layers"),  # a key-offset layer
+        (["model.paired_heads=6"], "model.paired_heads '6' must name layers"),  # no attention
+        (["model.paired_heads=0,x"], "model.paired_heads '0,x' must name layers"),
+        (["model.paired_heads=0", "model.n_head=3", "model.n_embd=768"], "needs an even model.n_head"),
         (["model.bigram_rows=100", "model.x0_shortcut=false"], "model.bigram_rows (#62)"),
     ],
 )

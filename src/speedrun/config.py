@@ -133,6 +133,7 @@ class ModelConfig:
     skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
     resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
     bigram_rows: int = 0  # #62: bigram hash embedding with this many rows (50304 x 5), λ_i init 0.1; 0 = off
+    paired_heads: str = ""  # #58: comma-separated layers whose adjacent heads attend as one ("0,2,5,9")
     ve_gate: int = 0  # #55: value embeddings scaled per head by 2·sigmoid(W·x[:N]) (12); 0 = off
     skip_gate: int = 0  # #55: the skip scaled by 2·sigmoid(u·x0[:N]) (12), u trained by Adam; 0 = off
     x0_lambda_apart: bool = (

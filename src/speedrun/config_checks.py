@@ -235,6 +235,23 @@ def _validate_model_switches(m: ModelConfig) -> None:
     ):
         if not 0 <= getattr(m, key) <= m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.paired_heads.strip():  # #58
+        try:
+            paired = {int(s) for s in m.paired_heads.split(",") if s.strip()}
+        except ValueError:
+            paired = {-1}
+        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
+        long = {i for i, kind in enumerate(m.window_pattern) if kind == "L"} if m.key_offset else set()
+        if not all(0 <= i < m.n_layer for i in paired) or paired & (no_attn | long):
+            raise ConfigError(
+                f"model.paired_heads {m.paired_heads!r} must name layers 0..{m.n_layer - 1} with attention "
+                "and without #49's key offset"
+            )
+        if m.n_head % 2 or m.window_granularity != "token" or m.window_block_list or m.positional != "rotary":
+            raise ConfigError(
+                "model.paired_heads needs an even model.n_head, token windows without block listing, "
+                "and rotary positions"
+            )
     if m.bigram_rows and (m.bigram_rows < 2 or m.bigram_rows > 2**31 or not m.x0_shortcut):
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets and needs model.x0_shortcut")
     if not 0 <= m.smear <= m.n_embd:

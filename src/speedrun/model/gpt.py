@@ -51,6 +51,7 @@ from speedrun.model.layout import (
     value_embed_layout,
 )
 from speedrun.model.mtp import mtp_loss
+from speedrun.model.paired_heads import paired_spec
 from speedrun.model.self_attention import Attention
 from speedrun.model.smear import Smear
 from speedrun.model.unet import initial_weights, skip_scale, skip_sources, skip_weight_index
@@ -125,6 +126,8 @@ class GPT(nn.Module):
         for kind, block in zip(cfg.window_pattern, self.blocks, strict=False):  # #49: long layers only
             if block.attn is not None:
                 block.attn.key_offset = cfg.key_offset and kind == "L"
+        for i in (int(s) for s in cfg.paired_heads.split(",") if s.strip()):  # #58
+            self.blocks[i].attn.paired = True
         self.ve_layout = value_embed_layout(cfg)
         for j, block in zip(self.ve_layout, self.blocks, strict=True):  # #55: where a value embedding is
             if cfg.ve_gate and j is not None and block.attn is not None:
@@ -203,7 +206,11 @@ class GPT(nn.Module):
             return [None] * self.cfg.n_layer
         T = idx.size(1)
         if choose_backend(self.cfg.attention, idx.device, T, True, torch.is_grad_enabled()) == "flex":
-            built = {id(s): build_block_mask(s, T, idx.device) for s in specs}
+            paired = [b.attn is not None and b.attn.paired for b in self.blocks]  # #58: 2T positions
+            built = {
+                id(s): build_block_mask(s, T * (1 + p), idx.device)
+                for s, p in zip(specs, paired, strict=True)
+            }
             specs = [built[id(s)] for s in specs]
         return [
             mask if block.attn is not None else None for mask, block in zip(specs, self.blocks, strict=True)
@@ -212,8 +219,14 @@ class GPT(nn.Module):
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
         """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
         if self.cfg.attention == "varlen":  # a forward without cu_seqlens
-            return varlen.mask_specs(self, tokens)
-        return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
+            specs = varlen.mask_specs(self, tokens)
+        else:
+            specs = layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
+        if specs is None or not self.cfg.paired_heads.strip():
+            return specs
+        doubled = {id(s): paired_spec(s) for s in specs}  # #58: one object per base spec, shared
+        paired = [b.attn is not None and b.attn.paired for b in self.blocks]
+        return [doubled[id(s)] if p else s for s, p in zip(specs, paired, strict=True)]
 
     def forward(
         self,
