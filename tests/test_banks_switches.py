@@ -1,13 +1,14 @@
 """The parts #54–#65 add, each against the record's own lines (records/track_1_short/
 2025-12-26_LogitRescale, 2025-12-29_VeSkipGates, 2026-01-07_PairedHeadAttention,
-2026-01-19_BigramHashEmbedding and 2026-01-26-UntieValueEmbeddings, the code at the top of each log):
-#54's asymmetric softcap 23·sigmoid((z + 5) / 7.5); #55's gates on the value embeddings and on the
-skip, #58's paired heads, #62's bigram hash embedding and #63's five value embeddings, in #55's model
-written here from its code with #58's, #62's and #63's lines (stages-2025-12 with the new switches on:
-fp32 loss and gradients); #62's hash against get_bigram_hash; cached decoding with paired heads and
-the bigram table; the optimizer table's rows for the gates and the
-bigram table; one ConfigError for each bad new switch. The banks-2026-01 recipe itself is not built
-yet (docs/roadmap.md)."""
+2026-01-19_BigramHashEmbedding, 2026-01-26-UntieValueEmbeddings and 2026-01-30_VeFused, the code at
+the top of each log): #54's asymmetric softcap 23·sigmoid((z + 5) / 7.5); #55's gates on the value
+embeddings and on the skip, #58's paired heads, #62's bigram hash embedding and #63's five value
+embeddings, in #55's model written here from its code with #58's, #62's and #63's lines
+(stages-2025-12 with the new switches on: fp32 loss and gradients); #62's hash against
+get_bigram_hash; cached decoding with paired heads and the bigram table; #65's Adam table (its
+param_table: the gates in Adam #56, per-label betas #57); the optimizer table's rows for the gates and
+the bigram table; one ConfigError for each bad new switch. The banks-2026-01 recipe itself is not
+built yet (docs/roadmap.md)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
+from speedrun.train.optimizers import build_table_optimizer
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.test_stages_recipe import (
     BLOCK,
@@ -315,6 +317,61 @@ def test_the_gates_rows_are_the_records():
     assert rows["bigram.lambdas"].label == "scalar"  # #62: in the record's scalars (their own Adam)
 
 
+#: #65's TrainingManager.param_table, its Adam rows: label → (adam_betas, lr_mul, wd_mul), with
+#: adam_defaults lr 0.008, eps 1e-10, weight_decay 0.005 (every Adam row decays cautiously: lr²·wd·wd_mul)
+RECORD_65_ADAM = {
+    "scalars": ((0.9, 0.99), 5.0, 0.0),
+    "value_embed": ((0.75, 0.95), 75.0, 5.0),
+    "bigram_embed": ((0.75, 0.95), 75.0, 5.0),
+    "smear_gate": ((0.9, 0.99), 0.01, 0.0),
+    "skip_gate": ((0.9, 0.99), 0.05, 0.0),
+    "attn_gate_bank": ((0.9, 0.99), 1.0, 1.0),
+    "ve_gate_bank": ((0.9, 0.99), 1.0, 1.0),
+    "x0_lambdas": ((0.65, 0.95), 5.0, 0.0),
+    "lm_head": ((0.5, 0.95), 1.0, 150.0),
+    "embed": ((0.5, 0.95), 1.0, 150.0),
+}
+#: the switches that give #65's Adam table on top of GATED (its LRs as stages-2025-12's)
+ADAM_65 = [
+    "optim.eps=1e-10", "optim.embed_betas=[0.5,0.95]", "optim.value_embed_betas=[0.75,0.95]",
+    "optim.embed_wd_mul=150", "optim.value_embed_wd_mul=5", "optim.gate_lr=0.008", "optim.gate_betas=scalar",
+    "optim.x0_betas=[0.65,0.95]", "model.bigram_rows=1000",
+]  # fmt: skip
+
+
+def record_65_label(name: str) -> str:
+    """Our parameter name → the record's label for it."""
+    for end, label in [
+        ("wte.weight", "embed"), ("lm_head.weight", "lm_head"), ("bigram.embed.weight", "bigram_embed"),
+        ("smear.gate.weight", "smear_gate"), ("skip_gate.proj.weight", "skip_gate"),
+        (".attn.gate.proj.weight", "attn_gate_bank"), (".attn.ve_gate.proj.weight", "ve_gate_bank"),
+        (".x0_lambda", "x0_lambdas"),
+    ]:  # fmt: skip
+        if name.endswith(end):
+            return label
+    return "value_embed" if name.startswith("value_embeds.") else "scalars"
+
+
+def test_the_adam_table_is_the_65_records():
+    """#56: the attention and value-embedding gates leave NorMuon for Adam; #57/#65: per-label betas."""
+    cfg = load_recipe(BASE, GATED + ADAM_65)
+    cfg.model = dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256)
+    model = GPT(cfg.model)
+    opt = build_table_optimizer(model, cfg)
+    seen = set()
+    for row in opt.adam_rows:
+        betas, lr_mul, wd_mul = RECORD_65_ADAM[record_65_label(row.name)]
+        seen.add(record_65_label(row.name))
+        got = opt.adam[row.label]
+        assert (got.betas, got.eps) == (betas, 1e-10), row.name
+        assert math.isclose(got.lr, 0.008 * lr_mul) and math.isclose(got.weight_decay, 0.005 * wd_mul), (
+            row.name
+        )
+    assert seen == set(RECORD_65_ADAM)
+    muon = {r.name.split(".", 2)[-1] for r in opt.rows if r.rule == "normuon"}
+    assert muon == {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
@@ -325,6 +382,7 @@ def test_the_gates_rows_are_the_records():
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
         (["model.bigram_rows=1"], "model.bigram_rows (#62)"),
+        (["optim.gate_lr=0.008", "model.attn_gate=0"], "optim.gate_lr (#56"),
         (["model.paired_heads=3"], "model.paired_heads '3' must name layers"),  # a key-offset layer
         (["model.paired_heads=6"], "model.paired_heads '6' must name layers"),  # no attention
         (["model.paired_heads=0,x"], "model.paired_heads '0,x' must name layers"),

@@ -230,6 +230,10 @@ class OptimConfig:
     normuon_gate_row_stats: bool = (
         False  # #48–#55: the attention gates (heads, 12) get one statistic per head
     )
+    # #56: > 0 = Adam (label gate, replicated, decayed) trains the attention and value-embedding gates
+    gate_lr: float = 0.0
+    gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
+    x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)

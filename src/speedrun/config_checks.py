@@ -320,9 +320,9 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
-        if o.smear_gate_lr or o.skip_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
+        if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
             raise ConfigError(
-                "optim.smear_gate_lr, skip_gate_lr, normuon_gate_row_stats and attn_lr_mul need "
+                "optim.smear_gate_lr, skip_gate_lr, gate_lr, normuon_gate_row_stats and attn_lr_mul need "
                 "optim.name=normuon"
             )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
@@ -353,6 +353,8 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
         )
+    if o.gate_lr < 0 or (o.gate_lr and not (m.attn_gate or m.ve_gate)):
+        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
     if (o.skip_gate_lr > 0) != (m.skip_gate > 0) or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
