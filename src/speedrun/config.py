@@ -83,7 +83,8 @@ class ModelConfig:
     x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
     value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
     # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2) | ends-late (#45: 1,2,…,0,1,2)
-    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late"] = "none"
+    # | untied-late (#63: 0,1,…,2,3,4)
+    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late", "untied-late"] = "none"
     value_embed_tables: PosInt = 3  # number of tables for value_embeds = "ends"
     # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5) | weights (#47/#48):
     # λ0 multiplies the QKV weight and λ1 the output projection's, v = λ0·v + other, (0.5, 1.0)
@@ -113,6 +114,7 @@ class ModelConfig:
     logits_vocab_only: bool = False
     # --- issue 20 (2025-07 on): sigmoid softcap divides z by this instead of cap/2 (#26: 7.5·√768)
     softcap_divisor: float = 0.0
+    softcap_offset: float = 0.0  # #54: the sigmoid softcap shifts z by this first, 23·sigmoid((z+5)/7.5)
     # YaRN (#31): when a train.stages long window grows (and for the final validation's), rotary
     # frequencies are interpolated and the attention scale multiplied by 0.2·ln(new/old) + 1 (model/yarn.py)
     yarn: bool = False
@@ -130,6 +132,10 @@ class ModelConfig:
     key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
     skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
     resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
+    bigram_rows: int = 0  # #62: bigram hash embedding with this many rows (50304 x 5), λ_i init 0.1; 0 = off
+    paired_heads: str = ""  # #58: comma-separated layers whose adjacent heads attend as one ("0,2,5,9")
+    ve_gate: int = 0  # #55: value embeddings scaled per head by 2·sigmoid(W·x[:N]) (12); 0 = off
+    skip_gate: int = 0  # #55: the skip scaled by 2·sigmoid(u·x0[:N]) (12), u trained by Adam; 0 = off
     x0_lambda_apart: bool = (
         False  # #52: the x0 shortcut's λ1 its own parameter (blocks.i.x0_lambda), in the main Adam
     )
@@ -224,6 +230,11 @@ class OptimConfig:
     normuon_gate_row_stats: bool = (
         False  # #48–#55: the attention gates (heads, 12) get one statistic per head
     )
+    # #56: > 0 = Adam (label gate, replicated, decayed) trains the attention and value-embedding gates
+    gate_lr: float = 0.0
+    gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
+    x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
+    skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
 

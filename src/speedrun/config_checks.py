@@ -179,7 +179,7 @@ def _check_memory(m: ModelConfig) -> None:
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
     tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-    tables["ends-late"] = m.value_embed_tables
+    tables["ends-late"], tables["untied-late"] = m.value_embed_tables, 2 * m.value_embed_tables - 1
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
     embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
@@ -229,6 +229,31 @@ def _validate_model_switches(m: ModelConfig) -> None:
             f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
             "that many input dims"
         )
+    for key, needs, ok in (
+        ("ve_gate", "model.value_embeds", m.value_embeds != "none"),
+        ("skip_gate", "model.unet", m.unet),
+    ):
+        if not 0 <= getattr(m, key) <= m.n_embd or (getattr(m, key) and not ok):  # #55
+            raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.paired_heads.strip():  # #58
+        try:
+            paired = {int(s) for s in m.paired_heads.split(",") if s.strip()}
+        except ValueError:
+            paired = {-1}
+        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
+        long = {i for i, kind in enumerate(m.window_pattern) if kind == "L"} if m.key_offset else set()
+        if not all(0 <= i < m.n_layer for i in paired) or paired & (no_attn | long):
+            raise ConfigError(
+                f"model.paired_heads {m.paired_heads!r} must name layers 0..{m.n_layer - 1} with attention "
+                "and without #49's key offset"
+            )
+        if m.n_head % 2 or m.window_granularity != "token" or m.window_block_list or m.positional != "rotary":
+            raise ConfigError(
+                "model.paired_heads needs an even model.n_head, token windows without block listing, "
+                "and rotary positions"
+            )
+    if m.bigram_rows and (m.bigram_rows < 2 or m.bigram_rows > 2**31 or not m.x0_shortcut):
+        raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets and needs model.x0_shortcut")
     if not 0 <= m.smear <= m.n_embd:
         raise ConfigError(
             f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
@@ -270,7 +295,10 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
         raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if m.value_embeds in ("ends", "ends-late") and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+    if (
+        m.value_embeds in ("ends", "ends-late", "untied-late")
+        and not 1 <= m.value_embed_tables <= m.n_layer // 2
+    ):
         raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
     if m.value_embeds != "none" and m.value_residual:
         raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
@@ -284,15 +312,18 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.softcap_offset and (m.softcap_form != "sigmoid" or m.logit_softcap <= 0):
+        raise ConfigError("model.softcap_offset needs model.softcap_form=sigmoid and model.logit_softcap > 0")
 
 
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.name != "normuon":
-        if o.smear_gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1.0:
+        if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
             raise ConfigError(
-                "optim.smear_gate_lr, normuon_gate_row_stats and attn_lr_mul need optim.name=normuon"
+                "optim.smear_gate_lr, skip_gate_lr, gate_lr, normuon_gate_row_stats and attn_lr_mul need "
+                "optim.name=normuon"
             )
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
@@ -322,6 +353,10 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
         )
+    if o.gate_lr < 0 or (o.gate_lr and not (m.attn_gate or m.ve_gate)):
+        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
+    if (o.skip_gate_lr > 0) != (m.skip_gate > 0) or o.skip_gate_lr < 0:
+        raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
             raise ConfigError(

@@ -39,7 +39,9 @@ from speedrun.model.attention import (
 )
 from speedrun.model.attn_gate import AttentionGate
 from speedrun.model.backout import Backout
+from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
+from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
@@ -49,6 +51,7 @@ from speedrun.model.layout import (
     value_embed_layout,
 )
 from speedrun.model.mtp import mtp_loss
+from speedrun.model.paired_heads import paired_spec
 from speedrun.model.self_attention import Attention
 from speedrun.model.smear import Smear
 from speedrun.model.unet import initial_weights, skip_scale, skip_sources, skip_weight_index
@@ -88,11 +91,15 @@ class Block(nn.Module):
         x0: torch.Tensor | None = None,
         other_v: torch.Tensor | None = None,
         attend_fn: AttendFn | None = None,
+        bigram: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the new residual stream and the attention's unmixed v (None without attention).
-        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
+        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding); `bigram`: #62's
+        λ_i·b, added with the x0 shortcut."""
         if self.lambdas is not None:
             x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
+        if bigram is not None:
+            x = x + bigram
         raw_v = None
         if self.attn is not None:
             h = self.norm1(x)
@@ -109,6 +116,9 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(rows, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
+        self.bigram = (
+            BigramEmbed(cfg.bigram_rows, cfg.n_embd, cfg.n_layer) if cfg.bigram_rows else None
+        )  # #62
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
@@ -116,12 +126,18 @@ class GPT(nn.Module):
         for kind, block in zip(cfg.window_pattern, self.blocks, strict=False):  # #49: long layers only
             if block.attn is not None:
                 block.attn.key_offset = cfg.key_offset and kind == "L"
+        for i in (int(s) for s in cfg.paired_heads.split(",") if s.strip()):  # #58
+            self.blocks[i].attn.paired = True
+        self.ve_layout = value_embed_layout(cfg)
+        for j, block in zip(self.ve_layout, self.blocks, strict=True):  # #55: where a value embedding is
+            if cfg.ve_gate and j is not None and block.attn is not None:
+                block.attn.ve_gate = ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
-        self.ve_layout = value_embed_layout(cfg)
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
+        self.skip_gate = SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
@@ -164,7 +180,9 @@ class GPT(nn.Module):
                     nn.init.zeros_(block.attn.c_proj.weight)
                 if block.mlp is not None:
                     nn.init.zeros_(block.mlp.c_proj.weight)
-        for gate in (m for m in self.modules() if isinstance(m, AttentionGate | Smear)):
+        for gate in (
+            m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate | BigramEmbed)
+        ):
             gate.reset_parameters()
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
@@ -188,7 +206,11 @@ class GPT(nn.Module):
             return [None] * self.cfg.n_layer
         T = idx.size(1)
         if choose_backend(self.cfg.attention, idx.device, T, True, torch.is_grad_enabled()) == "flex":
-            built = {id(s): build_block_mask(s, T, idx.device) for s in specs}
+            paired = [b.attn is not None and b.attn.paired for b in self.blocks]  # #58: 2T positions
+            built = {
+                id(s): build_block_mask(s, T * (1 + p), idx.device)
+                for s, p in zip(specs, paired, strict=True)
+            }
             specs = [built[id(s)] for s in specs]
         return [
             mask if block.attn is not None else None for mask, block in zip(specs, self.blocks, strict=True)
@@ -197,8 +219,14 @@ class GPT(nn.Module):
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
         """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
         if self.cfg.attention == "varlen":  # a forward without cu_seqlens
-            return varlen.mask_specs(self, tokens)
-        return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
+            specs = varlen.mask_specs(self, tokens)
+        else:
+            specs = layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
+        if specs is None or not self.cfg.paired_heads.strip():
+            return specs
+        doubled = {id(s): paired_spec(s) for s in specs}  # #58: one object per base spec, shared
+        paired = [b.attn is not None and b.attn.paired for b in self.blocks]
+        return [doubled[id(s)] if p else s for s, p in zip(specs, paired, strict=True)]
 
     def forward(
         self,
@@ -246,15 +274,19 @@ class GPT(nn.Module):
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
+        bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
         sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                x = x + skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate) * outputs[src]
+                scale = skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate)
+                scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
+                x = x + scale * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
-            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
+            b = self.bigram.lambdas[i] * bigram if bigram is not None else None
+            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i], b)
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
             if i in sources:
@@ -279,7 +311,8 @@ class GPT(nn.Module):
             # 11-06 … 12-08 cap the head's output in its own dtype (bf16) and cast after; others cast first
             if not cfg.softcap_in_bf16:
                 logits = logits.float()
-            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor)
+            cap = (cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor, cfg.softcap_offset)
+            logits = softcap(logits, *cap)
         return logits
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -301,7 +334,7 @@ class GPT(nn.Module):
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if name.startswith(("wte.", "wpe.", "value_embeds.")) or (
+            if name.startswith(("wte.", "wpe.", "value_embeds.", "bigram.embed.")) or (
                 name.startswith("lm_head.") and self.cfg.tie_embeddings
             ):
                 roles["embed"].append((name, p))

@@ -57,10 +57,14 @@ def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
     cache.tokens = idx if cache.tokens is None else torch.cat([cache.tokens, idx], dim=1)
     end, device = cache.tokens.size(1), idx.device
     specs = model.mask_specs(cache.tokens) or [MaskSpec()] * cfg.n_layer  # MaskSpec(): causal only
-    built = {id(s): spec_dense_mask(s, start, end, 0, end, device) for s in specs}
+    paired = [b.attn is not None and b.attn.paired for b in model.blocks]  # #58: positions doubled
+    built = {
+        (id(s), p): spec_dense_mask(s, start * (1 + p), end * (1 + p), 0, end * (1 + p), device)
+        for s, p in zip(specs, paired, strict=True)
+    }
 
     def cached(i: int) -> AttendFn:
-        mask = built[id(specs[i])]
+        mask = built[(id(specs[i]), paired[i])]
         return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, mask, cache, start)
 
     prev = cache.tokens[:, start - 1 : start] if start > 0 else None  # smear's look-back (#34)

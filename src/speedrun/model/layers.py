@@ -162,14 +162,18 @@ class MLP(nn.Module):
         return self.c_proj(h)
 
 
-def softcap(logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0) -> torch.Tensor:
+def softcap(
+    logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0, offset: float = 0.0
+) -> torch.Tensor:
     """Bound the logits smoothly. tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap)
     = cap·tanh(z/cap) + cap (Sub3Min writes 30·sigmoid(z/7.5) for cap 15); the constant shift
     leaves softmax and cross-entropy unchanged. Both divide as the records do (z/7.5, not z·(2/15):
     2/15 is inexact in binary, so the product rounds differently in about half of all logits).
-    `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768)))."""
+    `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768))); `offset`
+    shifts z first, making the cap asymmetric (#54: 23·sigmoid((z + 5) / 7.5), cap 11.5)."""
     if form == "sigmoid":
-        return 2 * cap * torch.sigmoid(logits / (divisor or cap / 2))
+        z = logits + offset if offset else logits  # no add when 0: older records' op order exactly
+        return 2 * cap * torch.sigmoid(z / (divisor or cap / 2))
     return cap * torch.tanh(logits / cap)
 
 
@@ -184,4 +188,5 @@ def make_rotary(cfg: ModelConfig) -> Rotary | None:
     if cfg.positional != "rotary":
         return None
     head_dim = cfg.n_embd // cfg.n_head
-    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
+    rows = cfg.max_seq_len * (2 if cfg.paired_heads.strip() else 1)  # #58: positions 2t, 2t + 1
+    return Rotary(head_dim, rows, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)

@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
+from speedrun.model import paired_heads
 from speedrun.model.attention import AttentionMask, attend
 from speedrun.model.attn_gate import AttentionGate
+from speedrun.model.gates import ValueEmbedGate
 from speedrun.model.key_offset import offset_keys
 from speedrun.model.layers import CastedLinear, Rotary, make_rotary
 
@@ -39,6 +41,8 @@ class Attention(nn.Module):
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
         self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
         self.gate = AttentionGate(cfg.attn_gate, cfg.n_head) if cfg.attn_gate else None  # #28
+        self.ve_gate: ValueEmbedGate | None = None  # #55: set by GPT on the value-embedding layers
+        self.paired = False  # #58: set by GPT on the paired-head layers (model/paired_heads.py)
         self.key_offset = False  # #49: set by GPT on the long-window layers (model/key_offset.py)
         mixes = cfg.value_residual or cfg.value_embeds != "none"
         self.value_mix = cfg.value_mix if mixes else None
@@ -78,6 +82,7 @@ class Attention(nn.Module):
 
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
+        y = paired_heads.deinterleave(y) if self.paired else y
         B, _, T, _ = y.shape
         if self.gate is not None:
             y = self.gate(y, x)
@@ -92,7 +97,8 @@ class Attention(nn.Module):
         self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, H, T, D) of positions start.. of x (B, T, C): projected, v mixed, QK-normed and
-        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding."""
+        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding. Paired heads
+        (#58): q, k, v rotated and interleaved to (B, H/2, 2T, D) (model/paired_heads.py)."""
         B, T, C = x.shape
         if hasattr(self, "c_attn"):
             if self.value_mix == "weights":  # #47: λ0 pre-multiplied into the QKV weight
@@ -103,11 +109,16 @@ class Attention(nn.Module):
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
         raw_v = v
+        if self.ve_gate is not None and other_v is not None:  # #55
+            other_v = self.ve_gate.gate(other_v.view_as(v), x)
         v = self.mix_values(v, raw_v if other_v is None and self.self_mix else other_v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.qk_norm and not self.qk_norm_after_rotary:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
-        if self.rotary is not None:
+        if self.paired:  # #58: the record's rotation, then the interleave
+            q, k = paired_heads.rotate(self.rotary, q, start), paired_heads.rotate(self.rotary, k, start)
+            q, k, v = (paired_heads.interleave(t) for t in (q, k, v))
+        elif self.rotary is not None:
             q, k = self.rotary(q, start), self.rotary(k, start)
         if self.qk_norm and self.qk_norm_after_rotary:  # 2024-10-14
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))

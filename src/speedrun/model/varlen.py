@@ -51,7 +51,9 @@ def blocks_to_tokens(blocks: int) -> int:
 
 def _layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: int, max_seqlen: int):
     """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
-    q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D)
+    q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D); paired heads (#58): (1, H/2, 2T, D)
+    if attn.paired:
+        cu_seqlens, max_seqlen = 2 * cu_seqlens, 2 * max_seqlen
     k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)

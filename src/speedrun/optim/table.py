@@ -31,7 +31,11 @@ from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.muon import muon_split
 
 RULES = ("normuon", "adam")
-LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate")
+LABELS = ("matrix", "embed", "value_embed", "head", "scalar", "x0", "smear_gate", "skip_gate", "gate")
+GATES = (
+    ".attn.gate.proj.weight",
+    ".attn.ve_gate.proj.weight",
+)  # #28's attention and #55's value-embedding gates
 SHARDED_LABELS = ("embed", "value_embed", "head")
 
 
@@ -138,15 +142,20 @@ def _layout_blocks(t: Tensor, like: Tensor) -> Tensor:
     return t.view(-1, *like.shape[-2:])
 
 
-def label_of(role: str, name: str, smear_gate: bool = False) -> str:
+def label_of(role: str, name: str, smear_gate: bool = False, gates_in_adam: bool = False) -> str:
     if smear_gate and name.startswith("smear.gate"):
         return "smear_gate"
+    if gates_in_adam and name.endswith(GATES):  # #56: Adam, not NorMuon
+        return "gate"
+    if name.startswith("skip_gate."):  # #55: Adam (main betas) at its own LR, no decay
+        return "skip_gate"
     if role == "matrix":
         return "matrix"
     if role == "head":
         return "head"
     if role == "embed":
-        return "value_embed" if name.startswith("value_embeds.") else "embed"
+        # #62/#65: the bigram table has the value embeddings' Adam settings (betas, LR x75, decay x5)
+        return "value_embed" if name.startswith(("value_embeds.", "bigram.embed.")) else "embed"
     return "x0" if name.endswith(".x0_lambda") else "scalar"
 
 
@@ -174,6 +183,7 @@ def build_rows(
     smear_gate: bool = False,
     attn_lr_mul: float = 1.0,
     gate_row_stats: bool = False,
+    gates_in_adam: bool = False,
 ) -> list[Row]:
     """The table for a model's parameter roles on ``world`` processes, in the model's role order.
 
@@ -181,11 +191,12 @@ def build_rows(
     multipliers of the MLP output and input projections (``mlp.c_proj``, ``mlp.c_fc``); ``smear_gate``:
     Adam, not NorMuon, trains the smear gate (#52); ``attn_lr_mul``: LR multiplier of the attention's
     QKV and output matrices (#48 on: the record's (3072, 768) qkvo parameter gets shape LR x2);
-    ``gate_row_stats``: the attention gates' NorMuon statistics per row (#48)."""
+    ``gate_row_stats``: the attention gates' NorMuon statistics per row (#48); ``gates_in_adam``: Adam's
+    label gate trains the attention and value-embedding gates (#56)."""
     rows = []
     for role, params in roles.items():
         for name, p in params:
-            label = label_of(role, name, smear_gate)
+            label = label_of(role, name, smear_gate, gates_in_adam)
             rule = "normuon" if label == "matrix" else "adam"
             sharded = rule == "normuon" or (
                 label in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
@@ -195,7 +206,7 @@ def build_rows(
                 row.block_rows = qk_block_rows(name, p, qk_rows) or row.block_rows
                 muls = {"mlp.c_proj.weight": proj_lr_mul, "mlp.c_fc.weight": fc_lr_mul}
                 muls |= {"attn.c_attn.weight": attn_lr_mul, "attn.c_proj.weight": attn_lr_mul}
-                row.gate_rows = gate_row_stats and name.endswith(".attn.gate.proj.weight")
+                row.gate_rows = gate_row_stats and name.endswith(GATES)  # #48, #55
                 row.lr_mul = next((m for end, m in muls.items() if name.endswith(end)), 1.0)
             rows.append(row)
     return rows
@@ -215,10 +226,14 @@ def build_banks(rows: list[Row], world: int) -> list[Bank]:
 
 
 def adam_labels(o, lrs: dict[str, float]) -> dict[str, AdamLabel]:
-    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs (x0 and
-    smear_gate only where ``lrs`` names them: #52's main-Adam betas, no decay)."""
+    """Per-label Adam hyperparameters from an OptimConfig (``o``) and the labels' peak LRs (x0 and the
+    gates only where ``lrs`` names them): x0 at ``x0_betas``, the smear and skip gates without decay, the
+    attention/value-embedding gates (#56) with it; the gates' betas the main Adam's or the scalars'."""
     wd = o.adam_weight_decay
-    extra = {k: AdamLabel(lrs[k], tuple(o.embed_betas), 0.0, o.eps) for k in ("x0", "smear_gate") if k in lrs}
+    gate_betas = tuple(o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas)
+    own = {"x0": (tuple(o.x0_betas), 0.0), "smear_gate": (gate_betas, 0.0), "skip_gate": (gate_betas, 0.0)}
+    own["gate"] = (gate_betas, wd)
+    extra = {k: AdamLabel(lrs[k], betas, decay, o.eps) for k, (betas, decay) in own.items() if k in lrs}
     return extra | {
         "embed": AdamLabel(lrs["embed"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),
         "head": AdamLabel(lrs["head"], tuple(o.embed_betas), wd * o.embed_wd_mul, o.eps),

@@ -124,7 +124,7 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     smear_gate = o.smear_gate_lr > 0  # #52
     rows = build_rows(
         model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul,
-        o.normuon_gate_row_stats,
+        o.normuon_gate_row_stats, o.gate_lr > 0,
     )  # fmt: skip
     lrs = {
         "embed": o.embed_lr,
@@ -136,6 +136,10 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         lrs["x0"] = o.scalar_lr
     if smear_gate:
         lrs["smear_gate"] = o.smear_gate_lr
+    if model.cfg.skip_gate:  # #55
+        lrs["skip_gate"] = o.skip_gate_lr
+    if o.gate_lr > 0:  # #56
+        lrs["gate"] = o.gate_lr
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight
