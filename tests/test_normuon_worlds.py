@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.train import checkpoint as ckpt
+from tests import two_processes
 from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command
 
 SETTINGS = [
@@ -47,7 +48,7 @@ SETTINGS = [
 # reduction changes the first update by far more) and every later one to 1e-3.
 EARLY, REL = 1e-6, 1e-3
 
-SHARED = pytest.mark.xdist_group("normuon_worlds")
+SHARED = two_processes.SHARED  # the 2-process run is a job of the suite's one launch
 
 
 def losses(run: Path) -> list[tuple[int, str, float]]:
@@ -72,18 +73,17 @@ def launch(*args: str, nproc: int) -> subprocess.CompletedProcess:
     return subprocess.run(speedrun_command(*args, nproc=nproc), capture_output=True, text=True, timeout=1500)
 
 
-def train(out: Path, data: Path, nproc: int) -> Path:
-    proc = launch(
-        "train", "--recipe", "demo-normuon", "--out", str(out), f"data.dir={data}", *SETTINGS, nproc=nproc
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+TRAIN = ("--recipe", "demo-normuon")
+two_processes.job("normuon-worlds", lambda data: [*TRAIN, f"data.dir={data}", *SETTINGS])
 
 
 @pytest.fixture(scope="module")
 def runs(text_data, tmp_path_factory) -> dict[int, Path]:
-    root = tmp_path_factory.mktemp("normuon")
-    return {n: train(root / f"w{n}", text_data, n) for n in (0, 2)}
+    """The run on one process (in this one) and on two (in the suite's one torchrun launch)."""
+    one = tmp_path_factory.mktemp("normuon") / "w0"
+    proc = run_speedrun("train", *TRAIN, "--out", str(one), f"data.dir={text_data}", *SETTINGS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {0: one, 2: two_processes.run_dir("normuon-worlds", text_data, tmp_path_factory)}
 
 
 def assert_same(a: list, b: list, first: int = 1) -> None:
