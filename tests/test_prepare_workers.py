@@ -116,10 +116,27 @@ def _spawned_workers(parent: int) -> int:
     return count
 
 
+def _blocked_signals(pid: int) -> str:
+    """The process's blocked-signal mask (/proc's SigBlk), for the failure message."""
+    try:
+        return next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigBlk"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
 def _tokens_written(data_dir: Path) -> bool:
     """True once the hidden build folder holds a train shard with tokens in it (tokenizing is under way)."""
     shards = data_dir.parent.glob(f".{data_dir.name}.tmp-*/.*_train_000000.bin.*")
     return any(p.stat().st_size > 4096 for p in shards if p.exists())
+
+
+def _as_a_terminal_job() -> None:
+    """In the child before exec: no signal blocked and Ctrl-C at its default, as a shell's foreground job
+    starts. A signal mask is inherited across exec, and a pytest-xdist worker that has run other tests
+    may hold SIGINT blocked (seen in a fresh clone's full suite): prepare then never saw the Ctrl-C and
+    finished with exit 0."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.slow
@@ -150,6 +167,7 @@ def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, m
         proc = subprocess.Popen(
             [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True,  # its own process group, as a terminal's foreground job has
+            preexec_fn=_as_a_terminal_job,
         )  # fmt: skip
         ready = (lambda p=proc: _spawned_workers(p.pid) >= 2) if moment == "workers starting" else None
         ready = ready or (lambda: _tokens_written(data_dir))
@@ -164,13 +182,14 @@ def test_a_stop_signal_during_prepare_is_one_line_and_leaves_nothing(tmp_path, m
         shutil.rmtree(data_dir, ignore_errors=True)  # it finished: the moment was missed, not a failure
     else:
         pytest.fail(f"prepare finished three times before the moment '{moment}' could be caught")
+    blocked = _blocked_signals(proc.pid)
     (os.killpg if group else os.kill)(proc.pid, sig)
     try:
         out, err = proc.communicate(timeout=60)
     finally:  # a hang fails the test without leaving the processes behind
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 128 + sig, (out, err)
+    assert proc.returncode == 128 + sig, (out, err, f"blocked in prepare: {blocked}")
     by = "" if sig == signal.SIGINT else f" by {signal.Signals(sig).name}"
     assert err == f"speedrun: interrupted{by}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.jsonl"]  # no shards, no .shards.tmp-*
