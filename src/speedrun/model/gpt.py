@@ -140,6 +140,10 @@ class GPT(nn.Module):
         self.skip_gate = SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        # the layers whose outputs a later skip or the backout reads (built once, not per forward)
+        self.kept_outputs = frozenset(i for i in self.skip_sources if i is not None) | (
+            {cfg.backout_layer} if self.backout else frozenset()
+        )
         if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
         self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
@@ -275,7 +279,6 @@ class GPT(nn.Module):
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
-        sources = set(self.skip_sources) - {None} | ({cfg.backout_layer} if self.backout else set())
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
@@ -289,7 +292,7 @@ class GPT(nn.Module):
             x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i], b)
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
-            if i in sources:
+            if i in self.kept_outputs:
                 outputs[i] = x
         return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
 
