@@ -19,7 +19,8 @@ from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.mtp import mtp_loss, write_weights
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from speedrun.train.stages import parse_stages, stage_values
+from speedrun.config_stages import parse_stages
+from speedrun.train.stages import stage_values
 from tests.test_stages_recipe import (
     BS,
     EXT,

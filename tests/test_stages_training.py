@@ -29,7 +29,8 @@ from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
-from speedrun.train.stages import STAGES_2026_07, parse_stages, stage_plan, stage_values
+from speedrun.config_stages import parse_stages, stage_plan
+from speedrun.train.stages import STAGES_2026_07, stage_values
 from tests.conftest import TINY, read_metrics
 from tests.test_warmup import assert_timed_steps_never_compile
 

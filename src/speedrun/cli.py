@@ -115,20 +115,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
-        import torch
-
-        from speedrun.model.gpt import GPT
-        from speedrun.model.summary import model_summary
-
         print(_dumps(cfg.to_dict()))
-        with torch.device("meta"):  # counts and shapes only: no memory, no init time
-            model = GPT(cfg.model)
-        print(model_summary(model, cfg.train.seq_len))
+        print(_model_summary(cfg))
         return 0
     from speedrun.train.loop import train
 
     train(cfg, args.out)
     return 0
+
+
+def _model_summary(cfg: Any) -> str:
+    """--dry-run's model summary: the first thing that needs torch (the config printed before it is
+    loaded and checked without it, docs/architecture.md), so a missing torch ends here in one line."""
+    try:
+        import torch
+    except ImportError as e:
+        raise SpeedrunError(f"the model summary of --dry-run needs torch, which cannot be imported ({e})") from None
+    from speedrun.model.gpt import GPT
+    from speedrun.model.summary import model_summary
+
+    with torch.device("meta"):  # counts and shapes only: no memory, no init time
+        model = GPT(cfg.model)
+    return model_summary(model, cfg.train.seq_len)
 
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:

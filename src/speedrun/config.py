@@ -279,7 +279,7 @@ class TrainConfig:
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
     # --- issue 20: validation rows of this many tokens, one per process per val step (#21 on: 4·64K)
     val_seq_len: int = 0  # 0 = train.seq_len
-    # training stages (#46 on; train/schedule.py parse_stages): "tokens=N doc=N windows=S/L lr=F frac=F; ...;
+    # training stages (#46 on; config_stages.parse_stages): "tokens=N doc=N windows=S/L lr=F frac=F; ...;
     # tokens=N doc=N windows=S/L ext=N val=L" — per stage the tokens per step, longest document, short/long
     # windows in 128-token blocks, LR multiplier and fraction of the scheduled steps; the last stage runs
     # `ext` extension steps (inside train.steps) and `val` is the final validation's long window. "" = off

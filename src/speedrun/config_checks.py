@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from speedrun.config_stages import check_stages
 from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -32,64 +33,6 @@ def _check_document_loader(cfg: Config) -> None:
         )
     if d.max_docs == 1:
         raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
-
-
-def _check_stages(cfg: Config) -> None:
-    """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest."""
-    m, t, d = cfg.model, cfg.train, cfg.data
-    staged = bool(t.stages.strip())  # blank is unset, as train/stages.stage_plan reads it
-    if m.attention == "varlen":
-        if d.loader != "documents":
-            raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
-        if m.window_warmup != "none" or m.window_granularity != "token" or m.window_block_list:
-            raise ConfigError(
-                "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
-                "window_granularity=token, window_block_list=false); train.stages changes them per stage"
-            )
-    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
-        raise ConfigError(
-            "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
-            "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
-        )
-    if m.yarn and m.attn_scale <= 0:
-        raise ConfigError(
-            "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
-        )
-    if not staged:
-        if t.cooldown_start != "int":
-            raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
-        if t.stage_bounds != "round":
-            raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
-        if m.mtp > 1:
-            raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
-        return
-    from speedrun.train.stages import stage_plan
-
-    plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
-    assert plan is not None
-    weights = max(len(s.mtp_start) for s in plan.stages)
-    if weights > max(1, m.mtp):
-        raise ConfigError(
-            f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
-        )
-    if m.attention != "varlen":
-        raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
-    if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
-        raise ConfigError(
-            "train.stages sets the windows and the LR itself: model.window, train.warmup_steps, "
-            "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
-            "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
-        )
-    rows = t.document_rows
-    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
-        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
-    for i, stage in enumerate(plan.stages):
-        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
-            raise ConfigError(
-                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
-                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
-                f"model.max_seq_len ({m.max_seq_len}) tokens"
-            )
 
 
 def cross_field_checks(cfg: Config) -> None:
@@ -138,7 +81,7 @@ def cross_field_checks(cfg: Config) -> None:
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
-    _check_stages(cfg)
+    check_stages(cfg)
     _validate_model_switches(m)
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:

@@ -54,6 +54,10 @@ DEFAULT_RANGE = Range(0)  # numbers without an Annotated range: finite and not n
 # Sequence lengths: positions are int32 in FlexAttention block masks and in the shard header's token
 # count, so nothing longer can be addressed; the memory check in `validate` bounds the tables further.
 MAX_SEQ_LEN = 2**31 - 1
+# FlexAttention's block (tokens) and the unit of block-granular windows and of the stages' windows:
+# here, not in model/attention.py, because the stage plan's checks need it and the config layer
+# imports nothing from the model (docs/architecture.md)
+BLOCK_SIZE = 128
 PosInt = Annotated[int, Range(1)]
 PosFloat = Annotated[float, Range(0, lo_open=True)]
 Fraction = Annotated[float, Range(0, 1)]

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from speedrun.config import ModelConfig
+from speedrun.config_types import BLOCK_SIZE
 
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -35,7 +36,6 @@ except ImportError:  # pragma: no cover - old torch
     BlockMask, flex_attention = None, None
 from speedrun.model.flex import flex_attend
 
-BLOCK_SIZE = 128  # FlexAttention's block (tokens) and the unit of block-granular windows
 DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
 
 

@@ -41,7 +41,8 @@ from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
-from speedrun.train.stages import describe_stages, stage_plan
+from speedrun.config_stages import stage_plan
+from speedrun.train.stages import describe_stages
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
 from speedrun.train.tracking import Tracker

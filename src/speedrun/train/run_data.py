@@ -20,7 +20,8 @@ from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError
 from speedrun.train import distributed
 from speedrun.train.rundir import RunDir
-from speedrun.train.stages import stage_plan, stage_values
+from speedrun.config_stages import stage_plan
+from speedrun.train.stages import stage_values
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 

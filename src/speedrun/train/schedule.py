@@ -2,7 +2,7 @@
 
 For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
 `apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
-optimizer name) and the model. With `train.stages` they come from the stage plan (train/stages.py),
+optimizer name) and the model. With `train.stages` they come from the stage plan (config_stages.py, train/stages.py),
 which also sets the stage's windows and YaRN on the model. Pure functions of the step, so a resumed
 run is exact.
 """
@@ -19,14 +19,8 @@ from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
 from speedrun.model.mtp import write_weights
 from speedrun.model.varlen import set_stage
 from speedrun.optim.normuon import momentum_at
-from speedrun.train.stages import (
-    StagePlan,
-    StageValues,
-    long_window_history,
-    stage_bounds,
-    stage_plan,
-    stage_values,
-)
+from speedrun.config_stages import StagePlan, stage_plan
+from speedrun.train.stages import StageValues, long_window_history, stage_bounds, stage_values
 
 
 @dataclass(frozen=True)

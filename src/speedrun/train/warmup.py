@@ -13,7 +13,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.train.schedule import apply_schedule, schedule_at
-from speedrun.train.stages import stage_at, stage_bounds, stage_plan
+from speedrun.config_stages import stage_plan
+from speedrun.train.stages import stage_at, stage_bounds
 from speedrun.train.step import train_step
 
 

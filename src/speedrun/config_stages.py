@@ -1,0 +1,345 @@
+"""The stage plan as a recipe writes it (`train.stages`, records #46 on), parsed and checked once.
+
+Part of the config layer: no torch, nothing from speedrun.train or speedrun.model (docs/architecture.md),
+so loading and checking a recipe works where torch does not. `parse_stages` is the one owner of the plan
+text's rules and `check_stages` of what a plan needs of (and forbids in) the rest of the config;
+train/stages.py turns a StagePlan into the values of every step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from speedrun.config_types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
+from speedrun.errors import ConfigError
+
+if TYPE_CHECKING:
+    from speedrun.config import Config
+
+MAX_BLOCKS = (MAX_SEQ_LEN - 1) // BLOCK_SIZE  # a window is blocks·128 + 1 int32 positions (model/varlen.py)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage. `duration` is its fraction of the scheduled steps (unused for the extension stage)."""
+
+    batch_tokens: int  # tokens per optimizer step
+    max_doc_len: int  # longest document in a training sequence (tokens; 0 = no cut)
+    windows: tuple[int, int]  # (short, long) attention windows in blocks
+    lr_mul: float  # LR multiplier before the cool-down
+    mtp_start: tuple[float, ...] = (1.0,)  # multi-token-prediction weights at the stage's start ...
+    mtp_end: tuple[float, ...] = (1.0,)  # ... and at its end (linear in between)
+    duration: float = 0.0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Stages (the last one is the extension), step counts and the step-wise formulas' constants."""
+
+    stages: tuple[Stage, ...]
+    scheduled_steps: int
+    extension_steps: int = 0
+    cooldown_frac: float = 0.5  # linear cool-down over this fraction of the scheduled steps ...
+    lr_floor: float = 0.15  # ... to this LR (absolute, not a fraction of the stage's multiplier)
+    # int: HEAD's get_lr, from int(N·(1 − frac)) | exact: #26–#45's, x = min(s/N, 0.9999) | fraction:
+    # #46–#53's, x = s/N, the floor after N (stage_lr)
+    cooldown_form: str = "int"
+    # #46–#53: a stage starts at the first step with s/N >= its start fraction (int(3·s/N)), and the MTP
+    # weights interpolate in s/N over its nominal fraction; else rounded starts and step-wise weights
+    fraction_bounds: bool = False
+    split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
+    val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
+    val_short_window: int = 0  # short window (blocks) of the final validation; 0 = the last stage's
+    val_yarn_window: int = 0  # #35: the final validation's YaRN rescales to this, not to its long window
+    momentum_min: float = 0.85
+    momentum_max: float = 0.95
+    momentum_warmup: int = 300
+    momentum_cooldown: int = 50
+
+    @property
+    def total_steps(self) -> int:
+        return self.scheduled_steps + self.extension_steps
+
+
+def boundary(acc: float, n: int, fraction: bool) -> int:
+    """The step where cumulative fraction `acc` of `n` scheduled steps ends: rounded, or (#46–#53) the
+    first step s with s/n >= acc."""
+    if not fraction:
+        return round(acc * n)
+    s = math.ceil(acc * n)
+    while s > 0 and (s - 1) / n >= acc:
+        s -= 1
+    while s / n < acc:
+        s += 1
+    return s
+
+
+def stage_plan(cfg: Config) -> StagePlan | None:
+    """The StagePlan of `train.stages` (None when unset). The cool-down is `train.warmdown_frac` of the
+    scheduled steps down to the LR `train.final_lr_frac`; Muon momentum warms up and cools down as the
+    optim.muon_momentum_* keys say."""
+    t, o = cfg.train, cfg.optim
+    if not t.stages.strip():
+        return None
+    momentum = (
+        o.muon_momentum_start,
+        o.muon_momentum,
+        o.muon_momentum_warmup_steps,
+        o.muon_momentum_cooldown_steps,
+    )
+    return parse_stages(
+        t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, t.cooldown_start,
+        t.stage_bounds == "fraction",
+    )  # fmt: skip
+
+
+def _number(key: str, text: str, kind: type, entry: int) -> float:
+    try:
+        if kind is float and "/" in text:
+            a, b = text.split("/", 1)
+            value = float(a) / float(b)
+        else:
+            value = kind(text)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key}={text!r} is not a valid number") from None
+    if not math.isfinite(value) or value < 0:  # a fraction too (1e400/1e400 is nan, -1/2 negative)
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key} must be a finite number >= 0, got {text}")
+    limit = FP32_MAX if kind is float else MAX_BLOCKS if key in ("windows", "val") else INT64_MAX
+    if value > limit:  # what torch holds: an fp32 LR, int32 positions, int64 counts
+        shown = f"{limit:.4g}" if kind is float else f"{limit:,}" + " blocks" * (limit == MAX_BLOCKS)
+        raise ConfigError(f"train.stages: stage {entry + 1}: {key} must be at most {shown}, got {text}")
+    return value
+
+
+def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
+    """`mtp=W,W,…` (constant) or `mtp=START>END` (each W,W,…: linear from START to END over the stage)."""
+    start, sep, end = text.partition(">")
+    ends = [tuple(_number("mtp", w, float, entry) for w in part.split(",")) for part in (start, end or start)]
+    if len(ends[0]) != len(ends[1]) or not ends[0]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: mtp={text!r} must be weights W,W,… or START>END of one length"
+        )
+    return {"mtp_start": ends[0], "mtp_end": ends[1]}
+
+
+def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
+    """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
+    windows, 0 where not given)."""
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "ext" if last else "frac"} | (
+        {"val", "yarn"} if last else set()
+    )
+    fields: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if not sep or key not in allowed:
+            raise ConfigError(
+                f"train.stages: stage {entry + 1}: {item!r} is not key=value with a key of "
+                f"{', '.join(sorted(allowed))}"
+            )
+        if key in fields:  # which one was meant? (the later one silently won)
+            raise ConfigError(f"train.stages: stage {entry + 1}: {key} is given twice")
+        fields[key] = value
+    required = {"tokens", "windows", "ext" if last else "frac"}
+    if missing := sorted(required - set(fields)):
+        raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
+    short, sep, long = fields["windows"].partition("/")
+    windows = (
+        int(_number("windows", short, int, entry)),
+        int(_number("windows", long, int, entry)) if sep else -1,
+    )
+    if not 1 <= windows[0] <= windows[1]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
+            f"got {fields['windows']!r}"
+        )
+    stage = Stage(
+        batch_tokens=int(_number("tokens", fields["tokens"], int, entry)),
+        max_doc_len=int(_number("doc", fields.get("doc", "0"), int, entry)),
+        windows=windows,
+        lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
+        duration=0.0 if last else _number("frac", fields["frac"], float, entry),
+    )
+    if "mtp" in fields:
+        stage = dataclasses.replace(stage, **_mtp(fields["mtp"], entry))
+    if stage.batch_tokens < 1:
+        raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
+    ext = int(_number("ext", fields.get("ext", "0"), int, entry))
+    val_short, sep, val_long = fields.get("val", "0").rpartition("/")
+    val = int(_number("val", val_long, int, entry))
+    short_val = int(_number("val", val_short, int, entry)) if sep else 0
+    yarn = int(_number("yarn", fields.get("yarn", "0"), int, entry))
+    if val and val < windows[1]:
+        raise ConfigError(
+            f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
+        )
+    if sep and not 1 <= short_val <= val:
+        raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
+    if yarn and not windows[1] <= yarn <= val:
+        raise ConfigError(
+            f"train.stages: yarn={yarn} (the final validation's YaRN window) must lie between the last "
+            f"stage's long window ({windows[1]}) and val ({val or 'not given'})"
+        )
+    return stage, ext, (val, short_val, yarn)
+
+
+@functools.cache
+def parse_stages(
+    text: str,
+    steps: int,
+    cooldown_frac: float,
+    lr_floor: float,
+    momentum: tuple[float, float, int, int],
+    cooldown_form: str = "int",
+    fraction_bounds: bool = False,
+) -> StagePlan:
+    """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
+
+    Stages are separated by `;`. A scheduled stage: `tokens=N` (per optimizer step), `windows=S/L`
+    (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
+    document, 0 = no cut), `lr=F` (multiplier, 1) and `mtp=W,W,…` or `mtp=START>END` (#53's
+    multi-token-prediction weights, constant or linear over the stage; default 1). The last stage is
+    the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them),
+    optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
+    `yarn=Y`, the window its YaRN rescales to (default: its long window).
+    """
+    assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
+    entries = [e for e in text.split(";") if e.strip()]
+    if len(entries) < 2:
+        raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
+    parsed = [_stage(e, i, i == len(entries) - 1) for i, e in enumerate(entries)]
+    stages = tuple(p[0] for p in parsed)
+    ext, (val, val_short, val_yarn) = parsed[-1][1], parsed[-1][2]
+    scheduled = steps - ext
+    if scheduled < len(stages) - 1:
+        raise ConfigError(
+            f"train.stages: ext={ext} leaves {scheduled} of train.steps ({steps}) for "
+            f"{len(stages) - 1} stage(s)"
+        )
+    ends, acc = [0], 0.0
+    for i, stage in enumerate(stages[:-1]):
+        acc += stage.duration
+        ends.append(boundary(acc, scheduled, fraction_bounds))
+        if ends[-1] <= ends[-2]:
+            raise ConfigError(
+                f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
+            )
+    if abs(acc - 1) > 1e-9 or ends[-1] != scheduled:  # the sum, not its rounding to steps (0.97 is no 1)
+        raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:.10g}, not 1")
+    if not 0 < cooldown_frac <= 1:
+        raise ConfigError(
+            "train.stages needs train.warmdown_frac > 0 (the cool-down's share of the scheduled steps)"
+        )
+    low, high, warmup, cooldown = momentum
+    return StagePlan(
+        stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
+        lr_floor=lr_floor, cooldown_form=cooldown_form, fraction_bounds=fraction_bounds,
+        val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
+        momentum_min=low, momentum_max=high,
+        momentum_warmup=warmup, momentum_cooldown=cooldown,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# What a plan needs of the rest of the config, and what it makes unable to act (issue 27)
+
+
+def _default(section: Any, name: str) -> Any:
+    """The declared default of one field of a config section (what a recipe that never set it has)."""
+    return next(f.default for f in dataclasses.fields(section) if f.name == name)
+
+
+def check_stages(cfg: Config) -> None:
+    """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest.
+    A value the plan overrides or leaves without effect is refused when it differs from its default
+    (a value given by the user), never silently ignored (issue 27)."""
+    m, t, d = cfg.model, cfg.train, cfg.data
+    staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
+    if m.attention == "varlen":
+        if d.loader != "documents":
+            raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
+        if m.window_warmup != "none" or m.window_granularity != "token" or m.window_block_list:
+            raise ConfigError(
+                "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
+                "window_granularity=token, window_block_list=false); train.stages changes them per stage"
+            )
+    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
+        raise ConfigError(
+            "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
+            "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
+        )
+    if m.yarn and m.attn_scale <= 0:
+        raise ConfigError(
+            "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
+        )
+    if not staged:
+        if t.cooldown_start != "int":
+            raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
+        if t.stage_bounds != "round":
+            raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
+        if m.mtp > 1:
+            raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
+        return
+    plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
+    assert plan is not None
+    weights = max(len(s.mtp_start) for s in plan.stages)
+    if weights > max(1, m.mtp):
+        raise ConfigError(
+            f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
+        )
+    if m.attention != "varlen":
+        raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
+    if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
+        raise ConfigError(
+            "train.stages sets the windows and the LR itself: model.window, train.warmup_steps, "
+            "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
+            "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
+        )
+    _check_plan_acts(cfg, plan)
+    rows = t.document_rows
+    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
+        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
+    for i, stage in enumerate(plan.stages):
+        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
+                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
+                f"model.max_seq_len ({m.max_seq_len}) tokens"
+            )
+
+
+def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
+    """Refuse what a plan would silently override or leave without effect (issue 27)."""
+    m, t, d = cfg.model, cfg.train, cfg.data
+    if d.max_doc_len != _default(type(d), "max_doc_len"):
+        raise ConfigError(
+            f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
+            "sets the longest document"
+        )
+    if plan.val_yarn_window and not m.yarn:
+        raise ConfigError(
+            f"train.stages: yarn={plan.val_yarn_window} rescales YaRN for the final validation: it needs "
+            "model.yarn=true"
+        )
+    for i, s in enumerate(plan.stages):
+        if m.mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.mtp >= 2 "
+                f"(model.mtp is {m.mtp})"
+            )
+        if not any(s.mtp_start) or not any(s.mtp_end):
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: mtp= weights must not all be 0 (the loss would be 0 and "
+                "nothing would learn)"
+            )
+    tokens = sorted({s.batch_tokens for s in plan.stages})
+    batch = t.global_batch_tokens
+    if batch != _default(type(t), "global_batch_tokens") and batch not in tokens:
+        raise ConfigError(
+            f"train.global_batch_tokens ({batch:,}) is no step's batch: train.stages sets the tokens per "
+            f"step ({', '.join(f'{n:,}' for n in tokens)}); train.global_batch_tokens gives one of them "
+            "and train.micro_batch_tokens divides it into a step's rows"
+        )
