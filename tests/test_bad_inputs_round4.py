@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
+from speedrun.config_stages import parse_stages
 from speedrun.config_types import FP32_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
-from speedrun.config_stages import parse_stages
 from tests.conftest import TINY, run_speedrun
 
 MOMENTUM = (0.85, 0.95, 4, 3)
@@ -160,8 +160,8 @@ def test_an_extension_stage_without_steps_is_described_as_such():
 def test_a_blank_stage_plan_in_a_recipe_file_is_no_plan(tmp_path):
     """`stages = "  "` in a recipe file (an override strips it; a file does not) is unset, as stage_plan
     reads it; the config check took it for a plan and failed its assert (a traceback)."""
-    from speedrun.recipes import load_recipe
     from speedrun.config_stages import stage_plan
+    from speedrun.recipes import load_recipe
 
     recipe = tmp_path / "blank.toml"
     recipe.write_text('base = "demo"\n[train]\nstages = " \\n\\t "\n')

@@ -75,7 +75,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                 edges.add(name.split(".")[0])
                 continue
             parts = name.split(".")
-            edges.update(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in files)
+            edges.update(
+                ".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in files
+            )
         graph[module] = edges - {module}
     return graph
 
@@ -140,7 +142,7 @@ def test_the_graph_walk_finds_a_cycle_and_a_forbidden_import(tmp_path):
         "train/__init__.py": "",
         "train/stages.py": "from ..config import x\nfrom . import helper\n",
         "train/helper.py": "import torch.nn\n",
-        "config_types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from speedrun import config\n",
+        "config_types.py": "import typing\nif typing.TYPE_CHECKING:\n    from speedrun import config\n",
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
@@ -181,9 +183,14 @@ sys.meta_path.insert(0, _NoTorch())
 
 
 def _without_torch(code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
     script = BLOCK_TORCH + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():

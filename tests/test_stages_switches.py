@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from speedrun.config_stages import parse_stages
 from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.model.key_offset import offset_keys
@@ -19,7 +20,6 @@ from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.mtp import mtp_loss, write_weights
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from speedrun.config_stages import parse_stages
 from speedrun.train.stages import stage_values
 from tests.test_stages_recipe import (
     BS,

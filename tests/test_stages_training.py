@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
+from speedrun.config_stages import parse_stages, stage_plan
 from speedrun.errors import ConfigError
 from speedrun.model import varlen
 from speedrun.model.attention_tiers import varlen_attention
@@ -29,7 +30,6 @@ from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
-from speedrun.config_stages import parse_stages, stage_plan
 from speedrun.train.stages import STAGES_2026_07, stage_values
 from tests.conftest import TINY, read_metrics
 from tests.test_warmup import assert_timed_steps_never_compile

@@ -130,7 +130,9 @@ def _model_summary(cfg: Any) -> str:
     try:
         import torch
     except ImportError as e:
-        raise SpeedrunError(f"the model summary of --dry-run needs torch, which cannot be imported ({e})") from None
+        raise SpeedrunError(
+            f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
+        ) from None
     from speedrun.model.gpt import GPT
     from speedrun.model.summary import model_summary
 

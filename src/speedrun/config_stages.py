@@ -339,7 +339,7 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     batch = t.global_batch_tokens
     if batch != _default(type(t), "global_batch_tokens") and batch not in tokens:
         raise ConfigError(
-            f"train.global_batch_tokens ({batch:,}) is no step's batch: train.stages sets the tokens per "
-            f"step ({', '.join(f'{n:,}' for n in tokens)}); train.global_batch_tokens gives one of them "
-            "and train.micro_batch_tokens divides it into a step's rows"
+            f"train.global_batch_tokens ({batch:,}) is no step's batch under train.stages (tokens per step: "
+            f"{', '.join(f'{n:,}' for n in tokens)}): give one of them, which train.micro_batch_tokens "
+            "divides into a step's rows"
         )

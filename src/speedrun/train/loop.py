@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
 from speedrun.config_files import check_resume, config_from_dict
+from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
@@ -41,7 +42,6 @@ from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
-from speedrun.config_stages import stage_plan
 from speedrun.train.stages import describe_stages
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
+from speedrun.config_stages import stage_plan
 from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.meta import META_FILE, check_fits, data_dir_for, load_meta, shard_paths, tokenizer_for_data
@@ -20,7 +21,6 @@ from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError
 from speedrun.train import distributed
 from speedrun.train.rundir import RunDir
-from speedrun.config_stages import stage_plan
 from speedrun.train.stages import stage_values
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself

@@ -2,9 +2,9 @@
 
 For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
 `apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
-optimizer name) and the model. With `train.stages` they come from the stage plan (config_stages.py, train/stages.py),
-which also sets the stage's windows and YaRN on the model. Pure functions of the step, so a resumed
-run is exact.
+optimizer name) and the model. With `train.stages` they come from the stage plan (config_stages.py,
+train/stages.py), which also sets the stage's windows and YaRN on the model. Pure functions of the
+step, so a resumed run is exact.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
+from speedrun.config_stages import StagePlan, stage_plan
 from speedrun.model.mtp import write_weights
 from speedrun.model.varlen import set_stage
 from speedrun.optim.normuon import momentum_at
-from speedrun.config_stages import StagePlan, stage_plan
 from speedrun.train.stages import StageValues, long_window_history, stage_bounds, stage_values
 
 

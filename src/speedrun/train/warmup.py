@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 
 from speedrun.config import Config
-from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.config_stages import stage_plan
+from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import stage_at, stage_bounds
 from speedrun.train.step import train_step
 
