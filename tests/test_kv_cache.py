@@ -135,7 +135,7 @@ LONG = [  # 512 tokens under the shrunk 192-token window: block listing (12-08) 
     "model.max_seq_len=512",
     "train.seq_len=512",
     "train.micro_batch_tokens=512",
-    "train.global_batch_tokens=1024",
+    "train.global_batch_tokens=512",  # the shrunk stages' tokens: a staged recipe refuses a batch no step has
 ]
 #: Token-granular long/short windows with block listing: no bundled recipe has that combination.
 VARIANTS = {"token-long-short": ("unet-value-embed-2024-12", "model.window_pattern=LSSL")}
