@@ -172,6 +172,32 @@ def test_the_config_layer_imports_no_torch_and_nothing_from_train_or_model():
     assert not chains, "the config layer reaches: " + "; ".join(chains)
 
 
+#: Lower layers → what they never import: the model, the optimizer and the data pipeline know nothing of
+#: the training loop, the tools or the command line (principle 3; docs/architecture.md).
+NEVER_ABOVE = {
+    "speedrun.model": ("speedrun.train", "speedrun.tools", "speedrun.cli"),
+    "speedrun.optim": ("speedrun.train", "speedrun.tools", "speedrun.cli"),
+    "speedrun.data": ("speedrun.train", "speedrun.tools", "speedrun.cli", "speedrun.model", "speedrun.optim"),
+}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_model_optim_and_data_never_import_the_layers_above_them():
+    graph = import_graph(PACKAGE)
+    bad = sorted(
+        f"{m} -> {e}"
+        for m, edges in graph.items()
+        for layer, above in NEVER_ABOVE.items()
+        if _within(m, layer)
+        for e in edges
+        if any(_within(e, a) for a in above)
+    )
+    assert not bad, f"imports against the layering: {bad}"
+
+
 BLOCK_TORCH = """
 import sys
 class _NoTorch:
