@@ -1,5 +1,6 @@
 """A setting that a stage plan overrides or leaves without effect is refused in one line (issue 27),
-and only when it was set: its default, or a value the plan agrees with, still loads."""
+and only when it was set: its default, or a value the plan agrees with, still loads. Likewise a
+document cut (data.max_doc_len) that no loader makes."""
 
 from __future__ import annotations
 
@@ -75,3 +76,19 @@ def test_every_bundled_staged_recipe_passes_the_new_rules():
 
     staged = [n for n in recipe_names() if load_recipe(n).train.stages]
     assert {"yarn-2025-09", "polar-2025-09", "normuon-2025-10", RECIPE} <= set(staged)
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "demo",  # the token loader cuts no documents
+        "bos-align-2025-07",  # #26's documents stream whole (data.doc_rule=stream)
+    ],
+)
+def test_a_document_cut_no_loader_makes_is_refused(recipe):
+    proc = run_speedrun("train", "--recipe", recipe, "--dry-run", "data.max_doc_len=512")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "speedrun: error: data.max_doc_len (512) cuts documents only with data.loader=documents and "
+        "data.doc_rule=packed"
+    ]

@@ -20,6 +20,11 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError(
             f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
         )
+    if d.max_doc_len and (d.loader != "documents" or d.doc_rule != "packed"):  # else read by nothing
+        raise ConfigError(
+            f"data.max_doc_len ({d.max_doc_len}) cuts documents only with data.loader=documents and "
+            "data.doc_rule=packed"
+        )
     if d.loader != "documents":
         return
     if d.rank_cursors or d.end_margin or d.repeat_first_batch or d.align_to_bos:
