@@ -20,11 +20,14 @@ import signal
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import speedrun
 from speedrun.errors import ConfigError, SpeedrunError, Stopped
 from speedrun.printable import ESCAPE
+
+if TYPE_CHECKING:
+    from speedrun.config import Config
 
 # `--resume RUN` continues with RUN's saved recipe and folder: only these train options mean anything then.
 RESUME_OPTIONS = ("resume", "dry_run", "overrides")
@@ -124,7 +127,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_summary(cfg: Any) -> str:
+def _model_summary(cfg: Config) -> str:
     """--dry-run's model summary: the first thing that needs torch (the config printed before it is
     loaded and checked without it, docs/architecture.md), so a missing torch ends here in one line."""
     try:
