@@ -1,4 +1,5 @@
-"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate`.
+"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate | race
+| noise`.
 
 User mistakes end in one stderr line, no traceback.
 
@@ -47,6 +48,7 @@ COMMANDS = {
     "bench": "speedrun.tools.commands:cmd_bench",
     "verify": "speedrun.tools.verify:cmd_verify",
     "ablate": "speedrun.tools.ablate:cmd_ablate",
+    "race": "speedrun.tools.race:cmd_race",
 }
 
 

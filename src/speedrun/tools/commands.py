@@ -1,4 +1,5 @@
-"""The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate) and `train --seeds`.
+"""The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate, race, noise)
+and `train --seeds`.
 
 cli.py owns the parser and error handling; this module adds these commands to it and runs them.
 """
@@ -90,6 +91,27 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     )
     ablate.set_defaults(
         trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
+    )
+
+    race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
+    race.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    race.add_argument("--pairs", type=int, default=4, help="runs per arm, one seed per pair (default 4)")
+    race.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default runs/race-<recipe>)"
+    )
+    race.add_argument("--seed", type=int, default=0, help="seed of the ABBA/BAAB block order (default 0)")
+    race.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="an override for both arms (repeat it)",
+    )
+    race.add_argument(
+        "--python-b", default=None, metavar="PY", help="run arm B with this Python (another checkout)"
+    )
+    race.set_defaults(
+        trailing=race.add_argument("switches", nargs="*", metavar="SWITCH=VALUE", help="what makes B")
     )
 
 
