@@ -152,6 +152,9 @@ def test_other_failures_killed_runs_seeds_warm_up_and_cache_settings(runs, tmp_p
     assert "r-seed1 (no summary.json" in rules(killed)["finished"][1]
     same_seed = copies(runs, tmp_path / "s", edit_json("config.json", lambda c: c["train"].update(seed=2)), 0)
     assert "both ran train.seed=2" in rules(same_seed)["config"][1]
+    assert (
+        "its own seed" in rules(same_seed)["config"][1] and "speedrun noise" in rules(same_seed)["config"][1]
+    )
     kept = copies(runs, tmp_path / "w", edit_log("^step ", "warm-up: 1 training step(s) compiled\nstep "), 0)
     assert rules(kept)["timing"][0] == "fails"
     cache = copies(

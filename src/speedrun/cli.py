@@ -49,6 +49,7 @@ COMMANDS = {
     "verify": "speedrun.tools.verify:cmd_verify",
     "ablate": "speedrun.tools.ablate:cmd_ablate",
     "race": "speedrun.tools.race:cmd_race",
+    "noise": "speedrun.tools.noise:cmd_noise",
 }
 
 

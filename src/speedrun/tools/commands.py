@@ -114,6 +114,28 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
         trailing=race.add_argument("switches", nargs="*", metavar="SWITCH=VALUE", help="what makes B")
     )
 
+    noise = sub.add_parser(
+        "noise", help="repeats of each seed: nondeterminism, seed noise, runs an effect needs"
+    )
+    noise.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    noise.add_argument(
+        "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
+    )
+    noise.add_argument("--repeats", type=int, default=2, help="runs of each seed (default 2)")
+    noise.add_argument(
+        "--effect", type=float, default=None, help="also: runs needed to show this val loss difference"
+    )
+    noise.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default runs/noise-<recipe>)"
+    )
+    noise.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="an override for every run (repeat it)",
+    )
+
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value < 1:

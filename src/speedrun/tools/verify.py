@@ -170,7 +170,9 @@ def rule_config(facts: list[Facts]) -> Outcome:
         if f.run.seed in seen:
             return (
                 "fails",
-                f"{seen[f.run.seed]} and {f.name} both ran train.seed={f.run.seed}: not independent",
+                f"{seen[f.run.seed]} and {f.name} both ran train.seed={f.run.seed}: not independent (a "
+                "repeat shows only the machine's nondeterminism); give each run its own seed, and measure "
+                "repeats of one seed with `speedrun noise`",
             )
         seen[f.run.seed] = f.name
     return "ok", f"equal apart from the seed and observing settings (seeds {', '.join(map(str, seen))})"
