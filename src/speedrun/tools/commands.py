@@ -49,6 +49,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     cmp.set_defaults(trailing=cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR"))
     cmp.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
     cmp.add_argument("--plot", type=Path, default=None, help="write val-loss curves to this PNG")
+    cmp.add_argument(
+        "--x", choices=("tokens", "flops"), default="tokens", help="--plot's first axis (default tokens)"
+    )
 
     bench = sub.add_parser("bench", help="time a recipe's training step on synthetic tokens")
     bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
@@ -224,13 +227,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
+    if args.x != "tokens" and args.plot is None:
+        raise ConfigError(f"--x {args.x} chooses --plot's axis: add --plot FILE.png")
     if args.plot is not None:
         check_report(args.plot, "--plot")  # before the work: a link, FIFO or run file is refused
         research_module("matplotlib", "compare --plot")  # and a missing extra is said before, not after
     runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
-        print(f"plot: {plot_runs(runs, args.plot, args.target)}")
+        print(f"plot: {plot_runs(runs, args.plot, args.target, args.x)}")
     return 0
 
 
