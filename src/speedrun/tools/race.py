@@ -145,20 +145,33 @@ def leg_state(leg: Leg) -> str:
     return state(leg.folder, leg.config) if leg.config is not None else _found(leg.folder)
 
 
-def check_hardware(legs: list[Leg]) -> str | None:
-    """The one hardware kind the finished legs ran on (verify's summary.json reading); a second kind
-    is refused in one line: a race compares times on one machine kind only."""
+def check_hardware(legs: list[Leg], here: str | None = None) -> str | None:
+    """The one hardware kind the legs with a summary.json ran on (verify's reading of it), and `here`,
+    the kind a run started now would record; a second kind is refused in one line: a race compares
+    times on one kind of machine only."""
     from speedrun.tools.verify import _recorded
 
-    kinds: dict[str, Leg] = {}
+    kinds: dict[str, str] = {here: "this host"} if here is not None else {}
     for leg in legs:
         if (leg.folder / "summary.json").is_file():
-            kind = _recorded(leg.folder)[0] or "not recorded"
-            kinds.setdefault(kind, leg)
+            kinds.setdefault(_recorded(leg.folder)[0] or "unrecorded hardware", str(leg.folder))
     if len(kinds) > 1:
-        shown = "; ".join(f"{leg.folder} on {kind}" for kind, leg in kinds.items())
+        shown = "; ".join(f"{who} on {kind}" for kind, who in kinds.items())
         raise DataError(f"refused: the race's runs are on different hardware ({shown}); race in a new --out")
     return next(iter(kinds), None)
+
+
+def this_host(cfg: Config) -> str:
+    """What summary.json will say a run of `cfg` trains on here: one process (race never launches
+    more), on the device `train.device` names or the one `auto` picks."""
+    import torch
+
+    from speedrun.train.tracking import hardware_name
+
+    device = cfg.train.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"1 x {hardware_name(device)}"
 
 
 def run_legs(args: argparse.Namespace, saved: dict, legs: list[Leg]) -> None:
@@ -170,7 +183,9 @@ def run_legs(args: argparse.Namespace, saved: dict, legs: list[Leg]) -> None:
                 f"{leg.folder} holds neither this race's finished run nor a checkpoint to resume; "
                 "remove it to train that run again"
             )
-    check_hardware(legs)
+    todo = [leg for leg in legs if states[leg.folder] != "finished"]
+    a_config = next(leg.config for leg in legs if leg.arm == "A")
+    check_hardware(legs, this_host(a_config) if todo else None)
     for i, leg in enumerate(legs, 1):
         python = args.python_b if leg.arm == "B" and args.python_b else sys.executable
         tag = f"{leg.tag} ({i}/{len(legs)}): {leg.folder}"
