@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import speedrun
 from speedrun.cli import main
 from speedrun.tools.race import block_orders, schedule
 from speedrun.tools.stats import paired_ratio, sign_test
@@ -82,6 +83,7 @@ def test_usage_errors(text_data, tmp_path, capsys):
         (argv(text_data, out, "--pairs", "0", SWITCH), "--pairs"),
         (argv(text_data, out, "model.unet=false"), "the same"),
         (argv(text_data, out, "--python-b", "/no/such/python"), "no such executable"),
+        (argv(text_data, out, "--python-b", "false"), "cannot import speedrun"),
         (["race", "--recipe", "demo", "--out", str(out), SWITCH], "train.time_budget_s=0"),
     ]
     for args, text in cases:
@@ -157,6 +159,8 @@ def test_python_b_races_the_same_recipe_under_another_python(text_data, tmp_path
     out = tmp_path / "r"
     assert main(argv(text_data, out, "--pairs", "1", "--python-b", sys.executable)) == 0
     text = capsys.readouterr().out
+    ours = f"speedrun {speedrun.__version__} from {Path(speedrun.__file__).parent}"
+    assert f"code: A {ours}; B {ours}" in text
     assert f"B = the recipe run by {sys.executable}" in text and ("1      AB" in text or "1      BA" in text)
     a, b = summary(out, "A-pair1"), summary(out, "B-pair1")
     assert a["final_val_loss"] == b["final_val_loss"]  # the same code and seed: the same run, timed twice

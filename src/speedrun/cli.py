@@ -1,5 +1,5 @@
-"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate | race
-| noise`.
+"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
+| race | noise`.
 
 User mistakes end in one stderr line, no traceback.
 

@@ -67,6 +67,24 @@ def _train_words(args: argparse.Namespace, arm: str, pair: int) -> list[str]:
     return [*args.set, *(args.switches if arm == "B" else []), f"train.seed={pair}"]
 
 
+def speedrun_of(python: str) -> str:
+    """The speedrun package `python` imports (PYTHONPATH included: it reaches both arms' processes),
+    so the report says which code each arm ran."""
+    if shutil.which(python) is None:
+        raise ConfigError(f"--python-b {python}: no such executable")
+    probe = "import speedrun; print(speedrun.__version__, speedrun.__file__)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"--python-b {python}: cannot run it ({e})") from None
+    if done.returncode != 0 or not done.stdout.strip():
+        raise ConfigError(
+            f"--python-b {python} cannot import speedrun: install it there (pip install -e CHECKOUT)"
+        )
+    version, _, path = done.stdout.strip().splitlines()[-1].partition(" ")
+    return f"speedrun {version} from {Path(path).parent}"
+
+
 def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
     """The race's plan (what race.json holds) and its legs, every config resolved and checked first."""
     from speedrun.recipes import load_recipe
@@ -79,8 +97,7 @@ def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
     for item in [*args.set, *args.switches]:
         if item.partition("=")[0].strip() == "train.seed":
             raise ConfigError("race sets train.seed to the pair's number; drop the train.seed= override")
-    if args.python_b is not None and shutil.which(args.python_b) is None:
-        raise ConfigError(f"--python-b {args.python_b}: no such executable")
+    code = {"A": speedrun_of(sys.executable), "B": speedrun_of(args.python_b)} if args.python_b else None
     recipe = args.recipe
     if recipe.endswith(".toml"):  # the same file for the other checkout, wherever it runs from
         recipe = str(Path(recipe).resolve())
@@ -109,6 +126,7 @@ def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
         "set": args.set,
         "switches": args.switches,
         "python_b": args.python_b,
+        "code": code,  # the speedrun package each arm's Python imports
         "pairs": args.pairs,
         "seed": args.seed,
         "blocks": block_orders(args.pairs, args.seed),
@@ -223,8 +241,8 @@ def steady_step_s(folder: Path, warmup_steps: int) -> float | None:
 
     records, _ = read_records(folder / "metrics.jsonl")
     timed = [r for _, r in records if "train_loss" in r and r["step"] > warmup_steps and "time_s" in r]
-    if len(timed) < 2 or timed[-1]["step"] == timed[0]["step"]:
-        return None
+    if len(timed) < 2 or timed[-1]["step"] <= timed[0]["step"] or timed[-1]["time_s"] <= timed[0]["time_s"]:
+        return None  # too few log points after the warm-up to time a step
     return (timed[-1]["time_s"] - timed[0]["time_s"]) / (timed[-1]["step"] - timed[0]["step"])
 
 
@@ -262,6 +280,7 @@ def report(saved: dict, legs: list[Leg], hardware: str | None) -> str:
     lines = [
         f"race of {Path(saved['recipe']).name}: A = the recipe, B = {b_is}; {saved['pairs']} pair(s) in "
         f"{len(saved['blocks'])} block(s) (order seed {saved['seed']}) on {hardware}",
+        *([f"code: A {saved['code']['A']}; B {saved['code']['B']}"] if saved["python_b"] else []),
         "block  order  pairs  train time B/A  step time B/A",
     ]
     for k, order in enumerate(saved["blocks"]):
