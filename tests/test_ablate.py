@@ -11,6 +11,7 @@ import pytest
 from speedrun.cli import main
 from speedrun.errors import ConfigError
 from speedrun.tools.ablate import parse_seed_count
+from speedrun.tools.flops import format_flops
 from tests.conftest import TINY
 
 FAST = ["train.steps=6", "train.warmdown_steps=2", "train.val_every=3", "train.checkpoint_every=3"]
@@ -48,6 +49,8 @@ def test_ablate_table_matches_scipy_and_a_second_call_reuses_and_resumes(text_da
     assert rows[SWITCH][3] == f"{mean - sum(base) / 2:+.4f}"
     assert rows[SWITCH][4] == f"{stats.ttest_ind(var, base, equal_var=False).pvalue:.3g}"
     assert rows[SWITCH][5] == f"{6 * 1024:,}" and rows["baseline"][3:5] == ["-", "-"]
+    summary = json.loads((sorted(out.glob(f"{SWITCH}-seed1-*"))[0] / "summary.json").read_text())
+    assert rows[SWITCH][6] == format_flops(summary["flops_per_token"] * 6 * 1024)  # the FLOPs axis
 
     # an interrupted ablation: one run stopped after its step-3 checkpoint, one finished
     stopped = sorted(out.glob(f"{SWITCH}-seed2-*"))[0]

@@ -103,7 +103,19 @@ def test_tiny_runs_fail_only_the_record_validation(runs, tmp_path, capsys):
         "inductor",
         "hardware",
     ]
-    assert len(lines) == len(got) + 2 and lines[-1].startswith("not accepted: 1 rule(s) fail")
+    assert len(lines) == len(got) + 3 and lines[-1].startswith("not accepted: 1 rule(s) fail")
+    # the cost line, from the runs' files: FLOPs per token (summary.json) x tokens (metrics.jsonl)
+    flops = [
+        json.loads((r / "summary.json").read_text())["flops_per_token"]
+        * [m for m in read_metrics(r) if "train_loss" in m][-1]["tokens"]
+        for r in runs
+    ]
+    reached = [next(m["tokens"] for m in read_metrics(r) if m.get("val_loss", 99) <= 9.0) for r in runs]
+    assert lines[-2] == (
+        f"cost: training FLOPs {sum(flops) / 3:.2e} per run; tokens to 9: ".replace("e+", "e")
+        + f"{sum(reached) / 3:,.0f} (3 of 3 finished runs reached it)"
+    )
+    assert json.loads(report.read_text())["cost"]["reached_target"] == 3
     assert {r for r, (status, _) in got.items() if status != "ok"} == {"validation"}
     assert "train.val_tokens=2048" in got["validation"][1]
     p = stats.ttest_1samp(finals(runs), 9.0, alternative="less").pvalue
@@ -152,6 +164,9 @@ def test_other_failures_killed_runs_seeds_warm_up_and_cache_settings(runs, tmp_p
     assert "r-seed1 (no summary.json" in rules(killed)["finished"][1]
     same_seed = copies(runs, tmp_path / "s", edit_json("config.json", lambda c: c["train"].update(seed=2)), 0)
     assert "both ran train.seed=2" in rules(same_seed)["config"][1]
+    assert (
+        "its own seed" in rules(same_seed)["config"][1] and "speedrun noise" in rules(same_seed)["config"][1]
+    )
     kept = copies(runs, tmp_path / "w", edit_log("^step ", "warm-up: 1 training step(s) compiled\nstep "), 0)
     assert rules(kept)["timing"][0] == "fails"
     cache = copies(

@@ -1,4 +1,5 @@
-"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate`.
+"""Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
+| race | noise`.
 
 User mistakes end in one stderr line, no traceback.
 
@@ -50,6 +51,8 @@ COMMANDS = {
     "bench": "speedrun.tools.commands:cmd_bench",
     "verify": "speedrun.tools.verify:cmd_verify",
     "ablate": "speedrun.tools.ablate:cmd_ablate",
+    "race": "speedrun.tools.race:cmd_race",
+    "noise": "speedrun.tools.noise:cmd_noise",
 }
 
 

@@ -1,6 +1,6 @@
 """`speedrun ablate`: what is each technique worth at this scale? The recipe (the baseline) and each
 one-switch variant are trained for every seed, then one row per arm: the mean final val loss, its sd,
-the difference to the baseline with Welch's two-sample t-test, tokens and training time.
+the difference to the baseline with Welch's two-sample t-test, tokens, training FLOPs and training time.
 
 Each run goes into `OUT/<arm>-seed<S>-<hash>`, the hash being that of the run's resolved config, so
 running the same ablation again reuses the runs that finished, resumes those that were stopped (a
@@ -171,11 +171,13 @@ class Row:
     p: float | None  # Welch's two-sided p against the baseline
     tokens: float | None  # mean tokens trained per run
     train_time_s: float | None
+    flops: float | None = None  # mean training FLOPs per run (tools/flops.py)
 
 
 def results(arms: list[Arm]) -> list[Row]:
     """One row per arm from its runs' files (compare's reader; only finished runs count)."""
     from speedrun.tools.compare import Group, load_run
+    from speedrun.tools.flops import train_flops
     from speedrun.tools.stats import mean_sd, welch_test
 
     groups = [Group(arm.label, [load_run(folder) for _, folder in arm.runs]) for arm in arms]
@@ -198,6 +200,7 @@ def results(arms: list[Arm]) -> list[Row]:
                 mean_sd([r.train_time_s for r in done if r.train_time_s is not None])[0],
             )
         )
+        rows[-1].flops = mean_sd([f for r in done if (f := train_flops(r)) is not None])[0]
     return rows
 
 
@@ -205,7 +208,9 @@ def format_rows(rows: list[Row]) -> str:
     def fmt(value: float | None, spec: str, unit: str = "") -> str:
         return "-" if value is None else format(value, spec) + unit
 
-    header = ("arm", "n", "val loss", "sd", "vs baseline", "p (Welch)", "tokens", "train time")
+    from speedrun.tools.flops import format_flops
+
+    header = ("arm", "n", "val loss", "sd", "vs baseline", "p (Welch)", "tokens", "FLOPs", "train time")
     table = [header] + [
         (
             r.label,
@@ -215,6 +220,7 @@ def format_rows(rows: list[Row]) -> str:
             fmt(r.diff, "+.4f"),
             fmt(r.p, ".3g"),
             fmt(r.tokens, ",.0f"),
+            format_flops(r.flops),
             fmt(r.train_time_s, ".1f", "s"),
         )
         for r in rows

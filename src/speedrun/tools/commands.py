@@ -1,4 +1,5 @@
-"""The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate) and `train --seeds`.
+"""The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate, race, noise)
+and `train --seeds`.
 
 cli.py owns the parser and error handling; this module adds these commands to it and runs them.
 """
@@ -48,6 +49,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     cmp.set_defaults(trailing=cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR"))
     cmp.add_argument("--target", type=float, default=3.28, help="val loss target (default 3.28)")
     cmp.add_argument("--plot", type=Path, default=None, help="write val-loss curves to this PNG")
+    cmp.add_argument(
+        "--x", choices=("tokens", "flops"), default="tokens", help="--plot's first axis (default tokens)"
+    )
 
     bench = sub.add_parser("bench", help="time a recipe's training step on synthetic tokens")
     bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
@@ -90,6 +94,49 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     )
     ablate.set_defaults(
         trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
+    )
+
+    race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
+    race.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    race.add_argument("--pairs", type=int, default=4, help="runs per arm, one seed per pair (default 4)")
+    race.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default runs/race-<recipe>)"
+    )
+    race.add_argument("--seed", type=int, default=0, help="seed of the ABBA/BAAB block order (default 0)")
+    race.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="an override for both arms (repeat it)",
+    )
+    race.add_argument(
+        "--python-b", default=None, metavar="PY", help="run arm B with this Python (another checkout)"
+    )
+    race.set_defaults(
+        trailing=race.add_argument("switches", nargs="*", metavar="SWITCH=VALUE", help="what makes B")
+    )
+
+    noise = sub.add_parser(
+        "noise", help="repeats of each seed: nondeterminism, seed noise, runs an effect needs"
+    )
+    noise.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    noise.add_argument(
+        "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
+    )
+    noise.add_argument("--repeats", type=int, default=2, help="runs of each seed (default 2)")
+    noise.add_argument(
+        "--effect", type=float, default=None, help="also: runs needed to show this val loss difference"
+    )
+    noise.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default runs/noise-<recipe>)"
+    )
+    noise.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="an override for every run (repeat it)",
     )
 
 
@@ -180,13 +227,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
+    if args.x != "tokens" and args.plot is None:
+        raise ConfigError(f"--x {args.x} chooses --plot's axis: add --plot FILE.png")
     if args.plot is not None:
         check_report(args.plot, "--plot")  # before the work: a link, FIFO or run file is refused
         research_module("matplotlib", "compare --plot")  # and a missing extra is said before, not after
     runs = load_runs(args.runs)
     print(format_table(runs, make_groups(runs, args.target), args.target))
     if args.plot is not None:
-        print(f"plot: {plot_runs(runs, args.plot, args.target)}")
+        print(f"plot: {plot_runs(runs, args.plot, args.target, args.x)}")
     return 0
 
 

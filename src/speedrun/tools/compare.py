@@ -43,6 +43,8 @@ class Run:
     curve: list[tuple[int, float, float]] = field(default_factory=list)  # (tokens, time_s, val_loss)
     status: str = "unfinished"  # summary.json's "finished" | "stopped"; no summary: killed or still running
     run_id: str | None = None  # config.json's identity of the run (config.RUN_ID); None before run ids
+    tokens: int | None = None  # tokens trained (the last training record's)
+    flops_per_token: int | None = None  # summary.json's: the count MFU uses; None before it was recorded
 
     @property
     def finished(self) -> bool:
@@ -104,6 +106,7 @@ def load_run(path: Path) -> Run:
     if train:
         last = train[-1]
         run.steps, run.train_time_s = int(last["step"]), float(last.get("time_s", 0.0))
+        run.tokens = last.get("tokens")
         where = f"{path / 'config.json'}"
         warmup = _number(config.get("train.timing_warmup_steps"), where, "train.timing_warmup_steps", True)
         batch = _number(config.get("train.global_batch_tokens"), where, "train.global_batch_tokens", True)
@@ -115,8 +118,16 @@ def load_run(path: Path) -> Run:
     if (path / "summary.json").is_file():  # the loop's own numbers, when it wrote them
         summary = _read_json(path / "summary.json")
         run.status = str(summary.get("status", "finished"))  # summaries before the field: finished runs
-        for key in ("steps", "train_time_s", "tokens_per_s", "final_val_loss", "final_val_bpb"):
-            value = _number(summary.get(key), str(path / "summary.json"), key, integer=key == "steps")
+        for key in (
+            "steps",
+            "train_time_s",
+            "tokens_per_s",
+            "final_val_loss",
+            "final_val_bpb",
+            "flops_per_token",
+        ):
+            integer = key in ("steps", "flops_per_token")
+            value = _number(summary.get(key), str(path / "summary.json"), key, integer=integer)
             if value is not None:
                 setattr(run, key, value)
     return run
@@ -256,9 +267,13 @@ def _fmt(value, spec: str) -> str:
 
 
 def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
-    """The runs table, then one line per group with its statistics."""
+    """The runs table (with the FLOPs axis: training FLOPs, tokens to reach the target), then one line
+    per group with its statistics."""
+    from speedrun.tools.flops import format_flops, tokens_to_target, train_flops
+
     names = run_names(runs)
-    header = ("run", "recipe", "seed", "steps", "train time", "tokens/s", "val loss", "val bpb")
+    header = ("run", "recipe", "seed", "steps", "train time", "tokens/s", "val loss", "val bpb", "FLOPs")
+    header += (f"tokens to {target:g}",)
     rows = [
         (
             name if r.finished else f"{name} ({r.status})",
@@ -269,6 +284,8 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
             _fmt(r.tokens_per_s, ",.0f"),
             _fmt(r.final_val_loss, ".4f"),
             _fmt(r.final_val_bpb, ".4f"),
+            format_flops(train_flops(r)),
+            _fmt(tokens_to_target(r, target), ",d"),
         )
         for name, r in zip(names, runs, strict=True)
     ]
@@ -291,8 +308,15 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
     return "\n".join(lines)
 
 
-def plot_runs(runs: list[Run], out: Path, target: float | None = None) -> Path:
-    """PNG with val loss against tokens and against training time, one line per run (written atomically)."""
+def plot_runs(runs: list[Run], out: Path, target: float | None = None, x: str = "tokens") -> Path:
+    """PNG with val loss against tokens (or training FLOPs: `x="flops"`, which compares runs across
+    hardware) and against training time, one line per run (written atomically)."""
+    from speedrun.tools.flops import flops_per_token
+
+    scale = {id(r): 1 if x == "tokens" else flops_per_token(r) for r in runs}
+    unknown = [r.path for r in runs if scale[id(r)] is None]
+    if unknown:
+        raise DataError(f"{unknown[0]}: FLOPs per token unknown (a config.json this version cannot read)")
     research_module("matplotlib", "compare --plot").use("Agg")
     plt = research_module("matplotlib.pyplot", "compare --plot")
 
@@ -301,9 +325,10 @@ def plot_runs(runs: list[Run], out: Path, target: float | None = None) -> Path:
         if not run.curve:
             continue
         tokens, times, losses = zip(*run.curve, strict=True)
-        ax_tok.plot(tokens, losses, marker=".", label=name)
+        ax_tok.plot([t * scale[id(run)] for t in tokens], losses, marker=".", label=name)
         ax_time.plot(times, losses, marker=".", label=name)
-    for ax, xlabel in ((ax_tok, "tokens"), (ax_time, "training time (s)")):
+    first = "tokens" if x == "tokens" else "training FLOPs"
+    for ax, xlabel in ((ax_tok, first), (ax_time, "training time (s)")):
         if target is not None:
             ax.axhline(target, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel(xlabel)

@@ -27,6 +27,7 @@ from speedrun.tools.compare import (
     load_runs,
     run_names,
 )
+from speedrun.tools.flops import cost, cost_line
 from speedrun.tools.stats import mean_sd, welch_test
 from speedrun.train.environment import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX
 from speedrun.train.rundir import SUMMARY_FILE
@@ -170,7 +171,9 @@ def rule_config(facts: list[Facts]) -> Outcome:
         if f.run.seed in seen:
             return (
                 "fails",
-                f"{seen[f.run.seed]} and {f.name} both ran train.seed={f.run.seed}: not independent",
+                f"{seen[f.run.seed]} and {f.name} both ran train.seed={f.run.seed}: not independent (a "
+                "repeat shows only the machine's nondeterminism); give each run its own seed, and measure "
+                "repeats of one seed with `speedrun noise`",
             )
         seen[f.run.seed] = f.name
     return "ok", f"equal apart from the seed and observing settings (seeds {', '.join(map(str, seen))})"
@@ -350,6 +353,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print(f"verify {len(runs)} run(s), track {args.track}, target {args.target}:")
     for v in verdicts:
         print(v.line())
+    spent = cost(runs, args.target)  # not a rule: what the runs cost, comparable across hardware
+    print(cost_line(spent, args.target))
     bad = [v for v in verdicts if v.status != "ok"]
     failed, unknown = sum(v.status == "fails" for v in bad), sum(v.status == "unknown" for v in bad)
     print(
@@ -365,6 +370,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "baseline": [str(r.path) for r in baseline or []],
             "rules": [{"rule": v.rule, "status": v.status, "detail": v.detail} for v in verdicts],
             "accepted": not bad,
+            "cost": spent,
         }
         write_atomic(args.json, (json.dumps(report, indent=2) + "\n").encode())
     return 0 if not bad else 1

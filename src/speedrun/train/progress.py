@@ -179,6 +179,7 @@ class Progress:
             "device_name": hardware_name(self.ctx.device),
             "world_size": self.ctx.world_size,
             "data_source": self.data_source,
+            "flops_per_token": self.flops_per_token,
         }
 
     def finish(self) -> dict[str, Any]:

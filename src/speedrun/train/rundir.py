@@ -48,6 +48,7 @@ SUMMARY_KEYS = (
     "device_name",  # the hardware kind: GPU name ("NVIDIA H100 80GB HBM3") or "cpu (<model name>)"
     "world_size",  # processes that trained; with device_name what `verify` calls the hardware
     "data_source",  # the data folder's meta.json source (data.source is only a label beside data.dir)
+    "flops_per_token",  # training FLOPs per token, the count MFU uses: compare's FLOPs axis
 )
 
 
