@@ -143,6 +143,8 @@ class ModelConfig:
         0.0  # #51/#53: the head (and the embedding tied to it) from normal(0, this) (0.005)
     )
     mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
+    qkv_init_gain: float = 0.5  # #53: init=scaled-uniform's gain on Q/K/V, std gain/sqrt(n_embd) (1.0)
+    value_embed_zero_init: bool = False  # #49 on: the value embeddings start at zero (before: normal(0, 1))
 
 
 @dataclass
