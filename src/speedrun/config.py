@@ -248,6 +248,10 @@ class TrainConfig:
     steps: PosInt = 100
     global_batch_tokens: PosInt = 524288  # tokens per optimizer step, whatever the world size
     micro_batch_tokens: PosInt = 65536  # tokens per process per forward/backward
+    # #26 on, the records back-propagate each of their N = 8 ranks' summed loss: gradients (tokens per
+    # step)/N times the mean loss's, which Adam's eps and the orthogonalizers' norm epsilons see. N > 0
+    # scales every gradient by that (per stage, whatever our process count); 0 = the mean loss's gradients
+    summed_loss_ranks: int = 0
     seq_len: SeqLen = 1024
     warmup_steps: int = 0
     warmdown_steps: int = 0  # linear decay over the last N steps (schedule "trapezoid")
