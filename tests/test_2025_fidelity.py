@@ -133,3 +133,15 @@ def test_one_adam_step_is_the_records_on_its_eight_ranks_summed_losses_in_fp64(a
         got = dict(model.named_parameters())[name].detach() - start[name]
         # measured: <= 1.3e-6 (our Adam's math runs in fp32); with our mean loss's gradients 0.3 % to 84 %
         assert (got - want).norm() <= 5e-6 * want.norm(), name
+
+
+@pytest.mark.parametrize(
+    "override", ["model.qkv_init_gain=1.0", "model.value_embed_zero_init=true", "train.summed_loss_ranks=-1"]
+)
+def test_init_and_summed_loss_switches_that_cannot_act_are_refused(override):
+    """The demo inits with torch's defaults and has no value embeddings; a negative rank count has no
+    meaning."""
+    from speedrun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_recipe("demo", [override])
