@@ -277,7 +277,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             progress.samples(done, model, data.tokenizer)
             path = checkpoint(done) if save or stop else None
             if stop:
-                run.write_summary(progress.summary("stopped"))
+                run.write_summary(progress.summary("stopped", done))
                 stopped = RunInterrupted.after(stop, done, path, run.path)
                 run.log(str(stopped), console=False)
                 raise stopped
