@@ -118,7 +118,8 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
     accum = MICRO // world
     losses = []
     for step in range(STEPS):
-        apply_schedule(schedule_at(step, cfg), optimizer, model)
+        sched = schedule_at(step, cfg)
+        apply_schedule(sched, optimizer, model)
         x, y = batch(step, cfg)
         mine = iter(range(rank * accum, (rank + 1) * accum))  # this rank's sequences of the global batch
 
@@ -126,7 +127,7 @@ def train_losses(name: str, rank: int = 0, world: int = 1) -> list[float]:
             i = next(mine)
             return rows(cfg, x[i : i + 1], y[i : i + 1])
 
-        loss = train_step(ddp, optimizer, next_batch, accum, autocast_dtype(cfg))
+        loss = train_step(ddp, optimizer, next_batch, accum, autocast_dtype(cfg), 0.0, sched.grad_scale)
         if world > 1:
             dist.all_reduce(loss)
             loss /= world

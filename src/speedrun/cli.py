@@ -84,14 +84,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "source",
         help="wiki-vital | text:PATH | hf:OWNER/NAME[:CONFIG][@SPLIT] | fineweb10B[:N] | hellaswag",
     )
-    prep.add_argument("--tokenizer", default="gpt2", help="gpt2 | bpe:N (default gpt2)")
+    prep.add_argument("--tokenizer", default=None, help="gpt2 | bpe:N (default gpt2)")
     prep.add_argument("--data-dir", type=Path, default=None, help="output folder (default data/<source>)")
     prep.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     prep.add_argument("--max-tokens", type=int, default=None, help="stop after about this many tokens")
     prep.add_argument(
         "--bpe-sample-mb",
         type=int,
-        default=100,
+        default=None,
         help="bpe:N trains on the first this many MB of train-split text (default 100)",
     )
 
@@ -189,25 +189,49 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The options of `prepare` each kind of source acts on; any other one given is refused as usage (it
+#: would be ignored). `--bpe-sample-mb` acts only with a bpe:N tokenizer.
+PREPARE_OPTIONS = {
+    "hellaswag": ("--data-dir",),  # a text eval set, downloaded as it is
+    "fineweb10B": ("--data-dir", "--tokenizer"),  # pre-tokenized gpt2 shards, downloaded as they are
+    "text": ("--data-dir", "--tokenizer", "--workers", "--max-tokens", "--bpe-sample-mb"),
+}
+
+
+def _check_prepare_options(args: argparse.Namespace) -> None:
+    """ConfigError naming the first option given that this source (or tokenizer) would not use."""
+    from speedrun.data.sources import parse_fineweb_source
+
+    kind = "hellaswag" if args.source == "hellaswag" else "text"
+    kind = "fineweb10B" if parse_fineweb_source(args.source) is not None else kind
+    keys = ("data_dir", "tokenizer", "workers", "max_tokens", "bpe_sample_mb")  # their defaults: None
+    given = [f"--{key.replace('_', '-')}" for key in keys if getattr(args, key) is not None]
+    for flag in (f for f in given if f not in PREPARE_OPTIONS[kind]):
+        what = "a text eval set" if kind == "hellaswag" else "pre-tokenized gpt2 shards"
+        raise ConfigError(f"{flag} does not apply to {args.source!r} ({what}, downloaded as it is)")
+    if "--bpe-sample-mb" in given and not (args.tokenizer or "gpt2").startswith("bpe:"):
+        raise ConfigError("--bpe-sample-mb applies to a bpe:N tokenizer (the sample it trains on)")
+
+
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedrun.data.prepare import prepare
 
+    _check_prepare_options(args)
     if args.source == "hellaswag":
         from speedrun.tools.hellaswag import DEFAULT_DIR, download_hellaswag
 
-        if args.tokenizer != "gpt2":
-            raise ConfigError("hellaswag is a text eval set; it takes no --tokenizer")
         download_hellaswag(args.data_dir or DEFAULT_DIR)
         return 0
-    if args.bpe_sample_mb < 1:
-        raise ConfigError(f"--bpe-sample-mb must be at least 1, got {args.bpe_sample_mb}")
+    sample_mb = 100 if args.bpe_sample_mb is None else args.bpe_sample_mb
+    if sample_mb < 1:
+        raise ConfigError(f"--bpe-sample-mb must be at least 1, got {sample_mb}")
     path = prepare(
         args.source,
-        args.tokenizer,
+        args.tokenizer or "gpt2",
         args.data_dir,
         workers=args.workers,
         max_tokens=args.max_tokens,
-        bpe_sample_bytes=args.bpe_sample_mb * 1_000_000,
+        bpe_sample_bytes=sample_mb * 1_000_000,
     )
     print(f"prepared {args.source} in {path}")
     return 0

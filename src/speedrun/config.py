@@ -143,6 +143,8 @@ class ModelConfig:
         0.0  # #51/#53: the head (and the embedding tied to it) from normal(0, this) (0.005)
     )
     mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
+    qkv_init_gain: float = 0.5  # #53: init=scaled-uniform's gain on Q/K/V, std gain/sqrt(n_embd) (1.0)
+    value_embed_zero_init: bool = False  # #49 on: the value embeddings start at zero (before: normal(0, 1))
 
 
 @dataclass
@@ -246,6 +248,10 @@ class TrainConfig:
     steps: PosInt = 100
     global_batch_tokens: PosInt = 524288  # tokens per optimizer step, whatever the world size
     micro_batch_tokens: PosInt = 65536  # tokens per process per forward/backward
+    # #26 on, the records back-propagate each of their N = 8 ranks' summed loss: gradients (tokens per
+    # step)/N times the mean loss's, which Adam's eps and the orthogonalizers' norm epsilons see. N > 0
+    # scales every gradient by that (per stage, whatever our process count); 0 = the mean loss's gradients
+    summed_loss_ranks: int = 0
     seq_len: SeqLen = 1024
     warmup_steps: int = 0
     warmdown_steps: int = 0  # linear decay over the last N steps (schedule "trapezoid")

@@ -172,6 +172,10 @@ def _validate_model_switches(m: ModelConfig) -> None:
             raise ConfigError(f"model.{key}: expected comma-separated layer numbers, got {text!r}") from None
         if any(not 0 <= i < m.n_layer for i in layers):
             raise ConfigError(f"model.{key} {text!r}: layers are 0..{m.n_layer - 1}")
+    if m.qkv_init_gain != 0.5 and m.init != "scaled-uniform":  # a gain of that init only
+        raise ConfigError(f"model.qkv_init_gain ({m.qkv_init_gain}) needs model.init=scaled-uniform")
+    if m.value_embed_zero_init and m.value_embeds == "none":
+        raise ConfigError("model.value_embed_zero_init needs model.value_embeds (there are no tables)")
     if m.attn_gate > m.n_embd:
         raise ConfigError(
             f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "

@@ -156,7 +156,9 @@ def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
 
 
 def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:
-    """DataError unless `tokenizer` is the vocabulary the shards were written with."""
+    """DataError unless `tokenizer` is the vocabulary the shards were written with: its name and hash,
+    and every number meta.json copies from it (a model sized by meta.json's vocab_size must be the
+    tokenizer's, or tokens decode and encode against another table)."""
     where = f"{Path(data_dir) / META_FILE}" if data_dir is not None else META_FILE
     if meta.get("tokenizer") != tokenizer.name or meta.get("tokenizer_hash") != tokenizer.hash:
         raise DataError(
@@ -164,6 +166,12 @@ def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = No
             f"(hash {meta.get('tokenizer_hash')}), "
             f"not {tokenizer.name!r} (hash {tokenizer.hash}); prepare the data again"
         )
+    for key in ("vocab_size", "eot_id"):
+        if meta.get(key) != getattr(tokenizer, key):
+            raise DataError(
+                f"{where}: {key} {meta.get(key)!r} is not its tokenizer's ({getattr(tokenizer, key)}, "
+                f"{tokenizer.name}); the folder was edited or mixed: prepare the data again"
+            )
 
 
 def tokenizer_for_data(data_dir: Path, meta: dict | None = None) -> Tokenizer:

@@ -117,6 +117,18 @@ def _iter_jsonl(path: Path) -> Iterator[str]:
             yield text
 
 
+def _holds_strings(kind: object) -> bool:
+    """Whether an Arrow column type decodes to Python strings: string, large_string, string_view, or
+    any of them dictionary-encoded (pandas categoricals and many writers store repeated text so;
+    `to_pylist` decodes them)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or view(kind)
+
+
 def _iter_parquet(path: Path) -> Iterator[str]:
     """Rows of the `text` column, one batch of a row group at a time (memory ~ one row group)."""
     import pyarrow as pa
@@ -128,7 +140,7 @@ def _iter_parquet(path: Path) -> Iterator[str]:
         if field is None:
             names = ", ".join(pf.schema_arrow.names)
             raise DataError(f'{path}: no "text" column (columns: {names})')
-        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)):
+        if not _holds_strings(field.type):
             raise DataError(f'{path}: column "text" holds {field.type}, not strings')
         for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=["text"]):
             for text in batch.column(0).to_pylist():

@@ -175,9 +175,17 @@ class GPT(nn.Module):
         else:
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
         if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
+            qkv = {  # #53: Q, K and V at std qkv_init_gain/sqrt(fan_in) (its qkvo_w[:3d], std dim ** -0.5)
+                id(m) for b in self.blocks if b.attn is not None
+                for name, m in b.attn.named_children() if name in ("c_attn", "c_q", "c_k", "c_v")
+            }  # fmt: skip
             for module in self.modules():
                 if isinstance(module, CastedLinear):
-                    scaled_uniform_(module.weight, module.in_features)
+                    gain = cfg.qkv_init_gain if id(module) in qkv else 0.5
+                    scaled_uniform_(module.weight, module.in_features, gain)
+        if cfg.value_embed_zero_init:  # #49 on: nn.init.zeros_ on every value embedding table
+            for emb in self.value_embeds:
+                nn.init.zeros_(emb.weight)
         if cfg.zero_init_proj:
             for block in self.blocks:
                 if block.attn is not None:

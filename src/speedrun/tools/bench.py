@@ -106,10 +106,13 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step_s, opt_s, losses = [], [], []
+    clip = cfg.optim.grad_clip
     for i in range(warmup + steps):
         wait_for_device(device)
         start = time.perf_counter()
-        loss = train_step(train_model, timed, next_batch, accum, autocast_dtype(cfg), cfg.optim.grad_clip)
+        loss = train_step(
+            train_model, timed, next_batch, accum, autocast_dtype(cfg), clip, schedule.grad_scale
+        )
         wait_for_device(device)
         if i >= warmup:
             step_s.append(time.perf_counter() - start)

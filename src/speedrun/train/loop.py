@@ -259,7 +259,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             clock.start()
             started, module = time.perf_counter(), chooser.module(step) if chooser else train_model
             with compile_errors(compiled):
-                loss = train_step(module, optimizer, loader.next_batch, accum, dtype, clip)
+                loss = train_step(module, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale)
             if chooser:  # a CPU step has finished when train_step returns
                 chooser.measured(step + 1, time.perf_counter() - started)
             progress.add(loss)
@@ -278,7 +278,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             progress.samples(done, model, data.tokenizer)
             path = checkpoint(done) if save or stop else None
             if stop:
-                run.write_summary(progress.summary("stopped"))
+                run.write_summary(progress.summary("stopped", done))
                 stopped = RunInterrupted.after(stop, done, path, run.path)
                 run.log(str(stopped), console=False)
                 raise stopped

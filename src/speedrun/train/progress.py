@@ -154,19 +154,22 @@ class Progress:
             for prompt, text in zip(DEFAULT_SAMPLE_PROMPTS, texts, strict=True):
                 self.run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
 
-    def summary(self, status: str) -> dict[str, Any]:
-        """summary.json: the run's result (`status` is "finished" or "stopped")."""
+    def summary(self, status: str, steps: int | None = None) -> dict[str, Any]:
+        """summary.json: the run's result (`status` is "finished" or "stopped") after `steps` optimizer
+        steps (default: all of `train.steps`; a stopped run's own count, which compare, verify and
+        ablate read as the steps it trained)."""
         t, clock = self.cfg.train, self.clock
+        steps = t.steps if steps is None else steps
         return {
             "recipe": self.cfg.recipe,
-            "steps": t.steps,
+            "steps": steps,
             "final_val_loss": self.val_loss,
             "final_val_bpb": self.val_bpb,
             "train_time_s": clock.timed_s,
             "wall_time_s": time.perf_counter() - self.wall_start,
             "tokens_per_s": (
-                tokens_through(t.steps, self.cfg) / t.steps / clock.mean_step_s()
-                if clock.timed_steps
+                tokens_through(steps, self.cfg) / steps / clock.mean_step_s()
+                if clock.timed_steps and steps
                 else None
             ),
             "data_wait_s": self.loader.total_wait_s,

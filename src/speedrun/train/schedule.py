@@ -33,6 +33,7 @@ class StepSchedule:
     stage: StageValues | None = None  # with train.stages: the stage's batch, document cut and windows
     yarn: tuple[int, ...] = field(default=())  # model.yarn: the long windows (blocks) so far, in order
     frozen: bool = False  # labels that pause at transitions (optim.scalar_freeze_steps) are paused
+    grad_scale: float = 1.0  # every gradient's factor before the optimizer step (train.summed_loss_ranks)
 
 
 def warmdown_length(cfg: TrainConfig) -> float:
@@ -134,14 +135,25 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
         v = stage_values(step, plan)
         yarn = long_window_history(step, plan) if cfg.model.yarn else ()
         frozen = frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: stage_transition(s, plan))
-        return StepSchedule(v.lr, v.muon_momentum, window=0, stage=v, yarn=yarn, frozen=frozen)
+        scale = grad_scale(v.batch_tokens, cfg.train)
+        return StepSchedule(v.lr, v.muon_momentum, 0, stage=v, yarn=yarn, frozen=frozen, grad_scale=scale)
     last = max(0, cfg.train.steps - 1)
     return StepSchedule(
         lr=lr_multiplier(min(step, last), cfg.train),
         muon_momentum=muon_momentum(step, cfg.optim, cfg.train.steps),
         window=window_tokens(step, cfg.train.steps, cfg.model),
         frozen=frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: window_transition(s, cfg)),
+        grad_scale=grad_scale(cfg.train.global_batch_tokens, cfg.train),
     )
+
+
+def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
+    """The gradients' factor for a step of `step_tokens` tokens: with `summed_loss_ranks` N, the records'
+    (each of N ranks back-propagates its summed loss over step_tokens/N tokens, the ranks' gradients
+    averaged: (step_tokens/N)·∇mean), else 1. A function of the global batch only, so a run on any
+    process count and micro-batch split sees the record's 8-rank gradients."""
+    n = cfg.summed_loss_ranks
+    return step_tokens / n if n > 0 else 1.0
 
 
 def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> None:

@@ -46,6 +46,7 @@ def train_step(
     accumulation_steps: int,
     dtype: torch.dtype | None = torch.bfloat16,
     grad_clip: float = 0.0,
+    grad_scale: float = 1.0,
 ) -> Tensor:
     """Accumulate gradients over `accumulation_steps` micro-batches, step, zero; return the mean loss.
 
@@ -53,8 +54,10 @@ def train_step(
     Under DDP only the last micro-batch all-reduces gradients (`no_sync` on the others). As in the
     records, each micro-batch back-propagates its own mean loss and the summed gradients are divided
     by the count afterwards (`p.grad /= train_accumulation_steps`), so every backward sees the
-    gradients of one record rank (the FP8 head's fixed gradient scale assumes them). The returned
-    loss is a 0-dim tensor on the device, not read: reading it would make the host wait.
+    gradients of one record rank (the FP8 head's fixed gradient scale assumes them). The gradients are
+    then multiplied by `grad_scale` (the schedule's: the records' summed loss, train.summed_loss_ranks),
+    after the backward, so the FP8 head's scales stay those of a mean loss. The returned loss (the
+    mean) is a 0-dim tensor on the device, not read: reading it would make the host wait.
     """
     loss_sum: Tensor | None = None
     for micro in range(accumulation_steps):
@@ -65,9 +68,12 @@ def train_step(
                 loss = model(x, y, *cu_seqlens)
             loss.backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-    if accumulation_steps > 1:
+    if accumulation_steps > 1 or grad_scale != 1.0:
         grads = [p.grad for p in optimizer.parameters() if p.grad is not None]
-        torch._foreach_div_(grads, accumulation_steps)
+        if accumulation_steps > 1:
+            torch._foreach_div_(grads, accumulation_steps)
+        if grad_scale != 1.0:
+            torch._foreach_mul_(grads, grad_scale)
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(optimizer.parameters(), grad_clip, foreach=True)
     optimizer.step()

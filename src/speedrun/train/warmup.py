@@ -81,10 +81,12 @@ def warm_up(
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, 2 * (len(steps) + len(val_steps)))
     for step in steps:
-        apply_schedule(schedule_at(step, cfg), optimizer, model)
+        sched = schedule_at(step, cfg)
+        apply_schedule(sched, optimizer, model)
         if val_steps:
             _loader_at(loader, step)
-        train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, cfg.optim.grad_clip)
+        clip, scale = cfg.optim.grad_clip, sched.grad_scale
+        train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, clip, scale)
     for step in val_steps:
         apply_schedule(schedule_at(step, cfg), optimizer, model)
         validate()
