@@ -42,6 +42,7 @@ from speedrun.model.backout import Backout
 from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
+from speedrun.model.labels import label
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
@@ -80,9 +81,12 @@ class Block(nn.Module):
         init = [cfg.resid_lambda_init, 0.0]  # #45: the residual's weight from 1.1
         shortcut = cfg.x0_shortcut and present
         self.lambdas = (
-            nn.Parameter(torch.tensor(init[: 1 if cfg.x0_lambda_apart else 2])) if shortcut else None
+            label(nn.Parameter(torch.tensor(init[: 1 if cfg.x0_lambda_apart else 2])), "scalar")
+            if shortcut
+            else None
         )
-        self.x0_lambda = nn.Parameter(torch.zeros(1)) if shortcut and cfg.x0_lambda_apart else None  # #52
+        apart = shortcut and cfg.x0_lambda_apart  # #52: the x0 lambdas in their own optimizer row
+        self.x0_lambda = label(nn.Parameter(torch.zeros(1)), "x0") if apart else None
 
     def forward(
         self,
@@ -114,7 +118,10 @@ class GPT(nn.Module):
         self.cfg = cfg
         vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
         self.wte = nn.Embedding(rows, cfg.n_embd)
+        label(self.wte.weight, "embed")
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
+        if self.wpe is not None:
+            label(self.wpe.weight, "embed")
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         self.bigram = (
             BigramEmbed(cfg.bigram_rows, cfg.n_embd, cfg.n_layer) if cfg.bigram_rows else None
@@ -134,9 +141,12 @@ class GPT(nn.Module):
                 block.attn.ve_gate = ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
+        label(self.lm_head.weight, "head")
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
-        self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
+        for emb in self.value_embeds or ():
+            label(emb.weight, "value_embed")
+        self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None
         self.skip_gate = SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
         self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
@@ -150,8 +160,8 @@ class GPT(nn.Module):
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
-        if cfg.tie_embeddings:
-            self.wte.weight = self.lm_head.weight
+        if cfg.tie_embeddings:  # one weight, trained as the embedding
+            self.wte.weight = label(self.lm_head.weight, "embed")
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy (records from 2024-11-08 on)
             for emb in [self.wte, *(self.value_embeds or [])]:  # as .to() does, but fake tensors too
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
