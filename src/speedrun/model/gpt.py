@@ -42,7 +42,7 @@ from speedrun.model.backout import Backout
 from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
-from speedrun.model.labels import label
+from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
@@ -328,44 +328,15 @@ class GPT(nn.Module):
             logits = softcap(logits, *cap)
         return logits
 
-    def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').
-
-        embed: token/position/value embeddings (lookups, not matmuls); head: the untied output matrix;
-        matrix: weights with >= 2 dims inside the blocks, and the smear gate; scalar: everything else
-        (biases, norm gains, value-mix and x0 lambdas, U-Net skip weights, smear's λ).
-        A tied embedding appears once, as 'embed'.
-        """
-        roles: dict[str, list[tuple[str, nn.Parameter]]] = {
-            "embed": [],
-            "head": [],
-            "matrix": [],
-            "scalar": [],
-        }
-        seen: set[int] = set()
-        for name, p in self.named_parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            if name.startswith(("wte.", "wpe.", "value_embeds.", "bigram.embed.")) or (
-                name.startswith("lm_head.") and self.cfg.tie_embeddings
-            ):
-                roles["embed"].append((name, p))
-            elif name.startswith("lm_head."):
-                roles["head"].append((name, p))
-            elif p.dim() >= 2 and name.startswith(("blocks.", "smear.")):  # #34: Muon trains the smear gate
-                roles["matrix"].append((name, p))
-            else:
-                roles["scalar"].append((name, p))
-        return roles
-
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 x matmul parameters (incl. the head) + attention (PaLM, 12·L·d·T).
+        """Training FLOPs per token: 6 x matmul parameters (labels MATMULS, and the head) + attention
+        (PaLM, 12·L·d·T).
 
         Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
         scores each query computes (document masking lowers it further; not counted).
         """
-        matmul = sum(p.numel() for _, p in self.param_roles()["matrix"]) + self.lm_head.weight.numel()
+        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab.name in MATMULS)
+        matmul += self.lm_head.weight.numel()  # tied or not
         context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
         n_attn = sum(attention_layers(self.cfg))
         return 6 * matmul + 12 * n_attn * self.cfg.n_embd * context

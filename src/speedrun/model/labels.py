@@ -55,6 +55,10 @@ class Label:
     lr_mul: float = 1.0
 
 
+#: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
+MATMULS = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate"))
+
+
 def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: float = 1.0) -> nn.Parameter:
     """Attach ``Label(name, blocks, lr_mul)`` to ``p`` and return it (use where ``p`` is created)."""
     assert isinstance(p, nn.Parameter), f"label() takes an nn.Parameter, got {type(p).__name__}"

@@ -154,7 +154,9 @@ class MLP(nn.Module):
         self, dim: int, hidden: int, bias: bool, relu2: bool, gelu: str = "tanh", fc_transposed: bool = False
     ):
         super().__init__()
-        self.c_fc = label_linear((TransposedLinear if fc_transposed else CastedLinear)(dim, hidden, bias), "mlp_in")
+        self.c_fc = label_linear(
+            (TransposedLinear if fc_transposed else CastedLinear)(dim, hidden, bias), "mlp_in"
+        )
         self.c_proj = label_linear(CastedLinear(hidden, dim, bias=bias), "mlp_out")
         self.relu2 = relu2
         self.gelu_approximate = "tanh" if gelu == "tanh" else "none"
