@@ -2,13 +2,14 @@
 
 A part calls ``label(param, "qkv", blocks=(d, d, d))`` where it creates ``param``; the optimizer table,
 the memory estimate, the FLOPs count and checkpoint sharding read ``label_of(param)`` and never the
-parameter's name, so renaming an attribute cannot change how it is trained. The recipe maps each label
-name to a rule and its hyperparameters (``[optim.labels]``); building the optimizer refuses a parameter
-without a label and a label without a row. This module imports nothing from ``optim/`` or ``train/``.
+parameter's name, so renaming an attribute cannot change how it is trained. ``optim/rules.py`` maps
+each label to a rule and its hyperparameters from the recipe; building the optimizer refuses a
+parameter without a label and a label without a row. This module imports nothing from ``optim/`` or
+``train/``.
 
 The label is an attribute of the Parameter object: it survives ``.to()``, ``torch.compile`` and
 state-dict loading, but not ``copy.deepcopy`` or ``to_empty`` of a meta model (they make new
-Parameters); build the model again instead of copying it.
+Parameters, and the optimizer then refuses them by name); build the model again instead of copying it.
 """
 
 from __future__ import annotations
