@@ -26,7 +26,6 @@ from torch import Tensor
 from speedrun.optim.muon import muon_split
 from speedrun.optim.rules import Entry, block_rows
 
-RULES = ("normuon", "adam")
 SHARDED_LABELS = ("embed", "value_embed", "head")
 
 
@@ -138,17 +137,14 @@ def build_rows(entries: list[Entry], world: int) -> list[Row]:
     the model's parameter order."""
     rows = []
     for e in entries:
-        if e.rule.rule == "normuon":
-            rule = e.rule
-            lr_mul = rule.lr_mul * e.label.lr_mul
-            rows.append(
-                Row(e.name, e.param, "normuon", rule.group, True, block_rows(e), lr_mul, rule.gate_rows)
-            )
+        name, p, lab, rule = e
+        if rule.rule == "normuon":
+            blocks, lr_mul = block_rows(e), rule.lr_mul * lab.lr_mul
+            rows.append(Row(name, p, "normuon", rule.group, True, blocks, lr_mul, rule.gate_rows))
             continue
-        assert e.rule.rule == "adam" and e.label.lr_mul == 1.0, f"{e.name}: Adam rows take their group's LR"
-        p = e.param
-        sharded = e.rule.group in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
-        rows.append(Row(e.name, p, "adam", e.rule.group, sharded))
+        assert rule.rule == "adam" and lab.lr_mul == 1.0, f"{name}: an Adam row takes its group's LR"
+        sharded = rule.group in SHARDED_LABELS and p.ndim == 2 and p.shape[0] % world == 0
+        rows.append(Row(name, p, "adam", rule.group, sharded))
     return rows
 
 
