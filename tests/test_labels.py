@@ -15,10 +15,12 @@ from torch import nn
 from speedrun.errors import ConfigError
 from speedrun.model.gpt import GPT
 from speedrun.model.labels import LABELS, label_of, labelled
+from speedrun.model.layers import MLP
 from speedrun.optim.rules import LabelError, label_rules, param_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.memory import _optimizer_bytes
 from speedrun.train.optimizers import build_optimizer, model_rules
+from tests.conftest import TINY, run_speedrun
 
 RECIPES = sorted(p.stem for p in (Path(__file__).parent.parent / "src/speedrun/recipes").glob("*.toml"))
 #: one recipe per optimizer: AdamW, Muon + Adam, the NorMuon table (gates, smear, x0 lambdas, lr muls)
@@ -121,3 +123,18 @@ def test_a_tied_weight_is_one_embedding():
     model = GPT(cfg.model)
     assert model.wte.weight is model.lm_head.weight and label_of(model.wte.weight).name == "embed"
     assert [n for n, _, lab in labelled(model) if lab.name == "embed"] == ["wte.weight", "wpe.weight"]
+
+
+def test_the_cli_refuses_an_unlabelled_parameter_in_one_line(text_data, tmp_path, monkeypatch):
+    """`speedrun train` on a model part that forgot a label: exit 2, one line naming the parameter."""
+    original = MLP.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.extra = nn.Parameter(torch.zeros(4, 4))
+
+    monkeypatch.setattr(MLP, "__init__", init)
+    result = run_speedrun("train", "--out", str(tmp_path / "run"), f"data.dir={text_data}", *TINY)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "blocks.0.mlp.extra" in lines[0], result.stderr

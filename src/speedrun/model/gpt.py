@@ -335,7 +335,8 @@ class GPT(nn.Module):
         Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
         scores each query computes (document masking lowers it further; not counted).
         """
-        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab.name in MATMULS)
+        # an unlabelled parameter counts nothing here; building the optimizer refuses it in one line
+        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
         matmul += self.lm_head.weight.numel()  # tied or not
         context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
         n_attn = sum(attention_layers(self.cfg))

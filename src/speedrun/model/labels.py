@@ -21,7 +21,7 @@ from torch import nn
 
 _ATTR = "_speedrun_label"
 
-#: The vocabulary: what a part may declare (a new one needs a row in optim/table.label_rules).
+#: The vocabulary: what a part may declare (a new one needs a row in optim/rules.label_rules).
 LABELS = (
     "qkv",  # attention Q/K/V weights
     "attn_out",  # the attention's output projection
@@ -44,7 +44,7 @@ LABELS = (
 class Label:
     """What a parameter is, as its creator knows it.
 
-    name: one of ``LABELS``, the row of the optimizer's label table (optim/table.py). blocks: rows of each
+    name: one of ``LABELS``, the row of the optimizer's label table (optim/rules.py). blocks: rows of each
     block of one matrix (dim -2; a stack repeats them for every member) that an orthogonalizing rule may
     treat as separate matrices; ``"qkv"`` always names its (q, k, v) rows, so a fused QKV is ``(d, d, d)``
     and a separate K ``(0, d, 0)``; ``()`` means the whole matrix. lr_mul: a per-parameter LR multiplier
