@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from speedrun.atomic import user_folder
+from speedrun.data.folder_lock import replacing
 from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (
     SplitWriter,
@@ -79,22 +80,25 @@ def _check_target(data_dir: Path) -> None:
             f"{data_dir}: holds files that are not prepared data of speedrun ({shown}); not replacing it "
             "(move them away, or choose another --data-dir)"
         )
+    with replacing(data_dir):  # a run training from it: refused now, before any work
+        pass
 
 
 def _install(tmp: Path, data_dir: Path) -> None:
     """Move the finished folder into place, replacing an earlier prepared folder of the same name."""
     _check_target(data_dir)
     old = None
-    if data_dir.exists():
-        old = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.old-"))
-        os.replace(data_dir, old / "x")
-    try:
-        os.replace(tmp, data_dir)
-    except BaseException:
-        if old is not None:  # put the earlier folder back rather than leave nothing
-            os.replace(old / "x", data_dir)
-            old.rmdir()
-        raise
+    with replacing(data_dir):  # and again while renaming: a run may have started since
+        if data_dir.exists():
+            old = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.old-"))
+            os.replace(data_dir, old / "x")
+        try:
+            os.replace(tmp, data_dir)
+        except BaseException:
+            if old is not None:  # put the earlier folder back rather than leave nothing
+                os.replace(old / "x", data_dir)
+                old.rmdir()
+            raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -194,6 +194,7 @@ class RunDir:
         self.enabled = enabled
         self.echo = echo
         self._lock_fd = self._log = self._metrics = None
+        self._held: list[int] = []  # other locks the run holds until close (keep)
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
         self.run_id = saved_run_id(self.path) if resume else uuid.uuid4().hex  # see config.RUN_ID
         if not enabled:
@@ -308,8 +309,15 @@ class RunDir:
             return
         write_summary(self.path, summary)
 
+    def keep(self, fd: int | None) -> None:
+        """Hold `fd` (a lock of the run, such as its data folder's: data/folder_lock.py) until `close`,
+        on every rank."""
+        if fd is not None:
+            self._held.append(fd)
+
     def close(self) -> None:
-        for fd in (self._log, self._metrics, self._lock_fd):  # the lock last: closing it releases it
+        held, self._held = self._held, []
+        for fd in (self._log, self._metrics, *held, self._lock_fd):  # the lock last: closing releases it
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
