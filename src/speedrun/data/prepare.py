@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from speedrun.atomic import user_folder
+from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, user_folder
 from speedrun.data.folder_lock import replacing
 from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (
@@ -217,6 +217,7 @@ def prepare_documents(
     n_workers = check_options(workers, max_tokens, shard_tokens)
     m, block = split_plan(val_fraction)
     show = sys.stderr.isatty() if progress is None else progress
+    check_name_fits(data_dir, "--data-dir", TEMP_NAME_EXTRA)  # it is built as .NAME.tmp-XXXXXXXX
     data_dir = user_folder(data_dir)  # a link to a folder (a big disk) is filled there, and kept
     _check_target(data_dir)
     log(f"prepare {source}: tokenizer {tokenizer}, {n_workers} worker(s)")

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedrun.atomic import open_regular, read_regular, write_atomic
+from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
 from speedrun.config import Config
 from speedrun.config_files import RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
@@ -76,6 +76,7 @@ def enclosing_checkpoint(path: Path) -> Path | None:
 def refuse_checkpoint_folder(path: Path, resume: bool) -> None:
     """A run never lives in a checkpoint: `--resume CKPT` would write logs into it, and a new run
     made there would later be taken for a checkpoint of the run around it."""
+    check_name_fits(path, "--resume" if resume else "--out")  # before any stat() inside it fails
     ckpt = enclosing_checkpoint(path)
     if ckpt is None:
         return
