@@ -1,0 +1,3 @@
+"""The fifth round's trials other than resume (tests/trials_round5.py runs them)."""
+
+GROUPS = []
