@@ -87,3 +87,54 @@ def test_shards_without_a_document_start_are_not_called_too_small(no_document_st
     err = one_line(got, 1, "no document start in 1 shard(s)", f"end-of-text id {eot}")
     assert "too little" not in err and "largest shard" not in err
     shutil.rmtree(tmp_path / "r", ignore_errors=True)
+
+
+def test_an_ablation_switch_that_changes_only_reporting_is_refused(text_data, tmp_path):
+    """`ablate ... train.log_every=3` trained the baseline twice and reported the difference between
+    them as the switch's effect (it changes no loss, token count or training time)."""
+    sets = [x for o in [*TINY, *SHORT, f"data.dir={text_data}"] for x in ("--set", o)]
+    for switch in ("train.log_every=3", "train.checkpoint_every=2", "train.sample_every=5"):
+        got = run_speedrun(
+            "ablate", "--recipe", "demo", "--out", str(tmp_path / "ab"), "--seeds", "1", *sets, switch
+        )
+        one_line(got, 2, f"switch {switch} changes only what the runs report", "would repeat the baseline")
+    assert not (tmp_path / "ab").exists()  # refused before anything trained
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    """A checkpoint of a tiny untrained model (save_checkpoint as the loop calls it)."""
+    import torch
+
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes import load_recipe
+    from speedrun.train.checkpoint import save_checkpoint
+
+    cfg = load_recipe("demo", TINY)
+    return save_checkpoint(
+        tmp_path / "run", 4, GPT(cfg.model), {"step": 4, "x": torch.ones(1)}, cfg.to_dict(), 0
+    )
+
+
+@pytest.mark.parametrize("missing", ["model.safetensors", "config.json"])
+def test_a_checkpoint_missing_a_file_is_called_damaged(checkpoint, missing):
+    """`sample CKPT` of a checkpoint folder without its weights said `the run has no checkpoint; train
+    with train.checkpoint_at_end=true`: the folder was taken for a run because it lacked the weights."""
+    (checkpoint / missing).unlink()
+    for command in ("sample", "eval"):
+        got = run_speedrun(command, str(checkpoint))
+        one_line(got, 1, f"checkpoint {checkpoint} is damaged (missing file {missing})")
+
+
+def test_misattributed_config_messages(tmp_path):
+    """`model.n_layer=10000000000` blamed `model.max_seq_len=64 needs a 76,294 GiB position table` (the
+    rotary tables are per layer); `--recipe FOLDER` said `recipe file not found`; a run folder whose lock
+    file is a folder said `cannot write run directory RUN: Is a directory`, not which file."""
+    got = run_speedrun("train", "--dry-run", *TINY, "model.n_layer=10000000000")
+    one_line(got, 2, "model.max_seq_len=64 and model.n_layer=10000000000 (a rotary table per layer)")
+    got = run_speedrun("train", "--dry-run", "--recipe", str(tmp_path))
+    one_line(got, 2, f"recipe file {tmp_path} is a directory, not a .toml file")
+    run = tmp_path / "run"
+    (run / ".speedrun.lock").mkdir(parents=True)
+    got = run_speedrun("train", "--out", str(run), *TINY, *SHORT)
+    one_line(got, 1, f"cannot write run directory {run}/.speedrun.lock")

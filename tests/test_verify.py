@@ -325,3 +325,19 @@ def test_timing_is_judged_over_every_start_of_a_resumed_run(tmp_path, text_data)
     copy = copies([run], tmp_path / "old", edit_json("summary.json", lambda s: s.pop("starts")))[0]
     got = rules([copy])
     assert got["timing"][0] == got["hardware"][0] == "unknown", got  # resumed, starts not recorded
+
+
+@pytest.mark.slow
+def test_impossible_starts_in_summary_json_are_one_line(runs, tmp_path, capsys):
+    """The starts a run records begin at step 0 and increase (each resume is from a later checkpoint);
+    an edited list (out of order, a negative warm-up) was judged as if true."""
+    start = {"step": 0, "world_size": 1, "device_name": "cpu", "timing_warmup_steps": 0}
+    for i, starts in enumerate(([{**start, "step": 3}, start], [{**start, "timing_warmup_steps": -3}], [])):
+        (copy,) = copies(
+            runs[:1], tmp_path / str(i), edit_json("summary.json", lambda s, v=starts: s.update(starts=v))
+        )
+        assert main(["verify", str(copy), "--target", "9"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert (
+            err.startswith("speedrun: error:") and "summary.json: starts must" in err and "\n" not in err
+        ), err

@@ -102,6 +102,12 @@ def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None
             Start(s["step"], _hardware(s.get("world_size"), s.get("device_name")), _int(s.get(WARMUP)))
             for s in listed
         ]
+        steps = [s.step for s in starts]  # each start resumes from a later checkpoint (train/timing.py)
+        if steps[0] != 0 or steps != sorted(set(steps)) or any((s.untimed or 0) < 0 for s in starts):
+            raise DataError(
+                f"{path / SUMMARY_FILE}: starts must begin at step 0, at increasing steps, with "
+                f"{WARMUP} >= 0 (edited?)"
+            )
     elif log_starts <= 1:
         grace = _int(run.config.get("train.timing_warmup_steps"))
         starts = [Start(0, _hardware(summary.get("world_size"), summary.get("device_name")), grace)]

@@ -27,6 +27,7 @@ from speedrun.train.checkpoint import (
 )
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
+from speedrun.train.rundir import MANIFEST
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.step import autocast, autocast_dtype
 
@@ -34,8 +35,10 @@ from speedrun.train.step import autocast, autocast_dtype
 def find_checkpoint(path: Path) -> Path:
     """`path` itself when it is a checkpoint folder, else the newest checkpoint of the run `path`."""
     path = Path(path)
-    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        return path
+    if (path / MANIFEST).is_file() or (
+        (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    ):
+        return path  # a checkpoint (its manifest names what it must hold: load_model checks it)
     if (path / "config.json").is_file():
         found = list_checkpoints(path)
         if not found:
@@ -73,9 +76,9 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     windows, stage and YaRN tables (the final validation's for a finished run), never a fresh model's
     full causal attention."""
     ckpt = find_checkpoint(path)
-    saved = read_run_config(ckpt, DataError)
-    if (problem := verify_checkpoint(ckpt)) is not None:
+    if (problem := verify_checkpoint(ckpt)) is not None:  # before reading any of its files
         raise DataError(damaged_message(ckpt, problem))
+    saved = read_run_config(ckpt, DataError)
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}

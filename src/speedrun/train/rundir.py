@@ -215,7 +215,9 @@ class RunDir:
             self._metrics = self._open("metrics.jsonl")
         except OSError as e:
             self.close()
-            raise SpeedrunError(f"cannot write run directory {path}: {e.strerror or e}") from None
+            inside = e.filename and Path(e.filename) != Path(path)  # the lock or a log file: name it
+            where = f"{path}/{Path(e.filename).name}" if inside else path
+            raise SpeedrunError(f"cannot write run directory {where}: {e.strerror or e}") from None
         except BaseException:
             self.close()
             raise
