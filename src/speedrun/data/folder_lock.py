@@ -24,7 +24,7 @@ _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 def _open(folder: Path) -> int | None:
     try:
         return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:  # missing, a file, unreadable: nothing to lock; the reader of meta.json says why
         return None
 
 

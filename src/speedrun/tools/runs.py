@@ -76,9 +76,12 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     windows, stage and YaRN tables (the final validation's for a finished run), never a fresh model's
     full causal attention."""
     ckpt = find_checkpoint(path)
-    if (problem := verify_checkpoint(ckpt)) is not None:  # before reading any of its files
+    problem = verify_checkpoint(ckpt)
+    if problem is not None and (ckpt / MANIFEST).is_file():  # a saved checkpoint: before reading its files
         raise DataError(damaged_message(ckpt, problem))
-    saved = read_run_config(ckpt, DataError)
+    saved = read_run_config(ckpt, DataError)  # a folder made by hand: what its config lacks first
+    if problem is not None:
+        raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
