@@ -374,3 +374,60 @@ def semantic_trials(data: Path, work: Path) -> None:
 
 
 GROUPS.append(semantic_trials)
+
+
+def more_trials(data: Path, work: Path) -> None:
+    """Where outputs land (reports, runs, data folders inside one another) and odd companions."""
+    run = finished_run(data, work)
+    ckpt = run / "checkpoints" / "step_000004"
+
+    def checkpoint_intact(code: int, out: str, err: str) -> str | None:
+        from speedrun.train.checkpoint import verify_checkpoint
+
+        problem = verify_checkpoint(ckpt)
+        return None if problem is None else f"the checkpoint is now damaged: {problem}"
+
+    trial("verify: --json inside a checkpoint", ["verify", run, "--target", "9", "--json", ckpt / "r.json"], 2, check=checkpoint_intact)
+    trial("compare: --plot inside a checkpoint", ["compare", run, "--plot", ckpt / "p.png"], 2, check=checkpoint_intact)
+    trial("bench: --json inside a checkpoint", ["bench", "--steps", "1", "--warmup", "0", *TINY, "--json", ckpt / "b.json"], 2, check=checkpoint_intact)
+    for f in ("r.json", "p.png", "b.json"):
+        (ckpt / f).unlink(missing_ok=True)
+    trial("prepare: --data-dir a run", ["prepare", "wiki-vital", "--tokenizer", "bpe:300", "--data-dir", run], 1)
+    trial("prepare: --data-dir a checkpoint", ["prepare", "wiki-vital", "--tokenizer", "bpe:300", "--data-dir", ckpt], None)
+    trial("train: --out a data folder", ["train", "--out", data, *TINY, *FAST, f"data.dir={data}"], 2)
+    trial("train: data.dir a run", ["train", "--out", work / "x1", *TINY, *FAST, f"data.dir={run}"], 1)
+    trial("eval: --data a run", ["eval", run, "--data", run], 1)
+    trial("eval: --tokens past the split", ["eval", run, "--tokens", str(64 * 10**6)], None)
+    trial("sample: prompt with the end-of-text text", ["sample", run, "--prompt", "<|endoftext|>", "--max-tokens", "3"], 0)
+    trial("sample: -n 3 greedy", ["sample", run, "-n", "3", "--temperature", "0", "--max-tokens", "3"], 0)
+    for name in ("stages-2025-12", "normuon-2025-10", "yarn-2025-09", "polar-2025-09", "nope"):
+        trial(f"recipes: {name}", ["recipes", name], 2 if name == "nope" else 0)
+    trial("train: stages-2025-12 full size dry run", ["train", "--recipe", "stages-2025-12", "--dry-run"], 0, ("params:",))
+    trial("bench: stages-2025-12 shrunk", ["bench", "--recipe", "stages-2025-12", "--steps", "1", "--warmup", "0", *tiny("stages-2025-12", data)[:-6]], None)
+    hs = work / "hs.jsonl"
+    for name, text in (("empty", ""), ("not JSON", "{"), ("no endings", '{"ctx": "a"}\n')):
+        hs.write_text(text)
+        trial(f"eval --hellaswag: {name}", ["eval", run, "--hellaswag", hs], None)
+    other = work / "other-data"  # other text, so another bpe:512 vocabulary under the same name
+    if not (other / "meta.json").is_file():
+        from speedrun.data.sources import iter_documents
+
+        docs = [d for i, d in zip(range(2000), iter_documents("wiki-vital"), strict=False) if i >= 1500]
+        (work / "other.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        cli("prepare", f"text:{work / 'other.jsonl'}", "--tokenizer", "bpe:512", "--data-dir", other)
+    trial("sample: --data a folder with another bpe:512", ["sample", run, "--data", other, "--max-tokens", "3"], 1)
+    trial("eval: --data a folder with another bpe:512", ["eval", run, "--data", other], 1)
+    moved = work / "moved-data"
+    shutil.rmtree(moved, ignore_errors=True)
+    shutil.copytree(data, moved)
+    stopped = work / "stopped"
+    shutil.rmtree(stopped, ignore_errors=True)
+    shutil.copytree(run, stopped)
+    (stopped / "summary.json").unlink()
+    c = json.loads((stopped / "config.json").read_text())
+    c["data"]["dir"] = str(other)
+    (stopped / "config.json").write_text(json.dumps(c))
+    trial("resume: data.dir edited to other data", ["train", "--resume", stopped], None)
+
+
+GROUPS.append(more_trials)
