@@ -431,3 +431,40 @@ def more_trials(data: Path, work: Path) -> None:
 
 
 GROUPS.append(more_trials)
+
+
+def odd_file_trials(data: Path, work: Path) -> None:
+    """Run files as other tools or editors leave them, read by every command that reads them."""
+    run = finished_run(data, work)
+    o = work / "odd"
+
+    def json_edit(change):
+        return lambda t: json.dumps(change(json.loads(t)))
+
+    cases = {
+        "config with an unknown key": ("config.json", json_edit(lambda c: {**c, "model": {**c["model"], "foo": 1}})),
+        "config with a BOM": ("config.json", lambda t: "\ufeff" + t),
+        "metrics with a NaN val loss": ("metrics.jsonl", lambda t: t.replace('"val_loss": ', '"val_loss": NaN, "x": ', 1)),
+        "metrics with a float step": ("metrics.jsonl", lambda t: t.replace('"step": 4,', '"step": 4.0,', 1)),
+        "summary with a string loss": ("summary.json", json_edit(lambda s: {**s, "final_val_loss": "nan"})),
+        "log not UTF-8": ("log.txt", lambda t: t + "\udcff"),
+    }
+    for name, (file, change) in cases.items():
+        folder = o / name.replace(" ", "_")
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(run, folder)
+        text = change((folder / file).read_text())
+        (folder / file).write_bytes(text.encode("utf-8", "surrogateescape"))
+        for command in (["compare"], ["verify", "--target", "9"], ["sample", "--max-tokens", "2"], ["eval", "--tokens", "512"]):
+            trial(f"{command[0]}: {name}", [command[0], folder, *command[1:]], None)
+    linked = o / "linked"
+    shutil.rmtree(linked, ignore_errors=True)
+    shutil.copytree(run, linked, ignore=shutil.ignore_patterns("checkpoints"))
+    (linked / "checkpoints").mkdir()
+    (linked / "checkpoints" / "step_000004").symlink_to(run / "checkpoints" / "step_000004")
+    (linked / "summary.json").unlink()
+    trial("resume: a checkpoint that is a link to another run's", ["train", "--resume", linked], None)
+    trial("sample: a run whose checkpoint is a link", ["sample", linked, "--max-tokens", "2"], None)
+
+
+GROUPS.append(odd_file_trials)
