@@ -468,3 +468,23 @@ def odd_file_trials(data: Path, work: Path) -> None:
 
 
 GROUPS.append(odd_file_trials)
+
+
+def stage_training_trials(data: Path, work: Path) -> None:
+    """Plans the dry run accepts, trained (3 steps each): what the dry run accepts must also run."""
+    ext = "tokens=512 windows=1/2 ext=0"
+    for name, plan in {
+        "windows past the positions": f"tokens=512 windows=1/9 frac=1; {ext}",
+        "doc 0": f"tokens=512 windows=1/1 frac=1 doc=0; {ext}",
+        "val 0": f"tokens=512 windows=1/1 frac=1; {ext} val=0",
+        "rows of 250 tokens": f"tokens=500 windows=1/1 frac=1; {ext}",
+        "a 2-step extension": "tokens=512 windows=1/1 frac=1; tokens=512 windows=1/2 ext=2",
+    }.items():
+        out = work / "st" / name.replace(" ", "_")
+        shutil.rmtree(out, ignore_errors=True)
+        extra = [f"train.stages={plan}", "train.steps=4", "train.checkpoint_at_end=true"]
+        trial(f"stages trained: {name}", ["train", "--recipe", "stages-2025-12", "--out", out, *tiny("stages-2025-12", data), *extra], 0)
+        trial(f"sample: stages {name}", ["sample", out, "--max-tokens", "2"], 0)
+
+
+GROUPS.append(stage_training_trials)
