@@ -8,7 +8,7 @@ a failure is one stderr line, and the exit code and words are the expected ones;
 numbers (a resumed run's losses with the uninterrupted run's). Not collected by pytest: the faults
 found have their own tests (tests/test_bad_inputs_round5.py and the files named in docs/bad-inputs.md).
 
-The last full run (2026-11-25): 256 trials, 0 faults. Before their fixes the trials found 6 faults:
+The last full run (2026-11-25): 266 trials, 0 faults. Before their fixes the trials found 6 faults:
 an ablation switch that changes only reporting (trained the baseline twice), a checkpoint folder
 missing its weights called "the run has no checkpoint", `model.n_layer=10^10` blamed on
 max_seq_len, `--recipe FOLDER` "not found", a run folder whose lock file is a folder not named,
