@@ -1,5 +1,6 @@
 """Checkpoints, exact resume, signals and interrupted writes."""
 
+import json
 import re
 import shutil
 import signal
@@ -201,6 +202,14 @@ def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_pr
     assert [r[2] for r in after] == pytest.approx([r[2] for r in before], rel=1e-6, abs=0)
     starts = re.findall(r"(\d+) processes x (\d+) micro-steps", (resumed / "log.txt").read_text())
     assert starts == [("2", "1"), ("1", "2")]  # started on two, resumed on one
+    # summary.json keeps every start (carried in the checkpoint), so `verify` sees the change of hardware
+    kept = json.loads((resumed / "summary.json").read_text())["starts"]
+    assert [(s["step"], s["world_size"]) for s in kept] == [(0, 2), (6, 1)]
+    from speedrun.tools.compare import load_runs
+    from speedrun.tools.verify import verify
+
+    (hardware,) = [v for v in verify(load_runs([resumed]), 1, 9.0) if v.rule == "hardware"]
+    assert hardware.status == "fails" and "resumed on other hardware: 2 x cpu" in hardware.detail, hardware
 
 
 @pytest.fixture

@@ -200,3 +200,55 @@ def test_block_listing_bites_at_the_decoding_tests_length():
         unlisted = model(idx)
     assert torch.equal(listed[:, :256], unlisted[:, :256])
     assert not torch.allclose(listed[:, 256:], unlisted[:, 256:], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_sample_decodes_a_staged_yarn_checkpoint_as_the_run_validated_it(text_data, tmp_path, monkeypatch):
+    """`speedrun sample` built a fresh model from the checkpoint: full causal attention and no YaRN, while
+    the run validated with its final stage's windows and rescaled rotary table. The first token's
+    cached logits must equal the trained model's own forward at the final validation, on the prompt."""
+    from speedrun.cli import main
+    from speedrun.data.meta import load_meta, tokenizer_for_data
+    from speedrun.data.sources import iter_documents
+    from speedrun.model import kv_cache
+    from speedrun.model.generate import prompt_ids
+    from speedrun.tools.runs import find_checkpoint
+    from speedrun.train import loop
+    from speedrun.train.checkpoint import read_weights
+    from tests.test_stages_training import staged
+
+    tokenizer = tokenizer_for_data(text_data, load_meta(text_data))
+    text = next(d for d in iter_documents("wiki-vital") if len(tokenizer.encode(d)) > 400)
+    prompt = tokenizer.decode(tokenizer.encode(text)[:200])  # past the 1-block (128-token) short window
+    idx = prompt_ids(tokenizer, prompt, "cpu")
+    assert 150 < idx.size(1) < 250
+    seen = []  # the run's own forward on the prompt at every validation; the last is the final one
+    real_evaluate = loop.evaluate
+
+    def evaluate(model, *args, **kwargs):
+        with torch.no_grad():
+            seen.append(model(idx)[0, -1].clone())
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    out = tmp_path / "run"
+    loop.train(load_recipe("demo", [*staged(text_data), "train.dtype=fp32"]), out)
+    monkeypatch.undo()
+
+    first = []  # what sample's first cached forward gives for the prompt's last position
+    real_forward = kv_cache.forward_cached
+
+    def forward_cached(model, ids, cache):
+        logits = real_forward(model, ids, cache)
+        if not first:
+            first.append(logits[0, -1].clone())
+        return logits
+
+    monkeypatch.setattr(kv_cache, "forward_cached", forward_cached)
+    assert main(["sample", str(out), "--prompt", prompt, "--max-tokens", "1", "--temperature", "0"]) == 0
+    torch.testing.assert_close(first[0], seen[-1], rtol=1e-4, atol=1e-4)
+    # not vacuous: the same weights in a fresh model (initial windows, no YaRN) give other logits
+    fresh = GPT(load_recipe("demo", [*staged(text_data), "train.dtype=fp32"]).model).eval()
+    fresh.load_state_dict(read_weights(find_checkpoint(out) / "model.safetensors")[0], strict=False)
+    with torch.no_grad():
+        assert not torch.allclose(fresh(idx)[0, -1], seen[-1], atol=1e-2)

@@ -237,3 +237,74 @@ def test_text_sources(tmp_path):
     with pytest.raises(ConfigError, match="wiki-vital"):
         iter_documents("nope")
     assert source_slug(f"text:{tmp_path}/") == "text-" + tmp_path.name.replace("_", "-")
+
+
+@pytest.mark.slow
+def test_a_folder_a_run_trains_from_is_not_prepared_again_under_it(text_data, data_copy, tmp_path):
+    """Preparing a folder again while a run trained from it switched the run's validation data (val
+    loss 2.2 -> 8.7, exit 0). A real run in another process holds the folder: prepare is refused in
+    one line, exit 1, before any work; once the run has stopped, the same command replaces it."""
+    import signal
+    import subprocess
+
+    from tests.conftest import TINY, run_speedrun, speedrun_command, wait_for_metrics
+
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--out",
+        str(out),
+        *TINY,
+        f"data.dir={data_copy}",
+        "train.steps=100000",
+        "train.val_every=0",
+    ]
+    proc = subprocess.Popen(
+        speedrun_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_metrics(out, 2)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        before = sorted(p.name for p in data_copy.iterdir())
+        again = ["prepare", f"text:{text_data.parent / 'docs.jsonl'}", "--tokenizer", "bpe:512"]
+        got = run_speedrun(*again, "--data-dir", str(data_copy), "--max-tokens", "9000")
+        assert got.returncode == 1, got
+        assert got.stderr.count("\n") == 1 and "a training run is reading this data folder" in got.stderr
+        assert (
+            sorted(p.name for p in data_copy.iterdir()) == before
+            and load_meta(data_copy)["max_tokens"] is None
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    got = run_speedrun(*again, "--data-dir", str(data_copy), "--max-tokens", "9000")
+    assert got.returncode == 0, got.stderr
+    assert load_meta(data_copy)["max_tokens"] == 9000
+
+
+def test_a_run_starting_during_the_rename_locks_the_new_folder(tmp_path):
+    """The race the lock closes: a run that takes its lock while prepare renames waits, then holds
+    the folder that is there now, not the one moved away."""
+    import os
+    import threading
+
+    from speedrun.data.folder_lock import hold_for_training, replacing
+
+    folder, new = tmp_path / "data", tmp_path / "new"
+    folder.mkdir()
+    new.mkdir()
+    got = []
+    with replacing(folder):
+        thread = threading.Thread(target=lambda: got.append(hold_for_training(folder)))
+        thread.start()
+        thread.join(0.3)
+        assert thread.is_alive()  # waiting for the rename
+        os.replace(folder, tmp_path / "old")
+        os.replace(new, folder)
+    thread.join(10)
+    assert os.fstat(got[0]).st_ino == os.stat(folder).st_ino
+    with pytest.raises(DataError, match="a training run is reading this data folder"), replacing(folder):
+        pass
+    os.close(got[0])
+    with replacing(folder):  # released with the run
+        pass

@@ -147,9 +147,8 @@ def test_eval_of_the_finished_run_uses_the_final_windows_and_yarn(straight):
     model gets the final validation's long window (4 blocks) and its YaRN, not the initial ones."""
     cfg, out, _ = straight
     model, saved, _ = load_model(out)
-    assert model.varlen_windows.long == 0  # a fresh model: no stage applied yet
+    assert model.varlen_windows.long == 4 * 128 + 1  # load_model applies the final validation's stage
     result = evaluate_loss(model, saved, saved.data.dir)
-    assert model.varlen_windows.long == 4 * 128 + 1
     assert result["val_loss"] == pytest.approx(read_metrics(out)[-1]["val_loss"], abs=1e-6)
 
 

@@ -62,6 +62,11 @@ def edit_log(old: str, new: str):
     return edit
 
 
+def edit_starts(**values):
+    """Set `values` in every start that summary.json records."""
+    return edit_json("summary.json", lambda s: [start.update(values) for start in s["starts"]])
+
+
 INDUCTOR_LINE = r"^inductor env: .*\n"  # `none`, or a TORCHINDUCTOR_CACHE_DIR set around the tests
 
 
@@ -140,12 +145,15 @@ BROKEN = {  # rule: (edit of the second run, words its failure names)
         "optim.muon_lr 0.05 vs 0.1",
     ),
     "code": (edit_log("^code: .*$", "code: speedrun 0.0.1 git 0000000 (clean)"), "r-seed2: speedrun 0.0.1"),
-    "timing": (edit_json("config.json", lambda c: c["train"].update(timing_warmup_steps=2)), "first 2 steps"),
+    "timing": (
+        edit_starts(timing_warmup_steps=2),
+        "steps 1-2 untimed (train.timing_warmup_steps=2 at its start)",
+    ),
     "inductor": (
         edit_log(INDUCTOR_LINE, "inductor env: TORCHINDUCTOR_MAX_AUTOTUNE=1\n"),
         "MAX_AUTOTUNE=1",
     ),
-    "hardware": (edit_json("summary.json", lambda s: s.update(device_name="NVIDIA H100")), "1 x NVIDIA H100"),
+    "hardware": (edit_starts(device_name="NVIDIA H100"), "1 x NVIDIA H100"),
 }
 
 
@@ -233,9 +241,7 @@ def test_baseline_on_the_same_hardware_is_compared_by_welch_and_refused_elsewher
     p = stats.ttest_ind(ours, times, equal_var=False).pvalue
     assert status == "ok" and f"Welch p={p:.3g}" in detail
     assert rules(slower, baseline=runs)["baseline"][0] == "fails"  # slower than its baseline
-    elsewhere = copies(
-        runs, tmp_path / "e", edit_json("summary.json", lambda s: s.update(device_name="NVIDIA A100"))
-    )
+    elsewhere = copies(runs, tmp_path / "e", edit_starts(device_name="NVIDIA A100"))
     status, detail = rules(runs, baseline=elsewhere)["baseline"]
     assert status == "fails" and detail.startswith("refused: the baseline ran on 1 x NVIDIA A100")
 
@@ -243,7 +249,9 @@ def test_baseline_on_the_same_hardware_is_compared_by_welch_and_refused_elsewher
 @pytest.mark.slow
 def test_older_run_folders_say_unknown(runs, tmp_path, capsys):
     def old(folder: Path) -> None:
-        edit_json("summary.json", lambda s: (s.pop("device_name"), s.pop("world_size")))(folder)
+        edit_json("summary.json", lambda s: [s.pop(k) for k in ("device_name", "world_size", "starts")])(
+            folder
+        )
         edit_log(INDUCTOR_LINE, "")(folder)
 
     paths = copies(runs, tmp_path, old)
@@ -298,3 +306,53 @@ def test_a_baseline_that_is_a_copy_of_a_run_to_verify_is_refused(runs, tmp_path,
     err = capsys.readouterr().err.strip()
     said = f"--baseline {copy} is also one of the runs to verify (a copy of {runs[0]}: the same run id)"
     assert err == f"speedrun: error: {said}"
+
+
+def train_and_resume(root: Path, text_data: Path, first: int, then: int) -> Path:
+    """A 6-step run with train.timing_warmup_steps=`first`, rewound to its step-3 checkpoint and resumed
+    with `then`: the resumed config.json says only `then`."""
+    run = root / "run"
+    args = ["train", "--recipe", "demo", "--out", str(run), *TINY, *FAST[:3], f"data.dir={text_data}"]
+    assert main([*args, f"train.timing_warmup_steps={first}", "train.checkpoint_every=3"]) == 0
+    shutil.rmtree(run / "checkpoints" / "step_000006")
+    assert main(["train", "--resume", str(run), f"train.timing_warmup_steps={then}"]) == 0
+    return run
+
+
+@pytest.mark.slow
+def test_timing_is_judged_over_every_start_of_a_resumed_run(tmp_path, text_data):
+    """A run started with a timing warm-up and resumed with none passed as fully timed: verify read the
+    last start's config only. Every start is kept in summary.json through the checkpoints."""
+    run = train_and_resume(tmp_path / "a", text_data, first=2, then=0)
+    summary = json.loads((run / "summary.json").read_text())
+    assert [(s["step"], s["timing_warmup_steps"]) for s in summary["starts"]] == [(0, 2), (3, 0)]
+    assert summary["timed_steps"] == 4  # step 3 of the first start, 4-6 of the resume
+    status, detail = rules([run])["timing"]
+    assert (
+        status == "fails" and "trained steps 1-2 untimed (train.timing_warmup_steps=2 at its start)" in detail
+    )
+    run = train_and_resume(tmp_path / "b", text_data, first=0, then=2)
+    status, detail = rules([run])["timing"]
+    assert (
+        status == "fails"
+        and "steps 4-5 untimed (train.timing_warmup_steps=2 at its resume at step 3)" in detail
+    )
+    copy = copies([run], tmp_path / "old", edit_json("summary.json", lambda s: s.pop("starts")))[0]
+    got = rules([copy])
+    assert got["timing"][0] == got["hardware"][0] == "unknown", got  # resumed, starts not recorded
+
+
+@pytest.mark.slow
+def test_impossible_starts_in_summary_json_are_one_line(runs, tmp_path, capsys):
+    """The starts a run records begin at step 0 and increase (each resume is from a later checkpoint);
+    an edited list (out of order, a negative warm-up) was judged as if true."""
+    start = {"step": 0, "world_size": 1, "device_name": "cpu", "timing_warmup_steps": 0}
+    for i, starts in enumerate(([{**start, "step": 3}, start], [{**start, "timing_warmup_steps": -3}], [])):
+        (copy,) = copies(
+            runs[:1], tmp_path / str(i), edit_json("summary.json", lambda s, v=starts: s.update(starts=v))
+        )
+        assert main(["verify", str(copy), "--target", "9"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert (
+            err.startswith("speedrun: error:") and "summary.json: starts must" in err and "\n" not in err
+        ), err

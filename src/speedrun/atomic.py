@@ -19,7 +19,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import ConfigError, SpeedrunError
 
 
 def umask() -> int:
@@ -127,6 +127,40 @@ def user_folder(path: Path) -> Path:
             "(point it at a folder, or choose another path)"
         )
     return target
+
+
+TEMP_NAME_EXTRA = 14  # bytes our temporary names add to a name: `.NAME.XXXXXXXX.tmp`, `.NAME.tmp-XXXXXXXX`
+
+
+def name_too_long(path: Path, extra: int = 0) -> str | None:
+    """Why `path` cannot exist on its file system, or None: a name longer than the file system allows
+    (the last with `extra` more bytes, for the temporary names we build beside it), or a path longer
+    than it allows. The file system's limits are read at the nearest existing folder (255 and 4096
+    where it does not say)."""
+    path = Path(os.path.abspath(path))
+    base = next((p for p in (path, *path.parents) if os.path.isdir(p)), Path("/"))
+    try:
+        name_max, path_max = os.pathconf(base, "PC_NAME_MAX"), os.pathconf(base, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    parts = path.parts[1:]
+    for i, part in enumerate(parts):
+        size, more = len(os.fsencode(part)), extra if i == len(parts) - 1 else 0
+        if size + more > name_max:
+            shown = part if len(part) <= 40 else f"{part[:32]}..."
+            return f"the name {shown!r} is {size} bytes; this file system allows {name_max - more} here"
+    size = len(os.fsencode(str(path)))
+    if size + extra >= path_max:
+        return f"the path is {size} bytes long; this file system allows {path_max - 1 - extra} here"
+    return None
+
+
+def check_name_fits(path: Path, flag: str, extra: int = 0) -> None:
+    """A path the user gives us to create (`--out`, `--data-dir`, `--json`), checked where it enters:
+    an over-long name is refused naming it, not the first file we would have made inside it."""
+    why = name_too_long(path, extra)
+    if why is not None:
+        raise ConfigError(f"{flag}: {why}; choose a shorter name")
 
 
 def write_atomic(path: Path, *chunks: bytes) -> None:

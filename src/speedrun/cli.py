@@ -164,9 +164,11 @@ def _resume(args: argparse.Namespace) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
     from speedrun.config import validate
     from speedrun.config_files import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config
+    from speedrun.train.rundir import refuse_checkpoint_folder
 
     _refuse_ignored_options(args)
     run_dir = args.resume
+    refuse_checkpoint_folder(run_dir, resume=True)  # a checkpoint, an over-long name: before reading it
     old = read_run_config(run_dir)
     cfg = copy.deepcopy(old)
     parse_overrides(cfg, args.overrides)
@@ -275,6 +277,11 @@ def _os_error(e: OSError) -> str:
     text = e.strerror or str(e) or type(e).__name__
     if e.filename is None:
         return text
+    if e.errno == errno.ENAMETOOLONG:  # the name that is too long, not a file we would make inside it
+        from speedrun.atomic import name_too_long
+
+        if (why := name_too_long(e.filename)) is not None:
+            return why
     verb = "cannot write " if e.errno in _WRITE_ERRORS else ""
     return f"{verb}{e.filename}: {text}"
 

@@ -121,8 +121,11 @@ def _check_memory(m: ModelConfig) -> None:
     per_position = m.n_embd if m.positional == "learned" else m.n_layer * head_dim  # rotary: cos+sin
     positions = 4 * m.max_seq_len * per_position
     if positions > memory:
+        whose = (
+            "" if m.positional == "learned" else f" and model.n_layer={m.n_layer} (a rotary table per layer)"
+        )
         raise ConfigError(
-            f"model.max_seq_len={m.max_seq_len} needs a {positions / 2**30:,.1f} GiB position table, "
+            f"model.max_seq_len={m.max_seq_len}{whose} need {positions / 2**30:,.1f} GiB of position tables, "
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to

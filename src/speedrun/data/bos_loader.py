@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from speedrun.data.loader import discard
-from speedrun.data.shards import open_shard, read_header, shard_fingerprint
+from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
 from speedrun.errors import ConfigError, DataError
 
 RULES = ("stream", "packed")
@@ -223,6 +223,7 @@ class DocumentLoader:
                         f"training data exhausted after {len(self.files)} shard(s) ({self.files[0].parent})"
                     )
                 i, wraps = 0, wraps + 1
+        check_document_starts(self.files, self.bos_id)
         raise DataError(
             f"{self.files[0].parent}: no shard holds one global batch of {self.chunks} x {local} + 1 "
             f"BOS-aligned tokens (largest shard {max(self._lengths)} tokens)"

@@ -33,7 +33,7 @@ import torch
 
 from speedrun.data.device_feed import DeviceFeed
 from speedrun.data.record_order import RankCursors
-from speedrun.data.shards import open_shard, read_header, shard_fingerprint
+from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
 from speedrun.errors import ConfigError, DataError
 
 _SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
@@ -206,6 +206,8 @@ class TokenLoader:
                         f"({self.files[0].parent}); use loop=True or more data"
                     )
                 i, wraps = 0, wraps + 1
+        if self.align_to_bos:
+            check_document_starts(self.files, self.bos_id)
         need = f"{self.global_batch_tokens} + 1 tokens" + (
             f" in {self.n_chunks} chunks that start with bos_id {self.bos_id}" if self.align_to_bos else ""
         )

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from speedrun.atomic import user_folder
+from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, user_folder
+from speedrun.data.folder_lock import replacing
 from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (
     SplitWriter,
@@ -79,22 +80,25 @@ def _check_target(data_dir: Path) -> None:
             f"{data_dir}: holds files that are not prepared data of speedrun ({shown}); not replacing it "
             "(move them away, or choose another --data-dir)"
         )
+    with replacing(data_dir):  # a run training from it: refused now, before any work
+        pass
 
 
 def _install(tmp: Path, data_dir: Path) -> None:
     """Move the finished folder into place, replacing an earlier prepared folder of the same name."""
     _check_target(data_dir)
     old = None
-    if data_dir.exists():
-        old = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.old-"))
-        os.replace(data_dir, old / "x")
-    try:
-        os.replace(tmp, data_dir)
-    except BaseException:
-        if old is not None:  # put the earlier folder back rather than leave nothing
-            os.replace(old / "x", data_dir)
-            old.rmdir()
-        raise
+    with replacing(data_dir):  # and again while renaming: a run may have started since
+        if data_dir.exists():
+            old = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.old-"))
+            os.replace(data_dir, old / "x")
+        try:
+            os.replace(tmp, data_dir)
+        except BaseException:
+            if old is not None:  # put the earlier folder back rather than leave nothing
+                os.replace(old / "x", data_dir)
+                old.rmdir()
+            raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -213,6 +217,7 @@ def prepare_documents(
     n_workers = check_options(workers, max_tokens, shard_tokens)
     m, block = split_plan(val_fraction)
     show = sys.stderr.isatty() if progress is None else progress
+    check_name_fits(data_dir, "--data-dir", TEMP_NAME_EXTRA)  # it is built as .NAME.tmp-XXXXXXXX
     data_dir = user_folder(data_dir)  # a link to a folder (a big disk) is filled there, and kept
     _check_target(data_dir)
     log(f"prepare {source}: tokenizer {tokenizer}, {n_workers} worker(s)")

@@ -161,3 +161,20 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: i
                 f"{path}: token id {hi} is out of range for vocab_size {vocab_size} "
                 f"(first bad token at {where})"
             )
+
+
+def check_document_starts(files: list[Path], bos_id: int) -> None:
+    """A DataError when no shard holds `bos_id`: a loader that cuts batches at document starts finds
+    none, whatever the shards' size (the separator every document begins with is missing, or is
+    another id). Called where such a loader cannot plan a batch, so that it does not read as too
+    little data."""
+    for path in files:
+        tokens = open_shard(path)
+        for start in range(0, len(tokens), SCAN_BLOCK):
+            if np.any(tokens[start : start + SCAN_BLOCK] == bos_id):
+                return
+    raise DataError(
+        f"{Path(files[0]).parent}: no document start in {len(files)} shard(s): no token holds the "
+        f"end-of-text id {bos_id} that begins every document (shards written without separators, or "
+        "model.eot_id is not the data's end-of-text id)"
+    )

@@ -31,7 +31,7 @@ def _resolve(name_or_path: str) -> Path:
     looks_like_path = path.suffix == ".toml" or "/" in name_or_path
     if not looks_like_path and bundled.is_file():
         return bundled
-    if path.is_file():
+    if path.is_file() or (looks_like_path and path.exists()):  # a folder: read_toml says what it is
         return path
     if looks_like_path:
         raise ConfigError(f"recipe file not found: {path}")

@@ -20,6 +20,12 @@ from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError
 
 BASELINE = "baseline"
+#: settings that change what a run writes (log lines, validation points, checkpoints, samples), never a
+#: column of the table: a variant that differs from the baseline only in these trains the baseline again
+REPORTING = (
+    "description", "train.log_every", "train.val_every", "train.checkpoint_every", "train.checkpoint_at_end",
+    "train.checkpoint_keep", "train.sample_every", "train.dist_timeout_s", "train.wandb_project",
+)  # fmt: skip
 
 
 @dataclass
@@ -77,10 +83,23 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             raise ConfigError(
                 f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
             )
+        if arm.switch is not None and (changed := _changed(base, load_recipe(recipe, [*sets, arm.switch]))):
+            if set(changed) <= set(REPORTING):
+                raise ConfigError(
+                    f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
+                    "their losses, tokens or training time: the variant would repeat the baseline"
+                )
         for seed in seeds:
             cfg = load_recipe(recipe, [*sets, *([arm.switch] if arm.switch else []), f"train.seed={seed}"])
             arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
     return arms
+
+
+def _changed(base: Config, variant: Config) -> list[str]:
+    from speedrun.config_files import flatten
+
+    a, b = flatten(base.to_dict()), flatten(variant.to_dict())
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
 def is_arms_run(folder: Path, cfg: Config) -> bool:

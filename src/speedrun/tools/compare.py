@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from speedrun.atomic import check_replaceable, read_regular, write_atomic
+from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, check_replaceable, read_regular, write_atomic
 from speedrun.config_files import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import printable
@@ -141,6 +141,7 @@ def check_report(path: Path, flag: str) -> None:
     replaced the run's result with the report, `--json DATA/meta.json` the data folder's description."""
     from speedrun.data.meta import is_data_file_name, is_prepared_folder
 
+    check_name_fits(path, flag, TEMP_NAME_EXTRA)  # written as .NAME.XXXXXXXX.tmp, then renamed
     check_replaceable(path)
     path = Path(path)
     target = path.parent.resolve() / path.name

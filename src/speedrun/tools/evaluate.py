@@ -19,7 +19,6 @@ from speedrun.model.gpt import GPT
 from speedrun.tools.runs import run_tokenizer
 from speedrun.train.distributed import DistContext
 from speedrun.train.evaluate import evaluate
-from speedrun.train.schedule import apply_to_model, schedule_at
 
 
 def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[int, int]:
@@ -43,7 +42,8 @@ def evaluate_loss(
     checkpoint: Path | None = None,
 ) -> dict:
     """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` on the val split of `data_dir`. The folder's
-    tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError."""
+    tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError. `model` is
+    evaluated as it is: tools/runs.load_model gives it the windows and YaRN it was validated with."""
     device = torch.device(device)
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)
@@ -53,6 +53,5 @@ def evaluate_loss(
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64)).to(device)
     one_process = DistContext(rank=0, local_rank=0, world_size=1, device=device)
     val_files = shard_paths(data_dir, "val", meta)
-    apply_to_model(schedule_at(cfg.train.steps, cfg), model)  # the final validation's windows (and YaRN)
     loss, bpb = evaluate(model, cfg, val_files, micro, token_bytes, one_process, tokens=n)
     return {"val_loss": loss, "val_bpb": bpb, "tokens": n, "data": str(data_dir)}

@@ -167,12 +167,13 @@ def check_hardware(legs: list[Leg], here: str | None = None) -> str | None:
     """The one hardware kind the legs with a summary.json ran on (verify's reading of it), and `here`,
     the kind a run started now would record; a second kind is refused in one line: a race compares
     times on one kind of machine only."""
-    from speedrun.tools.verify import _recorded
+    from speedrun.tools.run_facts import recorded_hardware
 
     kinds: dict[str, str] = {here: "this host"} if here is not None else {}
     for leg in legs:
         if (leg.folder / "summary.json").is_file():
-            kinds.setdefault(_recorded(leg.folder)[0] or "unrecorded hardware", str(leg.folder))
+            for kind in recorded_hardware(leg.folder):
+                kinds.setdefault(kind, str(leg.folder))
     if len(kinds) > 1:
         shown = "; ".join(f"{who} on {kind}" for kind, who in kinds.items())
         raise DataError(f"refused: the race's runs are on different hardware ({shown}); race in a new --out")

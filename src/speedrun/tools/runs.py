@@ -27,14 +27,18 @@ from speedrun.train.checkpoint import (
 )
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
+from speedrun.train.rundir import MANIFEST
+from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.step import autocast, autocast_dtype
 
 
 def find_checkpoint(path: Path) -> Path:
     """`path` itself when it is a checkpoint folder, else the newest checkpoint of the run `path`."""
     path = Path(path)
-    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        return path
+    if (path / MANIFEST).is_file() or (
+        (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    ):
+        return path  # a checkpoint (its manifest names what it must hold: load_model checks it)
     if (path / "config.json").is_file():
         found = list_checkpoints(path)
         if not found:
@@ -65,16 +69,24 @@ def resolve_device(name: str) -> torch.device:
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
     """(model in eval mode on `device`, its config with the precision resolved for `device`, the
     checkpoint folder) for a run or checkpoint; a checkpoint whose files disagree with its manifest is
-    refused, as `--resume` refuses it."""
+    refused, as `--resume` refuses it.
+
+    The one builder of a trained model for everything that decodes or evaluates it (sample, eval,
+    HellaSwag): the model is as the run validated it at the checkpoint's step, with that step's
+    windows, stage and YaRN tables (the final validation's for a finished run), never a fresh model's
+    full causal attention."""
     ckpt = find_checkpoint(path)
-    saved = read_run_config(ckpt, DataError)
-    if (problem := verify_checkpoint(ckpt)) is not None:
+    problem = verify_checkpoint(ckpt)
+    if problem is not None and (ckpt / MANIFEST).is_file():  # a saved checkpoint: before reading its files
+        raise DataError(damaged_message(ckpt, problem))
+    saved = read_run_config(ckpt, DataError)  # a folder made by hand: what its config lacks first
+    if problem is not None:
         raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
     try:
-        weights, _metadata = read_weights(ckpt / "model.safetensors")
+        weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:
         raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
     if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
@@ -84,6 +96,9 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
     tied = {"lm_head.weight", "wte.weight"} if cfg.model.tie_embeddings else set()
     if missing - tied:
         raise DataError(f"{ckpt}: weights missing from the checkpoint: {', '.join(sorted(missing - tied))}")
+    saved_step = str(metadata.get("step", ""))  # save_checkpoint writes it (and the manifest its hash)
+    step = min(int(saved_step), cfg.train.steps) if saved_step.isdecimal() else cfg.train.steps
+    apply_to_model(schedule_at(step, cfg), model)  # the validation's windows, stage and YaRN at `step`
     return model.to(device).eval(), cfg, ckpt
 
 

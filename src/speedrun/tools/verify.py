@@ -11,13 +11,11 @@ its state, the default inductor config, one kind of hardware, and a baseline re-
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError
 from speedrun.tools.compare import (
     Group,
     Run,
@@ -25,12 +23,11 @@ from speedrun.tools.compare import (
     check_report,
     group_key,
     load_runs,
-    run_names,
 )
 from speedrun.tools.flops import cost, cost_line
+from speedrun.tools.run_facts import Facts, Start, read_facts
 from speedrun.tools.stats import mean_sd, welch_test
-from speedrun.train.environment import DIFF_END, DIFF_START, INDUCTOR_ENV_PREFIX
-from speedrun.train.rundir import SUMMARY_FILE
+from speedrun.train.environment import INDUCTOR_ENV_PREFIX
 
 ALPHA = 0.01  # track 1: the one-sided t-test's p must be below this
 TRACK3_MARGIN = 0.004  # track 3: (target - mean) * sqrt(n) must reach this
@@ -50,77 +47,6 @@ class Verdict:
 
     def line(self) -> str:
         return f"{self.rule:<10} {self.status}: {self.detail}"
-
-
-@dataclass
-class Facts:
-    """What the rules read from one run folder beyond compare's Run."""
-
-    run: Run
-    name: str
-    codes: list[tuple[str, str | None]] | None  # (code line, sha256 of its diff) per start; None: no log
-    inductor: list[str | None]  # the `inductor env:` value of each start (None: not recorded)
-    warmups: list[str]  # the warm-up lines
-    hardware: str | None  # "8 x NVIDIA H100 80GB HBM3"; None: not recorded
-    data_source: str | None  # the data folder's meta.json source (summary.json); None: not recorded
-
-
-def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None], list[str]]:
-    """(code versions, inductor environments, warm-up lines) of a log.txt. Each start of the run (the
-    first and every --resume) writes an environment report beginning with its `code:` line."""
-    lines = text.splitlines()
-    codes: list[tuple[str, str | None]] = []
-    inductor: list[str | None] = []
-    warmups = [line for line in lines if line.startswith("warm-up:")]
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("code: "):
-            diff = None
-            if lines[i + 1 : i + 2] == [DIFF_START]:
-                rest = lines[i + 2 :]
-                end = rest.index(DIFF_END) if DIFF_END in rest else len(rest)
-                diff = hashlib.sha256("\n".join(rest[:end]).encode()).hexdigest()
-                i += 2 + end
-            codes.append((line.removeprefix("code: ").strip(), diff))
-            inductor.append(None)
-        elif line.startswith("inductor env: ") and inductor:
-            inductor[-1] = line.removeprefix("inductor env: ").strip()
-        i += 1
-    return codes, inductor, warmups
-
-
-def _recorded(path: Path) -> tuple[str | None, str | None]:
-    """(`world_size x device_name`, `data_source`) from summary.json; None where absent."""
-    try:
-        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as e:  # load_run read it already; a file changed since is still one line
-        raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
-    name, world, source = summary.get("device_name"), summary.get("world_size"), summary.get("data_source")
-    if source is not None and not isinstance(source, str):
-        raise DataError(f"{path / SUMMARY_FILE}: data_source must be a string")
-    if name is None or world is None:
-        return None, source
-    if not isinstance(name, str) or isinstance(world, bool) or not isinstance(world, int):
-        raise DataError(f"{path / SUMMARY_FILE}: device_name must be a string and world_size an integer")
-    return f"{world} x {name}", source
-
-
-def read_facts(runs: list[Run]) -> list[Facts]:
-    facts = []
-    for name, run in zip(run_names(runs), runs, strict=True):
-        log = run.path / "log.txt"
-        try:
-            text = log.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            text = None
-        except OSError as e:
-            raise DataError(f"cannot read {log}: {e.strerror or e}") from None
-        codes, inductor, warmups = parse_log(text) if text is not None else (None, [], [])
-        facts.append(Facts(run, name, codes, inductor, warmups, *_recorded(run.path)))
-    return facts
 
 
 # ---- the rules: each returns (status, why) for the runs' facts; `verify` names them ----
@@ -237,18 +163,35 @@ def rule_validation(facts: list[Facts]) -> Outcome:
     return ("unknown", unknown) if unknown else ("ok", f"{VALIDATION}, unaligned")
 
 
+def untimed_steps(starts: list[Start], steps: int) -> list[tuple[int, int, Start]]:
+    """(first, last, start) of the steps each start trained outside the clock: a start at step s with
+    timing warm-up w leaves steps s+1 .. s+w untimed, up to where the next start (or the run) ends."""
+    ends = [s.step for s in starts[1:]] + [steps]
+    spans = [(s.step + 1, min(s.step + (s.untimed or 0), e), s) for s, e in zip(starts, ends, strict=True)]
+    return [span for span in spans if span[0] <= span[1]]
+
+
 def rule_timing(facts: list[Facts]) -> Outcome:
     """Every training step timed (record 21 on): no step trains outside the clock except a warm-up that
-    puts model, optimizer and loader back. Validation is never timed (train/loop.py)."""
+    puts model, optimizer and loader back. Validation is never timed (train/loop.py). Judged over every
+    start of a run: a run resumed with another timing warm-up is timed as each start was."""
     for f in facts:
-        grace = f.run.config.get("train.timing_warmup_steps")
-        if grace is None:
-            return "unknown", f"{f.name}: config.json lacks train.timing_warmup_steps"
-        if grace:
+        if f.starts is None:
+            return "unknown", f"{f.name}: resumed, and summary.json does not record each start (an older run)"
+        if any(s.untimed is None for s in f.starts):
+            return "unknown", f"{f.name}: the timing warm-up of a start is not recorded"
+        steps = f.run.steps or 0
+        spans = untimed_steps(f.starts, steps)
+        if spans:
+            shown = ", ".join(f"steps {a}-{b}" if a < b else f"step {a}" for a, b, _ in spans)
+            first = spans[0][2]
+            where = "its start" if first.step == 0 else f"its resume at step {first.step}"
             return "fails", (
-                f"{f.name} trained its first {grace} steps untimed (train.timing_warmup_steps={grace}); the "
-                "rules time every step: set it to 0 (the compiled warm-up restores what it trains)"
+                f"{f.name} trained {shown} untimed (train.timing_warmup_steps={first.untimed} at {where}); "
+                "the rules time every step: set it to 0 (the compiled warm-up restores what it trains)"
             )
+        if f.timed_steps is not None and f.timed_steps < steps and f.run.finished:
+            return "fails", f"{f.name}: only {f.timed_steps} of its {steps} steps were timed"
         kept = [w for w in f.warmups if RESTORED not in w]
         if kept:
             return "fails", f"{f.name}: a warm-up that kept its training: {kept[0]!r}"
@@ -275,17 +218,26 @@ def rule_inductor(facts: list[Facts]) -> Outcome:
 
 
 def one_hardware(facts: list[Facts], who: str) -> tuple[str | None, Outcome | None]:
-    """(the hardware all of `facts` ran on, None), or (None, why there is not one)."""
-    missing = [f.name for f in facts if f.hardware is None]
+    """(the hardware every start of `facts` ran on, None), or (None, why there is not one)."""
+    missing = [f.name for f in facts if f.starts is None or any(s.hardware is None for s in f.starts)]
     if missing:
-        return None, ("unknown", f"{who} {', '.join(missing)}: summary.json lacks device_name, world_size")
-    kinds = {f.hardware: f.name for f in reversed(facts)}  # each kind with the first run on it
+        return None, ("unknown", f"{who} {', '.join(missing)}: summary.json lacks the hardware of each start")
+    for f in facts:
+        kinds = list(dict.fromkeys(s.hardware for s in f.starts))
+        if len(kinds) > 1:
+            at = {s.hardware: s.step for s in reversed(f.starts)}  # each kind with the first step on it
+            return None, (
+                "fails",
+                f"{f.name} was resumed on other hardware: "
+                + "; ".join(f"{k} from step {at[k]}" for k in kinds),
+            )
+    kinds = {f.starts[0].hardware: f.name for f in reversed(facts)}  # each kind with the first run on it
     if len(kinds) > 1:
         return None, (
             "fails",
             f"{who} ran on different hardware: " + "; ".join(f"{n} on {k}" for k, n in kinds.items()),
         )
-    return facts[0].hardware, None
+    return facts[0].starts[0].hardware, None
 
 
 def rule_hardware(facts: list[Facts]) -> Outcome:

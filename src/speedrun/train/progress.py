@@ -78,6 +78,10 @@ class Progress:
         self.peak_flops, self.peak_source = matmul_peak(ctx.device, precision.autocast)
         self.first_step = start_step + 1  # its time includes compilation: no ETA from it
         self.untimed_until = start_step + cfg.train.timing_warmup_steps  # warm up again after a resume
+        clock.starts.append(  # what this start adds to the run's history (summary.json: `verify`)
+            {"step": start_step, "world_size": ctx.world_size, "device_name": hardware_name(ctx.device),
+             "timing_warmup_steps": cfg.train.timing_warmup_steps}
+        )  # fmt: skip
         self.val_loss: float | None = None
         self.val_bpb: float | None = None
         self._loss_sum: torch.Tensor | None = None  # on the device: summed, never read between log points
@@ -183,6 +187,8 @@ class Progress:
             "world_size": self.ctx.world_size,
             "data_source": self.data_source,
             "flops_per_token": self.flops_per_token,
+            "timed_steps": clock.timed_steps,
+            "starts": clock.starts,
         }
 
     def finish(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ validation token read once, the tokenizer and the bytes per token for bits per b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from speedrun.config import Config
 from speedrun.config_stages import stage_plan
 from speedrun.data.bos_loader import DocumentLoader
+from speedrun.data.folder_lock import hold_for_training
 from speedrun.data.loader import TokenLoader, val_batches
 from speedrun.data.meta import META_FILE, check_fits, data_dir_for, load_meta, shard_paths, tokenizer_for_data
 from speedrun.data.prepare import prepare
@@ -26,8 +28,12 @@ from speedrun.train.stages import stage_values
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself
 
 
-def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[Path, dict[str, Any]]:
-    """Return the shard folder and its meta.json, preparing bundled sources when they are missing."""
+def ensure_data(
+    cfg: Config, ctx: distributed.DistContext, log=print, hold: Callable[[int | None], None] = lambda fd: None
+) -> tuple[Path, dict[str, Any]]:
+    """Return the shard folder and its meta.json, preparing bundled sources when they are missing.
+    `hold` keeps the folder's shared lock (data/folder_lock.py), taken before meta.json is read, so
+    that `prepare` cannot replace the folder while the run trains from it."""
     data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
     if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
@@ -36,6 +42,7 @@ def ensure_data(cfg: Config, ctx: distributed.DistContext, log=print) -> tuple[P
             prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
         if ctx.distributed:
             torch.distributed.barrier()
+    hold(hold_for_training(data_dir))
     meta = load_meta(data_dir)
     check_fits(meta, cfg, data_dir)
     return data_dir, meta
@@ -112,7 +119,7 @@ class RunData:
 def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData:
     """Find (or prepare) the shards, check them against the recipe and read all validation tokens
     once, so that any problem with the data surfaces before step 0."""
-    data_dir, meta = ensure_data(cfg, ctx, log=run.log)
+    data_dir, meta = ensure_data(cfg, ctx, log=run.log, hold=run.keep)
     # the shards meta.json lists, not a glob: a stray *_train_*.bin copied into the folder is not trained on
     train_files, val_files = shard_paths(data_dir, "train", meta), shard_paths(data_dir, "val", meta)
     micro = micro_batch_tokens(cfg, ctx.world_size)

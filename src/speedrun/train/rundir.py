@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedrun.atomic import open_regular, read_regular, write_atomic
+from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
 from speedrun.config import Config
 from speedrun.config_files import RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
@@ -49,6 +49,8 @@ SUMMARY_KEYS = (
     "world_size",  # processes that trained; with device_name what `verify` calls the hardware
     "data_source",  # the data folder's meta.json source (data.source is only a label beside data.dir)
     "flops_per_token",  # training FLOPs per token, the count MFU uses: compare's FLOPs axis
+    "timed_steps",  # steps inside the timed clock, over every start of the run
+    "starts",  # each start (the first, every --resume): {step, world_size, device_name, timing_warmup_steps}
 )
 
 
@@ -75,6 +77,7 @@ def enclosing_checkpoint(path: Path) -> Path | None:
 def refuse_checkpoint_folder(path: Path, resume: bool) -> None:
     """A run never lives in a checkpoint: `--resume CKPT` would write logs into it, and a new run
     made there would later be taken for a checkpoint of the run around it."""
+    check_name_fits(path, "--resume" if resume else "--out")  # before any stat() inside it fails
     ckpt = enclosing_checkpoint(path)
     if ckpt is None:
         return
@@ -193,6 +196,7 @@ class RunDir:
         self.enabled = enabled
         self.echo = echo
         self._lock_fd = self._log = self._metrics = None
+        self._held: list[int] = []  # other locks the run holds until close (keep)
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
         self.run_id = saved_run_id(self.path) if resume else uuid.uuid4().hex  # see config.RUN_ID
         if not enabled:
@@ -212,7 +216,9 @@ class RunDir:
             self._metrics = self._open("metrics.jsonl")
         except OSError as e:
             self.close()
-            raise SpeedrunError(f"cannot write run directory {path}: {e.strerror or e}") from None
+            inside = e.filename and Path(e.filename) != Path(path)  # the lock or a log file: name it
+            where = f"{path}/{Path(e.filename).name}" if inside else path
+            raise SpeedrunError(f"cannot write run directory {where}: {e.strerror or e}") from None
         except BaseException:
             self.close()
             raise
@@ -307,8 +313,15 @@ class RunDir:
             return
         write_summary(self.path, summary)
 
+    def keep(self, fd: int | None) -> None:
+        """Hold `fd` (a lock of the run, such as its data folder's: data/folder_lock.py) until `close`,
+        on every rank."""
+        if fd is not None:
+            self._held.append(fd)
+
     def close(self) -> None:
-        for fd in (self._log, self._metrics, self._lock_fd):  # the lock last: closing it releases it
+        held, self._held = self._held, []
+        for fd in (self._log, self._metrics, *held, self._lock_fd):  # the lock last: closing releases it
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)

@@ -20,6 +20,10 @@ class StepClock:
     `start()` before a step (free if already running), `stop()` at log and validation points. Time
     spent while stopped (validation, logging, checkpoints) is never counted. Only intervals of steps
     after the timing warm-up add to `timed_s`, so `mean_step_s()` excludes compilation.
+
+    `starts` lists every start of the run whose steps the clock holds (the first and each `--resume`:
+    the step it began at, its processes, hardware and timing warm-up). It travels in the checkpoints
+    with the times, so a resumed run's summary says how every step it kept was timed (`verify`).
     """
 
     def __init__(self, device: torch.device):
@@ -28,6 +32,7 @@ class StepClock:
         self.timed_steps = 0
         self._interval_s = 0.0  # running interval, across validation pauses inside it
         self._since: float | None = None
+        self.starts: list[dict[str, Any]] = []
 
     def start(self) -> None:
         if self._since is None:
@@ -53,10 +58,12 @@ class StepClock:
         return self.timed_s / self.timed_steps if self.timed_steps else fallback
 
     def state_dict(self) -> dict[str, Any]:
-        return {"timed_s": self.timed_s, "timed_steps": self.timed_steps}
+        return {"timed_s": self.timed_s, "timed_steps": self.timed_steps, "starts": self.starts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.timed_s, self.timed_steps = float(state["timed_s"]), int(state["timed_steps"])
+        # a checkpoint from before starts were kept: the earlier starts are unknown (only their step 0)
+        self.starts = [dict(s) for s in state.get("starts", [{"step": 0}])]
 
 
 def format_duration(seconds: float, unknown: bool = False) -> str:
