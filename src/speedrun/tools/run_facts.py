@@ -118,8 +118,8 @@ def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None
 
 
 def recorded_hardware(path: Path) -> list[str]:
-    """Every hardware kind a finished or stopped run folder's summary.json records: each start's (a run
-    resumed elsewhere has several), else its one device line; "unrecorded hardware" where none is."""
+    """Every hardware kind a finished or stopped run folder's summary.json records: its device line and
+    each start's (a run resumed elsewhere has several); "unrecorded hardware" where one is missing."""
     try:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -127,12 +127,10 @@ def recorded_hardware(path: Path) -> list[str]:
     if not isinstance(summary, dict):
         raise DataError(f"{path / SUMMARY_FILE}: not a JSON object")
     listed = summary.get("starts")
-    pairs = (
-        [(s.get("world_size"), s.get("device_name")) for s in listed if isinstance(s, dict)]
-        if isinstance(listed, list) and listed
-        else [(summary.get("world_size"), summary.get("device_name"))]
-    )
-    return [_hardware(world, name) or "unrecorded hardware" for world, name in pairs]
+    pairs = [(summary.get("world_size"), summary.get("device_name"))]  # the last start's, as summary says
+    if isinstance(listed, list):
+        pairs += [(s.get("world_size"), s.get("device_name")) for s in listed if isinstance(s, dict)]
+    return list(dict.fromkeys(_hardware(world, name) or "unrecorded hardware" for world, name in pairs))
 
 
 def read_facts(runs: list[Run]) -> list[Facts]:
