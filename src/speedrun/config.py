@@ -310,9 +310,15 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    # the dotted keys the user fixed (command line, own recipe file): automatic choices (host fit, time
+    # budget, precision, compile) leave them alone. Set where a config is loaded; config.json keeps it
+    # beside the config (config_files.FIXED), not inside: it says who chose a value, not what it is
+    fixed: frozenset[str] = field(default_factory=frozenset)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["fixed"]
+        return out
 
 
 @functools.cache
