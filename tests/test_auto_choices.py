@@ -53,7 +53,10 @@ def test_explicit_batch_and_width_are_kept_under_a_slow_probe(text_data, tmp_pat
     """A probe that finds the host far too slow shrinks what the recipe chose, never what was given."""
     from speedrun.train import host_fit
 
-    monkeypatch.setattr(host_fit, "probe_step_s", lambda cfg, device, compiled=False: 10.0)  # ~15 in 150 s
+    def probe(cfg, device, with_compiled=False):  # ~15 steps in 150 s, compiled or not
+        return 10.0, 10.0 if with_compiled else float("inf")
+
+    monkeypatch.setattr(host_fit, "probe_steps", probe)
     out = tmp_path / "run"
     given = [
         "train.global_batch_tokens=2048",
@@ -142,8 +145,9 @@ def test_a_given_bf16_is_kept_where_auto_would_fall_back(monkeypatch):
 
     monkeypatch.setattr(precision, "fast_bf16", lambda _type: (False, "no bf16 here"))
     cpu = torch.device("cpu")
-    assert precision.resolve(load_recipe("record-2025-01"), cpu).dtype == "fp32"  # the recipe's bf16
-    kept = precision.resolve(load_recipe("record-2025-01", ["train.dtype=bf16"]), cpu)
+    assert load_recipe("muon-2024-10").train.dtype == "bf16"
+    assert precision.resolve(load_recipe("muon-2024-10"), cpu).dtype == "fp32"  # the recipe's bf16 falls back
+    kept = precision.resolve(load_recipe("muon-2024-10", ["train.dtype=bf16"]), cpu)
     assert kept.dtype == "bf16" and "as given" in kept.reason
 
 

@@ -11,10 +11,10 @@ its answers:
   the batch is halved (down to 8 sequences), then the width (down to 64), until the minimum fits. A
   recipe keeps its size unless the host is really too slow; a key the user fixed (`cfg.fixed`) is never
   shrunk: it is kept, and the log says that the minimum does not fit.
-Each timing is the median of `REPEATS` passes after a first one, measured again when they spread more
-than `SPREAD` (the machine's load changed during the probe). The choices are written into the run's
-config (config.json), so the run, its resume and its evaluation use them, and one log line each says
-what was chosen and from which numbers.
+Each timing is the median of `REPEATS` passes after a first one (eager and compiled in turn), measured
+again when they spread more than `SPREAD` (the machine's load changed during the probe). The choices
+are written into the run's config (config.json), so the run, its resume and its evaluation use them,
+and one log line each says what was chosen and from which numbers.
 """
 
 from __future__ import annotations
@@ -53,28 +53,37 @@ def all_cores() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def probe_step_s(cfg: Config, device: torch.device, compiled: bool = False) -> float:
-    """Estimated seconds of one optimizer step of `cfg` on one process of `device`: the median of a
-    micro-batch's forward+backward (eager or compiled), times the micro-batches per step, plus a tenth
-    for the optimizer. A full micro-batch, because a slice would measure per-op overhead, not matmuls."""
+def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) -> tuple[float, float]:
+    """Estimated seconds of one optimizer step of `cfg` on one process of `device`, eager and (with
+    `with_compiled`, else inf) compiled: the median of a micro-batch's forward+backward, times the
+    micro-batches per step, plus a tenth for the optimizer. The two are timed in turn, so a change of
+    the machine's load slows both alike. A full micro-batch: a slice would time per-op overhead."""
     t = cfg.train
     torch.manual_seed(0)
     model = GPT(cfg.model).to(device)
-    module = torch.compile(model, dynamic=False, fullgraph=True) if compiled else model  # as build_model
+    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)][
+        : 1 + with_compiled
+    ]  # as build_model
     x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
 
-    def once() -> float:
+    def once(module: torch.nn.Module) -> float:
         start = time.perf_counter()
         with autocast(device, autocast_dtype(cfg)):
             loss = module(x, x)
         loss.backward()
         return time.perf_counter() - start
 
-    once()  # first call: allocations (and compilation)
-    times = [once() for _ in range(REPEATS)]
-    if max(times) > SPREAD * min(times):
-        times += [once() for _ in range(REPEATS)]
-    return 1.1 * statistics.median(times) * t.global_batch_tokens / t.micro_batch_tokens
+    for module in modules:
+        once(module)  # first call: allocations (and compilation)
+    times: list[list[float]] = [[] for _ in modules]
+    for _ in range(2):  # a second round only when the first spread: the load changed meanwhile
+        for _ in range(REPEATS):
+            for module, seen in zip(modules, times, strict=True):
+                seen.append(once(module))
+        if all(max(seen) <= SPREAD * min(seen) for seen in times):
+            break
+    step = [1.1 * statistics.median(seen) * t.global_batch_tokens / t.micro_batch_tokens for seen in times]
+    return step[0], step[1] if with_compiled else float("inf")
 
 
 def shrink(cfg: Config) -> str | None:
@@ -93,12 +102,14 @@ def shrink(cfg: Config) -> str | None:
     return None
 
 
-def shrinks_needed(rcfg: Config, step_s: Callable[[Config], float]) -> tuple[int, float, float]:
+def shrinks_needed(
+    rcfg: Config, step_s: Callable[[Config], float], first_s: float | None = None
+) -> tuple[int, float, float]:
     """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget (none while
-    more than budget_min_steps / HYSTERESIS fit), with `step_s` measuring each candidate; and the first
-    and the last candidate's step times."""
+    more than budget_min_steps / HYSTERESIS fit), with `step_s` measuring each candidate (`first_s`:
+    the recipe's size, already measured); and the first and the last candidate's step times."""
     t, trial, n = rcfg.train, copy.deepcopy(rcfg), 0
-    first = seconds = step_s(trial)
+    first = seconds = first_s if first_s is not None else step_s(trial)
     if t.time_budget_s / seconds >= t.budget_min_steps / HYSTERESIS:
         return 0, first, seconds
     while t.time_budget_s / seconds < t.budget_min_steps and shrink(trial):
@@ -109,23 +120,23 @@ def shrinks_needed(rcfg: Config, step_s: Callable[[Config], float]) -> tuple[int
 def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> tuple[int, int]:
     """Rank 0's probe: (the shrinks needed, 1 if compiled wins else 0), each logged with its numbers."""
     t, choose_compile = rcfg.train, rcfg.train.compile == "auto"
-    ratio, use_compiled = 1.0, 0
+    ratio, use_compiled, at_size = 1.0, 0, None
     with all_cores():
         if choose_compile:
-            eager = probe_step_s(rcfg, device)
             try:
-                compiled = probe_step_s(rcfg, device, compiled=True)
+                eager, compiled = probe_steps(rcfg, device, with_compiled=True)
             except torch._dynamo.exc.TorchDynamoException as e:  # no C++ compiler, for instance
-                compiled = float("inf")
+                eager, compiled = probe_steps(rcfg, device)
                 log(f"compile: compiling fails here ({(str(e).strip().splitlines() or ['?'])[0][:120]})")
             use_compiled = int(compiled < COMPILE_GAIN * eager)
             ratio = compiled / eager if use_compiled else 1.0
+            at_size = compiled if use_compiled else eager
             log(f"compile: {'compiled' if use_compiled else 'eager'} (measured {eager * 1000:.0f} ms eager, "
                 f"{compiled * 1000:.0f} ms compiled per step, medians of {REPEATS}+; compiled wins when "
                 f"{1 - COMPILE_GAIN:.0%} faster)")  # fmt: skip
         if t.budget_min_steps <= 0:
             return 0, use_compiled
-        n, first, seconds = shrinks_needed(rcfg, lambda c: ratio * probe_step_s(c, device))
+        n, first, seconds = shrinks_needed(rcfg, lambda c: ratio * probe_steps(c, device)[0], at_size)
     mode, budget, least = ("compiled" if use_compiled else "eager"), t.time_budget_s, t.budget_min_steps
     trial = copy.deepcopy(rcfg)
     changes = {str(c).split("=")[0]: str(c) for c in (shrink(trial) for _ in range(n))}  # a key once
