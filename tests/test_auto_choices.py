@@ -187,3 +187,42 @@ def test_one_and_two_processes_make_the_same_choices_and_train_alike(text_data, 
         for key in ("train_loss", "val_loss"):
             if key in x:
                 assert y[key] == pytest.approx(x[key], rel=1e-4), (x, y)
+
+
+def test_ablate_trains_the_given_steps_and_arms_of_a_budget_train_the_baselines(text_data, tmp_path, capsys):
+    """README: `ablate --recipe demo --set train.steps=60` trained 65 steps (the budget's plan); and each
+    arm of a budgeted recipe planned its own count, so "vs baseline" mixed the switch with the steps."""
+    small = [w for o in [*SMALL, f"data.dir={text_data}", "train.warmdown_steps=6"] for w in ("--set", o)]
+    out = tmp_path / "given"
+    argv = [
+        "ablate",
+        "--recipe",
+        "demo",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        *small,
+        "--set",
+        "train.steps=12",
+    ]
+    assert main([*argv, "model.qk_norm=false"]) == 0
+    for run in out.iterdir():
+        summary, last = json.loads((run / "summary.json").read_text()), read_metrics(run)[-1]
+        assert summary["steps"] == 12 and summary["status"] == "finished", run
+        assert summary["final_val_loss"] == last["val_loss"] and last["step"] == 12
+    capsys.readouterr()
+    out = tmp_path / "budget"
+    budget = [
+        "--set",
+        "train.time_budget_s=2",
+        "--set",
+        "train.compile=off",
+        "--set",
+        "train.budget_min_steps=0",
+    ]
+    argv = ["ablate", "--recipe", "demo", "--seeds", "1", "--out", str(out), *small, *budget]
+    assert main([*argv, "model.mlp_ratio=8"]) == 0
+    printed = capsys.readouterr().out
+    steps = {json.loads((run / "summary.json").read_text())["steps"] for run in out.iterdir()}
+    assert len(steps) == 1 and f"every run takes the steps ({steps.pop()})" in printed
