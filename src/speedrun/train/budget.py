@@ -27,7 +27,7 @@ from speedrun.errors import ConfigError
 
 PROBE_STEPS = 4  # timed steps measured before the first plan
 RECENT = 8  # log intervals whose median step time plans the rest of the run
-HYSTERESIS = 0.03  # a new plan replaces the old only when they differ by more than this fraction
+HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more than this fraction
 
 
 def fix_point(timing_warmup_steps: int) -> int:
