@@ -173,14 +173,23 @@ two_processes.job("auto-choices", lambda data: ["--recipe", "demo", f"data.dir={
 @pytest.mark.slow
 @two_processes.SHARED
 def test_one_and_two_processes_make_the_same_choices_and_train_alike(text_data, tmp_path_factory):
+    """Both runs choose before step 1 from the same probe (rank 0, all cores, one process's work); the
+    2-process run used to skip the compile choice and probe different work. Compiled or eager is the
+    same computation (rounding: ~1e-5 here), and a probe this small can fall either way on a busy host,
+    so the losses are compared to 1e-4 and the compile choice is only required to be made."""
     one = tmp_path_factory.mktemp("auto") / "w1"
     assert main(["train", "--recipe", "demo", "--out", str(one), f"data.dir={text_data}", *WORLDS]) == 0
     two = two_processes.run_dir("auto-choices", text_data, tmp_path_factory)
     a, b = (json.loads((r / "config.json").read_text()) for r in (one, two))
-    assert a["train"]["compile"] in ("on", "off")  # chosen, and recorded for the resume
-    assert {k: v for k, v in a.items() if k != "run_id"} == {k: v for k, v in b.items() if k != "run_id"}
+    assert a["train"]["compile"] in ("on", "off") and b["train"]["compile"] in ("on", "off")  # recorded
+    for c in (a, b):
+        del c["run_id"], c["train"]["compile"]
+    assert a == b  # the same sizes, step count and settings
     for r in (one, two):
-        assert "compile: " in (r / "log.txt").read_text() and "host fit: " in (r / "log.txt").read_text()
+        lines = (r / "log.txt").read_text().splitlines()  # (not the code diff atop, which quotes them)
+        first = next(i for i, line in enumerate(lines) if line.startswith("step     1/"))
+        assert any(line.startswith("compile: ") for line in lines[:first]), r
+        assert any(line.startswith("host fit: ") for line in lines[:first]), r
     la, lb = read_metrics(one), read_metrics(two)
     assert [r["step"] for r in la] == [r["step"] for r in lb]
     for x, y in zip(la, lb, strict=True):
