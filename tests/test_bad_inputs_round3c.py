@@ -196,10 +196,10 @@ def test_seeds_repeat_the_steps_the_first_runs_time_budget_fixed(text_data, tmp_
     """`--seeds` with a time budget: each run measured its own step time and fixed its own step count,
     so `compare` put the repeats in groups of one (no t-test). Later seeds now repeat the first run's
     resolved config. (Measured step times differ from run to run; here the budget rule says so.)"""
-    import speedrun.train.loop as loop
+    import speedrun.train.budget as budget
 
     counts = iter([6, 7, 8])
-    monkeypatch.setattr(loop, "budget_steps", lambda *args: next(counts))
+    monkeypatch.setattr(budget, "plan_steps", lambda *args: next(counts))
     budget = ["train.time_budget_s=60", "train.steps=20", "train.timing_warmup_steps=1", "train.log_every=1"]
     out = tmp_path / "rep"
     proc = run_speedrun("train", "--seeds", "1,2", "--out", str(out), f"data.dir={text_data}", *FAST, *budget)

@@ -13,7 +13,7 @@ import torch
 
 from speedrun.recipes import load_recipe
 from speedrun.train import precision
-from speedrun.train.budget import PROBE_STEPS, budget_steps
+from speedrun.train.budget import PROBE_STEPS, plan_steps
 from speedrun.train.checkpoint import list_checkpoints
 from tests.conftest import TINY, read_metrics, run_speedrun
 
@@ -57,7 +57,8 @@ def test_a_cpu_with_bf16_instructions_that_measures_fast_gets_bf16(monkeypatch, 
 
 def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypatch, fresh_probe):
     _slow_cpu(monkeypatch, {"avx2"})
-    cfg = load_recipe("unet-2024-11", ["train.dtype=bf16"])  # bf16 autocast + bf16 parameters
+    cfg = load_recipe("unet-2024-11")
+    cfg.train.dtype = "bf16"  # as a recipe that pins it: bf16 autocast + bf16 parameters
     assert cfg.model.bf16_model and cfg.model.embed_dtype == "bf16"
     chosen = precision.resolve(cfg, torch.device("cpu"))
     assert chosen.fell_back and chosen.dtype == "fp32" and "falls back" in chosen.reason
@@ -65,7 +66,9 @@ def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypa
     assert (
         run_cfg.train.dtype == "fp32" and not run_cfg.model.bf16_model and run_cfg.model.embed_dtype == "fp32"
     )
-    assert cfg.train.dtype == "bf16" and cfg.model.bf16_model  # what the user asked is kept for config.json
+    assert cfg.train.dtype == "bf16" and cfg.model.bf16_model  # what the recipe asked is kept for config.json
+    given = load_recipe("unet-2024-11", ["train.dtype=bf16"])  # the user's own bf16: kept, slow or not
+    assert precision.resolve(given, torch.device("cpu")).dtype == "bf16"
     # train.dtype=fp32 asked explicitly means "no autocast" and keeps the recipe's bf16 storage
     fp32 = load_recipe("unet-2024-11", ["train.dtype=fp32"])
     assert precision.effective_config(fp32, precision.resolve(fp32, torch.device("cpu"))).model.bf16_model
@@ -113,16 +116,18 @@ def test_printed_mfu_never_exceeds_100_percent(text_data, tmp_path, monkeypatch)
 
 
 def test_budget_steps_formula():
-    # 3 untimed warm-up steps, then as many 0.5 s steps as fit 10 s; never below done + warm-down + 1
-    assert budget_steps(10.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=1000) == 23
-    assert budget_steps(10.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=15) == 15
-    assert budget_steps(1.0, 0.5, untimed=3, done=7, warmdown_steps=4, max_steps=1000) == 12
+    # 3 untimed warm-up steps, 4 timed ones took 2 s, then as many 0.5 s steps as fit the other 8 s;
+    # never below done + warm-down (the warm-down starts with the next step at the earliest), at most the cap
+    plan = dict(timed_s=2.0, timed_steps=4, untimed=3, step_s=0.5, done=7, tail=4)
+    assert plan_steps(10.0, **plan, cap=1000) == 3 + 4 + 16
+    assert plan_steps(10.0, **plan, cap=15) == 15
+    assert plan_steps(1.0, **plan, cap=1000) == 7 + 4  # the budget is spent: the warm-down still runs
 
 
 # A budget far below one step: the count is fixed at the first log point with PROBE_STEPS timed steps
-# (step WARM + PROBE_STEPS) to the fewest the schedule allows: that step plus the warm-down plus one.
+# (step WARM + PROBE_STEPS) to the fewest the schedule allows: that step plus the warm-down.
 WARM, WARMDOWN = 2, 4
-FIXED = WARM + PROBE_STEPS + WARMDOWN + 1
+FIXED = WARM + PROBE_STEPS + WARMDOWN
 BUDGETED = [
     *TINY, "train.dtype=fp32", "train.steps=40", f"train.warmdown_steps={WARMDOWN}",
     f"train.timing_warmup_steps={WARM}", "train.time_budget_s=0.001", "train.log_every=1",
@@ -148,8 +153,9 @@ def test_a_time_budget_fixes_the_step_count_once_and_saves_it(budgeted_run):
         s = r["step"] - 1
         assert r["lr"] == pytest.approx(min((FIXED - s) / WARMDOWN, 1.0))
     log = (budgeted_run / "log.txt").read_text().splitlines()
-    fixes = [line for line in log if line.startswith("time budget ")]  # not the code diff atop
-    assert len(fixes) == 1 and f": {FIXED} steps" in fixes[0]
+    plans = [line for line in log if line.startswith("time budget ")]  # not the code diff atop
+    assert len(plans) == 1 and f": {FIXED} steps (was 40, the most)" in plans[0]
+    assert f"time budget: {FIXED} steps are final (train.steps was 40; saved in config.json)" in log
 
 
 @pytest.mark.slow
@@ -193,7 +199,7 @@ def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
         def measure(c, step_s=step_s):
             return step_s * _flops_per_step(c) / flops
 
-        n, seconds = shrinks_needed(run_cfg, measure)
+        n, _, seconds = shrinks_needed(run_cfg, measure)
         sized, fewer = load_recipe("demo"), load_recipe("demo")
         for _ in range(n):
             assert shrink(sized) is not None
@@ -205,12 +211,15 @@ def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
             assert 150 / measure(fewer) < 120
     assert shrinks_needed(run_cfg, lambda c: 0.5 * _flops_per_step(c) / flops)[0] == 0  # 300 steps fit
     assert shrinks_needed(run_cfg, lambda c: 5.0 * _flops_per_step(c) / flops)[0] > 0
+    # 100 of the 120 steps fit: a recipe keeps its size unless the host is really too slow (hysteresis)
+    assert shrinks_needed(run_cfg, lambda c: 1.5 * _flops_per_step(c) / flops)[0] == 0
 
 
 @pytest.mark.slow
 def test_a_slow_host_trains_a_smaller_model_recorded_in_the_config(text_data, tmp_path):
     out = tmp_path / "run"
-    args = [*TINY, "train.steps=12", "train.warmdown_steps=4", "train.time_budget_s=1000"]
+    tiny = [o for o in TINY if "batch_tokens" not in o]  # the demo's batch: TINY's would be the user's
+    args = [*tiny, "train.steps=12", "train.warmdown_steps=4", "train.time_budget_s=1000"]
     proc = run_speedrun(
         "train", "--out", str(out), f"data.dir={text_data}", *args, "train.budget_min_steps=100000000"
     )  # no host trains 10^8 steps in 1,000 s: everything shrinks to the floor
@@ -224,19 +233,22 @@ def test_a_slow_host_trains_a_smaller_model_recorded_in_the_config(text_data, tm
     assert fit.startswith("host fit: train.global_batch_tokens=512 ("), fit
 
 
-def test_measured_compile_keeps_the_faster_module():
-    from speedrun.train.host_fit import MeasuredCompile
+def test_compile_is_chosen_only_where_it_measures_clearly_faster(monkeypatch):
+    from speedrun.train import host_fit
 
-    model, lines = torch.nn.Linear(2, 2), []
-    for eager_s, compiled_s, expect in ((1.0, 0.5, "compiled"), (0.5, 1.0, "eager")):
-        chooser = MeasuredCompile(model, lines.append)
-        used = []
-        for step in range(6):
-            used.append(chooser.module(step))
-            chooser.measured(step + 1, compiled_s if used[-1] is chooser.compiled else eager_s)
-        assert used[:2] == [model, model] and used[2:4] == [chooser.compiled] * 2
-        winner = chooser.compiled if expect == "compiled" else model
-        assert used[4:] == [winner, winner] and lines[-1].startswith(f"compile: {expect} measured faster")
+    cfg = load_recipe("demo", ["train.budget_min_steps=0"])  # compile=auto, no size fit
+    for eager_s, compiled_s, expect in ((1.0, 0.5, 1), (1.0, 0.95, 0), (0.5, 1.0, 0)):
+
+        def probe(c, d, with_compiled=False, e=eager_s, k=compiled_s):
+            return e, k if with_compiled else float("inf")
+
+        monkeypatch.setattr(host_fit, "probe_steps", probe)
+        lines: list[str] = []
+        assert host_fit.measure(cfg, torch.device("cpu"), lines.append) == (0, expect)
+        name = "compiled" if expect else "eager"
+        assert lines == [lines[0]] and lines[0].startswith(
+            f"compile: {name} (measured {eager_s * 1000:.0f} ms"
+        )
 
 
 def test_muon_iterates_in_fp32_only_where_bf16_is_slow(monkeypatch):

@@ -277,10 +277,11 @@ class TrainConfig:
     checkpoint_keep: int = 2  # keep the newest K checkpoints (0 = keep all)
     sample_every: int = 0  # log a few fixed-prompt greedy samples every N steps (0 = never)
     wandb_project: str = ""  # also log to this Weights & Biases project (needs wandb; "" = off)
-    # train about this many seconds (timed steps): the step count is fixed from the first timed steps and
-    # saved in config.json; train.steps is then the most it may be (train/budget.py). 0 = off
+    # train about this many seconds (timed steps): the step count is planned from measured step times while
+    # the LR is constant, then saved in config.json; train.steps is the most it may be (train/budget.py)
     time_budget_s: float = 0.0
-    # with a time budget on CPU: halve the batch, then the width, until this many steps fit (host_fit.py)
+    # with a time budget on CPU, where fewer than this / 1.5 steps fit: halve the batch, then the width,
+    # until this many fit (host_fit.py); keys the user gave are kept
     budget_min_steps: int = 0
     val_autocast: bool = True  # validate under the training autocast; false: fp32 (2024-10-04 / 10-10)
     # --- issue 20: validation rows of this many tokens, one per process per val step (#21 on: 4·64K)
@@ -316,9 +317,15 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    # the dotted keys the user fixed (command line, own recipe file): automatic choices (host fit, time
+    # budget, precision, compile) leave them alone. Set where a config is loaded; config.json keeps it
+    # beside the config (config_files.FIXED), not inside: it says who chose a value, not what it is
+    fixed: frozenset[str] = field(default_factory=frozenset)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        del out["fixed"]
+        return out
 
 
 @functools.cache

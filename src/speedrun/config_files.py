@@ -51,12 +51,24 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
 
 
 def parse_overrides(cfg: Config, overrides: list[str]) -> None:
-    """Apply command-line `key=value` overrides."""
+    """Apply command-line `key=value` overrides; their keys join the keys the user fixed (`cfg.fixed`)."""
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         set_value(cfg, key.strip(), value.strip())
+        cfg.fixed |= {key.strip()}
+
+
+def table_keys(table: dict[str, Any]) -> set[str]:
+    """The dotted keys a recipe table sets (its `base` is a reference, not a setting)."""
+    keys: set[str] = set()
+    for key, value in table.items():
+        if isinstance(value, dict):
+            keys |= {f"{key}.{sub}" for sub in value}
+        elif key != "base":
+            keys.add(key)
+    return keys
 
 
 # Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
@@ -80,6 +92,9 @@ RESUMABLE_CHANGES = (
 #: config.json's one entry beside the config: the run's identity, made by RunDir when the run is created,
 #: which copies of the folder keep (so `compare` counts a copied run once). Not a setting.
 RUN_ID = "run_id"
+#: config.json's entry of the keys the user fixed (Config.fixed), so a resumed run's automatic choices
+#: leave the same keys alone. A list of dotted keys; absent in runs made before it (nothing fixed).
+FIXED = "fixed_by_user"
 
 
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
@@ -87,7 +102,11 @@ def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     if not isinstance(data, dict):  # a config.json holding a list or a number
         raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
     cfg = Config()
-    apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
+    apply_table(cfg, {k: v for k, v in data.items() if k not in (RUN_ID, FIXED)}, origin)
+    fixed = data.get(FIXED, [])
+    if not isinstance(fixed, list) or not all(isinstance(k, str) for k in fixed):
+        raise ConfigError(f"{origin}: {FIXED} must be a list of config keys, got {fixed!r}")
+    cfg.fixed = frozenset(fixed)
     return cfg
 
 

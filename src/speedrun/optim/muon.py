@@ -147,7 +147,7 @@ class Muon(torch.optim.Optimizer):
         momentum_form: str = "ema",
         ns_form: str = "fused",
         scale_in_update_dtype: bool = False,
-        ns_dtype: torch.dtype = torch.bfloat16,
+        ns_dtype: torch.dtype | None = None,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -163,10 +163,15 @@ class Muon(torch.optim.Optimizer):
             scale_in_update_dtype=scale_in_update_dtype,
         )
         self._process_group = process_group
-        self.ns_dtype = ns_dtype  # the iterations' precision: bf16 (the records), fp32 where bf16 is slow
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._cached_plan: tuple[tuple, list[_Bucket]] | None = None
         super().__init__(params, defaults)
+        if ns_dtype is None:  # as train.dtype=auto: the records' bf16 only where the device runs it fast
+            from speedrun.train.precision import fast_bf16  # (here: train/ builds on optim/, not back)
+
+            device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+            ns_dtype = torch.bfloat16 if fast_bf16(device.type)[0] else torch.float32
+        self.ns_dtype = ns_dtype  # the iterations' precision: bf16 (the records), fp32 where bf16 is slow
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking its options and that every tensor is a matrix or stack."""

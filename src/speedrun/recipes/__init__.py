@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from speedrun.config import Config, validate
-from speedrun.config_files import apply_table, parse_overrides, read_toml
+from speedrun.config_files import apply_table, parse_overrides, read_toml, table_keys
 from speedrun.errors import ConfigError
 
 DEFAULT_RECIPE = "demo"
@@ -39,6 +39,8 @@ def _resolve(name_or_path: str) -> Path:
 
 
 def _apply_file(cfg: Config, path: Path, seen: tuple[Path, ...]) -> None:
+    """Apply the recipe file and its bases; the keys a file of the user's own sets (not a bundled one)
+    join `cfg.fixed`, as an override does."""
     if path.resolve() in seen:
         raise ConfigError(f"recipe {path} inherits from itself")
     table = read_toml(path)
@@ -49,6 +51,8 @@ def _apply_file(cfg: Config, path: Path, seen: tuple[Path, ...]) -> None:
         base_path = _resolve(base) if not (path.parent / base).is_file() else path.parent / base
         _apply_file(cfg, base_path, (*seen, path.resolve()))
     apply_table(cfg, table, str(path))
+    if path.resolve().parent != _recipe_dir().resolve():
+        cfg.fixed |= table_keys(table)
 
 
 def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None = None) -> Config:
@@ -58,5 +62,8 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None 
     _apply_file(cfg, path, ())
     cfg.recipe = path.stem
     parse_overrides(cfg, overrides or [])
+    t = cfg.train
+    if t.time_budget_s == 0 and t.budget_min_steps > 0 and "train.budget_min_steps" not in cfg.fixed:
+        t.budget_min_steps = 0  # the recipe's host fit serves its budget: `train.time_budget_s=0` ends both
     validate(cfg)
     return cfg

@@ -10,6 +10,7 @@ checkpoint was saved), and trains only what is missing; a changed recipe or over
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import re
@@ -25,6 +26,12 @@ BASELINE = "baseline"
 REPORTING = (
     "description", "train.log_every", "train.val_every", "train.checkpoint_every", "train.checkpoint_at_end",
     "train.checkpoint_keep", "train.sample_every", "train.dist_timeout_s", "train.wandb_project",
+)  # fmt: skip
+#: what a time budget and the host fit choose (train/budget.py, train/host_fit.py): the baseline's first
+#: run chooses them once and every other run takes its values, so an arm differs by its switch alone
+AUTOMATIC = (
+    "train.steps", "train.time_budget_s", "train.budget_min_steps", "train.compile",
+    "train.global_batch_tokens", "train.micro_batch_tokens", "model.n_embd",
 )  # fmt: skip
 
 
@@ -149,8 +156,23 @@ def _found(folder: Path) -> str:
     return "new"
 
 
+def as_chosen_by(first: Path, cfg: Config, switch: str | None) -> Config:
+    """`cfg` with the automatic choices the run in `first` made (AUTOMATIC), except the arm's `switch`
+    (the --set values were the first run's too: it kept them, or they set its budget)."""
+    from speedrun.config import validate
+    from speedrun.config_files import flatten, read_run_config, set_value
+
+    chosen, out = flatten(read_run_config(first, DataError).to_dict()), copy.deepcopy(cfg)
+    for key in AUTOMATIC:
+        if switch is None or key != switch.partition("=")[0].strip():
+            set_value(out, key, chosen[key])
+    validate(out)
+    return out
+
+
 def train_arms(arms: list[Arm]) -> None:
-    """Train what is missing, one run after another; report what is reused or resumed."""
+    """Train what is missing, one run after another; report what is reused or resumed. When the recipe
+    chooses automatically (a time budget, a host fit), the baseline's first run chooses for all runs."""
     from speedrun.config_files import read_run_config
     from speedrun.train.checkpoint import list_checkpoints
     from speedrun.train.loop import train
@@ -167,8 +189,15 @@ def train_arms(arms: list[Arm]) -> None:
             raise DataError(
                 f"{folder} holds neither a finished run nor a checkpoint to resume; remove it to train again"
             )
+    first = todo[0][2]
+    automatic = todo[0][1].train.time_budget_s > 0 or todo[0][1].train.budget_min_steps > 0
     for i, (arm, cfg, folder) in enumerate(todo, 1):
         tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
+        if automatic and i > 1:
+            cfg = as_chosen_by(first, cfg, arm.switch)
+            if i == 2:
+                print(f"=== every run takes the steps ({cfg.train.steps}) and sizes that the time budget "
+                      f"and host fit chose for the first: {first}/config.json ===", flush=True)  # fmt: skip
         if states[folder] == "finished":
             print(f"=== {tag}: finished before, reused ===", flush=True)
         elif states[folder] == "stopped":
@@ -215,7 +244,7 @@ def results(arms: list[Arm]) -> list[Row]:
                 sd,
                 mean - base_mean if g is not groups[0] and None not in (mean, base_mean) else None,
                 test[1] if test else None,
-                mean_sd([r.steps * r.config["train.global_batch_tokens"] for r in done if r.steps])[0],
+                mean_sd([r.curve[-1][0] for r in done if r.curve])[0],  # stage-aware: the loop's count
                 mean_sd([r.train_time_s for r in done if r.train_time_s is not None])[0],
             )
         )

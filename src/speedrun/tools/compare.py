@@ -19,13 +19,13 @@ from pathlib import Path
 from types import ModuleType
 
 from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, check_replaceable, read_regular, write_atomic
-from speedrun.config_files import RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
+from speedrun.config_files import FIXED, RESUMABLE_CHANGES, RUN_ID, config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import printable
 from speedrun.train.rundir import RUN_FILES, read_records, saved_run_id
 
 #: Keys that may differ inside a group of repeats.
-NOT_COMPARED = ("train.seed", "data.dir", RUN_ID, *RESUMABLE_CHANGES)
+NOT_COMPARED = ("train.seed", "data.dir", RUN_ID, FIXED, *RESUMABLE_CHANGES)
 
 
 @dataclass

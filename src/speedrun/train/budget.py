@@ -1,35 +1,126 @@
-"""A run that fits a time budget: `train.time_budget_s` fixes the step count from measured step times.
+"""A run that fits a time budget: `train.time_budget_s` sets the step count from measured step times.
 
 Hosts differ about 20x in throughput (and bf16 ~100x), so a fixed step count cannot promise a CPU demo
-its few minutes everywhere. With a budget, `train.steps` is the most the run may take; after
-`PROBE_STEPS` timed steps the mean step time fixes the count once, `N = budget / step time`, and the
-run's config.json is rewritten with that N (and the budget set to 0: it has been spent on choosing N),
-so the LR schedule is a pure function of the step from then on and a resume continues exactly.
+its few minutes everywhere. With a budget, `train.steps` is the most the run may take. After
+`PROBE_STEPS` timed steps the count is planned from the median step time of the recent log intervals
+(robust to a step disturbed by another job), and planned again at every later log point while the LR
+is still on the constant part of the schedule, so a host that speeds up or slows down after the first
+steps still trains for about the budget; a new plan replaces the old only when it differs by more than
+`HYSTERESIS` (no churn from noise). The plan is final when the warm-down starts: config.json is then
+rewritten with that count and the budget spent (0), so a resume continues exactly.
 
-This is exact only if no value before the fix depends on the step count: the config check allows a
-budget only with the trapezoid schedule, a warm-down given in steps and no window warm-up, and N never
-falls below the step at the fix plus the warm-down, so every step before the fix lies on the constant
-part of the schedule whatever N turns out to be.
+Every plan keeps the steps done plus the warm-down, so no step before it leaves the constant part of
+the schedule (the config check allows a budget only with the trapezoid schedule, a warm-down in steps
+and no window warm-up). A budget that cannot act, because `train.steps` ends before its first plan plus
+the warm-down, is refused in one line when the user set it, else skipped with a log line; a recipe's
+budget is skipped, too, when the user fixed `train.steps` (they asked for that count).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Callable
 
-PROBE_STEPS = 4  # timed steps measured before the step count is fixed
+from speedrun.config import Config
+from speedrun.errors import ConfigError
+
+PROBE_STEPS = 4  # timed steps measured before the first plan
+RECENT = 8  # log intervals whose median step time plans the rest of the run
+HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more than this fraction
 
 
 def fix_point(timing_warmup_steps: int) -> int:
-    """The step (count of finished steps) at whose log point the step count is fixed."""
+    """The step (count of finished steps) at whose log point the step count is first planned."""
     return timing_warmup_steps + PROBE_STEPS
 
 
-def budget_steps(
-    budget_s: float, mean_step_s: float, untimed: int, done: int, warmdown_steps: int, max_steps: int
+def schedule_tail(cfg: Config) -> int:
+    """Steps at the end whose schedule depends on the step count (the LR warm-down, Muon's momentum
+    cool-down): a plan never starts them before the steps already done."""
+    return max(cfg.train.warmdown_steps, cfg.optim.muon_momentum_cooldown_steps)
+
+
+def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
+    """Decide, before anything runs, whether `cfg`'s time budget applies; when it cannot (see the module
+    doc) drop it in place with one log line, or refuse it (ConfigError) when the user set it."""
+    t = cfg.train
+    if t.time_budget_s <= 0:
+        return
+    given = {"train.time_budget_s", "train.budget_min_steps"} & cfg.fixed
+    first, tail = fix_point(t.timing_warmup_steps), schedule_tail(cfg)
+    if "train.steps" in cfg.fixed and not given:
+        why = f"train.steps={t.steps} was given, so the run trains exactly that many steps"
+    elif first + tail > t.steps:
+        why = (
+            f"train.steps ({t.steps}) ends before the count is planned at step {first} "
+            f"(train.timing_warmup_steps {t.timing_warmup_steps} + {PROBE_STEPS} measured) "
+            f"plus the warm-down ({tail})"
+        )
+        if given:
+            raise ConfigError(f"train.time_budget_s={t.time_budget_s:g} cannot act: {why}; raise "
+                              "train.steps or set train.time_budget_s=0")  # fmt: skip
+    else:
+        return
+    log(f"time budget: skipped ({why}); train.time_budget_s=0 in config.json")
+    t.time_budget_s, t.budget_min_steps = 0.0, 0
+
+
+def plan_steps(
+    budget_s: float,
+    timed_s: float,
+    timed_steps: int,
+    untimed: int,
+    step_s: float,
+    done: int,
+    tail: int,
+    cap: int,
 ) -> int:
-    """Steps whose timed part (all but the `untimed` warm-up steps) fits `budget_s` seconds at
-    `mean_step_s` a step; at least the steps already `done` plus the warm-down (so the schedule so far
-    stays valid) and at most `max_steps`."""
-    assert mean_step_s > 0 and budget_s > 0, (mean_step_s, budget_s)
-    fits = untimed + math.floor(budget_s / mean_step_s)
-    return max(done + warmdown_steps + 1, min(max_steps, fits))
+    """Steps whose timed part fits `budget_s`: the `timed_steps` that took `timed_s` so far, plus the
+    remaining time at `step_s` a step, plus the `untimed` warm-up steps; at least `done + tail` (the
+    schedule so far stays valid) and at most `cap` (train.steps)."""
+    assert step_s > 0 and budget_s > 0, (step_s, budget_s)
+    fits = untimed + timed_steps + math.floor(max(0.0, budget_s - timed_s) / step_s)
+    return max(done + tail, min(cap, fits))
+
+
+class Budget:
+    """The planned step count of one budgeted run. `steps` is the current plan (the cap, `train.steps`,
+    before the first); `observe` records each log interval and returns a log line when the plan changes."""
+
+    def __init__(self, cfg: Config, steps: int | None = None):
+        t = cfg.train
+        self.budget_s, self.cap, self.untimed = t.time_budget_s, t.steps, t.timing_warmup_steps
+        self.tail = schedule_tail(cfg)
+        self.steps = steps if steps is not None else t.steps
+        self.planned = steps is not None
+        self.recent: list[float] = []  # seconds per step of the last timed log intervals
+
+    def observe(
+        self, done: int, interval_s: float, interval_steps: int, timed_s: float, timed_steps: int
+    ) -> str | None:
+        """After the log point at step `done`: the last interval (timed part only) and the clock's totals."""
+        if interval_steps > 0:
+            self.recent = [*self.recent, interval_s / interval_steps][-RECENT:]
+        if timed_steps < PROBE_STEPS or not self.recent:
+            return None
+        step_s = statistics.median(self.recent)
+        plan = plan_steps(
+            self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
+        )
+        if (
+            self.planned
+            and abs(plan - self.steps) <= HYSTERESIS * self.steps
+            and self.steps >= done + self.tail
+        ):
+            return None
+        before, self.steps, self.planned = self.steps, plan, True
+        was = f"{before}, the most" if before == self.cap else before
+        return (
+            f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "
+            f"timed steps, median {step_s * 1000:.0f} ms/step over the last {len(self.recent)} log intervals"
+        )
+
+    def final(self, done: int) -> bool:
+        """Whether the plan can no longer change: the warm-down starts with the next step."""
+        return self.planned and done + self.tail >= self.steps

@@ -1,22 +1,30 @@
-"""Fit a budgeted CPU run to the host it runs on: its size from a measured probe, compile by measurement.
+"""Fit a budgeted CPU run to the host it runs on: compile and size chosen from a measured probe.
 
 CPUs differ ~20x in throughput (and bf16 ~100x), so a demo sized for one host learns nothing in its time
-budget on another. With `train.time_budget_s` and `train.budget_min_steps`, `size_to_host` times one
-eager forward+backward of a slice of the recipe's micro-batch (about a second on a slow CPU), estimates
-the step time, and halves the batch (down to 8 sequences) and then the width (down to 64) until the
-minimum number of steps fits the budget. The sizes are written into the run's config (config.json), so
-the run, its resume and its evaluation use them, and the log says what changed and why.
-
-`MeasuredCompile` decides `train.compile=auto` on a CPU by measurement: the first steps run eager, the
-next ones compiled, and the faster of the two trains on. Both are the same computation, and these
-steps are inside the timing warm-up, so nothing timed is lost.
+budget on another. With `train.time_budget_s` on a CPU, `fit_to_host` times forward+backward passes of
+the recipe's micro-batch on one process (rank 0, every core of the host, whatever the process count:
+the same work on 1 or 8 processes, so the same command chooses the same model), and every process takes
+its answers:
+- compile (`train.compile=auto`): eager and compiled passes are timed; compiled wins only when it is
+  `COMPILE_GAIN` faster (both are the same computation; a tie stays eager and skips compiling).
+- size (`train.budget_min_steps`): when fewer than `budget_min_steps / HYSTERESIS` steps fit the budget,
+  the batch is halved (down to 8 sequences), then the width (down to 64), until the minimum fits. A
+  recipe keeps its size unless the host is really too slow; a key the user fixed (`cfg.fixed`) is never
+  shrunk: it is kept, and the log says that the minimum does not fit.
+Each timing is the median of `REPEATS` passes after a first one (eager and compiled in turn), measured
+again when they spread more than `SPREAD` (the machine's load changed during the probe). The choices
+are written into the run's config (config.json), so the run, its resume and its evaluation use them,
+and one log line each says what was chosen and from which numbers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -25,101 +33,156 @@ from speedrun.model.gpt import GPT
 from speedrun.train.step import autocast, autocast_dtype
 
 MIN_ROWS, MIN_WIDTH = 8, 64  # the smallest batch (sequences) and width the fit shrinks to
+REPEATS = 3  # timed passes per probe, after a first untimed one
+SPREAD = 1.3  # slowest / fastest pass above this: the load changed, so the probe measures again (once)
+HYSTERESIS = 1.5  # shrink only when fewer than budget_min_steps / this fit the budget
+COMPILE_GAIN = 0.9  # compiled is chosen when its step takes less than this fraction of the eager one
 
 
-def probe_step_s(cfg: Config, device: torch.device) -> float:
-    """Estimated seconds of one optimizer step of `cfg` on `device`: one eager forward+backward of a
-    micro-batch timed after a first call, times the micro-batches per step, plus a tenth for the
-    optimizer. A full micro-batch, because a slice would measure per-op overhead, not the matmuls."""
+@contextlib.contextmanager
+def all_cores() -> Iterator[None]:
+    """Probe with every core this process may use, as one process of the run would (torchrun starts
+    each process with one thread): the measurement does not depend on the process count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) -> tuple[float, float]:
+    """Estimated seconds of one optimizer step of `cfg` on one process of `device`, eager and (with
+    `with_compiled`, else inf) compiled: the median of a micro-batch's forward+backward, times the
+    micro-batches per step, plus a tenth for the optimizer. The two are timed in turn, so a change of
+    the machine's load slows both alike. A full micro-batch: a slice would time per-op overhead."""
     t = cfg.train
     torch.manual_seed(0)
     model = GPT(cfg.model).to(device)
+    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)][
+        : 1 + with_compiled
+    ]  # as build_model
     x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
-    best = float("inf")
-    for _ in range(2):
+
+    def once(module: torch.nn.Module) -> float:
         start = time.perf_counter()
         with autocast(device, autocast_dtype(cfg)):
-            loss = model(x, x)
+            loss = module(x, x)
         loss.backward()
-        best = min(best, time.perf_counter() - start)
-    return 1.1 * best * t.global_batch_tokens / t.micro_batch_tokens
+        return time.perf_counter() - start
+
+    for module in modules:
+        once(module)  # first call: allocations (and compilation)
+    times: list[list[float]] = [[] for _ in modules]
+    for _ in range(2):  # a second round only when the first spread: the load changed meanwhile
+        for _ in range(REPEATS):
+            for module, seen in zip(modules, times, strict=True):
+                seen.append(once(module))
+        if all(max(seen) <= SPREAD * min(seen) for seen in times):
+            break
+    step = [1.1 * statistics.median(seen) * t.global_batch_tokens / t.micro_batch_tokens for seen in times]
+    return step[0], step[1] if with_compiled else float("inf")
 
 
 def shrink(cfg: Config) -> str | None:
-    """Halve the batch, else the width, in place; say what changed, or None when nothing can shrink."""
-    t, m = cfg.train, cfg.model
-    if t.global_batch_tokens // t.seq_len >= 2 * MIN_ROWS:
-        t.global_batch_tokens //= 2
-        t.micro_batch_tokens = min(t.micro_batch_tokens, t.global_batch_tokens)
+    """Halve the batch, else the width, in place, leaving the keys in `cfg.fixed` alone; say what
+    changed, or None when nothing can shrink."""
+    t, m, fixed = cfg.train, cfg.model, cfg.fixed
+    half = t.global_batch_tokens // 2
+    micro = t.micro_batch_tokens if "train.micro_batch_tokens" in fixed else min(t.micro_batch_tokens, half)
+    if "train.global_batch_tokens" not in fixed and half // t.seq_len >= MIN_ROWS and half % micro == 0:
+        t.global_batch_tokens, t.micro_batch_tokens = half, micro
         return f"train.global_batch_tokens={t.global_batch_tokens}"
     head_dim = m.n_embd // m.n_head
-    if m.n_embd // 2 >= MIN_WIDTH and head_dim % 4 == 0:  # halved heads stay even for rotary
+    if "model.n_embd" not in fixed and m.n_embd // 2 >= MIN_WIDTH and head_dim % 4 == 0:  # rotary: even
         m.n_embd //= 2
         return f"model.n_embd={m.n_embd}"
     return None
 
 
-def shrinks_needed(rcfg: Config, step_s: Callable[[Config], float]) -> tuple[int, float]:
-    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget, with
-    `step_s` measuring each candidate; and the last candidate's step time."""
+def shrinks_needed(
+    rcfg: Config, step_s: Callable[[Config], float], first_s: float | None = None
+) -> tuple[int, float, float]:
+    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget (none while
+    more than budget_min_steps / HYSTERESIS fit), with `step_s` measuring each candidate (`first_s`:
+    the recipe's size, already measured); and the first and the last candidate's step times."""
     t, trial, n = rcfg.train, copy.deepcopy(rcfg), 0
-    seconds = step_s(trial)
+    first = seconds = first_s if first_s is not None else step_s(trial)
+    if t.time_budget_s / seconds >= t.budget_min_steps / HYSTERESIS:
+        return 0, first, seconds
     while t.time_budget_s / seconds < t.budget_min_steps and shrink(trial):
         n, seconds = n + 1, step_s(trial)
-    return n, seconds
+    return n, first, seconds
 
 
-def size_to_host(
-    cfg: Config, rcfg: Config, device: torch.device, log: Callable[[str], None], agree: Callable[[int], int]
+def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> tuple[int, int]:
+    """Rank 0's probe: (the shrinks needed, 1 if compiled wins else 0), each logged with its numbers."""
+    t, choose_compile = rcfg.train, rcfg.train.compile == "auto"
+    ratio, use_compiled, at_size = 1.0, 0, None
+    with all_cores():
+        if choose_compile:
+            try:
+                eager, compiled = probe_steps(rcfg, device, with_compiled=True)
+            except torch._dynamo.exc.TorchDynamoException as e:  # no C++ compiler, for instance
+                eager, compiled = probe_steps(rcfg, device)
+                log(f"compile: compiling fails here ({(str(e).strip().splitlines() or ['?'])[0][:120]})")
+            use_compiled = int(compiled < COMPILE_GAIN * eager)
+            ratio = compiled / eager if use_compiled else 1.0
+            at_size = compiled if use_compiled else eager
+            log(f"compile: {'compiled' if use_compiled else 'eager'} (measured {eager * 1000:.0f} ms eager, "
+                f"{compiled * 1000:.0f} ms compiled per step, medians of {REPEATS}+; compiled wins when "
+                f"{1 - COMPILE_GAIN:.0%} faster)")  # fmt: skip
+        if t.budget_min_steps <= 0:
+            return 0, use_compiled
+        n, first, seconds = shrinks_needed(rcfg, lambda c: ratio * probe_steps(c, device)[0], at_size)
+    mode, budget, least = ("compiled" if use_compiled else "eager"), t.time_budget_s, t.budget_min_steps
+    trial = copy.deepcopy(rcfg)
+    changes = {str(c).split("=")[0]: str(c) for c in (shrink(trial) for _ in range(n))}  # a key once
+    numbers = f"{first * 1000:.0f} ms/step {mode} at the recipe's size: ~{int(budget / first)} steps in "
+    numbers += f"{budget:g}s"
+    if budget / first >= least / HYSTERESIS:
+        log(f"host fit: the recipe's size fits ({numbers}; train.budget_min_steps={least}, shrunk only "
+            f"below {least}/{HYSTERESIS:g})")  # fmt: skip
+        return 0, use_compiled
+    if n:
+        log(f"host fit: {', '.join(changes.values())} ({numbers}, fewer than train.budget_min_steps={least}/"
+            f"{HYSTERESIS:g}; now {seconds * 1000:.0f} ms/step: ~{int(budget / seconds)} steps)")  # fmt: skip
+    if budget / seconds < least and not shrink(trial):
+        batch = (
+            "train.global_batch_tokens"
+            if "train.global_batch_tokens" in rcfg.fixed
+            else "train.micro_batch_tokens"
+        )
+        given = sorted({batch, "model.n_embd"} & rcfg.fixed)  # what kept the size
+        why = f"{', '.join(given)} as given" if given else "nothing left to shrink"
+        log(f"host fit: kept the size ({why}), though only ~{int(budget / seconds)} of "
+            f"train.budget_min_steps={least} steps fit {budget:g}s "
+            f"at {seconds * 1000:.0f} ms/step {mode}")  # fmt: skip
+    return n, use_compiled
+
+
+def fit_to_host(
+    cfg: Config,
+    rcfg: Config,
+    device: torch.device,
+    is_main: bool,
+    agree: Callable[[int], int],
+    log: Callable[[str], None],
 ) -> bool:
-    """Shrink `cfg` (and its effective copy `rcfg`) until `train.budget_min_steps` fit the time budget;
-    `agree` makes every process take rank 0's answer. The fit is then spent (budget_min_steps = 0), so
-    a resume keeps the sizes. Returns whether anything shrank."""
-    measured, seconds = shrinks_needed(rcfg, lambda c: probe_step_s(c, device))
-    n = agree(measured)
-    changes = [shrink(cfg) for _ in range(n)]
+    """Choose compile and size for `cfg` (and its effective copy `rcfg`) from rank 0's probe; `agree`
+    gives every process rank 0's answers. The fit is then spent (budget_min_steps = 0, compile on or
+    off), so a resume keeps the choices. Returns whether the batch or width changed."""
+    n, use_compiled = measure(rcfg, device, log) if is_main else (0, 0)
+    n, use_compiled = agree(n), agree(use_compiled)
     for _ in range(n):
-        shrink(rcfg)
-    final = {str(c).split("=")[0]: str(c) for c in changes}  # a key halved twice is named once
-    what = ", ".join(final.values()) if n else "the recipe's size fits"
-    budget = cfg.train.time_budget_s
-    fits = int(budget / seconds)
-    log(f"host fit: {what} (measured {seconds * 1000:.0f} ms/step eager: ~{fits} steps in {budget:g}s)")
-    cfg.train.budget_min_steps = rcfg.train.budget_min_steps = 0
+        shrink(cfg)
+    r, t = rcfg.train, cfg.train
+    r.global_batch_tokens, r.micro_batch_tokens = t.global_batch_tokens, t.micro_batch_tokens
+    rcfg.model.n_embd = cfg.model.n_embd  # (rcfg's model may be cfg's own: shrunk once, not twice)
+    for c in (t, r):
+        c.budget_min_steps = 0
+        if c.compile == "auto":
+            c.compile = "on" if use_compiled else "off"
     return n > 0
-
-
-class MeasuredCompile:
-    """`train.compile=auto` on one CPU process: eager for the first steps, compiled for the next, then
-    whichever measured faster. `module(done)` is what step `done + 1` runs through."""
-
-    EAGER_STEPS = 2  # the first includes first-call costs; the second is measured
-
-    def __init__(self, model: torch.nn.Module, log: Callable[[str], None]):
-        self.model, self.log = model, log
-        self.compiled = torch.compile(model, dynamic=False, fullgraph=True)  # as build_model
-        self.times: dict[int, float] = {}
-        self.choice: torch.nn.Module | None = None
-
-    @property
-    def decide_at(self) -> int:
-        return 2 * self.EAGER_STEPS  # the compiled steps: the first compiles, the second is measured
-
-    def module(self, done: int) -> torch.nn.Module:
-        if self.choice is not None:
-            return self.choice
-        return self.model if done < self.EAGER_STEPS else self.compiled
-
-    def measured(self, done: int, seconds: float) -> None:
-        """Record the wall time of step `done` (a CPU never runs ahead, so it is exact)."""
-        if self.choice is not None:
-            return
-        self.times[done] = seconds
-        if done == self.decide_at:
-            eager, compiled = self.times[self.EAGER_STEPS], self.times[self.decide_at]
-            self.choice = self.compiled if compiled < eager else self.model
-            name = "compiled" if self.choice is self.compiled else "eager"
-            self.log(
-                f"compile: {name} measured faster here "
-                f"({eager * 1000:.0f} ms eager, {compiled * 1000:.0f} ms compiled)"
-            )

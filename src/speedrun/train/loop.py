@@ -10,6 +10,7 @@ never idles between steps; step times and tokens/s are exact averages over the s
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 import warnings
@@ -28,11 +29,11 @@ from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.model.gpt import GPT
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
-from speedrun.train.budget import PROBE_STEPS, budget_steps
+from speedrun.train.budget import Budget, settle_budget
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.environment import environment_report
 from speedrun.train.evaluate import evaluate
-from speedrun.train.host_fit import MeasuredCompile, size_to_host
+from speedrun.train.host_fit import fit_to_host
 from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.precision import effective_config
@@ -94,13 +95,14 @@ def compile_errors(compiled: bool) -> Iterator[None]:
 
 def restore(
     run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock
-) -> int:
+) -> tuple[int, int | None]:
     """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
-    recorded after it; return its step (0 for a run with no checkpoint: it starts over)."""
+    recorded after it; return its step (0 for a run with no checkpoint: it starts over) and the step
+    count its time budget had planned (None: none yet)."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         run.start_over(cfg.train.steps)
-        return 0
+        return 0, None
     state, saved = load_checkpoint(checkpoints[-1], model)
     try:  # through the typed config, so fields added since the checkpoint compare as their defaults
         saved_cfg = config_from_dict(saved, str(checkpoints[-1] / "config.json"))
@@ -126,15 +128,21 @@ def restore(
         torch.cuda.set_rng_state(state["rng"]["cuda"])
     run.truncate_metrics(state["step"])
     run.log(f"resumed from checkpoint at step {state['step']} in {run.path}")
-    return state["step"]
+    return state["step"], state.get("budget_steps")
 
 
 def training_state(
-    done: int, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock, device: torch.device
+    done: int,
+    optimizer: RunOptimizer,
+    loader: TokenLoader,
+    clock: StepClock,
+    device: torch.device,
+    budget: Budget | None,
 ) -> dict[str, Any]:
     """Everything besides the weights that a resumed run needs to continue exactly."""
     return {
         "step": done,
+        "budget_steps": budget.steps if budget is not None and budget.planned else None,
         "optimizer": optimizer.state_dict(),
         "loader": loader.state_dict(),
         "clock": clock.state_dict(),
@@ -151,21 +159,31 @@ def rank0_int(value: int, ctx: distributed.DistContext) -> int:
     return int(distributed.all_reduce_sum(mine, ctx).item())
 
 
-def fix_budget(
-    cfg: Config, rcfg: Config, done: int, mean_step_s: float, ctx: distributed.DistContext, run: RunDir
-) -> None:
-    """Fix the step count of a `train.time_budget_s` run from its measured step time (rank 0's, so every
-    rank agrees) and save it in config.json with the budget spent (train/budget.py)."""
-    t = cfg.train
-    steps = budget_steps(t.time_budget_s, mean_step_s, t.timing_warmup_steps, done, t.warmdown_steps, t.steps)
-    steps = rank0_int(steps, ctx)
-    run.log(
-        f"time budget {t.time_budget_s:g}s at {mean_step_s * 1000:.0f} ms/step: {steps} steps "
-        f"(train.steps was {t.steps}; saved in config.json)"
-    )
+def follow_budget(
+    budget: Budget,
+    cfg: Config,
+    rcfg: Config,
+    done: int,
+    interval: tuple[float, int],
+    clock: StepClock,
+    ctx: distributed.DistContext,
+    run: RunDir,
+) -> Budget | None:
+    """Plan the step count of a `train.time_budget_s` run again after a log point (rank 0's plan, so
+    every rank agrees; train/budget.py). The plan runs in `rcfg`; once final, it is saved in config.json
+    with the budget spent, and the budget is done (None)."""
+    line = budget.observe(done, *interval, clock.timed_s, clock.timed_steps)
+    steps = rank0_int(budget.steps, ctx) if ctx.distributed else budget.steps
+    if line:
+        run.log(line)
+    budget.steps = rcfg.train.steps = steps
+    if not budget.final(done):
+        return budget
+    run.log(f"time budget: {steps} steps are final (train.steps was {cfg.train.steps}; saved in config.json)")
     for c in (cfg, rcfg):
         c.train.steps, c.train.time_budget_s = steps, 0.0
     run.write_config(cfg)
+    return None
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
@@ -175,6 +193,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     checkpoint and produces the metrics the uninterrupted run would have.
     """
     wall_start, t = time.perf_counter(), cfg.train
+    notes: list[str] = []  # for the log, once it exists
+    settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs
     ctx = distributed.setup(t.device, t.dist_timeout_s)
     precision = resolve_precision(cfg, ctx.device)
     rcfg = effective_config(cfg, precision)  # what the model, the step and validation compute with
@@ -185,19 +205,20 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
+        for note in notes:
+            run.log(note)
         data = load_data(cfg, ctx, run)  # data problems surface first, before any probe
-        if t.budget_min_steps > 0 and ctx.device.type == "cpu":  # spent (0) in a resumed run's config
-            if size_to_host(cfg, rcfg, ctx.device, run.log, agree=lambda n: rank0_int(n, ctx)):
+        fit = t.budget_min_steps > 0 or t.compile == "auto"  # spent (0, on/off) in a resumed run's config
+        if fit and t.time_budget_s > 0 and ctx.device.type == "cpu":
+            agree = functools.partial(rank0_int, ctx=ctx)
+            if fit_to_host(cfg, rcfg, ctx.device, ctx.is_main, agree, run.log):
                 data = load_data(cfg, ctx, run)  # the batch changed: its split over processes too
             run.write_config(cfg)
         if ctx.device.type == "cuda":  # the memory guard: one line naming what fits, before any allocation
             need = check_fits(rcfg, ctx.world_size, compiles(rcfg, ctx.device), ctx.device)
             run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/memory.py)")
         model, train_model = build_model(rcfg, ctx)
-        chooser = None  # train.compile=auto on one CPU process with a time budget: measured
-        if t.compile == "auto" and t.time_budget_s > 0 and ctx.device.type == "cpu" and not ctx.distributed:
-            chooser = MeasuredCompile(model, run.log)
-        compiled = is_compiled(train_model) or chooser is not None  # not `is not model`: DDP wraps it too
+        compiled = is_compiled(train_model)  # not `is not model`: DDP wraps it too
         run.log(model_summary(model, t.seq_len))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
@@ -208,13 +229,16 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(
             f"batch: {t.global_batch_tokens:,} tokens/step = {ctx.world_size} processes x {accum} "
             f"micro-steps x {data.micro_batch_tokens:,} tokens ({data.micro_batch_tokens // t.seq_len} x "
-            f"{t.seq_len}); {t.steps} steps, device {ctx.device}, "
-            f"compile {'measured (eager or compiled)' if chooser else compiled}, {autocast_label(rcfg)}"
+            f"{t.seq_len}); {t.steps} steps{' at most' if t.time_budget_s > 0 else ''}, "
+            f"device {ctx.device}, "
+            f"compile {compiled}, {autocast_label(rcfg)}"
         )
         if t.stages:  # the batch above is only the rows of a step: the stages set its tokens
             run.log(describe_stages(stage_plan(cfg), accum, ctx.world_size))
         clock = StepClock(ctx.device)
-        start_step = restore(run, cfg, model, optimizer, loader, clock) if resume else 0
+        start_step, planned = restore(run, cfg, model, optimizer, loader, clock) if resume else (0, None)
+        budget = Budget(cfg, planned) if t.time_budget_s > 0 else None  # rcfg.train.steps: its plan
+        rcfg.train.steps = budget.steps if budget else t.steps
         if is_compiled(train_model):  # issue 20: compile every shape untimed, then restore everything
             one_val_batch = ctx.world_size * data.val_micro_batch_tokens
             with compile_errors(True):
@@ -231,7 +255,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         )
 
         def checkpoint(done: int) -> Path | None:
-            state = training_state(done, optimizer, loader, clock, ctx.device)
+            state = training_state(done, optimizer, loader, clock, ctx.device, budget)
             path = None
             if ctx.is_main:
                 path = save_checkpoint(
@@ -244,37 +268,38 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         # ---- the steps ----
         signals.install()
-        for step in range(start_step, t.steps + 1):
+        for step in range(start_step, t.steps + 1):  # t.steps: the most; rcfg.train.steps: the end
             sched = schedule_at(step, rcfg)
             apply_schedule(sched, optimizer, model)
-            if step == t.steps or (t.val_every > 0 and step % t.val_every == 0):
+            if step == rcfg.train.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 val = evaluate(
                     train_model, rcfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
                 )
                 progress.validation(step, *val)
-            if step == t.steps:
+            if step == rcfg.train.steps:
                 break
 
             clock.start()
-            started, module = time.perf_counter(), chooser.module(step) if chooser else train_model
             with compile_errors(compiled):
-                loss = train_step(module, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale)
-            if chooser:  # a CPU step has finished when train_step returns
-                chooser.measured(step + 1, time.perf_counter() - started)
+                loss = train_step(
+                    train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale
+                )
             progress.add(loss)
 
             done = step + 1
             save = (t.checkpoint_every > 0 and done % t.checkpoint_every == 0) or (
-                done == t.steps and t.checkpoint_at_end
+                done == rcfg.train.steps and t.checkpoint_at_end
             )
             local_stop = signals.received if not ctx.distributed else None  # free to check on one process
             if not progress.is_log_point(done, forced=bool(save or local_stop)):
                 continue
             # ---- log point: the host waits for the device here, and only here ----
+            timed_before = clock.timed_s, clock.timed_steps
             stop = progress.log_point(done, loss, sched.lr, signals.received)
-            if t.time_budget_s > 0 and clock.timed_steps >= PROBE_STEPS:
-                fix_budget(cfg, rcfg, done, clock.mean_step_s(), ctx, run)
+            if budget is not None:
+                interval = (clock.timed_s - timed_before[0], clock.timed_steps - timed_before[1])
+                budget = follow_budget(budget, cfg, rcfg, done, interval, clock, ctx, run)
             progress.samples(done, model, data.tokenizer)
             path = checkpoint(done) if save or stop else None
             if stop:

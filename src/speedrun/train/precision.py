@@ -4,7 +4,8 @@ bf16 is the records' precision and a GPU's fast path, but a CPU without bf16 ins
 x86 such as AMD Zen 1-3 or Intel client parts, or an ARM core without BF16) emulates it about 100x
 slower than fp32. So `train.dtype="auto"` means bf16 autocast only where bf16 matmuls are fast, and a
 recipe that pins `bf16` for fidelity keeps it on a GPU and on fast CPUs but falls back to fp32, with one
-log line saying so, on a CPU where it would crawl (its bf16 parameter storage falls back with it).
+log line saying so, on a CPU where it would crawl (its bf16 parameter storage falls back with it); a
+`train.dtype=bf16` the user gave (`cfg.fixed`) is kept, with a log line saying that it is slow here.
 
 `fast_bf16(device)` decides from the CPU's flags and `torch.backends.cpu.get_cpu_capability()` (which
 honours ATEN_CPU_CAPABILITY), confirmed by a sub-second matmul probe that also catches
@@ -86,6 +87,8 @@ def resolve(cfg: Config, device: torch.device) -> Precision:
         return Precision("bf16", f"train.dtype={asked}: {why}")
     if asked == "auto":
         return Precision("fp32", f"train.dtype=auto: {why}")
+    if "train.dtype" in cfg.fixed:  # the user asked for bf16: kept (principle 15), slow as it may be
+        return Precision("bf16", f"train.dtype=bf16 as given, though slow here: {why}")
     return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
 
 

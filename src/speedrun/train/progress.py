@@ -197,9 +197,17 @@ class Progress:
         raise_cached_peak(self.ctx.device, self.precision.autocast, self.peak_flops)
         self.run.write_summary(result)
         bpb = f", val bpb {self.val_bpb:.4f}" if self.val_bpb is not None else ""
+        if self.clock.timed_steps:
+            timed = (
+                f"train time {self.clock.timed_s:.1f}s (wall {result['wall_time_s']:.1f}s) | "
+                f"{result['tokens_per_s']:,.0f} tok/s"
+            )
+        else:  # every step was timing warm-up (compilation, first calls): no rate to report
+            warm = self.cfg.train.timing_warmup_steps
+            wall = result["wall_time_s"]
+            timed = f"no step timed (all within train.timing_warmup_steps={warm}; wall {wall:.1f}s)"
         self.run.log(
-            f"done: val loss {self.val_loss:.4f}{bpb} | train time {self.clock.timed_s:.1f}s "
-            f"(wall {result['wall_time_s']:.1f}s) | {result['tokens_per_s'] or 0:,.0f} tok/s | "
+            f"done: val loss {self.val_loss:.4f}{bpb} | {timed} | "
             f"data wait {self.loader.total_wait_s:.2f}s | "
             f"peak memory {result['peak_memory_bytes'] / 2**20:,.0f} MiB | run dir {self.run.path}"
         )

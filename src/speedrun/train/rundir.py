@@ -19,7 +19,7 @@ from typing import Any
 
 from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
 from speedrun.config import Config
-from speedrun.config_files import RUN_ID
+from speedrun.config_files import FIXED, RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
 
@@ -243,6 +243,7 @@ class RunDir:
         if not self.enabled:
             return
         saved = {RUN_ID: self.run_id, **cfg.to_dict()} if self.run_id else cfg.to_dict()
+        saved[FIXED] = sorted(cfg.fixed)
         write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
