@@ -235,3 +235,49 @@ def test_ablate_trains_the_given_steps_and_arms_of_a_budget_train_the_baselines(
     printed = capsys.readouterr().out
     steps = {json.loads((run / "summary.json").read_text())["steps"] for run in out.iterdir()}
     assert len(steps) == 1 and f"every run takes the steps ({steps.pop()})" in printed
+
+
+def test_a_host_that_slows_in_the_warm_down_ends_sooner_and_keeps_the_budget(
+    text_data, tmp_path, monkeypatch
+):
+    """A simulated clock: 0.4 s a step until the planned warm-down begins, 1.2 s after (another job
+    started). The plan is final by then; with the count kept, the 20 warm-down steps would take 24 s
+    instead of 8 (over 50% past the 30 s budget). The warm-down ends sooner instead: the budget holds
+    within 10%, the LR never rises, and config.json gives the count a resume trains."""
+    from speedrun.train import loop, timing
+
+    now, steps, slow_from = [0.0], [0], [None]
+    real_follow = loop.follow_budget
+
+    def follow(budget, *args, **kwargs):
+        result = real_follow(budget, *args, **kwargs)
+        if slow_from[0] is None and budget.final(steps[0]):
+            slow_from[0] = steps[0]
+        return result
+
+    def step(*args, **kwargs):
+        steps[0] += 1
+        now[0] += 0.4 if slow_from[0] is None else 1.2
+        return real_step(*args, **kwargs)
+
+    real_step = loop.train_step
+    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(loop, "follow_budget", follow)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    out = tmp_path / "run"
+    budget = [
+        "train.time_budget_s=30",
+        "train.budget_min_steps=0",
+        "train.compile=off",
+        "train.warmdown_steps=20",
+    ]
+    assert main(["train", "--recipe", "demo", "--out", str(out), f"data.dir={text_data}", *SMALL, *budget,
+                 "train.val_every=0"]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert slow_from[0] is not None and summary["status"] == "finished"
+    assert summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
+    saved = json.loads((out / "config.json").read_text())["train"]
+    assert saved["steps"] == summary["steps"] == steps[0] and saved["time_budget_s"] == 0
+    assert summary["steps"] < slow_from[0] + 20  # the warm-down was cut, not run in full
+    lr = lrs(out)
+    assert all(b <= a for a, b in zip(lr, lr[1:], strict=False))

@@ -9,6 +9,10 @@ steps still trains for about the budget; a new plan replaces the old only when i
 `HYSTERESIS` (no churn from noise). The plan is final when the warm-down starts: config.json is then
 rewritten with that count and the budget spent (0), so a resume continues exactly.
 
+In the warm-down the plan may only end sooner: when the steps left at the recent median would overrun
+the budget by more than `HYSTERESIS` (the host slowed after the warm-down began), the count is cut to what
+fits, so the LR falls faster and never rises (config.json is saved again with the new count).
+
 Every plan keeps the steps done plus the warm-down, so no step before it leaves the constant part of
 the schedule (the config check allows a budget only with the trapezoid schedule, a warm-down in steps
 and no window warm-up). A budget that cannot act, because `train.steps` ends before its first plan plus
@@ -105,6 +109,8 @@ class Budget:
         if timed_steps < PROBE_STEPS or not self.recent:
             return None
         step_s = statistics.median(self.recent)
+        if self.final(done):
+            return self._end_sooner(done, timed_s, timed_steps, step_s)
         plan = plan_steps(
             self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
         )
@@ -124,3 +130,18 @@ class Budget:
     def final(self, done: int) -> bool:
         """Whether the plan can no longer change: the warm-down starts with the next step."""
         return self.planned and done + self.tail >= self.steps
+
+    def _end_sooner(self, done: int, timed_s: float, timed_steps: int, step_s: float) -> str | None:
+        """In the warm-down: cut the count when the steps left would overrun the budget by more than
+        HYSTERESIS of it (ending sooner only moves the LR down), else keep it."""
+        if timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
+            return None
+        plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, 1, self.steps)
+        if plan >= self.steps:
+            return None
+        before, self.steps = self.steps, plan
+        return (
+            f"time budget {self.budget_s:g}s: ends at {plan} steps (was {before}): {timed_s:.1f}s used in "
+            f"{timed_steps} timed steps, median {step_s * 1000:.0f} ms/step over the last {len(self.recent)} "
+            "log intervals would overrun it; the warm-down ends sooner (the LR only falls faster)"
+        )

@@ -168,22 +168,24 @@ def follow_budget(
     clock: StepClock,
     ctx: distributed.DistContext,
     run: RunDir,
-) -> Budget | None:
+) -> Budget:
     """Plan the step count of a `train.time_budget_s` run again after a log point (rank 0's plan, so
-    every rank agrees; train/budget.py). The plan runs in `rcfg`; once final, it is saved in config.json
-    with the budget spent, and the budget is done (None)."""
+    every rank agrees; train/budget.py). The plan runs in `rcfg`; once final (the warm-down has begun)
+    it is saved in config.json with the budget spent, and saved again if the warm-down ends sooner."""
     line = budget.observe(done, *interval, clock.timed_s, clock.timed_steps)
     steps = rank0_int(budget.steps, ctx) if ctx.distributed else budget.steps
     if line:
         run.log(line)
     budget.steps = rcfg.train.steps = steps
-    if not budget.final(done):
+    if not budget.final(done) or (cfg.train.time_budget_s == 0 and cfg.train.steps == steps):
         return budget
-    run.log(f"time budget: {steps} steps are final (train.steps was {cfg.train.steps}; saved in config.json)")
+    if cfg.train.time_budget_s > 0:
+        was = cfg.train.steps
+        run.log(f"time budget: {steps} steps are final (train.steps was {was}; saved in config.json)")
     for c in (cfg, rcfg):
         c.train.steps, c.train.time_budget_s = steps, 0.0
     run.write_config(cfg)
-    return None
+    return budget
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
