@@ -1,0 +1,171 @@
+"""The gpt2026 family's model config (records #26 on): a fixed block, and per-layer lists.
+
+What every 2025–26 record has is not a field: rotary (half-truncated), parameter-free RMSNorm, QK-norm,
+ReLU², no biases, a fused QKV, untied head, the x0 shortcut, document masks, scaled-uniform init with
+zero output projections. What differs by layer is a typed list (TOML arrays, not comma strings), read
+once by model/gpt2026/specs.py into one LayerSpec per layer; a technique a recipe does not use is an
+empty list or a 0, and the model then has no part for it. Torch-free, like the rest of the config layer.
+
+`from_model_config` is the one converter from the gpt2024 switches (what config.json of a 2025 run
+written before the split holds) to this config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from speedrun.config_types import PosInt, SeqLen
+
+if TYPE_CHECKING:
+    from speedrun.config import ModelConfig
+
+
+@dataclass
+class Gpt2026Config:
+    """Shape, per-layer lists and the few whole-model numbers of the gpt2026 family."""
+
+    family: Literal["gpt2026"] = "gpt2026"
+    vocab_size: PosInt = 50257
+    pad_vocab_to: PosInt = 128
+    n_layer: PosInt = 12
+    n_head: PosInt = 6
+    n_embd: PosInt = 768
+    mlp_ratio: PosInt = 4
+    max_seq_len: SeqLen = 262144
+    eot_id: int = 50256
+    pad_embeddings: bool = True  # token/value embedding rows padded like the head
+    embed_dtype: Literal["fp32", "bf16"] = "bf16"
+    # --- per layer (n_layer entries, or layer indices) ---
+    attention_layers: list[int] = field(default_factory=list)  # layers with attention (#35: not 0)
+    mlp_layers: list[int] = field(default_factory=list)  # layers with an MLP (#30: not 0)
+    windows: list[str] = field(default_factory=list)  # per layer "L" (long) or "S" (short)
+    value_embeds: list[int] = field(default_factory=list)  # per layer its value-embedding table, -1 none
+    skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
+    key_offset_layers: list[int] = field(default_factory=list)  # #49
+    paired_layers: list[int] = field(default_factory=list)  # #58
+    # --- attention ---
+    # varlen: packed documents with cu_seqlens (#29 on); auto/sdpa/flex: document-masked attention
+    # with a tensor window (#26's sliding window, model.window*)
+    attention: Literal["auto", "sdpa", "flex", "varlen"] = "varlen"
+    window: int = 0
+    window_granularity: Literal["token", "block"] = "token"
+    window_warmup: Literal["none", "floor", "ceil"] = "none"
+    window_warmup_start: int = 64
+    window_unit: PosInt = 128
+    attn_scale: float = 0.1
+    yarn: bool = False  # #31
+    rope_precision: Literal["auto", "fp32", "bf16", "bf16-angles"] = "auto"  # #32: bf16
+    attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
+    ve_gate: int = 0  # #55
+    value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
+    # --- connections ---
+    skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
+    skip_gate: int = 0  # #55
+    resid_lambda_init: float = 1.0  # #45: 1.1
+    x0_lambda_apart: bool = False  # #52
+    backout_layer: int = 0  # #40; 0 none
+    # --- embeddings, MLP, head ---
+    smear: int = 0  # #34: input dims of the smear gate (12); 0 none
+    bigram_rows: int = 0  # #62
+    mlp_fc_transposed: bool = False  # #27
+    logit_softcap: float = 15.0
+    softcap_divisor: float = 0.0
+    softcap_offset: float = 0.0  # #54
+    softcap_in_bf16: bool = False
+    ce_bf16: bool = False  # #37
+    fp8_head: bool = True
+    zero_init_head: bool = True
+    head_init_std: float = 0.0  # #51/#53
+    mtp: int = 0  # #53
+
+    # what shared code reads of any family's config (the 2024 switches this family does not have)
+    tie_embeddings = False
+    fused_qkv = True
+    bf16_model = False
+    logits_vocab_only = False
+    positional = "rotary"
+
+    @property
+    def window_pattern(self) -> str:
+        return "".join(self.windows)
+
+
+def _layers(text: str) -> set[int]:
+    return {int(s) for s in text.split(",") if s.strip()}
+
+
+def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
+    """gpt2024's value_embeds names as per-layer tables (model/layout.value_embed_layout), -1 none."""
+    layouts = {
+        "none": [-1] * L,
+        "per-layer": list(range(L)),
+        "unet": list(range(L // 2)) + list(range(L // 2))[::-1],
+        "ends": list(range(k)) + [-1] * (L - 2 * k) + list(range(k)),
+        "ends-late": list(range(1, k)) + [-1] * (L - 2 * k + 1) + list(range(k)),
+        "untied-late": list(range(k - 1)) + [-1] * (L - 2 * k + 1) + list(range(k - 1, 2 * k - 1)),
+    }
+    return layouts[kind]
+
+
+def from_model_config(m: ModelConfig) -> Gpt2026Config:
+    """A 2025 recipe's ModelConfig (gpt2024 switches) → the same model as a Gpt2026Config.
+    Assumes what every 2025 recipe has (config_checks.gpt2026_convertible names what is missing)."""
+    L = m.n_layer
+    no_attn, no_mlp = _layers(m.no_attention_layers), _layers(m.no_mlp_layers)
+    attn = [i for i in range(L) if i not in no_attn]
+    mlp = [i for i in range(L) if i not in no_mlp]
+    windows = list(m.window_pattern or "L" * L)
+    ve = _value_embed_layout(m.value_embeds, m.value_embed_tables, L)
+    if m.skips:
+        skips = [[int(a), int(b)] for a, b in (p.split(">") for p in m.skips.split(",") if p.strip())]
+    else:  # U-Net: weight j feeds decoder layer L - L//2 + j from encoder layer L//2 - 1 - j
+        skips = [[L - 1 - dst, dst] for dst in range(L - L // 2, L)]
+    return Gpt2026Config(
+        vocab_size=m.vocab_size,
+        pad_vocab_to=m.pad_vocab_to,
+        n_layer=L,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+        mlp_ratio=m.mlp_ratio,
+        max_seq_len=m.max_seq_len,
+        eot_id=m.eot_id,
+        pad_embeddings=m.pad_embeddings,
+        embed_dtype=m.embed_dtype,
+        attention_layers=attn,
+        mlp_layers=mlp,
+        windows=windows,
+        value_embeds=ve,
+        skips=skips,
+        key_offset_layers=[i for i in attn if m.key_offset and windows[i] == "L"],
+        paired_layers=sorted(_layers(m.paired_heads)),
+        attention=m.attention,
+        window=m.window,
+        window_granularity=m.window_granularity,
+        window_warmup=m.window_warmup,
+        window_warmup_start=m.window_warmup_start,
+        window_unit=m.window_unit,
+        attn_scale=m.attn_scale,
+        yarn=m.yarn,
+        rope_precision=m.rope_precision,
+        attn_gate=m.attn_gate,
+        ve_gate=m.ve_gate,
+        value_mix="weights" if m.value_mix == "weights" else "lambdas",
+        skip_gate_form=m.unet_gate,
+        skip_gate=m.skip_gate,
+        resid_lambda_init=m.resid_lambda_init,
+        x0_lambda_apart=m.x0_lambda_apart,
+        backout_layer=m.backout_layer,
+        smear=m.smear,
+        bigram_rows=m.bigram_rows,
+        mlp_fc_transposed=m.mlp_fc_transposed,
+        logit_softcap=m.logit_softcap,
+        softcap_divisor=m.softcap_divisor,
+        softcap_offset=m.softcap_offset,
+        softcap_in_bf16=m.softcap_in_bf16,
+        ce_bf16=m.ce_bf16,
+        fp8_head=m.fp8_head,
+        zero_init_head=m.zero_init_head,
+        head_init_std=m.head_init_std,
+        mtp=m.mtp,
+    )
