@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from speedrun.config_checks import cross_field_checks
+from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
@@ -37,8 +38,10 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
 
 @dataclass
 class ModelConfig:
-    """Shape and architecture switches of the GPT (see model/gpt.py)."""
+    """Shape and architecture switches of the gpt2024 family's GPT (see model/gpt.py)."""
 
+    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config_model.Gpt2026Config
+    family: Literal["gpt2024", "gpt2026"] = "gpt2024"
     vocab_size: PosInt = 50257
     pad_vocab_to: PosInt = 128  # round embedding/head rows up to a multiple of this (1 = no padding)
     n_layer: PosInt = 12
@@ -306,7 +309,7 @@ class Config:
 
     recipe: str = "custom"
     description: str = ""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig | Gpt2026Config = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -322,21 +325,26 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+#: model config class per family: `model.family` picks one when a table or override sets it
+MODEL_FAMILIES: dict[str, type] = {"gpt2024": ModelConfig, "gpt2026": Gpt2026Config}
+
+
 def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
-    cls = sections().get(section)
-    if cls is None or name not in field_types(cls):
-        return None
-    typ, _ = strip_annotation(field_types(cls)[name])
-    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+    classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
+    for cls in classes:
+        if cls is not None and name in field_types(cls):
+            typ, _ = strip_annotation(field_types(cls)[name])
+            return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+    return None
 
 
 def check_fields(cfg: Config) -> None:
     """Every field against its declared type, range and choices (defaults and direct edits included)."""
-    for section, cls in sections().items():
+    for section in sections():
         obj = getattr(cfg, section)
-        for name, typ in field_types(cls).items():
+        for name, typ in field_types(type(obj)).items():
             coerce(f"{section}.{name}", getattr(obj, name), typ)
 
 
@@ -345,6 +353,7 @@ def all_keys() -> list[str]:
     keys = ["recipe", "description"]
     for section, cls in sections().items():
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    keys += [f"model.{f.name}" for f in dataclasses.fields(Gpt2026Config) if f"model.{f.name}" not in keys]
     return keys
 
 

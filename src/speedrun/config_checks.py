@@ -139,7 +139,12 @@ def cross_field_checks(cfg: Config) -> None:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
     _check_stages(cfg)
-    _validate_model_switches(m)
+    if m.family == "gpt2026":
+        from speedrun.config_model import check
+
+        check(m)
+    else:
+        _validate_model_switches(m)
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
         raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
@@ -178,10 +183,14 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-    tables["ends-late"], tables["untied-late"] = m.value_embed_tables, 2 * m.value_embed_tables - 1
+    if m.family == "gpt2026":
+        n_tables = len({j for j in m.value_embeds if j >= 0})
+    else:
+        tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
+        tables["ends-late"], tables["untied-late"] = m.value_embed_tables, 2 * m.value_embed_tables - 1
+        n_tables = tables[m.value_embeds]
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
+    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
     if weights > memory:
         raise ConfigError(

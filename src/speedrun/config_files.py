@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.atomic import read_regular
-from speedrun.config import Config, all_keys, field_types, sections
+from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
+from speedrun.config_model import legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 
@@ -29,10 +30,13 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         setattr(cfg, key, coerce(key, value, str))
         return
     section, _, name = key.partition(".")
-    known = sections()
-    if section not in known or name not in field_types(known[section]):
+    if section not in sections() or name not in field_types(type(getattr(cfg, section))):
         raise _unknown_key(key, all_keys())
-    typed = coerce(key, value, field_types(known[section])[name])
+    typed = coerce(key, value, field_types(type(getattr(cfg, section)))[name])
+    if key == "model.family":  # a new family starts from its own defaults (recipes: inherits no [model])
+        if typed != cfg.model.family:
+            cfg.model = MODEL_FAMILIES[typed]()
+        return
     setattr(getattr(cfg, section), name, typed)
 
 
@@ -44,7 +48,7 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
         if isinstance(value, dict):
             if key not in sections():
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
-            for sub, subval in value.items():
+            for sub, subval in sorted(value.items(), key=lambda kv: kv[0] != "family"):  # family first
                 set_value(cfg, f"{key}.{sub}", subval)
         else:
             set_value(cfg, key, value)
@@ -86,6 +90,9 @@ def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
     if not isinstance(data, dict):  # a config.json holding a list or a number
         raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
+    legacy = legacy_model_table(data)  # a 2025 run's config.json from before the families (gpt2026)
+    if legacy is not None:
+        data = {**data, "model": legacy}
     cfg = Config()
     apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
     return cfg

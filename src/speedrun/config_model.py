@@ -12,10 +12,14 @@ written before the split holds) to this config.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from speedrun.config_types import PosInt, SeqLen
+from speedrun.config_types import PosInt, Range, SeqLen
+from speedrun.errors import ConfigError
+
+TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
 
 if TYPE_CHECKING:
     from speedrun.config import ModelConfig
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
 class Gpt2026Config:
     """Shape, per-layer lists and the few whole-model numbers of the gpt2026 family."""
 
-    family: Literal["gpt2026"] = "gpt2026"
+    family: Literal["gpt2024", "gpt2026"] = "gpt2026"  # config.MODEL_FAMILIES
     vocab_size: PosInt = 50257
     pad_vocab_to: PosInt = 128
     n_layer: PosInt = 12
@@ -40,7 +44,9 @@ class Gpt2026Config:
     attention_layers: list[int] = field(default_factory=list)  # layers with attention (#35: not 0)
     mlp_layers: list[int] = field(default_factory=list)  # layers with an MLP (#30: not 0)
     windows: list[str] = field(default_factory=list)  # per layer "L" (long) or "S" (short)
-    value_embeds: list[int] = field(default_factory=list)  # per layer its value-embedding table, -1 none
+    value_embeds: list[TableIndex] = field(
+        default_factory=list
+    )  # per layer its value-embedding table, -1 none
     skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
     key_offset_layers: list[int] = field(default_factory=list)  # #49
     paired_layers: list[int] = field(default_factory=list)  # #58
@@ -85,14 +91,98 @@ class Gpt2026Config:
     bf16_model = False
     logits_vocab_only = False
     positional = "rotary"
+    rope_half_truncated = True
+    document_mask = True
+    window_block_list = False
 
     @property
     def window_pattern(self) -> str:
         return "".join(self.windows)
 
 
+def check(m: Gpt2026Config) -> None:
+    """The family's own rules: per-layer lists of n_layer entries, layer indices in range, and what a
+    part needs of the others. A fixed composition has no switch combinations to refuse."""
+    L = m.n_layer
+    for key in ("windows", "value_embeds"):
+        if getattr(m, key) and len(getattr(m, key)) != L:
+            raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
+    if any(w not in ("L", "S") for w in m.windows):
+        raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
+    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
+        layers = getattr(m, key)
+        if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
+            raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
+    if not set(m.key_offset_layers) | set(m.paired_layers) <= set(m.attention_layers):
+        raise ConfigError("model.key_offset_layers and model.paired_layers must be attention layers")
+    if any(len(p) != 2 or not 0 <= p[0] < p[1] < L for p in m.skips) or len({p[1] for p in m.skips}) < len(
+        m.skips
+    ):
+        raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
+    if m.paired_layers and m.n_head % 2:
+        raise ConfigError("model.paired_layers needs an even model.n_head")
+    if (m.n_embd // m.n_head) % 4:
+        raise ConfigError("the gpt2026 rotary (half-truncated) needs a head dimension divisible by 4")
+    gates = {"attn_gate": m.attn_gate, "ve_gate": m.ve_gate, "skip_gate": m.skip_gate, "smear": m.smear}
+    for key, dims in gates.items():
+        if dims > m.n_embd:
+            raise ConfigError(f"model.{key} ({dims}) must not exceed model.n_embd ({m.n_embd}) input dims")
+    if m.skip_gate and not m.skips:
+        raise ConfigError("model.skip_gate gates skips: it needs model.skips")
+    if not 0 <= m.backout_layer < L:
+        raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
+    if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
+        raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
+    if "S" in m.windows and m.attention != "varlen" and m.window <= 0:
+        raise ConfigError("model.windows with short (S) layers needs model.window > 0 or attention=varlen")
+    if m.head_init_std < 0 or (m.head_init_std > 0 and m.zero_init_head):
+        raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
+    if m.softcap_offset and m.logit_softcap <= 0:
+        raise ConfigError("model.softcap_offset needs model.logit_softcap > 0")
+
+
 def _layers(text: str) -> set[int]:
     return {int(s) for s in text.split(",") if s.strip()}
+
+
+#: what every 2025 recipe's gpt2024 model has (and gpt2026 fixes): a config.json without `family` whose
+#: model has all of these and whose data come from the document loader (#26 on) is a gpt2026 model
+_FIXED_2025 = {
+    "positional": "rotary", "norm": "rmsnorm", "activation": "relu2", "bias": False, "fused_qkv": True,
+    "qk_norm": True, "embed_norm": True, "tie_embeddings": False, "zero_init_proj": True,
+    "init": "scaled-uniform", "softcap_form": "sigmoid", "document_mask": True, "unet": True,
+    "x0_shortcut": True, "value_residual": False, "rope_half_truncated": True, "qk_norm_after_rotary": False,
+    "bf16_model": False, "logits_vocab_only": False, "norm_eps": 0.0, "norm_fp32": False,
+    "attn_residual_scale": False, "window_block_list": False, "sdpa_kernel": "auto", "mlp_ratio": 4,
+}  # fmt: skip
+
+
+def legacy_model_table(data: dict) -> dict | None:
+    """A config.json (its dict) written before the split, for a 2025 recipe: its `model` section as a
+    gpt2026 table (the one converter of old run folders); None when it is a gpt2024 model."""
+    model, loader = data.get("model"), (data.get("data") or {}).get("loader")
+    if not isinstance(model, dict) or "family" in model or loader != "documents":
+        return None
+    if any(model.get(k, v) != v for k, v in _FIXED_2025.items()) or model.get("value_embeds") in (
+        None,
+        "none",
+    ):
+        return None
+    try:
+        new = from_model_config(_Fields(model))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"model: a pre-split 2025 model section that cannot be converted ({e})") from None
+    return dataclasses.asdict(new)
+
+
+class _Fields:
+    """A dict read as attributes (from_model_config reads a ModelConfig's)."""
+
+    def __init__(self, d: dict):
+        self._d = d
+
+    def __getattr__(self, name: str):
+        return self._d[name]
 
 
 def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:

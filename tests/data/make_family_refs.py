@@ -6,7 +6,8 @@ generator seeded by its name (so the values do not depend on the order of creati
 fp32: the loss and every gradient of one forward/backward, then the loss and every parameter after each
 of 3 optimizer steps through the training step and the run's optimizer. Values are sha256 of the bytes
 (bit for bit) with the fp64 norm beside them (to tell how far off a mismatch is). tests/test_families.py
-imports `run` and compares the new family's values with `family_refs.json`.
+imports `run` and compares the new family's values with `family_refs.json`; each recipe's entry also holds its
+shrunk config (as config.json holds it) and its seeded initialization.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def overrides(name: str) -> list[str]:
     long and short windows, layers without attention or MLP (an empty one where the recipe has one), the
     U-Net or explicit skips, backout, value embeddings at both ends, key offset on long layers; two
     stages (windows 1/1 blocks, then 1/2 with YaRN) so the third step runs after a stage change."""
-    from speedrun.recipes import load_recipe
     from tests.recipe_matrix import shrink
+
+    from speedrun.recipes import load_recipe
 
     out = [*shrink(name), "train.steps=4", "model.embed_dtype=fp32", "model.fp8_head=false"]
     out += ["optim.muon_ns_dtype=fp32"]
@@ -80,15 +82,24 @@ def digest(t: torch.Tensor) -> list:
     return [sha, float(t.double().norm())]
 
 
-def run(name: str, build: Callable) -> dict:
-    """The values of one recipe with the model `build(cfg)` (cfg: the shrunk Config)."""
-    from speedrun.recipes import load_recipe
+def init_values(cfg, build: Callable) -> dict:
+    """Per parameter of the model as `build` initializes it under seed 0: [sha256, fp64 mean, std]."""
+    torch.manual_seed(0)
+    model = build(cfg)
+    return {
+        n: [digest(p)[0], p.double().mean().item(), p.double().std(correction=0).item()]
+        for n, p in model.named_parameters()
+    }
+
+
+def run(cfg, build: Callable) -> dict:
+    """The values of one shrunk recipe `cfg` (a Config) with the model `build(cfg)`."""
+    from tests.recipe_matrix import rows
+
     from speedrun.train.optimizers import build_optimizer
     from speedrun.train.schedule import apply_schedule, schedule_at
     from speedrun.train.step import train_step
-    from tests.recipe_matrix import rows
 
-    cfg = load_recipe(name, overrides(name))
     torch.manual_seed(0)
     model = build(cfg)
     fill_(model)
@@ -98,7 +109,6 @@ def run(name: str, build: Callable) -> dict:
     loss = model(*rows(cfg, x[:1], y[:1]))
     loss.backward()
     out = {
-        "overrides": overrides(name),
         "loss": loss.item(),
         "grads": {n: digest(p.grad) for n, p in model.named_parameters() if p.grad is not None},
         "steps": [],
@@ -120,14 +130,24 @@ def run(name: str, build: Callable) -> dict:
 
 
 def main() -> None:
-    from speedrun.model.gpt import GPT
+    """Run from a clean checkout of the pre-split commit (or an export of it, naming it in REF_COMMIT)."""
+    import os
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout
-    assert not dirty.strip(), "make the references from committed code"
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes import load_recipe
+
+    commit = (
+        os.environ.get("REF_COMMIT")
+        or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    )
+    if "REF_COMMIT" not in os.environ:
+        dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout
+        assert not dirty.strip(), "make the references from committed code"
     refs = {"commit": commit, "torch": torch.__version__, "recipes": {}}
     for name in RECIPES:
-        refs["recipes"][name] = run(name, lambda cfg: GPT(cfg.model))
+        cfg = load_recipe(name, overrides(name))
+        build = lambda cfg: GPT(cfg.model)  # noqa: E731
+        refs["recipes"][name] = {"config": cfg.to_dict(), "init": init_values(cfg, build), **run(cfg, build)}
         print(name, refs["recipes"][name]["loss"], [s["loss"] for s in refs["recipes"][name]["steps"]])
     OUT.write_text(json.dumps(refs, indent=1, sort_keys=True) + "\n")
 
