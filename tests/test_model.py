@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import MaskSpec, attend, document_ids, spec_dense_mask
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 
 TINY = dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64)
@@ -19,7 +19,7 @@ SHRINK = [f"model.{k}={v}" for k, v in TINY.items()] + ["train.seq_len=32", "tra
 def test_loss_at_init_is_near_log_vocab(recipe):
     cfg = load_recipe(recipe, SHRINK + ["model.vocab_size=512"]).model
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = build_model(cfg)
     x = torch.randint(0, 512, (4, 32))
     loss = model(x, torch.roll(x, -1, dims=1)).item()
     rows = model.lm_head.weight.size(0)  # padded rows take a share of the probability at init
@@ -28,7 +28,7 @@ def test_loss_at_init_is_near_log_vocab(recipe):
 
 def test_zero_init_head_gives_exactly_uniform_logits():
     cfg = load_recipe("untied-2024-11", SHRINK + ["model.vocab_size=300"]).model
-    model = GPT(cfg)
+    model = build_model(cfg)
     x = torch.randint(0, 300, (2, 16))
     assert model(x, x).item() == pytest.approx(math.log(model.lm_head.weight.size(0)), abs=1e-5)
 
@@ -56,7 +56,7 @@ def test_document_mask_changes_the_model_only_across_documents():
         **TINY, vocab_size=64, positional="rotary", norm="rmsnorm", document_mask=True, eot_id=0
     )
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = build_model(cfg)
     doc_a = torch.randint(1, 64, (1, 10))
     doc_b = torch.cat([torch.zeros(1, 1, dtype=torch.long), torch.randint(1, 64, (1, 9))], dim=1)
     joined = model(torch.cat([doc_a, doc_b], dim=1))
@@ -68,7 +68,7 @@ def test_document_mask_changes_the_model_only_across_documents():
 def test_param_roles_cover_every_parameter_once():
     for recipe in ["gpt2-baseline", "untied-2024-11"]:
         cfg = load_recipe(recipe, SHRINK).model
-        model = GPT(cfg)
+        model = build_model(cfg)
         roles = model.param_roles()
         ids = [id(p) for group in roles.values() for _, p in group]
         assert len(ids) == len(set(ids)) == len(list(model.parameters()))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
 
@@ -39,7 +40,7 @@ def _head_only(name: str) -> GPT:
         softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg).eval()
+    model = build_model(cfg).eval()
     torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits of a few tens: the cap binds
     return model
 

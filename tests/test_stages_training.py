@@ -23,6 +23,7 @@ from speedrun.config import ModelConfig
 from speedrun.errors import ConfigError
 from speedrun.model import varlen
 from speedrun.model.attention_tiers import varlen_attention
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
 from speedrun.tools.evaluate import evaluate_loss
@@ -160,7 +161,7 @@ def tiny_model(**model) -> GPT:
                 norm="rmsnorm", activation="relu2", bias=False, qk_norm=True, eot_id=0,
                 window_pattern="LS")  # fmt: skip
     torch.manual_seed(0)
-    return GPT(ModelConfig(**{**base, **model}))
+    return build_model(ModelConfig(**{**base, **model}))
 
 
 def packed_row(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

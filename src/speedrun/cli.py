@@ -117,12 +117,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         import torch
 
-        from speedrun.model.gpt import GPT
+        from speedrun.model.families import build_model
         from speedrun.model.summary import model_summary
 
         print(_dumps(cfg.to_dict()))
         with torch.device("meta"):  # counts and shapes only: no memory, no init time
-            model = GPT(cfg.model)
+            model = build_model(cfg.model)
         print(model_summary(model, cfg.train.seq_len))
         return 0
     from speedrun.train.loop import train

@@ -31,6 +31,9 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         return
     section, _, name = key.partition(".")
     if section not in sections() or name not in field_types(type(getattr(cfg, section))):
+        other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and name in field_types(cls)]
+        if section == "model" and other:
+            raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
         raise _unknown_key(key, all_keys())
     typed = coerce(key, value, field_types(type(getattr(cfg, section)))[name])
     if key == "model.family":  # a new family starts from its own defaults (recipes: inherits no [model])

@@ -91,6 +91,8 @@ class Gpt2026Config:
     bf16_model = False
     logits_vocab_only = False
     positional = "rotary"
+    softcap_form = "sigmoid"
+    sdpa_kernel = "auto"
     rope_half_truncated = True
     document_mask = True
     window_block_list = False
@@ -104,6 +106,10 @@ def check(m: Gpt2026Config) -> None:
     """The family's own rules: per-layer lists of n_layer entries, layer indices in range, and what a
     part needs of the others. A fixed composition has no switch combinations to refuse."""
     L = m.n_layer
+    if not m.attention_layers and not m.mlp_layers:
+        raise ConfigError(
+            "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
+        )
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
@@ -113,22 +119,34 @@ def check(m: Gpt2026Config) -> None:
         layers = getattr(m, key)
         if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
-    if not set(m.key_offset_layers) | set(m.paired_layers) <= set(m.attention_layers):
-        raise ConfigError("model.key_offset_layers and model.paired_layers must be attention layers")
+    if not set(m.key_offset_layers) <= set(m.attention_layers):
+        raise ConfigError("model.key_offset_layers must be attention layers")
+    if m.paired_layers and not set(m.paired_layers) <= set(m.attention_layers) - set(m.key_offset_layers):
+        raise ConfigError(
+            f"model.paired_layers {m.paired_layers} must name layers with attention and without #49's "
+            "key offset"
+        )
+    if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
+        raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
     if any(len(p) != 2 or not 0 <= p[0] < p[1] < L for p in m.skips) or len({p[1] for p in m.skips}) < len(
         m.skips
     ):
         raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
-    if m.paired_layers and m.n_head % 2:
-        raise ConfigError("model.paired_layers needs an even model.n_head")
     if (m.n_embd // m.n_head) % 4:
         raise ConfigError("the gpt2026 rotary (half-truncated) needs a head dimension divisible by 4")
-    gates = {"attn_gate": m.attn_gate, "ve_gate": m.ve_gate, "skip_gate": m.skip_gate, "smear": m.smear}
-    for key, dims in gates.items():
-        if dims > m.n_embd:
-            raise ConfigError(f"model.{key} ({dims}) must not exceed model.n_embd ({m.n_embd}) input dims")
-    if m.skip_gate and not m.skips:
-        raise ConfigError("model.skip_gate gates skips: it needs model.skips")
+    for key in ("attn_gate", "smear"):
+        if getattr(m, key) > m.n_embd:
+            raise ConfigError(
+                f"model.{key} ({getattr(m, key)}) must not exceed model.n_embd ({m.n_embd}) input dims"
+            )
+    for key, needs, ok in (
+        ("ve_gate", "model.value_embeds", max(m.value_embeds, default=-1) >= 0),
+        ("skip_gate", "model.skips", bool(m.skips)),
+    ):
+        if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
+            raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.bigram_rows and not 2 <= m.bigram_rows <= 2**31:
+        raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:
         raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:

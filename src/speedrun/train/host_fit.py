@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.train.step import autocast, autocast_dtype
 
 MIN_ROWS, MIN_WIDTH = 8, 64  # the smallest batch (sequences) and width the fit shrinks to
@@ -33,7 +33,7 @@ def probe_step_s(cfg: Config, device: torch.device) -> float:
     optimizer. A full micro-batch, because a slice would measure per-op overhead, not the matmuls."""
     t = cfg.train
     torch.manual_seed(0)
-    model = GPT(cfg.model).to(device)
+    model = build_model(cfg.model).to(device)
     x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
     best = float("inf")
     for _ in range(2):

@@ -165,7 +165,8 @@ def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
     """The model's part of the schedule (the window, or the stage's windows, YaRN and MTP weights),
     written by the model's family (model/families.py). Also what a finished run is evaluated with
     (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
-    families.apply_schedule(model, values)
+    if values.stage is not None or values.window > 0:  # else nothing to write
+        families.apply_schedule(model, values)
 
 
 def tokens_through(steps: int, cfg: Config) -> int:

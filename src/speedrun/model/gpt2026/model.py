@@ -185,7 +185,11 @@ class GPT2026(nn.Module):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states → fp32 logits over the padded vocab, softcapped."""
-        return head.capped_logits(self.lm_head, x, self.head_spec, self.training).float()
+        return self.capped_logits(x).float()
+
+    def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
+        return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
 
     def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
         """Parameters by role for today's optimizer table (labels replace this once it reads them)."""
