@@ -33,7 +33,6 @@ LAYOUT_FIELDS = (
     "window_pattern",
     "window_block_list",
     "no_attention_layers",
-    "no_mlp_layers",
     "value_embeds",
     "value_embed_tables",
     "windows",  # the gpt2026 family's per-layer lists

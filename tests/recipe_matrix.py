@@ -48,18 +48,15 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out += ["model.window=192", "model.window_warmup_start=64"]
     if m.family == "gpt2026":
         out += _gpt2026_layers(m, n_layer)
-    elif m.window_pattern:
-        out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
-    if m.family == "gpt2024" and m.no_attention_layers:
-        out.append(f"model.no_attention_layers={n_layer // 2}")
-    if m.family == "gpt2024" and m.value_embeds in ("ends", "ends-late"):
-        out.append("model.value_embed_tables=1")
-    if m.family == "gpt2024" and m.value_embeds == "ends-late" and n_layer < 4:  # one table: the last layer
-        out.append("model.no_attention_layers=0")
-    if m.family == "gpt2024" and m.skips:  # #45's one skip 3 → 6 of 11: from the first layer to the last
-        out.append(f"model.skips=0>{n_layer - 1}")
-    if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
-        out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
+        if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
+            out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
+    else:
+        if m.window_pattern:
+            out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
+        if m.no_attention_layers:
+            out.append(f"model.no_attention_layers={n_layer // 2}")
+        if m.value_embeds == "ends":
+            out.append("model.value_embed_tables=1")
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
     if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256

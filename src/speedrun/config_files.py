@@ -13,7 +13,7 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
-from speedrun.config_model import legacy_model_table
+from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 
@@ -96,6 +96,8 @@ def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     legacy = legacy_model_table(data)  # a 2025 run's config.json from before the families (gpt2026)
     if legacy is not None:
         data = {**data, "model": legacy}
+    elif isinstance(data.get("model"), dict) and "family" not in data["model"]:  # gpt2024, pre-split
+        data = {**data, "model": legacy_gpt2024_table(data["model"])}
     cfg = Config()
     apply_table(cfg, {k: v for k, v in data.items() if k != RUN_ID}, origin)
     return cfg

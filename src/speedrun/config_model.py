@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from speedrun.config_types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
 TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
-
-if TYPE_CHECKING:
-    from speedrun.config import ModelConfig
 
 
 @dataclass
@@ -175,6 +172,28 @@ _FIXED_2025 = {
 }  # fmt: skip
 
 
+#: the 2025–26 switches the gpt2024 ModelConfig had before the families (their defaults: off)
+REMOVED_2024 = {
+    "softcap_divisor": 0.0, "softcap_offset": 0.0, "yarn": False, "mlp_fc_transposed": False,
+    "attn_gate": 0, "no_mlp_layers": "", "unet_gate": "weight", "smear": 0, "ce_bf16": False,
+    "backout_layer": 0, "key_offset": False, "skips": "", "resid_lambda_init": 1.0, "bigram_rows": 0,
+    "paired_heads": "", "ve_gate": 0, "skip_gate": 0, "x0_lambda_apart": False, "head_init_std": 0.0,
+    "mtp": 0,
+}  # fmt: skip
+
+
+def legacy_gpt2024_table(model: dict) -> dict:
+    """A pre-split config.json's gpt2024 `model` section without the 2025–26 switches it wrote at their
+    defaults (off); one switched on is not a gpt2024 model any more: refused in one line."""
+    for key, default in REMOVED_2024.items():
+        if key in model and model[key] != default:
+            raise ConfigError(
+                f"model.{key}={model[key]!r}: a 2025–26 switch the gpt2024 family no longer has, in a model "
+                "that is not a 2025 recipe's gpt2026 model (config.json written before the families)"
+            )
+    return {k: v for k, v in model.items() if k not in REMOVED_2024}
+
+
 def legacy_model_table(data: dict) -> dict | None:
     """A config.json (its dict) written before the split, for a 2025 recipe: its `model` section as a
     gpt2026 table (the one converter of old run folders); None when it is a gpt2024 model."""
@@ -216,9 +235,9 @@ def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
     return layouts[kind]
 
 
-def from_model_config(m: ModelConfig) -> Gpt2026Config:
-    """A 2025 recipe's ModelConfig (gpt2024 switches) → the same model as a Gpt2026Config.
-    Assumes what every 2025 recipe has (config_checks.gpt2026_convertible names what is missing)."""
+def from_model_config(m) -> Gpt2026Config:
+    """A 2025 recipe's pre-split model section (gpt2024 switches, read as attributes) → the same model
+    as a Gpt2026Config. Assumes what every 2025 recipe has (`legacy_model_table` checks it first)."""
     L = m.n_layer
     no_attn, no_mlp = _layers(m.no_attention_layers), _layers(m.no_mlp_layers)
     attn = [i for i in range(L) if i not in no_attn]

@@ -29,16 +29,10 @@ class Family:
 def _gpt2024() -> Family:
     from speedrun.config import ModelConfig
     from speedrun.model.gpt import GPT
-    from speedrun.model.mtp import write_weights
-    from speedrun.model.varlen import set_stage
 
-    def apply(model: nn.Module, values: Any) -> None:
-        if values.stage is not None:
-            v = values.stage
-            set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
-            if hasattr(model, "mtp_weights"):  # #53
-                write_weights(model.mtp_weights, v.mtp_weights)
-        elif values.window > 0:
+    def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
+        assert values.stage is None, "config checks: train.stages needs the gpt2026 family"
+        if values.window > 0:
             model.set_attention_window(values.window)
 
     return Family("gpt2024", ModelConfig, GPT, apply, lambda m, t: m.flops_per_token(t))

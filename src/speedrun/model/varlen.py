@@ -1,6 +1,7 @@
-"""The model's variable-length attention path (#29 on): a batch row packs documents, their bounds come
-as `cu_seqlens` from the document loader, and every attention layer calls
-attention_tiers.varlen_attention (FA3 / Flex / blocked SDPA by hardware) with its own window.
+"""The windows of the variable-length attention path (#29 on, gpt2026): a batch row packs documents,
+their bounds come as `cu_seqlens` from the document loader, and every attention layer calls
+attention_tiers.varlen_attention (FA3 / Flex / blocked SDPA by hardware) with its own window
+(model/gpt2026/windows.py). This module holds the window state a stage sets, and YaRN's updates.
 
 Windows are Python ints (the varlen kernels take them so), set per stage by `set_stage`: a layer marked
 L in `model.window_pattern` takes the long window, S the short one. A stage gives them in 128-token
@@ -15,10 +16,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
-from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids
-from speedrun.model.attention_tiers import varlen_attention
+from speedrun.model.attention import BLOCK_SIZE
 from speedrun.model.yarn import rotary_tables, yarn_after
 
 
@@ -47,49 +46,6 @@ def initial_windows(window: int) -> VarlenWindows:
 def blocks_to_tokens(blocks: int) -> int:
     """A record's window of `blocks` blocks (FA3 `window_size=(blocks·128, 0)`, inclusive) in our rule."""
     return blocks * BLOCK_SIZE + 1
-
-
-def _layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: int, max_seqlen: int):
-    """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
-    q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D); paired heads (#58): (1, H/2, 2T, D)
-    if attn.paired:
-        cu_seqlens, max_seqlen = 2 * cu_seqlens, 2 * max_seqlen
-    k = attn.attended_keys(k)
-    q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
-    y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    return attn.output(y.transpose(0, 1)[None], h), raw_v
-
-
-def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
-    """Per layer, the varlen attention call (None for layers without attention), for GPT.hidden."""
-    assert idx.size(0) == 1, "varlen batches are one packed row"
-    w: VarlenWindows = model.varlen_windows
-    T = idx.size(1)
-    max_seqlen = min(T, w.max_doc_len) if model.training and w.max_doc_len > 0 else T
-    pattern = model.cfg.window_pattern or "L" * model.cfg.n_layer
-    fns = []
-    for kind, block in zip(pattern, model.blocks, strict=True):
-        window = w.long if kind == "L" else w.short
-        fns.append(
-            None
-            if block.attn is None
-            else functools.partial(_layer, cu_seqlens=cu_seqlens, window=window, max_seqlen=max_seqlen)
-        )
-    return fns
-
-
-def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
-    """Per layer, the MaskSpec of a forward without cu_seqlens (cached decoding, generation): documents
-    from the BOS tokens and the layer's current window, the varlen call's semantics."""
-    w: VarlenWindows = model.varlen_windows
-    docs = document_ids(tokens, model.cfg.eot_id)
-
-    def spec(window: int) -> MaskSpec:
-        t = torch.tensor(window, device=tokens.device) if window > 0 else None
-        return MaskSpec(docs, t, max_window=window)
-
-    long, short = spec(w.long), spec(w.short)
-    return [long if kind == "L" else short for kind in model.cfg.window_pattern or "L" * model.cfg.n_layer]
 
 
 def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, yarn: tuple[int, ...]) -> None:

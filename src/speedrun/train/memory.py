@@ -30,7 +30,7 @@ import torch
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model
-from speedrun.model.layout import attention_layers, mlp_layers, padded_vocab, value_embed_layout
+from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
 from speedrun.optim.muon import set_muon_split
 from speedrun.optim.table import build_banks, build_rows
 
@@ -114,7 +114,7 @@ def _layer_facts(m) -> tuple[list[bool], list[bool], list[int | None], set[int],
     skipped = {i for i in range(L) if i >= L - n_skip > 0}
     mixes, layout = m.value_residual or m.value_embeds != "none", value_embed_layout(m)
     mixed = [mixes and (m.value_mix == "lambdas" or j is not None or m.value_residual) for j in layout]
-    return attention_layers(m), mlp_layers(m), layout, skipped, mixed, m.x0_shortcut
+    return attention_layers(m), [True] * L, layout, skipped, mixed, m.x0_shortcut
 
 
 def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:

@@ -132,11 +132,11 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
         "scalar": o.scalar_lr,
         "value_embed": o.value_embed_lr or o.embed_lr,
     }
-    if model.cfg.x0_lambda_apart:  # #52: the x0 lambdas in the main Adam (its betas), not with the scalars
+    if getattr(model.cfg, "x0_lambda_apart", False):  # gpt2026's #52: the x0 lambdas in the main Adam
         lrs["x0"] = o.scalar_lr
     if smear_gate:
         lrs["smear_gate"] = o.smear_gate_lr
-    if model.cfg.skip_gate:  # #55
+    if getattr(model.cfg, "skip_gate", 0):  # gpt2026's #55
         lrs["skip_gate"] = o.skip_gate_lr
     if o.gate_lr > 0:  # #56
         lrs["gate"] = o.gate_lr
