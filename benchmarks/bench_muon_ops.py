@@ -20,7 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.rules import muon_parts
 from speedrun.recipes import load_recipe
+from speedrun.train.optimizers import model_rules
 
 
 def cuda_launches(name: str, args: tuple) -> int:
@@ -56,10 +58,11 @@ def recipe_muon(recipe: str, device: str) -> Muon:
     with torch.device(device):
         model = GPT(cfg.model)
     o = cfg.optim
-    matrices = model.param_roles()["matrix"]
-    for name, p in matrices:
-        if cfg.model.fused_qkv and name.endswith("c_attn.weight"):
-            set_muon_split(p, 3)
+    matrices = [(e.name, e.param) for e in model_rules(model, cfg) if e.rule.rule != "adam"]
+    for e in model_rules(model, cfg):
+        if e.rule.rule != "adam" and e.param.ndim == 2:
+            set_muon_split(e.param, muon_parts(e))
+    for _, p in matrices:
         p.grad = torch.randn_like(p)
     options = {}
     if hasattr(o, "muon_momentum_form"):  # switches added with the record-fidelity work; absent before

@@ -23,10 +23,10 @@ import torch
 
 from bench_muon_ops import OpCounter
 from speedrun.model.gpt import GPT
-from speedrun.optim.muon import muon_split, set_muon_split
+from speedrun.optim.rules import muon_parts
 from speedrun.optim.sharded import Collectives
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer, build_table_optimizer, qkv_parts
+from speedrun.train.optimizers import build_optimizer, build_table_optimizer, model_rules
 
 
 class CountingCollectives(Collectives):
@@ -69,11 +69,11 @@ def old_path(recipe: str, world: int) -> dict[str, int]:
     """DDP all-reduce of every gradient + Muon's bf16 all-gather; replicated state (Adam 2x, Muon 1x)."""
     cfg, model = model_on_meta(recipe)
     grads = sum(_nbytes(p) for p in model.parameters())
-    matrices = model.param_roles()["matrix"]
+    matrices = [e for e in model_rules(model, cfg) if e.rule.rule != "adam"]
     counts: Counter[tuple[int, int]] = Counter()
-    for name, p in matrices:
-        set_muon_split(p, qkv_parts(name, cfg))
-        parts = muon_split(p) if p.ndim == 2 else math.prod(p.shape[:-2])
+    for e in matrices:
+        p = e.param
+        parts = muon_parts(e) if p.ndim == 2 else math.prod(p.shape[:-2])
         counts[(p.shape[-2] // (parts if p.ndim == 2 else 1), p.shape[-1])] += parts
     gather = sum(math.ceil(n / world) * world * r * c * 2 for (r, c), n in counts.items())
     opt = build_optimizer(model, cfg)

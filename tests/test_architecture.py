@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.config import ModelConfig
+from speedrun.config import ModelConfig, OptimConfig
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
+from speedrun.model.labels import labelled
 from speedrun.model.layers import Rotary, rotary_frequencies, softcap
 from speedrun.model.layout import value_embed_layout
+from speedrun.optim.rules import MUON_GROUPS, label_rules, param_rules
 from speedrun.recipes import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -211,11 +213,14 @@ def test_value_embeddings_reach_the_layers_of_their_layout(layout, tables):
                 torch.testing.assert_close(model.blocks[i].attn.mix_values(v, other), expected)
 
 
-def test_param_roles_route_new_parameters():
+def test_labels_route_new_parameters():
+    """The Muon optimizer's groups, from the labels the model parts declare."""
     model = build_model(
         tiny(value_embeds="unet", value_mix="lambdas", unet=True, x0_shortcut=True, fused_qkv=True)
     )
-    roles = {role: [n for n, _ in group] for role, group in model.param_roles().items()}
+    roles = {group: [] for group in MUON_GROUPS}
+    for e in param_rules(model, label_rules(OptimConfig(name="muon"), 16)):
+        roles[e.rule.group].append(e.name)
     assert set(roles["embed"]) == {"wte.weight"} | {f"value_embeds.{j}.weight" for j in range(L // 2)}
     assert "skip_weights" in roles["scalar"]
     assert all(
@@ -223,8 +228,9 @@ def test_param_roles_route_new_parameters():
         for i in range(L)
     )
     assert all(name.startswith("blocks.") for name in roles["matrix"])
-    ids = [id(p) for group in model.param_roles().values() for _, p in group]
+    ids = [id(p) for _, p, _ in labelled(model)]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert sum(map(len, roles.values())) == len(ids)
 
 
 def test_sigmoid_softcap_is_the_tanh_softcap_shifted():

@@ -27,7 +27,7 @@ from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_table_optimizer
+from speedrun.train.optimizers import build_table_optimizer, model_rules
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.test_stages_recipe import (
     BLOCK,
@@ -307,14 +307,15 @@ def test_the_gates_rows_are_the_records():
     one statistic per head), the skip gate in the main Adam at its own LR (label skip_gate)."""
     cfg = load_recipe(BASE, GATED)
     model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
-    rows = {r.name: r for r in build_rows(model.param_roles(), 1, gate_row_stats=True)}
+    assert cfg.optim.normuon_gate_row_stats
+    rows = {r.name: r for r in build_rows(model_rules(model, cfg), 1)}
     ve_gates = [n for n in rows if ".ve_gate." in n]
     assert ve_gates == [f"blocks.{i}.attn.ve_gate.proj.weight" for i in (0, 1, 8, 9, 10)]
     assert all((rows[n].rule, rows[n].gate_rows, rows[n].lr_mul) == ("normuon", True, 1.0) for n in ve_gates)
     assert (rows["skip_gate.proj.weight"].rule, rows["skip_gate.proj.weight"].label) == ("adam", "skip_gate")
     cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
     model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
-    rows = {r.name: r for r in build_rows(model.param_roles(), 8)}
+    rows = {r.name: r for r in build_rows(model_rules(model, cfg), 8)}
     assert (rows["bigram.embed.weight"].label, rows["bigram.embed.weight"].sharded) == ("value_embed", True)
     assert rows["bigram.lambdas"].label == "scalar"  # #62: in the record's scalars (their own Adam)
 

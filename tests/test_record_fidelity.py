@@ -3,6 +3,7 @@ written here from its code (modded-nanogpt logs), or a higher-precision referenc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,9 +15,9 @@ from speedrun.model import attention, fp8
 from speedrun.model.attention import MaskSpec, build_block_mask, mask_rule, spec_dense_mask
 from speedrun.model.families import build_model
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, softcap
-from speedrun.optim import Muon, newton_schulz
+from speedrun.optim import Muon, muon_split, newton_schulz
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import qkv_parts
+from speedrun.train.optimizers import build_optimizer
 from speedrun.train.step import autocast_dtype
 
 NS_ABC = (3.4445, -4.7750, 2.0315)
@@ -201,7 +202,10 @@ def test_seed_optimizer_is_orthogonal_nesterov_on_the_whole_fused_qkv():
     gen = torch.Generator().manual_seed(0)
     p = torch.nn.Parameter(torch.randn(96, 32, generator=gen))
     o = cfg.optim
-    assert qkv_parts("blocks.0.attn.c_attn.weight", cfg) == 1  # the builder keeps the fused QKV whole
+    tiny = dataclasses.replace(cfg.model, n_layer=1, n_head=2, n_embd=32, vocab_size=64)
+    model = build_model(tiny)
+    build_optimizer(model, dataclasses.replace(cfg, model=tiny))
+    assert muon_split(model.blocks[0].attn.c_attn.weight) == 1  # the builder keeps the fused QKV whole
     muon = Muon(
         [p], lr=o.muon_lr, shape_scale=o.muon_shape_scale, momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form, scale_in_update_dtype=o.muon_scale_in_bf16,

@@ -8,13 +8,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speedrun.model.labels import label_linear
 from speedrun.model.layers import CastedLinear
 
 
 class AttentionGate(nn.Module):
     def __init__(self, dims: int, n_head: int):
         super().__init__()
-        self.proj = CastedLinear(dims, n_head, bias=False)
+        self.proj = label_linear(CastedLinear(dims, n_head, bias=False), "gate")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speedrun.model.labels import label
+
 
 class Backout(nn.Module):
     def __init__(self, layer: int):
         super().__init__()
         self.layer = layer
-        self.lamb = nn.Parameter(torch.full((1,), 0.5))  # a 1-element vector, as smear's λ
+        self.lamb = label(nn.Parameter(torch.full((1,), 0.5)), "scalar")  # a 1-element vector, as smear's λ
 
     def forward(self, x: torch.Tensor, outputs: dict[int, torch.Tensor]) -> torch.Tensor:
         """x (B, T, C), the last layer's output → x − λ·(layer `self.layer`'s output, from `outputs`)."""

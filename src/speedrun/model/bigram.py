@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speedrun.model.labels import label
+
 
 def bigram_hash(
     idx: torch.Tensor, rows: int, prev: torch.Tensor | None = None, start: int = 0
@@ -33,7 +35,8 @@ class BigramEmbed(nn.Module):
         super().__init__()
         self.rows = rows
         self.embed = nn.Embedding(rows, dim)
-        self.lambdas = nn.Parameter(torch.full((n_layer,), 0.1))
+        label(self.embed.weight, "bigram")
+        self.lambdas = label(nn.Parameter(torch.full((n_layer,), 0.1)), "scalar")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -13,15 +13,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speedrun.model.labels import label_linear
 from speedrun.model.layers import CastedLinear
 
 
 class ContextGate(nn.Module):
     """2·sigmoid(W·x[..., :k]): (…, k) → (…, n), in (0, 2), 1 at the zero init."""
 
-    def __init__(self, dims: int, n: int):
+    def __init__(self, dims: int, n: int, label: str = "gate"):
         super().__init__()
-        self.proj = CastedLinear(dims, n, bias=False)
+        self.proj = label_linear(CastedLinear(dims, n, bias=False), label)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -44,4 +45,4 @@ class SkipGate(ContextGate):
     """#55: per position, a factor on the skip, read from the normed embedding x0 (B, T, C) → (B, T, 1)."""
 
     def __init__(self, dims: int):
-        super().__init__(dims, 1)
+        super().__init__(dims, 1, "skip_gate")

@@ -31,6 +31,7 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.fp8 import fp8_linear
+from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
@@ -52,7 +53,7 @@ class Block(nn.Module):
         self.norm2 = make_norm(cfg)
         relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
         self.mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu)
-        self.lambdas = nn.Parameter(torch.tensor([1.0, 0.0])) if cfg.x0_shortcut else None
+        self.lambdas = label(nn.Parameter(torch.tensor([1.0, 0.0])), "scalar") if cfg.x0_shortcut else None
 
     def forward(
         self,
@@ -82,24 +83,30 @@ class GPT(nn.Module):
         self.cfg = cfg
         vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
         self.wte = nn.Embedding(rows, cfg.n_embd)
+        label(self.wte.weight, "embed")
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
+        if self.wpe is not None:
+            label(self.wpe.weight, "embed")
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary) for attn in attention_layers(cfg))
         self.ve_layout = value_embed_layout(cfg)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
+        label(self.lm_head.weight, "head")
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
-        self.skip_weights = nn.Parameter(initial_weights(cfg)) if cfg.unet else None
+        for emb in self.value_embeds or ():
+            label(emb.weight, "value_embed")
+        self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None
         self.skip_sources = skip_sources(cfg)
         # the layers whose outputs a later skip reads (built once, not per forward)
         self.kept_outputs = frozenset(i for i in self.skip_sources if i is not None)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
-        if cfg.tie_embeddings:
-            self.wte.weight = self.lm_head.weight
+        if cfg.tie_embeddings:  # one weight, trained as the embedding
+            self.wte.weight = label(self.lm_head.weight, "embed")
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy (records from 2024-11-08 on)
             for emb in [self.wte, *(self.value_embeds or [])]:  # as .to() does, but fake tensors too
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
@@ -229,44 +236,16 @@ class GPT(nn.Module):
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         return logits
 
-    def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Parameters by role: the optimizers treat each role differently (Muon takes 'matrix').
-
-        embed: token/position/value embeddings (lookups, not matmuls); head: the untied output matrix;
-        matrix: weights with >= 2 dims inside the blocks; scalar: everything else (biases, norm gains,
-        value-mix and x0 lambdas, U-Net skip weights).
-        A tied embedding appears once, as 'embed'.
-        """
-        roles: dict[str, list[tuple[str, nn.Parameter]]] = {
-            "embed": [],
-            "head": [],
-            "matrix": [],
-            "scalar": [],
-        }
-        seen: set[int] = set()
-        for name, p in self.named_parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            if name.startswith(("wte.", "wpe.", "value_embeds.")) or (
-                name.startswith("lm_head.") and self.cfg.tie_embeddings
-            ):
-                roles["embed"].append((name, p))
-            elif name.startswith("lm_head."):
-                roles["head"].append((name, p))
-            elif p.dim() >= 2 and name.startswith("blocks."):
-                roles["matrix"].append((name, p))
-            else:
-                roles["scalar"].append((name, p))
-        return roles
-
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 x matmul parameters (incl. the head) + attention (PaLM, 12·L·d·T).
+        """Training FLOPs per token: 6 x matmul parameters (labels MATMULS, and the head) + attention
+        (PaLM, 12·L·d·T).
 
         Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
         scores each query computes (document masking lowers it further; not counted).
         """
-        matmul = sum(p.numel() for _, p in self.param_roles()["matrix"]) + self.lm_head.weight.numel()
+        # an unlabelled parameter counts nothing here; building the optimizer refuses it in one line
+        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
+        matmul += self.lm_head.weight.numel()  # tied or not
         context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
         n_attn = sum(attention_layers(self.cfg))
         return 6 * matmul + 12 * n_attn * self.cfg.n_embd * context

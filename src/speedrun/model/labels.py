@@ -2,13 +2,14 @@
 
 A part calls ``label(param, "qkv", blocks=(d, d, d))`` where it creates ``param``; the optimizer table,
 the memory estimate, the FLOPs count and checkpoint sharding read ``label_of(param)`` and never the
-parameter's name, so renaming an attribute cannot change how it is trained. The recipe maps each label
-name to a rule and its hyperparameters (``[optim.labels]``); building the optimizer refuses a parameter
-without a label and a label without a row. This module imports nothing from ``optim/`` or ``train/``.
+parameter's name, so renaming an attribute cannot change how it is trained. ``optim/rules.py`` maps
+each label to a rule and its hyperparameters from the recipe; building the optimizer refuses a
+parameter without a label and a label without a row. This module imports nothing from ``optim/`` or
+``train/``.
 
 The label is an attribute of the Parameter object: it survives ``.to()``, ``torch.compile`` and
 state-dict loading, but not ``copy.deepcopy`` or ``to_empty`` of a meta model (they make new
-Parameters); build the model again instead of copying it.
+Parameters, and the optimizer then refuses them by name); build the model again instead of copying it.
 """
 
 from __future__ import annotations
@@ -20,16 +21,34 @@ from torch import nn
 
 _ATTR = "_speedrun_label"
 
+#: The vocabulary: what a part may declare (a new one needs a row in optim/rules.label_rules).
+LABELS = (
+    "qkv",  # attention Q/K/V weights
+    "attn_out",  # the attention's output projection
+    "mlp_in",  # the MLP's up-projection
+    "mlp_out",  # the MLP's down-projection
+    "matrix",  # any other hidden matrix
+    "embed",  # token and position embeddings; a tied embedding/head weight
+    "value_embed",  # value embeddings (2024-12)
+    "head",  # an untied output head
+    "scalar",  # norm gains, biases, lambdas, skip weights
+    "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
+    "gate",  # #28's attention gate, #55's value-embedding gate
+    "smear_gate",  # #34's smear gate
+    "skip_gate",  # #55's skip gate
+    "bigram",  # #62's bigram hash embedding
+)
+
 
 @dataclass(frozen=True)
 class Label:
     """What a parameter is, as its creator knows it.
 
-    name: the row of the recipe's label table (``matrix``, ``qkv``, ``embed``, ``value_embed``, ``head``,
-    ``scalar``, ``gate``, ``bigram``, ...). blocks: rows of each block down dim 0 that an orthogonalizing
-    rule treats as separate matrices (a fused QKV is ``(d, d, d)``); ``()`` means the whole matrix (or
-    the leading dims of a stacked one). lr_mul: a per-parameter LR multiplier the part itself defines
-    (e.g. a transposed MLP's x2); the recipe's row still sets the base LR.
+    name: one of ``LABELS``, the row of the optimizer's label table (optim/rules.py). blocks: rows of each
+    block of one matrix (dim -2; a stack repeats them for every member) that an orthogonalizing rule may
+    treat as separate matrices; ``"qkv"`` always names its (q, k, v) rows, so a fused QKV is ``(d, d, d)``
+    and a separate K ``(0, d, 0)``; ``()`` means the whole matrix. lr_mul: a per-parameter LR multiplier
+    the part itself defines; the recipe's row still sets the base LR.
     """
 
     name: str
@@ -37,12 +56,25 @@ class Label:
     lr_mul: float = 1.0
 
 
+#: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
+MATMULS = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate"))
+
+
 def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: float = 1.0) -> nn.Parameter:
     """Attach ``Label(name, blocks, lr_mul)`` to ``p`` and return it (use where ``p`` is created)."""
     assert isinstance(p, nn.Parameter), f"label() takes an nn.Parameter, got {type(p).__name__}"
-    assert not blocks or sum(blocks) == p.shape[0], f"blocks {blocks} do not cover {p.shape[0]} rows"
+    assert name in LABELS, f"label {name!r} is not one of {LABELS}"
+    assert not blocks or (p.ndim >= 2 and sum(blocks) == p.shape[-2]), f"blocks {blocks} for shape {p.shape}"
     setattr(p, _ATTR, Label(name, tuple(blocks), float(lr_mul)))
     return p
+
+
+def label_linear(linear: nn.Linear, name: str, *, blocks: tuple[int, ...] = ()) -> nn.Linear:
+    """Label a linear layer's weight ``name`` and its bias, if any, ``scalar``; return the layer."""
+    label(linear.weight, name, blocks=blocks)
+    if linear.bias is not None:
+        label(linear.bias, "scalar")
+    return linear
 
 
 def label_of(p: nn.Parameter) -> Label | None:

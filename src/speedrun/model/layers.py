@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
+from speedrun.model.labels import label, label_linear
 
 
 class CastedLinear(nn.Linear):
@@ -59,6 +60,8 @@ class Norm(nn.Module):
         super().__init__()
         self.kind = kind
         self.ln = nn.LayerNorm(dim) if kind == "layernorm" else None
+        for p in self.ln.parameters() if self.ln is not None else ():
+            label(p, "scalar")
         self.eps = eps if eps > 0 else None
         self.fp32 = fp32
 
@@ -151,8 +154,10 @@ class MLP(nn.Module):
         self, dim: int, hidden: int, bias: bool, relu2: bool, gelu: str = "tanh", fc_transposed: bool = False
     ):
         super().__init__()
-        self.c_fc = (TransposedLinear if fc_transposed else CastedLinear)(dim, hidden, bias=bias)
-        self.c_proj = CastedLinear(hidden, dim, bias=bias)
+        self.c_fc = label_linear(
+            (TransposedLinear if fc_transposed else CastedLinear)(dim, hidden, bias), "mlp_in"
+        )
+        self.c_proj = label_linear(CastedLinear(hidden, dim, bias=bias), "mlp_out")
         self.relu2 = relu2
         self.gelu_approximate = "tanh" if gelu == "tanh" else "none"
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import AttentionMask, attend
+from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear, Rotary, make_rotary
 
 
@@ -20,13 +21,13 @@ class Attention(nn.Module):
         super().__init__()
         d, self.n_head = cfg.n_embd, cfg.n_head
         self.head_dim = d // cfg.n_head
-        if cfg.fused_qkv:
-            self.c_attn = CastedLinear(d, 3 * d, bias=cfg.bias)
+        if cfg.fused_qkv:  # "qkv" names its (q, k, v) rows: the optimizer may orthogonalize them apart
+            self.c_attn = label_linear(CastedLinear(d, 3 * d, bias=cfg.bias), "qkv", blocks=(d, d, d))
         else:
-            self.c_q = CastedLinear(d, d, bias=cfg.bias)
-            self.c_k = CastedLinear(d, d, bias=cfg.bias)
-            self.c_v = CastedLinear(d, d, bias=cfg.bias)
-        self.c_proj = CastedLinear(d, d, bias=cfg.bias)
+            self.c_q = label_linear(CastedLinear(d, d, bias=cfg.bias), "qkv", blocks=(d, 0, 0))
+            self.c_k = label_linear(CastedLinear(d, d, bias=cfg.bias), "qkv", blocks=(0, d, 0))
+            self.c_v = label_linear(CastedLinear(d, d, bias=cfg.bias), "qkv", blocks=(0, 0, d))
+        self.c_proj = label_linear(CastedLinear(d, d, bias=cfg.bias), "attn_out")
         self.qk_norm = cfg.qk_norm
         self.rotary = rotary if rotary is not None else make_rotary(cfg)
         self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
@@ -40,9 +41,9 @@ class Attention(nn.Module):
         mixes = cfg.value_residual or cfg.value_embeds != "none"
         self.value_mix = cfg.value_mix if mixes else None
         if self.value_mix == "lerp":
-            self.lamb = nn.Parameter(torch.tensor(0.5))
+            self.lamb = label(nn.Parameter(torch.tensor(0.5)), "scalar")
         elif self.value_mix == "lambdas":
-            self.lambdas = nn.Parameter(torch.tensor([0.5, 0.5]))
+            self.lambdas = label(nn.Parameter(torch.tensor([0.5, 0.5])), "scalar")
 
     def mix_values(self, v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
         """Value residual / value embeddings: lerp (1-λ)v + λ·other, or lambdas λ0·v + λ1·other (λ0·v alone

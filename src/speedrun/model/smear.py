@@ -10,14 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear
 
 
 class Smear(nn.Module):
     def __init__(self, dims: int):
         super().__init__()
-        self.gate = CastedLinear(dims, 1, bias=False)
-        self.lamb = nn.Parameter(torch.zeros(1))
+        self.gate = label_linear(CastedLinear(dims, 1, bias=False), "smear_gate")
+        self.lamb = label(nn.Parameter(torch.zeros(1)), "scalar")
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from speedrun.model.labels import labelled
 from speedrun.model.layout import embedding_rows, padded_vocab
 
 
@@ -32,9 +33,11 @@ def _attention_line(model: nn.Module) -> str | None:
 
 
 def model_summary(model: nn.Module, seq_len: int) -> str:
-    """Total parameters (the `params:` line tools parse), counts per optimizer role, FLOPs per token."""
-    roles = model.param_roles()
-    total = sum(p.numel() for group in roles.values() for _, p in group)
+    """Total parameters (the `params:` line tools parse), counts per label, FLOPs per token."""
+    by_label: dict[str, list[int]] = {}
+    for _, p, lab in labelled(model):
+        by_label.setdefault(lab.name if lab else "unlabelled", []).append(p.numel())
+    total = sum(sum(sizes) for sizes in by_label.values())
     cfg = model.cfg
     lines = [
         f"params: {total}",
@@ -45,9 +48,9 @@ def model_summary(model: nn.Module, seq_len: int) -> str:
     attention = _attention_line(model)
     if attention:
         lines.append(attention)
-    for role, group in roles.items():
-        lines.append(f"  {role:<7} {sum(p.numel() for _, p in group):>13,d} params in {len(group)} tensors")
-    lines.append(f"  {'total':<7} {total:>13,d} params")  # grouped; the `params:` line stays plain
+    for name, sizes in by_label.items():
+        lines.append(f"  {name:<11} {sum(sizes):>13,d} params in {len(sizes)} tensors")
+    lines.append(f"  {'total':<11} {total:>13,d} params")  # grouped; the `params:` line stays plain
     flops = model.flops_per_token(seq_len)
     lines.append(f"flops_per_token: {flops} ({flops:,d}; training, seq_len {seq_len})")
     return "\n".join(lines)

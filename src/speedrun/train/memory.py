@@ -30,9 +30,10 @@ import torch
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model
+from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
-from speedrun.optim.muon import set_muon_split
 from speedrun.optim.table import build_banks, build_rows
+from speedrun.train.optimizers import model_rules
 
 GiB = 2**30
 
@@ -70,9 +71,9 @@ def _nbytes(tensors) -> int:
 
 def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[int, int]:
     """(state bytes per process, the step's temporaries) of the run's optimizer."""
-    roles = model.param_roles()
-    matrices = [p for _, p in roles["matrix"]]
-    others = [p for role in ("embed", "head", "scalar") for _, p in roles[role]]
+    entries = model_rules(model, cfg)  # the optimizer's own rows: the estimate cannot drift from them
+    matrices = [e.param for e in entries if e.rule.rule != "adam"]
+    others = [e.param for e in entries if e.rule.rule == "adam"]
     if cfg.optim.name == "adamw":  # exp_avg, exp_avg_sq like each parameter
         return 2 * _nbytes(others + matrices), 0
     if cfg.optim.name == "muon":  # fp32 momentum per matrix, Adam's two moments for the rest
@@ -87,9 +88,7 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
         # Nesterov directions of every matrix (fp32), then per shape a stacked copy and the
         # Newton-Schulz iterates
         return state, momentum + 4 * largest + 3 * 2 * largest
-    for name, p in roles["matrix"]:  # normuon: state only for this rank's shard (optim/sharded.py)
-        set_muon_split(p, 3 if cfg.model.fused_qkv and name.endswith("c_attn.weight") else 1)
-    rows = build_rows(roles, world)
+    rows = build_rows(entries, world)  # normuon: state only for this rank's shard (optim/sharded.py)
     state = 0
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
@@ -180,7 +179,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     activations = per_token * t.micro_batch_tokens
     a_bf16 = cfg.model.embed_dtype == "bf16" or cfg.model.bf16_model or t.dtype == "bf16"
     if not compiled and a_bf16:  # eager saves the bf16 copy of every fp32 block weight it multiplied
-        matrices = [p for _, p in model.param_roles()["matrix"] if p.dtype == torch.float32]
+        matrices = [p for _, p, lab in labelled(model) if lab.name in MATMULS and p.dtype == torch.float32]
         activations += sum(p.numel() * 2 for p in matrices)
     vocab = cfg.model.vocab_size if cfg.model.logits_vocab_only else padded_vocab(cfg.model)
     logits = per_logit * t.micro_batch_tokens * vocab

@@ -1,4 +1,4 @@
-"""One optimizer object per run, built from the model's parameter roles."""
+"""One optimizer object per run, built from the labels of the model's parameters (optim/rules.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,18 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.rules import (
+    MUON_GROUPS,
+    Entry,
+    adam_groups,
+    label_rules,
+    muon_adam_lrs,
+    muon_parts,
+    param_rules,
+)
 from speedrun.optim.sharded import ShardedNorMuonAdam
-from speedrun.optim.table import adam_labels, build_rows
+from speedrun.optim.table import build_rows
 from speedrun.train.precision import fast_bf16
 
 
@@ -62,37 +70,33 @@ class RunOptimizer:
             opt.load_state_dict(state[kind])
 
 
-def qkv_parts(name: str, cfg: Config) -> int:
-    """How many matrices Muon sees in a block weight: q, k and v of a fused QKV separately, unless the
-    recipe keeps it whole (the 2024-10-04 seed orthogonalized the 2304 x 768 matrix as one)."""
-    if cfg.model.fused_qkv and name.endswith("c_attn.weight") and cfg.optim.muon_split_qkv:
-        return 3
-    return 1
+def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
+    """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
+    return param_rules(model, label_rules(cfg.optim, model.cfg.n_embd // model.cfg.n_head))
 
 
-def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
-    """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars."""
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
+    """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars, or the
+    NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
-    roles = model.param_roles()
+    entries = model_rules(model, cfg)
+    if o.name == "normuon":
+        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)})
+    groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
     fused = {"fused": True} if next(model.parameters()).is_cuda else {}
     if o.name == "adamw":
-        params = [p for group in roles.values() for _, p in group]
+        params = [p for group in groups.values() for p in group]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         return RunOptimizer({"adam": torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)})
-    adam_groups = [
-        {"params": [p for _, p in roles[role]], "lr": lr}
-        for role, lr in (("embed", o.embed_lr), ("head", o.head_lr), ("scalar", o.scalar_lr))
-        if roles[role]
-    ]
-    for name, p in roles["matrix"]:
-        set_muon_split(p, qkv_parts(name, cfg))
-    if o.name == "normuon":
-        return RunOptimizer({"table": build_table_optimizer(model, cfg)})
+    adam_params = [{"params": groups[g], "lr": lr} for g, lr in muon_adam_lrs(o).items() if groups[g]]
+    for e in entries:
+        if e.rule.rule == "muon" and e.param.ndim == 2:
+            set_muon_split(e.param, muon_parts(e))
     muon = Muon(
-        [p for _, p in roles["matrix"]],
+        groups["matrix"],
         lr=o.muon_lr,
         momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
         nesterov=True,
@@ -103,9 +107,9 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
         scale_in_update_dtype=o.muon_scale_in_bf16,
-        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, roles["matrix"][0][1].device if roles["matrix"] else None),
+        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, groups["matrix"][0].device if groups["matrix"] else None),
     )
-    adam = torch.optim.Adam(adam_groups, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
+    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
     return RunOptimizer({"adam": adam, "muon": muon})
 
 
@@ -114,32 +118,16 @@ def sharded_optimizer(cfg: Config) -> bool:
     return cfg.optim.name == "normuon"
 
 
-def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
+def build_table_optimizer(
+    model: torch.nn.Module, cfg: Config, entries: list[Entry] | None = None
+) -> ShardedNorMuonAdam:
     """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe.
 
     With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    qk_rows = o.muon_qk_block_heads * (model.cfg.n_embd // model.cfg.n_head)
-    smear_gate = o.smear_gate_lr > 0  # #52
-    rows = build_rows(
-        model.param_roles(), world, qk_rows, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul, smear_gate, o.attn_lr_mul,
-        o.normuon_gate_row_stats, o.gate_lr > 0,
-    )  # fmt: skip
-    lrs = {
-        "embed": o.embed_lr,
-        "head": o.head_lr,
-        "scalar": o.scalar_lr,
-        "value_embed": o.value_embed_lr or o.embed_lr,
-    }
-    if getattr(model.cfg, "x0_lambda_apart", False):  # gpt2026's #52: the x0 lambdas in the main Adam
-        lrs["x0"] = o.scalar_lr
-    if smear_gate:
-        lrs["smear_gate"] = o.smear_gate_lr
-    if getattr(model.cfg, "skip_gate", 0):  # gpt2026's #55
-        lrs["skip_gate"] = o.skip_gate_lr
-    if o.gate_lr > 0:  # #56
-        lrs["gate"] = o.gate_lr
+    rows = build_rows(entries or model_rules(model, cfg), world)
+    adam = adam_groups(o, {r.label for r in rows if r.rule == "adam"})
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight
@@ -150,7 +138,7 @@ def build_table_optimizer(model: GPT, cfg: Config) -> ShardedNorMuonAdam:
     start = o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum
     return ShardedNorMuonAdam(
         rows,
-        adam_labels(o, lrs),
+        adam,
         muon_lr=o.muon_lr,
         momentum=start,
         beta2=o.normuon_beta2,

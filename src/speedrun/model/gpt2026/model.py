@@ -21,7 +21,7 @@ from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
-from speedrun.model.labels import label
+from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
 from speedrun.model.smear import Smear
 from speedrun.model.varlen import initial_windows
@@ -191,27 +191,9 @@ class GPT2026(nn.Module):
         """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
         return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
 
-    def param_roles(self) -> dict[str, list[tuple[str, nn.Parameter]]]:
-        """Parameters by role for today's optimizer table (labels replace this once it reads them)."""
-        roles: dict[str, list[tuple[str, nn.Parameter]]] = {
-            "embed": [],
-            "head": [],
-            "matrix": [],
-            "scalar": [],
-        }
-        for name, p in self.named_parameters():
-            if name.startswith(("wte.", "value_embeds.", "bigram.embed.")):
-                roles["embed"].append((name, p))
-            elif name.startswith("lm_head."):
-                roles["head"].append((name, p))
-            elif p.dim() >= 2 and name.startswith(("blocks.", "smear.")):
-                roles["matrix"].append((name, p))
-            else:
-                roles["scalar"].append((name, p))
-        return roles
-
     def flops_per_token(self, seq_len: int) -> int:
-        """6 x matmul parameters (incl. the head) + attention 12·L_attn·d·T (PaLM)."""
-        matmul = sum(p.numel() for _, p in self.param_roles()["matrix"]) + self.lm_head.weight.numel()
+        """6 x matmul parameters (labels MATMULS, and the head) + attention 12·L_attn·d·T (PaLM)."""
+        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
         context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
+        matmul += self.lm_head.weight.numel()
         return 6 * matmul + 12 * len(self.cfg.attention_layers) * self.cfg.n_embd * context
