@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
-from speedrun.model.bigram import bigram_hash
 from speedrun.model.families import build_model
+from speedrun.model.gpt2026.embeddings import bigram_hash
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.table import build_rows

@@ -196,7 +196,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
 
 def test_backout_is_its_formula():
     """#40: x − λ·h_k with λ from 0.5; the model with λ = 0 is the model without backout."""
-    from speedrun.model.backout import Backout
+    from speedrun.model.gpt2026.connections import Backout
 
     gen = torch.Generator().manual_seed(3)
     x, h = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 8, generator=gen)

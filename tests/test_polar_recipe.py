@@ -190,7 +190,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
 def test_smear_is_its_formula_and_decodes_with_the_previous_token():
     """#34: x[t] + λ·σ(W·x[t, :k])·x[t-1] for t >= 1, the first token untouched; the tail of a sequence
     smeared with its previous token given equals the tail of the whole sequence smeared."""
-    from speedrun.model.smear import Smear
+    from speedrun.model.gpt2026.embeddings import Smear
 
     gen = torch.Generator().manual_seed(4)
     smear = Smear(3)

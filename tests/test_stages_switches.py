@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
-from speedrun.model.key_offset import offset_keys
+from speedrun.model.gpt2026.attention import offset_keys
+from speedrun.model.gpt2026.head import mtp_loss, write_weights
 from speedrun.model.kv_cache import KVCache, forward_cached
-from speedrun.model.mtp import mtp_loss, write_weights
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import parse_stages, stage_values

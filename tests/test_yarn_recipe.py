@@ -465,7 +465,7 @@ def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
 def test_transposed_linear_and_attention_gate_are_their_formulas():
     """#27: TransposedLinear stores (in, out) and maps as nn.Linear with the transposed weight. #28: the
     gate multiplies head h at position t by sigmoid(W[h] · x[t, :k]) and starts at one half."""
-    from speedrun.model.attn_gate import AttentionGate
+    from speedrun.model.gpt2026.gates import AttentionGate
     from speedrun.model.layers import TransposedLinear
 
     gen = torch.Generator().manual_seed(3)

@@ -5,17 +5,74 @@ key offset on long layers (#49), the attention call and the output projection wi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model import paired_heads
-from speedrun.model.attention import AttentionMask, attend
-from speedrun.model.gpt2026.gates import attention_gate
+from speedrun.model.attention import AttentionMask, MaskSpec, attend
+from speedrun.model.gpt2026.gates import AttentionGate
 from speedrun.model.gpt2026.specs import LayerSpec
-from speedrun.model.key_offset import offset_keys
 from speedrun.model.labels import label
 from speedrun.model.layers import CastedLinear, Rotary
+
+# Partial key offset (record #49, 2025-12-14, PR #169): on the long-window layers, the key dimensions
+# that rotary leaves stationary (the zero-frequency half of each rotary half: dims D/4 … D/2 and
+# 3D/4 … D of a head of D) are taken from the previous token's key. A query can then match "the token
+# after an X" in one layer — a cheap induction head. The record shifts after QK-norm and rotary, over
+# the whole packed row (across document boundaries too); the first position keeps its own key.
+#
+# The shift is a function of the whole key sequence, so it is applied where the keys are attended
+# (forward and cached decoding alike, model/kv_cache.py keeps the unshifted keys).
+
+
+def offset_keys(k: torch.Tensor, seq_dim: int = -2) -> torch.Tensor:
+    """k (…, T, …, D) with its stationary dims shifted one position forward along `seq_dim` (#49):
+    out[t] = k[t − 1] on dims D/4:D/2 and 3D/4:D for t >= 1, k elsewhere. Out of place."""
+    d = k.size(-1)
+    shifted = torch.cat([k.narrow(seq_dim, 0, 1), k.narrow(seq_dim, 0, k.size(seq_dim) - 1)], dim=seq_dim)
+    quarter = torch.arange(d, device=k.device) % (d // 2) >= d // 4  # the stationary dims
+    return torch.where(quarter, shifted, k)
+
+
+# Paired-head attention (record #58, 2026-01-07, PR #191; on layers 0, 2, 5, 9 through #65): heads
+# share attention in pairs. The record's views of (T, H, D) tensors as (2T, H/2, D) interleave head h of
+# token t at position 2t + h // (H/2), head slot h mod (H/2): the pairs are heads p and p + H/2 (adjacent
+# heads only with 2 heads), attended causally as one sequence twice as long, with the documents' bounds
+# doubled (`cu_seqlens` x2) and the same window, now counted in positions (half as many tokens). A query
+# of a pair sees both heads' keys of earlier tokens (the second head also the first's key of its own
+# token). Rotary comes first, on the record's (T, H/2, 2D) view with the YarnPairedHead tables: head h
+# is rotated as position 2t + h mod 2, whatever its place in the interleaved sequence (the record's
+# arithmetic, kept). The value embedding and its gate act per head before the interleave (the same
+# elementwise products); the output is un-interleaved before the attention gate and output projection.
+
+
+def interleave(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) → (B, H/2, 2T, D): [b, p, 2t + s] = t[b, s·H/2 + p, t] (the record's reshape)."""
+    B, H, T, D = t.shape
+    return t.view(B, 2, H // 2, T, D).permute(0, 2, 3, 1, 4).reshape(B, H // 2, 2 * T, D)
+
+
+def deinterleave(y: torch.Tensor) -> torch.Tensor:
+    """The inverse of `interleave`: (B, H/2, 2T, D) → (B, H, T, D)."""
+    B, P, T2, D = y.shape
+    return y.view(B, P, T2 // 2, 2, D).permute(0, 3, 1, 2, 4).reshape(B, 2 * P, T2 // 2, D)
+
+
+def rotate_paired(rotary: Rotary, x: torch.Tensor, start: int) -> torch.Tensor:
+    """x (B, H, T, D) at tokens start.. rotated as the record's paired tables do: head h as position
+    2t + h mod 2 (its (T, H/2, 2D) view puts head 2p at angle 2t and head 2p + 1 at 2t + 1)."""
+    B, H, T, D = x.shape
+    adjacent = x.view(B, H // 2, 2, T, D).transpose(2, 3).reshape(B, H // 2, 2 * T, D)  # 2p, 2p+1 → 2t, 2t+1
+    rotated = rotary(adjacent, 2 * start)
+    return rotated.view(B, H // 2, T, 2, D).transpose(2, 3).reshape(B, H, T, D)
+
+
+def paired_spec(spec: MaskSpec) -> MaskSpec:
+    """A layer's mask over the interleaved sequence: each token's document twice, the same window."""
+    docs = spec.doc_ids.repeat_interleave(2, dim=1) if spec.doc_ids is not None else None
+    return replace(spec, doc_ids=docs)
 
 
 class Attention(nn.Module):
@@ -37,7 +94,7 @@ class Attention(nn.Module):
         label(self.c_proj.weight, "attn_out")
         self.rotary = rotary
         self.scale = scale  # YaRN (#31) rewrites it at each long-window growth
-        self.gate = attention_gate(gate, n_head) if gate else None  # #28
+        self.gate = AttentionGate(gate, n_head) if gate else None  # #28
         self.ve_gate = None  # #55: set by the model on the value-embedding layers (after every block)
         self.paired = spec.paired  # #58
         self.key_offset = spec.key_offset  # #49
@@ -74,13 +131,13 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
         if self.paired:  # #58: the record's rotation, then the interleave
-            q, k = paired_heads.rotate(self.rotary, q, start), paired_heads.rotate(self.rotary, k, start)
-            return (*(paired_heads.interleave(t) for t in (q, k, v)), raw_v)
+            q, k = rotate_paired(self.rotary, q, start), rotate_paired(self.rotary, k, start)
+            return (*(interleave(t) for t in (q, k, v)), raw_v)
         return self.rotary(q, start), self.rotary(k, start), v, raw_v
 
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
-        y = paired_heads.deinterleave(y) if self.paired else y
+        y = deinterleave(y) if self.paired else y
         B, _, T, _ = y.shape
         if self.gate is not None:
             y = self.gate(y, x)

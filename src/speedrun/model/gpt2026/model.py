@@ -14,16 +14,14 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
-from speedrun.model.attn_gate import AttentionGate
-from speedrun.model.bigram import BigramEmbed
-from speedrun.model.gates import ContextGate
 from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
 from speedrun.model.gpt2026.attention import Attention
+from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
+from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
-from speedrun.model.smear import Smear
 from speedrun.model.varlen import initial_windows
 
 
@@ -73,15 +71,15 @@ class GPT2026(nn.Module):
         vocab = (cfg.vocab_size + m - 1) // m * m
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
         self.wte = embeddings.token_embedding(rows, d)
-        self.smear = embeddings.smear(cfg.smear) if cfg.smear else None  # #34
-        self.bigram = embeddings.bigram(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
+        self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
             if cfg.ve_gate and s.value_embed is not None and s.attention:
-                block.attn.ve_gate = gates.value_embed_gate(cfg.ve_gate, cfg.n_head)
+                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
@@ -90,8 +88,8 @@ class GPT2026(nn.Module):
         self.skip_weights = (
             connections.skip_weights(len(cfg.skips), cfg.skip_gate_form) if cfg.skips else None
         )
-        self.skip_gate = gates.skip_gate(cfg.skip_gate) if cfg.skip_gate else None  # #55
-        self.backout = connections.backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
+        self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
             cfg.fp8_head, cfg.mtp,

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
-from speedrun.model.mtp import write_weights
-from speedrun.model.paired_heads import paired_spec
+from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.varlen import VarlenWindows, set_stage
 
 
