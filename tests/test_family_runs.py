@@ -87,3 +87,19 @@ def test_an_old_run_folder_resumes_and_samples(new_run, text_data, tmp_path):
     proc = run_speedrun("sample", str(run), "--max-tokens", "4", "--temperature", "0", "--prompt", "The")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+def test_a_pre_split_gpt2024_config_json_loads_unchanged():
+    """record-2025-01's config.json as the pre-split code wrote it (every 2025–26 switch, off): gpt2024,
+    the same config as the recipe loads today; a 2025–26 switch turned on there is one clear refusal."""
+    from speedrun.config_files import changed_keys
+    from speedrun.errors import ConfigError
+    from speedrun.recipes import load_recipe
+
+    old = json.loads((OLD.parent / "record_2025_01_pre_split_config.json").read_text())
+    assert "family" not in old["model"] and old["model"]["smear"] == 0
+    cfg = config_from_dict(old, "config.json")
+    assert cfg.model.family == "gpt2024"
+    assert changed_keys(cfg, load_recipe("record-2025-01")) == []
+    with pytest.raises(ConfigError, match="model.smear=12: a 2025–26 switch the gpt2024 family"):
+        config_from_dict({**old, "model": {**old["model"], "smear": 12}}, "config.json")

@@ -110,6 +110,9 @@ def check(m: Gpt2026Config) -> None:
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
+    tables = {j for j in m.value_embeds if j >= 0}
+    if tables != set(range(len(tables))):
+        raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
     if any(w not in ("L", "S") for w in m.windows):
         raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
     for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
