@@ -21,7 +21,6 @@ import torch.nn.functional as F
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.errors import ConfigError
-from speedrun.model import varlen
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import windows
@@ -204,7 +203,7 @@ def test_a_stage_window_sees_what_fa3_window_size_blocks_times_128_sees():
     docs = torch.searchsorted(cu[1:].contiguous(), pos.to(torch.int32), right=True)
     mask = (pos[:, None] >= pos) & (docs[:, None] == docs) & (pos[:, None] - pos <= 128)
     ref = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), mask).transpose(0, 1)
-    torch.testing.assert_close(varlen_attention(q, k, v, cu, varlen.blocks_to_tokens(1)), ref)
+    torch.testing.assert_close(varlen_attention(q, k, v, cu, windows.blocks_to_tokens(1)), ref)
 
 
 def record31_rotary(x_BTHD, cos, sin):
@@ -233,7 +232,7 @@ def test_yarn_attention_equals_record_31(history):
     """One attention layer after the long window went through `history` blocks, against #31's
     CausalSelfAttention (QK-norm, its rotary tables and attention scale, FA3 window (blocks·128, 0))."""
     model = tiny_model(attention="varlen", yarn=True, attn_scale=0.1, windows=["L", "L"])
-    varlen.set_stage(model, 1, history[-1], 0, history)
+    windows.set_stage(model, 1, history[-1], 0, history)
     idx, cu = packed_row(400)
     T, H, D = 400, 2, 16
     attn = model.blocks[0].attn

@@ -22,7 +22,6 @@ from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
-from speedrun.model.varlen import initial_windows
 
 
 class Block(nn.Module):
@@ -98,7 +97,7 @@ class GPT2026(nn.Module):
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
         else:
             self.mtp_weights = None
-        self.varlen_windows = initial_windows(cfg.window)
+        self.varlen_windows = windows.initial_windows(cfg.window)
         if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
