@@ -59,3 +59,22 @@ def test_gpt2026_init_equals_the_pre_split_gpts(name):
     ours, ref = init_values(shrunk(name), build), REFS["recipes"][name]["init"]
     assert sorted(ours) == sorted(ref)
     assert not mismatches(ours, ref), mismatches(ours, ref)
+
+
+def test_a_family_is_picked_first_and_a_new_family_inherits_no_model_table():
+    """bos-align-2025-07 (gpt2026) is based on record-2025-01 (gpt2024): it inherits [optim], [data] and
+    [train], but its [model] starts from the gpt2026 defaults; `model.family` given last on the command
+    line still applies first, so the keys given before it are kept."""
+    import dataclasses
+
+    from speedrun.config_model import Gpt2026Config
+    from speedrun.recipes import load_recipe
+
+    base, cfg = load_recipe("record-2025-01"), load_recipe("bos-align-2025-07")
+    assert (base.model.family, cfg.model.family) == ("gpt2024", "gpt2026")
+    assert cfg.optim.muon_momentum_warmup_steps == base.optim.muon_momentum_warmup_steps > 0  # inherited
+    assert cfg.model.mtp == Gpt2026Config().mtp and cfg.model.n_layer == 12
+    overrides = ["model.n_layer=2", "model.attention=sdpa", "model.family=gpt2026", "model.mlp_layers=[0,1]"]
+    demo = load_recipe("demo", overrides)
+    assert demo.model.n_layer == 2 and isinstance(demo.model, Gpt2026Config)
+    assert dataclasses.asdict(load_recipe("demo").model)["family"] == "gpt2024"

@@ -58,8 +58,8 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
 
 
 def parse_overrides(cfg: Config, overrides: list[str]) -> None:
-    """Apply command-line `key=value` overrides."""
-    for item in overrides:
+    """Apply command-line `key=value` overrides (`model.family` first: it starts the model over)."""
+    for item in sorted(overrides, key=lambda o: not o.strip().startswith("model.family=")):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value")
