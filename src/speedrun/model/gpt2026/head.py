@@ -16,13 +16,14 @@ from speedrun.model.layers import CastedLinear, softcap
 
 @dataclass(frozen=True)
 class HeadSpec:
+    """The head's numerics, read once from the config (the forward reads no config)."""
+
     cap: float
     divisor: float
     offset: float
     cap_in_head_dtype: bool
     ce_bf16: bool
     fp8: bool
-    mtp: int
 
 
 def capped_logits(head: CastedLinear, x: torch.Tensor, spec: HeadSpec, training: bool) -> torch.Tensor:

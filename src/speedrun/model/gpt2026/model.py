@@ -91,7 +91,7 @@ class GPT2026(nn.Module):
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
-            cfg.fp8_head, cfg.mtp,
+            cfg.fp8_head,
         )  # fmt: skip
         if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
