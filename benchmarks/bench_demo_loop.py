@@ -31,7 +31,7 @@ from pathlib import Path
 def _plain(steps: int, warmup: int, optimizer: str) -> dict:
     import torch
 
-    from speedrun.model.gpt import GPT
+    from speedrun.model.families import build_model
     from speedrun.recipes import load_recipe
     from speedrun.train.optimizers import build_optimizer
     from speedrun.train.step import train_step
@@ -39,7 +39,7 @@ def _plain(steps: int, warmup: int, optimizer: str) -> dict:
     cfg = load_recipe("demo", [f"optim.name={optimizer}"])
     t = cfg.train
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     optimizer = build_optimizer(model, cfg)
     step_model = torch.compile(model) if cfg.train.compile == "on" else model  # as the demo trains
     B = t.micro_batch_tokens // t.seq_len

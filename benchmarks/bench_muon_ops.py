@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.rules import muon_parts
 from speedrun.recipes import load_recipe
@@ -56,7 +56,7 @@ def recipe_muon(recipe: str, device: str) -> Muon:
     """Muon over the recipe's block matrices with random gradients, as the run builds it."""
     cfg = load_recipe(recipe)
     with torch.device(device):
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
     o = cfg.optim
     matrices = [(e.name, e.param) for e in model_rules(model, cfg) if e.rule.rule != "adam"]
     for e in model_rules(model, cfg):

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from bench_muon_ops import OpCounter
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.optim.rules import muon_parts
 from speedrun.optim.sharded import Collectives
 from speedrun.recipes import load_recipe
@@ -59,7 +59,7 @@ def _nbytes(t: torch.Tensor) -> int:
 def model_on_meta(recipe: str, *overrides: str):
     cfg = load_recipe(recipe, list(overrides))
     with torch.device("meta"):
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
     for p in model.parameters():
         p.grad = torch.empty_like(p)
     return cfg, model

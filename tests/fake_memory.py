@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_leaves
 
 from speedrun.config import Config
 from speedrun.model import self_attention
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast, autocast_dtype, train_step
@@ -128,7 +128,7 @@ def fake_peak_bytes(cfg: Config) -> dict[str, int]:
     with FakeTensorMode(), tracker, _cuda_like_kernels(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")  # Muon's plan key
         torch.manual_seed(0)
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
         optimizer = build_optimizer(model, cfg)
         weights = tracker.live
         for p in optimizer.parameters():

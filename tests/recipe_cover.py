@@ -33,9 +33,11 @@ LAYOUT_FIELDS = (
     "window_pattern",
     "window_block_list",
     "no_attention_layers",
-    "no_mlp_layers",
     "value_embeds",
     "value_embed_tables",
+    "windows",  # the gpt2026 family's per-layer lists
+    "attention_layers",
+    "mlp_layers",
 )
 #: Train fields that change what the step computes around the model.
 GRAPH_TRAIN_FIELDS = ("dtype", "stages")
@@ -45,7 +47,7 @@ def graph_settings(cfg: Config) -> set[Setting]:
     """The (setting, value) pairs of a config that decide its model graph (see the module docstring)."""
     model = dataclasses.asdict(cfg.model)
     out = {(f"model.{k}", repr(v)) for k, v in model.items() if k not in LAYOUT_FIELDS}
-    out.add(("model.layout", repr(tuple(model[k] for k in LAYOUT_FIELDS))))
+    out.add(("model.layout", repr(tuple(model.get(k) for k in LAYOUT_FIELDS))))  # a family has some
     out |= {(f"train.{k}", repr(getattr(cfg.train, k))) for k in GRAPH_TRAIN_FIELDS}
     return out
 

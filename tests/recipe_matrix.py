@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
@@ -46,18 +46,17 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
     ]
     if m.window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08 sees)
         out += ["model.window=192", "model.window_warmup_start=64"]
-    if m.window_pattern:
-        out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
-    if m.no_attention_layers:
-        out.append(f"model.no_attention_layers={n_layer // 2}")
-    if m.value_embeds in ("ends", "ends-late"):
-        out.append("model.value_embed_tables=1")
-    if m.value_embeds == "ends-late" and n_layer < 4:  # its one table reaches only the last layer
-        out.append("model.no_attention_layers=0")
-    if m.skips:  # #45's one skip 3 → 6 of 11: from the first layer to the last
-        out.append(f"model.skips=0>{n_layer - 1}")
-    if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
-        out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
+    if m.family == "gpt2026":
+        out += _gpt2026_layers(m, n_layer)
+        if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
+            out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
+    else:
+        if m.window_pattern:
+            out.append("model.window_pattern=" + ("LSSL" if n_layer == 4 else "LS"))
+        if m.no_attention_layers:
+            out.append(f"model.no_attention_layers={n_layer // 2}")
+        if m.value_embeds == "ends":
+            out.append("model.value_embed_tables=1")
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
     if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256
@@ -66,6 +65,30 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
             f"train.stages=tokens={tokens} windows=1/1 frac=1/2; tokens={tokens} windows=1/2 frac=1/2; "
             f"tokens={tokens} windows=1/2 ext=0"
         )
+    return out
+
+
+def _gpt2026_layers(m, L: int) -> list[str]:
+    """A gpt2026 recipe's per-layer lists at L layers, each feature kept: a layer without attention
+    (L//2, at 4 layers or more), layer 0 without MLP or absent where the recipe's is, long and short
+    windows, one value-embedding table at the ends, the recipe's skips (U-Net pairs, or one from the
+    first layer to the last), key offset on the long layers."""
+    no_attn = L >= 4 and len(m.attention_layers) < m.n_layer
+    first = 0 in m.attention_layers or L < 4  # (below 4 layers an absent layer 0 would drop every skip)
+    attn = [i for i in range(L) if not (no_attn and i == L // 2) and (i or first)]
+    mlp = [i for i in range(L) if i or 0 in m.mlp_layers]
+    windows = (
+        (["L", "S", "S", "L"] if L == 4 else ["L", "S"] + ["L"] * (L - 2)) if "S" in m.windows else ["L"] * L
+    )
+    ve = [0 if m.value_embeds and m.value_embeds[0] >= 0 else -1] + [-1] * (L - 2) + [0]
+    skips = [[0, L - 1]] if len(m.skips) == 1 else [[L - 1 - dst, dst] for dst in range(L - L // 2, L)]
+    out = [f"model.attention_layers={attn}", f"model.mlp_layers={mlp}", f"model.windows={','.join(windows)}"]
+    out += [f"model.value_embeds={ve}" if m.value_embeds else "model.value_embeds=[]"]
+    out += [f"model.skips={skips}" if m.skips else "model.skips=[]"]
+    if m.key_offset_layers:
+        out.append(f"model.key_offset_layers={[i for i in attn if windows[i] == 'L']}")
+    if m.paired_layers:
+        out.append(f"model.paired_layers={attn[:1]}")
     return out
 
 
@@ -102,10 +125,10 @@ def batch(step: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def build(cfg: Config) -> tuple[GPT, RunOptimizer]:
+def build(cfg: Config) -> tuple[torch.nn.Module, RunOptimizer]:
     """Model and optimizer as a run builds them."""
     torch.manual_seed(cfg.train.seed)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     return model, build_optimizer(model, cfg)
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from speedrun.config import ModelConfig, OptimConfig
 from speedrun.errors import ConfigError
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.model.labels import labelled
 from speedrun.model.layers import Rotary, rotary_frequencies, softcap
@@ -53,7 +54,7 @@ def tiny(**switches) -> ModelConfig:
 
 def n_params(cfg: ModelConfig) -> int:
     with torch.device("meta"):
-        return sum(p.numel() for p in GPT(cfg).parameters())
+        return sum(p.numel() for p in build_model(cfg).parameters())
 
 
 def randomize(model: GPT, seed: int = 0) -> GPT:
@@ -128,7 +129,7 @@ def capture_blocks(model: GPT):
 
 @pytest.mark.parametrize("n_layer", [6, 5])
 def test_unet_skip_adds_encoder_layer_i_to_decoder_layer_L_minus_1_minus_i(n_layer):
-    model = randomize(GPT(tiny(n_layer=n_layer, unet=True)))
+    model = randomize(build_model(tiny(n_layer=n_layer, unet=True)))
     seen = capture_blocks(model)
     with torch.no_grad():
         model(docs_batch(64))
@@ -144,9 +145,9 @@ def test_unet_skip_adds_encoder_layer_i_to_decoder_layer_L_minus_1_minus_i(n_lay
 
 def test_x0_shortcut_starts_as_identity_and_mixes_the_embedding():
     torch.manual_seed(0)
-    plain = GPT(tiny())
+    plain = build_model(tiny())
     torch.manual_seed(0)
-    shortcut = GPT(tiny(x0_shortcut=True))
+    shortcut = build_model(tiny(x0_shortcut=True))
     x = docs_batch(64)
     with torch.no_grad():
         torch.testing.assert_close(shortcut(x), plain(x))  # λ = (1, 0): same function at init
@@ -179,7 +180,7 @@ def record_mixing(model: GPT) -> list:
 
 
 def test_value_residual_feeds_the_first_layers_v_to_every_layer():
-    model = randomize(GPT(tiny(value_residual=True)))
+    model = randomize(build_model(tiny(value_residual=True)))
     calls = record_mixing(model)
     with torch.no_grad():
         model(docs_batch(64))
@@ -194,7 +195,7 @@ def test_value_residual_feeds_the_first_layers_v_to_every_layer():
 @pytest.mark.parametrize("layout, tables", [("per-layer", L), ("unet", L // 2), ("ends", 2)])
 def test_value_embeddings_reach_the_layers_of_their_layout(layout, tables):
     cfg = tiny(value_embeds=layout, value_embed_tables=2, value_mix="lambdas")
-    model = randomize(GPT(cfg))
+    model = randomize(build_model(cfg))
     assert len(model.value_embeds) == tables
     calls = record_mixing(model)
     x = docs_batch(64)
@@ -214,7 +215,9 @@ def test_value_embeddings_reach_the_layers_of_their_layout(layout, tables):
 
 def test_labels_route_new_parameters():
     """The Muon optimizer's groups, from the labels the model parts declare."""
-    model = GPT(tiny(value_embeds="unet", value_mix="lambdas", unet=True, x0_shortcut=True, fused_qkv=True))
+    model = build_model(
+        tiny(value_embeds="unet", value_mix="lambdas", unet=True, x0_shortcut=True, fused_qkv=True)
+    )
     roles = {group: [] for group in MUON_GROUPS}
     for e in param_rules(model, label_rules(OptimConfig(name="muon"), 16)):
         roles[e.rule.group].append(e.name)
@@ -259,14 +262,14 @@ def test_half_truncated_rotary_against_complex_rotation():
 
 
 def test_attention_scale_and_dropped_attention_layers():
-    model = GPT(tiny(attn_scale=0.12, no_attention_layers="2"))
+    model = build_model(tiny(attn_scale=0.12, no_attention_layers="2"))
     assert model.blocks[2].attn is None and model.blocks[2].norm1 is None
-    assert model.blocks[0].attn.scale == 0.12 and GPT(tiny()).blocks[0].attn.scale is None
+    assert model.blocks[0].attn.scale == 0.12 and build_model(tiny()).blocks[0].attn.scale is None
     assert torch.isfinite(model(docs_batch(64), docs_batch(64))).all()
 
 
 def test_bf16_embeddings_keep_fp32_master_weights_elsewhere():
-    model = randomize(GPT(tiny(embed_dtype="bf16", value_embeds="unet", value_mix="lambdas")))
+    model = randomize(build_model(tiny(embed_dtype="bf16", value_embeds="unet", value_mix="lambdas")))
     assert model.wte.weight.dtype == torch.bfloat16 and model.value_embeds[0].weight.dtype == torch.bfloat16
     assert (
         model.lm_head.weight.dtype == torch.float32 and model.blocks[0].attn.c_q.weight.dtype == torch.float32

@@ -21,7 +21,7 @@ from speedrun.model.attention import (
     short_window,
     spec_dense_mask,
 )
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.train.schedule import window_tokens
 from tests.test_architecture import docs_batch, randomize, tiny
 
@@ -304,7 +304,7 @@ def test_cuda_flex_forward_and_backward_match_dense():
     ],
 )
 def test_flex_and_sdpa_backends_give_the_same_model(switches):
-    model = randomize(GPT(tiny(**switches)))
+    model = randomize(build_model(tiny(**switches)))
     x = docs_batch(512, batch=2)
     with torch.no_grad():
         model.cfg.attention = "sdpa"
@@ -318,7 +318,7 @@ def test_window_schedule_changes_the_mask_without_recompiling():
     """One long and one short layer: each layer kind once is enough, and tracing time grows with depth."""
     from torch._dynamo.testing import CompileCounter
 
-    model = randomize(GPT(tiny(n_layer=2, window=256, window_pattern="LS", attention="sdpa")))
+    model = randomize(build_model(tiny(n_layer=2, window=256, window_pattern="LS", attention="sdpa")))
     buffer = model.attn_window
     counter = CompileCounter()
     compiled = torch.compile(model, backend=counter)
@@ -358,7 +358,7 @@ def test_cuda_compiled_flex_model_matches_dense_and_never_recompiles_for_new_win
         attn_scale=0.12,
         max_seq_len=4096,
     )
-    model = randomize(GPT(tiny(**switches))).cuda()
+    model = randomize(build_model(tiny(**switches))).cuda()
     x = docs_batch(4096).cuda()
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter)

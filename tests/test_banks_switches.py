@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
-from speedrun.model.bigram import bigram_hash
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
+from speedrun.model.gpt2026.embeddings import bigram_hash
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.table import build_rows
@@ -199,8 +199,8 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     heads, dim, T, vocab = 2 + 2 * later, 64, 1024, 120  # paired: two pairs of heads
     later_switches = [
         f"model.bigram_rows={BIGRAM}",
-        "model.value_embeds=untied-late",
-        "model.paired_heads=0,2,5,9",
+        "model.value_embeds=[0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4]",  # #63's untied tables
+        "model.paired_layers=[0, 2, 5, 9]",
     ]
     cfg = load_recipe(BASE, GATED + later_switches * later)
     cfg.model = dataclasses.replace(
@@ -208,7 +208,7 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     assert [b.attn is not None and b.attn.paired for b in model.blocks] == [
         i in (0, 2, 5, 9) and later for i in range(11)
     ]
@@ -269,20 +269,22 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
 
 def test_untied_value_embeddings_are_the_63_layout():
     """#63: `ve = [ve[0], ve[1]] + [None] * (num_layers - 5) + [ve[2], ve[3], ve[4]]`."""
-    cfg = load_recipe(BASE, ["model.value_embeds=untied-late"])
-    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
-    assert model.ve_layout == [0, 1] + [None] * 6 + [2, 3, 4] and len(model.value_embeds) == 5
+    cfg = load_recipe(BASE, ["model.value_embeds=[0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4]"])
+    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    layout = [s.value_embed for s in model.specs]
+    assert layout == [0, 1] + [None] * 6 + [2, 3, 4] and len(model.value_embeds) == 5
 
 
 def test_cached_decoding_with_bigram_table_and_paired_heads_equals_the_forward():
-    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000", "model.paired_heads=1"])
+    cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
     cfg.model = dataclasses.replace(
         cfg.model, n_layer=4, n_head=4, n_embd=64, vocab_size=100, max_seq_len=64, embed_dtype="fp32",
-        fp8_head=False, eot_id=99, window_pattern="LSSL", no_attention_layers="2", no_mlp_layers="",
-        value_embed_tables=1, backout_layer=2, skips="1>2",
+        fp8_head=False, eot_id=99, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
+        mlp_layers=[0, 1, 2, 3], value_embeds=[-1, -1, -1, 0], backout_layer=2, skips=[[1, 2]],
+        key_offset_layers=[0, 3], paired_layers=[1],
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model).eval()
+    model = build_model(cfg.model).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
@@ -304,7 +306,7 @@ def test_the_gates_rows_are_the_records():
     """#55: the value-embedding gates with the attention gates in NorMuon (`is_gate = 'gate' in label`:
     one statistic per head), the skip gate in the main Adam at its own LR (label skip_gate)."""
     cfg = load_recipe(BASE, GATED)
-    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     assert cfg.optim.normuon_gate_row_stats
     rows = {r.name: r for r in build_rows(model_rules(model, cfg), 1)}
     ve_gates = [n for n in rows if ".ve_gate." in n]
@@ -312,7 +314,7 @@ def test_the_gates_rows_are_the_records():
     assert all((rows[n].rule, rows[n].gate_rows, rows[n].lr_mul) == ("normuon", True, 1.0) for n in ve_gates)
     assert (rows["skip_gate.proj.weight"].rule, rows["skip_gate.proj.weight"].label) == ("adam", "skip_gate")
     cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
-    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     rows = {r.name: r for r in build_rows(model_rules(model, cfg), 8)}
     assert (rows["bigram.embed.weight"].label, rows["bigram.embed.weight"].sharded) == ("value_embed", True)
     assert rows["bigram.lambdas"].label == "scalar"  # #62: in the record's scalars (their own Adam)
@@ -357,7 +359,7 @@ def test_the_adam_table_is_the_65_records():
     """#56: the attention and value-embedding gates leave NorMuon for Adam; #57/#65: per-label betas."""
     cfg = load_recipe(BASE, GATED + ADAM_65)
     cfg.model = dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_table_optimizer(model, cfg)
     seen = set()
     for row in opt.adam_rows:
@@ -376,19 +378,17 @@ def test_the_adam_table_is_the_65_records():
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        (["model.softcap_form=tanh", "model.softcap_offset=5"], "model.softcap_offset"),
         (["model.logit_softcap=0", "model.softcap_offset=5"], "model.softcap_offset"),
-        (["model.ve_gate=12", "model.value_embeds=none"], "model.ve_gate (#55)"),
+        (["model.ve_gate=12", "model.value_embeds=[]"], "model.ve_gate (#55)"),
         (["model.skip_gate=800"], "model.skip_gate (#55)"),
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
         (["model.bigram_rows=1"], "model.bigram_rows (#62)"),
         (["optim.gate_lr=0.008", "model.attn_gate=0"], "optim.gate_lr (#56"),
-        (["model.paired_heads=3"], "model.paired_heads '3' must name layers"),  # a key-offset layer
-        (["model.paired_heads=6"], "model.paired_heads '6' must name layers"),  # no attention
-        (["model.paired_heads=0,x"], "model.paired_heads '0,x' must name layers"),
-        (["model.paired_heads=0", "model.n_head=3", "model.n_embd=768"], "needs an even model.n_head"),
-        (["model.bigram_rows=100", "model.x0_shortcut=false"], "model.bigram_rows (#62)"),
+        (["model.paired_layers=3"], "model.paired_layers [3] must name layers"),  # a key-offset layer
+        (["model.paired_layers=6"], "model.paired_layers [6] must name layers"),  # no attention
+        (["model.paired_layers=0,x"], "model.paired_layers: expected an integer"),
+        (["model.paired_layers=0", "model.n_head=3", "model.n_embd=768"], "needs an even model.n_head"),
     ],
 )
 def test_a_bad_new_switch_is_one_config_error_naming_it(overrides, words):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.recipes import load_recipe
@@ -97,7 +98,7 @@ def test_three_steps_equal_record_26s_optimizer(ns_dtype):
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     assert sharded_optimizer(cfg)  # no DDP around the model
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_optimizer(model, cfg)
     assert list(opt.parts) == ["table"] and isinstance(opt.parts["table"], ShardedNorMuonAdam)
     muon, adam, copies = record_params(model)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import distributed
 from speedrun.train.run_data import RunData, open_loader
@@ -173,7 +173,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
         embed_dtype="fp32", fp8_head=False, softcap_divisor=7.5 * dim**0.5, attention="sdpa",
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = build_model(cfg)
     with torch.no_grad():  # the record zero-inits the projections and the head: give them values
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))

@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from speedrun.errors import DataError, SpeedrunError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
 from tests import two_processes
@@ -115,7 +115,7 @@ def test_sigterm_saves_and_resume_finishes_like_the_uninterrupted_run(straight_r
 
 def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     cfg = load_recipe("demo", [*TINY])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     good = ckpt.save_checkpoint(tmp_path, 1, model, {"step": 1}, cfg.to_dict(), keep=2)
     with torch.no_grad():
         for p in model.parameters():
@@ -130,7 +130,7 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert ckpt.list_checkpoints(tmp_path) == [good]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))  # the partial write was cleaned up
-    fresh = GPT(cfg.model)
+    fresh = build_model(cfg.model)
     state, _ = ckpt.load_checkpoint(good, fresh)
     assert state["step"] == 1
     torch.testing.assert_close(fresh.lm_head.weight + 1.0, model.lm_head.weight)
@@ -138,7 +138,7 @@ def test_interrupted_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_a_leftover_tmp_folder_is_not_a_checkpoint(tmp_path):
     cfg = load_recipe("demo", [*TINY])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     good = ckpt.save_checkpoint(tmp_path, 3, model, {"step": 3}, cfg.to_dict(), keep=2)
     crashed = tmp_path / "checkpoints" / "step_000006.tmp"  # a process killed mid-write leaves this
     shutil.copytree(good, crashed)
@@ -148,7 +148,7 @@ def test_a_leftover_tmp_folder_is_not_a_checkpoint(tmp_path):
 
 def test_retention_keeps_the_newest(tmp_path):
     cfg = load_recipe("demo", [*TINY])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     for step in range(1, 6):
         ckpt.save_checkpoint(tmp_path, step, model, {"step": step}, cfg.to_dict(), keep=2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000004", "step_000005"]
@@ -156,9 +156,9 @@ def test_retention_keeps_the_newest(tmp_path):
 
 def test_tied_weights_round_trip(tmp_path):
     cfg = load_recipe("gpt2-baseline", [*TINY, "model.vocab_size=512"])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     path = ckpt.save_checkpoint(tmp_path, 1, model, {"step": 1}, cfg.to_dict(), keep=1)
-    fresh = GPT(cfg.model)
+    fresh = build_model(cfg.model)
     ckpt.load_checkpoint(path, fresh)
     assert fresh.wte.weight is fresh.lm_head.weight
     for (name, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items(), strict=True):
@@ -216,7 +216,7 @@ def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_pr
 def saved(tmp_path):
     """A tiny model with two checkpoints, steps 1 and 2."""
     cfg = load_recipe("demo", [*TINY])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     for step in (1, 2):
         ckpt.save_checkpoint(tmp_path, step, model, {"step": step, "x": torch.ones(3)}, cfg.to_dict(), 0)
     return tmp_path, cfg
@@ -234,7 +234,7 @@ def test_one_changed_byte_in_any_file_is_refused(saved, name):
     newest = ckpt.checkpoint_path(run_dir, 2)
     _flip_last_byte(newest / name)
     with pytest.raises(DataError) as info:
-        ckpt.load_checkpoint(newest, GPT(cfg.model))
+        ckpt.load_checkpoint(newest, build_model(cfg.model))
     message = str(info.value)
     assert f"checkpoint {newest} is damaged ({name} does not match its sha256" in message
     # the message names the newest intact checkpoint and the exact command that makes it the newest
@@ -242,7 +242,7 @@ def test_one_changed_byte_in_any_file_is_refused(saved, name):
     assert f"the newest intact one is step_000001: to resume from it, mv {newest} {aside}" in message
     newest.rename(aside)
     assert ckpt.list_checkpoints(run_dir)[-1].name == "step_000001"
-    state, _ = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1], GPT(cfg.model))
+    state, _ = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1], build_model(cfg.model))
     assert state["step"] == 1
 
 
@@ -251,17 +251,17 @@ def test_missing_extra_file_and_wrong_step_are_refused(saved):
     newest = ckpt.checkpoint_path(run_dir, 2)
     (newest / "notes.txt").write_text("mine")
     with pytest.raises(DataError, match="unexpected file notes.txt"):
-        ckpt.load_checkpoint(newest, GPT(cfg.model))
+        ckpt.load_checkpoint(newest, build_model(cfg.model))
     (newest / "notes.txt").unlink()
     (newest / "state.pt").unlink()
     with pytest.raises(DataError, match="missing file state.pt"):
-        ckpt.load_checkpoint(newest, GPT(cfg.model))
+        ckpt.load_checkpoint(newest, build_model(cfg.model))
     # the folder renamed to another step: its contents (and manifest) say step 2
     shutil.rmtree(newest)
     moved = ckpt.checkpoint_path(run_dir, 7)
     shutil.copytree(ckpt.checkpoint_path(run_dir, 1), moved)
     with pytest.raises(DataError, match="manifest.json is for step 1, the folder for 7"):
-        ckpt.load_checkpoint(moved, GPT(cfg.model))
+        ckpt.load_checkpoint(moved, build_model(cfg.model))
 
 
 def test_step_inside_state_must_match_the_folder(saved):
@@ -279,16 +279,16 @@ def test_step_inside_state_must_match_the_folder(saved):
     }
     (newest / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match="state.pt holds step 5"):
-        ckpt.load_checkpoint(newest, GPT(cfg.model))
+        ckpt.load_checkpoint(newest, build_model(cfg.model))
 
 
 def test_a_damaged_only_checkpoint_says_the_run_cannot_resume(tmp_path):
     cfg = load_recipe("demo", [*TINY])
-    path = ckpt.save_checkpoint(tmp_path, 3, GPT(cfg.model), {"step": 3}, cfg.to_dict(), 0)
+    path = ckpt.save_checkpoint(tmp_path, 3, build_model(cfg.model), {"step": 3}, cfg.to_dict(), 0)
     (path / "manifest.json").unlink()
     advice = f"no older checkpoint is intact; to start the run over from step 0, mv {tmp_path}/checkpoints "
     with pytest.raises(DataError, match=f"manifest.json is missing.*{re.escape(advice)}"):
-        ckpt.load_checkpoint(path, GPT(cfg.model))
+        ckpt.load_checkpoint(path, build_model(cfg.model))
 
 
 @pytest.mark.parametrize(
@@ -304,7 +304,7 @@ def test_a_damaged_only_checkpoint_says_the_run_cannot_resume(tmp_path):
 )
 def test_disk_full_during_a_write_is_one_error_and_leaves_no_tmp(tmp_path, monkeypatch, target, error):
     cfg = load_recipe("demo", [*TINY])
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
 
     def full(*_args, **_kwargs):
         raise error
@@ -326,7 +326,7 @@ def test_checkpoint_files_honour_the_umask(tmp_path):
     cfg = load_recipe("demo", [*TINY])
     old = os.umask(0o027)
     try:
-        path = ckpt.save_checkpoint(tmp_path, 1, GPT(cfg.model), {"step": 1}, cfg.to_dict(), keep=2)
+        path = ckpt.save_checkpoint(tmp_path, 1, build_model(cfg.model), {"step": 1}, cfg.to_dict(), keep=2)
     finally:
         os.umask(old)
     for f in path.iterdir():  # safetensors alone would make 0600

@@ -6,7 +6,7 @@ import torch
 from speedrun.config import Config
 from speedrun.config_files import parse_overrides
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe, recipe_names
 
 FOUNDATION_RECIPES = ["demo", "demo-adamw", "gpt2-baseline", "muon-2024-10", "untied-2024-11"]
@@ -14,7 +14,7 @@ FOUNDATION_RECIPES = ["demo", "demo-adamw", "gpt2-baseline", "muon-2024-10", "un
 
 def n_params(cfg: Config) -> int:
     with torch.device("meta"):
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from speedrun.config import TrainConfig
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.optim import Muon
 from speedrun.recipes import load_recipe
 from speedrun.train.distributed import cuda_allocator_settings
@@ -16,11 +16,11 @@ from tests.recipe_matrix import shrunk
 
 def test_attention_layers_share_one_rotary_table():
     cfg = shrunk("record-2025-01", n_layer=4)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     tables = {id(b.attn.rotary.cos) for b in model.blocks if b.attn is not None}
     assert len(tables) == 1 and sum(b.attn is not None for b in model.blocks) == 3
     assert not any("rotary" in k for k in model.state_dict())  # checkpoints unchanged: not persistent
-    rebuilt = GPT(cfg.model)  # each layer building its own table gives the same values
+    rebuilt = build_model(cfg.model)  # each layer building its own table gives the same values
     from speedrun.model.gpt import make_rotary
 
     torch.testing.assert_close(rebuilt.blocks[0].attn.rotary.cos, make_rotary(cfg.model).cos, rtol=0, atol=0)
@@ -74,7 +74,7 @@ def test_process_group_timeout_outlasts_a_full_size_checkpoint_write():
     barrier; at 25 MB/s (a slow network disk) the default must still cover it."""
     cfg = load_recipe("record-2025-01")
     with torch.device("meta"):
-        n = sum(p.numel() for p in GPT(cfg.model).parameters())
+        n = sum(p.numel() for p in build_model(cfg.model).parameters())
     checkpoint_bytes = n * 4 * 3  # fp32 weights + Adam's two moments (an upper bound for Muon's one)
     assert checkpoint_bytes > 3e9
     assert TrainConfig().dist_timeout_s >= checkpoint_bytes / 25e6

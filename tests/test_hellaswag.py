@@ -9,7 +9,7 @@ import torch
 from speedrun.config import ModelConfig
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.errors import DataError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.tools.hellaswag import PARQUET_FILE, download_hellaswag, evaluate_hellaswag, read_examples
 from tests.test_fineweb import REPO, StandInHub
@@ -115,7 +115,7 @@ def test_scores_match_an_independent_computation(tmp_path):
         }
     )
     torch.manual_seed(0)
-    model = GPT(cfg.model).eval()
+    model = build_model(cfg.model).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
@@ -136,7 +136,7 @@ def test_batched_ending_losses_equal_the_reference(tmp_path):
 
     cfg = ModelConfig(vocab_size=50257, n_layer=2, n_embd=32, n_head=2, max_seq_len=64)
     torch.manual_seed(1)
-    model = GPT(cfg).eval()
+    model = build_model(cfg).eval()
     tok = gpt2_tokenizer()
     ex = EXAMPLES[0]
     tokens, mask, _ = example_batch(ex, tok, 64)
@@ -152,7 +152,7 @@ def test_only_gpt2_tokenized_models_are_scored(tmp_path):
     cfg = load_recipe("demo")
     bpe = train_bpe_tokenizer(["some text for a tiny vocabulary"] * 20, 300)
     with pytest.raises(DataError, match="only for GPT-2-tokenized"):
-        evaluate_hellaswag(GPT(ModelConfig(n_layer=1, n_embd=32, n_head=2)), cfg, bpe, tmp_path / "x")
+        evaluate_hellaswag(build_model(ModelConfig(n_layer=1, n_embd=32, n_head=2)), cfg, bpe, tmp_path / "x")
 
 
 def test_eval_hellaswag_command_on_a_gpt2_checkpoint(tmp_path, capsys):
@@ -162,7 +162,7 @@ def test_eval_hellaswag_command_on_a_gpt2_checkpoint(tmp_path, capsys):
     small = ["model.vocab_size=50257", "model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
     cfg = load_recipe("demo", ["data.tokenizer=gpt2", "train.dtype=fp32", *small])
     torch.manual_seed(2)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.5)

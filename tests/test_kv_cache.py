@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from speedrun.config import Config
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
 from speedrun.recipes import load_recipe
@@ -57,7 +58,7 @@ def _model(case: str) -> GPT:
         recipe = "demo-2025-01" if case == "demo-2025-01" else "demo"
         cfg = load_recipe(recipe, SHRINK + CASES[case] + ["model.embed_dtype=fp32"])
     torch.manual_seed(0)
-    model = GPT(cfg.model).eval()
+    model = build_model(cfg.model).eval()
     with torch.no_grad():  # zero-init heads/projections would make every logit equal: randomize all
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -149,7 +150,9 @@ def decode_config(recipe: str, *extra: str) -> Config:
 def _shrunk_model(recipe: str, *extra: str) -> GPT:
     cfg = decode_config(recipe, *extra)
     torch.manual_seed(0)
-    model = GPT(cfg.model).float().eval()  # bf16-model recipes in fp32: the logic, without its rounding
+    model = (
+        build_model(cfg.model).float().eval()
+    )  # bf16-model recipes in fp32: the logic, without its rounding
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)

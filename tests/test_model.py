@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import MaskSpec, attend, document_ids, spec_dense_mask
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.optimizers import model_rules
 
@@ -20,7 +20,7 @@ SHRINK = [f"model.{k}={v}" for k, v in TINY.items()] + ["train.seq_len=32", "tra
 def test_loss_at_init_is_near_log_vocab(recipe):
     cfg = load_recipe(recipe, SHRINK + ["model.vocab_size=512"]).model
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = build_model(cfg)
     x = torch.randint(0, 512, (4, 32))
     loss = model(x, torch.roll(x, -1, dims=1)).item()
     rows = model.lm_head.weight.size(0)  # padded rows take a share of the probability at init
@@ -29,7 +29,7 @@ def test_loss_at_init_is_near_log_vocab(recipe):
 
 def test_zero_init_head_gives_exactly_uniform_logits():
     cfg = load_recipe("untied-2024-11", SHRINK + ["model.vocab_size=300"]).model
-    model = GPT(cfg)
+    model = build_model(cfg)
     x = torch.randint(0, 300, (2, 16))
     assert model(x, x).item() == pytest.approx(math.log(model.lm_head.weight.size(0)), abs=1e-5)
 
@@ -57,7 +57,7 @@ def test_document_mask_changes_the_model_only_across_documents():
         **TINY, vocab_size=64, positional="rotary", norm="rmsnorm", document_mask=True, eot_id=0
     )
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = build_model(cfg)
     doc_a = torch.randint(1, 64, (1, 10))
     doc_b = torch.cat([torch.zeros(1, 1, dtype=torch.long), torch.randint(1, 64, (1, 9))], dim=1)
     joined = model(torch.cat([doc_a, doc_b], dim=1))
@@ -70,7 +70,7 @@ def test_labels_cover_every_parameter_once():
     for recipe in ["gpt2-baseline", "untied-2024-11"]:
         full = load_recipe(recipe, SHRINK)
         cfg = full.model
-        model = GPT(cfg)
+        model = build_model(cfg)
         roles = {}
         for e in model_rules(model, full):
             roles.setdefault(e.rule.group, []).append((e.name, e.param))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.model.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
@@ -154,7 +154,7 @@ def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():  # the record zero-inits projections, gates, smear and the head: give them values
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
@@ -196,7 +196,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
 
 def test_backout_is_its_formula():
     """#40: x − λ·h_k with λ from 0.5; the model with λ = 0 is the model without backout."""
-    from speedrun.model.backout import Backout
+    from speedrun.model.gpt2026.connections import Backout
 
     gen = torch.Generator().manual_seed(3)
     x, h = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 8, generator=gen)
@@ -204,7 +204,7 @@ def test_backout_is_its_formula():
     torch.testing.assert_close(backout(x, {8: h}), x - 0.5 * h)
     cfg, model, idx, _, _ = _model_and_batch(L=12)
     idx = idx[:64]
-    plain = GPT(dataclasses.replace(cfg.model, backout_layer=0))
+    plain = build_model(dataclasses.replace(cfg.model, backout_layer=0))
     plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("backout.")})
     with torch.no_grad():
         model.backout.lamb.zero_()
@@ -272,7 +272,7 @@ def test_six_steps_equal_record_42s_optimizers():
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     dim = cfg.model.n_embd
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_optimizer(model, cfg)
     ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: qkvo_w per layer as (d, 4d), c_fc and c_proj as (d, 4d)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import Row
@@ -30,7 +30,7 @@ def polar_fp64(g: torch.Tensor) -> torch.Tensor:
 def model_and_optimizer(overrides: list[str]):
     cfg = load_recipe("demo-normuon", [*SMALL, *PLAIN, *overrides])
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     return cfg, model, build_optimizer(model, cfg)
 
 

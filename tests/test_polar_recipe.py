@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.model.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
@@ -142,7 +142,7 @@ def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():  # the record zero-inits projections, gates, smear and the head: give them values
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
@@ -190,7 +190,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
 def test_smear_is_its_formula_and_decodes_with_the_previous_token():
     """#34: x[t] + λ·σ(W·x[t, :k])·x[t-1] for t >= 1, the first token untouched; the tail of a sequence
     smeared with its previous token given equals the tail of the whole sequence smeared."""
-    from speedrun.model.smear import Smear
+    from speedrun.model.gpt2026.embeddings import Smear
 
     gen = torch.Generator().manual_seed(4)
     smear = Smear(3)
@@ -209,7 +209,14 @@ def test_smear_is_its_formula_and_decodes_with_the_previous_token():
 def test_skip_sources_leave_out_the_absent_layer():
     """#32/#35: decoder layer 11-i receives encoder layer i, except from the absent layer 0; the yarn
     rung (layer 0 with attention) keeps all six skips with plain weights."""
-    from speedrun.model.unet import initial_weights, skip_sources
+    from speedrun.model.gpt2026.connections import skip_weights
+    from speedrun.model.gpt2026.specs import build_specs
+
+    def skip_sources(cfg):
+        return [s.skip_from for s in build_specs(cfg)]
+
+    def initial_weights(cfg):
+        return skip_weights(len(cfg.skips), cfg.skip_gate_form).detach()
 
     cfg = load_recipe(RECIPE).model
     assert skip_sources(cfg) == [None] * 6 + [5, 4, 3, 2, 1, None]
@@ -258,8 +265,8 @@ def test_polar_express_is_the_records(shape):
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("model.smear=769", "model.smear (769) must be between 0 and model.n_embd (768)"),
-        ("model.unet=false", "model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true"),
+        ("model.smear=769", "model.smear (769) must not exceed model.n_embd (768)"),
+        ("model.skips=[[0, 12]]", "model.skips [[0, 12]]: [src, dst] pairs, 0 <= src < dst < 12"),
         (
             "train.stages=tokens=8 windows=1/3 frac=1; tokens=8 windows=1/3 ext=0 val=2/20 yarn=21",
             "yarn=21 (the final validation's YaRN window) must lie between",
@@ -279,7 +286,7 @@ def test_training_cross_entropy_is_in_bf16_and_validation_in_fp32():
 
     cfg = shrunk(RECIPE, "model.embed_dtype=fp32", n_layer=2)
     torch.manual_seed(0)
-    model = GPT(cfg.model).bfloat16()
+    model = build_model(cfg.model).bfloat16()
     with torch.no_grad():
         model.lm_head.weight.normal_(std=1.0)  # logits of a few tens: bf16 rounding shows in the loss
     gen = torch.Generator().manual_seed(6)
@@ -320,7 +327,7 @@ def test_three_steps_equal_record_38s_optimizer():
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     dim, n = cfg.model.n_embd, cfg.train.steps
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_optimizer(model, cfg)
     ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: qkvo_w per layer as (4, d, d)

@@ -184,12 +184,12 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
 
 
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
-    from speedrun.model.gpt import GPT
+    from speedrun.model.families import build_model
     from speedrun.train.host_fit import shrink, shrinks_needed
 
     def _flops_per_step(c):  # a host whose step time is proportional to the step's FLOPs
         with torch.device("meta"):
-            return GPT(c.model).flops_per_token(c.train.seq_len) * c.train.global_batch_tokens
+            return build_model(c.model).flops_per_token(c.train.seq_len) * c.train.global_batch_tokens
 
     cfg = load_recipe("demo")  # 150 s, at least 120 steps, 8192 tokens of 4 x 256
     run_cfg = precision.effective_config(cfg, precision.Precision("fp32", "test"))
@@ -260,10 +260,10 @@ def test_muon_iterates_in_fp32_only_where_bf16_is_slow(monkeypatch):
         assert optimizers.muon_ns_dtype("auto", cpu) == want
         assert optimizers.muon_ns_dtype("bf16", cpu) == torch.bfloat16  # asked: kept, fast or not
         assert optimizers.muon_ns_dtype("fp32", cpu) == torch.float32
-        from speedrun.model.gpt import GPT
+        from speedrun.model.families import build_model
 
         cfg = load_recipe("demo", ["model.n_layer=1", "model.n_embd=64", "model.n_head=2"])
-        assert optimizers.build_optimizer(GPT(cfg.model), cfg).parts["muon"].ns_dtype == want
+        assert optimizers.build_optimizer(build_model(cfg.model), cfg).parts["muon"].ns_dtype == want
 
 
 def test_fp32_newton_schulz_is_the_record_polynomial_without_bf16_rounding():

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from speedrun.config import ModelConfig
+from speedrun.config import MODEL_FAMILIES, ModelConfig
 from speedrun.recipes import recipe_names
 from tests.recipe_cover import LAYOUT_FIELDS, cover, graph_settings, recipe_cover
 from tests.recipe_matrix import compile_config
@@ -45,7 +45,8 @@ def test_every_model_field_is_a_setting():
     names = {name for name, _ in graph_settings(base)}
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     assert {f"model.{f}" for f in fields - set(LAYOUT_FIELDS)} | {"model.layout"} <= names
-    assert set(LAYOUT_FIELDS) <= fields
+    families = {f.name for cls in MODEL_FAMILIES.values() for f in dataclasses.fields(cls)}
+    assert set(LAYOUT_FIELDS) <= families  # each family's layout fields
     for field in ("window_pattern", "value_embeds", "n_layer"):
         other = dataclasses.replace(base, model=dataclasses.replace(base.model, **{field: None}))
         assert graph_settings(other) != graph_settings(base), field

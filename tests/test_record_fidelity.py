@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from speedrun.config import ModelConfig
 from speedrun.model import attention, fp8
 from speedrun.model.attention import MaskSpec, build_block_mask, mask_rule, spec_dense_mask
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, softcap
 from speedrun.optim import Muon, muon_split, newton_schulz
 from speedrun.recipes import load_recipe
@@ -35,7 +35,7 @@ def tiny(**switches) -> ModelConfig:
 def test_value_residual_gives_every_lambda_a_gradient():
     """DDP fails at step 2 on a parameter without a gradient; the record mixes layer 0's v with itself."""
     torch.manual_seed(0)
-    model = GPT(tiny(value_residual=True, tie_embeddings=False))
+    model = build_model(tiny(value_residual=True, tie_embeddings=False))
     x = torch.randint(0, 128, (2, 64))
     model(x, x).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
@@ -77,8 +77,8 @@ def test_bf16_model_casts_like_the_record():
     """11-08 … 12-08: model.bfloat16(), then every CastedLinear back to fp32."""
     cfg = load_recipe("unet-2024-11").model
     small = dict(n_layer=4, n_embd=64, n_head=2, vocab_size=128, max_seq_len=64)
-    ours = GPT(ModelConfig(**{**cfg.__dict__, **small}))
-    ref = GPT(ModelConfig(**{**cfg.__dict__, **small, "bf16_model": False})).bfloat16()
+    ours = build_model(ModelConfig(**{**cfg.__dict__, **small}))
+    ref = build_model(ModelConfig(**{**cfg.__dict__, **small, "bf16_model": False})).bfloat16()
     for m in ref.modules():
         if isinstance(m, CastedLinear):
             m.float()
@@ -134,7 +134,7 @@ def test_erf_gelu_and_fp32_rmsnorm_of_10_10():
 
 def test_qk_norm_after_rotary_of_10_14():
     torch.manual_seed(0)
-    after = GPT(tiny(qk_norm=True, qk_norm_after_rotary=True)).blocks[0].attn
+    after = build_model(tiny(qk_norm=True, qk_norm_after_rotary=True)).blocks[0].attn
     x = torch.randn(1, 32, 64)
     q, k, v = (t.view(1, 32, 2, 32).transpose(1, 2) for t in (after.c_q(x), after.c_k(x), after.c_v(x)))
     rot = after.rotary
@@ -203,7 +203,7 @@ def test_seed_optimizer_is_orthogonal_nesterov_on_the_whole_fused_qkv():
     p = torch.nn.Parameter(torch.randn(96, 32, generator=gen))
     o = cfg.optim
     tiny = dataclasses.replace(cfg.model, n_layer=1, n_head=2, n_embd=32, vocab_size=64)
-    model = GPT(tiny)
+    model = build_model(tiny)
     build_optimizer(model, dataclasses.replace(cfg, model=tiny))
     assert muon_split(model.blocks[0].attn.c_attn.weight) == 1  # the builder keeps the fused QKV whole
     muon = Muon(
@@ -252,7 +252,7 @@ def test_fp8_head_forward_and_backward_against_fp64(on_cpu_scaled_mm, monkeypatc
 
 def test_fp8_head_is_used_for_training_only():
     torch.manual_seed(0)
-    model = GPT(tiny(fp8_head=True, tie_embeddings=False, embed_dtype="bf16", pad_embeddings=False))
+    model = build_model(tiny(fp8_head=True, tie_embeddings=False, embed_dtype="bf16", pad_embeddings=False))
     torch.nn.init.normal_(model.lm_head.weight, std=0.05)
     x = torch.randint(0, 128, (1, 64))
     with torch.no_grad():
@@ -280,13 +280,13 @@ def test_sdpa_kernel_choice_reaches_the_attention_call(monkeypatch):
     monkeypatch.setattr(attention, "sdpa_kernel", recorder)
     monkeypatch.setattr(attention, "_on_cuda", lambda t: True)
     x = torch.randint(0, 128, (1, 32))
-    GPT(tiny(sdpa_kernel="cudnn"))(x)
+    build_model(tiny(sdpa_kernel="cudnn"))(x)
     assert seen == [[SDPBackend.CUDNN_ATTENTION]] * 4
     seen.clear()
-    GPT(tiny())(x)
+    build_model(tiny())(x)
     assert seen == []
     monkeypatch.setattr(attention, "_on_cuda", lambda t: False)  # CPU: never forced
-    GPT(tiny(sdpa_kernel="cudnn"))(x)
+    build_model(tiny(sdpa_kernel="cudnn"))(x)
     assert seen == []
     assert load_recipe("untied-2024-11").model.sdpa_kernel == "cudnn"  # 11-03: cuDNN only
 
@@ -376,7 +376,7 @@ def test_bf16_records_run_without_autocast_so_the_residual_stream_stays_bf16(nam
     assert autocast_dtype(cfg) is None
     small = dict(n_layer=4, n_embd=64, n_head=2, vocab_size=128, max_seq_len=256, window=256)
     small.update(value_embed_tables=1, no_attention_layers="", window_pattern="", fp8_head=False)
-    model = GPT(ModelConfig(**{**cfg.model.__dict__, **small, "attention": "sdpa"}))
+    model = build_model(ModelConfig(**{**cfg.model.__dict__, **small, "attention": "sdpa"}))
     seen = []
     for block in model.blocks:
         block.register_forward_hook(lambda mod, args, out: seen.append(out[0].dtype))
@@ -397,7 +397,7 @@ def test_gpt2_baseline_softmax_leaves_the_padded_head_rows_out():
     assert load_recipe("gpt2-baseline").model.logits_vocab_only
     torch.manual_seed(0)
     base = dict(vocab_size=100, pad_vocab_to=128, n_layer=1, n_head=2, n_embd=32, max_seq_len=16)
-    model = GPT(ModelConfig(**base, logits_vocab_only=True))
+    model = build_model(ModelConfig(**base, logits_vocab_only=True))
     x = torch.randint(0, 100, (2, 16))
     full = model.lm_head(model.hidden(x)).float()  # all 128 head rows
     assert full.size(-1) == 128 and model(x).size(-1) == 100

@@ -9,11 +9,14 @@ loss, #37: tests/test_polar_recipe.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
+from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
 
@@ -32,14 +35,22 @@ BF16_SOFTCAP_RECIPES = (
 
 def _head_only(name: str) -> GPT:
     m = load_recipe(name).model
-    cfg = ModelConfig(
-        vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, positional="rotary",
-        norm="rmsnorm", activation="relu2", bias=False, fused_qkv=False, init="torch",
-        logit_softcap=m.logit_softcap, softcap_form=m.softcap_form, softcap_divisor=m.softcap_divisor,
-        softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
-    )  # fmt: skip
+    if m.family == "gpt2026":  # the recipe's head on one plain layer
+        cfg = dataclasses.replace(
+            m, vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, attention_layers=[0],
+            mlp_layers=[0], windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
+            backout_layer=0, fp8_head=False, embed_dtype="fp32", attention="varlen", window=0,
+            window_warmup="none", yarn=False, mtp=0,
+        )  # fmt: skip
+    else:
+        cfg = ModelConfig(
+            vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, positional="rotary",
+            norm="rmsnorm", activation="relu2", bias=False, fused_qkv=False, init="torch",
+            logit_softcap=m.logit_softcap, softcap_form=m.softcap_form,
+            softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
+        )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg).eval()
+    model = build_model(cfg).eval()
     torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits of a few tens: the cap binds
     return model
 
@@ -53,8 +64,8 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
         logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
     elif cap_first:
         logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
-    elif cfg.softcap_form == "sigmoid":
-        divisor = cfg.softcap_divisor or cfg.logit_softcap / 2  # Sub3Min: 30 * sigmoid(z.float() / 7.5)
+    elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5)
+        divisor = getattr(cfg, "softcap_divisor", 0) or cfg.logit_softcap / 2
         logits = 2 * cfg.logit_softcap * torch.sigmoid(logits.float() / divisor)
     else:
         logits = logits.float()

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 
@@ -228,7 +228,7 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
@@ -270,13 +270,14 @@ def test_initial_scalars_are_the_53_models():
     """#53's GPT.__init__: resid lambdas 1.1 (#45), x0 lambdas 0, sa lambdas (0.5, 1.0), skip λ −1.5, smear
     λ 0, backout λ 0.5; value embeddings on layers 0, 1 (tables 1, 2) and 8, 9, 10 (tables 0, 1, 2)."""
     cfg = load_recipe(RECIPE)
-    model = GPT(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     for i, block in enumerate(model.blocks):
         assert (block.lambdas.tolist(), block.x0_lambda.tolist()) == (pytest.approx([1.1]), [0.0]), i
         assert block.attn is None if i == 6 else block.attn.lambdas.tolist() == [0.5, 1.0], i
-    assert model.skip_weights.tolist() == [-1.5] and model.skip_sources == [None] * 6 + [3] + [None] * 4
+    skip_sources = [s.skip_from for s in model.specs]
+    assert model.skip_weights.tolist() == [-1.5] and skip_sources == [None] * 6 + [3] + [None] * 4
     assert (model.smear.lamb.item(), model.backout.lamb.item()) == (0.0, 0.5)
-    assert model.ve_layout == [1, 2] + [None] * 6 + [0, 1, 2]
+    assert [s.value_embed for s in model.specs] == [1, 2] + [None] * 6 + [0, 1, 2]
 
 
 # ------------------------------------------------------------------ #53's optimizers, from its code
@@ -364,7 +365,7 @@ def test_eight_steps_equal_record_53s_optimizers():
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     dim = cfg.model.n_embd
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_optimizer(model, cfg)  # the embedding starts as a copy of the head
     ours = dict(model.named_parameters())
     torch.testing.assert_close(ours["wte.weight"], ours["lm_head.weight"], rtol=0, atol=0)

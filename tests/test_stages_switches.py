@@ -14,10 +14,10 @@ import torch.nn.functional as F
 
 from speedrun.config_stages import parse_stages
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
-from speedrun.model.key_offset import offset_keys
+from speedrun.model.families import build_model
+from speedrun.model.gpt2026.attention import offset_keys
+from speedrun.model.gpt2026.head import mtp_loss, write_weights
 from speedrun.model.kv_cache import KVCache, forward_cached
-from speedrun.model.mtp import mtp_loss, write_weights
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import stage_values
@@ -44,15 +44,16 @@ def test_key_offset_is_the_records_shift():
     )
 
 
-def _small(overrides=(), L=4, T=64, vocab=100):
+def _small(overrides=(), L=4, T=64, vocab=100, **model):
     cfg = load_recipe(BASE, list(overrides))
     cfg.model = dataclasses.replace(
         cfg.model, n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1, window_pattern="LSSL", no_attention_layers="2",
-        no_mlp_layers="", value_embed_tables=1, backout_layer=2,
+        fp8_head=False, eot_id=vocab - 1, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
+        mlp_layers=[0, 1, 2, 3], value_embeds=[0, -1, -1, 0], skips=[[1, 2], [0, 3]],
+        backout_layer=2, **model,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():  # zero-initialized projections, gates, head: give them values
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
@@ -60,7 +61,7 @@ def _small(overrides=(), L=4, T=64, vocab=100):
 
 
 def test_key_offset_changes_only_the_long_layers_and_cached_decoding_still_matches():
-    _, model = _small(["model.key_offset=true"])
+    _, model = _small(key_offset_layers=[0, 3])  # the long layers
     flags = [b.attn.key_offset if b.attn is not None else None for b in model.blocks]
     assert flags == [True, False, None, True]  # LSSL, layer 2 without attention
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
@@ -139,8 +140,8 @@ def test_the_schedule_writes_the_stage_mtp_weights_into_the_model():
             "train.stage_bounds places",
         ),
         (
-            ["model.key_offset=true", "model.window_pattern="],
-            "model.key_offset shifts the unrotated key dims",
+            ["model.key_offset_layers=[7]"],
+            "model.key_offset_layers must be attention layers",
         ),
         (
             ["model.mtp=3", "train.steps=1920", "train.stages=" + PLAN_53.replace("1,0.5>1,0", "1,0.5>1")],

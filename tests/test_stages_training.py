@@ -19,12 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.config import ModelConfig
+from speedrun.config_model import Gpt2026Config
 from speedrun.config_stages import parse_stages, stage_plan
 from speedrun.errors import ConfigError
-from speedrun.model import varlen
 from speedrun.model.attention_tiers import varlen_attention
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
+from speedrun.model.gpt2026 import windows
 from speedrun.recipes import load_recipe
 from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model
@@ -44,14 +44,15 @@ STAGES = (
 def staged(text_data: Path, *extra: str) -> list[str]:
     eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
     return [
-        *TINY, f"data.dir={text_data}", "data.loader=documents", "data.doc_rule=packed",
-        "model.attention=varlen", f"model.eot_id={eot}", "model.positional=rotary", "model.norm=rmsnorm",
-        "model.rope_half_truncated=true", "model.yarn=true", "model.attn_scale=0.1", "model.qk_norm=true",
-        "model.window_pattern=LS", "model.max_seq_len=256", "train.seq_len=64", "train.micro_batch_tokens=64",
-        "train.global_batch_tokens=128", "train.val_seq_len=256", "train.val_tokens=1024", "train.steps=14",
-        "train.warmdown_steps=0", "train.warmdown_frac=0.5", "train.final_lr_frac=0.15",
-        f"train.stages={STAGES}", "train.val_every=5", "train.log_every=1", "optim.name=muon",
-        "optim.muon_momentum_start=0.85", "optim.muon_momentum_warmup_steps=4",
+        "model.family=gpt2026", *TINY, f"data.dir={text_data}", "data.loader=documents",
+        "data.doc_rule=packed", "model.attention=varlen", f"model.eot_id={eot}", "model.yarn=true",
+        "model.attn_scale=0.1", "model.windows=L,S", "model.attention_layers=[0,1]",
+        "model.mlp_layers=[0,1]", "model.embed_dtype=fp32", "model.fp8_head=false",
+        "model.zero_init_head=false", "model.max_seq_len=256", "train.seq_len=64",
+        "train.micro_batch_tokens=64", "train.global_batch_tokens=128", "train.val_seq_len=256",
+        "train.val_tokens=1024", "train.steps=14", "train.warmdown_steps=0", "train.warmdown_frac=0.5",
+        "train.final_lr_frac=0.15", f"train.stages={STAGES}", "train.val_every=5", "train.log_every=1",
+        "optim.name=muon", "optim.muon_momentum_start=0.85", "optim.muon_momentum_warmup_steps=4",
         "optim.muon_momentum_cooldown_steps=3", "train.checkpoint_every=6", "train.checkpoint_at_end=true",
         "train.checkpoint_keep=0", *extra,
     ]  # fmt: skip
@@ -155,12 +156,16 @@ def test_eval_of_the_finished_run_uses_the_final_windows_and_yarn(straight):
 # ------------------------------------------------------------------ the model's varlen and YaRN parts
 
 
-def tiny_model(**model) -> GPT:
-    base = dict(vocab_size=64, n_layer=2, n_head=2, n_embd=32, max_seq_len=512, positional="rotary",
-                norm="rmsnorm", activation="relu2", bias=False, qk_norm=True, eot_id=0,
-                window_pattern="LS")  # fmt: skip
+def tiny_model(**model) -> torch.nn.Module:
+    """A gpt2026 model (documents, varlen and YaRN are its parts) with every weight given a value."""
+    base = dict(vocab_size=64, n_layer=2, n_head=2, n_embd=32, max_seq_len=512, eot_id=0, windows=["L", "S"],
+                attention_layers=[0, 1], mlp_layers=[0, 1], embed_dtype="fp32", fp8_head=False)  # fmt: skip
     torch.manual_seed(0)
-    return GPT(ModelConfig(**{**base, **model}))
+    m = build_model(Gpt2026Config(**{**base, **model}))
+    with torch.no_grad():  # zero-initialized projections and head: give them values
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m
 
 
 def packed_row(T: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +182,7 @@ def test_varlen_forward_and_gradients_equal_the_dense_document_masked_model():
     """Same weights: cu_seqlens through varlen_attention (blocked SDPA) vs the dense path's document
     mask from the BOS tokens, long window 150 / short 75 tokens (layers L, S)."""
     fast = tiny_model(attention="varlen", window=150)
-    dense = tiny_model(attention="sdpa", window=150, document_mask=True)
+    dense = tiny_model(attention="sdpa", window=150)
     dense.load_state_dict(fast.state_dict())
     idx, cu = packed_row(400)
     targets = torch.roll(idx, -1, 1)
@@ -198,7 +203,7 @@ def test_a_stage_window_sees_what_fa3_window_size_blocks_times_128_sees():
     docs = torch.searchsorted(cu[1:].contiguous(), pos.to(torch.int32), right=True)
     mask = (pos[:, None] >= pos) & (docs[:, None] == docs) & (pos[:, None] - pos <= 128)
     ref = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), mask).transpose(0, 1)
-    torch.testing.assert_close(varlen_attention(q, k, v, cu, varlen.blocks_to_tokens(1)), ref)
+    torch.testing.assert_close(varlen_attention(q, k, v, cu, windows.blocks_to_tokens(1)), ref)
 
 
 def record31_rotary(x_BTHD, cos, sin):
@@ -226,18 +231,17 @@ def record31_tables(head_dim, max_seq_len, history_blocks, block_size=128, alpha
 def test_yarn_attention_equals_record_31(history):
     """One attention layer after the long window went through `history` blocks, against #31's
     CausalSelfAttention (QK-norm, its rotary tables and attention scale, FA3 window (blocks·128, 0))."""
-    model = tiny_model(
-        attention="varlen", rope_half_truncated=True, yarn=True, attn_scale=0.1, window_pattern="LL"
-    )
-    varlen.set_stage(model, 1, history[-1], 0, history)
+    model = tiny_model(attention="varlen", yarn=True, attn_scale=0.1, windows=["L", "L"])
+    windows.set_stage(model, 1, history[-1], 0, history)
     idx, cu = packed_row(400)
     T, H, D = 400, 2, 16
     attn = model.blocks[0].attn
     h = torch.randn(1, T, 32, generator=torch.Generator().manual_seed(5))
-    got, _ = varlen.attend_fns(model, idx, cu)[0](attn, h, None)
+    got, _ = windows.attend_fns(model, idx, cu)[0](attn, h, None)
 
     cos, sin = record31_tables(D, 512, list(history))
     q, k, v = F.linear(h, attn.c_attn.weight).view(1, T, 3 * H, D).chunk(3, dim=-2)
+    v = attn.lambdas[0] * v  # gpt2026's value lambda (no value embedding on this layer)
     q, k = F.rms_norm(q, (D,)), F.rms_norm(k, (D,))
     q, k = record31_rotary(q, cos, sin), record31_rotary(k, cos, sin)
     pos = torch.arange(T)

@@ -12,7 +12,7 @@ import torch
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
 from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import loop
 from speedrun.train.optimizers import build_optimizer
@@ -39,7 +39,7 @@ def test_warm_up_restores_everything_so_the_run_is_unchanged(tmp_path):
 
     def fresh():
         torch.manual_seed(0)
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
         return model, build_optimizer(model, cfg), TokenLoader(files, 128, 64, 32)
 
     def losses(model, optimizer, loader):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.model.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.evaluate import row_cu_seqlens
@@ -266,7 +266,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     with torch.no_grad():  # the record zero-inits the projections, the gates and the head: give them values
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
@@ -341,7 +341,7 @@ def test_three_steps_equal_record_31s_optimizer(ns_dtype):
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     dim = cfg.model.n_embd
     torch.manual_seed(0)
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     opt = build_optimizer(model, cfg)
     ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: blocks' matrices (qkvo_w per layer) to Muon, the rest to DistAdam
@@ -435,7 +435,7 @@ def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
     and the stage's windows give the logits of the varlen forward."""
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), "model.max_seq_len=512", "model.embed_dtype=fp32"])
     torch.manual_seed(0)
-    model = GPT(cfg.model).eval()
+    model = build_model(cfg.model).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -451,9 +451,10 @@ def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("model.no_mlp_layers=12", "model.no_mlp_layers '12': layers are 0..11"),
-        ("model.no_mlp_layers=first", "model.no_mlp_layers: expected comma-separated layer numbers"),
+        ("model.mlp_layers=[1,12]", "model.mlp_layers [1, 12]: distinct layers 0..11"),
+        ("model.mlp_layers=first", "model.mlp_layers: expected an integer"),
         ("model.attn_gate=769", "model.attn_gate (769) must not exceed model.n_embd (768)"),
+        ("model.window_pattern=LS", "model.window_pattern is a gpt2024 key; this model is gpt2026"),
     ],
 )
 def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
@@ -464,7 +465,7 @@ def test_a_bad_new_switch_is_one_config_error_naming_it(override, words):
 def test_transposed_linear_and_attention_gate_are_their_formulas():
     """#27: TransposedLinear stores (in, out) and maps as nn.Linear with the transposed weight. #28: the
     gate multiplies head h at position t by sigmoid(W[h] · x[t, :k]) and starts at one half."""
-    from speedrun.model.attn_gate import AttentionGate
+    from speedrun.model.gpt2026.gates import AttentionGate
     from speedrun.model.layers import TransposedLinear
 
     gen = torch.Generator().manual_seed(3)

@@ -139,11 +139,11 @@ def _model_summary(cfg: Config) -> str:
         raise SpeedrunError(
             f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
         ) from None
-    from speedrun.model.gpt import GPT
+    from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
 
     with torch.device("meta"):  # counts and shapes only: no memory, no init time
-        model = GPT(cfg.model)
+        model = build_model(cfg.model)
     return model_summary(model, cfg.train.seq_len)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from speedrun.config_checks import cross_field_checks
+from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
@@ -37,8 +38,10 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
 
 @dataclass
 class ModelConfig:
-    """Shape and architecture switches of the GPT (see model/gpt.py)."""
+    """Shape and architecture switches of the gpt2024 family's GPT (see model/gpt.py)."""
 
+    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config_model.Gpt2026Config
+    family: Literal["gpt2024", "gpt2026"] = "gpt2024"
     vocab_size: PosInt = 50257
     pad_vocab_to: PosInt = 128  # round embedding/head rows up to a multiple of this (1 = no padding)
     n_layer: PosInt = 12
@@ -67,9 +70,8 @@ class ModelConfig:
     document_mask: bool = False  # attention never crosses end-of-text boundaries
     eot_id: int = 50256  # token that starts every document (used by document_mask)
     # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt.py); every default = off ---
-    # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex | varlen (documents
-    # passed as cu_seqlens from data.loader=documents to model/attention_tiers.varlen_attention, #29 on)
-    attention: Literal["auto", "sdpa", "flex", "varlen"] = "auto"
+    # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex (varlen: gpt2026)
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
     window: int = 0  # sliding window in tokens (final value when warmed up); 0 = unlimited
     # token | block (Sub3Min: whole 128-token blocks enter/leave)
     window_granularity: Literal["token", "block"] = "token"
@@ -82,13 +84,11 @@ class ModelConfig:
     unet: bool = False
     x0_shortcut: bool = False  # block input = λ0·x + λ1·x0, x0 = the (normed) embedding; λ init (1, 0)
     value_residual: bool = False  # mix every layer's v with the first layer's v (2024-11-06)
-    # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2) | ends-late (#45: 1,2,…,0,1,2)
-    # | untied-late (#63: 0,1,…,2,3,4)
-    value_embeds: Literal["none", "per-layer", "unet", "ends", "ends-late", "untied-late"] = "none"
+    # none | per-layer (12-04) | unet (12-08) | ends (Sub3Min: 0,1,2,…,0,1,2)
+    value_embeds: Literal["none", "per-layer", "unet", "ends"] = "none"
     value_embed_tables: PosInt = 3  # number of tables for value_embeds = "ends"
-    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5) | weights (#47/#48):
-    # λ0 multiplies the QKV weight and λ1 the output projection's, v = λ0·v + other, (0.5, 1.0)
-    value_mix: Literal["lerp", "lambdas", "weights"] = "lerp"
+    # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5)
+    value_mix: Literal["lerp", "lambdas"] = "lerp"
     pad_embeddings: bool = True  # pad token/value embedding rows like the head (Sub3Min: only the head)
     # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c)
     softcap_form: Literal["tanh", "sigmoid"] = "tanh"
@@ -112,39 +112,6 @@ class ModelConfig:
     fp8_head: bool = False  # Sub3Min: lm_head matmul in FP8 (e4m3 forward, e5m2 gradients) when training
     # softmax, loss and returned logits over the real vocab only, padded head rows left out (llm.c)
     logits_vocab_only: bool = False
-    # --- issue 20 (2025-07 on): sigmoid softcap divides z by this instead of cap/2 (#26: 7.5·√768)
-    softcap_divisor: float = 0.0
-    softcap_offset: float = 0.0  # #54: the sigmoid softcap shifts z by this first, 23·sigmoid((z+5)/7.5)
-    # YaRN (#31): when a train.stages long window grows (and for the final validation's), rotary
-    # frequencies are interpolated and the attention scale multiplied by 0.2·ln(new/old) + 1 (model/yarn.py)
-    yarn: bool = False
-    # --- 2025-07 … 09 records #27–#30 (model/gpt.py); every default = off ---
-    mlp_fc_transposed: bool = False  # #27: MLP up-projection stored (dim, hidden), so Muon's shape LR is 1x
-    attn_gate: int = 0  # #28: per-head sigmoid gate on attention output from the first N input dims (12)
-    no_mlp_layers: str = ""  # #30: comma-separated layers that have only attention ("0")
-    # --- 2025-09 records #32–#37 (model/unet.py, model/smear.py, model/gpt.py); every default = off ---
-    unet_gate: Literal["weight", "sigmoid"] = "weight"  # #32: skip scaled by sigmoid(w), w init -1.5
-    smear: int = 0  # #34: previous token's embedding mixed in by a gate on the first N dims (12); 0 = off
-    ce_bf16: bool = False  # #37: training cross-entropy on the logits in their dtype (bf16), not fp32
-    # --- 2025-10 records #39–#42 (model/backout.py) ---
-    backout_layer: int = 0  # #40: λ·(this layer's output) subtracted before the final norm (8); 0 = off
-    # --- 2025-12 records #43–#53 (model/key_offset.py) ---
-    key_offset: bool = False  # #49: long-window (L) layers take half their keys' dims from the previous token
-    skips: str = ""  # #45: explicit skips SRC>DST,… (3>6) in place of U-Net's mirrored pairs (model.unet)
-    resid_lambda_init: float = 1.0  # #45: x0 shortcut's λ0 (the residual's weight) starts here (1.1)
-    bigram_rows: int = 0  # #62: bigram hash embedding with this many rows (50304 x 5), λ_i init 0.1; 0 = off
-    paired_heads: str = ""  # #58: comma-separated layers whose adjacent heads attend as one ("0,2,5,9")
-    ve_gate: int = 0  # #55: value embeddings scaled per head by 2·sigmoid(W·x[:N]) (12); 0 = off
-    skip_gate: int = 0  # #55: the skip scaled by 2·sigmoid(u·x0[:N]) (12), u trained by Adam; 0 = off
-    x0_lambda_apart: bool = (
-        False  # #52: the x0 shortcut's λ1 its own parameter (blocks.i.x0_lambda), in the main Adam
-    )
-    head_init_std: float = (
-        0.0  # #51/#53: the head (and the embedding tied to it) from normal(0, this) (0.005)
-    )
-    mtp: int = 0  # #53: training loss over the next N tokens, weighted by the stages' mtp= (3); 0/1 = off
-    qkv_init_gain: float = 0.5  # #53: init=scaled-uniform's gain on Q/K/V, std gain/sqrt(n_embd) (1.0)
-    value_embed_zero_init: bool = False  # #49 on: the value embeddings start at zero (before: normal(0, 1))
 
 
 @dataclass
@@ -313,7 +280,7 @@ class Config:
 
     recipe: str = "custom"
     description: str = ""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig | Gpt2026Config = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -335,21 +302,26 @@ def field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+#: model config class per family: `model.family` picks one when a table or override sets it
+MODEL_FAMILIES: dict[str, type] = {"gpt2024": ModelConfig, "gpt2026": Gpt2026Config}
+
+
 def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
-    cls = sections().get(section)
-    if cls is None or name not in field_types(cls):
-        return None
-    typ, _ = strip_annotation(field_types(cls)[name])
-    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+    classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
+    for cls in classes:
+        if cls is not None and name in field_types(cls):
+            typ, _ = strip_annotation(field_types(cls)[name])
+            return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
+    return None
 
 
 def check_fields(cfg: Config) -> None:
     """Every field against its declared type, range and choices (defaults and direct edits included)."""
-    for section, cls in sections().items():
+    for section in sections():
         obj = getattr(cfg, section)
-        for name, typ in field_types(cls).items():
+        for name, typ in field_types(type(obj)).items():
             coerce(f"{section}.{name}", getattr(obj, name), typ)
 
 
@@ -358,6 +330,7 @@ def all_keys() -> list[str]:
     keys = ["recipe", "description"]
     for section, cls in sections().items():
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    keys += [f"model.{f.name}" for f in dataclasses.fields(Gpt2026Config) if f"model.{f.name}" not in keys]
     return keys
 
 

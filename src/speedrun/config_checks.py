@@ -87,7 +87,12 @@ def cross_field_checks(cfg: Config) -> None:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
     check_stages(cfg)
-    _validate_model_switches(m)
+    if m.family == "gpt2026":
+        from speedrun.config_model import check
+
+        check(m)
+    else:
+        _validate_model_switches(m)
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
         raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
@@ -129,10 +134,13 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-    tables["ends-late"], tables["untied-late"] = m.value_embed_tables, 2 * m.value_embed_tables - 1
+    if m.family == "gpt2026":
+        n_tables = len({j for j in m.value_embeds if j >= 0})
+    else:
+        tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
+        n_tables = tables[m.value_embeds]
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + tables[m.value_embeds] * rows * m.n_embd
+    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
     if weights > memory:
         raise ConfigError(
@@ -143,7 +151,8 @@ def _check_memory(m: ModelConfig) -> None:
 
 
 def _validate_model_switches(m: ModelConfig) -> None:
-    """Checks of the 2024-11 … 2025-01 architecture switches (model/gpt.py, model/attention.py)."""
+    """Checks of the gpt2024 family's switches (model/gpt.py, model/attention.py); gpt2026 has its own
+    (config_model.check)."""
     if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
         raise ConfigError(
             "model.window, model.window_unit and model.window_warmup_start must not be negative"
@@ -165,95 +174,22 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError(
             f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
         )
-    if "S" in m.window_pattern and m.window <= 0 and m.attention != "varlen":  # varlen: stage windows
+    if "S" in m.window_pattern and m.window <= 0:
         raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
-    for key in ("no_attention_layers", "no_mlp_layers"):  # Sub3Min: attention-free 7; #30: MLP-free 0
-        text = getattr(m, key)
-        try:
-            layers = {int(s) for s in text.split(",") if s.strip()}
-        except ValueError:
-            raise ConfigError(f"model.{key}: expected comma-separated layer numbers, got {text!r}") from None
-        if any(not 0 <= i < m.n_layer for i in layers):
-            raise ConfigError(f"model.{key} {text!r}: layers are 0..{m.n_layer - 1}")
-    if m.qkv_init_gain != 0.5 and m.init != "scaled-uniform":  # a gain of that init only
-        raise ConfigError(f"model.qkv_init_gain ({m.qkv_init_gain}) needs model.init=scaled-uniform")
-    if m.value_embed_zero_init and m.value_embeds == "none":
-        raise ConfigError("model.value_embed_zero_init needs model.value_embeds (there are no tables)")
-    if m.attn_gate > m.n_embd:
+    text = m.no_attention_layers  # Sub3Min: attention-free 7
+    try:
+        layers = {int(s) for s in text.split(",") if s.strip()}
+    except ValueError:
         raise ConfigError(
-            f"model.attn_gate ({m.attn_gate}) must not exceed model.n_embd ({m.n_embd}): the gate reads "
-            "that many input dims"
-        )
-    for key, needs, ok in (
-        ("ve_gate", "model.value_embeds", m.value_embeds != "none"),
-        ("skip_gate", "model.unet", m.unet),
-    ):
-        if not 0 <= getattr(m, key) <= m.n_embd or (getattr(m, key) and not ok):  # #55
-            raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
-    if m.paired_heads.strip():  # #58
-        try:
-            paired = {int(s) for s in m.paired_heads.split(",") if s.strip()}
-        except ValueError:
-            paired = {-1}
-        no_attn = {int(s) for s in m.no_attention_layers.split(",") if s.strip()}
-        long = {i for i, kind in enumerate(m.window_pattern) if kind == "L"} if m.key_offset else set()
-        if not all(0 <= i < m.n_layer for i in paired) or paired & (no_attn | long):
-            raise ConfigError(
-                f"model.paired_heads {m.paired_heads!r} must name layers 0..{m.n_layer - 1} with attention "
-                "and without #49's key offset"
-            )
-        if m.n_head % 2 or m.window_granularity != "token" or m.window_block_list or m.positional != "rotary":
-            raise ConfigError(
-                "model.paired_heads needs an even model.n_head, token windows without block listing, "
-                "and rotary positions"
-            )
-    if m.bigram_rows and (m.bigram_rows < 2 or m.bigram_rows > 2**31 or not m.x0_shortcut):
-        raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets and needs model.x0_shortcut")
-    if not 0 <= m.smear <= m.n_embd:
-        raise ConfigError(
-            f"model.smear ({m.smear}) must be between 0 and model.n_embd ({m.n_embd}): the gate reads that "
-            "many embedding dims"
-        )
-    if m.backout_layer >= m.n_layer:
-        raise ConfigError(
-            f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({m.n_layer}): the layer "
-            "whose output is backed out (0 = off)"
-        )
-    if m.skips:
-        pairs = [p.split(">") for p in m.skips.split(",")]
-        ok = all(len(p) == 2 and all(x.strip().isdigit() for x in p) for p in pairs)
-        if not (ok and m.unet and all(int(a) < int(b) < m.n_layer for a, b in pairs)):
-            raise ConfigError(
-                f"model.skips {m.skips!r} must be SRC>DST pairs, comma-separated, 0 <= SRC < DST < n_layer "
-                f"({m.n_layer}), and needs model.unet=true"
-            )
-        if len({int(b) for _, b in pairs}) != len(pairs):
-            raise ConfigError(f"model.skips {m.skips!r}: a layer receives one skip at most")
-    if m.value_mix == "weights" and (not m.fused_qkv or m.bias):
-        raise ConfigError(
-            "model.value_mix=weights scales the fused QKV weight: needs fused_qkv=true, bias=false"
-        )
-    if m.x0_lambda_apart and not m.x0_shortcut:
-        raise ConfigError(
-            "model.x0_lambda_apart separates the x0 shortcut's weight: it needs model.x0_shortcut=true"
-        )
-    if m.head_init_std < 0 or (m.head_init_std and m.zero_init_head):
-        raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
-    if m.key_offset and not (m.rope_half_truncated and m.window_pattern and m.n_embd // m.n_head % 4 == 0):
-        raise ConfigError(
-            "model.key_offset shifts the unrotated key dims of the long (L) layers: it needs "
-            "model.rope_half_truncated=true, a model.window_pattern and a head size divisible by 4"
-        )
-    if m.unet_gate == "sigmoid" and not m.unet:
-        raise ConfigError("model.unet_gate=sigmoid gates U-Net skips: it needs model.unet=true")
+            f"model.no_attention_layers: expected comma-separated layer numbers, got {text!r}"
+        ) from None
+    if any(not 0 <= i < m.n_layer for i in layers):
+        raise ConfigError(f"model.no_attention_layers {text!r}: layers are 0..{m.n_layer - 1}")
     if m.unet and m.n_layer < 2:
         raise ConfigError("model.unet needs at least 2 layers")
     if m.value_embeds == "unet" and m.n_layer % 2:
         raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if (
-        m.value_embeds in ("ends", "ends-late", "untied-late")
-        and not 1 <= m.value_embed_tables <= m.n_layer // 2
-    ):
+    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
         raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
     if m.value_embeds != "none" and m.value_residual:
         raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
@@ -267,13 +203,15 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
-    if m.softcap_offset and (m.softcap_form != "sigmoid" or m.logit_softcap <= 0):
-        raise ConfigError("model.softcap_offset needs model.softcap_form=sigmoid and model.logit_softcap > 0")
 
 
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
+    gated = m.family == "gpt2026"  # the gates and smear are gpt2026's parts
+    smear, attn_gate, ve_gate, skip_gate = (
+        (m.smear, m.attn_gate, m.ve_gate, m.skip_gate) if gated else (0,) * 4
+    )
     if o.name != "normuon":
         if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
             raise ConfigError(
@@ -304,13 +242,13 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
     if o.attn_lr_mul <= 0:
         raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
-    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not m.smear):
+    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not smear):
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
         )
-    if o.gate_lr < 0 or (o.gate_lr and not (m.attn_gate or m.ve_gate)):
+    if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate)):
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
-    if (o.skip_gate_lr > 0) != (m.skip_gate > 0) or o.skip_gate_lr < 0:
+    if (o.skip_gate_lr > 0) != (skip_gate > 0) or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.atomic import read_regular
-from speedrun.config import Config, all_keys, field_types, sections
+from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
+from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 
@@ -29,10 +30,16 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         setattr(cfg, key, coerce(key, value, str))
         return
     section, _, name = key.partition(".")
-    known = sections()
-    if section not in known or name not in field_types(known[section]):
+    if section not in sections() or name not in field_types(type(getattr(cfg, section))):
+        other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and name in field_types(cls)]
+        if section == "model" and other:
+            raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
         raise _unknown_key(key, all_keys())
-    typed = coerce(key, value, field_types(known[section])[name])
+    typed = coerce(key, value, field_types(type(getattr(cfg, section)))[name])
+    if key == "model.family":  # a new family starts from its own defaults (recipes: inherits no [model])
+        if typed != cfg.model.family:
+            cfg.model = MODEL_FAMILIES[typed]()
+        return
     setattr(getattr(cfg, section), name, typed)
 
 
@@ -44,15 +51,16 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
         if isinstance(value, dict):
             if key not in sections():
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
-            for sub, subval in value.items():
+            for sub, subval in sorted(value.items(), key=lambda kv: kv[0] != "family"):  # family first
                 set_value(cfg, f"{key}.{sub}", subval)
         else:
             set_value(cfg, key, value)
 
 
 def parse_overrides(cfg: Config, overrides: list[str]) -> None:
-    """Apply command-line `key=value` overrides; their keys join the keys the user fixed (`cfg.fixed`)."""
-    for item in overrides:
+    """Apply command-line `key=value` overrides (`model.family` first: it starts the model over); their
+    keys join the keys the user fixed (`cfg.fixed`)."""
+    for item in sorted(overrides, key=lambda o: not o.strip().startswith("model.family=")):
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value")
@@ -101,6 +109,11 @@ def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     """Rebuild a Config from its to_dict() form (config.json), with the same type checks as recipes."""
     if not isinstance(data, dict):  # a config.json holding a list or a number
         raise ConfigError(f"expected a JSON object of config sections, got {type(data).__name__}")
+    legacy = legacy_model_table(data)  # a 2025 run's config.json from before the families (gpt2026)
+    if legacy is not None:
+        data = {**data, "model": legacy}
+    elif isinstance(data.get("model"), dict) and "family" not in data["model"]:  # gpt2024, pre-split
+        data = {**data, "model": legacy_gpt2024_table(data["model"])}
     cfg = Config()
     apply_table(cfg, {k: v for k, v in data.items() if k not in (RUN_ID, FIXED)}, origin)
     fixed = data.get(FIXED, [])

@@ -252,12 +252,19 @@ def _default(section: Any, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(section) if f.name == name)
 
 
+def _yarn_mtp(cfg: Config) -> tuple[bool, int]:
+    """model.yarn and model.mtp: parts of the gpt2026 family (off in gpt2024, which has neither)."""
+    m = cfg.model
+    return (m.yarn, m.mtp) if m.family == "gpt2026" else (False, 0)
+
+
 def check_stages(cfg: Config) -> None:
     """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest.
     A value the plan overrides or leaves without effect is refused when it differs from its default
     (a value given by the user), never silently ignored (issue 27)."""
     m, t, d = cfg.model, cfg.train, cfg.data
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
+    yarn, mtp = _yarn_mtp(cfg)
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -266,12 +273,12 @@ def check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if m.yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
+    if yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
             "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
-    if m.yarn and m.attn_scale <= 0:
+    if yarn and m.attn_scale <= 0:
         raise ConfigError(
             "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
         )
@@ -280,18 +287,20 @@ def check_stages(cfg: Config) -> None:
             raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
         if t.stage_bounds != "round":
             raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
-        if m.mtp > 1:
+        if mtp > 1:
             raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
         return
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
     weights = max(len(s.mtp_start) for s in plan.stages)
-    if weights > max(1, m.mtp):
+    if weights > max(1, mtp):
         raise ConfigError(
             f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
         )
     if m.attention != "varlen":
-        raise ConfigError("train.stages needs model.attention=varlen (stage windows are varlen windows)")
+        raise ConfigError(
+            "train.stages needs model.attention=varlen (stage windows are varlen windows: gpt2026)"
+        )
     if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
         raise ConfigError(
             "train.stages sets the windows and the LR itself: model.window, train.warmup_steps, "
@@ -313,22 +322,23 @@ def check_stages(cfg: Config) -> None:
 
 def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
-    m, t, d = cfg.model, cfg.train, cfg.data
+    t, d = cfg.train, cfg.data
+    yarn, mtp = _yarn_mtp(cfg)
     if d.max_doc_len != _default(type(d), "max_doc_len"):
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
             "sets the longest document"
         )
-    if plan.val_yarn_window and not m.yarn:
+    if plan.val_yarn_window and not yarn:
         raise ConfigError(
             f"train.stages: yarn={plan.val_yarn_window} rescales YaRN for the final validation: it needs "
             "model.yarn=true"
         )
     for i, s in enumerate(plan.stages):
-        if m.mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
+        if mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
             raise ConfigError(
                 f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.mtp >= 2 "
-                f"(model.mtp is {m.mtp})"
+                f"(model.mtp is {mtp})"
             )
         if not any(s.mtp_start) or not any(s.mtp_end):
             raise ConfigError(

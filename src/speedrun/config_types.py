@@ -95,6 +95,13 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
         if not isinstance(value, list | tuple) or len(value) != len(args):
             raise ConfigError(f"{key}: expected {len(args)} comma-separated values, got {value!r}")
         return tuple(coerce(key, v, a) for v, a in zip(value, args, strict=True))
+    if origin is list:  # per-layer lists (gpt2026): a TOML array, or `[0, 2]` / `0,2` on the command line
+        (item,) = typing.get_args(typ)
+        if isinstance(value, str):
+            value = _parse_list(key, value)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [coerce(key, v, item) for v in value]
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -112,6 +119,19 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     raise ConfigError(f"{key}: unsupported type {typ}")  # pragma: no cover - programming error
+
+
+def _parse_list(key: str, text: str) -> list:
+    """A command-line list: JSON (`[[3, 6]]`, `["L", "S"]`) or comma-separated items (`0,2`, `L,S`)."""
+    import json
+
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ConfigError(f"{key}: {text!r} is not a list (write it as JSON, e.g. [0, 2])") from None
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def _number(key: str, value: Any, typ: type) -> int | float:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
-from speedrun.model.gpt import GPT
 from speedrun.model.kv_cache import generate
 
 if TYPE_CHECKING:
@@ -24,7 +23,7 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str, device: torch.device | str) ->
 
 
 def stream_sample(
-    model: GPT,
+    model: torch.nn.Module,
     tokenizer: Tokenizer,
     prompt: str,
     max_tokens: int,
@@ -60,7 +59,7 @@ DEFAULT_SAMPLE_PROMPTS = ["The history of", "In mathematics,"]
 
 
 def sample_during_training(
-    model: GPT,
+    model: torch.nn.Module,
     tokenizer: Tokenizer,
     prompts: list[str],
     max_tokens: int = 48,

@@ -9,14 +9,8 @@ The range it covers:
   document-masked sliding-window attention on long sequences (11-19/11-24, model/attention.py),
   value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
   half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min);
-- the 2025-07 … 09 records: transposed MLP up-projection (#27), sparse attention gate (#28,
-  model/attn_gate.py), attention-only layers (#30); varlen attention and YaRN in model/varlen.py;
-- #32–#37: sigmoid-gated U-Net skips (model/unet.py), smear (model/smear.py), empty layers (#35's
-  layer 0 has neither attention nor MLP and is skipped whole), cross-entropy in bf16 in training (#37);
-- #40: backout, a learned share of an earlier layer's output subtracted before the head (model/backout.py);
-- #49: partial key offset on the long-window layers (model/key_offset.py); #53: multi-token prediction
-  in training (model/mtp.py).
-The model knows nothing about distribution or optimizers (see train/).
+Records #26 on are the gpt2026 family (model/gpt2026/). The model knows nothing about distribution or
+optimizers (see train/).
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
-from speedrun.model import varlen
 from speedrun.model.attention import (
     AttentionMask,
     MaskSpec,
@@ -37,25 +30,12 @@ from speedrun.model.attention import (
     choose_backend,
     layer_specs,
 )
-from speedrun.model.attn_gate import AttentionGate
-from speedrun.model.backout import Backout
-from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
-from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
-from speedrun.model.layout import (
-    attention_layers,
-    embedding_rows,
-    mlp_layers,
-    padded_vocab,
-    value_embed_layout,
-)
-from speedrun.model.mtp import mtp_loss
-from speedrun.model.paired_heads import paired_spec
+from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
-from speedrun.model.smear import Smear
-from speedrun.model.unet import initial_weights, skip_scale, skip_sources, skip_weight_index
+from speedrun.model.unet import initial_weights, skip_sources
 
 #: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
 #: module's own (cached decoding brings its keys and values from earlier positions).
@@ -63,30 +43,17 @@ AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.
 
 
 class Block(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None, has_mlp: bool = True
-    ):
+    def __init__(self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None):
         super().__init__()
         if has_attention:
             self.norm1 = make_norm(cfg)
             self.attn = Attention(cfg, rotary)
         else:
             self.norm1 = self.attn = None
-        self.norm2 = make_norm(cfg) if has_mlp else None
+        self.norm2 = make_norm(cfg)
         relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
-        mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu, cfg.mlp_fc_transposed) if has_mlp else None
-        self.mlp = mlp
-        # a layer with neither attention nor MLP (#35's layer 0) is absent: no x0 mix either
-        present = has_attention or has_mlp
-        init = [cfg.resid_lambda_init, 0.0]  # #45: the residual's weight from 1.1
-        shortcut = cfg.x0_shortcut and present
-        self.lambdas = (
-            label(nn.Parameter(torch.tensor(init[: 1 if cfg.x0_lambda_apart else 2])), "scalar")
-            if shortcut
-            else None
-        )
-        apart = shortcut and cfg.x0_lambda_apart  # #52: the x0 lambdas in their own optimizer row
-        self.x0_lambda = label(nn.Parameter(torch.zeros(1)), "x0") if apart else None
+        self.mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu)
+        self.lambdas = label(nn.Parameter(torch.tensor([1.0, 0.0])), "scalar") if cfg.x0_shortcut else None
 
     def forward(
         self,
@@ -95,24 +62,22 @@ class Block(nn.Module):
         x0: torch.Tensor | None = None,
         other_v: torch.Tensor | None = None,
         attend_fn: AttendFn | None = None,
-        bigram: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the new residual stream and the attention's unmixed v (None without attention).
-        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding); `bigram`: #62's
-        λ_i·b, added with the x0 shortcut."""
+        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
         if self.lambdas is not None:
-            x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
-        if bigram is not None:
-            x = x + bigram
+            x = self.lambdas[0] * x + self.lambdas[1] * x0
         raw_v = None
         if self.attn is not None:
             h = self.norm1(x)
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
-        return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
+        return x + self.mlp(self.norm2(x)), raw_v
 
 
 class GPT(nn.Module):
+    family = "gpt2024"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -122,23 +87,10 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         if self.wpe is not None:
             label(self.wpe.weight, "embed")
-        self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
-        self.bigram = (
-            BigramEmbed(cfg.bigram_rows, cfg.n_embd, cfg.n_layer) if cfg.bigram_rows else None
-        )  # #62
         self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
         rotary = make_rotary(cfg)
-        layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
-        self.blocks = nn.ModuleList(Block(cfg, attn, rotary, mlp) for attn, mlp in layers)
-        for kind, block in zip(cfg.window_pattern, self.blocks, strict=False):  # #49: long layers only
-            if block.attn is not None:
-                block.attn.key_offset = cfg.key_offset and kind == "L"
-        for i in (int(s) for s in cfg.paired_heads.split(",") if s.strip()):  # #58
-            self.blocks[i].attn.paired = True
+        self.blocks = nn.ModuleList(Block(cfg, attn, rotary) for attn in attention_layers(cfg))
         self.ve_layout = value_embed_layout(cfg)
-        for j, block in zip(self.ve_layout, self.blocks, strict=True):  # #55: where a value embedding is
-            if cfg.ve_gate and j is not None and block.attn is not None:
-                block.attn.ve_gate = ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
         label(self.lm_head.weight, "head")
@@ -147,16 +99,9 @@ class GPT(nn.Module):
         for emb in self.value_embeds or ():
             label(emb.weight, "value_embed")
         self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None
-        self.skip_gate = SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
-        self.skip_sources, self.skip_index = skip_sources(cfg), skip_weight_index(cfg)
-        self.backout = Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
-        # the layers whose outputs a later skip or the backout reads (built once, not per forward)
-        self.kept_outputs = frozenset(i for i in self.skip_sources if i is not None) | (
-            {cfg.backout_layer} if self.backout else frozenset()
-        )
-        if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens (model/mtp.py)
-            self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
-        self.varlen_windows = varlen.initial_windows(cfg.window)  # model.attention=varlen (Python ints)
+        self.skip_sources = skip_sources(cfg)
+        # the layers whose outputs a later skip reads (built once, not per forward)
+        self.kept_outputs = frozenset(i for i in self.skip_sources if i is not None)
         if cfg.window > 0:  # a tensor, so the window can change every step without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
@@ -185,31 +130,16 @@ class GPT(nn.Module):
         else:
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
         if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
-            qkv = {  # #53: Q, K and V at std qkv_init_gain/sqrt(fan_in) (its qkvo_w[:3d], std dim ** -0.5)
-                id(m) for b in self.blocks if b.attn is not None
-                for name, m in b.attn.named_children() if name in ("c_attn", "c_q", "c_k", "c_v")
-            }  # fmt: skip
             for module in self.modules():
                 if isinstance(module, CastedLinear):
-                    gain = cfg.qkv_init_gain if id(module) in qkv else 0.5
-                    scaled_uniform_(module.weight, module.in_features, gain)
-        if cfg.value_embed_zero_init:  # #49 on: nn.init.zeros_ on every value embedding table
-            for emb in self.value_embeds:
-                nn.init.zeros_(emb.weight)
+                    scaled_uniform_(module.weight, module.in_features)
         if cfg.zero_init_proj:
             for block in self.blocks:
                 if block.attn is not None:
                     nn.init.zeros_(block.attn.c_proj.weight)
-                if block.mlp is not None:
-                    nn.init.zeros_(block.mlp.c_proj.weight)
-        for gate in (
-            m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate | BigramEmbed)
-        ):
-            gate.reset_parameters()
+                nn.init.zeros_(block.mlp.c_proj.weight)
         if cfg.zero_init_head:
             nn.init.zeros_(self.lm_head.weight)
-        elif cfg.head_init_std > 0:  # #51/#53
-            nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.head_init_std)
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards; called every step by the training loop
@@ -228,11 +158,7 @@ class GPT(nn.Module):
             return [None] * self.cfg.n_layer
         T = idx.size(1)
         if choose_backend(self.cfg.attention, idx.device, T, True, torch.is_grad_enabled()) == "flex":
-            paired = [b.attn is not None and b.attn.paired for b in self.blocks]  # #58: 2T positions
-            built = {
-                id(s): build_block_mask(s, T * (1 + p), idx.device)
-                for s, p in zip(specs, paired, strict=True)
-            }
+            built = {id(s): build_block_mask(s, T, idx.device) for s in specs}
             specs = [built[id(s)] for s in specs]
         return [
             mask if block.attn is not None else None for mask, block in zip(specs, self.blocks, strict=True)
@@ -240,36 +166,17 @@ class GPT(nn.Module):
 
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
         """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
-        if self.cfg.attention == "varlen":  # a forward without cu_seqlens
-            specs = varlen.mask_specs(self, tokens)
-        else:
-            specs = layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
-        if specs is None or not self.cfg.paired_heads.strip():
-            return specs
-        doubled = {id(s): paired_spec(s) for s in specs}  # #58: one object per base spec, shared
-        paired = [b.attn is not None and b.attn.paired for b in self.blocks]
-        return [doubled[id(s)] if p else s for s, p in zip(specs, paired, strict=True)]
+        return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        reduction: str = "mean",
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
     ) -> torch.Tensor:
-        """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits.
-        With `cu_seqlens` (one packed row of documents) every layer attends through model/varlen.py."""
+        """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits."""
         B, T = idx.shape
-        if cu_seqlens is not None:
-            hidden = self.hidden(idx, attend_fns=varlen.attend_fns(self, idx, cu_seqlens))
-        else:
-            hidden = self.hidden(idx, self.layer_masks(idx))
+        hidden = self.hidden(idx, self.layer_masks(idx))
         if targets is None:
             return self.logits(hidden)
-        logits = self.capped_logits(hidden)  # #37: bf16 cross-entropy in training
-        logits = logits if self.cfg.ce_bf16 and self.training else logits.float()
-        if self.cfg.mtp > 1 and self.training and reduction == "mean":
-            return mtp_loss(logits, targets, self.mtp_weights)
+        logits = self.capped_logits(hidden).float()
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
         return loss.view(B, T) if reduction == "none" else loss
 
@@ -282,37 +189,31 @@ class GPT(nn.Module):
         prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embeddings and blocks up to the final norm, for tokens at positions start.. . Cached decoding
-        passes per-layer `attend_fns`, start > 0 and the token before idx, `prev` (B, 1), for smear;
-        the forward passes the layers' masks."""
+        passes per-layer `attend_fns` and start > 0 (`prev`, the token before idx, is for the decode
+        interface both families share: this family reads no earlier token); the forward passes masks."""
         cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(start, start + idx.size(1), device=idx.device))
-        if self.smear is not None:
-            x = self.smear(x, self.wte(prev) if prev is not None else None)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x0 = x
         masks = masks or [None] * cfg.n_layer
         attend_fns = attend_fns or [None] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
-        bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
         for i, block in enumerate(self.blocks):
             if (src := self.skip_sources[i]) is not None:
-                scale = skip_scale(self.skip_weights[self.skip_index[i]], cfg.unet_gate)
-                scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
-                x = x + scale * outputs[src]
+                x = x + self.skip_weights[i - (cfg.n_layer - cfg.n_layer // 2)] * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
-            b = self.bigram.lambdas[i] * bigram if bigram is not None else None
-            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i], b)
+            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
             if i in self.kept_outputs:
                 outputs[i] = x
-        return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
+        return self.norm_f(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states → fp32 logits (padded vocab, or the real vocab with `logits_vocab_only`),
@@ -332,8 +233,7 @@ class GPT(nn.Module):
             # 11-06 … 12-08 cap the head's output in its own dtype (bf16) and cast after; others cast first
             if not cfg.softcap_in_bf16:
                 logits = logits.float()
-            cap = (cfg.logit_softcap, cfg.softcap_form, cfg.softcap_divisor, cfg.softcap_offset)
-            logits = softcap(logits, *cap)
+            logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         return logits
 
     def flops_per_token(self, seq_len: int) -> int:

@@ -10,7 +10,7 @@ sliding window, block listing), cut to the new rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -18,8 +18,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model.attention import MaskSpec, spec_dense_mask
-from speedrun.model.gpt import GPT, AttendFn
-from speedrun.model.self_attention import Attention
+
+#: What decoding needs of a model, whatever its family (gpt2024 or gpt2026): `cfg.n_layer`,
+#: `cfg.max_seq_len`, `cfg.vocab_size`; `mask_specs(tokens)`; `hidden(idx, start=, attend_fns=, prev=)`;
+#: `logits(hidden)`; and per block an `attn` (or None) with `project`, `attended_keys`, `output`,
+#: `paired` and `scale`.
+Model = torch.nn.Module
+#: (attention module, normed input, other v) → (output, unmixed v)
+AttendFn = Callable[[torch.nn.Module, Tensor, Tensor | None], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -36,7 +42,13 @@ class KVCache:
 
 
 def _attend_cached(
-    attn: Attention, layer: int, x: Tensor, other_v: Tensor | None, mask: Tensor, cache: KVCache, start: int
+    attn: torch.nn.Module,
+    layer: int,
+    x: Tensor,
+    other_v: Tensor | None,
+    mask: Tensor,
+    cache: KVCache,
+    start: int,
 ) -> tuple[Tensor, Tensor]:
     """Attention.forward for new positions, with earlier keys/values from the cache."""
     q, k, v, raw_v = attn.project(x, other_v, start)
@@ -49,7 +61,7 @@ def _attend_cached(
 
 
 @torch.no_grad()
-def forward_cached(model: GPT, idx: Tensor, cache: KVCache) -> Tensor:
+def forward_cached(model: Model, idx: Tensor, cache: KVCache) -> Tensor:
     """Logits (B, n, padded vocab) for the new tokens `idx` (B, n); appends them to `cache`."""
     cfg = model.cfg
     start = cache.length
@@ -92,7 +104,7 @@ def pick_next(
 
 @torch.no_grad()
 def generate(
-    model: GPT,
+    model: Model,
     prompt: Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,

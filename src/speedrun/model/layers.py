@@ -193,5 +193,4 @@ def make_rotary(cfg: ModelConfig) -> Rotary | None:
     if cfg.positional != "rotary":
         return None
     head_dim = cfg.n_embd // cfg.n_head
-    rows = cfg.max_seq_len * (2 if cfg.paired_heads.strip() else 1)  # #58: positions 2t, 2t + 1
-    return Rotary(head_dim, rows, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
+    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)

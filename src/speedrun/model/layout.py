@@ -27,19 +27,12 @@ def attention_layers(cfg: ModelConfig) -> list[bool]:
     return _kept(cfg, cfg.no_attention_layers)
 
 
-def mlp_layers(cfg: ModelConfig) -> list[bool]:
-    """Per layer, whether it has an MLP (#30 drops the first one)."""
-    return _kept(cfg, cfg.no_mlp_layers)
-
-
 def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
     """Per layer, the value-embedding table it mixes into v (None: no table).
 
     per-layer (12-04): layer i uses table i. unet (12-08): L/2 tables, encoder layer i uses table i and
     decoder layer i uses table L/2-1-i. ends (Sub3Min): k tables on the first k and the last k layers,
-    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2]. ends-late (#45–#53's 11 layers): the first
-    layers lose table 0, [1, 2, None × 6, 0, 1, 2]. untied-late (#63, 2026-01-26, PR #209): the same
-    layers, each its own table, [0, 1, None × 6, 2, 3, 4] (2k − 1 tables).
+    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2]. (#45's and #63's layouts are gpt2026 lists.)
     """
     L = cfg.n_layer
     if cfg.value_embeds == "per-layer":
@@ -50,10 +43,4 @@ def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
     if cfg.value_embeds == "ends":
         k = cfg.value_embed_tables
         return list(range(k)) + [None] * (L - 2 * k) + list(range(k))
-    if cfg.value_embeds == "ends-late":  # #45 on: #35's empty layer 0 dropped, its table 0 with it
-        k = cfg.value_embed_tables
-        return list(range(1, k)) + [None] * (L - 2 * k + 1) + list(range(k))
-    if cfg.value_embeds == "untied-late":  # #63: no table shared between the first and last layers
-        k = cfg.value_embed_tables
-        return list(range(k - 1)) + [None] * (L - 2 * k + 1) + list(range(k - 1, 2 * k - 1))
     return [None] * L

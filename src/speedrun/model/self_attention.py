@@ -1,6 +1,6 @@
 """The attention of a block: projections (fused or separate QKV), value mixing (value residual, value
-embeddings), QK-norm, rotary, #49's key offset, the attention call and the output projection with #28's
-gate. `project` and `output` are shared by the forward, varlen attention and cached decoding."""
+embeddings), QK-norm, rotary, the attention call and the output projection. `project`,
+`attended_keys` and `output` are shared by the forward and cached decoding."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
-from speedrun.model import paired_heads
 from speedrun.model.attention import AttentionMask, attend
-from speedrun.model.attn_gate import AttentionGate
-from speedrun.model.gates import ValueEmbedGate
-from speedrun.model.key_offset import offset_keys
 from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear, Rotary, make_rotary
 
@@ -41,21 +37,13 @@ class Attention(nn.Module):
         self.self_mix = cfg.value_residual
         self.out_scale = 1 / math.sqrt(2 * cfg.n_layer) if cfg.attn_residual_scale else 1.0
         self.scale = cfg.attn_scale if cfg.attn_scale > 0 else None
-        self.gate = AttentionGate(cfg.attn_gate, cfg.n_head) if cfg.attn_gate else None  # #28
-        self.ve_gate: ValueEmbedGate | None = None  # #55: set by GPT on the value-embedding layers
-        self.paired = False  # #58: set by GPT on the paired-head layers (model/paired_heads.py)
-        self.key_offset = False  # #49: set by GPT on the long-window layers (model/key_offset.py)
+        self.paired = False  # the decode interface (model/kv_cache.py): paired heads are gpt2026's (#58)
         mixes = cfg.value_residual or cfg.value_embeds != "none"
         self.value_mix = cfg.value_mix if mixes else None
         if self.value_mix == "lerp":
             self.lamb = label(nn.Parameter(torch.tensor(0.5)), "scalar")
         elif self.value_mix == "lambdas":
             self.lambdas = label(nn.Parameter(torch.tensor([0.5, 0.5])), "scalar")
-        elif self.value_mix == "weights":  # #47/#48: λ0 scales the QKV weight, λ1 the output's
-            assert cfg.fused_qkv and not cfg.bias, (
-                "config_checks: value_mix=weights needs a fused QKV, no bias"
-            )
-            self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0])), "scalar")
 
     def mix_values(self, v: torch.Tensor, other: torch.Tensor | None) -> torch.Tensor:
         """Value residual / value embeddings: lerp (1-λ)v + λ·other, or lambdas λ0·v + λ1·other (λ0·v alone
@@ -65,8 +53,6 @@ class Attention(nn.Module):
         other = other.view_as(v) if other is not None else None
         if self.value_mix == "lerp":
             return v if other is None else (1 - self.lamb) * v + self.lamb * other
-        if self.value_mix == "weights":  # v is already λ0·v (the weight was scaled): the embedding adds
-            return v if other is None else v + other
         v = self.lambdas[0] * v
         return v if other is None else v + self.lambdas[1] * other
 
@@ -78,48 +64,33 @@ class Attention(nn.Module):
         return self.output(attend(q, self.attended_keys(k), v, mask, self.scale, self.sdpa_kernel), x), raw_v
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
-        """The keys (B, H, T, D) of every position so far as the attention reads them: #49 offsets some."""
-        return offset_keys(k, seq_dim=2) if self.key_offset else k
+        """The keys (B, H, T, D) of every position so far as the attention reads them (gpt2026's #49 shifts
+        some; here they are the projected keys)."""
+        return k
 
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
-        y = paired_heads.deinterleave(y) if self.paired else y
         B, _, T, _ = y.shape
-        if self.gate is not None:
-            y = self.gate(y, x)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
-        if self.value_mix == "weights":  # #48: λ1 pre-multiplied into the output projection
-            y = F.linear(y, (self.lambdas[1] * self.c_proj.weight).type_as(y))
-        else:
-            y = self.c_proj(y)
+        y = self.c_proj(y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim))
         return y * self.out_scale if self.out_scale != 1.0 else y
 
     def project(
         self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, H, T, D) of positions start.. of x (B, T, C): projected, v mixed, QK-normed and
-        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding. Paired heads
-        (#58): q, k, v rotated and interleaved to (B, H/2, 2T, D) (model/paired_heads.py)."""
+        rotated; plus the unmixed v (B, T, H, D). Shared by the forward and cached decoding."""
         B, T, C = x.shape
         if hasattr(self, "c_attn"):
-            if self.value_mix == "weights":  # #47: λ0 pre-multiplied into the QKV weight
-                q, k, v = F.linear(x, (self.lambdas[0] * self.c_attn.weight).type_as(x)).split(C, dim=-1)
-            else:
-                q, k, v = self.c_attn(x).split(C, dim=-1)
+            q, k, v = self.c_attn(x).split(C, dim=-1)
         else:
             q, k, v = self.c_q(x), self.c_k(x), self.c_v(x)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
         raw_v = v
-        if self.ve_gate is not None and other_v is not None:  # #55
-            other_v = self.ve_gate.gate(other_v.view_as(v), x)
         v = self.mix_values(v, raw_v if other_v is None and self.self_mix else other_v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.qk_norm and not self.qk_norm_after_rotary:
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
-        if self.paired:  # #58: the record's rotation, then the interleave
-            q, k = paired_heads.rotate(self.rotary, q, start), paired_heads.rotate(self.rotary, k, start)
-            q, k, v = (paired_heads.interleave(t) for t in (q, k, v))
-        elif self.rotary is not None:
+        if self.rotary is not None:
             q, k = self.rotary(q, start), self.rotary(k, start)
         if self.qk_norm and self.qk_norm_after_rotary:  # 2024-10-14
             q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))

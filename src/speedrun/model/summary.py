@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from speedrun.model.gpt import GPT
+from torch import nn
+
 from speedrun.model.labels import labelled
-from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab
+from speedrun.model.layout import embedding_rows, padded_vocab
 
 
-def _attention_line(model: GPT) -> str | None:
+def _attention_line(model: nn.Module) -> str | None:
     """One line on masking and windows, or None for plain causal attention."""
     cfg = model.cfg
     if not (cfg.document_mask or cfg.window > 0):
@@ -25,13 +26,13 @@ def _attention_line(model: GPT) -> str | None:
         parts.append(f"window {cfg.window} ({cfg.window_granularity}{warmup})")
     if cfg.window_pattern:
         parts.append(f"layer windows {cfg.window_pattern}")
-    n_attn = sum(attention_layers(cfg))
+    n_attn = sum(block.attn is not None for block in model.blocks)
     if n_attn < cfg.n_layer:
         parts.append(f"{n_attn} of {cfg.n_layer} layers with attention")
     return "  ".join(parts)
 
 
-def model_summary(model: GPT, seq_len: int) -> str:
+def model_summary(model: nn.Module, seq_len: int) -> str:
     """Total parameters (the `params:` line tools parse), counts per label, FLOPs per token."""
     by_label: dict[str, list[int]] = {}
     for _, p, lab in labelled(model):

@@ -15,7 +15,6 @@ import torch
 from speedrun.config import Config
 from speedrun.data.meta import check_fits, load_meta, shard_paths
 from speedrun.errors import ConfigError
-from speedrun.model.gpt import GPT
 from speedrun.tools.runs import run_tokenizer
 from speedrun.train.distributed import DistContext
 from speedrun.train.evaluate import evaluate
@@ -34,7 +33,7 @@ def eval_token_count(cfg: Config, available: int, tokens: int | None) -> tuple[i
 
 
 def evaluate_loss(
-    model: GPT,
+    model: torch.nn.Module,
     cfg: Config,
     data_dir: Path,
     tokens: int | None = None,

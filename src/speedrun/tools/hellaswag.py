@@ -25,7 +25,6 @@ from speedrun.atomic import write_atomic
 from speedrun.config import Config
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import DataError
-from speedrun.model.gpt import GPT
 from speedrun.tools.runs import autocast_for
 
 REPO_ID = "Rowan/hellaswag"
@@ -141,7 +140,9 @@ def example_batch(ex: dict, tokenizer: Tokenizer, max_len: int) -> tuple[torch.T
 
 
 @torch.no_grad()
-def ending_losses(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ending_losses(
+    model: torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed, mean) cross-entropy of each row's ending tokens; (4,) each."""
     logits = model(tokens)[:, :-1, : model.cfg.vocab_size].float()
     losses = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
@@ -151,7 +152,7 @@ def ending_losses(model: GPT, tokens: torch.Tensor, mask: torch.Tensor) -> tuple
 
 
 def evaluate_hellaswag(
-    model: GPT,
+    model: torch.nn.Module,
     cfg: Config,
     tokenizer: Tokenizer,
     path: Path,

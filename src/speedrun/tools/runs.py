@@ -17,7 +17,7 @@ from speedrun.config_files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.train.checkpoint import (
     damaged_message,
     list_checkpoints,
@@ -66,7 +66,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Config, Path]:
+def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, Path]:
     """(model in eval mode on `device`, its config with the precision resolved for `device`, the
     checkpoint folder) for a run or checkpoint; a checkpoint whose files disagree with its manifest is
     refused, as `--resume` refuses it.
@@ -84,14 +84,14 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, Con
         raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
     with torch.device("meta"):
-        shapes = {k: v.shape for k, v in GPT(cfg.model).state_dict().items()}
+        shapes = {k: v.shape for k, v in build_model(cfg.model).state_dict().items()}
     try:
         weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:
         raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
     if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
         raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")
-    model = GPT(cfg.model)
+    model = build_model(cfg.model)
     missing = set(model.load_state_dict(weights, strict=False).missing_keys)
     tied = {"lm_head.weight", "wte.weight"} if cfg.model.tie_embeddings else set()
     if missing - tied:

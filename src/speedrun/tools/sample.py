@@ -9,11 +9,10 @@ import torch
 
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.model.generate import stream_sample
-from speedrun.model.gpt import GPT
 
 
 def run_sample(
-    model: GPT,
+    model: torch.nn.Module,
     tokenizer: Tokenizer,
     prompt: str,
     n: int,

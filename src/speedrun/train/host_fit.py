@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.train.step import autocast, autocast_dtype
 
 MIN_ROWS, MIN_WIDTH = 8, 64  # the smallest batch (sequences) and width the fit shrinks to
@@ -60,7 +60,7 @@ def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) 
     the machine's load slows both alike. A full micro-batch: a slice would time per-op overhead."""
     t = cfg.train
     torch.manual_seed(0)
-    model = GPT(cfg.model).to(device)
+    model = build_model(cfg.model).to(device)
     modules = [model, torch.compile(model, dynamic=False, fullgraph=True)][
         : 1 + with_compiled
     ]  # as build_model

@@ -26,7 +26,7 @@ from speedrun.config_files import check_resume, config_from_dict
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError
-from speedrun.model.gpt import GPT
+from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
 from speedrun.train.budget import Budget, settle_budget
@@ -55,7 +55,7 @@ def compiles(cfg: Config, device: torch.device) -> bool:
     return cfg.train.compile == "on" or (cfg.train.compile == "auto" and device.type == "cuda")
 
 
-def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.nn.Module]:
+def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
     compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun. In this order the
     all-reduce overlaps the backward: dynamo compiles under DDP's forward with DDPOptimizer, which
@@ -63,7 +63,7 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[GPT, torch.n
     fullgraph=True)` cannot trace DDP's own forward (torch 2.13)."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
-        model = GPT(cfg.model)
+        model = families.build_model(cfg.model)
     if compiles(cfg, ctx.device):  # as the records: a graph break fails
         train_model = torch.compile(model, dynamic=False, fullgraph=True)
     else:
@@ -94,7 +94,12 @@ def compile_errors(compiled: bool) -> Iterator[None]:
 
 
 def restore(
-    run: RunDir, cfg: Config, model: GPT, optimizer: RunOptimizer, loader: TokenLoader, clock: StepClock
+    run: RunDir,
+    cfg: Config,
+    model: torch.nn.Module,
+    optimizer: RunOptimizer,
+    loader: TokenLoader,
+    clock: StepClock,
 ) -> tuple[int, int | None]:
     """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
     recorded after it; return its step (0 for a run with no checkpoint: it starts over) and the step

@@ -29,9 +29,9 @@ import torch
 
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.model.labels import MATMULS, labelled
-from speedrun.model.layout import attention_layers, mlp_layers, padded_vocab, value_embed_layout
+from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.train.optimizers import model_rules
 
@@ -60,16 +60,16 @@ class MemoryEstimate:
         return max(self.backward_start, self.optimizer_step, self.validation)
 
 
-def _meta_model(cfg: Config) -> GPT:
+def _meta_model(cfg: Config) -> torch.nn.Module:
     with torch.device("meta"):
-        return GPT(cfg.model)
+        return build_model(cfg.model)
 
 
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _optimizer_bytes(cfg: Config, model: GPT, world: int) -> tuple[int, int]:
+def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[int, int]:
     """(state bytes per process, the step's temporaries) of the run's optimizer."""
     entries = model_rules(model, cfg)  # the optimizer's own rows: the estimate cannot drift from them
     matrices = [e.param for e in entries if e.rule.rule != "adam"]
@@ -100,6 +100,22 @@ def _optimizer_bytes(cfg: Config, model: GPT, world: int) -> tuple[int, int]:
     return state, 2 * _nbytes(matrices)  # the stacked gradients and the gathered new weights
 
 
+def _layer_facts(m) -> tuple[list[bool], list[bool], list[int | None], set[int], list[bool], bool]:
+    """Per layer attention, MLP and value-embedding table; the layers a skip enters; per layer whether
+    v is mixed (a separate tensor); whether the x0 shortcut is there: of either family's config."""
+    L = m.n_layer
+    if m.family == "gpt2026":
+        attn, mlp = [i in m.attention_layers for i in range(L)], [i in m.mlp_layers for i in range(L)]
+        layout = [j if j >= 0 else None for j in m.value_embeds] or [None] * L
+        mixed = [m.value_mix == "lambdas" or j is not None for j in layout]
+        return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
+    n_skip = L // 2 if m.unet else 0
+    skipped = {i for i in range(L) if i >= L - n_skip > 0}
+    mixes, layout = m.value_residual or m.value_embeds != "none", value_embed_layout(m)
+    mixed = [mixes and (m.value_mix == "lambdas" or j is not None or m.value_residual) for j in layout]
+    return attention_layers(m), [True] * L, layout, skipped, mixed, m.x0_shortcut
+
+
 def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     """(bytes saved for backward per token by the layers, bytes per logit at the backward's start)."""
     m, d = cfg.model, cfg.model.n_embd
@@ -107,14 +123,12 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     r = 2 if bf16_stream else 4  # the residual stream: the embedding's dtype
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
-    layout = value_embed_layout(m)
-    mixes = m.value_residual or m.value_embeds != "none"
-    n_skip = m.n_layer // 2 if m.unet else 0
+    attn, mlp, layout, skipped, mixes, x0 = _layer_facts(m)
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
-    parts = zip(attention_layers(m), mlp_layers(m), strict=True)
+    parts = zip(attn, mlp, strict=True)
     for i, (has_attention, has_mlp) in enumerate(parts):
         residuals = int(has_attention) + int(has_mlp)  # after the attention, after the MLP
-        residuals += (1 if m.x0_shortcut else 0) + (1 if i >= m.n_layer - n_skip > 0 else 0)
+        residuals += int(x0) + int(i in skipped)
         if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
             total += residuals * r * d + a * hidden * int(has_mlp)
             if has_attention:
@@ -123,8 +137,8 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
         norms = int(has_attention) + int(has_mlp)
         total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
         if has_attention:
-            v_mixed = mixes and (m.value_mix == "lambdas" or layout[i] is not None or m.value_residual)
-            rotated = m.positional == "rotary" or m.qk_norm
+            v_mixed = mixes[i]
+            rotated = m.positional == "rotary" or getattr(m, "qk_norm", True)
             # QKV; mixed v; rotated (or normed) q, k; attention output and its (B, T, C) copy; lse
             total += a * d * (3 + int(v_mixed) + 2 * int(rotated) + 2) + 4 * m.n_head
     total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)

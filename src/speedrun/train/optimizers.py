@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.rules import (
     MUON_GROUPS,
@@ -71,12 +70,12 @@ class RunOptimizer:
             opt.load_state_dict(state[kind])
 
 
-def model_rules(model: GPT, cfg: Config) -> list[Entry]:
+def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
     return param_rules(model, label_rules(cfg.optim, model.cfg.n_embd // model.cfg.n_head))
 
 
-def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     """AdamW alone (baseline), or Muon on block matrices + Adam on embeddings, head and scalars, or the
     NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
@@ -119,7 +118,9 @@ def sharded_optimizer(cfg: Config) -> bool:
     return cfg.optim.name == "normuon"
 
 
-def build_table_optimizer(model: GPT, cfg: Config, entries: list[Entry] | None = None) -> ShardedNorMuonAdam:
+def build_table_optimizer(
+    model: torch.nn.Module, cfg: Config, entries: list[Entry] | None = None
+) -> ShardedNorMuonAdam:
     """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe.
 
     With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""

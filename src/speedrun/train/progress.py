@@ -18,7 +18,6 @@ from speedrun.config import Config
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
-from speedrun.model.gpt import GPT
 from speedrun.train import distributed
 from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.precision import Precision
@@ -55,7 +54,7 @@ class Progress:
         tracker: Tracker,
         clock: StepClock,
         loader: TokenLoader,
-        model: GPT,
+        model: torch.nn.Module,
         start_step: int,
         wall_start: float,
         precision: Precision,
@@ -150,7 +149,7 @@ class Progress:
         if not math.isfinite(val_loss):
             raise SpeedrunError(f"validation loss is {val_loss} at step {step}: training diverged")
 
-    def samples(self, done: int, model: GPT, tokenizer: Any) -> None:
+    def samples(self, done: int, model: torch.nn.Module, tokenizer: Any) -> None:
         """Every `train.sample_every` steps, log what the model writes after a few fixed prompts."""
         every = self.cfg.train.sample_every
         if every > 0 and done % every == 0 and self.ctx.is_main:

@@ -17,8 +17,7 @@ import torch
 
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
 from speedrun.config_stages import StagePlan, stage_plan
-from speedrun.model.mtp import write_weights
-from speedrun.model.varlen import set_stage
+from speedrun.model import families
 from speedrun.optim.normuon import momentum_at
 from speedrun.train.stages import StageValues, long_window_history, stage_bounds, stage_values
 
@@ -169,15 +168,11 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
 
 
 def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
-    """The model's part of the schedule: the window, or the stage's windows, YaRN and MTP weights. Also what a
-    finished run is evaluated with (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
-    if values.stage is not None:
-        v = values.stage
-        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
-        if hasattr(model, "mtp_weights"):  # #53
-            write_weights(model.mtp_weights, v.mtp_weights)
-    elif values.window > 0:
-        model.set_attention_window(values.window)
+    """The model's part of the schedule (the window, or the stage's windows, YaRN and MTP weights),
+    written by the model's family (model/families.py). Also what a finished run is evaluated with
+    (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
+    if values.stage is not None or values.window > 0:  # else nothing to write
+        families.apply_schedule(model, values)
 
 
 def tokens_through(steps: int, cfg: Config) -> int:

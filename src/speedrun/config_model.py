@@ -1,0 +1,306 @@
+"""The gpt2026 family's model config (records #26 on): a fixed block, and per-layer lists.
+
+What every 2025–26 record has is not a field: rotary (half-truncated), parameter-free RMSNorm, QK-norm,
+ReLU², no biases, a fused QKV, untied head, the x0 shortcut, document masks, scaled-uniform init with
+zero output projections. What differs by layer is a typed list (TOML arrays, not comma strings), read
+once by model/gpt2026/specs.py into one LayerSpec per layer; a technique a recipe does not use is an
+empty list or a 0, and the model then has no part for it. Torch-free, like the rest of the config layer.
+
+`from_model_config` is the one converter from the gpt2024 switches (what config.json of a 2025 run
+written before the split holds) to this config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from speedrun.config_types import PosInt, Range, SeqLen
+from speedrun.errors import ConfigError
+
+TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
+
+
+@dataclass
+class Gpt2026Config:
+    """Shape, per-layer lists and the few whole-model numbers of the gpt2026 family."""
+
+    family: Literal["gpt2024", "gpt2026"] = "gpt2026"  # config.MODEL_FAMILIES
+    vocab_size: PosInt = 50257
+    pad_vocab_to: PosInt = 128
+    n_layer: PosInt = 12
+    n_head: PosInt = 6
+    n_embd: PosInt = 768
+    mlp_ratio: PosInt = 4
+    max_seq_len: SeqLen = 262144
+    eot_id: int = 50256
+    pad_embeddings: bool = True  # token/value embedding rows padded like the head
+    embed_dtype: Literal["fp32", "bf16"] = "bf16"
+    # --- per layer (n_layer entries, or layer indices) ---
+    attention_layers: list[int] = field(default_factory=list)  # layers with attention (#35: not 0)
+    mlp_layers: list[int] = field(default_factory=list)  # layers with an MLP (#30: not 0)
+    windows: list[str] = field(default_factory=list)  # per layer "L" (long) or "S" (short)
+    value_embeds: list[TableIndex] = field(
+        default_factory=list
+    )  # per layer its value-embedding table, -1 none
+    skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
+    key_offset_layers: list[int] = field(default_factory=list)  # #49
+    paired_layers: list[int] = field(default_factory=list)  # #58
+    # --- attention ---
+    # varlen: packed documents with cu_seqlens (#29 on); auto/sdpa/flex: document-masked attention
+    # with a tensor window (#26's sliding window, model.window*)
+    attention: Literal["auto", "sdpa", "flex", "varlen"] = "varlen"
+    window: int = 0
+    window_granularity: Literal["token", "block"] = "token"
+    window_warmup: Literal["none", "floor", "ceil"] = "none"
+    window_warmup_start: int = 64
+    window_unit: PosInt = 128
+    attn_scale: float = 0.1
+    yarn: bool = False  # #31
+    rope_precision: Literal["auto", "fp32", "bf16", "bf16-angles"] = "auto"  # #32: bf16
+    attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
+    ve_gate: int = 0  # #55
+    value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
+    # --- connections ---
+    skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
+    skip_gate: int = 0  # #55
+    resid_lambda_init: float = 1.0  # #45: 1.1
+    x0_lambda_apart: bool = False  # #52
+    backout_layer: int = 0  # #40; 0 none
+    # --- embeddings, MLP, head ---
+    smear: int = 0  # #34: input dims of the smear gate (12); 0 none
+    bigram_rows: int = 0  # #62
+    mlp_fc_transposed: bool = False  # #27
+    logit_softcap: float = 15.0
+    softcap_divisor: float = 0.0
+    softcap_offset: float = 0.0  # #54
+    softcap_in_bf16: bool = False
+    ce_bf16: bool = False  # #37
+    fp8_head: bool = True
+    # --- init ---
+    qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
+    value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
+    zero_init_head: bool = True
+    head_init_std: float = 0.0  # #51/#53
+    mtp: int = 0  # #53
+
+    # what shared code reads of any family's config (the 2024 switches this family does not have)
+    tie_embeddings = False
+    fused_qkv = True
+    bf16_model = False
+    logits_vocab_only = False
+    positional = "rotary"
+    softcap_form = "sigmoid"
+    sdpa_kernel = "auto"
+    rope_half_truncated = True
+    document_mask = True
+    window_block_list = False
+
+    @property
+    def window_pattern(self) -> str:
+        return "".join(self.windows)
+
+
+def check(m: Gpt2026Config) -> None:
+    """The family's own rules: per-layer lists of n_layer entries, layer indices in range, and what a
+    part needs of the others. A fixed composition has no switch combinations to refuse."""
+    L = m.n_layer
+    if not m.attention_layers and not m.mlp_layers:
+        raise ConfigError(
+            "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
+        )
+    for key in ("windows", "value_embeds"):
+        if getattr(m, key) and len(getattr(m, key)) != L:
+            raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
+    tables = {j for j in m.value_embeds if j >= 0}
+    if m.value_embed_zero_init and not tables:
+        raise ConfigError("model.value_embed_zero_init needs model.value_embeds (there are no tables)")
+    if tables != set(range(len(tables))):
+        raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
+    if any(w not in ("L", "S") for w in m.windows):
+        raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
+    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
+        layers = getattr(m, key)
+        if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
+            raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
+    if not set(m.key_offset_layers) <= set(m.attention_layers):
+        raise ConfigError("model.key_offset_layers must be attention layers")
+    if m.paired_layers and not set(m.paired_layers) <= set(m.attention_layers) - set(m.key_offset_layers):
+        raise ConfigError(
+            f"model.paired_layers {m.paired_layers} must name layers with attention and without #49's "
+            "key offset"
+        )
+    if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
+        raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
+    if any(len(p) != 2 or not 0 <= p[0] < p[1] < L for p in m.skips) or len({p[1] for p in m.skips}) < len(
+        m.skips
+    ):
+        raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
+    if (m.n_embd // m.n_head) % 4:
+        raise ConfigError("the gpt2026 rotary (half-truncated) needs a head dimension divisible by 4")
+    for key in ("attn_gate", "smear"):
+        if getattr(m, key) > m.n_embd:
+            raise ConfigError(
+                f"model.{key} ({getattr(m, key)}) must not exceed model.n_embd ({m.n_embd}) input dims"
+            )
+    for key, needs, ok in (
+        ("ve_gate", "model.value_embeds", max(m.value_embeds, default=-1) >= 0),
+        ("skip_gate", "model.skips", bool(m.skips)),
+    ):
+        if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
+            raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.bigram_rows and not 2 <= m.bigram_rows <= 2**31:
+        raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
+    if not 0 <= m.backout_layer < L:
+        raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
+    if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
+        raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
+    if "S" in m.windows and m.attention != "varlen" and m.window <= 0:
+        raise ConfigError("model.windows with short (S) layers needs model.window > 0 or attention=varlen")
+    if m.head_init_std < 0 or (m.head_init_std > 0 and m.zero_init_head):
+        raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
+    if m.softcap_offset and m.logit_softcap <= 0:
+        raise ConfigError("model.softcap_offset needs model.logit_softcap > 0")
+
+
+def _layers(text: str) -> set[int]:
+    return {int(s) for s in text.split(",") if s.strip()}
+
+
+#: what every 2025 recipe's gpt2024 model has (and gpt2026 fixes): a config.json without `family` whose
+#: model has all of these and whose data come from the document loader (#26 on) is a gpt2026 model
+_FIXED_2025 = {
+    "positional": "rotary", "norm": "rmsnorm", "activation": "relu2", "bias": False, "fused_qkv": True,
+    "qk_norm": True, "embed_norm": True, "tie_embeddings": False, "zero_init_proj": True,
+    "init": "scaled-uniform", "softcap_form": "sigmoid", "document_mask": True, "unet": True,
+    "x0_shortcut": True, "value_residual": False, "rope_half_truncated": True, "qk_norm_after_rotary": False,
+    "bf16_model": False, "logits_vocab_only": False, "norm_eps": 0.0, "norm_fp32": False,
+    "attn_residual_scale": False, "window_block_list": False, "sdpa_kernel": "auto", "mlp_ratio": 4,
+}  # fmt: skip
+
+
+#: the 2025–26 switches the gpt2024 ModelConfig had before the families (their defaults: off)
+REMOVED_2024 = {
+    "softcap_divisor": 0.0, "softcap_offset": 0.0, "yarn": False, "mlp_fc_transposed": False,
+    "attn_gate": 0, "no_mlp_layers": "", "unet_gate": "weight", "smear": 0, "ce_bf16": False,
+    "backout_layer": 0, "key_offset": False, "skips": "", "resid_lambda_init": 1.0, "bigram_rows": 0,
+    "paired_heads": "", "ve_gate": 0, "skip_gate": 0, "x0_lambda_apart": False, "head_init_std": 0.0,
+    "mtp": 0,
+}  # fmt: skip
+
+
+def legacy_gpt2024_table(model: dict) -> dict:
+    """A pre-split config.json's gpt2024 `model` section without the 2025–26 switches it wrote at their
+    defaults (off); one switched on is not a gpt2024 model any more: refused in one line."""
+    for key, default in REMOVED_2024.items():
+        if key in model and model[key] != default:
+            raise ConfigError(
+                f"model.{key}={model[key]!r}: a 2025–26 switch the gpt2024 family no longer has, in a model "
+                "that is not a 2025 recipe's gpt2026 model (config.json written before the families)"
+            )
+    return {k: v for k, v in model.items() if k not in REMOVED_2024}
+
+
+def legacy_model_table(data: dict) -> dict | None:
+    """A config.json (its dict) written before the split, for a 2025 recipe: its `model` section as a
+    gpt2026 table (the one converter of old run folders); None when it is a gpt2024 model."""
+    model, loader = data.get("model"), (data.get("data") or {}).get("loader")
+    if not isinstance(model, dict) or "family" in model or loader != "documents":
+        return None
+    if any(model.get(k, v) != v for k, v in _FIXED_2025.items()) or model.get("value_embeds") in (
+        None,
+        "none",
+    ):
+        return None
+    try:
+        new = from_model_config(_Fields(model))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"model: a pre-split 2025 model section that cannot be converted ({e})") from None
+    return dataclasses.asdict(new)
+
+
+class _Fields:
+    """A dict read as attributes (from_model_config reads a ModelConfig's)."""
+
+    def __init__(self, d: dict):
+        self._d = d
+
+    def __getattr__(self, name: str):
+        return self._d[name]
+
+
+def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
+    """gpt2024's value_embeds names as per-layer tables (model/layout.value_embed_layout), -1 none."""
+    layouts = {
+        "none": [-1] * L,
+        "per-layer": list(range(L)),
+        "unet": list(range(L // 2)) + list(range(L // 2))[::-1],
+        "ends": list(range(k)) + [-1] * (L - 2 * k) + list(range(k)),
+        "ends-late": list(range(1, k)) + [-1] * (L - 2 * k + 1) + list(range(k)),
+        "untied-late": list(range(k - 1)) + [-1] * (L - 2 * k + 1) + list(range(k - 1, 2 * k - 1)),
+    }
+    return layouts[kind]
+
+
+def from_model_config(m) -> Gpt2026Config:
+    """A 2025 recipe's pre-split model section (gpt2024 switches, read as attributes) → the same model
+    as a Gpt2026Config. Assumes what every 2025 recipe has (`legacy_model_table` checks it first)."""
+    L = m.n_layer
+    no_attn, no_mlp = _layers(m.no_attention_layers), _layers(m.no_mlp_layers)
+    attn = [i for i in range(L) if i not in no_attn]
+    mlp = [i for i in range(L) if i not in no_mlp]
+    windows = list(m.window_pattern or "L" * L)
+    ve = _value_embed_layout(m.value_embeds, m.value_embed_tables, L)
+    if m.skips:
+        skips = [[int(a), int(b)] for a, b in (p.split(">") for p in m.skips.split(",") if p.strip())]
+    else:  # U-Net: weight j feeds decoder layer L - L//2 + j from encoder layer L//2 - 1 - j
+        skips = [[L - 1 - dst, dst] for dst in range(L - L // 2, L)]
+    return Gpt2026Config(
+        vocab_size=m.vocab_size,
+        pad_vocab_to=m.pad_vocab_to,
+        n_layer=L,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+        mlp_ratio=m.mlp_ratio,
+        max_seq_len=m.max_seq_len,
+        eot_id=m.eot_id,
+        pad_embeddings=m.pad_embeddings,
+        embed_dtype=m.embed_dtype,
+        attention_layers=attn,
+        mlp_layers=mlp,
+        windows=windows,
+        value_embeds=ve,
+        skips=skips,
+        key_offset_layers=[i for i in attn if m.key_offset and windows[i] == "L"],
+        paired_layers=sorted(_layers(m.paired_heads)),
+        attention=m.attention,
+        window=m.window,
+        window_granularity=m.window_granularity,
+        window_warmup=m.window_warmup,
+        window_warmup_start=m.window_warmup_start,
+        window_unit=m.window_unit,
+        attn_scale=m.attn_scale,
+        yarn=m.yarn,
+        rope_precision=m.rope_precision,
+        attn_gate=m.attn_gate,
+        ve_gate=m.ve_gate,
+        value_mix="weights" if m.value_mix == "weights" else "lambdas",
+        skip_gate_form=m.unet_gate,
+        skip_gate=m.skip_gate,
+        resid_lambda_init=m.resid_lambda_init,
+        x0_lambda_apart=m.x0_lambda_apart,
+        backout_layer=m.backout_layer,
+        smear=m.smear,
+        bigram_rows=m.bigram_rows,
+        mlp_fc_transposed=m.mlp_fc_transposed,
+        logit_softcap=m.logit_softcap,
+        softcap_divisor=m.softcap_divisor,
+        softcap_offset=m.softcap_offset,
+        softcap_in_bf16=m.softcap_in_bf16,
+        ce_bf16=m.ce_bf16,
+        fp8_head=m.fp8_head,
+        zero_init_head=m.zero_init_head,
+        head_init_std=m.head_init_std,
+        mtp=m.mtp,
+    )

@@ -1,0 +1,73 @@
+"""The model families behind one small registry (torchtitan's ModelSpec idea, without parallelism).
+
+gpt2024: the llm.c baseline → record-2025-01 GPT, one switch per technique (model/gpt.py).
+gpt2026: records #26 on, per-layer specs read from typed lists (model/gpt2026/).
+The loop, the tools and the tests build a model through `build_model(cfg.model)` and write a step's
+schedule through `apply_schedule(model, values)`; no caller names a family's class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the rest of the package needs of a family."""
+
+    name: str
+    config_cls: type
+    build: Callable[[Any], nn.Module]  # the family's model config → the model
+    apply_schedule: Callable[[nn.Module, Any], None]  # a step's StepSchedule → the model
+    flops_per_token: Callable[[nn.Module, int], int]  # (model, sequence length) → training FLOPs
+
+
+def _gpt2024() -> Family:
+    from speedrun.config import ModelConfig
+    from speedrun.model.gpt import GPT
+
+    def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
+        assert values.stage is None, "config checks: train.stages needs the gpt2026 family"
+        if values.window > 0:
+            model.set_attention_window(values.window)
+
+    return Family("gpt2024", ModelConfig, GPT, apply, lambda m, t: m.flops_per_token(t))
+
+
+def _gpt2026() -> Family:
+    from speedrun.config_model import Gpt2026Config
+    from speedrun.model.gpt2026 import windows
+    from speedrun.model.gpt2026.model import GPT2026
+
+    return Family(
+        "gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, lambda m, t: m.flops_per_token(t)
+    )
+
+
+FAMILIES: dict[str, Callable[[], Family]] = {"gpt2024": _gpt2024, "gpt2026": _gpt2026}
+
+
+def family_of(model_cfg: Any) -> Family:
+    """The family a model config belongs to (its `family` field; gpt2024 without one)."""
+    return FAMILIES[getattr(model_cfg, "family", "gpt2024")]()
+
+
+def build_model(model_cfg: Any) -> nn.Module:
+    """The model of `model_cfg`, on the host, in the family's initialization (torch's current seed)."""
+    return family_of(model_cfg).build(model_cfg)
+
+
+def apply_schedule(model: nn.Module, values: Any) -> None:
+    """Write a step's model values (windows, stage, YaRN, MTP weights) through the model's family."""
+    family_of(model.cfg).apply_schedule(model, values)
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> int:
+    return family_of(model.cfg).flops_per_token(model, seq_len)
+
+
+__all__ = ["FAMILIES", "Family", "apply_schedule", "build_model", "family_of", "flops_per_token"]

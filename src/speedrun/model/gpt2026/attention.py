@@ -1,0 +1,147 @@
+"""The attention of a gpt2026 layer: fused QKV (λ-scaled weights with #47/#48), value embeddings mixed
+into v (#45's layouts, #55's gate), QK-norm, half-truncated rotary (YaRN-updated, #31), paired heads (#58),
+key offset on long layers (#49), the attention call and the output projection with #28's gate.
+`project`, `attended_keys` and `output` are the decode interface (model/kv_cache.py, varlen windows)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speedrun.model.attention import AttentionMask, MaskSpec, attend
+from speedrun.model.gpt2026.gates import AttentionGate
+from speedrun.model.gpt2026.specs import LayerSpec
+from speedrun.model.labels import label
+from speedrun.model.layers import CastedLinear, Rotary
+
+# Partial key offset (record #49, 2025-12-14, PR #169): on the long-window layers, the key dimensions
+# that rotary leaves stationary (the zero-frequency half of each rotary half: dims D/4 … D/2 and
+# 3D/4 … D of a head of D) are taken from the previous token's key. A query can then match "the token
+# after an X" in one layer — a cheap induction head. The record shifts after QK-norm and rotary, over
+# the whole packed row (across document boundaries too); the first position keeps its own key.
+#
+# The shift is a function of the whole key sequence, so it is applied where the keys are attended
+# (forward and cached decoding alike, model/kv_cache.py keeps the unshifted keys).
+
+
+def offset_keys(k: torch.Tensor, seq_dim: int = -2) -> torch.Tensor:
+    """k (…, T, …, D) with its stationary dims shifted one position forward along `seq_dim` (#49):
+    out[t] = k[t − 1] on dims D/4:D/2 and 3D/4:D for t >= 1, k elsewhere. Out of place."""
+    d = k.size(-1)
+    shifted = torch.cat([k.narrow(seq_dim, 0, 1), k.narrow(seq_dim, 0, k.size(seq_dim) - 1)], dim=seq_dim)
+    quarter = torch.arange(d, device=k.device) % (d // 2) >= d // 4  # the stationary dims
+    return torch.where(quarter, shifted, k)
+
+
+# Paired-head attention (record #58, 2026-01-07, PR #191; on layers 0, 2, 5, 9 through #65): heads
+# share attention in pairs. The record's views of (T, H, D) tensors as (2T, H/2, D) interleave head h of
+# token t at position 2t + h // (H/2), head slot h mod (H/2): the pairs are heads p and p + H/2 (adjacent
+# heads only with 2 heads), attended causally as one sequence twice as long, with the documents' bounds
+# doubled (`cu_seqlens` x2) and the same window, now counted in positions (half as many tokens). A query
+# of a pair sees both heads' keys of earlier tokens (the second head also the first's key of its own
+# token). Rotary comes first, on the record's (T, H/2, 2D) view with the YarnPairedHead tables: head h
+# is rotated as position 2t + h mod 2, whatever its place in the interleaved sequence (the record's
+# arithmetic, kept). The value embedding and its gate act per head before the interleave (the same
+# elementwise products); the output is un-interleaved before the attention gate and output projection.
+
+
+def interleave(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) → (B, H/2, 2T, D): [b, p, 2t + s] = t[b, s·H/2 + p, t] (the record's reshape)."""
+    B, H, T, D = t.shape
+    return t.view(B, 2, H // 2, T, D).permute(0, 2, 3, 1, 4).reshape(B, H // 2, 2 * T, D)
+
+
+def deinterleave(y: torch.Tensor) -> torch.Tensor:
+    """The inverse of `interleave`: (B, H/2, 2T, D) → (B, H, T, D)."""
+    B, P, T2, D = y.shape
+    return y.view(B, P, T2 // 2, 2, D).permute(0, 3, 1, 2, 4).reshape(B, 2 * P, T2 // 2, D)
+
+
+def rotate_paired(rotary: Rotary, x: torch.Tensor, start: int) -> torch.Tensor:
+    """x (B, H, T, D) at tokens start.. rotated as the record's paired tables do: head h as position
+    2t + h mod 2 (its (T, H/2, 2D) view puts head 2p at angle 2t and head 2p + 1 at 2t + 1)."""
+    B, H, T, D = x.shape
+    adjacent = x.view(B, H // 2, 2, T, D).transpose(2, 3).reshape(B, H // 2, 2 * T, D)  # 2p, 2p+1 → 2t, 2t+1
+    rotated = rotary(adjacent, 2 * start)
+    return rotated.view(B, H // 2, T, 2, D).transpose(2, 3).reshape(B, H, T, D)
+
+
+def paired_spec(spec: MaskSpec) -> MaskSpec:
+    """A layer's mask over the interleaved sequence: each token's document twice, the same window."""
+    docs = spec.doc_ids.repeat_interleave(2, dim=1) if spec.doc_ids is not None else None
+    return replace(spec, doc_ids=docs)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        spec: LayerSpec,
+        dim: int,
+        n_head: int,
+        rotary: Rotary,
+        scale: float,
+        gate: int,
+        weights_mix: bool,
+    ):
+        super().__init__()
+        self.n_head, self.head_dim = n_head, dim // n_head
+        self.c_attn = CastedLinear(dim, 3 * dim, bias=False)
+        label(self.c_attn.weight, "qkv", blocks=(dim, dim, dim))
+        self.c_proj = CastedLinear(dim, dim, bias=False)
+        label(self.c_proj.weight, "attn_out")
+        self.rotary = rotary
+        self.scale = scale  # YaRN (#31) rewrites it at each long-window growth
+        self.gate = AttentionGate(gate, n_head) if gate else None  # #28
+        self.ve_gate = None  # #55: set by the model on the value-embedding layers (after every block)
+        self.paired = spec.paired  # #58
+        self.key_offset = spec.key_offset  # #49
+        self.weights_mix = weights_mix  # #47/#48: λ0 scales the QKV weight, λ1 the output's
+        self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0] if weights_mix else [0.5, 0.5])), "scalar")
+
+    def forward(
+        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v)."""
+        q, k, v, raw_v = self.project(x, other_v)
+        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale), x), raw_v
+
+    def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """The keys (B, H, T, D) as attended: #49 shifts the stationary dims one token on its layers."""
+        return offset_keys(k, seq_dim=2) if self.key_offset else k
+
+    def project(
+        self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, T, D) of positions start.. (paired: (B, H/2, 2T, D)) and the unmixed v."""
+        B, T, C = x.shape
+        w = self.c_attn.weight
+        w = (self.lambdas[0] * w).type_as(x) if self.weights_mix else w.to(x.dtype)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in F.linear(x, w).split(C, dim=-1))
+        raw_v = v
+        if not self.weights_mix:
+            v = self.lambdas[0] * v
+        if other_v is not None:
+            other_v = other_v.view_as(v)
+            if self.ve_gate is not None:  # #55
+                other_v = self.ve_gate.gate(other_v, x)
+            v = v + other_v if self.weights_mix else v + self.lambdas[1] * other_v
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        if self.paired:  # #58: the record's rotation, then the interleave
+            q, k = rotate_paired(self.rotary, q, start), rotate_paired(self.rotary, k, start)
+            return (*(interleave(t) for t in (q, k, v)), raw_v)
+        return self.rotary(q, start), self.rotary(k, start), v, raw_v
+
+    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
+        y = deinterleave(y) if self.paired else y
+        B, _, T, _ = y.shape
+        if self.gate is not None:
+            y = self.gate(y, x)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        if self.weights_mix:  # #48
+            return F.linear(y, (self.lambdas[1] * self.c_proj.weight).type_as(y))
+        return self.c_proj(y)

@@ -1,0 +1,74 @@
+"""The gates of the gpt2026 family, each a small matrix from zero that scales what a part adds: #28's
+per-head attention-output gate, #55's value-embedding gate (per head) and skip gate (per position); #34's
+smear gate is in embeddings.py. Each labels its weight where it creates it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speedrun.model.labels import label_linear
+from speedrun.model.layers import CastedLinear
+
+# Sparse attention gate (record #28, 2025-08-23, PR #117): each head's attention output is multiplied by
+# sigmoid(W·x[:k]), x the layer's normed input, W (heads, k) a small matrix (k = 12 in the records,
+# trained by Muon like the other block matrices) that starts at zero, so every gate starts at one half. A
+# head can thus switch itself off where the context says it has nothing to add (a learned no-op).
+
+
+class AttentionGate(nn.Module):
+    def __init__(self, dims: int, n_head: int):
+        super().__init__()
+        self.proj = label_linear(CastedLinear(dims, n_head, bias=False), "gate")
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Zero, as the record (GPT._init_weights calls this again after its own init)."""
+        nn.init.zeros_(self.proj.weight)
+
+    def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y (B, H, T, D) gated per head and position by x (B, T, C)."""
+        gate = torch.sigmoid(self.proj(x[..., : self.proj.in_features]))  # (B, T, H)
+        return y * gate.transpose(1, 2)[..., None]
+
+
+# Gates on the value embeddings and on the skip (record #55, 2025-12-29, PR #186): where #28's
+# attention gate lets a head switch its output off, these let the context scale what two shortcuts add.
+#
+# - value-embedding gate: on each layer with a value embedding, v = λ0·v + g·ve with g = 2·sigmoid(W·x[:k])
+#   per head and position, x the layer's normed input, W (heads, k) (k = 12), trained by NorMuon like the
+#   attention gates (one statistic per head);
+# - skip gate: the skip 3 → 6 (#45) adds sigmoid(w)·g·x3, g = 2·sigmoid(u·x0[:k]) per position, x0 the
+#   normed embedding, u (1, k), trained by Adam at lr 0.008 × 0.05 without decay.
+# Both start at zero, so g = 1 and the model starts as #54's.
+
+
+class ContextGate(nn.Module):
+    """2·sigmoid(W·x[..., :k]): (…, k) → (…, n), in (0, 2), 1 at the zero init."""
+
+    def __init__(self, dims: int, n: int, label: str = "gate"):
+        super().__init__()
+        self.proj = label_linear(CastedLinear(dims, n, bias=False), label)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Zero, as the record (GPT._init_weights calls this again after its own init)."""
+        nn.init.zeros_(self.proj.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * torch.sigmoid(self.proj(x[..., : self.proj.in_features]))
+
+
+class ValueEmbedGate(ContextGate):
+    """#55: per head, the share of the value embedding added to v."""
+
+    def gate(self, ve: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """ve (B, T, H, D) scaled per head by the gate of x (B, T, C)."""
+        return self(x)[..., None] * ve
+
+
+class SkipGate(ContextGate):
+    """#55: per position, a factor on the skip, read from the normed embedding x0 (B, T, C) → (B, T, 1)."""
+
+    def __init__(self, dims: int):
+        super().__init__(dims, 1, "skip_gate")

@@ -1,0 +1,86 @@
+"""The head of the gpt2026 family: untied output matrix (zero, or normal(0, 0.005) with #51/#53), FP8
+matmul in training (Sub3Min's scales), the sigmoid softcap c·2·sigmoid((z + offset)/divisor) (#26's
+divisor, #54's offset) in the head's dtype or fp32, cross-entropy on bf16 logits in training (#37) and
+multi-token prediction weighted by the stage (#53, below)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from speedrun.model.fp8 import fp8_linear
+from speedrun.model.layers import CastedLinear, softcap
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The head's numerics, read once from the config (the forward reads no config)."""
+
+    cap: float
+    divisor: float
+    offset: float
+    cap_in_head_dtype: bool
+    ce_bf16: bool
+    fp8: bool
+
+
+def capped_logits(head: CastedLinear, x: torch.Tensor, spec: HeadSpec, training: bool) -> torch.Tensor:
+    """Logits (padded vocab) before the final fp32 cast: in the head's dtype where the cap runs in it."""
+    if spec.fp8 and training and torch.is_grad_enabled():
+        logits = fp8_linear(x, head.weight)
+    else:
+        logits = head(x)
+    if spec.cap > 0:
+        logits = logits if spec.cap_in_head_dtype else logits.float()
+        logits = softcap(logits, spec.cap, "sigmoid", spec.divisor, spec.offset)
+    return logits
+
+
+def loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    spec: HeadSpec,
+    training: bool,
+    reduction: str,
+    mtp_weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """Cross-entropy (mean, sum or per position (B, T)); MTP's weighted sum in training (#53)."""
+    B, T = targets.shape
+    logits = logits if spec.ce_bf16 and training else logits.float()
+    if mtp_weights is not None and training and reduction == "mean":
+        return mtp_loss(logits, targets, mtp_weights)
+    out = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+    return out.view(B, T) if reduction == "none" else out
+
+
+# Multi-token prediction (record #53, 2025-12-22, PR #178): in training, position t's logits are also
+# scored against the tokens k = 1, 2, … after its target, and the loss is the weighted sum
+# Σ_t Σ_k w_k·(logsumexp(z_t) − z_t[y_{t+k}]). The one head predicts them all; no extra parameters. The
+# weights decay over training (#53: [1, 0.5, 0.25 → 0], then [1, 0.5 → 0], then [1]: the stage plan's
+# `mtp=`), so the run ends on plain next-token prediction. Targets past a row's end count zero; within
+# a packed row they run on across document boundaries, as in the record. Validation is plain
+# cross-entropy.
+#
+# The weights live in a fixed-length buffer (trailing zeros for heads a stage dropped), written in place
+# each step: a compiled forward sees new values, not a new graph.
+
+
+def mtp_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V), targets (B, T), weights (n,) → Σ w_k·CE(t, y_{t+k}) over every row and position,
+    divided by B·T (our mean; the record sums). With weights (1, 0, …) it is the mean cross-entropy."""
+    B, T, V = logits.shape
+    n = weights.size(0)
+    idx = F.pad(targets, (0, n - 1)).unfold(1, n, 1)  # (B, T, n): y_t, y_{t+1}, … (0 past the end)
+    ce = torch.logsumexp(logits, dim=-1, keepdim=True) - logits.gather(-1, idx)  # (B, T, n)
+    valid = torch.arange(T, device=logits.device)[:, None] + torch.arange(n, device=logits.device) < T
+    ce = torch.where(valid, ce, torch.zeros((), dtype=ce.dtype, device=ce.device))
+    return (ce * weights).sum() / (B * T)  # bf16 cross-entropies x fp32 weights: summed in fp32, as #53
+
+
+def write_weights(buffer: torch.Tensor, weights: tuple[float, ...]) -> None:
+    """Write a stage's weights into the model's buffer in place, zeros after them."""
+    assert len(weights) <= buffer.numel(), f"{len(weights)} MTP weights for {buffer.numel()} predicted tokens"
+    padded = list(weights) + [0.0] * (buffer.numel() - len(weights))
+    buffer.copy_(torch.tensor(padded, dtype=buffer.dtype))

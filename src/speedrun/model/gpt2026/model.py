@@ -1,0 +1,202 @@
+"""GPT2026: the model of records #26 on, built from per-layer specs (specs.py); `hidden` walks them.
+
+Each part comes from its own module (embeddings, attention, gates, connections, mlp, head, windows) and
+exists only where a spec asks for it: no switch is read in the forward. Parameter names are those of the
+gpt2024 GPT's 2025 recipes, so their checkpoints load unchanged. The decode interface (kv_cache.py) is
+the same as the gpt2024 GPT's: `mask_specs`, `hidden(idx, start, attend_fns, prev)`, `logits`, and per
+block `attn.project/attended_keys/output/paired/scale`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from speedrun.config_model import Gpt2026Config
+from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
+from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
+from speedrun.model.gpt2026.attention import Attention
+from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
+from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.mlp import mlp
+from speedrun.model.gpt2026.specs import LayerSpec, build_specs
+from speedrun.model.labels import MATMULS, label, labelled
+from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
+
+
+class Block(nn.Module):
+    """One layer: the x0 mix (with #62's bigram share), attention, MLP, each where its spec has it."""
+
+    def __init__(self, spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary):
+        super().__init__()
+        d = cfg.n_embd
+        self.norm1 = Norm(d, "rmsnorm") if spec.attention else None
+        weights_mix = cfg.value_mix == "weights"
+        self.attn = (
+            Attention(spec, d, cfg.n_head, rotary, cfg.attn_scale, cfg.attn_gate, weights_mix)
+            if spec.attention
+            else None
+        )
+        self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
+        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed) if spec.mlp else None
+        self.lambdas, self.x0_lambda = (
+            connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
+            if spec.present
+            else (None, None)
+        )
+
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram):
+        """(new residual stream, the attention's unmixed v or None)."""
+        x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
+        if bigram is not None:
+            x = x + bigram
+        raw_v = None
+        if self.attn is not None:
+            h = self.norm1(x)
+            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            x = x + y
+        return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
+
+
+class GPT2026(nn.Module):
+    family = "gpt2026"
+
+    def __init__(self, cfg: Gpt2026Config):
+        super().__init__()
+        self.cfg = cfg
+        self.specs = build_specs(cfg)
+        self.walk = [s for s in self.specs if s.present]
+        d, m = cfg.n_embd, max(1, cfg.pad_vocab_to)
+        vocab = (cfg.vocab_size + m - 1) // m * m
+        rows = vocab if cfg.pad_embeddings else cfg.vocab_size
+        self.wte = embeddings.token_embedding(rows, d)
+        self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
+        self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        self.embed_norm = Norm(d, "rmsnorm")
+        rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
+        rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
+        self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
+        for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
+            if cfg.ve_gate and s.value_embed is not None and s.attention:
+                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head)
+        self.norm_f = Norm(d, "rmsnorm")
+        self.lm_head = CastedLinear(d, vocab, bias=False)
+        label(self.lm_head.weight, "head")
+        tables = len({s.value_embed for s in self.specs if s.value_embed is not None})
+        self.value_embeds = embeddings.value_embeddings(tables, rows, d)
+        self.skip_weights = (
+            connections.skip_weights(len(cfg.skips), cfg.skip_gate_form) if cfg.skips else None
+        )
+        self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
+        self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        self.head_spec = head.HeadSpec(
+            cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
+            cfg.fp8_head,
+        )  # fmt: skip
+        if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens
+            self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
+        else:
+            self.mtp_weights = None
+        self.varlen_windows = windows.initial_windows(cfg.window)
+        if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
+            self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
+        self._init_weights()
+        if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy
+            for emb in [self.wte, *(self.value_embeds or [])]:
+                emb.weight.data = emb.weight.data.to(torch.bfloat16)
+
+    def _init_weights(self) -> None:
+        """The records' init: token embedding N(0, 1), every linear uniform with std 0.5/√fan_in (Q/K/V:
+        qkv_init_gain/√fan_in, #53), output projections and gates zero, value embeddings zero from #49,
+        the head zero or N(0, head_init_std) (#51/#53)."""
+        nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        qkv = {id(b.attn.c_attn) for b in self.blocks if b.attn is not None}
+        for module in self.modules():
+            if isinstance(module, CastedLinear):
+                gain = self.cfg.qkv_init_gain if id(module) in qkv else 0.5
+                scaled_uniform_(module.weight, module.in_features, gain)
+        if self.cfg.value_embed_zero_init:
+            for emb in self.value_embeds or []:
+                nn.init.zeros_(emb.weight)
+        for block in self.blocks:
+            for part in (block.attn, block.mlp):
+                if part is not None:
+                    nn.init.zeros_(part.c_proj.weight)
+        for part in self.modules():
+            if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
+                part.reset_parameters()  # zero
+        if self.cfg.zero_init_head:
+            nn.init.zeros_(self.lm_head.weight)
+        elif self.cfg.head_init_std > 0:
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=self.cfg.head_init_std)
+
+    def set_attention_window(self, tokens: int) -> None:
+        """#26's window (tokens) for the next forwards: an in-place write, no recompile."""
+        if self.cfg.window > 0:
+            assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
+            self.attn_window.fill_(tokens)
+
+    def mask_specs(self, tokens: torch.Tensor):
+        return windows.mask_specs(self, tokens)
+
+    def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:
+        """Per layer, its MaskSpec (dense SDPA) or FlexAttention BlockMask (None without attention)."""
+        specs = self.mask_specs(idx)
+        T = idx.size(1)
+        if choose_backend(self.cfg.attention, idx.device, T, True, torch.is_grad_enabled()) == "flex":
+            built = {
+                id(m): build_block_mask(m, T * (1 + s.paired), idx.device)
+                for m, s in zip(specs, self.specs, strict=True)
+            }
+            specs = [built[id(m)] for m in specs]
+        return [m if s.attention else None for m, s in zip(specs, self.specs, strict=True)]
+
+    def forward(self, idx, targets=None, cu_seqlens=None, reduction: str = "mean") -> torch.Tensor:
+        """Token ids (B, T) → loss (mean/sum scalar, or (B, T) with 'none'), or fp32 logits."""
+        if cu_seqlens is not None:
+            hidden = self.hidden(idx, attend_fns=windows.attend_fns(self, idx, cu_seqlens))
+        else:
+            hidden = self.hidden(idx, self.layer_masks(idx))
+        if targets is None:
+            return self.logits(hidden)
+        logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
+        return head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
+
+    def hidden(self, idx, masks=None, start: int = 0, attend_fns=None, prev=None) -> torch.Tensor:
+        """Embeddings and the present layers up to the final norm, for tokens at positions start.. ;
+        cached decoding passes `attend_fns`, start and the token before idx (`prev`, for smear/bigram)."""
+        x = self.wte(idx)
+        if self.smear is not None:
+            x = self.smear(x, self.wte(prev) if prev is not None else None)
+        x = x0 = self.embed_norm(x)
+        masks = masks or [None] * self.cfg.n_layer
+        attend_fns = attend_fns or [None] * self.cfg.n_layer
+        tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
+        bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
+        outputs: dict[int, torch.Tensor] = {}
+        for s in self.walk:
+            if s.skip_from is not None:
+                scale = connections.skip_scale(self.skip_weights[s.skip_weight], self.cfg.skip_gate_form)
+                scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
+                x = x + scale * outputs[s.skip_from]
+            other_v = tables[s.value_embed] if s.value_embed is not None else None
+            b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b)
+            if s.keep_output:
+                outputs[s.index] = x
+        return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final hidden states → fp32 logits over the padded vocab, softcapped."""
+        return self.capped_logits(x).float()
+
+    def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
+        return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """6 x matmul parameters (labels MATMULS, and the head) + attention 12·L_attn·d·T (PaLM)."""
+        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
+        context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
+        matmul += self.lm_head.weight.numel()
+        return 6 * matmul + 12 * len(self.cfg.attention_layers) * self.cfg.n_embd * context

@@ -1,0 +1,61 @@
+"""Per-layer specs of the gpt2026 family: the config's per-layer lists read once, one LayerSpec per layer.
+
+The model builds its parts from these and its forward walks them; nothing downstream reads the config's
+lists again. A layer with neither attention nor MLP (#35's layer 0) is not present: the forward skips it,
+it has no x0 mix, and a skip from it (its weight kept, at its index) is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from speedrun.config_model import Gpt2026Config
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What layer `index` has and where it reads and writes."""
+
+    index: int
+    attention: bool
+    mlp: bool
+    window: str = "L"  # "L" long or "S" short (varlen windows, tensor window of #26)
+    value_embed: int | None = None  # the value-embedding table mixed into v (#45/#63 layouts)
+    key_offset: bool = False  # #49
+    paired: bool = False  # #58
+    skip_from: int | None = None  # the layer whose output this layer's input receives (#45 / U-Net)
+    skip_weight: int | None = None  # that skip's weight index
+    keep_output: bool = False  # a later skip or the backout (#40) reads this layer's output
+
+    @property
+    def present(self) -> bool:
+        return self.attention or self.mlp
+
+
+def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
+    """One LayerSpec per layer from the config's lists (config checks guarantee their lengths/ranges)."""
+    L = cfg.n_layer
+    attn, mlp = set(cfg.attention_layers), set(cfg.mlp_layers)
+    present = [i in attn or i in mlp for i in range(L)]
+    skip_from: dict[int, tuple[int, int]] = {}
+    for j, (src, dst) in enumerate(cfg.skips):
+        if present[src]:
+            skip_from[dst] = (src, j)
+    kept = {src for src, _ in skip_from.values()} | ({cfg.backout_layer} if cfg.backout_layer else set())
+    windows = cfg.windows or ["L"] * L
+    value_embeds = cfg.value_embeds or [-1] * L
+    return [
+        LayerSpec(
+            index=i,
+            attention=i in attn,
+            mlp=i in mlp,
+            window=windows[i],
+            value_embed=value_embeds[i] if value_embeds[i] >= 0 else None,
+            key_offset=i in cfg.key_offset_layers,
+            paired=i in cfg.paired_layers,
+            skip_from=skip_from.get(i, (None, None))[0],
+            skip_weight=skip_from.get(i, (None, None))[1],
+            keep_output=i in kept,
+        )
+        for i in range(L)
+    ]

@@ -1,0 +1,150 @@
+"""Which keys each gpt2026 layer sees: documents (always), and its window, long (L) or short (S).
+
+Two ways in: packed documents with `cu_seqlens` and Python-int windows set per stage (#29 on, varlen:
+`attend_fns`), or #26's document mask with a 0-d tensor window that grows every step (`mask_specs`, which
+cached decoding also uses for varlen models, with the varlen semantics). #58's paired layers see their
+documents doubled. The stage hook `apply_schedule` writes a step's windows, YaRN and MTP weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
+from speedrun.model.attention_tiers import varlen_attention
+from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.head import write_weights
+from speedrun.model.yarn import rotary_tables, yarn_after
+
+# The windows of the variable-length attention path (#29 on, gpt2026): a batch row packs documents,
+# their bounds come as `cu_seqlens` from the document loader, and every attention layer calls
+# attention_tiers.varlen_attention (FA3 / Flex / blocked SDPA by hardware) with its own window
+# (model/gpt2026/windows.py). This module holds the window state a stage sets, and YaRN's updates.
+#
+# Windows are Python ints (the varlen kernels take them so), set per stage by `set_stage`: a layer marked
+# L in `model.window_pattern` takes the long window, S the short one. A stage gives them in 128-token
+# blocks as the records do, and the records pass `window_size=(blocks·128, 0)` to FA3, which sees keys
+# up to blocks·128 tokens back inclusive: `blocks·128 + 1` in our rule (a key is visible while q − k <
+# window). Without stages the windows are `model.window` (long) and half of it (short).
+
+
+@dataclass(frozen=True)
+class VarlenWindows:
+    """What the varlen layers use now: windows in tokens (0 = none) and the longest training document
+    (FA3's `max_seqlen`; 0 = the row length)."""
+
+    short: int = 0
+    long: int = 0
+    max_doc_len: int = 0
+
+
+@functools.cache
+def windows_of(short: int, long: int, max_doc_len: int) -> VarlenWindows:
+    """One object per value: compiled graphs guard on the object the forward reads, so a stage that
+    comes back (after the warm-up, after a resume) finds its graph again."""
+    return VarlenWindows(short, long, max_doc_len)
+
+
+def initial_windows(window: int) -> VarlenWindows:
+    """Before any stage: `model.window` for long layers and half of it for short ones."""
+    return windows_of(max(1, window // 2) if window > 0 else 0, max(0, window), 0)
+
+
+def blocks_to_tokens(blocks: int) -> int:
+    """A record's window of `blocks` blocks (FA3 `window_size=(blocks·128, 0)`, inclusive) in our rule."""
+    return blocks * BLOCK_SIZE + 1
+
+
+def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, yarn: tuple[int, ...]) -> None:
+    """Apply a stage's windows (blocks) and, with YaRN, the rotary table and attention scale after the
+    long windows `yarn` (blocks, in order). Idempotent: the tables are rebuilt only when `yarn` changed."""
+    model.varlen_windows = windows_of(blocks_to_tokens(short), blocks_to_tokens(long), max_doc_len)
+    if yarn and yarn != getattr(model, "yarn_windows", None):
+        apply_yarn(model, [b * BLOCK_SIZE for b in yarn])
+        model.yarn_windows = yarn
+
+
+def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
+    """Rewrite the model's shared rotary table (in place: compiled graphs keep reading it) and every
+    layer's attention scale for a long window that went through `windows` (tokens), as #31: the
+    scale starts at `model.attn_scale` and the half-truncated frequencies at 1 … 1/1024."""
+    attns = [b.attn for b in model.blocks if b.attn is not None]
+    rotary = attns[0].rotary
+    head_dim = model.cfg.n_embd // model.cfg.n_head
+    freqs, scale = yarn_after(windows, head_dim, model.cfg.attn_scale, layout="half")
+    cos, sin = rotary_tables(freqs, rotary.cos.size(0))  # on the host; copied to the buffers' device
+    with torch.no_grad():
+        rotary.cos.copy_(cos)
+        rotary.sin.copy_(sin)
+    for attn in attns:
+        attn.scale = scale
+
+
+def _varlen_layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: int, max_seqlen: int):
+    """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
+    q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D); paired heads (#58): (1, H/2, 2T, D)
+    if attn.paired:
+        cu_seqlens, max_seqlen = 2 * cu_seqlens, 2 * max_seqlen
+    k = attn.attended_keys(k)
+    q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
+    y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
+    return attn.output(y.transpose(0, 1)[None], h), raw_v
+
+
+def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
+    """Per layer, its varlen attention call (None without attention)."""
+    assert idx.size(0) == 1, "varlen batches are one packed row"
+    w: VarlenWindows = model.varlen_windows
+    T = idx.size(1)
+    max_seqlen = min(T, w.max_doc_len) if model.training and w.max_doc_len > 0 else T
+    return [
+        functools.partial(
+            _varlen_layer,
+            cu_seqlens=cu_seqlens,
+            window=w.long if s.window == "L" else w.short,
+            max_seqlen=max_seqlen,
+        )
+        if s.attention
+        else None
+        for s in model.specs
+    ]
+
+
+def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
+    """Per layer, the MaskSpec of a (B, T) sequence: its documents and the layer's current window."""
+    cfg = model.cfg
+    docs = document_ids(tokens, cfg.eot_id)
+    if cfg.attention == "varlen":
+        w: VarlenWindows = model.varlen_windows
+
+        def spec(window: int) -> MaskSpec:
+            t = torch.tensor(window, device=tokens.device) if window > 0 else None
+            return MaskSpec(docs, t, max_window=window)
+
+        long, short = spec(w.long), spec(w.short)
+    else:  # #26: the 0-d window tensor, block-granular
+        block = cfg.window_granularity == "block"
+        window = model.attn_window if cfg.window > 0 else None
+        long = MaskSpec(docs, window, block, BLOCK_SIZE, cfg.window)
+        short = dataclasses.replace(long, window=short_window(window, block)) if window is not None else long
+    base = [long if s.window == "L" else short for s in model.specs]
+    if not any(s.paired for s in model.specs):
+        return base
+    doubled = {id(b): paired_spec(b) for b in (long, short)}  # #58: one object per base spec, shared
+    return [doubled[id(b)] if s.paired else b for b, s in zip(base, model.specs, strict=True)]
+
+
+def apply_schedule(model: torch.nn.Module, values) -> None:
+    """A step's model values (train/schedule.StepSchedule): the stage's windows and YaRN, MTP weights,
+    or the tensor window."""
+    if values.stage is not None:
+        v = values.stage
+        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
+        if model.mtp_weights is not None:  # #53
+            write_weights(model.mtp_weights, v.mtp_weights)
+    elif values.window > 0:
+        model.set_attention_window(values.window)
