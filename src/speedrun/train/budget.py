@@ -11,7 +11,8 @@ rewritten with that count and the budget spent (0), so a resume continues exactl
 
 In the warm-down the plan may only end sooner: when the steps left at the recent median would overrun
 the budget by more than `HYSTERESIS` (the host slowed after the warm-down began), the count is cut to what
-fits, so the LR falls faster and never rises (config.json is saved again with the new count).
+fits, so the LR falls faster and never rises (config.json is saved again with the new count). A plan
+already at its floor (the budget spent before the warm-down could start) keeps its whole warm-down.
 
 Every plan keeps the steps done plus the warm-down, so no step before it leaves the constant part of
 the schedule (the config check allows a budget only with the trapezoid schedule, a warm-down in steps
@@ -99,6 +100,7 @@ class Budget:
         self.steps = steps if steps is not None else t.steps
         self.planned = steps is not None
         self.recent: list[float] = []  # seconds per step of the last timed log intervals
+        self.floored = False  # the plan is the schedule's floor, not what fits the budget
 
     def observe(
         self, done: int, interval_s: float, interval_steps: int, timed_s: float, timed_steps: int
@@ -121,6 +123,7 @@ class Budget:
         ):
             return None
         before, self.steps, self.planned = self.steps, plan, True
+        self.floored = plan <= done + self.tail  # the budget was spent already: the warm-down runs in full
         was = f"{before}, the most" if before == self.cap else before
         return (
             f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "
@@ -133,8 +136,9 @@ class Budget:
 
     def _end_sooner(self, done: int, timed_s: float, timed_steps: int, step_s: float) -> str | None:
         """In the warm-down: cut the count when the steps left would overrun the budget by more than
-        HYSTERESIS of it (ending sooner only moves the LR down), else keep it."""
-        if timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
+        HYSTERESIS of it (ending sooner only moves the LR down), else keep it. A plan that was already
+        the floor (done + warm-down: the budget spent before the warm-down) keeps its warm-down."""
+        if self.floored or timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
             return None
         plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, 1, self.steps)
         if plan >= self.steps:
