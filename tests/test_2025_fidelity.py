@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from speedrun.model.gpt import GPT
+from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.step import train_step
@@ -40,7 +40,7 @@ def test_attention_and_value_embedding_init_at_full_width_is_the_records(recipe)
     assert cfg.model.n_embd == DIM
     # full width and depth; a small vocabulary (no init depends on it) keeps the tables small
     torch.manual_seed(0)
-    model = GPT(dataclasses.replace(cfg.model, vocab_size=128, max_seq_len=1024, fp8_head=False))
+    model = build_model(dataclasses.replace(cfg.model, vocab_size=128, max_seq_len=1024, fp8_head=False))
     attn = [b.attn for b in model.blocks if b.attn is not None]
     assert attn
     for i, a in enumerate(attn):
@@ -98,11 +98,11 @@ def test_one_adam_step_is_the_records_on_its_eight_ranks_summed_losses_in_fp64(a
     extra.append(f"train.global_batch_tokens={rows * seq}")
     cfg = load_recipe(recipe, [*shrink(recipe), *extra])
     torch.manual_seed(0)
-    model = GPT(cfg.model).double()
+    model = build_model(cfg.model).double()
     with torch.no_grad():  # weights a step or so in, so no gradient is exactly zero
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
-    reference = GPT(cfg.model).double()
+    reference = build_model(cfg.model).double()
     reference.load_state_dict(model.state_dict())
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(1)

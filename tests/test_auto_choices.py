@@ -130,12 +130,12 @@ def test_time_budget_zero_alone_turns_the_demos_budget_off():
 
 
 def test_the_public_muon_iterates_in_the_dtype_the_device_runs_fast(monkeypatch):
+    from speedrun import hardware
     from speedrun.optim import Muon
-    from speedrun.train import precision
 
     p = torch.nn.Parameter(torch.randn(8, 8))
     for fast, want in ((False, torch.float32), (True, torch.bfloat16)):
-        monkeypatch.setattr(precision, "fast_bf16", lambda _type, fast=fast: (fast, "test"))
+        monkeypatch.setattr(hardware, "fast_bf16", lambda _type, fast=fast: (fast, "test"))
         assert Muon([p]).ns_dtype == want  # as train.dtype=auto
         assert Muon([p], ns_dtype=torch.bfloat16).ns_dtype == torch.bfloat16  # the caller's: kept
 

@@ -251,7 +251,7 @@ def test_sample_decodes_a_staged_yarn_checkpoint_as_the_run_validated_it(text_da
     assert main(["sample", str(out), "--prompt", prompt, "--max-tokens", "1", "--temperature", "0"]) == 0
     torch.testing.assert_close(first[0], seen[-1], rtol=1e-4, atol=1e-4)
     # not vacuous: the same weights in a fresh model (initial windows, no YaRN) give other logits
-    fresh = GPT(load_recipe("demo", [*staged(text_data), "train.dtype=fp32"]).model).eval()
+    fresh = build_model(load_recipe("demo", [*staged(text_data), "train.dtype=fp32"]).model).eval()
     fresh.load_state_dict(read_weights(find_checkpoint(out) / "model.safetensors")[0], strict=False)
     with torch.no_grad():
         assert not torch.allclose(fresh(idx)[0, -1], seen[-1], atol=1e-2)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speedrun import hardware
 from speedrun.recipes import load_recipe
 from speedrun.train import precision
 from speedrun.train.budget import PROBE_STEPS, plan_steps
@@ -20,16 +21,16 @@ from tests.conftest import TINY, read_metrics, run_speedrun
 
 @pytest.fixture
 def fresh_probe():
-    precision.fast_bf16.cache_clear()
+    hardware.fast_bf16.cache_clear()
     yield
-    precision.fast_bf16.cache_clear()
+    hardware.fast_bf16.cache_clear()
 
 
 def _slow_cpu(monkeypatch, flags: set[str], capability: str = "AVX2", speedup: float = 0.01) -> None:
-    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(precision.torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(precision, "bf16_speedup_probe", lambda: speedup)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(hardware, "bf16_speedup_probe", lambda: speedup)
 
 
 @pytest.mark.parametrize(

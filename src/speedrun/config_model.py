@@ -114,8 +114,6 @@ def check(m: Gpt2026Config) -> None:
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
     tables = {j for j in m.value_embeds if j >= 0}
-    if m.value_embed_zero_init and not tables:
-        raise ConfigError("model.value_embed_zero_init needs model.value_embeds (there are no tables)")
     if tables != set(range(len(tables))):
         raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
     if any(w not in ("L", "S") for w in m.windows):

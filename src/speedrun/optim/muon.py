@@ -167,7 +167,7 @@ class Muon(torch.optim.Optimizer):
         self._cached_plan: tuple[tuple, list[_Bucket]] | None = None
         super().__init__(params, defaults)
         if ns_dtype is None:  # as train.dtype=auto: the records' bf16 only where the device runs it fast
-            from speedrun.train.precision import fast_bf16  # (here: train/ builds on optim/, not back)
+            from speedrun.hardware import fast_bf16
 
             device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
             ns_dtype = torch.bfloat16 if fast_bf16(device.type)[0] else torch.float32

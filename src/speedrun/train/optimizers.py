@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
+from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.rules import (
     MUON_GROUPS,
@@ -20,7 +21,6 @@ from speedrun.optim.rules import (
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import build_rows
-from speedrun.train.precision import fast_bf16
 
 
 class RunOptimizer:

@@ -15,17 +15,12 @@ ONEDNN_MAX_CPU_ISA limits and machines whose flags cannot be read. The answer is
 from __future__ import annotations
 
 import dataclasses
-import functools
-import platform
 from dataclasses import dataclass
 
 import torch
 
 from speedrun.config import Config
-from speedrun.train.tracking import cpuinfo, measured_matmul_peak
-
-#: CPU flags (Linux /proc/cpuinfo) of instructions that run bf16 matmuls natively.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX512-BF16, x86 AMX, ARM FEAT_BF16
+from speedrun.hardware import fast_bf16
 
 
 @dataclass(frozen=True)
@@ -42,39 +37,6 @@ class Precision:
 
     def describe(self) -> str:
         return f"precision {self.dtype} ({self.reason})"
-
-
-def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags (x86 `flags`, ARM `Features`); None where unreadable."""
-    flags = cpuinfo("flags", "Features")
-    return set(flags.split()) if flags is not None else None
-
-
-def bf16_speedup_probe(size: int = 192) -> float:
-    """bf16 over fp32 matmul rate of a small square matmul on this CPU (> 1: bf16 is faster). Bounded:
-    about 0.3 s where bf16 is emulated, milliseconds where it is native."""
-    rate = functools.partial(measured_matmul_peak, "cpu", size, iters=2)
-    return rate(dtype=torch.bfloat16) / rate(dtype=torch.float32)
-
-
-@functools.cache
-def fast_bf16(device_type: str) -> tuple[bool, str]:
-    """Whether bf16 matmuls are fast on this device type ('cuda' or 'cpu'), and the evidence in words."""
-    if device_type == "cuda":
-        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return ok, "CUDA GPU" + ("" if ok else " without bf16 support")
-    capability = torch.backends.cpu.get_cpu_capability()
-    flags = cpu_flags()
-    arch = platform.machine()
-    if flags is not None and not any(f in flags for f in BF16_FLAGS):
-        return False, f"{arch} CPU without bf16 instructions (capability {capability})"
-    if arch in ("x86_64", "AMD64") and not capability.startswith("AVX512"):
-        return False, f"CPU capability {capability} (bf16 instructions unused)"
-    speedup = bf16_speedup_probe()
-    found = "bf16 instructions" if flags is not None else "flags unreadable"
-    if speedup < 1.0:  # emulated (e.g. ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16): fp32 is faster
-        return False, f"{found}, but a bf16 matmul measured {1 / speedup:.1f}x slower than fp32"
-    return True, f"{found}, bf16 matmul measured {speedup:.1f}x faster than fp32"
 
 
 def resolve(cfg: Config, device: torch.device) -> Precision:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from speedrun.errors import ConfigError
+from speedrun.hardware import cpuinfo, measured_matmul_peak
 from speedrun.printable import printable
 
 #: Datasheet dense bf16 tensor-core peaks (FLOP/s, no sparsity), by a substring of the device name.
@@ -67,41 +68,6 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
     if peak_flops <= 0:
         raise ValueError(f"peak_flops must be positive, got {peak_flops}")
     return flops_per_token * tokens_per_s / peak_flops
-
-
-def cpuinfo(*keys: str) -> str | None:
-    """The first /proc/cpuinfo value under one of `keys` (e.g. x86 `flags`, ARM `Features`, `model
-    name`); None where the file or the key is missing (macOS, Windows, some containers)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in keys:
-            return value.strip()
-    return None
-
-
-def measured_matmul_peak(
-    device: torch.device | str = "cpu", size: int = 4096, dtype: torch.dtype = torch.bfloat16, iters: int = 10
-) -> float:
-    """Best FLOP/s of a square `size` matmul in `dtype` on `device`: the reachable peak MFU is measured
-    against (datasheet peaks are rarely reached). A few warm-up calls, then the fastest of `iters`."""
-    device = torch.device(device)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
-    for _ in range(3):
-        a @ b
-    sync(device)
-    best = float("inf")
-    for _ in range(iters):
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
