@@ -314,11 +314,15 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
     if m.softcap_offset and (m.softcap_form != "sigmoid" or m.logit_softcap <= 0):
         raise ConfigError("model.softcap_offset needs model.softcap_form=sigmoid and model.logit_softcap > 0")
+    if m.head_bias and (m.tie_embeddings or m.fp8_head):
+        raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
 
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
+    if o.adam_weight_decay and o.name == "adamw":
+        raise ConfigError("optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)")
     if o.name != "normuon":
         if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
             raise ConfigError(

@@ -42,7 +42,7 @@ from speedrun.model.backout import Backout
 from speedrun.model.bigram import BigramEmbed
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.gates import ContextGate, SkipGate, ValueEmbedGate
-from speedrun.model.labels import MATMULS, label, labelled
+from speedrun.model.labels import MATMULS, label, label_linear, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import (
     attention_layers,
@@ -126,7 +126,8 @@ class GPT(nn.Module):
         self.bigram = (
             BigramEmbed(cfg.bigram_rows, cfg.n_embd, cfg.n_layer) if cfg.bigram_rows else None
         )  # #62
-        self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
+        embed_norm = "rmsnorm-gain" if cfg.norm == "rmsnorm-gain" else "rmsnorm"  # track 3: with gains
+        self.embed_norm = make_norm(cfg, embed_norm) if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         layers = zip(attention_layers(cfg), mlp_layers(cfg), strict=True)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary, mlp) for attn, mlp in layers)
@@ -140,8 +141,8 @@ class GPT(nn.Module):
             if cfg.ve_gate and j is not None and block.attn is not None:
                 block.attn.ve_gate = ValueEmbedGate(cfg.ve_gate, cfg.n_head)
         self.norm_f = make_norm(cfg)
-        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
-        label(self.lm_head.weight, "head")
+        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=cfg.head_bias)
+        label_linear(self.lm_head, "head")  # track 3's bias: a scalar
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         for emb in self.value_embeds or ():
@@ -184,6 +185,12 @@ class GPT(nn.Module):
             pass
         else:
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        if cfg.init == "fan-in-normal":  # track 3: normal, std sqrt(0.33)/sqrt(fan_in); biases 0
+            for module in self.modules():
+                if isinstance(module, CastedLinear):
+                    nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
         if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
             for module in self.modules():
                 if isinstance(module, CastedLinear):

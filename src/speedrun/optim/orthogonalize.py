@@ -158,11 +158,13 @@ def orthogonalize(
     steps: int = 5,
     ns_form: str = "fused",
     dtype: torch.dtype = torch.bfloat16,
+    coefficients: Coefficients = NS_COEFFICIENTS,
 ) -> Tensor:
-    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` by all but NS,
-    ``dtype`` (the iterations' precision) by ``svd``."""
+    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` and ``coefficients``
+    (track 3's baseline: (2, -1.5, 0.5), 12 steps) by all but NS, ``dtype`` (the iterations' precision)
+    by ``svd``."""
     if backend == "newton_schulz":
-        return newton_schulz(g, steps, form=ns_form, dtype=dtype)
+        return newton_schulz(g, steps, coefficients, form=ns_form, dtype=dtype)
     if backend == "polar_express":
         return polar_express(g, steps, dtype=dtype)
     if backend == "svd":

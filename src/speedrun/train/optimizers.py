@@ -108,9 +108,11 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
         scale_in_update_dtype=o.muon_scale_in_bf16,
+        ns_coefficients=tuple(o.muon_ns_coefficients),
         ns_dtype=muon_ns_dtype(o.muon_ns_dtype, groups["matrix"][0].device if groups["matrix"] else None),
     )
-    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
+    decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
+    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
     return RunOptimizer({"adam": adam, "muon": muon})
 
 
