@@ -248,6 +248,17 @@ class OptimConfig:
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
+    # --- track 3, record #46 (optim/pinned_muon.py, optim/tail_ema.py; optim.name = "muon", separate q/k/v) ---
+    muon_soap: bool = False  # SOAP-Muon: momentum preconditioned in the eigenbases of EMA(GGᵀ), EMA(GᵀG)
+    muon_soap_beta2: Fraction = 0.9  # the EMAs' and the rotated second moment's beta (#46: 0.9)
+    muon_radius_pin: bool = False  # outward radial part of the update halved, ‖W‖ moved by it alone
+    muon_uw_floor: float = 0.0  # update lifted to this share of the weight's norm (#46: 0.3825); 0 = off
+    muon_row_floor: bool = False  # the floor per output row (RowFloor, #46)
+    muon_post_pin_cwd: float = 0.0  # cautious decay after the pin, p·(1 − lr·cwd) where U·W > 0 (#46: 0.025)
+    tail_ema_tau: float = 0.0  # Tail-EMA readout: ema += (w − ema)/tau over the tail (#46: 150); 0 = off
+    tail_ema_start: int = 0  # ... from this many steps taken (#46: 2,400) ...
+    tail_ema_end: int = 0  # ... until this many (#46: 2,900)
+    tail_ema_lambda: Fraction = 0.6  # validation evaluates (1 − λ)·w + λ·ema
 
 
 @dataclass
