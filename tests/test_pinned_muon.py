@@ -5,6 +5,8 @@ the switch's number wrong and must then fail."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -263,3 +265,66 @@ def test_tail_ema_follows_the_record():
                 p.add_(rand(*p.shape, seed=30 + step, scale=0.1))
         wrong.after_step(step)
     assert not torch.allclose(wrong.ema[0], ema)
+
+
+# ---------------------------------------------------------------- the recipe's optimizer
+
+
+def test_the_recipe_groups_matrices_by_label_and_its_state_round_trips():
+    """track3-2026-06: attention outputs through the trust gate, q/k/v blended, the MLP plain; a saved
+    state loaded into a new optimizer continues bit for bit."""
+    from speedrun.model.gpt import GPT
+    from speedrun.recipes import load_recipe
+    from speedrun.train.optimizers import build_optimizer
+
+    cfg = load_recipe("track3-2026-06", ["model.n_layer=2", "model.n_embd=64", "model.n_head=2",
+                                         "model.vocab_size=128", "optim.muon_ns_dtype=fp32"])  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    opt = build_optimizer(model, cfg)
+    muon = opt.parts["muon"]
+    gate_of = {id(p): g["gate"] for g in muon.param_groups for p in g["params"]}
+    names = {n: gate_of.get(id(p)) for n, p in model.named_parameters()}
+    assert names["blocks.0.attn.c_proj.weight"] == "trust" and names["blocks.1.attn.c_k.weight"] == "blend"
+    assert names["blocks.0.mlp.c_fc.weight"] == names["blocks.0.mlp.c_proj.weight"] == "none"
+    assert names["blocks.0.attn.c_q.bias"] is None and names["lm_head.weight"] is None  # Adam's
+    x = torch.randint(0, 128, (2, 32))
+
+    def step(o):
+        model(x, x).backward()
+        o.step()
+        o.zero_grad()
+
+    for _ in range(2):
+        step(opt)
+    saved = ({n: p.detach().clone() for n, p in model.named_parameters()}, copy.deepcopy(opt.state_dict()))
+    step(opt)
+    after = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(saved[0][n])
+    fresh = build_optimizer(model, cfg)
+    fresh.load_state_dict(saved[1])
+    assert fresh.parts["muon"].steps == 2
+    step(fresh)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), after[n]), n
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["model.fused_qkv=true"], "need optim.name=muon and model.fused_qkv=false"),
+        (["optim.muon_uw_floor=0"], "optim.muon_row_floor needs optim.muon_uw_floor > 0"),
+        (["optim.muon_radius_pin=false"], "muon_post_pin_cwd needs optim.muon_radius_pin=true"),
+        (["optim.tail_ema_end=100"], "optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end"),
+        (["optim.muon_soap_beta2=1.5"], "optim.muon_soap_beta2"),
+    ],
+)
+def test_bad_track3_switches_are_one_line_config_errors(overrides, fragment):
+    from speedrun.errors import ConfigError
+    from speedrun.recipes import load_recipe
+
+    with pytest.raises(ConfigError) as info:
+        load_recipe("track3-2026-06", overrides)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
