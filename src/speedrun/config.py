@@ -34,7 +34,6 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
     strip_annotation,
 )
 
-
 NSCoefficient = Annotated[float, Range(-100, 100)]  # a Newton–Schulz polynomial coefficient
 
 
@@ -248,7 +247,7 @@ class OptimConfig:
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
-    # --- track 3, record #46 (optim/pinned_muon.py, optim/tail_ema.py; optim.name = "muon", separate q/k/v) ---
+    # --- track 3, #46 (optim/pinned_muon.py, optim/tail_ema.py; optim.name = "muon", separate q/k/v) ---
     muon_soap: bool = False  # SOAP-Muon: momentum preconditioned in the eigenbases of EMA(GGᵀ), EMA(GᵀG)
     muon_soap_beta2: Fraction = 0.9  # the EMAs' and the rotated second moment's beta (#46: 0.9)
     muon_radius_pin: bool = False  # outward radial part of the update halved, ‖W‖ moved by it alone

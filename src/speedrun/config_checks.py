@@ -322,7 +322,9 @@ def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
     if o.adam_weight_decay and o.name == "adamw":
-        raise ConfigError("optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)")
+        raise ConfigError(
+            "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
+        )
     pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd
     if pinned and (o.name != "muon" or m.fused_qkv):
         raise ConfigError(

@@ -154,7 +154,11 @@ def uw_floor(u: Tensor, p: Tensor, target: float, rows: bool) -> Tensor:
     """U scaled up so that ‖U‖/‖W‖ >= target: the whole matrix, or each output row on its own (RowFloor)."""
     uw, pw = _work(u), _work(p)
     if rows:
-        ratio = target * pw.norm(dim=1, keepdim=True).clamp_min(1e-8) / uw.norm(dim=1, keepdim=True).clamp_min(1e-8)
+        ratio = (
+            target
+            * pw.norm(dim=1, keepdim=True).clamp_min(1e-8)
+            / uw.norm(dim=1, keepdim=True).clamp_min(1e-8)
+        )
         return (uw * ratio.clamp(min=1.0)).to(u.dtype)
     p_norm, u_norm = pw.norm().clamp_min(1e-8), uw.norm().clamp_min(1e-8)
     scale = torch.where(u_norm / p_norm < target, target * p_norm / u_norm, torch.ones_like(p_norm))
@@ -245,7 +249,11 @@ class PinnedMuon(torch.optim.Optimizer):
         s = soap_precondition(d, state, group["soap_beta2"])
         if group["gate"] == "none":
             return s
-        gate = trust_gate(d, s, g, self.steps) if group["gate"] == "trust" else d.new_ones((), dtype=torch.float32)
+        gate = (
+            trust_gate(d, s, g, self.steps)
+            if group["gate"] == "trust"
+            else d.new_ones((), dtype=torch.float32)
+        )
         return blend(d, s, gate)
 
     def state_dict(self) -> dict[str, Any]:

@@ -159,7 +159,13 @@ def rule_target(facts: list[Facts], track: int, target: float) -> Outcome:
 #: attention backend only computes the same model another way.
 TRACK3_BASELINE = "track3-baseline"
 TRACK3_FREE = ("init", "zero_init_proj", "zero_init_head", "head_init_std", "attention", "sdpa_kernel")
-TRACK3_FIXED = ("train.global_batch_tokens", "train.seq_len", "data.tokenizer", "data.align_to_bos", "data.loader")
+TRACK3_FIXED = (
+    "train.global_batch_tokens",
+    "train.seq_len",
+    "data.tokenizer",
+    "data.align_to_bos",
+    "data.loader",
+)
 
 
 def rule_fixed(facts: list[Facts]) -> Outcome:
@@ -173,9 +179,14 @@ def rule_fixed(facts: list[Facts]) -> Outcome:
         c = f.run.config
         diff = [k for k in (*keys, *TRACK3_FIXED) if c.get(k) != base[k]]
         if diff:
-            shown = ", ".join(f"{k}={json.dumps(c.get(k, '-'))} (baseline {json.dumps(base[k])})" for k in diff[:3])
+            shown = ", ".join(
+                f"{k}={json.dumps(c.get(k, '-'))} (baseline {json.dumps(base[k])})" for k in diff[:3]
+            )
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
-            return "fails", f"{f.name}: {shown}{more}; track 3 fixes the model, data and batch of {TRACK3_BASELINE}"
+            return (
+                "fails",
+                f"{f.name}: {shown}{more}; track 3 fixes the model, data and batch of {TRACK3_BASELINE}",
+            )
     return "ok", f"the model, data and batch of {TRACK3_BASELINE} (its init and optimizer free)"
 
 

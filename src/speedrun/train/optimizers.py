@@ -11,6 +11,7 @@ import torch
 from speedrun.config import Config
 from speedrun.model.gpt import GPT
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
@@ -20,10 +21,9 @@ from speedrun.optim.rules import (
     muon_parts,
     param_rules,
 )
-from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.sharded import ShardedNorMuonAdam
-from speedrun.optim.tail_ema import TailEMA
 from speedrun.optim.table import build_rows
+from speedrun.optim.tail_ema import TailEMA
 from speedrun.train.precision import fast_bf16
 
 
@@ -35,7 +35,9 @@ class RunOptimizer:
     The "table" part (optim/sharded.py, the 2025–26 optimizer) tags its own groups.
     """
 
-    def __init__(self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None):
+    def __init__(
+        self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None
+    ):
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
         for kind, opt in parts.items():
@@ -100,7 +102,11 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
     NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
     entries = model_rules(model, cfg)
-    tail = TailEMA(model, o.tail_ema_start, o.tail_ema_end, o.tail_ema_tau, o.tail_ema_lambda) if o.tail_ema_tau else None
+    tail = (
+        TailEMA(model, o.tail_ema_start, o.tail_ema_end, o.tail_ema_tau, o.tail_ema_lambda)
+        if o.tail_ema_tau
+        else None
+    )
     if o.name == "normuon":
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
     groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
@@ -118,20 +124,24 @@ def build_optimizer(model: GPT, cfg: Config) -> RunOptimizer:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
     ns_dtype = muon_ns_dtype(o.muon_ns_dtype, groups["matrix"][0].device if groups["matrix"] else None)
-    muon = pinned_muon(entries, o, ns_dtype) if pinned(o) else Muon(
-        groups["matrix"],
-        lr=o.muon_lr,
-        momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
-        nesterov=True,
-        backend=o.muon_backend,
-        ns_steps=o.muon_ns_steps,
-        shape_scale=o.muon_shape_scale,
-        weight_decay=o.muon_weight_decay,
-        momentum_form=o.muon_momentum_form,
-        ns_form=o.muon_ns_form,
-        scale_in_update_dtype=o.muon_scale_in_bf16,
-        ns_coefficients=tuple(o.muon_ns_coefficients),
-        ns_dtype=ns_dtype,
+    muon = (
+        pinned_muon(entries, o, ns_dtype)
+        if pinned(o)
+        else Muon(
+            groups["matrix"],
+            lr=o.muon_lr,
+            momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
+            nesterov=True,
+            backend=o.muon_backend,
+            ns_steps=o.muon_ns_steps,
+            shape_scale=o.muon_shape_scale,
+            weight_decay=o.muon_weight_decay,
+            momentum_form=o.muon_momentum_form,
+            ns_form=o.muon_ns_form,
+            scale_in_update_dtype=o.muon_scale_in_bf16,
+            ns_coefficients=tuple(o.muon_ns_coefficients),
+            ns_dtype=ns_dtype,
+        )
     )
     decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
     adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
