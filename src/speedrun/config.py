@@ -206,7 +206,7 @@ class OptimConfig:
     # ema (lerp; 12-08 on) | sgd (buf = m·buf + g, update g + m·buf; to 12-04)
     muon_momentum_form: Literal["ema", "sgd"] = "ema"
     # the Newton–Schulz op order of each era (optim/orthogonalize.py); fused is ours
-    muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10"] = "fused"
+    muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10", "2026-06"] = "fused"
     muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
     # precision of the Newton–Schulz / Polar Express iterations: auto = bf16 (the records) where the device
     # runs bf16 fast, else fp32 (train/precision.py)
