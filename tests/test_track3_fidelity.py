@@ -35,6 +35,10 @@ def _rms(x, gains=None):
     return F.rms_norm(x, (x.size(-1),), weight=None if gains is None else gains.type_as(x))
 
 
+def _rms46(x, gains=None):  # record #46's RMSNorm: (norm(x.float()) * self.gains).type_as(x)
+    return x if gains is None else (F.rms_norm(x.float(), (x.size(-1),)) * gains).type_as(x)
+
+
 def _lin(x, w, b):
     return F.linear(x, w.type_as(x), b.type_as(x))
 
@@ -48,22 +52,22 @@ def _rotary(x, head_dim):  # Rotary: half-truncated, base-frequency-tuned RoPE, 
     return torch.cat((x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos), 3).type_as(x)
 
 
-def script_loss(w: dict[str, torch.Tensor], inputs, targets, n_layer: int, head_dim: int):
-    """GPT.forward of train_gpt_simple.py: sum of the cross-entropy over the tokens."""
-    x = _rms(w["embed"][inputs], w["norm1"])
+def script_loss(w: dict[str, torch.Tensor], inputs, targets, n_layer: int, head_dim: int, rms=_rms):
+    """GPT.forward of train_gpt_simple.py (#46: `rms=_rms46`): sum of the cross-entropy over the tokens."""
+    x = rms(w["embed"][inputs], w["norm1"])
     B, T = inputs.shape
     for i in range(n_layer):
         b = {k.split(".", 1)[1]: v for k, v in w.items() if k.startswith(f"{i}.")}
-        h = _rms(x, b["n1"])
+        h = rms(x, b["n1"])
         q, k, v = (_lin(h, b[f"{n}.w"], b[f"{n}.b"]).view(B, T, -1, head_dim) for n in "qkv")
         q, k = _rotary(_rms(q), head_dim), _rotary(_rms(k), head_dim)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=0.12, is_causal=True
         )
         x = x + _lin(y.transpose(1, 2).contiguous().view(B, T, -1), b["proj.w"], b["proj.b"])
-        h = _lin(_rms(x, b["n2"]), b["fc.w"], b["fc.b"]).relu().square()
+        h = _lin(rms(x, b["n2"]), b["fc.w"], b["fc.b"]).relu().square()
         x = x + _lin(h, b["mproj.w"], b["mproj.b"])
-    logits = _lin(_rms(x, w["norm2"]), w["head.w"], w["head.b"]).float()
+    logits = _lin(rms(x, w["norm2"]), w["head.w"], w["head.b"]).float()
     logits = 15 * logits * (logits.square() + 15**2).rsqrt()
     return F.cross_entropy(logits.view(targets.numel(), -1), targets.view(-1), reduction="sum")
 
@@ -98,14 +102,14 @@ def randomized(cfg: Config, seed: int = 0) -> GPT:
 # ---------------------------------------------------------------- forward and gradients
 
 
-def _loss_and_grads(cfg: Config):
+def _loss_and_grads(cfg: Config, rms=_rms):
     model = randomized(cfg)
     names = script_names(model)
     gen = torch.Generator().manual_seed(1)
     inputs = torch.randint(0, 128, (2, 64), generator=gen)
     targets = torch.randint(0, 128, (2, 64), generator=gen)
     ref = {names[n]: p.detach().clone().requires_grad_() for n, p in model.named_parameters()}
-    want = script_loss(ref, inputs, targets, cfg.model.n_layer, cfg.model.n_embd // cfg.model.n_head)
+    want = script_loss(ref, inputs, targets, cfg.model.n_layer, cfg.model.n_embd // cfg.model.n_head, rms)
     want.backward()
     got = model(inputs, targets)  # mean over tokens
     got.backward()
@@ -274,3 +278,47 @@ def test_an_optimizer_switch_wired_wrong_is_caught(wrong):
     cfg.optim = dataclasses.replace(cfg.optim, **wrong)
     model, names, ref = _run_both(cfg)
     assert max(_max_error(model, names, ref).values()) > 1e-6, wrong
+
+
+# ---------------------------------------------------------------- record #46's model numerics and init
+
+
+def _small_2026_06(**model) -> Config:
+    cfg = load_recipe("track3-2026-06")
+    cfg.model = dataclasses.replace(cfg.model, **{**SMALL, "embed_dtype": "fp32", **model})
+    return cfg
+
+
+@pytest.mark.parametrize("embed_dtype", ["fp32", "bf16"])
+def test_2026_06_forward_and_gradients_match_record_46(embed_dtype):
+    """#46's RMSNorm normalizes in fp32 and multiplies by the fp32 gains (bf16 activations: the two
+    norms round differently, so the bf16 case tells them apart)."""
+    cfg = _small_2026_06(embed_dtype=embed_dtype)
+    got, want, grads = _loss_and_grads(cfg, _rms46)
+    tol = dict(rtol=1e-5, atol=1e-6) if embed_dtype == "fp32" else dict(rtol=0, atol=0)
+    torch.testing.assert_close(got, want, **tol)
+    for name, (ours, theirs) in grads.items():
+        torch.testing.assert_close(
+            ours, theirs, rtol=1e-4 if embed_dtype == "fp32" else 1e-2, atol=1e-6, msg=name
+        )
+    if embed_dtype == "bf16":  # the baseline's bf16 norm is another computation
+        assert not torch.equal(
+            _loss_and_grads(_small_2026_06(embed_dtype="bf16", norm_fp32=False), _rms46)[0], want
+        )
+
+
+def test_2026_06_init_is_record_46s():
+    """Every *proj* parameter zero (weights, biases, the head), torch's default init elsewhere (uniform
+    with std 1/sqrt(3·fan_in), biases uniform), layer l's fc × (1 − 0.3·l/(L − 1))."""
+    cfg = _small_2026_06(n_embd=256, n_layer=4)
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        if "c_proj" in name or name.startswith("lm_head"):
+            assert not p.any(), name
+    assert params["blocks.0.attn.c_q.bias"].abs().max() > 0  # biases keep torch's uniform init
+    for i in range(4):
+        w = params[f"blocks.{i}.mlp.c_fc.weight"]
+        want = (1 - 0.3 * i / 3) / (3 * w.shape[1]) ** 0.5
+        assert abs(w.std().item() / want - 1) < 0.03, i

@@ -59,8 +59,11 @@ class ModelConfig:
     embed_norm: bool = False  # RMSNorm right after the token embedding
     tie_embeddings: bool = True
     head_bias: bool = False  # the untied head has a bias (track 3), trained with the scalars
-    zero_init_proj: bool = False  # zero-init attention and MLP output projections
-    zero_init_head: bool = False  # zero-init the (untied) lm_head
+    zero_init_proj: bool = False  # zero-init attention and MLP output projections (and their biases)
+    zero_init_head: bool = False  # zero-init the (untied) lm_head (and its bias)
+    mlp_fc_init_ramp: float = (
+        0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
+    )
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
     # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear
     # weight normal with std sqrt(0.33/fan_in), biases 0, the untied embedding normal(0, 1)

@@ -195,18 +195,24 @@ class GPT(nn.Module):
             for module in self.modules():
                 if isinstance(module, CastedLinear):
                     scaled_uniform_(module.weight, module.in_features)
-        if cfg.zero_init_proj:
+        if cfg.zero_init_proj:  # with their biases (track 3 #46 zeroes every *proj* parameter)
             for block in self.blocks:
-                if block.attn is not None:
-                    nn.init.zeros_(block.attn.c_proj.weight)
-                if block.mlp is not None:
-                    nn.init.zeros_(block.mlp.c_proj.weight)
+                for proj in (m.c_proj for m in (block.attn, block.mlp) if m is not None):
+                    for p in proj.parameters():
+                        nn.init.zeros_(p)
+        if cfg.mlp_fc_init_ramp:  # #44–#46: deeper up-projections start smaller
+            with torch.no_grad():
+                for i, block in enumerate(self.blocks):
+                    ramp = i / (len(self.blocks) - 1) if len(self.blocks) > 1 else 0.0
+                    if block.mlp is not None:
+                        block.mlp.c_fc.weight.mul_(1.0 - cfg.mlp_fc_init_ramp * ramp)
         for gate in (
             m for m in self.modules() if isinstance(m, AttentionGate | Smear | ContextGate | BigramEmbed)
         ):
             gate.reset_parameters()
         if cfg.zero_init_head:
-            nn.init.zeros_(self.lm_head.weight)
+            for p in self.lm_head.parameters():
+                nn.init.zeros_(p)
         elif cfg.head_init_std > 0:  # #51/#53
             nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.head_init_std)
 

@@ -51,7 +51,8 @@ def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> tor
 
 class Norm(nn.Module):
     """LayerNorm with gains and biases (GPT-2), parameter-free RMSNorm (modern records) or RMSNorm with
-    gains (``rmsnorm-gain``, track 3's ``RMSNorm``: ``F.rms_norm(x, weight=gains)``, gains init 1).
+    gains (``rmsnorm-gain``, track 3's ``RMSNorm``: ``F.rms_norm(x, weight=gains)``, gains init 1; with
+    ``fp32`` #46's normalization in fp32 times the fp32 gains).
 
     RMSNorm options of the 2024-10 records: `eps` (0 = F.rms_norm's default, the dtype's machine
     epsilon; the seed and 10-10 use 1e-6) and `fp32` (normalize in fp32, cast back).
@@ -66,13 +67,13 @@ class Norm(nn.Module):
         self.gains = label(nn.Parameter(torch.ones(dim)), "scalar") if kind == "rmsnorm-gain" else None
         self.eps = eps if eps > 0 else None
         self.fp32 = fp32
-        assert not (fp32 and self.gains is not None), "no record normalizes with gains in fp32"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ln is not None:
             return self.ln(x)
-        if self.fp32:
-            return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x)
+        if self.fp32:  # with gains: #46's `(norm(x.float()) * self.gains).type_as(x)`
+            y = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
+            return (y * self.gains if self.gains is not None else y).type_as(x)
         gains = self.gains.type_as(x) if self.gains is not None else None
         return F.rms_norm(x, (x.size(-1),), weight=gains, eps=self.eps)
 
