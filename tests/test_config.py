@@ -68,6 +68,16 @@ def test_foundation_recipes_are_bundled_and_described():
         # demo-2025-01: demo (4 x (4·256² + 2·256·1024) + 2 x 4096·256) + one 4096 x 256 value table
         # + 2 skip weights + 4 x 2 shortcut λ + 4 x 2 value λ = 6,291,474.
         ("demo-2025-01", [], 4 * (4 * 256 * 256 + 2 * 256 * 1024) + 3 * 4096 * 256 + 2 + 8 + 8),
+        # track 3 (train_gpt_simple.py): biases in every linear (the head too), RMSNorm gains in the blocks,
+        # after the embedding and before the head; untied embedding and head of 50,304 rows = 162,354,816.
+        (
+            "track3-baseline",
+            [],
+            12 * (4 * (768 * 768 + 768) + 2 * 768 * 3072 + 3072 + 768 + 2 * 768)
+            + 2 * 50304 * 768
+            + 50304
+            + 2 * 768,
+        ),
     ],
 )
 def test_parameter_counts(recipe, overrides, expected):

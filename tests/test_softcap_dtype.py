@@ -64,6 +64,9 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
         logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
     elif cap_first:
         logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
+    elif cfg.softcap_form == "algebraic":  # track 3: 15 * logits * (logits.square() + 15**2).rsqrt()
+        logits = logits.float()
+        logits = cfg.logit_softcap * logits * (logits.square() + cfg.logit_softcap**2).rsqrt()
     elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5)
         divisor = getattr(cfg, "softcap_divisor", 0) or cfg.logit_softcap / 2
         logits = 2 * cfg.logit_softcap * torch.sigmoid(logits.float() / divisor)

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from speedrun.config_checks import cross_field_checks
 from speedrun.config_model import Gpt2026Config
@@ -35,6 +35,8 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
     strip_annotation,
 )
 
+NSCoefficient = Annotated[float, Range(-100, 100)]  # a Newton–Schulz polynomial coefficient
+
 
 @dataclass
 class ModelConfig:
@@ -50,19 +52,25 @@ class ModelConfig:
     mlp_ratio: PosInt = 4
     max_seq_len: SeqLen = 1024  # learned positions / rotary table length
     positional: Literal["learned", "rotary"] = "learned"
-    # "layernorm" (with gains and biases) | "rmsnorm" (parameter-free)
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    # "layernorm" (with gains and biases) | "rmsnorm" (parameter-free) | "rmsnorm-gain" (RMSNorm with
+    # gains, also after the embedding: track 3)
+    norm: Literal["layernorm", "rmsnorm", "rmsnorm-gain"] = "layernorm"
     activation: Literal["gelu", "relu2"] = "gelu"
     bias: bool = True  # biases in every Linear
     fused_qkv: bool = True  # one (3d, d) QKV matrix (GPT-2) instead of separate q, k, v
     qk_norm: bool = False  # RMSNorm on queries and keys (before rotary)
     embed_norm: bool = False  # RMSNorm right after the token embedding
     tie_embeddings: bool = True
-    zero_init_proj: bool = False  # zero-init attention and MLP output projections
-    zero_init_head: bool = False  # zero-init the (untied) lm_head
+    head_bias: bool = False  # the untied head has a bias (track 3), trained with the scalars
+    zero_init_proj: bool = False  # zero-init attention and MLP output projections (and their biases)
+    zero_init_head: bool = False  # zero-init the (untied) lm_head (and its bias)
+    mlp_fc_init_ramp: float = (
+        0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
+    )
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
-    # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min)
-    init: Literal["gpt2", "torch", "scaled-uniform"] = "gpt2"
+    # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear
+    # weight normal with std sqrt(0.33/fan_in), biases 0, the untied embedding normal(0, 1)
+    init: Literal["gpt2", "torch", "scaled-uniform", "fan-in-normal"] = "gpt2"
     attn_residual_scale: bool = False  # scale attention output by 1/sqrt(2*n_layer) (2024-10-10)
     logit_softcap: float = 0.0  # tanh softcap value; 0 disables
     # softcap applied to the head's output in its dtype (bf16), then cast to fp32 (11-06 … 12-08 records)
@@ -90,8 +98,9 @@ class ModelConfig:
     # lerp: v = (1-λ)v + λ·other, λ=0.5 | lambdas: v = λ0·v + λ1·other, (0.5, 0.5)
     value_mix: Literal["lerp", "lambdas"] = "lerp"
     pad_embeddings: bool = True  # pad token/value embedding rows like the head (Sub3Min: only the head)
-    # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c)
-    softcap_form: Literal["tanh", "sigmoid"] = "tanh"
+    # tanh: c·tanh(z/c) | sigmoid: 2c·sigmoid(2z/c) (Sub3Min, = tanh form + c) | algebraic: c·z/√(z²+c²)
+    # (track 3)
+    softcap_form: Literal["tanh", "sigmoid", "algebraic"] = "tanh"
     attn_scale: float = 0.0  # attention logit scale; 0 = 1/sqrt(head_dim) (Sub3Min: 0.12)
     rope_half_truncated: bool = False  # Sub3Min RoPE: head_dim/4 frequencies 1…1/1024, the rest unrotated
     no_attention_layers: str = ""  # comma-separated layers that have only an MLP (Sub3Min: "7")
@@ -157,6 +166,8 @@ class OptimConfig:
     muon_momentum_warmup_steps: int = 0  # ... to muon_momentum over this many steps
     muon_backend: Literal["newton_schulz", "polar_express", "svd"] = "newton_schulz"
     muon_ns_steps: PosInt = 5
+    # Newton–Schulz (a, b, c) of X ← aX + (bA + cA²)X under optim.name = "muon" (track 3: (2, -1.5, 0.5))
+    muon_ns_coefficients: tuple[NSCoefficient, NSCoefficient, NSCoefficient] = (3.4445, -4.7750, 2.0315)
     muon_shape_scale: Literal["ratio", "max_dim", "rms", "none"] = "ratio"
     muon_weight_decay: float = 0.0  # decoupled decay of the Muon matrices (cautious under name = "normuon")
     # Adam groups that go with Muon
@@ -167,7 +178,7 @@ class OptimConfig:
     # ema (lerp; 12-08 on) | sgd (buf = m·buf + g, update g + m·buf; to 12-04)
     muon_momentum_form: Literal["ema", "sgd"] = "ema"
     # the Newton–Schulz op order of each era (optim/orthogonalize.py); fused is ours
-    muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10"] = "fused"
+    muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10", "2026-06"] = "fused"
     muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
     # precision of the Newton–Schulz / Polar Express iterations: auto = bf16 (the records) where the device
     # runs bf16 fast, else fp32 (train/precision.py)
@@ -179,7 +190,9 @@ class OptimConfig:
     # cautious with factor wd·lr·lr_eff, and Adam's decay cautious with factor lr²·wd·multiplier ---
     normuon_beta2: Fraction = 0.95  # EMA of the row/column mean squares (#41; HEAD 0.9); 0 = plain Muon
     adam_every: PosInt = 1  # Adam steps every N-th step, its gradients summed over the N (#39: 2)
-    adam_weight_decay: float = 0.0  # cautious decoupled decay of embeddings and head (#50: 0.005)
+    # normuon: cautious decoupled decay of embeddings and head (#50: 0.005); muon: plain decoupled decay
+    # (AdamW's p ← p·(1 − lr·wd)) of every Adam group (track 3: 0.001)
+    adam_weight_decay: float = 0.0
     embed_betas: tuple[Beta, Beta] = (0.5, 0.95)  # token embedding and head (#52/#56)
     value_embed_betas: tuple[Beta, Beta] = (0.75, 0.95)
     scalar_betas: tuple[Beta, Beta] = (0.9, 0.99)
@@ -206,6 +219,17 @@ class OptimConfig:
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
+    # --- track 3, #46 (optim/pinned_muon.py, optim/tail_ema.py; optim.name = "muon", separate q/k/v) ---
+    muon_soap: bool = False  # SOAP-Muon: momentum preconditioned in the eigenbases of EMA(GGᵀ), EMA(GᵀG)
+    muon_soap_beta2: Fraction = 0.9  # the EMAs' and the rotated second moment's beta (#46: 0.9)
+    muon_radius_pin: bool = False  # outward radial part of the update halved, ‖W‖ moved by it alone
+    muon_uw_floor: float = 0.0  # update lifted to this share of the weight's norm (#46: 0.3825); 0 = off
+    muon_row_floor: bool = False  # the floor per output row (RowFloor, #46)
+    muon_post_pin_cwd: float = 0.0  # cautious decay after the pin, p·(1 − lr·cwd) where U·W > 0 (#46: 0.025)
+    tail_ema_tau: float = 0.0  # Tail-EMA readout: ema += (w − ema)/tau over the tail (#46: 150); 0 = off
+    tail_ema_start: int = 0  # ... from this many steps taken (#46: 2,400) ...
+    tail_ema_end: int = 0  # ... until this many (#46: 2,900)
+    tail_ema_lambda: Fraction = 0.6  # validation evaluates (1 − λ)·w + λ·ema
 
 
 @dataclass

@@ -203,6 +203,8 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.head_bias and (m.tie_embeddings or m.fp8_head):
+        raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
 
 def _validate_normuon(cfg: Config) -> None:
@@ -212,6 +214,21 @@ def _validate_normuon(cfg: Config) -> None:
     smear, attn_gate, ve_gate, skip_gate = (
         (m.smear, m.attn_gate, m.ve_gate, m.skip_gate) if gated else (0,) * 4
     )
+    if o.adam_weight_decay and o.name == "adamw":
+        raise ConfigError(
+            "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
+        )
+    pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd
+    if pinned and (o.name != "muon" or m.fused_qkv):
+        raise ConfigError(
+            "optim.muon_soap, muon_radius_pin, muon_uw_floor and muon_post_pin_cwd need optim.name=muon "
+            "and model.fused_qkv=false"
+        )
+    if (o.muon_row_floor and not o.muon_uw_floor) or (o.muon_post_pin_cwd and not o.muon_radius_pin):
+        raise ConfigError("optim.muon_row_floor needs optim.muon_uw_floor > 0, and muon_post_pin_cwd needs "
+                          "optim.muon_radius_pin=true")  # fmt: skip
+    if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
+        raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":
         if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
             raise ConfigError(

@@ -31,7 +31,7 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.fp8 import fp8_linear
-from speedrun.model.labels import MATMULS, label, labelled
+from speedrun.model.labels import MATMULS, label, label_linear, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
@@ -87,13 +87,14 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
         if self.wpe is not None:
             label(self.wpe.weight, "embed")
-        self.embed_norm = make_norm(cfg, "rmsnorm") if cfg.embed_norm else None
+        embed_norm = "rmsnorm-gain" if cfg.norm == "rmsnorm-gain" else "rmsnorm"  # track 3: with gains
+        self.embed_norm = make_norm(cfg, embed_norm) if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary) for attn in attention_layers(cfg))
         self.ve_layout = value_embed_layout(cfg)
         self.norm_f = make_norm(cfg)
-        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=False)
-        label(self.lm_head.weight, "head")
+        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=cfg.head_bias)
+        label_linear(self.lm_head, "head")  # track 3's bias: a scalar
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
         for emb in self.value_embeds or ():
@@ -129,17 +130,30 @@ class GPT(nn.Module):
             pass
         else:
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        if cfg.init == "fan-in-normal":  # track 3: normal, std sqrt(0.33)/sqrt(fan_in); biases 0
+            for module in self.modules():
+                if isinstance(module, CastedLinear):
+                    nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
         if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
             for module in self.modules():
                 if isinstance(module, CastedLinear):
                     scaled_uniform_(module.weight, module.in_features)
-        if cfg.zero_init_proj:
+        if cfg.zero_init_proj:  # with their biases (track 3 #46 zeroes every *proj* parameter)
             for block in self.blocks:
-                if block.attn is not None:
-                    nn.init.zeros_(block.attn.c_proj.weight)
-                nn.init.zeros_(block.mlp.c_proj.weight)
+                for proj in (m.c_proj for m in (block.attn, block.mlp) if m is not None):
+                    for p in proj.parameters():
+                        nn.init.zeros_(p)
+        if cfg.mlp_fc_init_ramp:  # #44–#46: deeper up-projections start smaller
+            with torch.no_grad():
+                for i, block in enumerate(self.blocks):
+                    ramp = i / (len(self.blocks) - 1) if len(self.blocks) > 1 else 0.0
+                    if block.mlp is not None:
+                        block.mlp.c_fc.weight.mul_(1.0 - cfg.mlp_fc_init_ramp * ramp)
         if cfg.zero_init_head:
-            nn.init.zeros_(self.lm_head.weight)
+            for p in self.lm_head.parameters():
+                nn.init.zeros_(p)
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards; called every step by the training loop

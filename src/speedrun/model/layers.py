@@ -50,7 +50,9 @@ def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> tor
 
 
 class Norm(nn.Module):
-    """LayerNorm with gains and biases (GPT-2) or parameter-free RMSNorm (modern records).
+    """LayerNorm with gains and biases (GPT-2), parameter-free RMSNorm (modern records) or RMSNorm with
+    gains (``rmsnorm-gain``, track 3's ``RMSNorm``: ``F.rms_norm(x, weight=gains)``, gains init 1; with
+    ``fp32`` #46's normalization in fp32 times the fp32 gains).
 
     RMSNorm options of the 2024-10 records: `eps` (0 = F.rms_norm's default, the dtype's machine
     epsilon; the seed and 10-10 use 1e-6) and `fp32` (normalize in fp32, cast back).
@@ -62,15 +64,18 @@ class Norm(nn.Module):
         self.ln = nn.LayerNorm(dim) if kind == "layernorm" else None
         for p in self.ln.parameters() if self.ln is not None else ():
             label(p, "scalar")
+        self.gains = label(nn.Parameter(torch.ones(dim)), "scalar") if kind == "rmsnorm-gain" else None
         self.eps = eps if eps > 0 else None
         self.fp32 = fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.ln is not None:
             return self.ln(x)
-        if self.fp32:
-            return F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).type_as(x)
-        return F.rms_norm(x, (x.size(-1),), eps=self.eps)
+        if self.fp32:  # with gains: #46's `(norm(x.float()) * self.gains).type_as(x)`
+            y = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
+            return (y * self.gains if self.gains is not None else y).type_as(x)
+        gains = self.gains.type_as(x) if self.gains is not None else None
+        return F.rms_norm(x, (x.size(-1),), weight=gains, eps=self.eps)
 
 
 def rotary_frequencies(head_dim: int, base: float, half_truncated: bool) -> torch.Tensor:
@@ -175,7 +180,10 @@ def softcap(
     leaves softmax and cross-entropy unchanged. Both divide as the records do (z/7.5, not z·(2/15):
     2/15 is inexact in binary, so the product rounds differently in about half of all logits).
     `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768))); `offset`
-    shifts z first, making the cap asymmetric (#54: 23·sigmoid((z + 5) / 7.5), cap 11.5)."""
+    shifts z first, making the cap asymmetric (#54: 23·sigmoid((z + 5) / 7.5), cap 11.5). algebraic
+    (track 3): cap·z/√(z² + cap²), written as its script does, ``15 * z * (z.square() + 15**2).rsqrt()``."""
+    if form == "algebraic":
+        return cap * logits * (logits.square() + cap**2).rsqrt()
     if form == "sigmoid":
         z = logits + offset if offset else logits  # no add when 0: older records' op order exactly
         return 2 * cap * torch.sigmoid(z / (divisor or cap / 2))

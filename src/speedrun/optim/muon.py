@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from speedrun.optim.orthogonalize import BACKENDS, NS_FORMS, orthogonalize
+from speedrun.optim.orthogonalize import BACKENDS, NS_COEFFICIENTS, NS_FORMS, orthogonalize
 
 #: Names accepted by ``Muon(shape_scale=...)``.
 SHAPE_SCALES: tuple[str, ...] = ("ratio", "max_dim", "rms", "none")
@@ -104,7 +104,7 @@ class Muon(torch.optim.Optimizer):
         d   ← lerp(g, buf, momentum) if nesterov else buf
         buf ← momentum·buf + g                                # momentum_form "sgd" (records to 12-04)
         d   ← g + momentum·buf if nesterov else buf
-        U   ← orthogonalize(d) per block                      # backend, ns_steps, ns_form
+        U   ← orthogonalize(d) per block                      # backend, ns_steps, ns_form, ns_coefficients
         p   ← p · (1 - lr·weight_decay)                       # only where sign(U) == sign(p) if cautious
         p   ← p - lr · shape_scale(block) · U                 # scale_in_update_dtype: (scale·U) rounded
                                                               # to U's dtype first (10-17 … 12-04)
@@ -147,6 +147,7 @@ class Muon(torch.optim.Optimizer):
         momentum_form: str = "ema",
         ns_form: str = "fused",
         scale_in_update_dtype: bool = False,
+        ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
         ns_dtype: torch.dtype | None = None,
     ) -> None:
         defaults = dict(
@@ -161,6 +162,7 @@ class Muon(torch.optim.Optimizer):
             momentum_form=momentum_form,
             ns_form=ns_form,
             scale_in_update_dtype=scale_in_update_dtype,
+            ns_coefficients=tuple(ns_coefficients),
         )
         self._process_group = process_group
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
@@ -302,7 +304,8 @@ class Muon(torch.optim.Optimizer):
         mine = None
         if stacked is not None:
             ns = (group["backend"], group["ns_steps"], group["ns_form"], self.ns_dtype)
-            mine = orthogonalize(stacked, *ns).to(out_dtype)
+            coefficients = group.setdefault("ns_coefficients", NS_COEFFICIENTS)
+            mine = orthogonalize(stacked, *ns, coefficients=coefficients).to(out_dtype)
         if world == 1:
             return mine, None
         per_rank = math.ceil(len(bucket.items) / world)

@@ -46,7 +46,8 @@ BACKENDS: tuple[str, ...] = ("newton_schulz", "polar_express", "svd")
 #:   A = XXᵀ; B = AX; X = aX + bB + (cA)B.
 #: 2024-10-14 (10-14 … 11-08): the same steps, X normalized after the bf16 cast (bf16 norm).
 #: 2024-11-10 (11-10 … Sub3Min): bf16 normalization; A = XXᵀ; B = bA + (cA)A; X = aX + BX.
-NS_FORMS: tuple[str, ...] = ("fused", "2024-10-10", "2024-10-14", "2024-11-10")
+#: 2026-06 (track 3, #44–#46): X divided by its Schatten-4 norm √‖XXᵀ‖_F (fp32, then bf16), 2024-11-10 ops.
+NS_FORMS: tuple[str, ...] = ("fused", "2024-10-10", "2024-10-14", "2024-11-10", "2026-06")
 
 
 def _odd_quintic_iterations(x: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
@@ -114,6 +115,10 @@ def newton_schulz(
     x, tall = _wide(g.to(dtype))
     if form == "2024-10-10":  # the norm of the input in its own precision, then a bf16 division
         x = (x / (torch.linalg.matrix_norm(_wide(g)[0], keepdim=True) + eps)).to(dtype)
+    elif form == "2026-06":  # (Σσ⁴)^¼ of the rounded input, from its fp32 (fp64) Gram matrix
+        xw = x.double() if x.dtype == torch.float64 else x.float()
+        x = x / (xw @ xw.mT).norm(dim=(-2, -1), keepdim=True).sqrt().clamp_min(eps).to(dtype)
+        form = "2024-11-10"
     else:
         x = x / (torch.linalg.matrix_norm(x, keepdim=True) + eps)
     if form == "fused":
@@ -158,11 +163,13 @@ def orthogonalize(
     steps: int = 5,
     ns_form: str = "fused",
     dtype: torch.dtype = torch.bfloat16,
+    coefficients: Coefficients = NS_COEFFICIENTS,
 ) -> Tensor:
-    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` by all but NS,
-    ``dtype`` (the iterations' precision) by ``svd``."""
+    """Dispatch to one of ``BACKENDS``; ``steps`` is ignored by ``svd``, ``ns_form`` and ``coefficients``
+    (track 3's baseline: (2, -1.5, 0.5), 12 steps) by all but NS, ``dtype`` (the iterations' precision)
+    by ``svd``."""
     if backend == "newton_schulz":
-        return newton_schulz(g, steps, form=ns_form, dtype=dtype)
+        return newton_schulz(g, steps, coefficients, form=ns_form, dtype=dtype)
     if backend == "polar_express":
         return polar_express(g, steps, dtype=dtype)
     if backend == "svd":

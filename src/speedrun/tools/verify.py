@@ -15,6 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from speedrun.config_files import flatten
 from speedrun.errors import ConfigError
 from speedrun.tools.compare import (
     Group,
@@ -79,6 +80,35 @@ def rule_target(facts: list[Facts], track: int, target: float) -> Outcome:
     t, p = below_target_test(losses, target)
     text = f"mean {mean:.4f} (n={n}, sd {sd:.4f}); one-sided t-test of mean < {target}: t={t:.3f}, p={p:.3g}"
     return ("ok", f"{text} < {ALPHA}") if p < ALPHA else ("fails", f"{text}, not < {ALPHA}")
+
+
+#: Track 3 rule 1 fixes data, batch and architecture; init, attention backend and norm precision are free.
+TRACK3_BASELINE = "track3-baseline"
+TRACK3_FREE = (
+    "init zero_init_proj zero_init_head head_init_std mlp_fc_init_ramp attention sdpa_kernel norm_fp32"
+)
+TRACK3_FIXED = "train.global_batch_tokens train.seq_len data.tokenizer data.align_to_bos data.loader".split()
+
+
+def rule_fixed(facts: list[Facts]) -> Outcome:
+    """Track 3, rule 1: every run's model (its init apart), batch and data are `track3-baseline`'s."""
+    from speedrun.recipes import load_recipe
+
+    base = flatten(json.loads(json.dumps(load_recipe(TRACK3_BASELINE).to_dict())))
+    keys = [k for k in base if k.startswith("model.") and k.split(".", 1)[1] not in TRACK3_FREE.split()]
+    for f in facts:
+        c = f.run.config
+        diff = [k for k in (*keys, *TRACK3_FIXED) if c.get(k) != base[k]]
+        if diff:
+            shown = ", ".join(
+                f"{k}={json.dumps(c.get(k, '-'))} (baseline {json.dumps(base[k])})" for k in diff[:3]
+            )
+            more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+            return (
+                "fails",
+                f"{f.name}: {shown}{more}; track 3 fixes the model, data and batch of the baseline",
+            )
+    return "ok", f"the model, data and batch of {TRACK3_BASELINE} (its init and optimizer free)"
 
 
 def rule_config(facts: list[Facts]) -> Outcome:
@@ -280,6 +310,8 @@ def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | Non
     ]
     if track == 1:  # track 3 scores steps, not time
         verdicts += [Verdict("timing", *rule_timing(facts)), Verdict("inductor", *rule_inductor(facts))]
+    else:
+        verdicts.append(Verdict("fixed", *rule_fixed(facts)))
     verdicts.append(Verdict("hardware", *rule_hardware(facts)))
     if baseline:
         verdicts.append(Verdict("baseline", *rule_baseline(facts, read_facts(baseline), track)))

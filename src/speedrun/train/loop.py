@@ -280,9 +280,10 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             apply_schedule(sched, optimizer, model)
             if step == rcfg.train.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
-                val = evaluate(
-                    train_model, rcfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
-                )
+                with optimizer.readout():  # track 3's Tail-EMA blend where the recipe has one
+                    val = evaluate(
+                        train_model, rcfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
+                    )
                 progress.validation(step, *val)
             if step == rcfg.train.steps:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 from speedrun.config import Config
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
@@ -21,6 +23,7 @@ from speedrun.optim.rules import (
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import build_rows
+from speedrun.optim.tail_ema import TailEMA
 
 
 class RunOptimizer:
@@ -31,8 +34,11 @@ class RunOptimizer:
     The "table" part (optim/sharded.py, the 2025–26 optimizer) tags its own groups.
     """
 
-    def __init__(self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam]):
+    def __init__(
+        self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None
+    ):
         self.parts = parts
+        self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
         for kind, opt in parts.items():
             for group in opt.param_groups:
                 group.setdefault("kind", kind)
@@ -50,6 +56,13 @@ class RunOptimizer:
     def step(self) -> None:
         for opt in self.parts.values():
             opt.step()
+        if self.tail is not None:
+            self.tail.after_step(self.steps)
+        self.steps += 1
+
+    def readout(self) -> contextlib.AbstractContextManager:
+        """The weights validation evaluates: the Tail-EMA blend (optim.tail_ema_tau), else the weights."""
+        return self.tail.readout() if self.tail is not None else contextlib.nullcontext()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
@@ -60,9 +73,17 @@ class RunOptimizer:
         return "\n".join(opt.describe() for opt in self.parts.values() if hasattr(opt, "describe"))
 
     def state_dict(self) -> dict[str, Any]:
-        return {kind: opt.state_dict() for kind, opt in self.parts.items()}
+        out = {kind: opt.state_dict() for kind, opt in self.parts.items()}
+        if self.tail is not None:
+            out["tail_ema"] = {"steps": self.steps, **self.tail.state_dict()}
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.tail is not None and isinstance(state, dict) and "tail_ema" in state:
+            state = dict(state)
+            tail = dict(state.pop("tail_ema"))
+            self.steps = tail.pop("steps")
+            self.tail.load_state_dict(tail)
         if not isinstance(state, dict) or set(state) != set(self.parts):
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"optimizer state holds {found}, this run has {sorted(self.parts)}")
@@ -80,8 +101,13 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
     entries = model_rules(model, cfg)
+    tail = (
+        TailEMA(model, o.tail_ema_start, o.tail_ema_end, o.tail_ema_tau, o.tail_ema_lambda)
+        if o.tail_ema_tau
+        else None
+    )
     if o.name == "normuon":
-        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)})
+        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
     groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
     fused = {"fused": True} if next(model.parameters()).is_cuda else {}
     if o.name == "adamw":
@@ -90,27 +116,67 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return RunOptimizer({"adam": torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)})
+        adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
+        return RunOptimizer({"adam": adamw}, tail)
     adam_params = [{"params": groups[g], "lr": lr} for g, lr in muon_adam_lrs(o).items() if groups[g]]
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
-    muon = Muon(
-        groups["matrix"],
+    ns_dtype = muon_ns_dtype(o.muon_ns_dtype, groups["matrix"][0].device if groups["matrix"] else None)
+    muon = (
+        pinned_muon(entries, o, ns_dtype)
+        if pinned(o)
+        else Muon(
+            groups["matrix"],
+            lr=o.muon_lr,
+            momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
+            nesterov=True,
+            backend=o.muon_backend,
+            ns_steps=o.muon_ns_steps,
+            shape_scale=o.muon_shape_scale,
+            weight_decay=o.muon_weight_decay,
+            momentum_form=o.muon_momentum_form,
+            ns_form=o.muon_ns_form,
+            scale_in_update_dtype=o.muon_scale_in_bf16,
+            ns_coefficients=tuple(o.muon_ns_coefficients),
+            ns_dtype=ns_dtype,
+        )
+    )
+    decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
+    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
+    return RunOptimizer({"adam": adam, "muon": muon}, tail)
+
+
+def pinned(o: Any) -> bool:
+    """Whether the recipe's Muon takes one of track 3's #46 switches (optim/pinned_muon.py)."""
+    return bool(o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd)
+
+
+def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMuon:
+    """#46's Muon over the Muon-rule matrices, grouped by how SOAP treats them: the attention output
+    through the trust gate, Q/K/V blended at gate 1, the rest preconditioned plainly."""
+    gates = {"attn_out": "trust", "qkv": "blend"}
+    groups: dict[str, list[torch.Tensor]] = {}
+    for e in entries:
+        if e.rule.group == "matrix":
+            groups.setdefault(gates.get(e.label.name, "none"), []).append(e.param)
+    return PinnedMuon(
+        [{"params": ps, "gate": gate} for gate, ps in groups.items()],
         lr=o.muon_lr,
         momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
-        nesterov=True,
+        soap=o.muon_soap,
+        soap_beta2=o.muon_soap_beta2,
+        uw_floor=o.muon_uw_floor,
+        row_floor=o.muon_row_floor,
+        pin=o.muon_radius_pin,
+        cwd=o.muon_post_pin_cwd,
+        weight_decay=o.muon_weight_decay,
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
-        shape_scale=o.muon_shape_scale,
-        weight_decay=o.muon_weight_decay,
-        momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form,
-        scale_in_update_dtype=o.muon_scale_in_bf16,
-        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, groups["matrix"][0].device if groups["matrix"] else None),
+        ns_coefficients=tuple(o.muon_ns_coefficients),
+        ns_dtype=ns_dtype,
     )
-    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, weight_decay=0.0, **fused)
-    return RunOptimizer({"adam": adam, "muon": muon})
 
 
 def sharded_optimizer(cfg: Config) -> bool:
