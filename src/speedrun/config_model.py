@@ -68,6 +68,8 @@ class Gpt2026Config:
     resid_lambda_init: float = 1.0  # #45: 1.1
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
+    attn_inputs: list[int] = field(default_factory=list)  # #77: per layer the earlier layer whose output
+    # its attention reads (-1: its own stream); empty: every layer reads its own
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -154,6 +156,14 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:
         raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
+    if m.attn_inputs and (
+        len(m.attn_inputs) != L
+        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers))
+               for i, j in enumerate(m.attn_inputs))
+    ):  # fmt: skip
+        raise ConfigError(
+            f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or an earlier present layer"
+        )
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:

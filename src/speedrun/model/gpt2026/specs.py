@@ -25,7 +25,8 @@ class LayerSpec:
     paired: bool = False  # #58
     skip_from: int | None = None  # the layer whose output this layer's input receives (#45 / U-Net)
     skip_weight: int | None = None  # that skip's weight index
-    keep_output: bool = False  # a later skip or the backout (#40) reads this layer's output
+    keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
+    attn_input: int | None = None  # #77: the earlier layer whose output this layer's attention reads
 
     @property
     def present(self) -> bool:
@@ -42,6 +43,8 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
         if present[src]:
             skip_from[dst] = (src, j)
     kept = {src for src, _ in skip_from.values()} | ({cfg.backout_layer} if cfg.backout_layer else set())
+    attn_inputs = cfg.attn_inputs or [-1] * L
+    kept |= {j for i, j in enumerate(attn_inputs) if j >= 0 and i in attn}
     windows = cfg.windows or ["L"] * L
     value_embeds = cfg.value_embeds or [-1] * L
     return [
@@ -56,6 +59,7 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             skip_from=skip_from.get(i, (None, None))[0],
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,
+            attn_input=attn_inputs[i] if attn_inputs[i] >= 0 and i in attn else None,
         )
         for i in range(L)
     ]
