@@ -90,3 +90,126 @@ def test_bad_attn_inputs_are_one_config_error(inputs):
         check(dataclasses.replace(cfg.model, n_layer=5, attention_layers=[1, 2, 3, 4], mlp_layers=[1, 2, 3, 4],
                                   windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
                                   backout_layer=2, value_embed_zero_init=False, attn_inputs=inputs))  # fmt: skip
+
+
+def record_82_xsa(y, v, xsa_alpha):
+    """#82's lines (2026-04-29_XSAGatedLayers train_gpt.py, CausalSelfAttention.forward), on its
+    (B, T, H, D) layout."""
+    vn = torch.nn.functional.normalize(v, dim=-1, eps=1e-4)
+    proj = (y * vn).sum(-1, keepdim=True)
+    alpha = torch.tanh(xsa_alpha).type_as(y).view(1, 1, y.size(2), 1)
+    return y - alpha * proj * vn
+
+
+def record_86_xsa(y, v, xsa_alpha):
+    """#86's rewrite (HEAD train_gpt.py 1153-1157), α per head here (#85 on feeds it per token)."""
+    dot = (y * v).sum(-1, keepdim=True)
+    denom = v.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    alpha = torch.tanh(xsa_alpha).type_as(y).view(1, 1, y.size(2), 1)
+    return y - alpha * (dot / denom) * v
+
+
+def _yv(scale_v=1.0):
+    g = torch.Generator().manual_seed(3)
+    y, v = (torch.randn(2, 7, 3, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    v = v * scale_v
+    v[0, 2, 1] = 0.0  # a zero value vector: the eps path
+    return y.requires_grad_(), v.requires_grad_()
+
+
+@pytest.mark.parametrize("scale_v", [1.0, 1e-5])
+def test_xsa_is_82s_lines_and_86s_rewrite_equals_them_value_and_gradients(scale_v):
+    from speedrun.model.gpt2026.xsa import GatedXSA, rewritten
+
+    xsa = GatedXSA(3).double()  # fp64: the forms' rounding apart, "same math" is then tight
+    with torch.no_grad():
+        xsa.alpha.copy_(torch.tensor([0.7, -1.3, 0.2]))
+    outs = []
+    for fn in (
+        lambda y, v: xsa(y.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2),
+        lambda y, v: record_82_xsa(y, v, xsa.alpha),
+        lambda y, v: record_86_xsa(y, v, xsa.alpha),
+        lambda y, v: rewritten(y.transpose(1, 2), v.transpose(1, 2), xsa.alpha).transpose(1, 2),
+    ):
+        y, v = _yv(scale_v)
+        xsa.zero_grad()
+        out = fn(y, v)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        outs.append((out.detach(), y.grad, v.grad, xsa.alpha.grad.clone()))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=0)  # the same op order: bit for bit
+
+
+def record_82_hidden(model, idx):
+    """Our layers, with the attention's tail as #82 runs it: y from the attention of the mixed v, then
+    `record_82_xsa` on the layers that have α, then the gate and output projection."""
+    from speedrun.model.attention import attend
+
+    masks = model.layer_masks(idx)
+    x = x0 = model.embed_norm(model.wte(idx))
+    tables = [emb(idx) for emb in model.value_embeds]
+    outputs = {}
+    for i, (s, b) in enumerate(zip(model.specs, model.blocks, strict=True)):
+        x = b.lambdas[0] * x + (b.x0_lambda if b.x0_lambda is not None else b.lambdas[1]) * x0
+        h, a = b.norm1(x), b.attn
+        q, k, v, _ = a.project(h, tables[s.value_embed] if s.value_embed is not None else None)
+        y = attend(q, a.attended_keys(k), v, masks[i], a.scale)
+        if s.xsa:
+            y = record_82_xsa(y.transpose(1, 2), v.transpose(1, 2), a.xsa.alpha).transpose(1, 2)
+        xsa, a.xsa = a.xsa, None
+        try:
+            x = x + a.output(y, h)
+        finally:
+            a.xsa = xsa
+        x = x + b.mlp(b.norm2(x))
+        outputs[i] = x
+    return model.norm_f(x - model.backout.lamb * outputs[model.cfg.backout_layer])
+
+
+def test_gated_xsa_in_the_model_is_82s_loss_and_every_gradient():
+    model = _small(xsa_layers=[1, 3, 4])
+    assert [s.xsa for s in model.specs] == [False, True, False, True, True]
+    assert all(float(b.attn.xsa.alpha.detach().abs().sum()) > 0 for b in model.blocks if b.attn.xsa is not None)
+    idx, tgt = _batch()
+    ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)
+    ref = _loss_and_grads(model, record_82_hidden, idx, tgt)
+    torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
+    assert ours[1].keys() == ref[1].keys()
+    assert sum("xsa.alpha" in n for n in ref[1]) == 3
+    for n in ref[1]:  # α's gradient sums over (B, H, T) here, (B, T, H) in the record: another order
+        tol = {"rtol": 1e-5, "atol": 1e-8} if "xsa.alpha" in n else {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(ours[1][n], ref[1][n], **tol, msg=n)
+
+
+def test_gated_xsa_starts_as_a_no_op_and_decodes_as_the_forward():
+    from speedrun.model.kv_cache import KVCache, forward_cached
+
+    model = _small(xsa_layers=[1, 3])
+    idx, _ = _batch()
+    model.eval()
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache()
+        parts = [forward_cached(model, idx[:, :40], cache)]
+        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
+        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        for b in model.blocks:
+            if b.attn.xsa is not None:
+                b.attn.xsa.alpha.zero_()
+        plain = _small().eval()
+        missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+        assert not missing and all("xsa.alpha" in n for n in unexpected)
+        torch.testing.assert_close(model(idx), plain(idx), rtol=0, atol=0)  # zero α: no XSA
+
+
+def test_xsa_on_a_paired_layer_is_one_config_error():
+    from speedrun.config_model import check
+
+    cfg = load_recipe(BASE, [])
+    with pytest.raises(ConfigError, match="xsa_layers"):
+        m = cfg.model
+        layer = min(set(m.attention_layers) - set(m.key_offset_layers))
+        check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[layer]))
+    check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[]))  # the same model without XSA is fine

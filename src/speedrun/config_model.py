@@ -47,6 +47,7 @@ class Gpt2026Config:
     skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
     key_offset_layers: list[int] = field(default_factory=list)  # #49
     paired_layers: list[int] = field(default_factory=list)  # #58
+    xsa_layers: list[int] = field(default_factory=list)  # #82: gated XSA (unpaired attention layers)
     # --- attention ---
     # varlen: packed documents with cu_seqlens (#29 on); auto/sdpa/flex: document-masked attention
     # with a tensor window (#26's sliding window, model.window*)
@@ -122,7 +123,7 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
     if any(w not in ("L", "S") for w in m.windows):
         raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
-    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
+    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers", "xsa_layers"):
         layers = getattr(m, key)
         if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
@@ -133,6 +134,8 @@ def check(m: Gpt2026Config) -> None:
             f"model.paired_layers {m.paired_layers} must name layers with attention and without #49's "
             "key offset"
         )
+    if not set(m.xsa_layers) <= set(m.attention_layers) - set(m.paired_layers):
+        raise ConfigError(f"model.xsa_layers {m.xsa_layers} (#82) must be attention layers without paired heads")
     if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
         raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
     if any(len(p) != 2 or not 0 <= p[0] < p[1] < L for p in m.skips) or len({p[1] for p in m.skips}) < len(

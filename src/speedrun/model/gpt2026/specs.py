@@ -23,6 +23,7 @@ class LayerSpec:
     value_embed: int | None = None  # the value-embedding table mixed into v (#45/#63 layouts)
     key_offset: bool = False  # #49
     paired: bool = False  # #58
+    xsa: bool = False  # #82
     skip_from: int | None = None  # the layer whose output this layer's input receives (#45 / U-Net)
     skip_weight: int | None = None  # that skip's weight index
     keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
@@ -56,6 +57,7 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             value_embed=value_embeds[i] if value_embeds[i] >= 0 else None,
             key_offset=i in cfg.key_offset_layers,
             paired=i in cfg.paired_layers,
+            xsa=i in cfg.xsa_layers,
             skip_from=skip_from.get(i, (None, None))[0],
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,
