@@ -57,7 +57,9 @@ def _attend_cached(
         v = torch.cat([cache.values[layer], v], dim=2)
     cache.keys[layer], cache.values[layer] = k, v  # as projected: #49's offset reads the key before
     y = F.scaled_dot_product_attention(q, attn.attended_keys(k), v, attn_mask=mask, scale=attn.scale)
-    return attn.output(y, x, v[:, :, -q.size(2) :]), raw_v  # #82's XSA: the new positions' values
+    if getattr(attn, "xsa", None) is not None:  # gpt2026's #82 XSA reads the new positions' values
+        return attn.output(y, x, v[:, :, -q.size(2) :]), raw_v
+    return attn.output(y, x), raw_v
 
 
 @torch.no_grad()
