@@ -213,3 +213,25 @@ def test_xsa_on_a_paired_layer_is_one_config_error():
         layer = min(set(m.attention_layers) - set(m.key_offset_layers))
         check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[layer]))
     check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[]))  # the same model without XSA is fine
+
+
+def test_both_parts_under_varlen_attention_equal_the_masked_attention_loss_and_gradients():
+    """The records' packed (cu_seqlens) path carries #77's input and #82's values as the dense path does."""
+    from speedrun.train.evaluate import row_cu_seqlens
+
+    dense = _small(xsa_layers=[1, 3, 4], attn_inputs=[-1, -1, -1, 2, 2])
+    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen.load_state_dict(dense.state_dict())
+    idx, tgt = _batch()
+    cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
+    losses, grads = [], []
+    for model, args in ((dense, ()), (varlen, (cu,))):
+        model.zero_grad()
+        loss = model(idx, tgt, *args)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-4, atol=1e-6, msg=n)
