@@ -5,6 +5,7 @@ against the record's loop), and #82's gated XSA (its formula, and #86's rewrite 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -81,15 +82,32 @@ def test_cached_layer_input_is_the_records_loop_loss_and_every_gradient():
     assert not torch.equal(_loss_and_grads(plain, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)[0], ref[0])
 
 
-@pytest.mark.parametrize("inputs", [[-1, -1, -1, 2], [-1, 1, -1, -1, -1], [-1, -1, -1, 7, -1]])
-def test_bad_attn_inputs_are_one_config_error(inputs):
-    from speedrun.config_model import check
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["model.attn_inputs=[9,-1]"], "model.attn_inputs [9, -1] (#77): one entry per layer (11)"),
+        (["model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,8,7,7]"], "-1 or an earlier present layer"),  # itself
+        (["model.attn_inputs=[-2,-1,-1,-1,-1,-1,-1,-1,7,7,7]"], "model.attn_inputs must be >= -1"),
+        (["model.xsa_layers=6"], "model.xsa_layers [6] (#82) must be attention layers without paired heads"),
+        (["model.xsa_layers=11"], "model.xsa_layers [11]: distinct layers 0..10"),
+    ],
+)
+def test_a_bad_part_is_one_config_error_naming_it(overrides, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_recipe(BASE, overrides)
 
-    cfg = load_recipe(BASE, [])
-    with pytest.raises(ConfigError, match="attn_inputs"):
-        check(dataclasses.replace(cfg.model, n_layer=5, attention_layers=[1, 2, 3, 4], mlp_layers=[1, 2, 3, 4],
-                                  windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
-                                  backout_layer=2, value_embed_zero_init=False, attn_inputs=inputs))  # fmt: skip
+
+def test_the_parts_dry_run_on_the_full_recipe():
+    """The record's layouts on #53's model: #82's α adds one scalar per head on six layers."""
+    from speedrun.model.labels import labelled
+
+    base = build_model(load_recipe(BASE, []).model)
+    cfg = load_recipe(BASE, ["model.xsa_layers=1,3,4,7,8,10", "model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,7,7,7]"])
+    model = build_model(cfg.model)
+    assert [s.attn_input for s in model.specs] == [None] * 8 + [7] * 3 and model.specs[7].keep_output
+    extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in base.parameters())
+    assert extra == 6 * cfg.model.n_head
+    assert all(lab is not None for _, _, lab in labelled(model))
 
 
 def record_82_xsa(y, v, xsa_alpha):

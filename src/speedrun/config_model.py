@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from speedrun.config_types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
-TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
+TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#77), -1 none
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Gpt2026Config:
     resid_lambda_init: float = 1.0  # #45: 1.1
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
-    attn_inputs: list[int] = field(default_factory=list)  # #77: per layer the earlier layer whose output
+    attn_inputs: list[TableIndex] = field(default_factory=list)  # #77: per layer the earlier layer whose output
     # its attention reads (-1: its own stream); empty: every layer reads its own
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
