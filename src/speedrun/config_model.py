@@ -161,11 +161,12 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
     if m.attn_inputs and (
         len(m.attn_inputs) != L
-        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers))
-               for i, j in enumerate(m.attn_inputs))
+        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers)
+                                and i in m.attention_layers) for i, j in enumerate(m.attn_inputs))
     ):  # fmt: skip
         raise ConfigError(
-            f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or an earlier present layer"
+            f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "
+            "layer) an earlier present layer"
         )
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
