@@ -79,7 +79,9 @@ def test_cached_layer_input_is_the_records_loop_loss_and_every_gradient():
     for n in ref[1]:
         torch.testing.assert_close(ours[1][n], ref[1][n], rtol=0, atol=0, msg=n)
     plain = _small()  # without #77: the attention reads the stream, and the loss differs
-    assert not torch.equal(_loss_and_grads(plain, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)[0], ref[0])
+    assert not torch.equal(
+        _loss_and_grads(plain, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)[0], ref[0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,9 @@ def test_the_parts_dry_run_on_the_full_recipe():
     from speedrun.model.labels import labelled
 
     base = build_model(load_recipe(BASE, []).model)
-    cfg = load_recipe(BASE, ["model.xsa_layers=1,3,4,7,8,10", "model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,7,7,7]"])
+    cfg = load_recipe(
+        BASE, ["model.xsa_layers=1,3,4,7,8,10", "model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,7,7,7]"]
+    )
     model = build_model(cfg.model)
     assert [s.attn_input for s in model.specs] == [None] * 8 + [7] * 3 and model.specs[7].keep_output
     extra = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in base.parameters())
@@ -190,7 +194,9 @@ def record_82_hidden(model, idx):
 def test_gated_xsa_in_the_model_is_82s_loss_and_every_gradient():
     model = _small(xsa_layers=[1, 3, 4])
     assert [s.xsa for s in model.specs] == [False, True, False, True, True]
-    assert all(float(b.attn.xsa.alpha.detach().abs().sum()) > 0 for b in model.blocks if b.attn.xsa is not None)
+    assert all(
+        float(b.attn.xsa.alpha.detach().abs().sum()) > 0 for b in model.blocks if b.attn.xsa is not None
+    )
     idx, tgt = _batch()
     ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)
     ref = _loss_and_grads(model, record_82_hidden, idx, tgt)

@@ -69,7 +69,9 @@ class Gpt2026Config:
     resid_lambda_init: float = 1.0  # #45: 1.1
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
-    attn_inputs: list[TableIndex] = field(default_factory=list)  # #77: per layer the earlier layer whose output
+    attn_inputs: list[TableIndex] = field(
+        default_factory=list
+    )  # #77: per layer the earlier layer whose output
     # its attention reads (-1: its own stream); empty: every layer reads its own
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
@@ -135,7 +137,9 @@ def check(m: Gpt2026Config) -> None:
             "key offset"
         )
     if not set(m.xsa_layers) <= set(m.attention_layers) - set(m.paired_layers):
-        raise ConfigError(f"model.xsa_layers {m.xsa_layers} (#82) must be attention layers without paired heads")
+        raise ConfigError(
+            f"model.xsa_layers {m.xsa_layers} (#82) must be attention layers without paired heads"
+        )
     if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
         raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
     if any(len(p) != 2 or not 0 <= p[0] < p[1] < L for p in m.skips) or len({p[1] for p in m.skips}) < len(
