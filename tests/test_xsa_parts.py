@@ -23,8 +23,8 @@ def _small(L=5, vocab=100, T=64, **model):
         cfg.model, n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1, windows=["S", "L", "S", "S", "L"][:L],
         attention_layers=list(range(L)), mlp_layers=list(range(L)), value_embeds=[0, -1, -1, -1, 0][:L],
-        skips=[], key_offset_layers=[], paired_layers=[], backout_layer=2, bigram_rows=0, smear=0, skip_gate=0, mtp=0, attention="sdpa",
-        window=T, **model,
+        skips=[], key_offset_layers=[], paired_layers=[], backout_layer=2, bigram_rows=0, smear=0,
+        skip_gate=0, mtp=0, attention="sdpa", window=T, **model,
     )  # fmt: skip
     torch.manual_seed(0)
     m = build_model(cfg.model)
