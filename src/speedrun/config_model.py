@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from speedrun.config_types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
-TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
+TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#77), -1 none
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Gpt2026Config:
     skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
     key_offset_layers: list[int] = field(default_factory=list)  # #49
     paired_layers: list[int] = field(default_factory=list)  # #58
+    xsa_layers: list[int] = field(default_factory=list)  # #82: gated XSA (unpaired attention layers)
     # --- attention ---
     # varlen: packed documents with cu_seqlens (#29 on); auto/sdpa/flex: document-masked attention
     # with a tensor window (#26's sliding window, model.window*)
@@ -68,6 +69,10 @@ class Gpt2026Config:
     resid_lambda_init: float = 1.0  # #45: 1.1
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
+    attn_inputs: list[TableIndex] = field(
+        default_factory=list
+    )  # #77: per layer the earlier layer whose output
+    # its attention reads (-1: its own stream); empty: every layer reads its own
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -118,7 +123,7 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
     if any(w not in ("L", "S") for w in m.windows):
         raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
-    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
+    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers", "xsa_layers"):
         layers = getattr(m, key)
         if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
@@ -128,6 +133,10 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             f"model.paired_layers {m.paired_layers} must name layers with attention and without #49's "
             "key offset"
+        )
+    if not set(m.xsa_layers) <= set(m.attention_layers) - set(m.paired_layers):
+        raise ConfigError(
+            f"model.xsa_layers {m.xsa_layers} (#82) must be attention layers without paired heads"
         )
     if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
         raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
@@ -152,6 +161,15 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:
         raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
+    if m.attn_inputs and (
+        len(m.attn_inputs) != L
+        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers)
+                                and i in m.attention_layers) for i, j in enumerate(m.attn_inputs))
+    ):  # fmt: skip
+        raise ConfigError(
+            f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "
+            "layer) an earlier present layer"
+        )
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:

@@ -45,14 +45,15 @@ class Block(nn.Module):
             else (None, None)
         )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram):
-        """(new residual stream, the attention's unmixed v or None)."""
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None):
+        """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
+        that the attention reads instead of the stream (#77)."""
         x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
         raw_v = None
         if self.attn is not None:
-            h = self.norm1(x)
+            h = self.norm1(attn_in if attn_in is not None else x)
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
@@ -181,7 +182,8 @@ class GPT2026(nn.Module):
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
-            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b)
+            attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
+            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
             if s.keep_output:
                 outputs[s.index] = x
         return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)

@@ -92,7 +92,7 @@ def _varlen_layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, w
     k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    return attn.output(y.transpose(0, 1)[None], h), raw_v
+    return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None]), raw_v
 
 
 def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
