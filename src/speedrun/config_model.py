@@ -71,6 +71,7 @@ class Gpt2026Config:
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
+    bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
     mlp_fc_transposed: bool = False  # #27
     logit_softcap: float = 15.0
     softcap_divisor: float = 0.0
@@ -110,6 +111,8 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
+    if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
+        raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")

@@ -16,6 +16,7 @@ from speedrun.config_model import Gpt2026Config
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
 from speedrun.model.gpt2026.attention import Attention
+from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mlp import mlp
@@ -72,6 +73,8 @@ class GPT2026(nn.Module):
         self.wte = embeddings.token_embedding(rows, d)
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
+            self.bigram = SignedBigramEmbed(cfg.bigram_rows, d, cfg.n_layer, cfg.bigram_sign_rows)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
