@@ -85,6 +85,7 @@ class Gpt2026Config:
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
+    prefix_loss_weight: float = 0.0  # #88: weight of the prefix-token loss in training (0.25); 0 none
 
     # what shared code reads of any family's config (the 2024 switches this family does not have)
     tie_embeddings = False
@@ -111,6 +112,8 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
+    if m.prefix_loss_weight < 0:
+        raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
         raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
     for key in ("windows", "value_embeds"):

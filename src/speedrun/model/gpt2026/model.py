@@ -14,7 +14,7 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
-from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
+from speedrun.model.gpt2026 import connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
@@ -100,6 +100,12 @@ class GPT2026(nn.Module):
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
         else:
             self.mtp_weights = None
+        if cfg.prefix_loss_weight > 0:  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
+            table = prefix.gpt2_prefix_table(vocab)
+            self.register_buffer("prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False)
+            self.register_buffer("prefix_weight", torch.tensor(cfg.prefix_loss_weight), persistent=False)
+        else:
+            self.prefix_weight = None
         self.varlen_windows = windows.initial_windows(cfg.window)
         if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -163,7 +169,11 @@ class GPT2026(nn.Module):
         if targets is None:
             return self.logits(hidden)
         logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
-        return head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
+        out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
+        if self.prefix_weight is not None and self.training and reduction == "mean":  # #88
+            z = logits if self.head_spec.ce_bf16 else logits.float()
+            out = out + prefix.prefix_loss(z, targets, self.prefix_table, self.prefix_weight)
+        return out
 
     def hidden(self, idx, masks=None, start: int = 0, attend_fns=None, prev=None) -> torch.Tensor:
         """Embeddings and the present layers up to the final norm, for tokens at positions start.. ;
