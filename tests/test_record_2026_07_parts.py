@@ -150,3 +150,137 @@ def test_prefix_loss_and_gradients_are_the_records_in_the_model():
     model.eval()  # validation: plain cross-entropy
     with torch.no_grad():
         torch.testing.assert_close(model(idx, targets), main.detach() / 64, rtol=1e-5, atol=1e-6)
+
+
+# ---- #84 / #89: FP8 MLP forward ------------------------------------------------------------------------
+
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+def record_quantize_mlp_fp8(up_weights, down_weights, next_scales, bootstrap_down):
+    """#89's GPT.quantize_mlp_fp8 (HEAD 1403-1435) for one layer, with the Triton
+    quantize_transpose_mlp_down_weights kernel + reduce (triton_kernels.py 525-565, 732-779) in torch.
+    up_weights (hidden, d); down_weights (hidden, d) as the record's bank stores c_proj."""
+    up_scales = up_weights.view(1, -1).abs().amax(dim=1).clamp(min=1e-12) / E4M3_MAX
+    up_f8 = (up_weights / up_scales.view(1, 1)).to(torch.float8_e4m3fn)
+    if bootstrap_down:
+        next_scales = (down_weights.view(1, -1).abs().amax(dim=1).clamp(min=1e-12) / E4M3_MAX).float()
+    values = down_weights.float()
+    quantized = torch.maximum(torch.minimum(values / next_scales, torch.tensor(448.0)), torch.tensor(-448.0))
+    down_f8_storage = quantized.t().to(torch.float8_e4m3fn)  # (d, hidden)
+    used = next_scales.clone()
+    new_next = torch.maximum(values.abs().max(), torch.tensor(1.0e-12)) * (1.12 / 448.0)
+    return up_f8, up_scales.float(), down_f8_storage, used, new_next.reshape(1)
+
+
+def record_fp8_mlp_forward(normed, up_f8, up_scale, down_f8_storage, down_scale, act_scale):
+    """#89's MLP lines in GPT.forward (HEAD 1643-1668) and FusedLinearReLUSquareFunction.forward with
+    linear_relu_square_kernel's FP8 epilogue, written with torch._scaled_mm in place of Triton."""
+    amax = normed.detach().abs().max().clamp(min=1e-12)
+    x_f8 = (normed.detach() * (448.0 / amax)).to(torch.float8_e4m3fn)
+    dequant = torch.ones(1).copy_(up_scale).mul_(amax).div_(448.0)
+    acc = torch._scaled_mm(x_f8, up_f8.t(), scale_a=dequant, scale_b=torch.ones(()), out_dtype=normed.dtype)
+    post = torch.maximum(acc, torch.zeros(())) * torch.maximum(acc, torch.zeros(()))
+    inverse_activation_scale = 1.0 / act_scale
+    post_fp8 = torch.minimum(post.float() * inverse_activation_scale, torch.tensor(448.0)).to(torch.float8_e4m3fn)
+    x3 = torch._scaled_mm(
+        post_fp8, down_f8_storage.t(), out_dtype=normed.dtype, scale_a=act_scale, scale_b=down_scale,
+        use_fast_accum=True,
+    )  # fmt: skip
+    next_act = torch.maximum(post.float().max(), torch.tensor(1.0e-12)) * (1.80 / 448.0)
+    return x3, post, next_act.reshape(1)
+
+
+@pytest.fixture
+def real_scaled_mm(monkeypatch):
+    from speedrun.model import fp8
+
+    monkeypatch.setattr(fp8, "SCALED_MM_ON_CPU", True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_mlp_forward_scales_and_gradients_are_the_records(real_scaled_mm, dtype):
+    from speedrun.model.gpt2026.fp8_mlp import Fp8MLP
+
+    torch.manual_seed(0)
+    d, hidden, N = 64, 256, 48
+    mlp = Fp8MLP(d, hidden).train()
+    mlp.c_fc.to(dtype), mlp.c_proj.to(dtype)  # the scales stay fp32, as the record's buffers
+    with torch.no_grad():
+        mlp.c_proj.weight.normal_(0, 0.02)
+    next_scale = torch.ones(1)
+    for step in (0, 1, 15, 16, 17):  # bootstrapped refreshes, then delayed weight scales
+        with torch.no_grad():
+            mlp.c_fc.weight.mul_(1.1)
+            mlp.c_proj.weight.mul_(1.3)
+        ref = record_quantize_mlp_fp8(
+            mlp.c_fc.weight.detach(), mlp.c_proj.weight.detach().t().contiguous(), next_scale, step < 16
+        )
+        mlp.refresh_fp8(step)
+        up_f8, up_scale, down_f8, used, next_scale = ref
+        assert torch.equal(mlp.up_f8.view(torch.uint8), up_f8.view(torch.uint8)), step
+        assert torch.equal(mlp.down_f8.view(torch.uint8), down_f8.view(torch.uint8)), step
+        torch.testing.assert_close(mlp.up_scale, up_scale, rtol=0, atol=0)
+        torch.testing.assert_close(mlp.down_scale, used, rtol=0, atol=0)
+        torch.testing.assert_close(mlp.down_next_scale, next_scale, rtol=0, atol=0)
+    # two forwards: the second uses the activation scale the first measured (delayed)
+    act = torch.ones(1)
+    for seed in (1, 2):
+        x = torch.randn(1, N, d, generator=torch.Generator().manual_seed(seed)).to(dtype).requires_grad_(True)
+        out_ref, post, next_act = record_fp8_mlp_forward(x[0], mlp.up_f8, mlp.up_scale, mlp.down_f8, mlp.down_scale, act)
+        out = mlp(x)
+        torch.testing.assert_close(out[0], out_ref, rtol=0, atol=0)
+        torch.testing.assert_close(mlp.act_scale, next_act, rtol=0, atol=0)
+        act = next_act
+    # gradients: the record's bf16 backward from `post` (FusedLinearReLUSquareFunction.backward)
+    w1 = mlp.c_fc.weight.detach().clone().requires_grad_(True)
+    w2 = mlp.c_proj.weight.detach().clone().requires_grad_(True)
+    g = torch.randn_like(out)
+    out.backward(g)
+    pre_relu = post.sqrt()
+    grad_pre = (g[0] @ w2) * 2 * pre_relu
+    tol = dict(rtol=0, atol=0) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(mlp.c_proj.weight.grad, (post.t() @ g[0]).t(), **tol)
+    torch.testing.assert_close(mlp.c_fc.weight.grad, grad_pre.t() @ x[0].detach(), **tol)
+    torch.testing.assert_close(x.grad[0], grad_pre @ w1.detach(), **tol)
+
+
+def test_fp8_mlp_is_its_bf16_twin_within_fp8_error_and_the_twin_at_eval(real_scaled_mm):
+    from speedrun.model.gpt2026.fp8_mlp import Fp8MLP
+
+    torch.manual_seed(0)
+    mlp = Fp8MLP(64, 256).train()
+    mlp.c_fc.bfloat16(), mlp.c_proj.bfloat16()
+    with torch.no_grad():
+        mlp.c_proj.weight.normal_(0, 0.05)
+    mlp.refresh_fp8(0)
+    x = torch.randn(2, 32, 64).bfloat16()
+    mlp(x)  # measures the activation scale
+    fp8_out = mlp(x)
+    twin = F.linear(F.relu(F.linear(x, mlp.c_fc.weight)).square(), mlp.c_proj.weight)
+    err = (fp8_out.float() - twin.float()).norm() / twin.float().norm()
+    assert 1e-4 < err < 0.06, err  # e4m3 has 3 mantissa bits: a few percent, but not exact
+    mlp.eval()
+    torch.testing.assert_close(mlp(x), twin, rtol=0, atol=0)
+
+
+def test_model_with_fp8_mlp_trains_near_its_twin_and_evaluates_as_it(real_scaled_mm):
+    twin_cfg = tiny([], max_seq_len=64)
+    torch.manual_seed(0)
+    twin = build_model(twin_cfg).train()
+    model = build_model(dataclasses.replace(twin_cfg, mlp_fp8=True)).train()
+    assert sum(type(b.mlp).__name__ == "Fp8MLP" for b in model.blocks if b.mlp is not None) > 0
+    weights = {n: p.detach() + 0.02 * torch.randn_like(p) for n, p in twin.named_parameters()}
+    twin.load_state_dict(weights, strict=False)
+    model.load_state_dict(weights, strict=False)
+    model.refresh_fp8(-1)
+    idx = torch.randint(0, 119, (1, 64), generator=torch.Generator().manual_seed(5))
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    model(idx, idx, cu)  # the first forward measures the activation scales
+    loss, ref = model(idx, idx, cu), twin(idx, idx, cu)
+    assert 0 < abs(loss.item() - ref.item()) < 0.02 * ref.item()
+    model.eval(), twin.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, idx, cu), twin(idx, idx, cu), rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="mlp_fp8"):
+        load_recipe(BASE, ["model.mlp_fp8=true", "model.mlp_fc_transposed=true"])

@@ -73,6 +73,7 @@ class Gpt2026Config:
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
     mlp_fc_transposed: bool = False  # #27
+    mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
     softcap_divisor: float = 0.0
     softcap_offset: float = 0.0  # #54
@@ -112,6 +113,8 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
+    if m.mlp_fp8 and m.mlp_fc_transposed:
+        raise ConfigError("model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed")
     if m.prefix_loss_weight < 0:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):

@@ -39,7 +39,7 @@ class Block(nn.Module):
             else None
         )
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
-        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed) if spec.mlp else None
+        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
         self.lambdas, self.x0_lambda = (
             connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
             if spec.present
@@ -144,6 +144,12 @@ class GPT2026(nn.Module):
         if self.cfg.window > 0:
             assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
             self.attn_window.fill_(tokens)
+
+    def refresh_fp8(self, step: int) -> None:
+        """#84/#89: every FP8 MLP's weight copies after optimizer step `step` (−1 before the first)."""
+        for block in self.blocks:
+            if hasattr(block.mlp, "refresh_fp8"):
+                block.mlp.refresh_fp8(step)
 
     def mask_specs(self, tokens: torch.Tensor):
         return windows.mask_specs(self, tokens)
