@@ -284,3 +284,30 @@ def test_model_with_fp8_mlp_trains_near_its_twin_and_evaluates_as_it(real_scaled
         torch.testing.assert_close(model(idx, idx, cu), twin(idx, idx, cu), rtol=0, atol=0)
     with pytest.raises(ConfigError, match="mlp_fp8"):
         load_recipe(BASE, ["model.mlp_fp8=true", "model.mlp_fc_transposed=true"])
+
+
+def test_the_step_4_switches_train_shrunk_together():
+    """#83 + #88 + #84/#89 on the shrunk #53 recipe: a few steps through the training step, finite and
+    falling (the FP8 copies refreshed before each step, as the loop does)."""
+    from speedrun.train.schedule import apply_schedule, schedule_at
+    from speedrun.train.step import train_step
+    from tests.recipe_matrix import autocast_dtype, batch, build, rows, shrunk
+
+    extra = ["model.bigram_rows=500", "model.bigram_sign_rows=64", "model.prefix_loss_weight=0.25"]
+    cfg = shrunk(BASE, *extra, "model.mlp_fp8=true")
+    model, optimizer = build(cfg)
+    losses = []
+    for step in range(6):
+        sched = schedule_at(step, cfg)
+        apply_schedule(sched, optimizer, model)
+        model.refresh_fp8(step - 1)
+        x, y = batch(0, cfg)  # one batch over and over: the loss must fall
+        parts = iter(range(x.size(0)))
+
+        def next_batch(x=x, y=y, parts=parts):
+            i = next(parts)
+            return rows(cfg, x[i : i + 1], y[i : i + 1])
+
+        loss = train_step(model, optimizer, next_batch, x.size(0), autocast_dtype(cfg), 0.0, sched.grad_scale)
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
