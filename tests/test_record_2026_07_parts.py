@@ -311,3 +311,48 @@ def test_the_step_4_switches_train_shrunk_together():
         loss = train_step(model, optimizer, next_batch, x.size(0), autocast_dtype(cfg), 0.0, sched.grad_scale)
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+# ---- #85: the lightweight DC correction -------------------------------------------------------------
+
+
+def record_85_dc_correction(base, q, k, v, post_w1, post_w2, scaling, window, seq_lens):
+    """_dc_postonly_corr_fwd_wsmall_cached_kernel with its head helpers (dc_triton_kernels.py 90-440),
+    one query row at a time: the window's keys in the query's document, exp2 softmax,
+    a_acc = Σ_h w1_h·p_h, out_h = base_h + (w2_h·a_acc) @ v_h."""
+    T, H, _ = q.shape
+    out = []
+    for t in range(T):
+        doc_start = max(int(s) for s in seq_lens if s <= t)
+        k_start = max(t - window + 1, doc_start)
+        ks = list(range(k_start, t + 1))
+        a_acc = 0
+        for h in range(H):
+            score = (k[ks, h] @ q[t, h]) * (scaling * 1.4426950408889634)
+            p = torch.exp2(score - score.max())
+            a_acc = a_acc + post_w1[t, h] * (p / p.sum())
+        out.append(torch.stack([base[t, h] + (post_w2[t, h] * a_acc) @ v[ks, h] for h in range(H)]))
+    return torch.stack(out)
+
+
+def test_dc_correction_and_its_gradients_are_the_records_kernel():
+    from speedrun.model.gpt2026.dc import dc_correction, dc_gate
+
+    T, H, D, window = 40, 3, 8, 7
+    gen = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(T, H, D, generator=gen, dtype=torch.float64) for _ in range(4)]
+    raw = [torch.randn(T, H, generator=gen, dtype=torch.float64) for _ in range(2)]
+    cu = torch.tensor([0, 13, 14, 40], dtype=torch.int32)
+    ours_in = [t.clone().requires_grad_(True) for t in tensors + raw]
+    ref_in = [t.clone().requires_grad_(True) for t in tensors + raw]
+    w1, w2 = dc_gate(*ours_in[4:], ours_in[0])
+    ours = dc_correction(*ours_in[:4], w1, w2, 0.12, window, cu)
+    rw1 = F.rms_norm(ref_in[4].float(), (H,), eps=1.0e-6).double()  # the record's dc_gate
+    ref = record_85_dc_correction(*ref_in[:4], rw1, ref_in[5], 0.12, window, cu.tolist()[:-1])
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)  # fp32 probabilities in ours
+    g = torch.randn(T, H, D, generator=gen, dtype=torch.float64)
+    ours.backward(g)
+    ref.backward(g)
+    for name, a, b in zip(["y", "q", "k", "v", "w1", "w2"], ours_in, ref_in, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert (ours - tensors[0]).abs().max() > 0.1  # the correction is not nothing
