@@ -356,3 +356,158 @@ def test_dc_correction_and_its_gradients_are_the_records_kernel():
     for name, a, b in zip(["y", "q", "k", "v", "w1", "w2"], ours_in, ref_in, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
     assert (ours - tensors[0]).abs().max() > 0.1  # the correction is not nothing
+
+
+# ---- #350: the canonical-token validation mask -------------------------------------------------------
+
+
+def record_350_build_canonical_mask(ranks, vocab_size):
+    """PR #350's build_canonical_mask and its helpers (3b8dd5d9 train_gpt.py 1202-1290), the ranks
+    passed in instead of read from tiktoken."""
+    import unicodedata
+
+    import numpy as np
+
+    _CLS = "SNLO?"
+    _SEAM_OK = np.ones((len(_CLS), len(_CLS)), dtype=bool)
+    _SEAM_OK[:, _CLS.index("?")] = False
+    _SEAM_OK[_CLS.index("S"), _CLS.index("S")] = False
+    _SEAM_OK[_CLS.index("O"), _CLS.index("L")] = False
+    _CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
+
+    def _char_cls(ch):
+        if ch.isspace() and not "\x1c" <= ch <= "\x1f":
+            return "S"
+        cat = unicodedata.category(ch)[0]
+        return cat if cat in "LN" else "O"
+
+    def _edge_cls(b, first):
+        for n in range(1, 5):
+            try:
+                s = (b[:n] if first else b[-n:]).decode()
+            except UnicodeDecodeError:
+                continue
+            return _CLS.index(_char_cls(s[0] if first else s[-1]))
+        return _CLS.index("?")
+
+    def _ends_contraction(text):
+        for c in _CONTRACTIONS:
+            if text.endswith(c):
+                before = text[: -len(c)]
+                return not before or _char_cls(before[-1]) in "LN"
+        return False
+
+    tok = {v: k for k, v in ranks.items()}
+    never = 1 << 30
+    firsts, lasts, rules = {}, {}, {}
+    for tid, b in tok.items():
+        pieces = [bytes([c]) for c in b]
+        first_traj, last_traj = [(0, pieces[0])], [(0, pieces[-1])]
+        while len(pieces) > 1:
+            best = best_i = None
+            for i in range(len(pieces) - 1):
+                r = ranks.get(pieces[i] + pieces[i + 1])
+                if r is not None and (best is None or r < best):
+                    best, best_i = r, i
+            if best is None:
+                break
+            rules[tid] = (pieces[best_i], pieces[best_i + 1])
+            pieces[best_i : best_i + 2] = [pieces[best_i] + pieces[best_i + 1]]
+            if best_i == 0:
+                first_traj.append((best + 1, pieces[0]))
+            if best_i == len(pieces) - 1:
+                last_traj.append((best, pieces[-1]))
+        firsts[tid], lasts[tid] = first_traj, last_traj
+
+    def by_piece(trajs):
+        idx = {}
+        for tid, traj in trajs.items():
+            for i, (start, piece) in enumerate(traj):
+                end = traj[i + 1][0] if i + 1 < len(traj) else never
+                if start < end:
+                    idx.setdefault(piece, []).append((start, end, tid))
+        return idx
+
+    by_last, by_first = by_piece(lasts), by_piece(firsts)
+    end_cls = np.full(vocab_size, _CLS.index("?"), dtype=np.intp)
+    start_cls = np.full(vocab_size, _CLS.index("?"), dtype=np.intp)
+    closed = np.zeros(vocab_size, dtype=bool)
+    for tid, b in tok.items():
+        end_cls[tid], start_cls[tid] = _edge_cls(b, first=False), _edge_cls(b, first=True)
+        try:
+            closed[tid] = _ends_contraction(b.decode())
+        except UnicodeDecodeError:
+            pass
+    mask = np.zeros((vocab_size, vocab_size), dtype=bool)
+    for rank, (a, b) in rules.items():
+        ps = np.array([p for s, e, p in by_last.get(a, ()) if s <= rank < e], dtype=np.intp)
+        ps = ps[~closed[ps]]
+        xs = np.array([x for s, e, x in by_first.get(b, ()) if s <= rank < e], dtype=np.intp)
+        if len(ps) and len(xs):
+            mask[np.ix_(ps, xs)] |= _SEAM_OK[np.ix_(end_cls[ps], start_cls[xs])]
+    return torch.from_numpy(np.packbits(mask, axis=1, bitorder="little"))
+
+
+def test_canonical_mask_is_the_records_on_a_gpt2_sub_vocabulary():
+    """The first 6,000 GPT-2 ranks are a vocabulary of their own (a merge's parts rank below it)."""
+    from speedrun.data.tokenizers import gpt2_tokenizer
+    from speedrun.model.gpt2026.canonical import canonical_mask
+
+    V = 6000
+    ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < V}
+    ours = canonical_mask(ranks, V)
+    ref = record_350_build_canonical_mask(ranks, V)
+    assert ours.dtype == torch.uint8 and ours.shape == (V, V // 8)
+    assert torch.equal(ours, ref), (ours != ref).sum()
+    assert ours.bool().sum() > 1000  # it drops pairs
+
+
+def test_canonical_mask_drops_what_the_tokenizer_never_emits_at_validation_only():
+    from speedrun.data.tokenizers import gpt2_tokenizer
+    from speedrun.model.gpt2026.canonical import canonical_mask, mask_logits
+
+    enc = gpt2_tokenizer().encoding
+    V = 6000
+    packed = canonical_mask({b: r for b, r in enc._mergeable_ranks.items() if r < V}, V)
+    # real text re-encodes to itself: none of its own pairs is dropped
+    ids = enc.encode_ordinary("The cat sat on the mat, and then it ran away.")
+    assert max(ids) < V
+    bits = [(packed[p, x // 8] >> (x % 8)) & 1 for p, x in zip(ids, ids[1:])]
+    assert sum(int(b) for b in bits) == 0
+    # the record's forward lines (PR #350 train_gpt.py 1810-1813) on random logits
+    logits = torch.rand(1, 5, V) * 23
+    idx = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(0))
+    shifts = torch.arange(8, dtype=torch.uint8)
+    dropped = (packed[idx.view(-1), :, None] >> shifts & 1).view(5, V).bool()
+    ref = logits.view(5, V).masked_fill(dropped, -60.0)
+    torch.testing.assert_close(mask_logits(logits, idx, packed).view(5, V), ref, rtol=0, atol=0)
+
+
+def test_model_masks_validation_only():
+    from speedrun.model.gpt2026.canonical import DROPPED_LOGIT
+
+    cfg = tiny(["model.canonical_val_mask=true"], vocab_size=600, max_seq_len=64, n_embd=32, ce_bf16=False)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    plain = build_model(dataclasses.replace(cfg, canonical_val_mask=False))
+    assert "canonical_mask" not in model.state_dict() and model.canonical_mask.shape == (640, 80)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.1)
+    plain.load_state_dict(model.state_dict())
+    idx = torch.randint(256, 600, (1, 64), generator=torch.Generator().manual_seed(1))
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    model.train(), plain.train()
+    torch.testing.assert_close(model(idx, idx, cu), plain(idx, idx, cu), rtol=0, atol=0)
+    model.eval(), plain.eval()
+    with torch.no_grad():
+        hidden = plain.hidden(idx, attend_fns=None, masks=plain.layer_masks(idx))
+        logits = plain.capped_logits(hidden).float()
+        shifts = torch.arange(8, dtype=torch.uint8)
+        dropped = (model.canonical_mask[idx[0], :, None] >> shifts & 1).view(64, -1).bool()
+        assert dropped.any()
+        ref = F.cross_entropy(logits[0].masked_fill(dropped, DROPPED_LOGIT), idx[0])
+        torch.testing.assert_close(model(idx, idx, cu), ref, rtol=1e-5, atol=1e-6)
+        # where the target itself is a pair the tokenizer emits, masking only lowers its loss
+        kept = ~dropped.gather(1, idx[0, :, None])[:, 0]
+        ours, theirs = model(idx, idx, cu, reduction="none")[0], plain(idx, idx, cu, reduction="none")[0]
+        assert (ours[kept] <= theirs[kept] + 1e-6).all() and (ours[kept] < theirs[kept]).any()

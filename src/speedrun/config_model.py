@@ -86,6 +86,7 @@ class Gpt2026Config:
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
+    canonical_val_mask: bool = False  # #350: validation drops pairs GPT-2 never emits (a 316 MB buffer)
     prefix_loss_weight: float = 0.0  # #88: weight of the prefix-token loss in training (0.25); 0 none
 
     # what shared code reads of any family's config (the 2024 switches this family does not have)
@@ -115,6 +116,8 @@ def check(m: Gpt2026Config) -> None:
         )
     if m.mlp_fp8 and m.mlp_fc_transposed:
         raise ConfigError("model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed")
+    if m.canonical_val_mask and m.logit_softcap <= 0:
+        raise ConfigError("model.canonical_val_mask (#350) needs model.logit_softcap > 0 (its -60 must be below every logit)")
     if m.prefix_loss_weight < 0:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):

@@ -14,7 +14,8 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
-from speedrun.model.gpt2026 import connections, embeddings, gates, head, prefix, windows
+from speedrun.data.tokenizers import gpt2_tokenizer
+from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
@@ -106,6 +107,11 @@ class GPT2026(nn.Module):
             self.register_buffer("prefix_weight", torch.tensor(cfg.prefix_loss_weight), persistent=False)
         else:
             self.prefix_weight = None
+        if cfg.canonical_val_mask:  # #350: built once here, before the clock; not saved
+            ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
+            self.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
+        else:
+            self.canonical_mask = None
         self.varlen_windows = windows.initial_windows(cfg.window)
         if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -175,6 +181,8 @@ class GPT2026(nn.Module):
         if targets is None:
             return self.logits(hidden)
         logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
+        if self.canonical_mask is not None and not self.training:  # #350
+            logits = canonical.mask_logits(logits, idx, self.canonical_mask)
         out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
         if self.prefix_weight is not None and self.training and reduction == "mean":  # #88
             z = logits if self.head_spec.ce_bf16 else logits.float()
