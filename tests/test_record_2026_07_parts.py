@@ -511,3 +511,44 @@ def test_model_masks_validation_only():
         kept = ~dropped.gather(1, idx[0, :, None])[:, 0]
         ours, theirs = model(idx, idx, cu, reduction="none")[0], plain(idx, idx, cu, reduction="none")[0]
         assert (ours[kept] <= theirs[kept] + 1e-6).all() and (ours[kept] < theirs[kept]).any()
+
+
+def record_88_prefix_weights(scheduled, extension, durations, starts, ends):
+    """HEAD's TrainingSchedule.__init__/lookup (train_gpt.py 1932-1967): the prefix weight per step."""
+    from itertools import accumulate, pairwise
+
+    total = scheduled + extension
+    bounds = list(pairwise([0, *[round(c * scheduled) for c in accumulate(durations)], total]))
+    out = []
+    for step in range(total + 1):
+        stage, t = len(bounds) - 1, 1.0
+        for i, (start, end) in enumerate(bounds):
+            if step < end:
+                stage, t = i, (step - start) / (end - start)
+                break
+        out.append(starts[stage] + (ends[stage] - starts[stage]) * t)
+    return out
+
+
+def test_prefix_weight_follows_the_records_stages_at_every_step():
+    from speedrun.train.schedule import apply_to_model, schedule_at
+
+    stages = (
+        "tokens=131072 doc=896 windows=1/3 lr=1 frac=1/3 prefix=0.25; "
+        "tokens=262144 doc=2048 windows=3/7 lr=1.52 frac=1/3 prefix=0.25>0; "
+        "tokens=393216 doc=2048 windows=5/11 lr=1.73 frac=1/3 prefix=0; "
+        "tokens=393216 doc=2048 windows=6/13 ext=15 val=6/20 yarn=13 prefix=0"
+    )
+    cfg = load_recipe(
+        BASE, [f"train.stages={stages}", "train.steps=1285", "train.stage_bounds=round", "model.mtp=0",
+               "model.prefix_loss_weight=0.25"],
+    )  # fmt: skip
+    cfg.model = dataclasses.replace(cfg.model, n_head=2, n_embd=32, vocab_size=120, max_seq_len=256)
+    model = build_model(cfg.model)
+    ref = record_88_prefix_weights(1270, 15, [1 / 3] * 3, [0.25, 0.25, 0, 0], [0.25, 0.0, 0, 0])
+    ours = []
+    for step in range(1286):
+        apply_to_model(schedule_at(step, cfg), model)
+        ours.append(model.prefix_weight.item())
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref, dtype=torch.float32), rtol=0, atol=0)
+    assert ours[0] == 0.25 and ours[-1] == 0.0 and 0 < ours[635] < 0.25
