@@ -63,7 +63,9 @@ def test_sign_index_continues_across_cached_steps():
     seq = torch.randint(0, 50257, (1, 50), generator=torch.Generator().manual_seed(2))
     full = sign_index(seq, 8192)
     for start in (1, 2, 30):
-        assert torch.equal(sign_index(seq[:, start:], 8192, seq[:, start - 1 : start], start), full[:, start:])
+        assert torch.equal(
+            sign_index(seq[:, start:], 8192, seq[:, start - 1 : start], start), full[:, start:]
+        )
 
 
 def test_model_with_sign_trick_decodes_like_its_forward_and_refuses_it_without_the_table():
@@ -109,7 +111,9 @@ def test_prefix_table_is_the_records_on_the_gpt2_vocabulary():
 
     enc = gpt2_tokenizer().encoding
     ours = gpt2_prefix_table(50304)
-    torch.testing.assert_close(ours, record_88_build_prefix_table(enc._mergeable_ranks, 50304), rtol=0, atol=0)
+    torch.testing.assert_close(
+        ours, record_88_build_prefix_table(enc._mergeable_ranks, 50304), rtol=0, atol=0
+    )
     speed, speedrun = enc.encode_single_token(b" speed"), enc.encode_single_token(b" speedy")
     assert ours[speedrun] == speed and ours[50256] == -1 and (ours >= 0).sum() == 50257 - 257
 
@@ -182,7 +186,9 @@ def record_fp8_mlp_forward(normed, up_f8, up_scale, down_f8_storage, down_scale,
     acc = torch._scaled_mm(x_f8, up_f8.t(), scale_a=dequant, scale_b=torch.ones(()), out_dtype=normed.dtype)
     post = torch.maximum(acc, torch.zeros(())) * torch.maximum(acc, torch.zeros(()))
     inverse_activation_scale = 1.0 / act_scale
-    post_fp8 = torch.minimum(post.float() * inverse_activation_scale, torch.tensor(448.0)).to(torch.float8_e4m3fn)
+    post_fp8 = torch.minimum(post.float() * inverse_activation_scale, torch.tensor(448.0)).to(
+        torch.float8_e4m3fn
+    )
     x3 = torch._scaled_mm(
         post_fp8, down_f8_storage.t(), out_dtype=normed.dtype, scale_a=act_scale, scale_b=down_scale,
         use_fast_accum=True,
@@ -227,7 +233,9 @@ def test_fp8_mlp_forward_scales_and_gradients_are_the_records(real_scaled_mm, dt
     act = torch.ones(1)
     for seed in (1, 2):
         x = torch.randn(1, N, d, generator=torch.Generator().manual_seed(seed)).to(dtype).requires_grad_(True)
-        out_ref, post, next_act = record_fp8_mlp_forward(x[0], mlp.up_f8, mlp.up_scale, mlp.down_f8, mlp.down_scale, act)
+        out_ref, post, next_act = record_fp8_mlp_forward(
+            x[0], mlp.up_f8, mlp.up_scale, mlp.down_f8, mlp.down_scale, act
+        )
         out = mlp(x)
         torch.testing.assert_close(out[0], out_ref, rtol=0, atol=0)
         torch.testing.assert_close(mlp.act_scale, next_act, rtol=0, atol=0)
@@ -472,7 +480,7 @@ def test_canonical_mask_drops_what_the_tokenizer_never_emits_at_validation_only(
     # real text re-encodes to itself: none of its own pairs is dropped
     ids = enc.encode_ordinary("The cat sat on the mat, and then it ran away.")
     assert max(ids) < V
-    bits = [(packed[p, x // 8] >> (x % 8)) & 1 for p, x in zip(ids, ids[1:])]
+    bits = [(packed[p, x // 8] >> (x % 8)) & 1 for p, x in zip(ids, ids[1:], strict=False)]
     assert sum(int(b) for b in bits) == 0
     # the record's forward lines (PR #350 train_gpt.py 1810-1813) on random logits
     logits = torch.rand(1, 5, V) * 23
@@ -552,3 +560,33 @@ def test_prefix_weight_follows_the_records_stages_at_every_step():
         ours.append(model.prefix_weight.item())
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(ref, dtype=torch.float32), rtol=0, atol=0)
     assert ours[0] == 0.25 and ours[-1] == 0.0 and 0 < ours[635] < 0.25
+
+
+def test_speedrun_train_runs_the_step_4_switches_with_fp8_refreshed_by_the_loop(text_data, tmp_path):
+    import json
+    import math
+
+    from speedrun.train import loop
+    from tests.test_stages_training import staged
+
+    switches = [
+        "model.bigram_rows=500", "model.bigram_sign_rows=64", "model.prefix_loss_weight=0.25",
+        "model.mlp_fp8=true", "model.canonical_val_mask=true",
+    ]  # fmt: skip
+    seen = []
+    real = loop.train_step
+
+    def recording_step(model, *args):
+        mlp = next(b.mlp for b in getattr(model, "module", model).blocks if b.mlp is not None)
+        seen.append((mlp.up_scale.item(), mlp.down_scale.item()))
+        return real(model, *args)
+
+    loop.train_step = recording_step
+    try:
+        loop.train(load_recipe("demo", staged(text_data, *switches)), tmp_path / "run")
+    finally:
+        loop.train_step = real
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) >= 2 and all(math.isfinite(v) for v in val)
+    assert len(seen) == 14 and all(up != 1.0 for up, _ in seen)  # refreshed before every step

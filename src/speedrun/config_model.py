@@ -115,9 +115,13 @@ def check(m: Gpt2026Config) -> None:
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
     if m.mlp_fp8 and m.mlp_fc_transposed:
-        raise ConfigError("model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed")
+        raise ConfigError(
+            "model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed"
+        )
     if m.canonical_val_mask and m.logit_softcap <= 0:
-        raise ConfigError("model.canonical_val_mask (#350) needs model.logit_softcap > 0 (its -60 must be below every logit)")
+        raise ConfigError(
+            "model.canonical_val_mask (#350) needs model.logit_softcap > 0 (-60 lies below capped logits)"
+        )
     if m.prefix_loss_weight < 0:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):

@@ -15,7 +15,9 @@ import torch
 from speedrun.model.gpt2026.embeddings import BigramEmbed
 
 
-def sign_index(idx: torch.Tensor, rows: int, prev: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+def sign_index(
+    idx: torch.Tensor, rows: int, prev: torch.Tensor | None = None, start: int = 0
+) -> torch.Tensor:
     """Token ids (B, T) at positions start.. → sign-table rows (B, T); cached decoding (start > 0)
     passes `prev` (B, 1), the token at start − 1."""
     if start > 0:

@@ -59,7 +59,9 @@ def _ends_in_contraction(token: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     suffix = next((c for c in CONTRACTIONS if text.endswith(c)), None)
-    return suffix is not None and (len(text) == len(suffix) or _char_class(text[-len(suffix) - 1]) in (LETTER, NUM))
+    return suffix is not None and (
+        len(text) == len(suffix) or _char_class(text[-len(suffix) - 1]) in (LETTER, NUM)
+    )
 
 
 def _merge_history(token: bytes, ranks: dict[bytes, int]):

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from speedrun.config_model import Gpt2026Config
-from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.data.tokenizers import gpt2_tokenizer
+from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
@@ -103,12 +103,16 @@ class GPT2026(nn.Module):
             self.mtp_weights = None
         if cfg.prefix_loss_weight > 0:  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
             table = prefix.gpt2_prefix_table(vocab)
-            self.register_buffer("prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False)
+            self.register_buffer(
+                "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False
+            )
             self.register_buffer("prefix_weight", torch.tensor(cfg.prefix_loss_weight), persistent=False)
         else:
             self.prefix_weight = None
         if cfg.canonical_val_mask:  # #350: built once here, before the clock; not saved
-            ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
+            ranks = {
+                b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size
+            }
             self.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
         else:
             self.canonical_mask = None

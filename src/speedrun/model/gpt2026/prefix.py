@@ -37,7 +37,9 @@ def gpt2_prefix_table(vocab_size: int) -> torch.Tensor:
     return prefix_table_from_ranks(gpt2_tokenizer().encoding._mergeable_ranks, vocab_size)
 
 
-def prefix_loss(logits: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def prefix_loss(
+    logits: torch.Tensor, targets: torch.Tensor, table: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
     """Logits (B, T, V), targets (B, T) → w·Σ(logsumexp(z_t) − z_t[table[y_t]]) over valid positions,
     divided by B·T (our mean, as head.mtp_loss; the record sums)."""
     B, T, _ = logits.shape
