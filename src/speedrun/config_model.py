@@ -76,7 +76,9 @@ class Gpt2026Config:
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
+    bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
     mlp_fc_transposed: bool = False  # #27
+    mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
     softcap_divisor: float = 0.0
     softcap_offset: float = 0.0  # #54
@@ -89,6 +91,8 @@ class Gpt2026Config:
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
+    canonical_val_mask: bool = False  # #350: validation drops pairs GPT-2 never emits (a 316 MB buffer)
+    prefix_loss_weight: float = 0.0  # #88: weight of the prefix-token loss in training (0.25); 0 none
 
     # what shared code reads of any family's config (the 2024 switches this family does not have)
     tie_embeddings = False
@@ -115,6 +119,18 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
+    if m.mlp_fp8 and m.mlp_fc_transposed:
+        raise ConfigError(
+            "model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed"
+        )
+    if m.canonical_val_mask and m.logit_softcap <= 0:
+        raise ConfigError(
+            "model.canonical_val_mask (#350) needs model.logit_softcap > 0 (-60 lies below capped logits)"
+        )
+    if m.prefix_loss_weight < 0:
+        raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
+    if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
+        raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")

@@ -146,5 +146,7 @@ def apply_schedule(model: torch.nn.Module, values) -> None:
         set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
         if model.mtp_weights is not None:  # #53
             write_weights(model.mtp_weights, v.mtp_weights)
+        if model.prefix_weight is not None and v.prefix_weight is not None:  # #88
+            model.prefix_weight.fill_(v.prefix_weight)
     elif values.window > 0:
         model.set_attention_window(values.window)
