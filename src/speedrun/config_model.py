@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from speedrun.config_types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
-TableIndex = Annotated[int, Range(-1)]  # a value-embedding table, -1 none
+TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#77), -1 none
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Gpt2026Config:
     skips: list[list[int]] = field(default_factory=list)  # [src, dst] pairs, one weight each (#45)
     key_offset_layers: list[int] = field(default_factory=list)  # #49
     paired_layers: list[int] = field(default_factory=list)  # #58
+    xsa_layers: list[int] = field(default_factory=list)  # #82: gated XSA (unpaired attention layers)
     # --- attention ---
     # varlen: packed documents with cu_seqlens (#29 on); auto/sdpa/flex: document-masked attention
     # with a tensor window (#26's sliding window, model.window*)
@@ -68,10 +69,16 @@ class Gpt2026Config:
     resid_lambda_init: float = 1.0  # #45: 1.1
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
+    attn_inputs: list[TableIndex] = field(
+        default_factory=list
+    )  # #77: per layer the earlier layer whose output
+    # its attention reads (-1: its own stream); empty: every layer reads its own
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
+    bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
     mlp_fc_transposed: bool = False  # #27
+    mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
     softcap_divisor: float = 0.0
     softcap_offset: float = 0.0  # #54
@@ -84,6 +91,8 @@ class Gpt2026Config:
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
+    canonical_val_mask: bool = False  # #350: validation drops pairs GPT-2 never emits (a 316 MB buffer)
+    prefix_loss_weight: float = 0.0  # #88: weight of the prefix-token loss in training (0.25); 0 none
 
     # what shared code reads of any family's config (the 2024 switches this family does not have)
     tie_embeddings = False
@@ -110,6 +119,18 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             "model.attention_layers and model.mlp_layers list the layers that have them: both empty"
         )
+    if m.mlp_fp8 and m.mlp_fc_transposed:
+        raise ConfigError(
+            "model.mlp_fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp_fc_transposed"
+        )
+    if m.canonical_val_mask and m.logit_softcap <= 0:
+        raise ConfigError(
+            "model.canonical_val_mask (#350) needs model.logit_softcap > 0 (-60 lies below capped logits)"
+        )
+    if m.prefix_loss_weight < 0:
+        raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
+    if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
+        raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
@@ -118,7 +139,7 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.value_embeds {m.value_embeds}: tables are numbered 0..n-1, -1 for none")
     if any(w not in ("L", "S") for w in m.windows):
         raise ConfigError(f"model.windows: every entry is L (long) or S (short), got {m.windows}")
-    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers"):
+    for key in ("attention_layers", "mlp_layers", "key_offset_layers", "paired_layers", "xsa_layers"):
         layers = getattr(m, key)
         if any(not 0 <= i < L for i in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.{key} {layers}: distinct layers 0..{L - 1}")
@@ -128,6 +149,10 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(
             f"model.paired_layers {m.paired_layers} must name layers with attention and without #49's "
             "key offset"
+        )
+    if not set(m.xsa_layers) <= set(m.attention_layers) - set(m.paired_layers):
+        raise ConfigError(
+            f"model.xsa_layers {m.xsa_layers} (#82) must be attention layers without paired heads"
         )
     if m.paired_layers and (m.n_head % 2 or m.window_granularity != "token"):
         raise ConfigError("model.paired_layers needs an even model.n_head and token windows")
@@ -152,6 +177,15 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:
         raise ConfigError(f"model.backout_layer ({m.backout_layer}) must be below model.n_layer ({L})")
+    if m.attn_inputs and (
+        len(m.attn_inputs) != L
+        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers)
+                                and i in m.attention_layers) for i, j in enumerate(m.attn_inputs))
+    ):  # fmt: skip
+        raise ConfigError(
+            f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "
+            "layer) an earlier present layer"
+        )
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:

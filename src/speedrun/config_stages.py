@@ -34,6 +34,7 @@ class Stage:
     mtp_start: tuple[float, ...] = (1.0,)  # multi-token-prediction weights at the stage's start ...
     mtp_end: tuple[float, ...] = (1.0,)  # ... and at its end (linear in between)
     duration: float = 0.0
+    prefix: tuple[float, float] | None = None  # #88's prefix-loss weight at the stage's start and end
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
     windows, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "mtp", "ext" if last else "frac"} | (
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "ext" if last else "frac"} | (
         {"val", "yarn"} if last else set()
     )
     fields: dict[str, str] = {}
@@ -165,6 +166,10 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     )
     if "mtp" in fields:
         stage = dataclasses.replace(stage, **_mtp(fields["mtp"], entry))
+    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
+        start, _, end = fields["prefix"].partition(">")
+        weights = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
+        stage = dataclasses.replace(stage, prefix=weights)
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))

@@ -57,6 +57,8 @@ def _attend_cached(
         v = torch.cat([cache.values[layer], v], dim=2)
     cache.keys[layer], cache.values[layer] = k, v  # as projected: #49's offset reads the key before
     y = F.scaled_dot_product_attention(q, attn.attended_keys(k), v, attn_mask=mask, scale=attn.scale)
+    if getattr(attn, "xsa", None) is not None:  # gpt2026's #82 XSA reads the new positions' values
+        return attn.output(y, x, v[:, :, -q.size(2) :]), raw_v
     return attn.output(y, x), raw_v
 
 

@@ -289,6 +289,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 break
 
             clock.start()
+            if hasattr(model, "refresh_fp8"):  # #84/#89: FP8 copies of the weights this step trains with
+                model.refresh_fp8(step - 1)
             with compile_errors(compiled):
                 loss = train_step(
                     train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale

@@ -25,6 +25,7 @@ class StageValues:
     muon_momentum: float
     mtp_weights: tuple[float, ...]
     untied: bool
+    prefix_weight: float | None = None  # #88; None: the stage sets none (the model keeps its own)
 
 
 def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
@@ -114,6 +115,7 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
         muon_momentum=momentum_warmup_cooldown(step, plan),
         mtp_weights=tuple(a + (b - a) * mtp_t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
         untied=step >= split_step(plan),
+        prefix_weight=s.prefix[0] + (s.prefix[1] - s.prefix[0]) * mtp_t if s.prefix else None,  # as mtp
     )
 
 

@@ -86,6 +86,8 @@ def warm_up(
         if val_steps:
             _loader_at(loader, step)
         clip, scale = cfg.optim.grad_clip, sched.grad_scale
+        if hasattr(model, "refresh_fp8"):  # #84/#89, as the loop
+            model.refresh_fp8(step - 1)
         train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, clip, scale)
     for step in val_steps:
         apply_schedule(schedule_at(step, cfg), optimizer, model)

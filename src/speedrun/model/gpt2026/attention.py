@@ -14,6 +14,7 @@ from torch import nn
 from speedrun.model.attention import AttentionMask, MaskSpec, attend
 from speedrun.model.gpt2026.gates import AttentionGate
 from speedrun.model.gpt2026.specs import LayerSpec
+from speedrun.model.gpt2026.xsa import GatedXSA
 from speedrun.model.labels import label
 from speedrun.model.layers import CastedLinear, Rotary
 
@@ -98,6 +99,7 @@ class Attention(nn.Module):
         self.ve_gate = None  # #55: set by the model on the value-embedding layers (after every block)
         self.paired = spec.paired  # #58
         self.key_offset = spec.key_offset  # #49
+        self.xsa = GatedXSA(n_head) if spec.xsa else None  # #82
         self.weights_mix = weights_mix  # #47/#48: λ0 scales the QKV weight, λ1 the output's
         self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0] if weights_mix else [0.5, 0.5])), "scalar")
 
@@ -106,7 +108,7 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, C) → (output (B, T, C), this layer's unmixed v)."""
         q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale), x), raw_v
+        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale), x, v), raw_v
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
         """The keys (B, H, T, D) as attended: #49 shifts the stationary dims one token on its layers."""
@@ -135,9 +137,12 @@ class Attention(nn.Module):
             return (*(interleave(t) for t in (q, k, v)), raw_v)
         return self.rotary(q, start), self.rotary(k, start), v, raw_v
 
-    def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""
+    def output(self, y: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C);
+        v (B, H, T, D): the values of y's positions, which #82's XSA reads."""
         y = deinterleave(y) if self.paired else y
+        if self.xsa is not None:
+            y = self.xsa(y, v)
         B, _, T, _ = y.shape
         if self.gate is not None:
             y = self.gate(y, x)

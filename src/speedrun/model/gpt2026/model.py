@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from speedrun.config_model import Gpt2026Config
+from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
-from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
+from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
+from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mlp import mlp
@@ -38,21 +40,22 @@ class Block(nn.Module):
             else None
         )
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
-        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed) if spec.mlp else None
+        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
         self.lambdas, self.x0_lambda = (
             connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
             if spec.present
             else (None, None)
         )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram):
-        """(new residual stream, the attention's unmixed v or None)."""
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None):
+        """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
+        that the attention reads instead of the stream (#77)."""
         x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
         raw_v = None
         if self.attn is not None:
-            h = self.norm1(x)
+            h = self.norm1(attn_in if attn_in is not None else x)
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
@@ -72,6 +75,8 @@ class GPT2026(nn.Module):
         self.wte = embeddings.token_embedding(rows, d)
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
+            self.bigram = SignedBigramEmbed(cfg.bigram_rows, d, cfg.n_layer, cfg.bigram_sign_rows)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
@@ -97,6 +102,21 @@ class GPT2026(nn.Module):
             self.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
         else:
             self.mtp_weights = None
+        if cfg.prefix_loss_weight > 0:  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
+            table = prefix.gpt2_prefix_table(vocab)
+            self.register_buffer(
+                "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False
+            )
+            self.register_buffer("prefix_weight", torch.tensor(cfg.prefix_loss_weight), persistent=False)
+        else:
+            self.prefix_weight = None
+        if cfg.canonical_val_mask:  # #350: built once here, before the clock; not saved
+            ranks = {
+                b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size
+            }
+            self.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
+        else:
+            self.canonical_mask = None
         self.varlen_windows = windows.initial_windows(cfg.window)
         if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
@@ -136,6 +156,12 @@ class GPT2026(nn.Module):
             assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
             self.attn_window.fill_(tokens)
 
+    def refresh_fp8(self, step: int) -> None:
+        """#84/#89: every FP8 MLP's weight copies after optimizer step `step` (−1 before the first)."""
+        for block in self.blocks:
+            if hasattr(block.mlp, "refresh_fp8"):
+                block.mlp.refresh_fp8(step)
+
     def mask_specs(self, tokens: torch.Tensor):
         return windows.mask_specs(self, tokens)
 
@@ -160,7 +186,13 @@ class GPT2026(nn.Module):
         if targets is None:
             return self.logits(hidden)
         logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
-        return head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
+        if self.canonical_mask is not None and not self.training:  # #350
+            logits = canonical.mask_logits(logits, idx, self.canonical_mask)
+        out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
+        if self.prefix_weight is not None and self.training and reduction == "mean":  # #88
+            z = logits if self.head_spec.ce_bf16 else logits.float()
+            out = out + prefix.prefix_loss(z, targets, self.prefix_table, self.prefix_weight)
+        return out
 
     def hidden(self, idx, masks=None, start: int = 0, attend_fns=None, prev=None) -> torch.Tensor:
         """Embeddings and the present layers up to the final norm, for tokens at positions start.. ;
@@ -181,7 +213,8 @@ class GPT2026(nn.Module):
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
-            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b)
+            attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
+            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
             if s.keep_output:
                 outputs[s.index] = x
         return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)

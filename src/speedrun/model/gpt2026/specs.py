@@ -23,9 +23,11 @@ class LayerSpec:
     value_embed: int | None = None  # the value-embedding table mixed into v (#45/#63 layouts)
     key_offset: bool = False  # #49
     paired: bool = False  # #58
+    xsa: bool = False  # #82
     skip_from: int | None = None  # the layer whose output this layer's input receives (#45 / U-Net)
     skip_weight: int | None = None  # that skip's weight index
-    keep_output: bool = False  # a later skip or the backout (#40) reads this layer's output
+    keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
+    attn_input: int | None = None  # #77: the earlier layer whose output this layer's attention reads
 
     @property
     def present(self) -> bool:
@@ -42,6 +44,8 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
         if present[src]:
             skip_from[dst] = (src, j)
     kept = {src for src, _ in skip_from.values()} | ({cfg.backout_layer} if cfg.backout_layer else set())
+    attn_inputs = cfg.attn_inputs or [-1] * L
+    kept |= {j for i, j in enumerate(attn_inputs) if j >= 0 and i in attn}
     windows = cfg.windows or ["L"] * L
     value_embeds = cfg.value_embeds or [-1] * L
     return [
@@ -53,9 +57,11 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             value_embed=value_embeds[i] if value_embeds[i] >= 0 else None,
             key_offset=i in cfg.key_offset_layers,
             paired=i in cfg.paired_layers,
+            xsa=i in cfg.xsa_layers,
             skip_from=skip_from.get(i, (None, None))[0],
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,
+            attn_input=attn_inputs[i] if attn_inputs[i] >= 0 and i in attn else None,
         )
         for i in range(L)
     ]

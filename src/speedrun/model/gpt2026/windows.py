@@ -92,7 +92,7 @@ def _varlen_layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, w
     k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    return attn.output(y.transpose(0, 1)[None], h), raw_v
+    return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None]), raw_v
 
 
 def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
@@ -146,5 +146,7 @@ def apply_schedule(model: torch.nn.Module, values) -> None:
         set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
         if model.mtp_weights is not None:  # #53
             write_weights(model.mtp_weights, v.mtp_weights)
+        if model.prefix_weight is not None and v.prefix_weight is not None:  # #88
+            model.prefix_weight.fill_(v.prefix_weight)
     elif values.window > 0:
         model.set_attention_window(values.window)
