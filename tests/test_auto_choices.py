@@ -80,37 +80,40 @@ def test_explicit_batch_and_width_are_kept_under_a_slow_probe(text_data, tmp_pat
     assert any(line.startswith("host fit: train.global_batch_tokens=") for line in logged), logged
 
 
+def _run_on_a_clock(text_data, out, monkeypatch, seconds, warmdown: int) -> tuple[dict, dict, list]:
+    """The demo recipe under a 30 s budget on a simulated clock: step n (from 1) takes `seconds(n)`.
+    Returns summary.json, config.json's train table and the LR at every step."""
+    from speedrun.train import loop, timing
+
+    now, steps = [0.0], [0]
+    real_step = loop.train_step
+
+    def step(*args, **kwargs):
+        steps[0] += 1
+        now[0] += seconds(steps[0])
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", step)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    budget = ["train.time_budget_s=30", "train.budget_min_steps=0", "train.compile=off"]
+    assert main(["train", "--recipe", "demo", "--out", str(out), f"data.dir={text_data}", *SMALL, *budget,
+                 f"train.warmdown_steps={warmdown}", "train.val_every=0"]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    saved = json.loads((out / "config.json").read_text())["train"]
+    assert summary["status"] == "finished" and saved["steps"] == summary["steps"] == steps[0]
+    assert saved["time_budget_s"] == 0
+    return summary, saved, lrs(out)
+
+
 def test_the_budget_is_used_when_the_host_speeds_up_after_the_probe(text_data, tmp_path, monkeypatch):
     """A simulated clock: 1 s a step for the first 8 steps (a busy machine), 0.4 s after. The count was
     fixed at step 8 from the first steps' mean (34 steps, 14 of the 30 s used); it is now planned again
     while the LR is constant, and the run ends cleanly without validations (val_every=0)."""
-    from speedrun.train import loop, timing
-
-    now, steps = [0.0], [0]
-
-    def step(*args, **kwargs):
-        steps[0] += 1
-        now[0] += 1.0 if steps[0] <= 8 else 0.4
-        return real_step(*args, **kwargs)
-
-    real_step = loop.train_step
-    monkeypatch.setattr(loop, "train_step", step)
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    out = tmp_path / "run"
-    budget = [
-        "train.time_budget_s=30",
-        "train.budget_min_steps=0",
-        "train.compile=off",
-        "train.warmdown_steps=10",
-    ]
-    assert main(["train", "--recipe", "demo", "--out", str(out), f"data.dir={text_data}", *SMALL, *budget,
-                 "train.val_every=0"]) == 0  # fmt: skip
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["final_val_loss"] is not None
+    summary, saved, lr = _run_on_a_clock(
+        text_data, tmp_path / "run", monkeypatch, lambda n: 1.0 if n <= 8 else 0.4, warmdown=10
+    )
+    assert summary["final_val_loss"] is not None and summary["steps"] <= 300
     assert summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
-    saved = json.loads((out / "config.json").read_text())["train"]
-    assert saved["steps"] == summary["steps"] == steps[0] <= 300 and saved["time_budget_s"] == 0
-    lr = lrs(out)
     assert all(b <= a for a, b in zip(lr, lr[1:], strict=False)) and lr[-1] < 1.0
 
 
@@ -244,40 +247,21 @@ def test_a_host_that_slows_in_the_warm_down_ends_sooner_and_keeps_the_budget(
     started). The plan is final by then; with the count kept, the 20 warm-down steps would take 24 s
     instead of 8 (over 50% past the 30 s budget). The warm-down ends sooner instead: the budget holds
     within 10%, the LR never rises, and config.json gives the count a resume trains."""
-    from speedrun.train import loop, timing
+    from speedrun.train import loop
 
-    now, steps, slow_from = [0.0], [0], [None]
+    slow_from: list[int] = []
     real_follow = loop.follow_budget
 
-    def follow(budget, *args, **kwargs):
-        result = real_follow(budget, *args, **kwargs)
-        if slow_from[0] is None and budget.final(steps[0]):
-            slow_from[0] = steps[0]
+    def follow(budget, cfg, rcfg, done, *args, **kwargs):
+        result = real_follow(budget, cfg, rcfg, done, *args, **kwargs)
+        if not slow_from and budget.final(done):
+            slow_from.append(done)
         return result
 
-    def step(*args, **kwargs):
-        steps[0] += 1
-        now[0] += 0.4 if slow_from[0] is None else 1.2
-        return real_step(*args, **kwargs)
-
-    real_step = loop.train_step
-    monkeypatch.setattr(loop, "train_step", step)
     monkeypatch.setattr(loop, "follow_budget", follow)
-    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    out = tmp_path / "run"
-    budget = [
-        "train.time_budget_s=30",
-        "train.budget_min_steps=0",
-        "train.compile=off",
-        "train.warmdown_steps=20",
-    ]
-    assert main(["train", "--recipe", "demo", "--out", str(out), f"data.dir={text_data}", *SMALL, *budget,
-                 "train.val_every=0"]) == 0  # fmt: skip
-    summary = json.loads((out / "summary.json").read_text())
-    assert slow_from[0] is not None and summary["status"] == "finished"
-    assert summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
-    saved = json.loads((out / "config.json").read_text())["train"]
-    assert saved["steps"] == summary["steps"] == steps[0] and saved["time_budget_s"] == 0
+    summary, _, lr = _run_on_a_clock(
+        text_data, tmp_path / "run", monkeypatch, lambda n: 0.4 if not slow_from else 1.2, warmdown=20
+    )
+    assert slow_from and summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
     assert summary["steps"] < slow_from[0] + 20  # the warm-down was cut, not run in full
-    lr = lrs(out)
     assert all(b <= a for a, b in zip(lr, lr[1:], strict=False))
