@@ -233,3 +233,10 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
     assert not bad, bad
     assert {record_65_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n} == set(RECORD_65_ADAM)
     assert math.isclose(cfg.optim.muon_lr, 0.023)
+
+
+def test_the_recipes_softcap_is_65s_eval_line():
+    """#65 evaluates `23 * torch.sigmoid((logits + 5) / 7.5)` on the bf16 head output (the function is
+    checked bit for bit in tests/test_banks_switches.py; the dtype order in tests/test_softcap_dtype.py)."""
+    m = load_recipe(RECIPE).model
+    assert (2 * m.logit_softcap, m.softcap_offset, m.softcap_divisor, m.softcap_in_bf16) == (23, 5, 7.5, True)
