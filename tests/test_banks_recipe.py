@@ -39,7 +39,7 @@ class RecordSchedule65:
         cum = accumulate(s[0] for s in STAGES_65[:-1])
         ends = [0] + [round(c * scheduled) for c in cum] + [self.total_steps]
         assert ends[-2] == scheduled
-        self.boundaries = list(zip(ends[:-1], ends[1:]))
+        self.boundaries = list(zip(ends[:-1], ends[1:], strict=True))
         self.split_step = self.boundaries[2][0] | 1
 
     def lookup(self, step: int):
@@ -59,7 +59,7 @@ class RecordSchedule65:
 
     def mtp_weights(self, step: int) -> list[float]:
         stage, t = self.lookup(step)
-        return [a + (b - a) * t for a, b in zip(stage[4], stage[5])]
+        return [a + (b - a) * t for a, b in zip(stage[4], stage[5], strict=True)]
 
 
 def record_muon_momentum(step: int, total: int) -> float:
@@ -81,7 +81,9 @@ def test_the_schedule_at_every_step_is_the_records():
         got, stage = schedule_at(step, cfg), rec.lookup(step)[0]
         v = got.stage
         assert got.lr == pytest.approx(rec.get_lr(step), rel=1e-12, abs=1e-15), step
-        assert got.muon_momentum == pytest.approx(record_muon_momentum(step, rec.total_steps), rel=1e-12), step
+        assert got.muon_momentum == pytest.approx(record_muon_momentum(step, rec.total_steps), rel=1e-12), (
+            step
+        )
         assert (v.batch_tokens, (v.short_window, v.long_window)) == (stage[1], stage[2]), step
         assert v.mtp_weights == pytest.approx(rec.mtp_weights(step), rel=1e-12, abs=1e-15), step
         assert not got.frozen, step  # #65: the scalars are no longer paused at transitions
@@ -102,7 +104,9 @@ def record_65_param_count(vocab: int = 50304, d: int = 768, layers: int = 11, he
     attn_bank = 10 * 4 * d * d  # no attention on layer 6
     mlp_bank = layers * 2 * 4 * d * d
     gates = 12 + 12 + 10 * heads * 12 + 5 * heads * 12  # smear, skip, attention and value-embedding gates
-    scalars = layers + 2 * layers + layers + 3  # resid, SA (two per layer), bigram lambdas; smear, backout, skip
+    scalars = (
+        layers + 2 * layers + layers + 3
+    )  # resid, SA (two per layer), bigram lambdas; smear, backout, skip
     return embed + head + value_embeds + bigram + attn_bank + mlp_bank + gates + layers + scalars
 
 
@@ -154,7 +158,11 @@ def record_adam_(p, g, st, lr, betas, wd_mul, eps=1e-10, wd=0.005):
     t = st["step"]
     st["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
     st["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    update = st["exp_avg"].div(st["exp_avg_sq"].sqrt().add_(eps)).mul_(lr * ((1 - beta2**t) ** 0.5 / (1 - beta1**t)))
+    update = (
+        st["exp_avg"]
+        .div(st["exp_avg_sq"].sqrt().add_(eps))
+        .mul_(lr * ((1 - beta2**t) ** 0.5 / (1 - beta1**t)))
+    )
     mask = (update * p) > 0
     update.addcmul_(p, mask, value=lr * lr * wd * wd_mul)
     p.add_(other=update, alpha=-1.0)
@@ -200,8 +208,10 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
         for name, w in rec.items():
             g = grads[name]
             if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_proj.weight"):
-                for j, (wm, gm) in enumerate(zip(w.split(d), g.split(d))):
-                    record_normuon_matrix_(wm, gm, state.setdefault((name, j), {}), 0.023 * sched, 1.0, momentum)
+                for j, (wm, gm) in enumerate(zip(w.split(d), g.split(d), strict=True)):
+                    record_normuon_matrix_(
+                        wm, gm, state.setdefault((name, j), {}), 0.023 * sched, 1.0, momentum
+                    )
             elif name.endswith("mlp.c_fc.weight"):
                 record_normuon_matrix_(w, g, state.setdefault(name, {}), 0.023 * sched, 2.0, momentum)
             elif name.endswith("mlp.c_proj.weight"):  # stored (3072, 768) in the record's bank
@@ -231,7 +241,9 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
         if (got - want).norm() > 1e-5 * want.norm() + 1e-8:
             bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
     assert not bad, bad
-    assert {record_65_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n} == set(RECORD_65_ADAM)
+    assert {record_65_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n} == set(
+        RECORD_65_ADAM
+    )
     assert math.isclose(cfg.optim.muon_lr, 0.023)
 
 

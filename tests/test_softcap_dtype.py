@@ -61,8 +61,12 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
     h = h.detach().requires_grad_(True)
     logits = F.linear(h, model.lm_head.weight.to(torch.bfloat16))
     cfg = model.cfg
-    if cap_first and getattr(cfg, "softcap_offset", 0):  # #54/#65: 23 * torch.sigmoid((logits + 5) / 7.5), bf16
-        logits = (2 * cfg.logit_softcap * torch.sigmoid((logits + cfg.softcap_offset) / cfg.softcap_divisor)).float()
+    if cap_first and getattr(
+        cfg, "softcap_offset", 0
+    ):  # #54/#65: 23 * torch.sigmoid((logits + 5) / 7.5), bf16
+        logits = (
+            2 * cfg.logit_softcap * torch.sigmoid((logits + cfg.softcap_offset) / cfg.softcap_divisor)
+        ).float()
     elif cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
         logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
     elif cap_first:

@@ -81,6 +81,7 @@ class Gpt2026Config:
     # --- init ---
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
+    mimetic_vo_beta: float = 0.0  # #64: V ≈ √β·I, O ≈ −√β·I (0.05); 0 = Q/K/V uniform, O zero
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
@@ -150,6 +151,8 @@ def check(m: Gpt2026Config) -> None:
     ):
         if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if not 0 <= m.mimetic_vo_beta <= 1:
+        raise ConfigError(f"model.mimetic_vo_beta (#64) must be 0..1 (0 = off), got {m.mimetic_vo_beta}")
     if m.bigram_rows and not 2 <= m.bigram_rows <= 2**31:
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:

@@ -18,6 +18,7 @@ from speedrun.model.gpt2026 import connections, embeddings, gates, head, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
@@ -122,6 +123,14 @@ class GPT2026(nn.Module):
             for part in (block.attn, block.mlp):
                 if part is not None:
                     nn.init.zeros_(part.c_proj.weight)
+        if self.cfg.mimetic_vo_beta:  # #64
+            d = self.cfg.n_embd
+            for block in self.blocks:
+                if block.attn is not None:
+                    attn = block.attn
+                    mimetic_vo_init_(
+                        attn.c_attn.weight[2 * d :], attn.c_proj.weight, self.cfg.mimetic_vo_beta
+                    )
         for part in self.modules():
             if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
                 part.reset_parameters()  # zero
