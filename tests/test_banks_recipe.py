@@ -252,3 +252,73 @@ def test_the_recipes_softcap_is_65s_eval_line():
     checked bit for bit in tests/test_banks_switches.py; the dtype order in tests/test_softcap_dtype.py)."""
     m = load_recipe(RECIPE).model
     assert (2 * m.logit_softcap, m.softcap_offset, m.softcap_divisor, m.softcap_in_bf16) == (23, 5, 7.5, True)
+
+
+# ------------------------------------------------------------------ #65's interleaved rotary pairs
+
+
+def record_65_rotary_tables(head_dim: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """#65's Yarn.reset (not paired; fp32 here, the record casts to bf16): interleaved pairs (2i, 2i+1)
+    share a frequency, the upper half of the dims is stationary; factor2's odd entries negated."""
+    angular_freq = (1 / 1024) ** torch.linspace(0, 1, steps=head_dim // 4, dtype=torch.float32)
+    angular_freq = angular_freq.repeat_interleave(2)
+    angular_freq = torch.cat([angular_freq, angular_freq.new_zeros(head_dim // 2)])
+    theta = torch.outer(torch.arange(t, dtype=torch.float32), angular_freq)
+    factor1, factor2 = theta.cos(), theta.sin()
+    factor2[..., 1::2] *= -1
+    return factor1, factor2
+
+
+def record_65_rotary(x_bthd: torch.Tensor, factor1: torch.Tensor, factor2: torch.Tensor) -> torch.Tensor:
+    """#65's Yarn.rotary."""
+    f1, f2 = factor1[None, : x_bthd.size(-3), None, :], factor2[None, : x_bthd.size(-3), None, :]
+    x_flip = x_bthd.view(*x_bthd.shape[:-1], x_bthd.shape[-1] // 2, 2).flip(-1).view(x_bthd.shape)
+    return f1 * x_bthd + f2 * x_flip
+
+
+def interleave(head_dim: int) -> torch.Tensor:
+    """Our half-split dims in #65's order: its pair (2i, 2i+1) is our (i, i + D/2)."""
+    half = torch.arange(head_dim // 2)
+    return torch.stack([half, half + head_dim // 2], dim=-1).flatten()
+
+
+def test_the_interleaved_rotary_with_the_upper_half_offset_is_ours_with_q_k_rows_permuted():
+    """#65 rotates adjacent dims and shifts the keys' upper half (its stationary dims); ours rotates
+    (i, i + D/2) and shifts dims D/4:D/2 and 3D/4:D. Permuting each head's Q/K rows maps one onto the
+    other bit for bit (the same products and sums per element), so the scores are equal and the init
+    law (i.i.d. uniform rows), QK-norm and NorMuon (row statistics, orthogonalization) are unchanged:
+    #65's layout is a relabelling of ours, not a new function."""
+    from speedrun.model.gpt2026.attention import offset_keys
+    from speedrun.model.layers import Rotary
+
+    B, T, H, D = 1, 64, 2, 32
+    gen = torch.Generator().manual_seed(0)
+    dim = H * D
+    x = torch.randn(B, T, dim, generator=gen)
+    w_q, w_k = (
+        torch.randn(dim, dim, generator=gen) * dim**-0.5,
+        torch.randn(dim, dim, generator=gen) * dim**-0.5,
+    )
+    perm = interleave(D)
+    rows = torch.cat([h * D + perm for h in range(H)])  # the record's Q/K rows, head by head
+    rot = Rotary(D, T, 10000.0, True, "fp32")
+    q, k = (torch.nn.functional.rms_norm(F_linear(x, w).view(B, T, H, D), (D,)) for w in (w_q, w_k))
+    q_ours, k_ours = rot(q.transpose(1, 2)), offset_keys(rot(k.transpose(1, 2)), seq_dim=2)
+    f1, f2 = record_65_rotary_tables(D, T)
+    # the rotation and the shift alone, on the same normalized q and k: bit for bit
+    q_rec, k_rec = record_65_rotary(q[..., perm], f1, f2), record_65_rotary(k[..., perm], f1, f2)
+    k_rec[:, 1:, :, D // 2 :] = k_rec[:, :-1, :, D // 2 :].clone()  # key_offset on the upper half
+    torch.testing.assert_close(q_rec, q_ours.transpose(1, 2)[..., perm], rtol=0, atol=0)
+    torch.testing.assert_close(k_rec, k_ours.transpose(1, 2)[..., perm], rtol=0, atol=0)
+    # from x through #65's row order (QK-norm sums in another order: fp32 rounding)
+    q_rec, k_rec = (
+        record_65_rotary(torch.nn.functional.rms_norm(F_linear(x, w[rows]).view(B, T, H, D), (D,)), f1, f2)
+        for w in (w_q, w_k)
+    )
+    k_rec[:, 1:, :, D // 2 :] = k_rec[:, :-1, :, D // 2 :].clone()
+    scores_rec = torch.einsum("bthd,bshd->bhts", q_rec, k_rec)
+    torch.testing.assert_close(scores_rec, q_ours @ k_ours.transpose(-1, -2), rtol=1e-5, atol=1e-5)
+
+
+def F_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # noqa: N802
+    return torch.nn.functional.linear(x, w)
