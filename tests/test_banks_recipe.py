@@ -178,7 +178,7 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
     from tests.recipe_matrix import shrink
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
-    extra += ["optim.tie_until=4", "model.bigram_rows=300"]
+    extra += ["optim.tie_until=4", "model.bigram_rows=300", "model.block_dtype=fp32"]
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     d = cfg.model.n_embd
     torch.manual_seed(0)
@@ -322,3 +322,63 @@ def test_the_interleaved_rotary_with_the_upper_half_offset_is_ours_with_q_k_rows
 
 def F_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # noqa: N802
     return torch.nn.functional.linear(x, w)
+
+
+# ------------------------------------------------------------------ #57's bf16 block storage
+
+
+def test_bf16_blocks_step_as_fp32_blocks_through_the_mantissa_buffer():
+    """model.block_dtype=bf16 (#57/#65: attn_bank and mlp_bank in bf16): after optimizer steps on the same
+    gradients, each bf16 block matrix is the top half of the fp32 twin's (the buffer holds the rest, as
+    #65's _cautious_wd_and_update_inplace), and every other parameter is bit for bit the twin's."""
+    from speedrun.model.gpt2026.model import BLOCK_MATRICES
+    from speedrun.model.labels import label_of
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.schedule import apply_schedule
+    from tests.recipe_matrix import shrink
+
+    extra = [
+        "model.embed_dtype=fp32",
+        "model.fp8_head=false",
+        "optim.muon_ns_dtype=fp32",
+        "optim.tie_until=4",
+    ]
+    models, opts = [], []
+    for dtype in ("bf16", "fp32"):
+        cfg = load_recipe(
+            RECIPE, [*shrink(RECIPE), *extra, "model.bigram_rows=300", f"model.block_dtype={dtype}"]
+        )
+        torch.manual_seed(0)
+        models.append(build_model(cfg.model))
+    m16, m32 = models
+    blocks = {n for n, p in m16.named_parameters() if label_of(p).name in BLOCK_MATRICES}
+    assert blocks and {p.dtype for n, p in m16.named_parameters() if n in blocks} == {torch.bfloat16}
+    assert {p.dtype for n, p in m16.named_parameters() if n not in blocks} == {torch.float32}
+    with torch.no_grad():  # the twin starts from the bf16 values
+        for p16, p32 in zip(m16.parameters(), m32.parameters(), strict=True):
+            p32.copy_(p16.float())
+    opts = [build_optimizer(m, cfg) for m in (m16, m32)]
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        for m, opt in zip((m16, m32), opts, strict=True):
+            apply_schedule(schedule_at(step, cfg), opt, m)
+        for p16, p32 in zip(m16.parameters(), m32.parameters(), strict=True):
+            g = torch.randn(p16.shape, generator=gen).to(p16.dtype)
+            p16.grad, p32.grad = g.clone(), g.float()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    for (name, p16), p32 in zip(m16.named_parameters(), m32.parameters(), strict=True):
+        if name in blocks:
+            top = (p32.detach().view(torch.int32) >> 16).to(torch.int16)
+            assert torch.equal(p16.detach().view(torch.int16), top), name
+            assert not torch.equal(p16.detach().float(), p32.detach()), name  # the low bits live on
+        else:
+            assert torch.equal(p16.detach(), p32.detach()), name
+
+
+def test_bf16_blocks_need_the_normuon_table():
+    from speedrun.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.block_dtype=bf16 needs optim\.name=normuon"):
+        load_recipe(RECIPE, ["model.block_dtype=bf16", "optim.name=muon"])

@@ -78,6 +78,8 @@ class Gpt2026Config:
     softcap_in_bf16: bool = False
     ce_bf16: bool = False  # #37
     fp8_head: bool = True
+    # #57: attention and MLP matrices stored in bf16, stepped in fp32 through NorMuon's mantissa buffer
+    block_dtype: Literal["fp32", "bf16"] = "fp32"
     # --- init ---
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))

@@ -24,6 +24,9 @@ from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
 
+#: the block matrices #57 stores in bf16 (model.block_dtype)
+BLOCK_MATRICES = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out"))
+
 
 class Block(nn.Module):
     """One layer: the x0 mix (with #62's bigram share), attention, MLP, each where its spec has it."""
@@ -105,6 +108,10 @@ class GPT2026(nn.Module):
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy
             for emb in [self.wte, *(self.value_embeds or [])]:
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
+        if cfg.block_dtype == "bf16":  # #57: the optimizer keeps their low mantissa bits (optim/normuon.py)
+            for _, p, lab in labelled(self):
+                if lab is not None and lab.name in BLOCK_MATRICES:
+                    p.data = p.data.to(torch.bfloat16)
 
     def _init_weights(self) -> None:
         """The records' init: token embedding N(0, 1), every linear uniform with std 0.5/√fan_in (Q/K/V:
