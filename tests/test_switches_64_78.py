@@ -68,8 +68,55 @@ def test_mimetic_vo_init_is_64s():
     [
         (["model.mimetic_vo_beta=-0.1"], "model.mimetic_vo_beta must be >= 0"),
         (["model.mimetic_vo_beta=2"], "model.mimetic_vo_beta (#64) must be 0..1"),
+        (["model.ve_gate_ve_dims=12"], "model.ve_gate_ve_dims (#70) must be 1..model.ve_gate - 1"),
+        (["model.value_embed_init_std=0.01"], "model.value_embed_init_std (#70) needs"),
     ],
 )
 def test_a_bad_switch_is_one_config_error_naming_it(overrides, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_recipe(BASE, overrides)
+
+
+# ------------------------------------------------------------------ #70 (2026-02-03_VeTuned)
+
+VE_70 = ["model.ve_gate_ve_dims=6", "model.value_embed_init_std=0.01", "model.value_embed_zero_init=false"]
+
+
+def record_70_ve_mix(x, ve, v, ve_gate_w, num_heads):
+    """#70's CausalSelfAttention, unpaired layers: the gate reads 6 dims of x and 6 of the embedding."""
+    B, T = x.shape[:2]
+    gate_in = torch.cat([x[..., :6], ve[None, ..., :6]], dim=-1)
+    ve_gate_out = 2 * torch.sigmoid(torch.nn.functional.linear(gate_in, ve_gate_w)).view(B, T, num_heads, 1)
+    return v + ve_gate_out * ve.view_as(v)
+
+
+def test_the_value_embedding_gate_reads_x_and_ve_as_70s():
+    cfg = load_recipe(BASE, VE_70)
+    model = build_model(_small(cfg))
+    gated = {i: b.attn.ve_gate for i, b in enumerate(model.blocks) if b.attn is not None and b.attn.ve_gate}
+    paired = {s.index for s in model.specs if s.paired}
+    assert gated and {i: g.ve_dims for i, g in gated.items()} == {i: 0 if i in paired else 6 for i in gated}
+    gate = next(g for i, g in gated.items() if i not in paired)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        gate.proj.weight.copy_(torch.randn(gate.proj.weight.shape, generator=gen))
+    T, H, C = 16, 4, 128
+    x, ve, v = (
+        torch.randn(1, T, C, generator=gen),
+        torch.randn(T, C, generator=gen),
+        torch.randn(1, T, H, C // H),
+    )
+    ours = v + gate.gate(ve.view(1, T, H, C // H), x)
+    want = record_70_ve_mix(x, ve, v, gate.proj.weight, H)
+    torch.testing.assert_close(ours, want, rtol=0, atol=0)
+
+
+def test_value_embeddings_start_as_70s_normal_001():
+    """#70: `0.01 * torch.randn(5 * vocab, d)` (the same law; the random streams differ)."""
+    torch.manual_seed(0)
+    model = build_model(_small(load_recipe(BASE, VE_70)))
+    w = torch.cat([e.weight.detach().float().flatten() for e in model.value_embeds])
+    rec = 0.01 * torch.randn(w.numel())
+    assert abs(w.std().item() / rec.std().item() - 1) < 0.02 and abs(w.mean().item()) < 1e-4
+    kurtosis = ((w - w.mean()) ** 4).mean() / w.var() ** 2  # normal: 3 (uniform: 1.8)
+    assert abs(kurtosis.item() - 3) < 0.1

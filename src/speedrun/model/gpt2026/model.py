@@ -82,7 +82,8 @@ class GPT2026(nn.Module):
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
             if cfg.ve_gate and s.value_embed is not None and s.attention:
-                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head)
+                ve_dims = 0 if s.paired else cfg.ve_gate_ve_dims  # #70: paired layers keep x[:12]
+                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
@@ -126,6 +127,9 @@ class GPT2026(nn.Module):
         if self.cfg.value_embed_zero_init:
             for emb in self.value_embeds or []:
                 nn.init.zeros_(emb.weight)
+        if self.cfg.value_embed_init_std:  # #70: N(0, 0.01²)
+            for emb in self.value_embeds or []:
+                nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.value_embed_init_std)
         for block in self.blocks:
             for part in (block.attn, block.mlp):
                 if part is not None:
