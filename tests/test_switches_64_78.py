@@ -120,3 +120,50 @@ def test_value_embeddings_start_as_70s_normal_001():
     assert abs(w.std().item() / rec.std().item() - 1) < 0.02 and abs(w.mean().item()) < 1e-4
     kurtosis = ((w - w.mean()) ** 4).mean() / w.var() ** 2  # normal: 3 (uniform: 1.8)
     assert abs(kurtosis.item() - 3) < 0.1
+
+
+# ------------------------------------------------------------------ #72 (2026-02-10_ShortWindow)
+
+#: #72 on banks-2026-01: 1,515 + 40 steps, the LR floor 0.15, stage 1's documents cut at 896 tokens and
+#: stage 3's short window 2 blocks (its _STAGE1_SEQ and _WS_SHORT_STAGE3, set in advance_schedule)
+SCHEDULE_72 = [
+    "train.steps=1555",
+    "optim.tie_until=1012",  # split_step = 1010 | 1 = 1011
+    "train.final_lr_frac=0.15",
+    "train.stages=tokens=131072 doc=896 windows=1/3 lr=1 frac=1/3 mtp=1,0.5,0.25>1,0.5,0; "
+    "tokens=262144 doc=2048 windows=3/7 lr=1.52 frac=1/3 mtp=1,0.5>1,0; "
+    "tokens=393216 doc=2048 windows=2/11 lr=1.73 frac=1/3; "
+    "tokens=393216 doc=2048 windows=6/13 ext=40 val=6/20 yarn=13",
+]
+
+
+def record_72_lr(step: int, scheduled: int = 1515, cooldown_frac: float = 0.55) -> float:
+    """#72's TrainingSchedule.get_lr (stage LR multipliers 1, 1.52, 1.73 at round(1515·k/3))."""
+    ends = [0, round(scheduled / 3), round(2 * scheduled / 3), scheduled, scheduled + 40]
+    lr = next((m for m, end in zip((1.0, 1.52, 1.73, 1.0), ends[1:], strict=True) if step < end), 1.0)
+    cd_start = int(scheduled * (1 - cooldown_frac))
+    if step >= cd_start:
+        denom = scheduled - cd_start
+        t = 1.0 if denom <= 0 else min(1.0, (step - cd_start) / denom)
+        lr = lr * (1 - t) + 0.15 * t
+    return lr
+
+
+def record_72_seq_and_short_window(step: int) -> tuple[int, int]:
+    """#72's advance_schedule: train_max_seq_len 896 from step 1 to 504, 2,048 from 505; the short
+    window 2 blocks in 1010 … 1514, else the stage's."""
+    seq = 896 if 1 <= step < 505 else 2048
+    ends = [505, 1010, 1515]
+    short = next((s for s, end in zip((1, 3, 5), ends, strict=True) if step < end), 6)
+    return seq, 2 if 1010 <= step < 1515 else short
+
+
+def test_72s_lr_floor_and_short_stage_1_sequence_at_every_step():
+    """From step 1 on; at step 0 #72 still cuts documents at 2,048 (the new length is sent at step 1)."""
+    from speedrun.train.schedule import schedule_at
+
+    cfg = load_recipe(BASE, SCHEDULE_72)
+    for step in range(1, 1555):
+        got = schedule_at(step, cfg)
+        assert got.lr == pytest.approx(record_72_lr(step), rel=1e-12, abs=1e-15), step
+        assert (got.stage.max_doc_len, got.stage.short_window) == record_72_seq_and_short_window(step), step
