@@ -168,7 +168,8 @@ def record_adam_(p, g, st, lr, betas, wd_mul, eps=1e-10, wd=0.005):
     p.add_(other=update, alpha=-1.0)
 
 
-def test_eight_steps_equal_record_65s_normuon_and_adam():
+@pytest.mark.parametrize("beta2", [0.95, 0.9])  # #65's normuon_defaults; #78's (optim.normuon_beta2)
+def test_eight_steps_equal_record_65s_normuon_and_adam(beta2):
     """NorMuon every step on Q, K, V, O as four square matrices (attn_bank.reshape: no shape multiplier),
     c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam on odd steps with the param_table's
     betas, LR and decay multipliers, the gradients kept over even steps; the embedding tied to the head
@@ -179,6 +180,7 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
     extra += ["optim.tie_until=4", "model.bigram_rows=300", "model.block_dtype=fp32"]
+    extra += [f"optim.normuon_beta2={beta2}"] * (beta2 != 0.95)
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
     d = cfg.model.n_embd
     torch.manual_seed(0)
@@ -210,13 +212,17 @@ def test_eight_steps_equal_record_65s_normuon_and_adam():
             if name.endswith("attn.c_attn.weight") or name.endswith("attn.c_proj.weight"):
                 for j, (wm, gm) in enumerate(zip(w.split(d), g.split(d), strict=True)):
                     record_normuon_matrix_(
-                        wm, gm, state.setdefault((name, j), {}), 0.023 * sched, 1.0, momentum
+                        wm, gm, state.setdefault((name, j), {}), 0.023 * sched, 1.0, momentum, beta2=beta2
                     )
             elif name.endswith("mlp.c_fc.weight"):
-                record_normuon_matrix_(w, g, state.setdefault(name, {}), 0.023 * sched, 2.0, momentum)
+                record_normuon_matrix_(
+                    w, g, state.setdefault(name, {}), 0.023 * sched, 2.0, momentum, beta2=beta2
+                )
             elif name.endswith("mlp.c_proj.weight"):  # stored (3072, 768) in the record's bank
                 wt = w.T.clone()
-                record_normuon_matrix_(wt, g.T, state.setdefault(name, {}), 0.023 * sched, 4.0, momentum)
+                record_normuon_matrix_(
+                    wt, g.T, state.setdefault(name, {}), 0.023 * sched, 4.0, momentum, beta2=beta2
+                )
                 w.copy_(wt.T)
             else:
                 adam_grads[name] = adam_grads.get(name, 0) + g  # not cleared on even steps

@@ -167,3 +167,32 @@ def test_72s_lr_floor_and_short_stage_1_sequence_at_every_step():
         got = schedule_at(step, cfg)
         assert got.lr == pytest.approx(record_72_lr(step), rel=1e-12, abs=1e-15), step
         assert (got.stage.max_doc_len, got.stage.short_window) == record_72_seq_and_short_window(step), step
+
+
+# ------------------------------------------------------------------ #78 (2026-03-22_VarlenMaxDocs)
+
+#: #78's TRAIN_MAX_NUM_DOCS: cu_seqlens entries per rank's chunk, fitted to FineWeb's document counts
+TRAIN_MAX_NUM_DOCS_78 = {16384: 64, 32768: 96, 49152: 128}
+
+
+def record_78_max_num_docs(num_tokens_local: int) -> int:
+    """#78's distributed_data_generator: the table, else next_multiple_of_n(tokens // 300, n=128)."""
+    v = num_tokens_local // 300
+    return TRAIN_MAX_NUM_DOCS_78.get(
+        num_tokens_local, next(x for x in range(128, v + 1 + 128, 128) if x >= v)
+    )
+
+
+def test_cu_seqlens_are_sized_as_78s_with_data_max_docs_0():
+    """data.max_docs = 0 takes #78's sizes (64, 96, 128 for the three stages' 16K, 32K, 48K tokens per
+    rank); #53–#72 (and banks-2026-01) used tokens // 300 rounded up to 128, the recipes' 256 holding
+    the same boundaries."""
+    from speedrun.config_stages import stage_plan
+    from speedrun.data.bos_loader import record_max_docs
+
+    for local in [*TRAIN_MAX_NUM_DOCS_78, 256, 8192, 8192 + 300 * 128, 65536, 4 * 64 * 1024]:
+        assert record_max_docs(local) == record_78_max_num_docs(local), local
+    cfg = load_recipe(BASE, ["data.max_docs=0"])
+    sizes = [record_max_docs(s.batch_tokens // 8) for s in stage_plan(cfg).stages]
+    assert sizes == [64, 96, 128, 128]
+    assert load_recipe(BASE).data.max_docs == 256  # #65: 128, 128, 256 by stage (the same boundaries)
