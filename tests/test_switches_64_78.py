@@ -12,6 +12,7 @@ import torch
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.two_processes import SHARED
 
 BASE = "banks-2026-01"
 
@@ -196,3 +197,14 @@ def test_cu_seqlens_are_sized_as_78s_with_data_max_docs_0():
     sizes = [record_max_docs(s.batch_tokens // 8) for s in stage_plan(cfg).stages]
     assert sizes == [64, 96, 128, 128]
     assert load_recipe(BASE).data.max_docs == 256  # #65: 128, 128, 256 by stage (the same boundaries)
+
+
+# ------------------------------------------------------------------ #71 (2026-02-06_SparseBigramGradient)
+
+
+@pytest.mark.slow
+@SHARED
+def test_the_sparse_row_exchange_equals_the_dense_one_on_two_gloo_processes(library_results):
+    """#71's all-to-all of the touched rows (optim/sparse_rows.py) against all-reduce + slice / world:
+    equal bit for bit (two ranks add the same two numbers), including ranks that touched no row."""
+    assert library_results["sparse_rows"] == {"max_abs_diff": 0.0, "equal": True}
