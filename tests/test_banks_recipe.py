@@ -388,3 +388,31 @@ def test_bf16_blocks_need_the_normuon_table():
 
     with pytest.raises(ConfigError, match=r"model\.block_dtype=bf16 needs optim\.name=normuon"):
         load_recipe(RECIPE, ["model.block_dtype=bf16", "optim.name=muon"])
+
+
+@pytest.mark.slow
+def test_the_shrunk_recipe_trains_through_the_loop(text_data, tmp_path):
+    """The training loop on the shrunk recipe: bf16 blocks through the mantissa buffer, the bigram
+    table, gates in Adam, paired heads, grad_scale 2 x tokens/8, tie → untie."""
+    import json
+
+    from speedrun.train import loop
+    from tests.recipe_matrix import shrink
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    plan = "tokens=256 doc=64 windows=1/1 frac=1/2 mtp=1,0.5,0.25>1,0.5,0; "
+    plan += "tokens=512 windows=1/2 lr=1.5 frac=1/2; tokens=512 windows=1/2 ext=2 val=1/3 yarn=2"
+    over = [*shrink(RECIPE), f"data.dir={text_data}", "data.tokenizer=bpe:512", f"model.eot_id={eot}",
+            "model.vocab_size=512", "model.embed_dtype=fp32", "model.fp8_head=false",
+            "model.bigram_rows=1000",
+            "optim.muon_ns_dtype=fp32", "train.seq_len=128", "train.micro_batch_tokens=128",
+            "train.global_batch_tokens=512", "model.max_seq_len=512", "train.val_seq_len=512",
+            "train.val_tokens=2048", "train.steps=8", f"train.stages={plan}", "optim.tie_until=4",
+            "train.log_every=1", "data.max_docs=0"]  # fmt: skip
+    cfg = load_recipe(RECIPE, over)
+    assert cfg.model.block_dtype == "bf16" and cfg.train.grad_scale_mul == 2.0
+    loop.train(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in lines if "train_loss" in r]
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert any("val_loss" in r and math.isfinite(r["val_loss"]) for r in lines)
