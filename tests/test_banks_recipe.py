@@ -1,12 +1,14 @@
 """The banks-2026-01 recipe against record #65 (records/track_1_short/2026-01-30_VeFused, the code at the
 top of each log): its TrainingSchedule and get_muon_momentum at every step (LR, momentum, batch,
 windows, MTP weights, untie step, no scalar pause, grad_scale 2), its parameter count from its
-tensors, and eight optimizer steps against its NorMuonAndAdam (param_table, work order, tie) written
-here from its code, on a shrunk model in fp32. The model's parts (#54–#63) are tested against their
+tensors, eight optimizer steps against its NorMuonAndAdam (param_table, work order, tie) written here
+from its code on a shrunk model in fp32, its interleaved rotary, bf16 block storage (#57) and the fp32
+forward loss and gradients of its model. The model's parts (#54–#63) are tested against their
 records in tests/test_banks_switches.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from itertools import accumulate
 
@@ -15,7 +17,7 @@ import torch
 
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
-from speedrun.train.schedule import schedule_at
+from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.test_banks_switches import RECORD_65_ADAM, record_65_label
 
 RECIPE = "banks-2026-01"
@@ -416,3 +418,65 @@ def test_the_shrunk_recipe_trains_through_the_loop(text_data, tmp_path):
     losses = [r["train_loss"] for r in lines if "train_loss" in r]
     assert losses and all(math.isfinite(v) for v in losses)
     assert any("val_loss" in r and math.isfinite(r["val_loss"]) for r in lines)
+
+
+# ------------------------------------------------------------------ #65's model, forward and gradients
+
+
+@pytest.mark.parametrize("step", [100, 700, 1200, N + EXT])  # MTP 3, MTP 2 after YaRN 3 → 7, 11; validation
+def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
+    """The recipe's model (fp32 blocks) against #55's forward with #58's, #62's and #63's lines
+    (tests/test_banks_switches.record_55_forward: #65's forward apart from the one-parameter value-
+    embedding layout) on #65's windows, YaRN history and MTP weights at `step`."""
+    from tests.test_banks_switches import record_55_forward
+    from tests.test_yarn_recipe import RecordYarn
+
+    heads, dim, T, vocab = 4, 64, 1024, 120
+    cfg = load_recipe(RECIPE, ["model.block_dtype=fp32"])
+    cfg.model = dataclasses.replace(
+        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
+        fp8_head=False, eot_id=vocab - 1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
+            if "ve_gate" in n or "skip_gate" in n:
+                p.copy_(torch.randn_like(p))
+            if n == "bigram.embed.weight":
+                p.normal_(std=0.5)
+    gen = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
+    seq[[0, 1000]] = vocab - 1
+    cu = torch.full((128,), T, dtype=torch.int32)
+    cu[:2] = torch.tensor([0, 1000])
+    x, y = seq[:-1], seq[1:]
+    rec = RecordSchedule65()
+    training = step < rec.total_steps
+    model.train(training)
+    apply_to_model(schedule_at(step, cfg), model)
+    stage = rec.lookup(min(step, rec.total_steps - 1))[0]
+    ws_short, ws_long = stage[2] if training else (6, 20)  # apply_final_ws_ext
+    yarn, scale, seen = RecordYarn(dim // heads, 2 * T), 0.1, [STAGES_65[0][2][1]]
+    for s in range(min(step, rec.total_steps - 1) + 1):
+        if rec.lookup(s)[0][2][1] != seen[-1]:
+            seen.append(rec.lookup(s)[0][2][1])
+    for old, new in zip(seen[:-1], seen[1:], strict=True):
+        yarn.apply_yarn(old, new)
+        scale *= 0.2 * math.log(new / old) + 1
+    weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
+    with torch.set_grad_enabled(training):
+        loss = model(x[None], y[None], cu)
+        mtp = rec.mtp_weights(step) if training else [1.0]
+        ref = record_55_forward(
+            weights, x, y, cu, (ws_short, ws_long), yarn, scale, mtp, heads, dim, training, (0, 2, 5, 9)
+        )
+    ref = ref / T if training else ref
+    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
+    if not training:
+        return
+    loss.backward()
+    ref.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
