@@ -88,7 +88,8 @@ def _gpt2026_layers(m, L: int) -> list[str]:
     if m.key_offset_layers:
         out.append(f"model.key_offset_layers={[i for i in attn if windows[i] == 'L']}")
     if m.paired_layers:
-        out.append(f"model.paired_layers={attn[:1]}")
+        offset = m.key_offset_layers and windows  # #58: a paired layer has no #49 key offset
+        out.append(f"model.paired_layers={[i for i in attn if not offset or windows[i] == 'S'][:1]}")
     return out
 
 

@@ -379,7 +379,10 @@ def test_the_adam_table_is_the_65_records():
     ("overrides", "words"),
     [
         (["model.logit_softcap=0", "model.softcap_offset=5"], "model.softcap_offset"),
-        (["model.ve_gate=12", "model.value_embeds=[]"], "model.ve_gate (#55)"),
+        (
+            ["model.ve_gate=12", "model.value_embeds=[]", "model.value_embed_zero_init=false"],
+            "model.ve_gate (#55)",
+        ),
         (["model.skip_gate=800"], "model.skip_gate (#55)"),
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),

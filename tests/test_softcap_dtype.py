@@ -30,6 +30,7 @@ BF16_SOFTCAP_RECIPES = (
     "polar-2025-09",
     "normuon-2025-10",
     "stages-2025-12",
+    "banks-2026-01",  # #65 evaluates 23 * sigmoid((logits + 5) / 7.5) on the bf16 logits
 )
 
 
@@ -60,7 +61,13 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
     h = h.detach().requires_grad_(True)
     logits = F.linear(h, model.lm_head.weight.to(torch.bfloat16))
     cfg = model.cfg
-    if cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
+    if cap_first and getattr(
+        cfg, "softcap_offset", 0
+    ):  # #54/#65: 23 * torch.sigmoid((logits + 5) / 7.5), bf16
+        logits = (
+            2 * cfg.logit_softcap * torch.sigmoid((logits + cfg.softcap_offset) / cfg.softcap_divisor)
+        ).float()
+    elif cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
         logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
     elif cap_first:
         logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()

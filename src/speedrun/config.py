@@ -243,6 +243,8 @@ class TrainConfig:
     # step)/N times the mean loss's, which Adam's eps and the orthogonalizers' norm epsilons see. N > 0
     # scales every gradient by that (per stage, whatever our process count); 0 = the mean loss's gradients
     summed_loss_ranks: int = 0
+    # #65's grad_scale: a further constant factor on every gradient (2 / grad_accum_steps on its 8 ranks = 2)
+    grad_scale_mul: float = 1.0
     seq_len: SeqLen = 1024
     warmup_steps: int = 0
     warmdown_steps: int = 0  # linear decay over the last N steps (schedule "trapezoid")

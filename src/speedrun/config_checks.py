@@ -48,6 +48,8 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
     if m.positional == "rotary" and (m.n_embd // m.n_head) % 2:
         raise ConfigError("rotary embeddings need an even head dimension")
+    if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name != "normuon":  # #57
+        raise ConfigError("model.block_dtype=bf16 needs optim.name=normuon (its mantissa buffer keeps fp32)")
     if t.seq_len > m.max_seq_len:
         raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
     if t.micro_batch_tokens % t.seq_len:

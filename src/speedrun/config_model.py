@@ -62,6 +62,7 @@ class Gpt2026Config:
     rope_precision: Literal["auto", "fp32", "bf16", "bf16-angles"] = "auto"  # #32: bf16
     attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
     ve_gate: int = 0  # #55
+    ve_gate_ve_dims: int = 0  # #70: the gate reads x[:ve_gate − n] and the embedding's first n dims (6)
     value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
     # --- connections ---
     skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
@@ -85,9 +86,13 @@ class Gpt2026Config:
     softcap_in_bf16: bool = False
     ce_bf16: bool = False  # #37
     fp8_head: bool = True
+    # #57: attention and MLP matrices stored in bf16, stepped in fp32 through NorMuon's mantissa buffer
+    block_dtype: Literal["fp32", "bf16"] = "fp32"
     # --- init ---
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
+    value_embed_init_std: float = 0.0  # #70: value embeddings from N(0, std²) (0.01); 0 = as above
+    mimetic_vo_beta: float = 0.0  # #64: V ≈ √β·I, O ≈ −√β·I (0.05); 0 = Q/K/V uniform, O zero
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
     mtp: int = 0  # #53
@@ -173,6 +178,16 @@ def check(m: Gpt2026Config) -> None:
     ):
         if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.ve_gate_ve_dims and not 0 < m.ve_gate_ve_dims < m.ve_gate:
+        raise ConfigError(
+            f"model.ve_gate_ve_dims (#70) must be 1..model.ve_gate - 1, got {m.ve_gate_ve_dims}"
+        )
+    if m.value_embed_init_std and (m.value_embed_zero_init or max(m.value_embeds, default=-1) < 0):
+        raise ConfigError(
+            "model.value_embed_init_std (#70) needs value embeddings and value_embed_zero_init=false"
+        )
+    if not 0 <= m.mimetic_vo_beta <= 1:
+        raise ConfigError(f"model.mimetic_vo_beta (#64) must be 0..1 (0 = off), got {m.mimetic_vo_beta}")
     if m.bigram_rows and not 2 <= m.bigram_rows <= 2**31:
         raise ConfigError("model.bigram_rows (#62) must be 2..2^31 hash buckets")
     if not 0 <= m.backout_layer < L:

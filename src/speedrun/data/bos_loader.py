@@ -45,7 +45,8 @@ from speedrun.data.shards import check_document_starts, open_shard, read_header,
 from speedrun.errors import ConfigError, DataError
 
 RULES = ("stream", "packed")
-#: The records' fixed document counts per chunk size (#46 on), else the size / 300 rounded up to 128.
+#: The records' fixed document counts per chunk size (#78 on: TRAIN_MAX_NUM_DOCS), else the size / 300
+#: rounded up to 128 (as before #78).
 RECORD_MAX_DOCS = {16384: 64, 32768: 96, 49152: 128}
 
 #: step -> (global batch tokens, longest document in tokens; 0 = no limit)

@@ -149,10 +149,10 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
 def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
     """The gradients' factor for a step of `step_tokens` tokens: with `summed_loss_ranks` N, the records'
     (each of N ranks back-propagates its summed loss over step_tokens/N tokens, the ranks' gradients
-    averaged: (step_tokens/N)·∇mean), else 1. A function of the global batch only, so a run on any
-    process count and micro-batch split sees the record's 8-rank gradients."""
+    averaged: (step_tokens/N)·∇mean), else 1; times `grad_scale_mul` (#65: 2). A function of the global
+    batch only, so a run on any process count and micro-batch split sees the record's 8-rank gradients."""
     n = cfg.summed_loss_ranks
-    return step_tokens / n if n > 0 else 1.0
+    return (step_tokens / n if n > 0 else 1.0) * cfg.grad_scale_mul
 
 
 def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> None:

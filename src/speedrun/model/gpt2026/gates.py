@@ -60,10 +60,20 @@ class ContextGate(nn.Module):
 
 
 class ValueEmbedGate(ContextGate):
-    """#55: per head, the share of the value embedding added to v."""
+    """#55: per head, the share of the value embedding added to v. With `ve_dims` (#70, 2026-02-03, PR
+    #218: 6, on the unpaired layers) the gate reads x[..., :k − ve_dims] and the embedding's first ve_dims
+    dims, `cat([x[..., :6], ve[..., :6]])`, instead of x[..., :k]."""
+
+    def __init__(self, dims: int, n: int, ve_dims: int = 0):
+        super().__init__(dims, n)
+        assert 0 <= ve_dims < dims
+        self.ve_dims = ve_dims
 
     def gate(self, ve: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """ve (B, T, H, D) scaled per head by the gate of x (B, T, C)."""
+        """ve (B, T, H, D) scaled per head by the gate of x (B, T, C) (and of ve's first dims, #70)."""
+        if self.ve_dims:
+            k = self.proj.in_features - self.ve_dims
+            x = torch.cat([x[..., :k], ve.flatten(-2)[..., : self.ve_dims].type_as(x)], dim=-1)
         return self(x)[..., None] * ve
 
 

@@ -20,10 +20,14 @@ from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
+
+#: the block matrices #57 stores in bf16 (model.block_dtype)
+BLOCK_MATRICES = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out"))
 
 
 class Block(nn.Module):
@@ -83,7 +87,8 @@ class GPT2026(nn.Module):
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
             if cfg.ve_gate and s.value_embed is not None and s.attention:
-                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head)
+                ve_dims = 0 if s.paired else cfg.ve_gate_ve_dims  # #70: paired layers keep x[:12]
+                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
@@ -124,6 +129,10 @@ class GPT2026(nn.Module):
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy
             for emb in [self.wte, *(self.value_embeds or [])]:
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
+        if cfg.block_dtype == "bf16":  # #57: the optimizer keeps their low mantissa bits (optim/normuon.py)
+            for _, p, lab in labelled(self):
+                if lab is not None and lab.name in BLOCK_MATRICES:
+                    p.data = p.data.to(torch.bfloat16)
 
     def _init_weights(self) -> None:
         """The records' init: token embedding N(0, 1), every linear uniform with std 0.5/√fan_in (Q/K/V:
@@ -138,10 +147,21 @@ class GPT2026(nn.Module):
         if self.cfg.value_embed_zero_init:
             for emb in self.value_embeds or []:
                 nn.init.zeros_(emb.weight)
+        if self.cfg.value_embed_init_std:  # #70: N(0, 0.01²)
+            for emb in self.value_embeds or []:
+                nn.init.normal_(emb.weight, mean=0.0, std=self.cfg.value_embed_init_std)
         for block in self.blocks:
             for part in (block.attn, block.mlp):
                 if part is not None:
                     nn.init.zeros_(part.c_proj.weight)
+        if self.cfg.mimetic_vo_beta:  # #64
+            d = self.cfg.n_embd
+            for block in self.blocks:
+                if block.attn is not None:
+                    attn = block.attn
+                    mimetic_vo_init_(
+                        attn.c_attn.weight[2 * d :], attn.c_proj.weight, self.cfg.mimetic_vo_beta
+                    )
         for part in self.modules():
             if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
                 part.reset_parameters()  # zero
