@@ -1,6 +1,10 @@
 """The gpt2026 family against the pre-split GPT: the five 2025 recipes, shrunk, must give the same fp32
 loss, every gradient and three optimizer steps bit for bit, and the same seeded initialization
-(tests/data/family_refs.json, made by tests/data/make_family_refs.py on the commit it names). Each
+(tests/data/family_refs.json, made by tests/data/make_family_refs.py on the commit it names). Bit for
+bit holds on the fp32 kernels the references were made with (their `cpu_capability`, AVX512); a host
+that dispatches other kernels (AVX2) rounds matmul sums in another order, so there the values must
+agree within fp32 rounding instead (measured under AVX2 kernels: loss equal, gradient norms within
+2e-3 relative on tiny scalars and 1e-5 elsewhere, parameters after 3 steps within 3e-5). Each
 reference holds its shrunk config as that commit's config.json held it, so loading it also exercises
 the converter of old run folders (config_model.legacy_model_table)."""
 
@@ -10,12 +14,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from speedrun.config_files import config_from_dict
 from speedrun.model.families import build_model
 from tests.data.make_family_refs import RECIPES, init_values, run
 
 REFS = json.loads((Path(__file__).parent / "data" / "family_refs.json").read_text())
+SAME_KERNELS = torch.backends.cpu.get_cpu_capability() == REFS["cpu_capability"]
 
 
 def shrunk(name: str):
@@ -31,10 +37,21 @@ def build(cfg):
     return model
 
 
-def mismatches(ours: dict, ref: dict) -> list[str]:
-    """Names whose values differ (with both, to see how far off), and names only one side has."""
-    out = [f"{n}: ours {ours.get(n)}, ref {ref[n]}" for n in ref if ours.get(n) != ref[n]]
+def mismatches(ours: dict, ref: dict, rel: float = 0.0, exact: bool = False) -> list[str]:
+    """Names whose values differ (with both, to see how far off), and names only one side has. Values
+    are [sha256 of the bytes, fp64 norm]: equal on the references' kernels, else norms within `rel`."""
+
+    def same(a: list | None, b: list) -> bool:
+        if SAME_KERNELS or exact or a is None:
+            return a == b
+        return abs(a[1] - b[1]) <= rel * abs(b[1]) + 1e-12
+
+    out = [f"{n}: ours {ours.get(n)}, ref {ref[n]}" for n in ref if not same(ours.get(n), ref[n])]
     return out + [f"{n}: not in the reference" for n in ours if n not in ref]
+
+
+def close(a: float, b: float) -> bool:
+    return a == b if SAME_KERNELS else abs(a - b) <= 1e-6 * abs(b)
 
 
 def test_the_references_name_the_pre_split_commit():
@@ -45,11 +62,13 @@ def test_the_references_name_the_pre_split_commit():
 def test_gpt2026_reproduces_the_pre_split_gpt_bit_for_bit(name):
     ref = REFS["recipes"][name]
     ours = run(shrunk(name), build)
-    assert ours["loss"] == ref["loss"], (ours["loss"], ref["loss"])
-    assert not mismatches(ours["grads"], ref["grads"]), mismatches(ours["grads"], ref["grads"])
+    assert close(ours["loss"], ref["loss"]), (ours["loss"], ref["loss"])
+    bad = mismatches(ours["grads"], ref["grads"], rel=1e-2)
+    assert not bad, bad
     for step, (a, b) in enumerate(zip(ours["steps"], ref["steps"], strict=True)):
-        assert a["loss"] == b["loss"], (step, a["loss"], b["loss"])
-        assert not mismatches(a["params"], b["params"]), (step, mismatches(a["params"], b["params"]))
+        assert close(a["loss"], b["loss"]), (step, a["loss"], b["loss"])
+        bad = mismatches(a["params"], b["params"], rel=1e-4)
+        assert not bad, (step, bad)
 
 
 @pytest.mark.parametrize("name", RECIPES)
@@ -58,7 +77,8 @@ def test_gpt2026_init_equals_the_pre_split_gpts(name):
     the old order, so the generator hands every parameter the same draws. Same names."""
     ours, ref = init_values(shrunk(name), build), REFS["recipes"][name]["init"]
     assert sorted(ours) == sorted(ref)
-    assert not mismatches(ours, ref), mismatches(ours, ref)
+    bad = mismatches(ours, ref, exact=True)  # draws from the generator: no kernel-dependent sums
+    assert not bad, bad
 
 
 def test_a_family_is_picked_first_and_a_new_family_inherits_no_model_table():

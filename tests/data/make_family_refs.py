@@ -143,7 +143,10 @@ def main() -> None:
     if "REF_COMMIT" not in os.environ:
         dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout
         assert not dirty.strip(), "make the references from committed code"
-    refs = {"commit": commit, "torch": torch.__version__, "recipes": {}}
+    refs = {  # the CPU capability picks the fp32 kernels: other kernels round differently
+        "commit": commit, "torch": torch.__version__, "recipes": {},
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }  # fmt: skip
     for name in RECIPES:
         cfg = load_recipe(name, overrides(name))
         build = lambda cfg: GPT(cfg.model)  # noqa: E731
