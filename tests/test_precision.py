@@ -40,6 +40,7 @@ def _slow_cpu(monkeypatch, flags: set[str], capability: str = "AVX2", speedup: f
         ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", 5.0),  # ATEN_CPU_CAPABILITY=avx2 on a BF16 host
         ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", 0.02),  # ONEDNN_MAX_CPU_ISA=AVX2: probe says slow
         (None, "AVX512", 0.5),  # flags unreadable: the probe decides
+        ({"avx512f", "avx512_bf16"}, "AVX512", 0.3),  # bf16 flags: only a clear slowdown is emulation
     ],
 )
 def test_a_cpu_without_fast_bf16_never_gets_bf16_autocast_under_auto(
@@ -54,6 +55,13 @@ def test_a_cpu_with_bf16_instructions_that_measures_fast_gets_bf16(monkeypatch, 
     _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=3.5)
     chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
     assert chosen.dtype == "bf16" and chosen.autocast is torch.bfloat16 and "3.5x faster" in chosen.reason
+
+
+def test_a_noisy_probe_on_a_cpu_with_bf16_instructions_does_not_flip_the_precision(monkeypatch, fresh_probe):
+    """A busy core halved one timing (native bf16 measured 0.7x fp32): the same command must not train in
+    fp32 on one run and bf16 on the next; emulation measures 10-100x slower, far below the line."""
+    _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=0.7)
+    assert precision.resolve(load_recipe("demo"), torch.device("cpu")).dtype == "bf16"
 
 
 def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypatch, fresh_probe):
