@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from speedrun.config_checks import cross_field_checks
-from speedrun.config_labels import label_table, parse_rows
+from speedrun.config_labels import check_shadowed, parse_rows
 from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
@@ -373,4 +373,4 @@ def validate(cfg: Config) -> None:
     """Every field against its declared type and range first, then the cross-field rules."""
     check_fields(cfg)
     cross_field_checks(cfg)
-    label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)  # the stated rows fit the optimizer
+    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

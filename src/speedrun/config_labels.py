@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -236,6 +237,43 @@ def label_table(o: Any, head_dim: int) -> dict[str, LabelRow]:
     return {label: table[label] for label in LABELS}
 
 
+def check_shadowed(o: Any, head_dim: int, fixed: frozenset[str]) -> None:
+    """Refuse a flat ``[optim]`` field the user set (``fixed``) that stated rows make do nothing: it
+    changes derived rows but none of the table's (each field is changed once and both tables compared,
+    so derived_rows stays the one owner of which field feeds which row)."""
+    if not o.labels:
+        return
+    derived, table = derived_rows(o, head_dim), label_table(o, head_dim)
+    for key in sorted(fixed):
+        section, _, name = key.partition(".")
+        if section != "optim" or name.split(".")[0] == "labels":
+            continue
+        other = dataclasses.replace(o, **{name: _another(o, name)})
+        fed = [lab for lab, row in derived_rows(other, head_dim).items() if row != derived[lab]]
+        try:
+            moved = label_table(other, head_dim) != table
+        except ConfigError:
+            moved = True  # it makes a stated row invalid: it does something
+        if fed and not moved:
+            raise ConfigError(
+                f"{key} has no effect: optim.labels states the rows it feeds ({', '.join(fed)}); "
+                "set the key there instead"
+            )
+
+
+def _another(o: Any, name: str) -> Any:
+    """A value of field ``name`` of ``o`` other than its own (every derived row reading it changes)."""
+    value = getattr(o, name)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, tuple):
+        return tuple(v + 1 for v in value)
+    choices = typing.get_args(typing.get_type_hints(type(o))[name])
+    return next((c for c in choices if c != value), value)
+
+
 def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> LabelRow:
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
@@ -271,36 +309,27 @@ def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> Lab
 
 
 def format_table(o: Any, table: dict[str, LabelRow], params: dict[str, tuple[int, int]] | None = None) -> str:
-    """The table as text, one line per label (``params``: label -> (tensors, numbers), the labels the
-    model carries; without it every label). A NorMuon row's lr is muon_lr times its lr_mul (before the
-    bank's shape multiplier), its wd muon_weight_decay."""
-    labels = [lab for lab in LABELS if params is None or lab in params]
-    head = f"{'label':<13}{'rule':<9}{'group':<12}{'lr':>10} {'wd':>8}  {'betas':<12}{'eps':>7}  other"
+    """The table as text, one line per label, ``*`` marking a stated row (``params``: label -> (tensors,
+    numbers) of the labels the model carries; without it every label). A matrix row's lr is muon_lr
+    times its lr_mul (before the bank's shape multiplier), its wd muon_weight_decay."""
+    if o.name == "adamw":
+        return "optimizer labels: none (optim.name = adamw trains every parameter alike)"
+    stated = f" ({len(o.labels)} stated in optim.labels: *)" if o.labels else ""
+    count = f"{'params':>13} {'tensors':>7}  " if params is not None else ""
     lines = [
-        "optimizer labels" + (f" ({len(o.labels)} stated in optim.labels)" if o.labels else "") + ":",
-        head,
+        f"optimizer labels{stated}:",
+        f"{'label':<13}{'rule':<9}{'group':<12}{'lr':>8} {'wd':>6}  {'betas':<10}{'eps':>6}  {count}other",
     ]
-    for lab in labels:
+    for lab in (lab for lab in LABELS if params is None or lab in params):
         r = table[lab]
         if r.rule == "adam":
-            cells, other = (
-                f"{r.lr:>10.4g} {r.wd:>8.4g}  {f'{r.betas[0]:g}/{r.betas[1]:g}':<12}{r.eps:>7.0e}",
-                "",
-            )
+            lr, wd, betas, eps, other = r.lr, r.wd, f"{r.betas[0]:g}/{r.betas[1]:g}", f"{r.eps:.0e}", ""
         else:
-            lr, wd = (
-                (o.muon_lr * r.lr_mul, o.muon_weight_decay)
-                if r.rule == "normuon"
-                else (o.muon_lr, o.muon_weight_decay)
-            )
-            cells = f"{lr:>10.4g} {wd:>8.4g}  {'':<12}{'':>7}"
-            other = " ".join(
-                [f"lr_mul={r.lr_mul:g}"] * (r.lr_mul != 1)
-                + ["split=false"] * (not r.split)
-                + ["gate_rows"] * r.gate_rows
-                + [f"qk_rows={r.qk_rows}"] * (r.qk_rows > 0)
-            )
-        count = f"  {params[lab][1]:,d} params in {params[lab][0]}" if params is not None else ""
-        stated = "*" if lab in o.labels else " "
-        lines.append(f"{lab + stated:<13}{r.rule:<9}{r.group:<12}{cells}  {other}{count}".rstrip())
+            lr, wd, betas, eps = o.muon_lr * r.lr_mul, o.muon_weight_decay, "", ""
+            flags = [f"lr_mul={r.lr_mul:g}"] * (r.lr_mul != 1) + ["split=false"] * (not r.split)
+            other = " ".join(flags + ["gate_rows"] * r.gate_rows + [f"qk_rows={r.qk_rows}"] * (r.qk_rows > 0))
+        count = f"{params[lab][1]:>13,d} {params[lab][0]:>7d}  " if params is not None else ""
+        name = lab + "*" * (lab in o.labels)
+        line = f"{name:<13}{r.rule:<9}{r.group:<12}{lr:>8.4g} {wd:>6.4g}  {betas:<10}{eps:>6}  {count}{other}"
+        lines.append(line.rstrip())
     return "\n".join(lines)
