@@ -265,3 +265,25 @@ def test_recipes_and_dry_run_print_the_resolved_table(capsys):
     for lab, cells in shown.items():
         assert f"{counts[lab]:,d}" in cells, lab
     assert shown["bigram"][:7] == ["bigram*", "adam", "value_embed", "0.6", "0.025", "0.75/0.95", "1e-10"]
+
+
+def test_a_stated_row_under_muon_gets_an_adam_group_of_its_own():
+    """record-2025-01 (Muon + one Adam): value embeddings at their own LR leave the embedding's group."""
+    cfg = load_recipe("record-2025-01", [*shrink("record-2025-01"), 'optim.labels.value_embed={"lr": 0.1}'])
+    model = build_model(cfg.model)
+    adam = build_optimizer(model, cfg).parts["adam"]
+    ve = {id(e.param) for e in model_rules(model, cfg) if e.label.name == "value_embed"}
+    groups = [(g["lr"], {id(p) for p in g["params"]}) for g in adam.param_groups]
+    assert ve and (0.1, ve) in groups  # after embed, head and scalar, in the state's saved order
+    assert [lr for lr, _ in groups[:3]] == [cfg.optim.embed_lr, cfg.optim.head_lr, cfg.optim.scalar_lr]
+    assert all(g["betas"] == tuple(cfg.optim.betas) for g in adam.param_groups)  # the rest kept
+
+
+def test_a_stated_table_survives_config_json():
+    """A run's config.json keeps the stated rows; reading it back gives the same table, nothing changed."""
+    from speedrun.config_files import changed_keys, config_from_dict
+
+    cfg = load_recipe("banks-2026-01", ["optim.labels.mlp_out.lr_mul=3"])
+    back = config_from_dict(json.loads(json.dumps(cfg.to_dict())), "config.json")
+    assert changed_keys(cfg, back) == [] and run_rules(back) == run_rules(cfg)
+    assert run_rules(back)["mlp_out"].lr_mul == 3.0
