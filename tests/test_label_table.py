@@ -287,3 +287,17 @@ def test_a_stated_table_survives_config_json():
     back = config_from_dict(json.loads(json.dumps(cfg.to_dict())), "config.json")
     assert changed_keys(cfg, back) == [] and run_rules(back) == run_rules(cfg)
     assert run_rules(back)["mlp_out"].lr_mul == 3.0
+
+
+def test_an_empty_row_takes_a_stated_row_back():
+    """Switching a part off in a recipe that states its row: the row goes with `{}` (the derived one is
+    back), and the flat field that feeds it then acts again."""
+    off = ["model.skip_gate=0", "optim.skip_gate_lr=0"]
+    assert main(["train", "--dry-run", "--recipe", "banks-2026-01", *off]) == 2  # the row would shadow it
+    cfg = load_recipe("banks-2026-01", [*off, "optim.labels.skip_gate={}"])
+    assert "skip_gate" not in cfg.optim.labels and len(cfg.optim.labels) == 12
+    assert run_rules(cfg)["skip_gate"] == derived_rows(cfg.optim, 128)["skip_gate"]
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    assert "skip_gate" not in {e.label.name for e in model_rules(model, cfg)}  # and no row without one
+    assert load_recipe("banks-2026-01", ["optim.labels={}"]).optim.labels == {}

@@ -49,16 +49,17 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
 
 def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
     """`[optim.labels]` (a table, or JSON text) or `optim.labels.LABEL[.KEY]=VALUE`: merged into the rows
-    already stated, label by label and key by key (a recipe's rows over its base's)."""
+    already stated, label by label and key by key (a recipe's rows over its base's); an empty row
+    (`optim.labels.gate={}`) or table (`optim.labels={}`) takes the stated rows back."""
     path = key.split(".")[2:]
     if len(path) > 2:
         raise _unknown_key(key, all_keys())
     for part in reversed(path):
         value = {part: value}
-    rows = dict(cfg.optim.labels)
-    for label, row in parse_rows("optim.labels", value).items():
-        rows[label] = {**rows.get(label, {}), **row}
-    cfg.optim.labels = rows
+    rows, stated = dict(cfg.optim.labels), parse_rows("optim.labels", value)
+    for label, row in stated.items():  # an empty row states nothing: the label's derived row again
+        rows[label] = {**rows.get(label, {}), **row} if row else {}
+    cfg.optim.labels = {label: row for label, row in rows.items() if row} if stated or path else {}
 
 
 def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:

@@ -256,8 +256,8 @@ def check_shadowed(o: Any, head_dim: int, fixed: frozenset[str]) -> None:
             moved = True  # it makes a stated row invalid: it does something
         if fed and not moved:
             raise ConfigError(
-                f"{key} has no effect: optim.labels states the rows it feeds ({', '.join(fed)}); "
-                "set the key there instead"
+                f"{key} has no effect: optim.labels states the rows it feeds ({', '.join(fed)}); set the "
+                f"key there, or take a row back with optim.labels.{fed[0]}={{}}"
             )
 
 

@@ -98,7 +98,10 @@ def param_rules(model: nn.Module, rules: dict[str, LabelRule], stated: Iterable[
     carried = {e.label.name for e in out}
     for label in stated:
         if label not in carried:
-            raise LabelError(f"optim.labels.{label}: no parameter of this model has label {label!r}")
+            raise LabelError(
+                f"optim.labels.{label}: no parameter of this model has label {label!r} "
+                f"(take the row back with optim.labels.{label}={{}})"
+            )
     return out
 
 
