@@ -19,12 +19,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from speedrun.config_labels import LABELS as CONFIG_LABELS
+from speedrun.config_labels import LABELS  # the vocabulary: what a part may declare (each has a row)
 
 _ATTR = "_speedrun_label"
-
-#: The vocabulary: what a part may declare; each label has a row in the optimizer's table (config_labels.py).
-LABELS = CONFIG_LABELS
 
 
 @dataclass(frozen=True)

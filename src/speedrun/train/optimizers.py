@@ -93,11 +93,12 @@ class RunOptimizer:
 
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
-    return param_rules(model, run_rules(cfg), cfg.optim.labels)
+    head_dim = model.cfg.n_embd // model.cfg.n_head  # the model's own (#80's Q/K blocks)
+    return param_rules(model, label_rules(cfg.optim, head_dim), cfg.optim.labels)
 
 
 def run_rules(cfg: Config) -> dict[str, LabelRule]:
-    """The recipe's label table: every label's row (config_labels.label_table)."""
+    """The recipe's label table: every label's row (config_labels.label_table), the Adam groups' source."""
     return label_rules(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
 
 
