@@ -18,7 +18,8 @@ PACKAGE = Path(speedrun.__file__).parent
 #: The config layer: what loading, checking and printing a recipe runs (docs/architecture.md).
 CONFIG_LAYER = {
     "speedrun.config", "speedrun.config_checks", "speedrun.config_files", "speedrun.config_types",
-    "speedrun.config_stages", "speedrun.recipes", "speedrun.errors", "speedrun.printable",
+    "speedrun.config_stages", "speedrun.config_labels", "speedrun.recipes", "speedrun.errors",
+    "speedrun.printable",
 }  # fmt: skip
 FORBIDDEN = ("torch", "speedrun.train", "speedrun.model")
 
