@@ -238,6 +238,9 @@ def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():
             runpy.run_module("speedrun", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             assert not e.code, e.code
+        from speedrun.config_labels import format_table, label_table
+        cfg = load_recipe("stages-2025-12")
+        print(format_table(cfg.optim, label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)))
         assert "torch" not in sys.modules
         """
     )

@@ -15,7 +15,7 @@ import torch
 from speedrun.cli import main
 from speedrun.config import validate
 from speedrun.config_files import set_value
-from speedrun.config_labels import derived_rows, label_table
+from speedrun.config_labels import derived_rows, format_table, label_table
 from speedrun.model.families import build_model
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe, recipe_names
@@ -245,9 +245,9 @@ def test_a_recipe_file_states_rows_and_a_bad_one_names_its_key(tmp_path, capsys)
 def test_recipes_and_dry_run_print_the_resolved_table(capsys):
     assert main(["recipes", "banks-2026-01"]) == 0
     out = capsys.readouterr().out
-    config, _, printed = out.partition("\n}\n")
-    assert json.loads(config + "}")["optim"]["labels"]["mlp_out"] == {"rule": "normuon", "lr_mul": 4.0}
-    lines = printed.splitlines()
+    assert json.loads(out)["optim"]["labels"]["mlp_out"] == {"rule": "normuon", "lr_mul": 4.0}  # JSON alone
+    cfg = load_recipe("banks-2026-01")
+    lines = format_table(cfg.optim, label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)).splitlines()
     assert lines[0] == "optimizer labels (13 stated in optim.labels: *):" and lines[1].split()[:4] == [
         "label", "rule", "group", "lr"]  # fmt: skip
     assert lines[2 + 3].split() == ["mlp_out*", "normuon", "matrix", "0.092", "1.2", "lr_mul=4"]

@@ -250,11 +250,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe, recipe_names
 
     if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
-        from speedrun.config_labels import format_table, label_table
-
-        cfg = load_recipe(args.name)
-        print(_dumps(cfg.to_dict()))
-        print(format_table(cfg.optim, label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)))
+        print(_dumps(load_recipe(args.name).to_dict()))  # JSON alone: scripts parse it (the label table: --dry-run)
         return 0
     names = recipe_names()
     width = max(map(len, names)) + 2
