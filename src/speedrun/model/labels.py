@@ -37,6 +37,8 @@ LABELS = (
     "smear_gate",  # #34's smear gate
     "skip_gate",  # #55's skip gate
     "bigram",  # #62's bigram hash embedding
+    "mudd",  # #81's MUDD coefficient MLPs
+    "mudd_bias",  # their output biases (no weight decay)
 )
 
 
@@ -57,7 +59,9 @@ class Label:
 
 
 #: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
-MATMULS = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate"))
+MATMULS = frozenset(
+    ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate", "mudd")
+)
 
 
 def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: float = 1.0) -> nn.Parameter:

@@ -26,6 +26,8 @@ from speedrun.optim.cautious_adam import AdamLabel
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 #: The Muon/AdamW optimizers' groups, in the order their state is saved (Adam's embed, head, scalar).
 MUON_GROUPS = ("embed", "head", "matrix", "scalar")
+#: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
+MUDD_LR_MUL = 0.25
 
 
 class LabelError(ConfigError, ValueError):
@@ -66,7 +68,7 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
         rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
-        rules |= dict.fromkeys(("scalar", "x0", "skip_gate"), LabelRule("adam", "scalar"))
+        rules |= dict.fromkeys(("scalar", "x0", "skip_gate", "mudd", "mudd_bias"), LabelRule("adam", "scalar"))
         return rules | {"head": LabelRule("adam", "head")}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRule:
@@ -76,6 +78,8 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     return rules | {
         "bigram": LabelRule("adam", "value_embed"),
         "skip_gate": LabelRule("adam", "skip_gate"),
+        "mudd": LabelRule("adam", "mudd"),
+        "mudd_bias": LabelRule("adam", "mudd_bias"),
         "qkv": normuon(o.attn_lr_mul, qk_rows=o.muon_qk_block_heads * head_dim),
         "attn_out": normuon(o.attn_lr_mul),
         "mlp_in": normuon(o.mlp_fc_lr_mul),
@@ -98,6 +102,8 @@ def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
         "smear_gate": (o.smear_gate_lr, gate_betas, 0.0),
         "skip_gate": (o.skip_gate_lr, gate_betas, 0.0),
         "gate": (o.gate_lr, gate_betas, wd),
+        "mudd": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), wd),  # #81's param_table rows (lr_mul 0.25)
+        "mudd_bias": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), 0.0),
     }
     extra = {k: AdamLabel(lr, betas, decay, o.eps) for k, (lr, betas, decay) in own.items() if k in used}
     return extra | {

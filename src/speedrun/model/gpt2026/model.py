@@ -22,6 +22,7 @@ from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
+from speedrun.model.gpt2026.mudd import Mudd
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
@@ -45,15 +46,25 @@ class Block(nn.Module):
         )
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
         self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
-        self.lambdas, self.x0_lambda = (
-            connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
-            if spec.present
-            else (None, None)
-        )
+        self.sublayer = cfg.residual_form == "sublayer"  # #77
+        if self.sublayer:  # the MUDD layer's lambdas come from MUDD (#81): it has none of its own
+            self.lambdas = self.x0_lambda = self.post_lambdas = None
+            if spec.present and not spec.mudd:
+                self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
+                self.x0_lambda = connections.x0_lambdas(1.0, True)[1] if spec.attention else None
+        else:
+            self.lambdas, self.x0_lambda = (
+                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
+                if spec.present
+                else (None, None)
+            )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None):
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
-        that the attention reads instead of the stream (#77)."""
+        that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
+        (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows)."""
+        if self.sublayer:
+            return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu)
         x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
@@ -63,6 +74,23 @@ class Block(nn.Module):
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
+
+    def _sublayer(self, x, x0, mask, other_v, attend_fn, bigram, attn_in, mu):
+        """#77's form: the attention reads the stream (or attn_in) before x0 and the bigram are added."""
+        raw_v = None
+        if self.attn is not None:
+            h = self.norm1(attn_in if attn_in is not None else x)
+            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            if mu is not None:
+                x = mu[8] * x + mu[9] * y + mu[10] * x0
+                x = x + mu[11] * bigram if bigram is not None else x
+            else:
+                inject = x0 * self.x0_lambda + bigram if bigram is not None else x0 * self.x0_lambda
+                x = self.lambdas[0] * x + self.post_lambdas[0] * y + inject
+        if self.mlp is not None:
+            r, p = (mu[12], mu[13]) if mu is not None else (self.lambdas[1], self.post_lambdas[1])
+            x = r * x + p * self.mlp(self.norm2(x))
+        return x, raw_v
 
 
 class GPT2026(nn.Module):
@@ -86,7 +114,7 @@ class GPT2026(nn.Module):
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
-            if cfg.ve_gate and s.value_embed is not None and s.attention:
+            if cfg.ve_gate and s.value_embed is not None and s.attention and not s.mudd:  # #81: MUDD's
                 ve_dims = 0 if s.paired else cfg.ve_gate_ve_dims  # #70: paired layers keep x[:12]
                 block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
         self.norm_f = Norm(d, "rmsnorm")
@@ -99,6 +127,7 @@ class GPT2026(nn.Module):
         )
         self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
             cfg.fp8_head,
@@ -225,6 +254,10 @@ class GPT2026(nn.Module):
         attend_fns = attend_fns or [None] * self.cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
+        first = self.walk[0].index
+        if self.cfg.residual_form == "sublayer" and bigram is not None:  # #77: the first share goes in now
+            x = x + bigram * self.bigram.lambdas[first]
+        c0 = x  # the stream entering the first layer (#81's source c0)
         outputs: dict[int, torch.Tensor] = {}
         for s in self.walk:
             if s.skip_from is not None:
@@ -233,10 +266,20 @@ class GPT2026(nn.Module):
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+            b = None if self.cfg.residual_form == "sublayer" and s.index == first else b
             attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
-            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
+            block = self.blocks[s.index]
+            if s.mudd:  # #81: the last layer, from MUDD's coefficients of its input
+                x_in, attn_in = x, attn_in if attn_in is not None else x
+                x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
+                x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu)
+            else:
+                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
             if s.keep_output:
                 outputs[s.index] = x
+        if self.mudd is not None:  # #81: before the final norm, with the backout in its bias
+            h, skip = (outputs[j] for j in self.cfg.mudd_sources)
+            x = self.mudd.final(x, [c0, h, x_in, tables[0], skip])
         return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
