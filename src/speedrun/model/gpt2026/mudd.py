@@ -39,12 +39,12 @@ def bias_init(resid_init: float) -> torch.Tensor:
     lambdas at √resid_init (#77's per-sublayer √1.1), its post lambdas at 1, its bigram share at 0.05, its
     x0 share at 0; before the final norm, the backout −0.5 on h."""
     b = torch.zeros(2, LAYER_COEFS)
-    b[0, 6] = b[0, 7] = 2.0
-    b[0, 8] = b[0, 12] = resid_init**0.5
-    b[0, 9] = b[0, 13] = 1.0
-    b[0, 11] = 0.05
-    b[1, 1] = -0.5
-    return b / SCALE
+    b[0, 6] = b[0, 7] = 2.0 / SCALE
+    b[0, 8] = b[0, 12] = resid_init**0.5 / SCALE
+    b[0, 9] = b[0, 13] = 1.0 / SCALE
+    b[0, 11] = 0.05 / SCALE
+    b[1, 1] = -0.5 / SCALE
+    return b
 
 
 class Mudd(nn.Module):
