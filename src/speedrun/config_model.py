@@ -78,6 +78,8 @@ class Gpt2026Config:
     # bigram of the first layer added before it; "x0-first" = x ← λ0·x + λ1·x0 + bigram, then x += attn, mlp
     residual_form: Literal["x0-first", "sublayer"] = "x0-first"
     mudd_sources: list[int] = field(default_factory=list)  # #81: [h, s] (record [7, 3]); empty: no MUDD
+    mudd_gate_layer: int = 0  # #85: the gate network's post MLP reads this layer's input (record 4); 0 none
+    mudd_gate_attn_layers: list[int] = field(default_factory=list)  # #85: its attention gates (record [3, 10])
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -207,6 +209,8 @@ def check(m: Gpt2026Config) -> None:
         )
     if m.mudd_sources:
         _check_mudd(m)
+    if m.mudd_gate_layer or m.mudd_gate_attn_layers:
+        _check_mudd_gate(m)
     elif m.residual_form == "sublayer" and not m.x0_lambda_apart:
         raise ConfigError("model.residual_form='sublayer' (#77) keeps the x0 weight apart: set model.x0_lambda_apart=true")
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
@@ -240,6 +244,26 @@ def _check_mudd(m: Gpt2026Config) -> None:
     for ok, what in needs:
         if not ok:
             raise ConfigError(f"model.mudd_sources (#81) needs {what}")
+
+
+def _check_mudd_gate(m: Gpt2026Config) -> None:
+    """#85's gate network replaces the static gates it generates: one line naming what is missing."""
+    g, L = m.mudd_gate_layer, m.n_layer
+    present = set(m.attention_layers) | set(m.mlp_layers)
+    attn = m.mudd_gate_attn_layers
+    needs = (
+        (bool(m.mudd_sources), "model.mudd_sources (#81's MUDD, whose MLP shape it shares)"),
+        (0 < g < L - 1 and g in present, f"model.mudd_gate_layer: a present layer 1..{L - 2} (record 4), got {g}"),
+        (set(attn) <= set(m.attention_layers) and len(set(attn)) == len(attn),
+         f"model.mudd_gate_attn_layers {attn}: distinct attention layers"),
+        (m.attn_gate == 0, "model.attn_gate=0 (it gives the attention gates, #28's are gone)"),
+        (m.skip_gate == 0 and len(m.skips) <= 1 and all(dst >= g for _, dst in m.skips)
+         and (not m.skips or m.skip_gate_form == "sigmoid"),
+         "model.skip_gate=0, at most one skip, into a layer >= model.mudd_gate_layer, skip_gate_form='sigmoid'"),
+    )  # fmt: skip
+    for ok, what in needs:
+        if not ok:
+            raise ConfigError(f"model.mudd_gate_layer (#85) needs {what}")
 
 
 def _layers(text: str) -> set[int]:

@@ -39,6 +39,8 @@ LABELS = (
     "bigram",  # #62's bigram hash embedding
     "mudd",  # #81's MUDD coefficient MLPs
     "mudd_bias",  # their output biases (no weight decay)
+    "mudd_gate",  # #85's gate MLPs
+    "mudd_gate_bias",  # their output biases and scale (no weight decay)
 )
 
 
@@ -60,7 +62,7 @@ class Label:
 
 #: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
 MATMULS = frozenset(
-    ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate", "mudd")
+    ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate", "mudd", "mudd_gate")
 )
 
 

@@ -28,6 +28,8 @@ MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smea
 MUON_GROUPS = ("embed", "head", "matrix", "scalar")
 #: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
 MUDD_LR_MUL = 0.25
+#: #85: its gate network's MLPs, biases and scale at this share, betas (0.9, 0.99)
+MUDD_GATE_LR_MUL = 0.1
 
 
 class LabelError(ConfigError, ValueError):
@@ -68,7 +70,7 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
         rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
-        rules |= dict.fromkeys(("scalar", "x0", "skip_gate", "mudd", "mudd_bias"), LabelRule("adam", "scalar"))
+        rules |= dict.fromkeys(("scalar", "x0", "skip_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"), LabelRule("adam", "scalar"))
         return rules | {"head": LabelRule("adam", "head")}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRule:
@@ -80,6 +82,8 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
         "skip_gate": LabelRule("adam", "skip_gate"),
         "mudd": LabelRule("adam", "mudd"),
         "mudd_bias": LabelRule("adam", "mudd_bias"),
+        "mudd_gate": LabelRule("adam", "mudd_gate"),
+        "mudd_gate_bias": LabelRule("adam", "mudd_gate_bias"),
         "qkv": normuon(o.attn_lr_mul, qk_rows=o.muon_qk_block_heads * head_dim),
         "attn_out": normuon(o.attn_lr_mul),
         "mlp_in": normuon(o.mlp_fc_lr_mul),
@@ -92,7 +96,7 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
 
 def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
     """The NorMuon table's Adam groups with their hyperparameters: embed, head, value_embed and scalar
-    always, x0 and the gates where ``used`` (the groups of the model's rows) names them. x0 at
+    always, x0, the gates and MUDD's (#81, #85) where ``used`` (the groups of the model's rows) names them. x0 at
     ``x0_betas``; the smear and skip gates without decay, the attention/value-embedding gates (#56) with
     it; the gates' betas the main Adam's or the scalars'."""
     wd = o.adam_weight_decay
@@ -104,6 +108,8 @@ def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
         "gate": (o.gate_lr, gate_betas, wd),
         "mudd": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), wd),  # #81's param_table rows (lr_mul 0.25)
         "mudd_bias": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), 0.0),
+        "mudd_gate": (o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), wd),  # #85's rows (lr_mul 0.1)
+        "mudd_gate_bias": (o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), 0.0),
     }
     extra = {k: AdamLabel(lr, betas, decay, o.eps) for k, (lr, betas, decay) in own.items() if k in used}
     return extra | {

@@ -22,7 +22,7 @@ from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
-from speedrun.model.gpt2026.mudd import Mudd
+from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
@@ -51,7 +51,8 @@ class Block(nn.Module):
             self.lambdas = self.x0_lambda = self.post_lambdas = None
             if spec.present and not spec.mudd:
                 self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
-                self.x0_lambda = connections.x0_lambdas(1.0, True)[1] if spec.attention else None
+                gated = cfg.mudd_gate_layer > 0  # #85: the x0 share comes from the gate network
+                self.x0_lambda = connections.x0_lambdas(1.0, True)[1] if spec.attention and not gated else None
         else:
             self.lambdas, self.x0_lambda = (
                 connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
@@ -59,12 +60,13 @@ class Block(nn.Module):
                 else (None, None)
             )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None):
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None, dyn=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
         that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
-        (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows)."""
+        (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows); `dyn`: #85's gates
+        of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows)."""
         if self.sublayer:
-            return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu)
+            return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn)
         x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
@@ -75,15 +77,21 @@ class Block(nn.Module):
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
 
-    def _sublayer(self, x, x0, mask, other_v, attend_fn, bigram, attn_in, mu):
+    def _sublayer(self, x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn):
         """#77's form: the attention reads the stream (or attn_in) before x0 and the bigram are added."""
         raw_v = None
         if self.attn is not None:
             h = self.norm1(attn_in if attn_in is not None else x)
-            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            if attend_fn:
+                y, raw_v = attend_fn(self.attn, h, other_v, dyn) if dyn else attend_fn(self.attn, h, other_v)
+            else:
+                y, raw_v = self.attn(h, mask, other_v, dyn)
             if mu is not None:
                 x = mu[8] * x + mu[9] * y + mu[10] * x0
                 x = x + mu[11] * bigram if bigram is not None else x
+            elif dyn is not None and "x0" in dyn:  # #85, in HEAD's order
+                x = self.lambdas[0] * x + self.post_lambdas[0] * y + x0 * dyn["x0"]
+                x = x + bigram * dyn["bigram"] if bigram is not None else x
             else:
                 inject = x0 * self.x0_lambda + bigram if bigram is not None else x0 * self.x0_lambda
                 x = self.lambdas[0] * x + self.post_lambdas[0] * y + inject
@@ -128,6 +136,13 @@ class GPT2026(nn.Module):
         self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
+        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd_gate_layer else None  # #85
+        if self.mudd_gate is not None:  # its gates replace the static XSA α and bigram shares
+            for block in self.blocks:
+                if block.attn is not None:
+                    block.attn.xsa = None
+            if self.bigram is not None:
+                self.bigram.lambdas = None
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
             cfg.fp8_head,
@@ -255,26 +270,36 @@ class GPT2026(nn.Module):
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
         first = self.walk[0].index
+        gates = self.mudd_gate(x0, 0) if self.mudd_gate is not None else {}  # #85: the pre gate
         if self.cfg.residual_form == "sublayer" and bigram is not None:  # #77: the first share goes in now
-            x = x + bigram * self.bigram.lambdas[first]
+            share = gates[("bigram", first)] if gates else self.bigram.lambdas[first]
+            x = x + bigram * share
         c0 = x  # the stream entering the first layer (#81's source c0)
         outputs: dict[int, torch.Tensor] = {}
         for s in self.walk:
+            if self.mudd_gate is not None and s.index == self.cfg.mudd_gate_layer:  # #85: the post gate
+                gates = gates | self.mudd_gate(x, 1)
             if s.skip_from is not None:
                 scale = connections.skip_scale(self.skip_weights[s.skip_weight], self.cfg.skip_gate_form)
                 scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
+                scale = scale * gates[("skip", -1)] if gates else scale
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
-            b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
-            b = None if self.cfg.residual_form == "sublayer" and s.index == first else b
+            dyn = None
+            if gates:  # #85: this layer's gates, the bigram rows unscaled
+                dyn = {k: gates[(k, s.index)] for k in ("x0", "bigram", "xsa", "attn") if (k, s.index) in gates}
+                b = bigram if s.index != first else None
+            else:
+                b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+                b = None if self.cfg.residual_form == "sublayer" and s.index == first else b
             attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
             block = self.blocks[s.index]
             if s.mudd:  # #81: the last layer, from MUDD's coefficients of its input
                 x_in, attn_in = x, attn_in if attn_in is not None else x
                 x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
-                x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu)
+                x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu, dyn)
             else:
-                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
+                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, None, dyn)
             if s.keep_output:
                 outputs[s.index] = x
         if self.mudd is not None:  # #81: before the final norm, with the backout in its bias

@@ -92,3 +92,97 @@ class Mudd(nn.Module):
         for m, src in zip(mu, sources, strict=True):
             x = x + m * src.type_as(x)
         return x
+
+
+# The MUDD gate network (record #85, 2026-05-27, PR #315 v3, `records/track_1_short/2026-05-27-MuddGatedAndDC`;
+# `init_mudd_gate`, `forward_mudd_gate`, `unpack_*_mudd_gate` of train_gpt.py from #85 through #89): two more
+# GELU MLPs of the same shape give per-token gates that replace learned static ones, `g = (W2·gelu(W1·x) + b)·σ`
+# with σ a learned scalar from 0.1. The "pre" gate reads the normed embedding x0, the "post" gate the stream
+# entering layer `model.mudd_gate_layer` (record 4); each layer's gates come from the one before or at it:
+#
+# - XSA α (#82) per head of every XSA layer: y ← y − tanh(g)·(y·v/‖v‖²)·v (#86's form), no static α;
+# - the attention-output gate per head of `model.mudd_gate_attn_layers` (record [3, 10]): y ← g·y, no
+#   sigmoid (#28's gates are gone), from 0.25;
+# - x0 and bigram shares of every attention layer but the MUDD layer (#77's x0_lambdas and
+#   bigram_lambdas), x0 from 0, bigram from 0.05 (layer 0's bigram share enters the stream before it);
+# - the skip's gate (post only): x += sigmoid(w)·g·h_src, from 0.5 (#55's skip gate is gone).
+#
+# Columns, as the record's: XSA layers (heads each), attention-gate layers (heads each), (x0, bigram) per
+# layer, then the skip. The record's post gate also gives #85's DC weights (12 more columns, layer 10); the
+# DC correction is not wired here (dc.py has its reference), so the layout stops before them.
+
+GATE_KINDS = ("xsa", "attn", "x0", "bigram", "skip")
+GATE_BIAS = {"attn": 0.25, "bigram": 0.05, "skip": 0.5}  # the rest from 0
+
+
+def gate_columns(
+    n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool
+) -> list[tuple[str, int, int]]:
+    """(kind, layer, width) per column group of one gate MLP, in the record's order."""
+    cols = [("xsa", i, n_head) for i in xsa] + [("attn", i, n_head) for i in attn]
+    cols += [(k, i, 1) for i in inject for k in ("x0", "bigram")]
+    return cols + ([("skip", -1, 1)] if skip else [])
+
+
+class MuddGate(nn.Module):
+    """The pre (0) and post (1) gate MLPs, stacked as the record's `mudd_gate_w1/w2/b2`, `_mudd_gate_scale`."""
+
+    def __init__(self, dim: int, layouts: tuple[list, list]):
+        super().__init__()
+        self.layouts = layouts
+        self.widths = tuple(sum(w for _, _, w in cols) for cols in layouts)
+        rows = max(self.widths)
+        self.w1 = label(nn.Parameter(torch.empty(2, HIDDEN, dim)), "mudd_gate")
+        self.w2 = label(nn.Parameter(torch.zeros(2, rows, HIDDEN)), "mudd_gate")
+        self.b2 = label(nn.Parameter(torch.zeros(2, rows)), "mudd_gate_bias")
+        self.scale = label(nn.Parameter(torch.tensor(SCALE)), "mudd_gate_bias")
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W1 kaiming-uniform (a = √5), W2 zero, σ 0.1, b the record's starting gates divided by 0.1."""
+        for j in range(2):
+            nn.init.kaiming_uniform_(self.w1.data[j], a=math.sqrt(5))
+        nn.init.zeros_(self.w2)
+        with torch.no_grad():
+            self.scale.fill_(SCALE)
+            self.b2.zero_()
+            for j, cols in enumerate(self.layouts):
+                at = 0
+                for kind, _, width in cols:
+                    if kind in GATE_BIAS:
+                        self.b2[j, at : at + width] = GATE_BIAS[kind] / SCALE
+                    at += width
+
+    def forward(self, x: torch.Tensor, which: int) -> dict[tuple[str, int], torch.Tensor]:
+        """x (B, T, C) → {(kind, layer): gate (B, T, width)} of MLP `which` (layer −1 for the skip)."""
+        n = self.widths[which]
+        h = F.gelu(F.linear(x, self.w1[which].type_as(x)))
+        g = (F.linear(h, self.w2[which, :n].type_as(x)) + self.b2[which, :n].type_as(x)) * self.scale.type_as(x)
+        out, at = {}, 0
+        for kind, layer, width in self.layouts[which]:
+            out[(kind, layer)] = g[..., at : at + width]
+            at += width
+        return out
+
+
+def xsa_per_token(y: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """#85/#86: y, v (B, H, T, D), α (B, T, H) from the gate network → y − tanh(α)·(y·v/max(‖v‖², 1e-8))·v."""
+    dot = (y * v).sum(-1, keepdim=True)
+    denom = v.square().sum(-1, keepdim=True).clamp_min(1e-8)
+    a = torch.tanh(alpha).type_as(y).transpose(1, 2).unsqueeze(-1)
+    return y - a * (dot / denom) * v
+
+
+def gate_layouts(cfg) -> tuple[list, list]:
+    """The pre and post column groups of a Gpt2026Config with `mudd_gate_layer` g: each layer's gates
+    in the MLP before it (pre: layers < g), the skip in the post one."""
+    g, last = cfg.mudd_gate_layer, cfg.n_layer - 1
+    xsa, attn = sorted(cfg.xsa_layers), sorted(cfg.mudd_gate_attn_layers)
+    inject = [i for i in sorted(cfg.attention_layers) if i != last]
+    return tuple(
+        gate_columns(
+            cfg.n_head, *([i for i in group if (i < g) == pre] for group in (xsa, attn, inject)),
+            skip=not pre and bool(cfg.skips),
+        )
+        for pre in (True, False)
+    )  # fmt: skip
