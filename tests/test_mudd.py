@@ -349,3 +349,221 @@ def test_mudd_on_the_full_recipe_adds_the_records_parameter_count():
     model = build_model(load_recipe(BASE, [*over, "model.mudd_sources=[7,3]"]).model)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(model) - count(base) == 2 * 64 * 768 + 2 * 14 * 64 + 2 * 14 - 5 - 6 * 12
+
+
+# --- #85's gate network -----------------------------------------------------------------------------------
+
+MUDD_ON = ["model.residual_form=sublayer", "model.backout_layer=0", "model.mudd_sources=[7,3]"]
+G = 2  # the shrunk gate layer (the record's 4): pre gate for layers 0, 1, post for 2..5
+GATED = dict(mudd_gate_layer=G, mudd_gate_attn_layers=[1, 5], xsa_layers=[1, 3, 4], attn_gate=0, skip_gate=0)
+
+
+def record_init_mudd_gate(dim: int):
+    """`GPT.init_mudd_gate` (HEAD, #85 v3): (w1, w2 (2, 41, 64), b2 (2, 41), scale 0.1)."""
+    w1 = torch.empty(2, 64, dim)
+    w2 = torch.zeros(2, 41, 64)
+    for j in range(2):
+        torch.nn.init.kaiming_uniform_(w1[j], a=math.sqrt(5))
+    bs = torch.zeros(2, 41)
+    s = 0.1
+    bs[0, 12:18].fill_(0.25 / s)
+    bs[0, 19:26:2].fill_(0.05 / s)
+    bs[1, 12:18].fill_(0.25 / s)
+    bs[1, 19:28:2].fill_(0.05 / s)
+    bs[1, 28].fill_(0.5 / s)
+    bs[1, 29:35].fill_(1.0 / s)
+    return w1, w2, bs, torch.tensor(0.1)
+
+
+def record_forward_mudd_gate(gate, x, id, num_coef):
+    """`GPT.forward_mudd_gate`."""
+    x = F.gelu(F.linear(x, gate.w1[id]))
+    return (F.linear(x, gate.w2[id, :num_coef]) + gate.b2[id, :num_coef]) * gate.scale.type_as(x)
+
+
+def record_attention(b, h, mask, other_v, xsa_alpha, attn_gate_w):
+    """Our attention's projection and call, then the record's tail (HEAD CausalSelfAttention.forward):
+    #86's XSA with a per-token α and the gate-network gate, on its (B, T, H, D) layout."""
+    from speedrun.model.attention import attend
+
+    a = b.attn
+    q, k, v, _ = a.project(h, other_v)
+    y = attend(q, a.attended_keys(k), v, mask, a.scale)
+    if a.paired:
+        assert xsa_alpha is None and attn_gate_w is None
+        return a.output(y, h)
+    B, H, T, D = y.shape
+    y, v = y.transpose(1, 2), v.transpose(1, 2)
+    if xsa_alpha is not None:
+        dot = (y * v).sum(-1, keepdim=True)
+        denom = v.square().sum(-1, keepdim=True).clamp_min(1e-8)
+        alpha = torch.tanh(xsa_alpha).type_as(y).view(B, T, H, 1)
+        y = y - alpha * (dot / denom) * v
+    if attn_gate_w is not None:
+        y = y * attn_gate_w.type_as(y).view(B, T, H, 1)
+    assert a.xsa is None and a.gate is None
+    return a.output(y.transpose(1, 2), h)
+
+
+def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC):
+    """HEAD's `GPT.forward` loop (#85 on #81, DC and FP8 aside), shrunk: the pre gate from x0 unpacked
+    into XSA α of layer 1, the attention gate of layer 1, x0/bigram gates of layers 0, 1; the post gate
+    at the start of layer g into XSA α of 3, 4, the attention gate of 5, x0/bigram gates of 3, 4, the skip."""
+    cfg, blocks, n, H = model.cfg, model.blocks, model.cfg.n_layer, model.cfg.n_head
+    masks = model.layer_masks(idx)
+    x = x0 = model.embed_norm(model.smear(model.wte(idx)))
+    x0_bigram = model.bigram(idx)
+    tables = [emb(idx) for emb in model.value_embeds]
+    ve = [tables[j] if j >= 0 else None for j in cfg.value_embeds]
+    xsa_alphas, attn_gates, x0_gates, bigram_gates = [None] * n, [None] * n, [None] * n, [None] * n
+    gate = model.mudd_gate
+    pre = record_forward_mudd_gate(gate, x0, 0, 2 * H + 4)
+    xsa_alphas[1], attn_gates[1] = pre[..., 0:H], pre[..., H : 2 * H]
+    for layer, off in zip((0, 1), range(2 * H, 2 * H + 4, 2), strict=True):
+        x0_gates[layer], bigram_gates[layer] = pre[..., off : off + 1], pre[..., off + 1 : off + 2]
+    x = x0.clone()
+    x = x + x0_bigram * bigram_gates[0]
+    cache = {0: x}
+    post_skip_gate = None
+    B, T, C = x.shape
+    for i in range(n):
+        b, mu = blocks[i], None
+        if i == g:
+            post = record_forward_mudd_gate(gate, x, 1, 3 * H + 5)
+            xsa_alphas[3], xsa_alphas[4], attn_gates[5] = post[..., 0:H], post[..., H : 2 * H], post[..., 2 * H : 3 * H]
+            for layer, off in zip((3, 4), range(3 * H, 3 * H + 4, 2), strict=True):
+                x0_gates[layer], bigram_gates[layer] = post[..., off : off + 1], post[..., off + 1 : off + 2]
+            post_skip_gate = post[..., 3 * H + 4 : 3 * H + 5]
+        if b.attn is None:
+            x = x + torch.sigmoid(model.skip_weights[0]) * post_skip_gate * cache[s_src]
+        else:
+            attn_in_normed = b.norm1(cache.get(h_src, x))
+            if i == n - 1:
+                cache[n - 2] = x
+                mu = record_forward_mudd(model.mudd, x, id=0, num_coef=14)
+                v_mudd = (mu[0] * cache[0] + mu[1] * cache[h_src] + mu[2] * x).view(B, T, H, C // H)
+                x = (1 + mu[5]) * x + mu[3] * cache[0] + mu[4] * cache[h_src]
+                ve_gate = torch.cat([mu[6], mu[7]], dim=-1).repeat_interleave(H // 2, dim=-1).unsqueeze(-1)
+                aux_v = (ve_gate * ve[i].view(B, T, H, C // H) + v_mudd).view(B, T, -1)
+                attn_out = record_attention(b, attn_in_normed, masks[i], aux_v, xsa_alphas[i], attn_gates[i])
+            else:
+                attn_out = record_attention(b, attn_in_normed, masks[i], ve[i], xsa_alphas[i], attn_gates[i])
+            if mu is not None:
+                x = mu[8] * x + mu[9] * attn_out + mu[10] * cache[0]
+                x = x + mu[11] * x0_bigram
+            else:
+                x = b.lambdas[0] * x + b.post_lambdas[0] * attn_out + x0 * x0_gates[i]
+                if i != 0:
+                    x = x + x0_bigram * bigram_gates[i]
+        if mu is not None:
+            x = mu[12] * x + mu[13] * b.mlp(b.norm2(x))
+        else:
+            x = b.lambdas[1] * x + b.post_lambdas[1] * b.mlp(b.norm2(x))
+        if i in (s_src, h_src):
+            cache[i] = x
+    mu = record_forward_mudd(model.mudd, x, id=1, num_coef=5)
+    x = x + mu[0] * cache[0] + mu[1] * cache[h_src] + mu[2] * cache[n - 2] + mu[3] * ve[1] + mu[4] * cache[s_src]
+    return model.norm_f(x)
+
+
+def test_gate_network_is_the_records_loop_loss_and_every_gradient():
+    model = _model(**GATED)
+    assert model.mudd_gate.widths == (2 * 2 + 4, 3 * 2 + 5)
+    assert all(b.attn is None or (b.attn.xsa is None and b.attn.gate is None) for b in model.blocks)
+    assert model.bigram.lambdas is None and model.skip_gate is None
+    assert all(b.x0_lambda is None for b in model.blocks)
+    idx, tgt = _batch()
+    ours = _loss_and_grads(model, _ours, idx, tgt)
+    ref = _loss_and_grads(model, record_hidden_gated, idx, tgt)
+    torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
+    assert ours[1].keys() == ref[1].keys()
+    assert {"mudd_gate.w1", "mudd_gate.w2", "mudd_gate.b2", "mudd_gate.scale"} <= ours[1].keys()
+    for n in ref[1]:
+        _close(ours[1][n], ref[1][n], 1e-5, n)
+    wrong = _loss_and_grads(model, lambda m, i: record_hidden_gated(m, i, g=1), idx, tgt)[0]
+    assert abs(float(wrong - ours[0])) > 1e-6  # the post gate read at another layer is caught
+
+
+def test_gate_network_init_is_the_records_on_the_record_layout():
+    """On the record's composition (11 layers, 6 heads, XSA 1, 3, 4, 7, gates on 3, 10, post at 4) the
+    columns and their starting biases are the record's, DC's 12 columns apart; at init every gate is
+    its bias (W2 zero): attention gates 0.25, bigram shares 0.05, the skip 0.5, x0 shares and α 0."""
+    from speedrun.model.gpt2026.mudd import MuddGate, gate_layouts
+
+    cfg = dataclasses.replace(
+        load_recipe(BASE, []).model, xsa_layers=[1, 3, 4, 7], mudd_gate_layer=4, mudd_gate_attn_layers=[3, 10]
+    )
+    layouts = gate_layouts(cfg)
+    torch.manual_seed(11)
+    gate = MuddGate(768, layouts)
+    assert gate.widths == (26, 29)
+    torch.manual_seed(11)
+    w1, w2, bs, scale = record_init_mudd_gate(768)
+    torch.testing.assert_close(gate.w1.data, w1, rtol=0, atol=0)
+    torch.testing.assert_close(gate.scale.data, scale, rtol=0, atol=0)
+    torch.testing.assert_close(gate.b2.data[0, :26], bs[0, :26], rtol=0, atol=0)
+    torch.testing.assert_close(gate.b2.data[1, :29], bs[1, :29], rtol=0, atol=0)
+    assert gate.w2.shape == (2, 29, 64) and float(gate.w2.detach().abs().sum()) == 0
+    out = gate(torch.randn(1, 3, 768), 1)
+    assert sorted(out) == sorted(
+        [("xsa", 4), ("xsa", 7), ("attn", 10), ("skip", -1)]
+        + [(k, i) for i in (4, 5, 7, 8, 9) for k in ("x0", "bigram")]
+    )
+    torch.testing.assert_close(out[("attn", 10)], torch.full((1, 3, 6), 0.25), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(out[("skip", -1)], torch.full((1, 3, 1), 0.5), rtol=1e-6, atol=1e-7)
+
+
+def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
+    from speedrun.model.kv_cache import KVCache, forward_cached
+    from speedrun.optim.rules import MUDD_GATE_LR_MUL, adam_groups, label_rules, param_rules
+
+    model = _model(**GATED).eval()
+    idx, _ = _batch()
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache()
+        parts = [forward_cached(model, idx[:, :40], cache)]
+        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    o = load_recipe(BASE, []).optim
+    entries = {e.name: e for e in param_rules(model, label_rules(o, 32))}
+    assert entries["mudd_gate.w1"].rule.group == entries["mudd_gate.w2"].rule.group == "mudd_gate"
+    assert entries["mudd_gate.b2"].rule.group == entries["mudd_gate.scale"].rule.group == "mudd_gate_bias"
+    groups = adam_groups(o, {"mudd_gate", "mudd_gate_bias"})
+    assert groups["mudd_gate"].lr == o.embed_lr * MUDD_GATE_LR_MUL and groups["mudd_gate_bias"].weight_decay == 0
+
+
+def test_gate_network_under_varlen_attention_equals_the_masked_attention():
+    from speedrun.train.evaluate import row_cu_seqlens
+
+    dense = _model(**GATED)
+    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen.load_state_dict(dense.state_dict())
+    idx, tgt = _batch()
+    cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
+    out = []
+    for model, args in ((dense, ()), (varlen, (cu,))):
+        model.zero_grad()
+        loss = model(idx, tgt, *args)
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-6)
+    for n in out[0][1]:
+        _close(out[1][1][n], out[0][1][n], 1e-4, n)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["model.mudd_gate_layer=4"], "model.mudd_sources"),
+        ([*MUDD_ON, "model.mudd_gate_layer=10"], "a present layer 1..9 (record 4), got 10"),
+        ([*MUDD_ON, "model.mudd_gate_layer=4"], "model.attn_gate=0"),
+        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0"], "model.skip_gate=0"),
+        ([*MUDD_ON, "model.mudd_gate_layer=7", "model.attn_gate=0", "model.skip_gate=0"], "into a layer >="),
+        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
+          "model.mudd_gate_attn_layers=[6]"], "distinct attention layers"),
+    ],
+)  # fmt: skip
+def test_a_bad_gate_setting_is_one_config_error_naming_it(overrides, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_recipe(BASE, overrides)
