@@ -298,14 +298,15 @@ def test_cached_decoding_equals_the_forward():
 
 
 def test_inductor_compiles_mudd_with_no_graph_break_and_matches_eager():
-    """fullgraph, static shapes, as CUDA compiles it: one frame, no recompile on the second step, the
-    eager loss and gradients within fp32 rounding of fused kernels."""
+    """MUDD and its gate network (a superset of MUDD alone) compiled fullgraph, static shapes, as CUDA
+    compiles it: one frame, no recompile on the second step, the eager loss and gradients within fp32
+    rounding of fused kernels."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model = _model()
+    model = _model(**GATED)
     idx, tgt = _batch()
 
     def step(net):
@@ -341,14 +342,27 @@ def test_a_bad_mudd_setting_is_one_config_error_naming_it(overrides, words):
         load_recipe(BASE, overrides)
 
 
+def _count(overrides: list[str]) -> int:
+    with torch.device("meta"):  # shapes only: the full-size model without its memory
+        return sum(p.numel() for p in build_model(load_recipe(BASE, overrides).model).parameters())
+
+
 def test_mudd_on_the_full_recipe_adds_the_records_parameter_count():
-    """2·64·768 + 2·14·64 + 2·14 = 100,124 MUDD weights; the last layer loses its own 2 + 2 + 1 lambdas
-    and its value-embedding gate (6·12), which the record keeps but no longer reads."""
-    over = ["model.residual_form=sublayer", "model.backout_layer=0", "model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,7,7,7]"]
-    base = build_model(load_recipe(BASE, over).model)
-    model = build_model(load_recipe(BASE, [*over, "model.mudd_sources=[7,3]"]).model)
-    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    assert count(model) - count(base) == 2 * 64 * 768 + 2 * 14 * 64 + 2 * 14 - 5 - 6 * 12
+    """MUDD: 2·64·768 + 2·14·64 + 2·14 = 100,124 weights; the last layer loses its own 2 + 2 + 1 lambdas
+    and its value-embedding gate (6·12), which the record keeps but no longer reads. The gate network:
+    2·64·768 + 2·29·64 + 2·29 + 1 = 102,075 (the record's W2 and b2 have 41 rows: 1,560 more, for DC),
+    less what it replaces: the XSA α (4·6), the attention gates (10·6·12), the x0 (9: MUDD's layer has
+    none already) and bigram (11) shares, the skip gate (12)."""
+    over = ["model.residual_form=sublayer", "model.backout_layer=0", f"model.attn_inputs=[{'-1,' * 8}7,7,7]"]
+    base = _count(over)
+    mudd = _count([*over, "model.mudd_sources=[7,3]"])
+    assert mudd - base == 2 * 64 * 768 + 2 * 14 * 64 + 2 * 14 - 5 - 6 * 12
+    xsa = _count([*over, "model.mudd_sources=[7,3]", "model.xsa_layers=[1,3,4,7]"])
+    gated = _count(
+        [*over, "model.mudd_sources=[7,3]", "model.xsa_layers=[1,3,4,7]", "model.mudd_gate_layer=4",
+         "model.mudd_gate_attn_layers=[3,10]", "model.attn_gate=0", "model.skip_gate=0", "optim.skip_gate_lr=0"]
+    )  # fmt: skip
+    assert gated - xsa == 2 * 64 * 768 + 2 * 29 * 64 + 2 * 29 + 1 - 4 * 6 - 10 * 6 * 12 - 9 - 11 - 12
 
 
 # --- #85's gate network -----------------------------------------------------------------------------------
