@@ -75,11 +75,14 @@ class Gpt2026Config:
     )  # #77: per layer the earlier layer whose output
     # its attention reads (-1: its own stream); empty: every layer reads its own
     # #77 (SimplifyHC): "sublayer" = x ← r_a·x + p_a·attn + x0·λ_x0 + bigram·λ_b, x ← r_m·x + p_m·mlp, the
-    # bigram of the first layer added before it; "x0-first" = x ← λ0·x + λ1·x0 + bigram, then x += attn, mlp
+    # first layer's bigram share added before it, λ_x0 its own weight (label x0); "x0-first" = x ← λ0·x +
+    # λ1·x0 + bigram, then x += attn, mlp
     residual_form: Literal["x0-first", "sublayer"] = "x0-first"
     mudd_sources: list[int] = field(default_factory=list)  # #81: [h, s] (record [7, 3]); empty: no MUDD
     mudd_gate_layer: int = 0  # #85: the gate network's post MLP reads this layer's input (record 4); 0 none
-    mudd_gate_attn_layers: list[int] = field(default_factory=list)  # #85: its attention gates (record [3, 10])
+    mudd_gate_attn_layers: list[int] = field(
+        default_factory=list
+    )  # #85: its attention gates (record [3, 10])
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -211,8 +214,6 @@ def check(m: Gpt2026Config) -> None:
         _check_mudd(m)
     if m.mudd_gate_layer or m.mudd_gate_attn_layers:
         _check_mudd_gate(m)
-    elif m.residual_form == "sublayer" and not m.x0_lambda_apart:
-        raise ConfigError("model.residual_form='sublayer' (#77) keeps the x0 weight apart: set model.x0_lambda_apart=true")
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:
@@ -232,10 +233,9 @@ def _check_mudd(m: Gpt2026Config) -> None:
     needs = (
         (len(m.mudd_sources) == 2 and h != s and {h, s} <= present and max(h, s) < L - 2,
          f"[h, s]: two distinct present layers below {L - 2} (record [7, 3]), got {m.mudd_sources}"),
-        (m.residual_form == "sublayer" and m.x0_lambda_apart,
-         "model.residual_form='sublayer' and model.x0_lambda_apart=true (#77's residual form)"),
+        (m.residual_form == "sublayer", "model.residual_form='sublayer' (#77's residual form)"),
         (last in m.attention_layers and last in m.mlp_layers and last - 1 in present
-         and last not in m.paired_layers, "an unpaired attention and an MLP on the last layer, the one before present"),
+         and last not in m.paired_layers, "an unpaired attention and an MLP on the last layer, one before"),
         (tables[last] >= 0 and 0 in tables, "a value embedding on the last layer, and table 0"),
         (m.value_mix == "weights", "model.value_mix='weights' (v + the mix, #47/#48)"),
         (m.n_head % 2 == 0, "an even model.n_head (its value-embedding gate has one lane per half)"),
@@ -253,13 +253,13 @@ def _check_mudd_gate(m: Gpt2026Config) -> None:
     attn = m.mudd_gate_attn_layers
     needs = (
         (bool(m.mudd_sources), "model.mudd_sources (#81's MUDD, whose MLP shape it shares)"),
-        (0 < g < L - 1 and g in present, f"model.mudd_gate_layer: a present layer 1..{L - 2} (record 4), got {g}"),
+        (0 < g < L - 1 and g in present, f"model.mudd_gate_layer: a present layer 1..{L - 2} (4), got {g}"),
         (set(attn) <= set(m.attention_layers) and len(set(attn)) == len(attn),
          f"model.mudd_gate_attn_layers {attn}: distinct attention layers"),
         (m.attn_gate == 0, "model.attn_gate=0 (it gives the attention gates, #28's are gone)"),
         (m.skip_gate == 0 and len(m.skips) <= 1 and all(dst >= g for _, dst in m.skips)
          and (not m.skips or m.skip_gate_form == "sigmoid"),
-         "model.skip_gate=0, at most one skip, into a layer >= model.mudd_gate_layer, skip_gate_form='sigmoid'"),
+         "model.skip_gate=0, at most one skip, into a layer >= mudd_gate_layer, a sigmoid skip_gate_form"),
     )  # fmt: skip
     for ok, what in needs:
         if not ok:

@@ -70,7 +70,10 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
         rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
-        rules |= dict.fromkeys(("scalar", "x0", "skip_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"), LabelRule("adam", "scalar"))
+        rules |= dict.fromkeys(
+            ("scalar", "x0", "skip_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"),
+            LabelRule("adam", "scalar"),
+        )
         return rules | {"head": LabelRule("adam", "head")}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRule:
@@ -96,9 +99,9 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
 
 def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
     """The NorMuon table's Adam groups with their hyperparameters: embed, head, value_embed and scalar
-    always, x0, the gates and MUDD's (#81, #85) where ``used`` (the groups of the model's rows) names them. x0 at
-    ``x0_betas``; the smear and skip gates without decay, the attention/value-embedding gates (#56) with
-    it; the gates' betas the main Adam's or the scalars'."""
+    always, x0, the gates and MUDD's (#81, #85) where ``used`` (the groups of the model's rows) names
+    them. x0 at ``x0_betas``; the smear and skip gates without decay, the attention/value-embedding gates
+    (#56) with it; the gates' betas the main Adam's or the scalars'; MUDD's biases without decay."""
     wd = o.adam_weight_decay
     gate_betas = tuple(o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas)
     own = {

@@ -138,10 +138,12 @@ class Attention(nn.Module):
             return (*(interleave(t) for t in (q, k, v)), raw_v)
         return self.rotary(q, start), self.rotary(k, start), v, raw_v
 
-    def output(self, y: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, dyn=None) -> torch.Tensor:
+    def output(
+        self, y: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, dyn=None
+    ) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C);
-        v (B, H, T, D): the values of y's positions, which #82's XSA reads; `dyn` ({"xsa", "attn"}: (B, T, H)):
-        #85's per-token XSA α and output gate, in place of the layer's own."""
+        v (B, H, T, D): the values of y's positions, which #82's XSA reads; `dyn` ({"xsa", "attn"}, each
+        (B, T, H)): #85's per-token XSA α and output gate, in place of the layer's own."""
         y = deinterleave(y) if self.paired else y
         dyn = dyn or {}
         if "xsa" in dyn:

@@ -52,7 +52,9 @@ class Block(nn.Module):
             if spec.present and not spec.mudd:
                 self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
                 gated = cfg.mudd_gate_layer > 0  # #85: the x0 share comes from the gate network
-                self.x0_lambda = connections.x0_lambdas(1.0, True)[1] if spec.attention and not gated else None
+                self.x0_lambda = (
+                    connections.x0_lambdas(1.0, True)[1] if spec.attention and not gated else None
+                )
         else:
             self.lambdas, self.x0_lambda = (
                 connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
@@ -287,7 +289,9 @@ class GPT2026(nn.Module):
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             dyn = None
             if gates:  # #85: this layer's gates, the bigram rows unscaled
-                dyn = {k: gates[(k, s.index)] for k in ("x0", "bigram", "xsa", "attn") if (k, s.index) in gates}
+                dyn = {
+                    k: gates[(k, s.index)] for k in ("x0", "bigram", "xsa", "attn") if (k, s.index) in gates
+                }
                 b = bigram if s.index != first else None
             else:
                 b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None

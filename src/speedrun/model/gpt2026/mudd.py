@@ -94,9 +94,9 @@ class Mudd(nn.Module):
         return x
 
 
-# The MUDD gate network (record #85, 2026-05-27, PR #315 v3, `records/track_1_short/2026-05-27-MuddGatedAndDC`;
+# The MUDD gate network (record #85, 2026-05-27, PR #315 v3, records/track_1_short/2026-05-27-MuddGatedAndDC;
 # `init_mudd_gate`, `forward_mudd_gate`, `unpack_*_mudd_gate` of train_gpt.py from #85 through #89): two more
-# GELU MLPs of the same shape give per-token gates that replace learned static ones, `g = (W2·gelu(W1·x) + b)·σ`
+# GELU MLPs of the same shape give per-token gates that replace learned static ones, g = (W2·gelu(W1·x) + b)·σ
 # with σ a learned scalar from 0.1. The "pre" gate reads the normed embedding x0, the "post" gate the stream
 # entering layer `model.mudd_gate_layer` (record 4); each layer's gates come from the one before or at it:
 #
@@ -125,7 +125,7 @@ def gate_columns(
 
 
 class MuddGate(nn.Module):
-    """The pre (0) and post (1) gate MLPs, stacked as the record's `mudd_gate_w1/w2/b2`, `_mudd_gate_scale`."""
+    """The pre (0) and post (1) gate MLPs, stacked as the record's mudd_gate_w1/w2/b2, _mudd_gate_scale."""
 
     def __init__(self, dim: int, layouts: tuple[list, list]):
         super().__init__()
@@ -157,7 +157,8 @@ class MuddGate(nn.Module):
         """x (B, T, C) → {(kind, layer): gate (B, T, width)} of MLP `which` (layer −1 for the skip)."""
         n = self.widths[which]
         h = F.gelu(F.linear(x, self.w1[which].type_as(x)))
-        g = (F.linear(h, self.w2[which, :n].type_as(x)) + self.b2[which, :n].type_as(x)) * self.scale.type_as(x)
+        g = F.linear(h, self.w2[which, :n].type_as(x)) + self.b2[which, :n].type_as(x)
+        g = g * self.scale.type_as(x)
         out, at = {}, 0
         for kind, layer, width in self.layouts[which]:
             out[(kind, layer)] = g[..., at : at + width]
