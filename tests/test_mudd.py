@@ -244,8 +244,9 @@ def test_init_is_the_records():
     torch.testing.assert_close(model.mudd.w2.data, w2, rtol=0, atol=0)
     torch.testing.assert_close(model.mudd.b2.data, b2, rtol=0, atol=0)
     bound = 1 / math.sqrt(64)
-    assert float(model.mudd.w1.abs().max()) <= bound
-    assert abs(float(model.mudd.w1.std()) - bound / math.sqrt(3)) < 0.05 * bound
+    assert float(model.mudd.w1.data.abs().max()) <= bound
+    assert abs(float(model.mudd.w1.data.std()) - bound / math.sqrt(3)) < 0.05 * bound
+    torch.testing.assert_close(model.bigram.lambdas.data, torch.full((L,), 0.05))  # #77's init
     for b in model.blocks[:-1]:
         torch.testing.assert_close(b.lambdas.data, torch.full((2,), 1.1**0.5))
         torch.testing.assert_close(b.post_lambdas.data, torch.ones(2))
@@ -272,6 +273,17 @@ def test_labels_train_mudd_in_its_own_adam_rows():
     assert groups["mudd"].lr == groups["mudd_bias"].lr == o.embed_lr * MUDD_LR_MUL == 0.002
     assert tuple(groups["mudd"].betas) == tuple(groups["mudd_bias"].betas) == (0.9, 0.99)
     assert groups["mudd"].weight_decay == o.adam_weight_decay and groups["mudd_bias"].weight_decay == 0.0
+    # #77's rows (the record's param_table): resid_lambdas lr x5, post/x0/bigram lambdas and XSA α x1,
+    # all betas (0.9, 0.95) without decay
+    model = build_model(_cfg(xsa_layers=[1, 3]))
+    entries = {e.name: e for e in param_rules(model, rules)}
+    assert {entries[n].rule.group for n in ("blocks.0.lambdas", "blocks.4.lambdas")} == {"resid_lambda"}
+    lambdas = ("blocks.0.post_lambdas", "blocks.1.x0_lambda", "bigram.lambdas", "blocks.3.attn.xsa.alpha")
+    assert {entries[n].rule.group for n in lambdas} == {"lambda"}
+    groups = adam_groups(cfg.optim, {"resid_lambda", "lambda"})
+    assert (groups["resid_lambda"].lr, groups["lambda"].lr) == (5 * 0.008, 0.008) == (o.scalar_lr, o.embed_lr)
+    assert tuple(groups["resid_lambda"].betas) == tuple(groups["lambda"].betas) == (0.9, 0.95)
+    assert groups["resid_lambda"].weight_decay == groups["lambda"].weight_decay == 0.0
 
 
 def test_mudd_trains_a_step_through_the_run_optimizer():

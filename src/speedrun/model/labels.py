@@ -37,6 +37,8 @@ LABELS = (
     "smear_gate",  # #34's smear gate
     "skip_gate",  # #55's skip gate
     "bigram",  # #62's bigram hash embedding
+    "resid_lambda",  # #77's per-sublayer residual weights
+    "lambda",  # #77's post weights and x0/bigram shares, #82's XSA α (in #77's residual form)
     "mudd",  # #81's MUDD coefficient MLPs
     "mudd_bias",  # their output biases (no weight decay)
     "mudd_gate",  # #85's gate MLPs

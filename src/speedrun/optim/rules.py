@@ -26,6 +26,18 @@ from speedrun.optim.cautious_adam import AdamLabel
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 #: The Muon/AdamW optimizers' groups, in the order their state is saved (Adam's embed, head, scalar).
 MUON_GROUPS = ("embed", "head", "matrix", "scalar")
+#: Labels Muon and AdamW train with the scalars (the NorMuon table gives most of them rows of their own).
+SCALAR_LIKE = (
+    "scalar",
+    "x0",
+    "skip_gate",
+    "resid_lambda",
+    "lambda",
+    "mudd",
+    "mudd_bias",
+    "mudd_gate",
+    "mudd_gate_bias",
+)
 #: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
 MUDD_LR_MUL = 0.25
 #: #85: its gate network's MLPs, biases and scale at this share, betas (0.9, 0.99)
@@ -70,10 +82,7 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
         rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
-        rules |= dict.fromkeys(
-            ("scalar", "x0", "skip_gate", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias"),
-            LabelRule("adam", "scalar"),
-        )
+        rules |= dict.fromkeys(SCALAR_LIKE, LabelRule("adam", "scalar"))
         return rules | {"head": LabelRule("adam", "head")}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRule:
@@ -83,6 +92,8 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     return rules | {
         "bigram": LabelRule("adam", "value_embed"),
         "skip_gate": LabelRule("adam", "skip_gate"),
+        "resid_lambda": LabelRule("adam", "resid_lambda"),
+        "lambda": LabelRule("adam", "lambda"),
         "mudd": LabelRule("adam", "mudd"),
         "mudd_bias": LabelRule("adam", "mudd_bias"),
         "mudd_gate": LabelRule("adam", "mudd_gate"),
@@ -109,6 +120,9 @@ def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
         "smear_gate": (o.smear_gate_lr, gate_betas, 0.0),
         "skip_gate": (o.skip_gate_lr, gate_betas, 0.0),
         "gate": (o.gate_lr, gate_betas, wd),
+        # #77's rows (resid_lambdas: lr_mul 5, the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: 1)
+        "resid_lambda": (o.scalar_lr, (0.9, 0.95), 0.0),
+        "lambda": (o.embed_lr, (0.9, 0.95), 0.0),
         "mudd": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), wd),  # #81's param_table rows (lr_mul 0.25)
         "mudd_bias": (o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), 0.0),
         "mudd_gate": (o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), wd),  # #85's rows (lr_mul 0.1)

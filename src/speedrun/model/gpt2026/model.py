@@ -53,7 +53,7 @@ class Block(nn.Module):
                 self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
                 gated = cfg.mudd_gate_layer > 0  # #85: the x0 share comes from the gate network
                 self.x0_lambda = (
-                    connections.x0_lambdas(1.0, True)[1] if spec.attention and not gated else None
+                    label(nn.Parameter(torch.zeros(1)), "lambda") if spec.attention and not gated else None
                 )
         else:
             self.lambdas, self.x0_lambda = (
@@ -137,6 +137,12 @@ class GPT2026(nn.Module):
         )
         self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        if cfg.residual_form == "sublayer":  # #77: bigram shares from 0.05, trained with the lambdas
+            if self.bigram is not None:
+                label(self.bigram.lambdas, "lambda").data.fill_(0.05)
+            for block in self.blocks:
+                if block.attn is not None and block.attn.xsa is not None:
+                    label(block.attn.xsa.alpha, "lambda")
         self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd_gate_layer else None  # #85
         if self.mudd_gate is not None:  # its gates replace the static XSA α and bigram shares
