@@ -95,7 +95,8 @@ class Block(nn.Module):
                 x = self.lambdas[0] * x + self.post_lambdas[0] * y + x0 * dyn["x0"]
                 x = x + bigram * dyn["bigram"] if bigram is not None else x
             else:
-                inject = x0 * self.x0_lambda + bigram if bigram is not None else x0 * self.x0_lambda
+                inject = x0 * self.x0_lambda[0]  # 0-dim: a bf16 stream stays bf16
+                inject = inject + bigram if bigram is not None else inject
                 x = self.lambdas[0] * x + self.post_lambdas[0] * y + inject
         if self.mlp is not None:
             r, p = (mu[12], mu[13]) if mu is not None else (self.lambdas[1], self.post_lambdas[1])
