@@ -250,7 +250,7 @@ def test_init_is_the_records():
     for b in model.blocks[:-1]:
         torch.testing.assert_close(b.lambdas.data, torch.full((2,), 1.1**0.5))
         torch.testing.assert_close(b.post_lambdas.data, torch.ones(2))
-        assert b.x0_lambda is None or float(b.x0_lambda.abs().sum()) == 0
+        assert b.x0_lambda is None or float(b.x0_lambda.data.abs().sum()) == 0
     last = model.blocks[-1]
     assert last.lambdas is None and last.post_lambdas is None and last.x0_lambda is None
     mu = model.mudd.coefs(torch.randn(1, 5, 64), 0, 14)
@@ -286,17 +286,20 @@ def test_labels_train_mudd_in_its_own_adam_rows():
     assert groups["resid_lambda"].weight_decay == groups["lambda"].weight_decay == 0.0
 
 
-def test_mudd_trains_a_step_through_the_run_optimizer():
+@pytest.mark.parametrize("gated", [False, True], ids=["mudd", "mudd+gate"])
+def test_mudd_trains_a_step_through_the_run_optimizer(gated):
     from speedrun.config import Config
     from speedrun.train.optimizers import build_optimizer
 
     cfg = load_recipe(BASE, [])
-    cfg = dataclasses.replace(cfg, model=_cfg())
+    extra = GATED if gated else {}
+    optim = dataclasses.replace(cfg.optim, skip_gate_lr=0.0) if gated else cfg.optim  # #85: no skip gate
+    cfg = dataclasses.replace(cfg, model=_cfg(**extra), optim=optim)
     assert isinstance(cfg, Config)
-    model = _model()
+    model = _model(**extra)
     opt = build_optimizer(model, cfg)
     idx, tgt = _batch()
-    before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mudd.")}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mudd")}
     for _ in range(2):  # the record's Adam steps on odd steps only
         model(idx, tgt).backward()
         opt.step()
@@ -542,7 +545,7 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
     torch.manual_seed(11)
     w1, w2, bs, scale = record_init_mudd_gate(768)
     torch.testing.assert_close(gate.w1.data, w1, rtol=0, atol=0)
-    torch.testing.assert_close(gate.scale.data, scale, rtol=0, atol=0)
+    torch.testing.assert_close(gate.scale.data, scale.view(1), rtol=0, atol=0)
     torch.testing.assert_close(gate.b2.data[0, :26], bs[0, :26], rtol=0, atol=0)
     torch.testing.assert_close(gate.b2.data[1, :29], bs[1, :29], rtol=0, atol=0)
     assert gate.w2.shape == (2, 29, 64) and float(gate.w2.detach().abs().sum()) == 0
@@ -610,3 +613,17 @@ def test_gate_network_under_varlen_attention_equals_the_masked_attention():
 def test_a_bad_gate_setting_is_one_config_error_naming_it(overrides, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_recipe(BASE, overrides)
+
+
+def test_memory_guard_estimates_the_full_size_model_with_both():
+    """The memory estimate reads the new labels' Adam rows (a 1-element σ included) for 1 and 8 GPUs; the
+    gate network and MUDD add their weights, gradients and fp32 Adam state (a few MB)."""
+    from speedrun.train.memory import estimate_peak_bytes
+
+    over = [*MUDD_ON, f"model.attn_inputs=[{'-1,' * 8}7,7,7]", "model.xsa_layers=[1,3,4,7]"]
+    gated = [*over, "model.mudd_gate_layer=4", "model.mudd_gate_attn_layers=[3,10]", "model.attn_gate=0"]
+    gated += ["model.skip_gate=0", "optim.skip_gate_lr=0"]
+    for world in (1, 8):
+        base = estimate_peak_bytes(load_recipe(BASE, []), world, True)
+        ours = estimate_peak_bytes(load_recipe(BASE, gated), world, True)
+        assert 0 < ours - base < 16 * 2**20, (world, ours - base)

@@ -135,7 +135,7 @@ class MuddGate(nn.Module):
         self.w1 = label(nn.Parameter(torch.empty(2, HIDDEN, dim)), "mudd_gate")
         self.w2 = label(nn.Parameter(torch.zeros(2, rows, HIDDEN)), "mudd_gate")
         self.b2 = label(nn.Parameter(torch.zeros(2, rows)), "mudd_gate_bias")
-        self.scale = label(nn.Parameter(torch.tensor(SCALE)), "mudd_gate_bias")
+        self.scale = label(nn.Parameter(torch.full((1,), SCALE)), "mudd_gate_bias")  # the record's is 0-dim
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
