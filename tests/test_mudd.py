@@ -627,3 +627,26 @@ def test_memory_guard_estimates_the_full_size_model_with_both():
         base = estimate_peak_bytes(load_recipe(BASE, []), world, True)
         ours = estimate_peak_bytes(load_recipe(BASE, gated), world, True)
         assert 0 < ours - base < 16 * 2**20, (world, ours - base)
+
+
+def test_speedrun_train_runs_mudd_and_its_gate_network_shrunk(text_data, tmp_path):
+    """The loop trains, validates and checkpoints a shrunk model with both (the Muon table: their labels in
+    the scalars' group), and the loss falls."""
+    import json
+
+    from speedrun.train import loop
+    from tests.test_stages_training import staged
+
+    layout = [
+        "model.n_layer=6", "model.windows=L,S,S,L,S,L", "model.attention_layers=[0,1,3,4,5]",
+        "model.mlp_layers=[0,1,2,3,4,5]", "model.value_embeds=[-1,0,-1,-1,1,2]", "model.skips=[[1,2]]",
+        "model.skip_gate_form=sigmoid", "model.value_mix=weights", "model.bigram_rows=500",
+        "model.attn_inputs=[-1,-1,-1,-1,3,3]", "model.residual_form=sublayer", "model.mudd_sources=[3,1]",
+        "model.xsa_layers=[1,3,4]", "model.mudd_gate_layer=2", "model.mudd_gate_attn_layers=[1,5]",
+    ]  # fmt: skip
+    loop.train(load_recipe("demo", staged(text_data, *layout)), tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r["train_loss"] for r in records if "train_loss" in r]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) >= 2 and all(math.isfinite(v) for v in val + train)
+    assert sum(train[-3:]) < sum(train[:3])
