@@ -321,15 +321,15 @@ def test_cached_decoding_equals_the_forward():
 
 
 def test_inductor_compiles_mudd_with_no_graph_break_and_matches_eager():
-    """MUDD and its gate network (a superset of MUDD alone) compiled fullgraph, static shapes, as CUDA
-    compiles it: one frame, no recompile on the second step, the eager loss and gradients within fp32
+    """MUDD and its gate network with DC (a superset of MUDD alone) compiled fullgraph, static shapes, as
+    CUDA compiles it: one frame, no recompile on the second step, the eager loss and gradients within fp32
     rounding of fused kernels."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model = _model(**GATED)
+    model = _model(**GATED, dc_layers=[5])
     idx, tgt = _batch()
 
     def step(net):
@@ -371,10 +371,10 @@ def _count(overrides: list[str]) -> int:
 
 def test_mudd_on_the_full_recipe_adds_the_records_parameter_count():
     """MUDD: 2·64·768 + 2·14·64 + 2·14 = 100,124 weights; the last layer loses its own 2 + 2 + 1 lambdas
-    and its value-embedding gate (6·12), which the record keeps but no longer reads. The gate network:
-    2·64·768 + 2·29·64 + 2·29 + 1 = 102,075 (the record's W2 and b2 have 41 rows: 1,560 more, for DC),
-    less what it replaces: the XSA α (4·6), the attention gates (10·6·12), the x0 (9: MUDD's layer has
-    none already) and bigram (11) shares, the skip gate (12)."""
+    and its value-embedding gate (6·12), which the record keeps but no longer reads. The gate network
+    with DC on layer 10: 2·64·768 + 2·41·64 + 2·41 + 1 = 103,635, the record's, less what it replaces:
+    the XSA α (4·6), the attention gates (10·6·12), the x0 (9: MUDD's layer has none already) and
+    bigram (11) shares, the skip gate (12)."""
     over = ["model.residual_form=sublayer", "model.backout_layer=0", f"model.attn_inputs=[{'-1,' * 8}7,7,7]"]
     base = _count(over)
     mudd = _count([*over, "model.mudd_sources=[7,3]"])
@@ -383,9 +383,9 @@ def test_mudd_on_the_full_recipe_adds_the_records_parameter_count():
     gated = _count(
         [*over, "model.mudd_sources=[7,3]", "model.xsa_layers=[1,3,4,7]", "model.mudd_gate_layer=4",
          "model.mudd_gate_attn_layers=[3,10]", "model.attn_gate=0", "model.skip_gate=0",
-         "optim.skip_gate_lr=0"]
+         "optim.skip_gate_lr=0", "model.dc_layers=[10]"]
     )  # fmt: skip
-    assert gated - xsa == 2 * 64 * 768 + 2 * 29 * 64 + 2 * 29 + 1 - 4 * 6 - 10 * 6 * 12 - 9 - 11 - 12
+    assert gated - xsa == 2 * 64 * 768 + 2 * 41 * 64 + 2 * 41 + 1 - 4 * 6 - 10 * 6 * 12 - 9 - 11 - 12
 
 
 # --- #85's gate network -----------------------------------------------------------------------------------
@@ -418,14 +418,23 @@ def record_forward_mudd_gate(gate, x, id, num_coef):
     return (F.linear(x, gate.w2[id, :num_coef]) + gate.b2[id, :num_coef]) * gate.scale.type_as(x)
 
 
-def record_attention(b, h, mask, other_v, xsa_alpha, attn_gate_w):
+def record_attention(b, h, mask, other_v, xsa_alpha, attn_gate_w, dc_w=None, starts=None):
     """Our attention's projection and call, then the record's tail (HEAD CausalSelfAttention.forward):
-    #86's XSA with a per-token α and the gate-network gate, on its (B, T, H, D) layout."""
+    its DC correction (`dc_gate`, then the kernel's math, transcribed in test_record_2026_07_parts), #86's
+    XSA with a per-token α and the gate-network gate, on its (B, T, H, D) layout."""
     from speedrun.model.attention import attend
+    from tests.test_record_2026_07_parts import record_85_dc_correction
 
     a = b.attn
     q, k, v, _ = a.project(h, other_v)
-    y = attend(q, a.attended_keys(k), v, mask, a.scale)
+    k = a.attended_keys(k)
+    y = attend(q, k, v, mask, a.scale)
+    if dc_w is not None:
+        w1 = F.rms_norm(dc_w[0].float(), (q.size(1),), eps=1.0e-6).type_as(h)
+        w2 = dc_w[1].type_as(h)
+        y = record_85_dc_correction(
+            *(t[0].transpose(0, 1) for t in (y, q, k, v)), w1[0], w2[0], a.scale, 112, starts
+        ).transpose(0, 1)[None]
     if a.paired:
         assert xsa_alpha is None and attn_gate_w is None
         return a.output(y, h)
@@ -442,7 +451,7 @@ def record_attention(b, h, mask, other_v, xsa_alpha, attn_gate_w):
     return a.output(y.transpose(1, 2), h)
 
 
-def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC):
+def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC, dc=False):
     """HEAD's `GPT.forward` loop (#85 on #81, DC and FP8 aside), shrunk: the pre gate from x0 unpacked
     into XSA α of layer 1, the attention gate of layer 1, x0/bigram gates of layers 0, 1; the post gate
     at the start of layer g into XSA α of 3, 4, the attention gate of 5, x0/bigram gates of 3, 4, the skip."""
@@ -453,6 +462,8 @@ def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC):
     tables = [emb(idx) for emb in model.value_embeds]
     ve = [tables[j] if j >= 0 else None for j in cfg.value_embeds]
     xsa_alphas, attn_gates, x0_gates, bigram_gates = [None] * n, [None] * n, [None] * n, [None] * n
+    dc_weights = [None] * n
+    starts = [0] + (idx[0] == cfg.eot_id).nonzero().flatten().tolist()  # the packed row's documents
     gate = model.mudd_gate
     pre = record_forward_mudd_gate(gate, x0, 0, 2 * H + 4)
     xsa_alphas[1], attn_gates[1] = pre[..., 0:H], pre[..., H : 2 * H]
@@ -466,12 +477,14 @@ def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC):
     for i in range(n):
         b, mu = blocks[i], None
         if i == g:
-            post = record_forward_mudd_gate(gate, x, 1, 3 * H + 5)
+            post = record_forward_mudd_gate(gate, x, 1, 5 * H + 5 if dc else 3 * H + 5)
             xsa_alphas[3], xsa_alphas[4] = post[..., 0:H], post[..., H : 2 * H]
             attn_gates[5] = post[..., 2 * H : 3 * H]
             for layer, off in zip((3, 4), range(3 * H, 3 * H + 4, 2), strict=True):
                 x0_gates[layer], bigram_gates[layer] = post[..., off : off + 1], post[..., off + 1 : off + 2]
             post_skip_gate = post[..., 3 * H + 4 : 3 * H + 5]
+            if dc:
+                dc_weights[5] = (post[..., 3 * H + 5 : 4 * H + 5], post[..., 4 * H + 5 : 5 * H + 5])
         if b.attn is None:
             x = x + torch.sigmoid(model.skip_weights[0]) * post_skip_gate * cache[s_src]
         else:
@@ -483,7 +496,9 @@ def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC):
                 x = (1 + mu[5]) * x + mu[3] * cache[0] + mu[4] * cache[h_src]
                 ve_gate = torch.cat([mu[6], mu[7]], dim=-1).repeat_interleave(H // 2, dim=-1).unsqueeze(-1)
                 aux_v = (ve_gate * ve[i].view(B, T, H, C // H) + v_mudd).view(B, T, -1)
-                attn_out = record_attention(b, attn_in_normed, masks[i], aux_v, xsa_alphas[i], attn_gates[i])
+                attn_out = record_attention(
+                    b, attn_in_normed, masks[i], aux_v, xsa_alphas[i], attn_gates[i], dc_weights[i], starts
+                )
             else:
                 attn_out = record_attention(b, attn_in_normed, masks[i], ve[i], xsa_alphas[i], attn_gates[i])
             if mu is not None:
@@ -608,6 +623,10 @@ def test_gate_network_under_varlen_attention_equals_the_masked_attention():
         ([*MUDD_ON, "model.mudd_gate_layer=7", "model.attn_gate=0", "model.skip_gate=0"], "into a layer >="),
         ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
           "model.mudd_gate_attn_layers=[6]"], "distinct attention layers"),
+        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
+          "model.dc_layers=[3]"], "model.dc_layers [3]: distinct unpaired attention layers >="),
+        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
+          "model.dc_layers=[9]"], "model.dc_layers [9]: distinct unpaired"),  # paired
     ],
 )  # fmt: skip
 def test_a_bad_gate_setting_is_one_config_error_naming_it(overrides, words):
@@ -650,3 +669,72 @@ def test_speedrun_train_runs_mudd_and_its_gate_network_shrunk(text_data, tmp_pat
     val = [r["val_loss"] for r in records if "val_loss" in r]
     assert len(val) >= 2 and all(math.isfinite(v) for v in val + train)
     assert sum(train[-3:]) < sum(train[:3])
+
+
+# --- #85's DC correction, its weights from the gate network ---------------------------------------------
+
+
+def test_dc_on_the_attention_layout_is_the_packed_reference_rows_and_decode_rows():
+    """dc_masked (B, H, T, D) with dc_valid's documents and window equals dc_correction (tested against the
+    record's kernel) on a packed row, and its last rows from the new queries alone (cached decoding)."""
+    from speedrun.model.gpt2026.dc import dc_correction, dc_masked, dc_valid
+
+    T, H, D, window = 40, 3, 8, 7
+    gen = torch.Generator().manual_seed(0)
+    y, q, k, v = (torch.randn(T, H, D, generator=gen, dtype=torch.float64) for _ in range(4))
+    w1, w2 = (torch.randn(T, H, generator=gen, dtype=torch.float64) for _ in range(2))
+    cu = torch.tensor([0, 13, 14, 40])
+    docs = torch.bucketize(torch.arange(T), cu[1:], right=True)[None]
+    want = dc_correction(y, q, k, v, w1, w2, 0.12, window, cu)
+    layout = [t.transpose(0, 1)[None] for t in (y, q, k, v)]
+    got = dc_masked(*layout, w1[None], w2[None], 0.12, dc_valid(docs, docs, 0, window))
+    torch.testing.assert_close(got[0].transpose(0, 1), want, rtol=1e-12, atol=1e-12)
+    s = 30
+    rows = dc_masked(
+        layout[0][:, :, s:], layout[1][:, :, s:], *layout[2:], w1[None, s:], w2[None, s:], 0.12,
+        dc_valid(docs[:, s:], docs, s, window),
+    )  # fmt: skip
+    torch.testing.assert_close(rows[0].transpose(0, 1), want[s:], rtol=1e-12, atol=1e-12)
+
+
+def test_dc_in_the_model_is_the_records_loss_and_every_gradient():
+    model = _model(**GATED, dc_layers=[5])
+    assert model.mudd_gate.widths == (2 * 2 + 4, 5 * 2 + 5)
+    idx, tgt = _batch()
+    ours = _loss_and_grads(model, _ours, idx, tgt)
+    ref = _loss_and_grads(model, lambda m, i: record_hidden_gated(m, i, dc=True), idx, tgt)
+    torch.testing.assert_close(
+        ours[0], ref[0], rtol=1e-6, atol=0
+    )  # the kernel's exp2 softmax: not bit for bit
+    assert ours[1].keys() == ref[1].keys()
+    for n in ref[1]:
+        _close(ours[1][n], ref[1][n], 1e-5, n)
+    no_dc = _loss_and_grads(model, lambda m, i: record_hidden_gated(m, i), idx, tgt)[0]
+    assert abs(float(no_dc - ours[0])) > 1e-5  # the correction counts
+
+
+def test_dc_decodes_as_the_forward_and_varlen_equals_dense():
+    from speedrun.model.kv_cache import KVCache, forward_cached
+    from speedrun.train.evaluate import row_cu_seqlens
+
+    dense = _model(**GATED, dc_layers=[5])
+    idx, tgt = _batch()
+    with torch.no_grad():
+        full = dense.eval()(idx)
+        cache = KVCache()
+        parts = [forward_cached(dense, idx[:, :40], cache)]
+        parts += [forward_cached(dense, idx[:, t : t + 1], cache) for t in range(40, 64)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    dense.train()
+    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen.load_state_dict(dense.state_dict())
+    cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
+    out = []
+    for model, args in ((dense, ()), (varlen, (cu,))):
+        model.zero_grad()
+        loss = model(idx, tgt, *args)
+        loss.backward()
+        out.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-6)
+    for n in out[0][1]:
+        _close(out[1][1][n], out[0][1][n], 1e-4, n)

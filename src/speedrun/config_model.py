@@ -83,6 +83,7 @@ class Gpt2026Config:
     mudd_gate_attn_layers: list[int] = field(
         default_factory=list
     )  # #85: its attention gates (record [3, 10])
+    dc_layers: list[int] = field(default_factory=list)  # #85: DC correction, weights from the gate ([10])
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -212,7 +213,7 @@ def check(m: Gpt2026Config) -> None:
         )
     if m.mudd_sources:
         _check_mudd(m)
-    if m.mudd_gate_layer or m.mudd_gate_attn_layers:
+    if m.mudd_gate_layer or m.mudd_gate_attn_layers or m.dc_layers:
         _check_mudd_gate(m)
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
@@ -260,6 +261,9 @@ def _check_mudd_gate(m: Gpt2026Config) -> None:
         (m.skip_gate == 0 and len(m.skips) <= 1 and all(dst >= g for _, dst in m.skips)
          and (not m.skips or m.skip_gate_form == "sigmoid"),
          "model.skip_gate=0, at most one skip, into a layer >= mudd_gate_layer, a sigmoid skip_gate_form"),
+        (set(m.dc_layers) <= set(m.attention_layers) - set(m.paired_layers)
+         and min(m.dc_layers, default=g) >= g and len(set(m.dc_layers)) == len(m.dc_layers),
+         f"model.dc_layers {m.dc_layers}: distinct unpaired attention layers >= model.mudd_gate_layer"),
     )  # fmt: skip
     for ok, what in needs:
         if not ok:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.model.attention import AttentionMask, MaskSpec, attend
+from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked, dc_valid
 from speedrun.model.gpt2026.gates import AttentionGate
 from speedrun.model.gpt2026.mudd import xsa_per_token
 from speedrun.model.gpt2026.specs import LayerSpec
@@ -107,9 +108,20 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None, dyn=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → (output (B, T, C), this layer's unmixed v); `dyn`: #85's per-token gates."""
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v); `dyn`: #85's per-token gates (and
+        its DC weights with the tokens' documents, "docs")."""
         q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale), x, v, dyn), raw_v
+        k = self.attended_keys(k)
+        y = attend(q, k, v, mask, self.scale)
+        if dyn and "dc1" in dyn:
+            y = self.dc(y, q, k, v, x, dyn, dc_valid(dyn["docs"], dyn["docs"], 0, DC_WINDOW))
+        return self.output(y, x, v, dyn), raw_v
+
+    def dc(self, y, q, k, v, x, dyn, valid: torch.Tensor) -> torch.Tensor:
+        """#85's DC correction of y (B, H, Tq, D) from q, the attended k and v (valid: `dc.dc_valid`),
+        with the weights the gate network gave (dyn "dc1", "dc2"), w1 RMS-normed over the heads."""
+        w1, w2 = dc_gate(dyn["dc1"], dyn["dc2"], x)
+        return dc_masked(y, q, k, v, w1, w2, self.scale, valid)
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
         """The keys (B, H, T, D) as attended: #49 shifts the stationary dims one token on its layers."""

@@ -14,7 +14,7 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.data.tokenizers import gpt2_tokenizer
-from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
+from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend, document_ids
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
@@ -296,9 +296,10 @@ class GPT2026(nn.Module):
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             dyn = None
             if gates:  # #85: this layer's gates, the bigram rows unscaled
-                dyn = {
-                    k: gates[(k, s.index)] for k in ("x0", "bigram", "xsa", "attn") if (k, s.index) in gates
-                }
+                kinds = ("x0", "bigram", "xsa", "attn", "dc1", "dc2")
+                dyn = {k: gates[(k, s.index)] for k in kinds if (k, s.index) in gates}
+                if "dc1" in dyn and attend_fns[s.index] is None:  # the dense path's documents (DC)
+                    dyn["docs"] = document_ids(idx, self.cfg.eot_id)
                 b = bigram if s.index != first else None
             else:
                 b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None

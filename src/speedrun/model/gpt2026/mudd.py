@@ -105,23 +105,23 @@ class Mudd(nn.Module):
 #   sigmoid (#28's gates are gone), from 0.25;
 # - x0 and bigram shares of every attention layer but the MUDD layer (#77's x0_lambdas and
 #   bigram_lambdas), x0 from 0, bigram from 0.05 (layer 0's bigram share enters the stream before it);
-# - the skip's gate (post only): x += sigmoid(w)·g·h_src, from 0.5 (#55's skip gate is gone).
+# - the skip's gate (post only): x += sigmoid(w)·g·h_src, from 0.5 (#55's skip gate is gone);
+# - the DC correction's w1, w2 per head of `model.dc_layers` (post only; record [10]; dc.py), w1 from 1.
 #
 # Columns, as the record's: XSA layers (heads each), attention-gate layers (heads each), (x0, bigram) per
-# layer, then the skip. The record's post gate also gives #85's DC weights (12 more columns, layer 10); the
-# DC correction is not wired here (dc.py has its reference), so the layout stops before them.
+# layer, the skip, then (w1, w2) per DC layer (heads each).
 
-GATE_KINDS = ("xsa", "attn", "x0", "bigram", "skip")
-GATE_BIAS = {"attn": 0.25, "bigram": 0.05, "skip": 0.5}  # the rest from 0
+GATE_BIAS = {"attn": 0.25, "bigram": 0.05, "skip": 0.5, "dc1": 1.0}  # the rest from 0
 
 
 def gate_columns(
-    n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool
+    n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool, dc: list[int]
 ) -> list[tuple[str, int, int]]:
     """(kind, layer, width) per column group of one gate MLP, in the record's order."""
     cols = [("xsa", i, n_head) for i in xsa] + [("attn", i, n_head) for i in attn]
     cols += [(k, i, 1) for i in inject for k in ("x0", "bigram")]
-    return cols + ([("skip", -1, 1)] if skip else [])
+    cols += [("skip", -1, 1)] if skip else []
+    return cols + [(k, i, n_head) for i in dc for k in ("dc1", "dc2")]
 
 
 class MuddGate(nn.Module):
@@ -183,7 +183,7 @@ def gate_layouts(cfg) -> tuple[list, list]:
     return tuple(
         gate_columns(
             cfg.n_head, *([i for i in group if (i < g) == pre] for group in (xsa, attn, inject)),
-            skip=not pre and bool(cfg.skips),
+            skip=not pre and bool(cfg.skips), dc=[] if pre else sorted(cfg.dc_layers),
         )
         for pre in (True, False)
     )  # fmt: skip

@@ -17,6 +17,7 @@ from torch import Tensor
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.dc import DC_WINDOW, dc_correction, dc_gate
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.yarn import rotary_tables, yarn_after
 
@@ -94,6 +95,9 @@ def _varlen_layer(
     k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
+    if dyn and "dc1" in dyn:  # #85's DC correction over the packed documents, as the record's kernel
+        w1, w2 = dc_gate(dyn["dc1"][0], dyn["dc2"][0], h)
+        y = dc_correction(y, q, k, v, w1, w2, attn.scale, DC_WINDOW, cu_seqlens)
     return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None], dyn), raw_v
 
 
