@@ -84,6 +84,24 @@ def record_forward_mudd(mudd, x, id, num_coef):
     return x.split(1, dim=-1)
 
 
+def record_attention_82(b, h, mask, other_v):
+    """Our attention, with #82's XSA lines (test_xsa_parts.record_82_xsa) on the layers that have α."""
+    from speedrun.model.attention import attend
+    from tests.test_xsa_parts import record_82_xsa
+
+    a = b.attn
+    if a.xsa is None:
+        return a(h, mask, other_v)[0]
+    q, k, v, _ = a.project(h, other_v)
+    y = attend(q, a.attended_keys(k), v, mask, a.scale)
+    y = record_82_xsa(y.transpose(1, 2), v.transpose(1, 2), a.xsa.alpha).transpose(1, 2)
+    xsa, a.xsa = a.xsa, None
+    try:
+        return a.output(y, h)
+    finally:
+        a.xsa = xsa
+
+
 def record_hidden(model, idx, h_src=H_SRC, s_src=S_SRC, attn_src=H_SRC, skip_src=S_SRC):
     """`GPT.forward`'s loop up to the final norm, with our layers' parts (attention, MLP, norms, smear,
     bigram rows, skip gate) and their lambdas; what it composes is the record's: the first bigram share
@@ -123,9 +141,9 @@ def record_hidden(model, idx, h_src=H_SRC, s_src=S_SRC, attn_src=H_SRC, skip_src
                 ve_view = ve[i].view(B, T, Hd, C // Hd)
                 aux_v = (ve_gate * ve_view + v_mudd).view(B, T, -1)
                 assert b.attn.ve_gate is None  # v + aux_v, as the record's attention
-                attn_out = b.attn(attn_in_normed, masks[i], aux_v)[0]
+                attn_out = record_attention_82(b, attn_in_normed, masks[i], aux_v)
             else:
-                attn_out = b.attn(attn_in_normed, masks[i], ve[i])[0]
+                attn_out = record_attention_82(b, attn_in_normed, masks[i], ve[i])
             if mu is not None:
                 x = mu[8] * x + mu[9] * attn_out + mu[10] * cache[0] + mu[11] * x0_bigram
             else:
@@ -193,8 +211,10 @@ def _ours(model, idx):
 # --- tests ------------------------------------------------------------------------------------------------
 
 
-def test_mudd_is_the_records_loop_loss_and_every_gradient():
-    model = _model()
+@pytest.mark.parametrize("xsa", [[], [1, 3, 4, 5]], ids=["mudd", "mudd+xsa"])
+def test_mudd_is_the_records_loop_loss_and_every_gradient(xsa):
+    """With #82's XSA as xsa-2026-04 has it (on the MUDD layer too: α reads v with MUDD's mix in it)."""
+    model = _model(xsa_layers=xsa)
     assert [s.mudd for s in model.specs] == [False] * (L - 1) + [True]
     assert float(model.mudd.w2.detach().abs().sum()) > 0  # coefficients vary per token
     idx, tgt = _batch()
