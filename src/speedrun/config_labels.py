@@ -52,10 +52,22 @@ LABELS = (
     "smear_gate",  # #34's smear gate
     "skip_gate",  # #55's skip gate
     "bigram",  # #62's bigram hash embedding
+    "resid_lambda",  # #77's per-sublayer residual weights
+    "lambda",  # #77's post weights and x0/bigram shares, #82's XSA α (in #77's residual form)
+    "mudd",  # #81's MUDD coefficient MLPs
+    "mudd_bias",  # their output biases (no weight decay)
+    "mudd_gate",  # #85's gate MLPs
+    "mudd_gate_bias",  # their output biases and scale (no weight decay)
 )
+#: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
+MUDD_LR_MUL = 0.25
+#: #85: its gate network's MLPs, biases and scale at this share, betas (0.9, 0.99)
+MUDD_GATE_LR_MUL = 0.1
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 MATRIX_RULES = ("muon", "normuon")
+#: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
+SCALAR_LIKE = ("scalar", "x0", "skip_gate", "resid_lambda", "lambda", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias")
 HYPER = ("lr", "betas", "wd", "eps")  # an Adam group's hyperparameters
 RULE_KEYS = {
     "adam": ("rule", "group", *HYPER),
@@ -164,7 +176,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
 
         rows = dict.fromkeys(MATRIX_LABELS, matrix)
         rows |= dict.fromkeys(("embed", "value_embed", "bigram"), adam("embed", o.embed_lr))
-        rows |= dict.fromkeys(("scalar", "x0", "skip_gate"), adam("scalar", o.scalar_lr))
+        rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRow:
@@ -198,6 +210,13 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         else normuon(),
         "skip_gate": adam("skip_gate", o.skip_gate_lr, gate_betas, 0.0),
         "bigram": value_embed,
+        # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
+        "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
+        "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),
+        "mudd": adam("mudd", o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), wd),  # #81's param_table (lr_mul 0.25)
+        "mudd_bias": adam("mudd_bias", o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), 0.0),
+        "mudd_gate": adam("mudd_gate", o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), wd),  # #85's (lr_mul 0.1)
+        "mudd_gate_bias": adam("mudd_gate_bias", o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), 0.0),
     }
     return {label: rows[label] for label in LABELS}
 

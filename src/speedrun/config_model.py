@@ -74,6 +74,16 @@ class Gpt2026Config:
         default_factory=list
     )  # #77: per layer the earlier layer whose output
     # its attention reads (-1: its own stream); empty: every layer reads its own
+    # #77 (SimplifyHC): "sublayer" = x ← r_a·x + p_a·attn + x0·λ_x0 + bigram·λ_b, x ← r_m·x + p_m·mlp, the
+    # first layer's bigram share added before it, λ_x0 its own weight (label x0); "x0-first" = x ← λ0·x +
+    # λ1·x0 + bigram, then x += attn, mlp
+    residual_form: Literal["x0-first", "sublayer"] = "x0-first"
+    mudd_sources: list[int] = field(default_factory=list)  # #81: [h, s] (record [7, 3]); empty: no MUDD
+    mudd_gate_layer: int = 0  # #85: the gate network's post MLP reads this layer's input (record 4); 0 none
+    mudd_gate_attn_layers: list[int] = field(
+        default_factory=list
+    )  # #85: its attention gates (record [3, 10])
+    dc_layers: list[int] = field(default_factory=list)  # #85: DC correction, weights from the gate ([10])
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
@@ -201,6 +211,10 @@ def check(m: Gpt2026Config) -> None:
             f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "
             "layer) an earlier present layer"
         )
+    if m.mudd_sources:
+        _check_mudd(m)
+    if m.mudd_gate_layer or m.mudd_gate_attn_layers or m.dc_layers:
+        _check_mudd_gate(m)
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:
@@ -209,6 +223,51 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
     if m.softcap_offset and m.logit_softcap <= 0:
         raise ConfigError("model.softcap_offset needs model.logit_softcap > 0")
+
+
+def _check_mudd(m: Gpt2026Config) -> None:
+    """#81's MUDD reads the composition the record gives it: one line naming what is missing."""
+    L, last = m.n_layer, m.n_layer - 1
+    present = set(m.attention_layers) | set(m.mlp_layers)
+    h, s = (m.mudd_sources + [-1, -1])[:2]
+    tables = m.value_embeds or [-1] * L
+    needs = (
+        (len(m.mudd_sources) == 2 and h != s and {h, s} <= present and max(h, s) < L - 2,
+         f"[h, s]: two distinct present layers below {L - 2} (record [7, 3]), got {m.mudd_sources}"),
+        (m.residual_form == "sublayer", "model.residual_form='sublayer' (#77's residual form)"),
+        (last in m.attention_layers and last in m.mlp_layers and last - 1 in present
+         and last not in m.paired_layers, "an unpaired attention and an MLP on the last layer, one before"),
+        (tables[last] >= 0 and 0 in tables, "a value embedding on the last layer, and table 0"),
+        (m.value_mix == "weights", "model.value_mix='weights' (v + the mix, #47/#48)"),
+        (m.n_head % 2 == 0, "an even model.n_head (its value-embedding gate has one lane per half)"),
+        (not m.backout_layer, "model.backout_layer=0 (#81 folds the backout into a MUDD bias)"),
+    )  # fmt: skip
+    for ok, what in needs:
+        if not ok:
+            raise ConfigError(f"model.mudd_sources (#81) needs {what}")
+
+
+def _check_mudd_gate(m: Gpt2026Config) -> None:
+    """#85's gate network replaces the static gates it generates: one line naming what is missing."""
+    g, L = m.mudd_gate_layer, m.n_layer
+    present = set(m.attention_layers) | set(m.mlp_layers)
+    attn = m.mudd_gate_attn_layers
+    needs = (
+        (bool(m.mudd_sources), "model.mudd_sources (#81's MUDD, whose MLP shape it shares)"),
+        (0 < g < L - 1 and g in present, f"model.mudd_gate_layer: a present layer 1..{L - 2} (4), got {g}"),
+        (set(attn) <= set(m.attention_layers) and len(set(attn)) == len(attn),
+         f"model.mudd_gate_attn_layers {attn}: distinct attention layers"),
+        (m.attn_gate == 0, "model.attn_gate=0 (it gives the attention gates, #28's are gone)"),
+        (m.skip_gate == 0 and len(m.skips) <= 1 and all(dst >= g for _, dst in m.skips)
+         and (not m.skips or m.skip_gate_form == "sigmoid"),
+         "model.skip_gate=0, at most one skip, into a layer >= mudd_gate_layer, a sigmoid skip_gate_form"),
+        (set(m.dc_layers) <= set(m.attention_layers) - set(m.paired_layers)
+         and min(m.dc_layers, default=g) >= g and len(set(m.dc_layers)) == len(m.dc_layers),
+         f"model.dc_layers {m.dc_layers}: distinct unpaired attention layers >= model.mudd_gate_layer"),
+    )  # fmt: skip
+    for ok, what in needs:
+        if not ok:
+            raise ConfigError(f"model.mudd_gate_layer (#85) needs {what}")
 
 
 def _layers(text: str) -> set[int]:

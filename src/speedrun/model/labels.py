@@ -41,7 +41,9 @@ class Label:
 
 
 #: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
-MATMULS = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate"))
+MATMULS = frozenset(
+    ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate", "mudd", "mudd_gate")
+)
 
 
 def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: float = 1.0) -> nn.Parameter:

@@ -94,7 +94,15 @@ class RunOptimizer:
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
     head_dim = model.cfg.n_embd // model.cfg.n_head  # the model's own (#80's Q/K blocks)
-    return param_rules(model, label_rules(cfg.optim, head_dim), cfg.optim.labels)
+    return param_rules(model, label_rules(cfg.optim, head_dim), user_rows(cfg))
+
+
+def user_rows(cfg: Config) -> list[str]:
+    """The stated rows the user gave (command line, own recipe file): a row of theirs that no parameter
+    carries is refused. Rows a bundled base states stay quiet when a switch removes their parameters, so
+    turning a part off (ablate, a derived recipe) needs no second key to take its row back."""
+    keys = [k.split(".") for k in cfg.fixed if k == "optim.labels" or k.startswith("optim.labels.")]
+    return [lab for lab in cfg.optim.labels if any(len(k) == 2 or k[2] == lab for k in keys)]
 
 
 def run_rules(cfg: Config) -> dict[str, LabelRule]:
