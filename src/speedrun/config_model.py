@@ -63,6 +63,7 @@ class Gpt2026Config:
     attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
     ve_gate: int = 0  # #55
     ve_gate_ve_dims: int = 0  # #70: the gate reads x[:ve_gate − n] and the embedding's first n dims (6)
+    ve_gate_paired_ve_dims: bool = False  # #89's script: paired layers' gates read them too (#70: x[:12])
     value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
     # --- connections ---
     skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
@@ -78,6 +79,7 @@ class Gpt2026Config:
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
+    bigram_dim: int = 0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
     mlp_fc_transposed: bool = False  # #27
     mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
@@ -136,6 +138,10 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
         raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
+    if m.bigram_dim and not (m.bigram_rows and 0 < m.bigram_dim <= m.n_embd):
+        raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
+    if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:
+        raise ConfigError("model.ve_gate_paired_ve_dims needs model.ve_gate_ve_dims")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
