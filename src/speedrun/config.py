@@ -216,6 +216,10 @@ class OptimConfig:
     gate_lr: float = 0.0
     gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
     x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
+    # #74-#89's param_table rows post/x0/bigram_lambdas and #82's xsa_alphas (labels "lambda"); their
+    # resid_lambdas ("resid") take the scalars' LR (lr_mul 5) with these betas
+    lambda_lr: float = 0.008
+    lambda_betas: tuple[Beta, Beta] = (0.9, 0.95)
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)

@@ -69,6 +69,9 @@ class Gpt2026Config:
     skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
     skip_gate: int = 0  # #55
     resid_lambda_init: float = 1.0  # #45: 1.1
+    # premix: #45-#65's x = λ0·x + λ1·x0 (+ bigram) before the layer | sublayer: #74/#77 on, each sublayer
+    # x = r·x + p·f(norm(x)) (r from √resid_lambda_init, p from 1), x0 and bigram added after the attention
+    residual: Literal["premix", "sublayer"] = "premix"
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
     attn_inputs: list[TableIndex] = field(
@@ -79,6 +82,7 @@ class Gpt2026Config:
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
+    bigram_lambda_init: float = 0.1  # #62: 0.1; #74 on: 0.05
     bigram_dim: int = 0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
     mlp_fc_transposed: bool = False  # #27
     mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
@@ -140,6 +144,8 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
     if m.bigram_dim and not (m.bigram_rows and 0 < m.bigram_dim <= m.n_embd):
         raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
+    if m.residual == "sublayer" and m.x0_lambda_apart:
+        raise ConfigError("model.residual = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
     if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:
         raise ConfigError("model.ve_gate_paired_ve_dims needs model.ve_gate_ve_dims")
     for key in ("windows", "value_embeds"):

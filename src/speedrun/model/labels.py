@@ -37,6 +37,8 @@ LABELS = (
     "smear_gate",  # #34's smear gate
     "skip_gate",  # #55's skip gate
     "bigram",  # #62's bigram hash embedding
+    "lambda",  # #74-#89's post, x0 and bigram lambdas and #82's XSA gates (Adam, betas 0.9/0.95, lr x1)
+    "resid",  # #74-#89's per-sublayer residual multipliers (the same betas, the scalars' LR)
 )
 
 

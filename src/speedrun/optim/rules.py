@@ -66,13 +66,14 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
         rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
-        rules |= dict.fromkeys(("scalar", "x0", "skip_gate"), LabelRule("adam", "scalar"))
+        rules |= dict.fromkeys(("scalar", "x0", "skip_gate", "lambda", "resid"), LabelRule("adam", "scalar"))
         return rules | {"head": LabelRule("adam", "head")}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRule:
         return LabelRule("normuon", "matrix", lr_mul, gate_rows, o.muon_split_qkv, qk_rows)
 
-    rules = {name: LabelRule("adam", name) for name in ("embed", "head", "value_embed", "scalar", "x0")}
+    own = ("embed", "head", "value_embed", "scalar", "x0", "lambda", "resid")
+    rules = {name: LabelRule("adam", name) for name in own}
     return rules | {
         "bigram": LabelRule("adam", "value_embed"),
         "skip_gate": LabelRule("adam", "skip_gate"),
@@ -88,13 +89,16 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
 
 def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
     """The NorMuon table's Adam groups with their hyperparameters: embed, head, value_embed and scalar
-    always, x0 and the gates where ``used`` (the groups of the model's rows) names them. x0 at
-    ``x0_betas``; the smear and skip gates without decay, the attention/value-embedding gates (#56) with
+    always, x0, the lambdas (#74 on) and the gates where ``used`` (the groups of the model's rows) names
+    them. x0 at ``x0_betas``; the lambdas at ``lambda_lr`` (the residual multipliers at the scalars' LR)
+    with ``lambda_betas``, no decay; the smear and skip gates without decay, the attention/value-embedding gates (#56) with
     it; the gates' betas the main Adam's or the scalars'."""
     wd = o.adam_weight_decay
     gate_betas = tuple(o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas)
     own = {
         "x0": (o.scalar_lr, tuple(o.x0_betas), 0.0),
+        "lambda": (o.lambda_lr, tuple(o.lambda_betas), 0.0),  # #74-#89: post, x0, bigram λ; #82's XSA α
+        "resid": (o.scalar_lr, tuple(o.lambda_betas), 0.0),  # #74-#89: resid_lambdas at lr x5
         "smear_gate": (o.smear_gate_lr, gate_betas, 0.0),
         "skip_gate": (o.skip_gate_lr, gate_betas, 0.0),
         "gate": (o.gate_lr, gate_betas, wd),

@@ -19,6 +19,18 @@ def x0_lambdas(resid_init: float, apart: bool) -> tuple[nn.Parameter, nn.Paramet
     return label(nn.Parameter(torch.tensor([resid_init, 0.0])), "scalar"), None
 
 
+def sublayer_lambdas(
+    attention: bool, mlp: bool, resid_init: float
+) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter | None]:
+    """#74/#77 on (the records' resid_lambdas, post_lambdas, x0_lambdas): per sublayer present (attention,
+    then MLP) a residual multiplier from √resid_init (1.1 over a whole layer) and a post multiplier from 1;
+    an x0 weight from 0 where the layer has attention (x0 is added after it)."""
+    n = int(attention) + int(mlp)
+    resid = label(nn.Parameter(torch.full((n,), resid_init**0.5)), "resid")
+    post = label(nn.Parameter(torch.ones(n)), "lambda")
+    return resid, post, (label(nn.Parameter(torch.zeros(1)), "lambda") if attention else None)
+
+
 def skip_weights(n: int, form: str) -> nn.Parameter:
     """One weight per skip: 1 (a plain weight) or -1.5 (sigmoid form, #32: σ ≈ 0.18)."""
     return label(nn.Parameter(torch.full((n,), -1.5 if form == "sigmoid" else 1.0)), "scalar")

@@ -45,15 +45,23 @@ class Block(nn.Module):
         )
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
         self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
-        self.lambdas, self.x0_lambda = (
-            connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
-            if spec.present
-            else (None, None)
-        )
+        self.sublayer = cfg.residual == "sublayer"
+        if self.sublayer and spec.present:  # #74/#77 on
+            self.resid, self.post, self.x0_lambda = connections.sublayer_lambdas(
+                spec.attention, spec.mlp, cfg.resid_lambda_init
+            )
+        else:
+            self.lambdas, self.x0_lambda = (
+                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
+                if spec.present
+                else (None, None)
+            )
 
     def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
         that the attention reads instead of the stream (#77)."""
+        if self.sublayer:
+            return self.sublayers(x, x0, mask, other_v, attend_fn, bigram, attn_in)
         x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
@@ -63,6 +71,19 @@ class Block(nn.Module):
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
+
+    def sublayers(self, x, x0, mask, other_v, attend_fn, bigram, attn_in):
+        """#74/#77 on: x = r·x + p·attn(norm(attn_in)) + λ·x0 + bigram, then x = r'·x + p'·mlp(norm(x));
+        a layer without attention adds neither x0 nor the bigram (#82's layer 6)."""
+        raw_v, j = None, 0
+        if self.attn is not None:
+            h = self.norm1(attn_in if attn_in is not None else x)
+            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            x = self.resid[0] * x + self.post[0] * y + self.x0_lambda * x0
+            x, j = (x + bigram if bigram is not None else x), 1
+        if self.mlp is not None:
+            x = self.resid[j] * x + self.post[j] * self.mlp(self.norm2(x))
+        return x, raw_v
 
 
 class GPT2026(nn.Module):
@@ -79,9 +100,12 @@ class GPT2026(nn.Module):
         self.wte = embeddings.token_embedding(rows, d)
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         bigram_dim = cfg.bigram_dim or d  # #89's script: 192
-        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d) if cfg.bigram_rows else None  # #62
+        lamb = (cfg.bigram_lambda_init, "lambda" if cfg.residual == "sublayer" else "scalar")
+        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d, lamb) if cfg.bigram_rows else None
         if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
-            self.bigram = SignedBigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d)
+            self.bigram = SignedBigramEmbed(
+                cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d, lamb
+            )
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
@@ -235,6 +259,8 @@ class GPT2026(nn.Module):
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+            if b is not None and self.cfg.residual == "sublayer" and s is self.walk[0]:
+                x, b = x + b, None  # #74 on: the first layer's share enters before it
             attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
             x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
             if s.keep_output:
