@@ -72,6 +72,9 @@ class Gpt2026Config:
     # premix: #45-#65's x = λ0·x + λ1·x0 (+ bigram) before the layer | sublayer: #74/#77 on, each sublayer
     # x = r·x + p·f(norm(x)) (r from √resid_lambda_init, p from 1), x0 and bigram added after the attention
     residual: Literal["premix", "sublayer"] = "premix"
+    # #89's script adds layer 0's bigram share to x0 itself (in place, on the tensor x and x0 share): every
+    # later x0 term and the skip gate read it; #82 adds it to x only
+    bigram_in_x0: bool = False
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
     attn_inputs: list[TableIndex] = field(
@@ -98,6 +101,7 @@ class Gpt2026Config:
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
     value_embed_init_std: float = 0.0  # #70: value embeddings from N(0, std²) (0.01); 0 = as above
+    attn_out_init_gain: float = 0.0  # #82 (vo_bank uniform): O with std gain/√d like V (0.5); 0 = zero init
     mimetic_vo_beta: float = 0.0  # #64: V ≈ √β·I, O ≈ −√β·I (0.05); 0 = Q/K/V uniform, O zero
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
@@ -146,6 +150,10 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
     if m.residual == "sublayer" and m.x0_lambda_apart:
         raise ConfigError("model.residual = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
+    if m.attn_out_init_gain < 0 or (m.attn_out_init_gain and m.mimetic_vo_beta):
+        raise ConfigError("model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta")
+    if m.bigram_in_x0 and not (m.bigram_rows and m.residual == "sublayer"):
+        raise ConfigError("model.bigram_in_x0 needs model.bigram_rows and model.residual = 'sublayer'")
     if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:
         raise ConfigError("model.ve_gate_paired_ve_dims needs model.ve_gate_ve_dims")
     for key in ("windows", "value_embeds"):

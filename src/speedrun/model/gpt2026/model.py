@@ -180,6 +180,9 @@ class GPT2026(nn.Module):
             for part in (block.attn, block.mlp):
                 if part is not None:
                     nn.init.zeros_(part.c_proj.weight)
+            if block.attn is not None and self.cfg.attn_out_init_gain:  # #82: vo_bank uniform, O as V
+                w = block.attn.c_proj.weight
+                scaled_uniform_(w, w.size(1), self.cfg.attn_out_init_gain)
         if self.cfg.mimetic_vo_beta:  # #64
             d = self.cfg.n_embd
             for block in self.blocks:
@@ -261,6 +264,7 @@ class GPT2026(nn.Module):
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
             if b is not None and self.cfg.residual == "sublayer" and s is self.walk[0]:
                 x, b = x + b, None  # #74 on: the first layer's share enters before it
+                x0 = x if self.cfg.bigram_in_x0 else x0  # #89's script: x0 carries it too
             attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
             x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in)
             if s.keep_output:
