@@ -182,3 +182,112 @@ def test_forward_loss_and_every_gradient_match_the_record_in_fp32(recipe, late):
     ref.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_init_statistics_are_the_scripts():
+    """GPT.__init__ of #82 (init_attn/init_mlp/init_misc of #89) at full width (a small vocabulary):
+    qk_bank and vo_bank (Q, K, V and O) and c_fc uniform with std 0.5·768^-0.5, c_proj zero, value
+    embeddings 0.01·randn, lm_head N(0, 0.005), bigram table and gates zero, resid_lambdas √1.1,
+    post_lambdas 1, x0_lambdas 0, bigram_lambdas 0.05, xsa_alphas 0, scalars (0.5, 1.0) per layer, smear
+    0, backout 0.5, skip -1.5; #83's sign rows ±1 in bf16."""
+    cfg = load_recipe("record-2026-07", ["model.vocab_size=2048", "model.eot_id=2047", "model.bigram_rows=4096"])
+    torch.manual_seed(0)
+    m = build_model(cfg.model)
+    std = 0.5 * 768**-0.5
+    bound = 3**0.5 * std
+    uniform = [b.attn.c_attn.weight for b in m.blocks if b.attn is not None]
+    uniform += [b.attn.c_proj.weight for b in m.blocks if b.attn is not None]
+    uniform += [b.mlp.c_fc.weight for b in m.blocks]
+    for w in uniform:
+        w = w.detach().float()
+        assert w.abs().max() <= bound and abs(w.std().item() / std - 1) < 0.02, w.shape
+    assert all(not b.mlp.c_proj.weight.any() for b in m.blocks)
+    for emb in m.value_embeds:
+        assert abs(emb.weight.float().std().item() / 0.01 - 1) < 0.02
+    assert abs(m.lm_head.weight.float().std().item() / 0.005 - 1) < 0.02
+    assert not m.bigram.embed.weight.any()
+    signs = m.bigram.sign_table
+    assert signs.dtype == torch.bfloat16 and signs.shape == (8192, 192) and set(signs.unique().tolist()) == {-1, 1}
+    attn = [b for b in m.blocks if b.attn is not None]
+    for b in m.blocks:
+        n = int(b.attn is not None) + 1
+        torch.testing.assert_close(b.resid.detach(), torch.full((n,), 1.1**0.5), rtol=0, atol=0)
+        torch.testing.assert_close(b.post.detach(), torch.ones(n), rtol=0, atol=0)
+    for b in attn:
+        assert b.x0_lambda.tolist() == [0.0] and b.attn.lambdas.tolist() == [0.5, 1.0]
+        assert not b.attn.gate.proj.weight.any()
+        assert b.attn.xsa is None or not b.attn.xsa.alpha.any()
+    assert [i for i, b in enumerate(m.blocks) if b.attn is not None and b.attn.xsa is not None] == list(XSA)
+    assert torch.equal(m.bigram.lambdas.detach(), torch.full((11,), 0.05))
+    assert m.smear.lamb.tolist() == [0.0] and not m.smear.gate.weight.any()
+    assert m.backout.lamb.tolist() == [0.5] and m.skip_weights.tolist() == [-1.5]
+    assert not m.skip_gate.proj.weight.any()
+
+
+def test_cached_decoding_equals_the_forward():
+    """The sublayer form, x0 carrying the first bigram share, the narrow signed bigram rows, #77's
+    layer input and XSA, decoded token by token (kv_cache.forward_cached) as the full forward."""
+    from speedrun.model.kv_cache import KVCache, forward_cached
+
+    cfg = tiny("record-2026-07", T=64, vocab=100)
+    cfg.model = dataclasses.replace(
+        cfg.model, n_layer=4, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3], mlp_layers=[0, 1, 2, 3],
+        value_embeds=[-1, 0, -1, 0], backout_layer=2, skips=[[1, 2]], key_offset_layers=[0, 3], paired_layers=[1],
+        xsa_layers=[0, 3], attn_inputs=[-1, -1, -1, 2], bigram_rows=1000,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache()
+        parts = [forward_cached(model, idx[:, :25], cache)]
+        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
+        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        model.cfg = dataclasses.replace(model.cfg, bigram_in_x0=False)
+        assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECORDS)
+def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe):
+    """The recipe shrunk to 2 layers (every part kept: a paired layer, XSA, #77's input, the bigram
+    rows; record-2026-07's FP8 MLP forward), fp32 storage and cross-entropy, compiled by inductor with
+    fullgraph=True and dynamic=False as on CUDA; three training forwards and backwards on one stage's
+    shape: one frame, no graph break, no recompile, and the eager loss and gradients at the same
+    weights (inductor reorders fp32 reductions; the FP8 MLP's amax scales amplify that)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    from tests.recipe_matrix import batch, build, rows, shrunk
+    from tests.test_architecture import randomize
+
+    torch._dynamo.reset()
+    counters.clear()
+    fp32 = ["model.embed_dtype=fp32", "model.block_dtype=fp32", "model.ce_bf16=false", "model.fp8_head=false"]
+    cfg = shrunk(recipe, *fp32, n_layer=2)
+    assert cfg.model.xsa_layers and cfg.model.paired_layers and cfg.model.attn_inputs
+    model, _ = build(cfg)
+    randomize(model)
+    eager, _ = build(cfg)
+    eager.load_state_dict(model.state_dict())
+    for net in (model, eager):
+        apply_to_model(schedule_at(0, cfg), net)
+        if cfg.model.mlp_fp8:
+            net.refresh_fp8(-1)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=False)
+    tol = 1e-3 if cfg.model.mlp_fp8 else 1e-5
+    for step in range(3):
+        x, y = batch(step, cfg)
+        args = rows(cfg, x[:1], y[:1])
+        loss, want = compiled(*args), eager(*args)
+        loss.backward()
+        want.backward()
+        assert math.isclose(loss.item(), want.item(), rel_tol=tol), (step, loss.item(), want.item())
+    assert counter.frame_count == 1 and sum(counters["graph_break"].values()) == 0
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=100 * tol, atol=1e-5, msg=name)
