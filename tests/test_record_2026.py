@@ -146,3 +146,123 @@ def test_the_parameter_count_is_the_records_less_padding_and_the_residual_form(r
     with torch.device("meta"):
         model = build_model(cfg.model)
     assert sum(p.numel() for p in model.parameters()) == ours == record - NOT_OURS + extra
+
+
+# ------------------------------------------------------------------ #82's NorMuonAndAdam (#89: the same)
+
+#: #82's param_table Adam rows: label -> (adam_betas, lr_mul, wd_mul) (wd_mul's default 1.0)
+RECORD_82_ADAM = {
+    "scalars": ((0.9, 0.99), 5.0, 0.0),
+    "smear_gate": ((0.9, 0.99), 0.01, 0.0),
+    "skip_gate": ((0.9, 0.99), 0.05, 0.0),
+    "attn_gate_bank": ((0.9, 0.99), 1.0, 1.0),
+    "ve_gate_bank": ((0.9, 0.99), 1.0, 1.0),
+    "lm_head": ((0.5, 0.95), 1.0, 150.0),
+    "bigram_embed": ((0.75, 0.95), 75.0, 5.0),
+    "post_lambdas": ((0.9, 0.95), 1.0, 0.0),
+    "x0_lambdas": ((0.9, 0.95), 1.0, 0.0),
+    "bigram_lambdas": ((0.9, 0.95), 1.0, 0.0),
+    "resid_lambdas": ((0.9, 0.95), 5.0, 0.0),
+    "xsa_alphas": ((0.9, 0.95), 1.0, 0.0),
+    "value_embeds": ((0.75, 0.95), 75.0, 5.0),
+    "embed": ((0.5, 0.95), 1.0, 150.0),
+}
+
+
+def record_82_label(name: str) -> str:
+    """Our parameter name → #82's label for it (`param.label = name.replace('.weight', '')`)."""
+    for end, label in [
+        ("wte.weight", "embed"), ("lm_head.weight", "lm_head"), ("bigram.embed.weight", "bigram_embed"),
+        ("bigram.lambdas", "bigram_lambdas"), ("smear.gate.weight", "smear_gate"),
+        ("skip_gate.proj.weight", "skip_gate"), (".attn.gate.proj.weight", "attn_gate_bank"),
+        (".attn.ve_gate.proj.weight", "ve_gate_bank"), (".x0_lambda", "x0_lambdas"), (".resid", "resid_lambdas"),
+        (".post", "post_lambdas"), (".xsa.alpha", "xsa_alphas"),
+    ]:  # fmt: skip
+        if name.endswith(end):
+            return label
+    return "value_embeds" if name.startswith("value_embeds.") else "scalars"
+
+
+@pytest.mark.parametrize("recipe", RECORDS)
+def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
+    """NorMuon (beta2 0.9, #78) every step on qk_bank's per-head-pair Q and K blocks (#80: (2·hd, d), no
+    shape multiplier), vo_bank's V and O, c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam
+    on odd steps with #82's param_table rows (its new λ rows: betas 0.9/0.95, resid x5), gradients kept
+    over even steps; tie → untie. Shrunk (4 layers, 4 heads: two pairs), 10 steps, untie after step 3."""
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.schedule import apply_schedule
+    from tests.recipe_matrix import shrink
+    from tests.test_banks_recipe import record_adam_, record_normuon_matrix_
+
+    extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32", "model.n_head=4"]
+    extra += ["optim.tie_until=4", "model.bigram_rows=300", "model.block_dtype=fp32", "model.mlp_fp8=false"]
+    cfg = load_recipe(recipe, [*shrink(recipe), *extra])
+    d, hd = cfg.model.n_embd, cfg.model.n_embd // cfg.model.n_head
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg)
+    ours = dict(model.named_parameters())
+    for p in ours.values():  # the zero-initialized parts move too, so every update is seen
+        with torch.no_grad():
+            p.add_(torch.randn_like(p) * 0.02)
+    ours["wte.weight"].data.copy_(ours["lm_head.weight"].data)
+    start = {n: p.detach().clone() for n, p in ours.items()}
+    rec = {n: p.detach().clone() for n, p in ours.items()}
+    state: dict = {}
+    adam_grads: dict[str, torch.Tensor] = {}
+    tied = True
+    gen = torch.Generator().manual_seed(1)
+    for step in range(8):
+        apply_schedule(schedule_at(step, cfg), opt, model)
+        for p in ours.values():
+            p.grad = torch.randn(p.shape, generator=gen)
+        grads = {n: p.grad.clone() for n, p in ours.items()}
+        opt.step()
+        opt.zero_grad()
+        # get_lr of the shrunk plan (10 steps): the cool-down from int(10 · 0.4) = 4 to 0.15
+        sched = 1.0 if step < 4 else (1 - (step - 4) / 6) + 0.15 * (step - 4) / 6
+        momentum = 0.85 + step / 300 * (0.95 - 0.85)
+
+        def normuon(w, g, key, lr_mul):
+            record_normuon_matrix_(w, g, state.setdefault(key, {}), 0.023 * sched, lr_mul, momentum, beta2=0.9)
+
+        for name, w in rec.items():
+            g = grads[name]
+            if name.endswith("attn.c_attn.weight"):  # qk_bank: one (2·hd, d) matrix per head pair
+                qk, v = w[: 2 * d], w[2 * d :]
+                for j, (wm, gm) in enumerate(zip(qk.split(2 * hd), g[: 2 * d].split(2 * hd), strict=True)):
+                    normuon(wm, gm, (name, j), 1.0)
+                normuon(v, g[2 * d :], (name, "v"), 1.0)
+            elif name.endswith("attn.c_proj.weight"):
+                normuon(w, g, name, 1.0)
+            elif name.endswith("mlp.c_fc.weight"):
+                normuon(w, g, name, 2.0)
+            elif name.endswith("mlp.c_proj.weight"):  # stored (3072, 768) in the record's bank
+                wt = w.T.clone()
+                normuon(wt, g.T, name, 4.0)
+                w.copy_(wt.T)
+            else:
+                adam_grads[name] = adam_grads.get(name, 0) + g  # not cleared on even steps
+        if step % 2 == 1:
+            if tied:  # lm_head.grad += embed.grad.T; embed skipped, then copied from the head
+                adam_grads["lm_head.weight"] = adam_grads["lm_head.weight"] + adam_grads.pop("wte.weight")
+            for name, g in adam_grads.items():
+                betas, lr_mul, wd_mul = RECORD_82_ADAM[record_82_label(name)]
+                record_adam_(rec[name], g, state.setdefault(name, {}), 0.008 * sched * lr_mul, betas, wd_mul)
+            adam_grads.clear()
+            if tied:
+                rec["wte.weight"].copy_(rec["lm_head.weight"])
+            if step == 3:  # copy_lm_state_to_embed at the split step
+                head = state["lm_head.weight"]
+                state["wte.weight"] = {k: v.clone() if torch.is_tensor(v) else v for k, v in head.items()}
+                tied = False
+    assert not tied
+    bad = []
+    for name, p in ours.items():
+        want, got = rec[name] - start[name], p.detach() - start[name]
+        assert want.norm() > 0, name
+        if (got - want).norm() > 5e-5 * want.norm() + 1e-8:  # fp32 Polar Express in another op order
+            bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
+    assert not bad, bad
+    labels = {record_82_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n}
+    assert labels == set(RECORD_82_ADAM)
