@@ -251,7 +251,8 @@ def test_cached_decoding_equals_the_forward():
         assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
 
 
-#: the largest per-parameter ‖compiled − eager‖ / ‖eager‖ of the gradients summed over the three steps:
+#: per parameter ‖compiled − eager‖ ≤ tol·‖eager‖ + 1e-6 for the gradients summed over the three steps
+#: (the floor: the shrunk backout sits on the last layer, where the final RMSNorm leaves λ a ~0 gradient):
 #: fp32 reductions reordered (xsa-2026-04); a different rounding before the FP8 MLP's e4m3 casts moves
 #: single elements by a whole e4m3 step (record-2026-07)
 GRAD_TOL = {"xsa-2026-04": 1e-4, "record-2026-07": 2e-2}
@@ -295,9 +296,9 @@ def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe):
         want.backward()
         assert math.isclose(loss.item(), want.item(), rel_tol=tol), (step, loss.item(), want.item())
     assert counter.frame_count == 1 and sum(counters["graph_break"].values()) == 0
-    errors = {
-        name: ((p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-12)).item()
+    bad = [
+        (name, f"{(p.grad - q.grad).norm().item():.2e} of {q.grad.norm().item():.2e}")
         for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True)
-    }
-    worst = max(errors, key=errors.get)
-    assert errors[worst] < GRAD_TOL[recipe], (worst, errors[worst])
+        if (p.grad - q.grad).norm() > GRAD_TOL[recipe] * q.grad.norm() + 1e-6
+    ]
+    assert not bad, bad

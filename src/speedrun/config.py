@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from speedrun.config_checks import cross_field_checks
+from speedrun.config_labels import check_shadowed, parse_rows
 from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
     Beta,
     Fraction,
+    Parser,
     PosFloat,
     PosInt,
     Range,
@@ -216,10 +218,6 @@ class OptimConfig:
     gate_lr: float = 0.0
     gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
     x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
-    # #74-#89's param_table rows post/x0/bigram_lambdas and #82's xsa_alphas (labels "lambda"); their
-    # resid_lambdas ("resid") take the scalars' LR (lr_mul 5) with these betas
-    lambda_lr: float = 0.008
-    lambda_betas: tuple[Beta, Beta] = (0.9, 0.95)
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
@@ -234,6 +232,9 @@ class OptimConfig:
     tail_ema_start: int = 0  # ... from this many steps taken (#46: 2,400) ...
     tail_ema_end: int = 0  # ... until this many (#46: 2,900)
     tail_ema_lambda: Fraction = 0.6  # validation evaluates (1 − λ)·w + λ·ema
+    # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
+    # (config_labels.py); a label without one keeps the row derived from the fields above
+    labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)
 
 
 @dataclass
@@ -372,3 +373,4 @@ def validate(cfg: Config) -> None:
     """Every field against its declared type and range first, then the cross-field rules."""
     check_fields(cfg)
     cross_field_checks(cfg)
+    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits
