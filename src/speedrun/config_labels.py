@@ -158,8 +158,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     with their LR multipliers; the gates in Adam at their own LR where the recipe gives one (#52 smear
     gate, #56 attention/value-embedding gates), else in NorMuon (#48: one statistic per head); x0 (#52),
     the skip gate (#55) and each embedding in Adam groups of their own, the bigram table (#62) with the
-    value embeddings, the sublayer lambdas and XSA gates (#74–#82) with the scalars; the smear and skip
-    gates without decay, the attention gates with it."""
+    value embeddings, the sublayer lambdas and XSA gates (#74–#82) at the scalars' settings in groups of
+    their own; the smear and skip gates without decay, the attention gates with it."""
     if o.name != "normuon":
         matrix = LabelRow("muon", "matrix", split=o.muon_split_qkv)
 
@@ -168,7 +168,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
 
         rows = dict.fromkeys(MATRIX_LABELS, matrix)
         rows |= dict.fromkeys(("embed", "value_embed", "bigram"), adam("embed", o.embed_lr))
-        rows |= dict.fromkeys(("scalar", "x0", "skip_gate", "lambda", "resid", "xsa"), adam("scalar", o.scalar_lr))
+        rows |= dict.fromkeys(("scalar", "x0", "skip_gate"), adam("scalar", o.scalar_lr))
+        rows |= dict.fromkeys(("lambda", "resid", "xsa"), adam("scalar", o.scalar_lr))
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
     def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRow:
@@ -203,7 +204,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         "skip_gate": adam("skip_gate", o.skip_gate_lr, gate_betas, 0.0),
         "bigram": value_embed,
     }
-    rows |= dict.fromkeys(("lambda", "resid", "xsa"), rows["scalar"])  # with the scalars unless stated (#82)
+    # #74-#82's lambdas and XSA gates: the scalars' hyperparameters in groups of their own (#82 states rows)
+    rows |= {k: adam(k, o.scalar_lr, o.scalar_betas, 0.0) for k in ("lambda", "resid", "xsa")}
     return {label: rows[label] for label in LABELS}
 
 
