@@ -175,8 +175,8 @@ def record_82_label(name: str) -> str:
         ("wte.weight", "embed"), ("lm_head.weight", "lm_head"), ("bigram.embed.weight", "bigram_embed"),
         ("bigram.lambdas", "bigram_lambdas"), ("smear.gate.weight", "smear_gate"),
         ("skip_gate.proj.weight", "skip_gate"), (".attn.gate.proj.weight", "attn_gate_bank"),
-        (".attn.ve_gate.proj.weight", "ve_gate_bank"), (".x0_lambda", "x0_lambdas"), (".resid", "resid_lambdas"),
-        (".post", "post_lambdas"), (".xsa.alpha", "xsa_alphas"),
+        (".attn.ve_gate.proj.weight", "ve_gate_bank"), (".x0_lambda", "x0_lambdas"),
+        (".resid", "resid_lambdas"), (".post", "post_lambdas"), (".xsa.alpha", "xsa_alphas"),
     ]:  # fmt: skip
         if name.endswith(end):
             return label
@@ -223,8 +223,8 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
         sched = 1.0 if step < 4 else (1 - (step - 4) / 6) + 0.15 * (step - 4) / 6
         momentum = 0.85 + step / 300 * (0.95 - 0.85)
 
-        def normuon(w, g, key, lr_mul):
-            record_normuon_matrix_(w, g, state.setdefault(key, {}), 0.023 * sched, lr_mul, momentum, beta2=0.9)
+        def normuon(w, g, key, lr_mul, lr=0.023 * sched, momentum=momentum):
+            record_normuon_matrix_(w, g, state.setdefault(key, {}), lr, lr_mul, momentum, beta2=0.9)
 
         for name, w in rec.items():
             g = grads[name]

@@ -67,7 +67,7 @@ def record_forward(w, signs, input_seq, target_seq, seqlens, ws, yarn_cs, scale,
     only), x0_lambdas our x0_lambda, bigram_lambdas our bigram.lambdas."""
     from tests.test_yarn_recipe import norm
 
-    L, T = 11, len(input_seq)
+    L = 11
     short_bm, long_bm = ws[0] * BLOCK, ws[1] * BLOCK
     bm_sizes = [short_bm] * 3 + [long_bm] + [short_bm] * 2 + [None] + [short_bm] * 3 + [long_bm]
     x = F.embedding(input_seq, w["wte.weight"])
@@ -91,7 +91,9 @@ def record_forward(w, signs, input_seq, target_seq, seqlens, ws, yarn_cs, scale,
         x = x + x0_bigram * bl[0]
     x0_inject = [x0 * w[f"blocks.{i}.x0_lambda"][0] if i != 6 else None for i in range(L)]
     skip_gate_out = (
-        torch.sigmoid(w["skip_weights"][0]) * 2 * torch.sigmoid(F.linear(x0[..., :12], w["skip_gate.proj.weight"]))
+        torch.sigmoid(w["skip_weights"][0])
+        * 2
+        * torch.sigmoid(F.linear(x0[..., :12], w["skip_gate.proj.weight"]))
     )
     x_backout = skip_connection = None
     for i in range(L):
@@ -100,7 +102,9 @@ def record_forward(w, signs, input_seq, target_seq, seqlens, ws, yarn_cs, scale,
             x = x + skip_gate_out * skip_connection
         else:
             attn_in = x_backout if x_backout is not None else x
-            attn_out = record_attention(w, i, norm(attn_in), ve[i], seqlens, bm_sizes[i], yarn_cs, scale, heads, v89)
+            attn_out = record_attention(
+                w, i, norm(attn_in), ve[i], seqlens, bm_sizes[i], yarn_cs, scale, heads, v89
+            )
             x = resid[0] * x + post[0] * attn_out + x0_inject[i]
             if i > 0 and v89:
                 x = torch.cat([x[..., :bd] + x0_bigram * bl[i], x[..., bd:]], dim=-1)
@@ -190,7 +194,9 @@ def test_init_statistics_are_the_scripts():
     embeddings 0.01·randn, lm_head N(0, 0.005), bigram table and gates zero, resid_lambdas √1.1,
     post_lambdas 1, x0_lambdas 0, bigram_lambdas 0.05, xsa_alphas 0, scalars (0.5, 1.0) per layer, smear
     0, backout 0.5, skip -1.5; #83's sign rows ±1 in bf16."""
-    cfg = load_recipe("record-2026-07", ["model.vocab_size=2048", "model.eot_id=2047", "model.bigram_rows=4096"])
+    cfg = load_recipe(
+        "record-2026-07", ["model.vocab_size=2048", "model.eot_id=2047", "model.bigram_rows=4096"]
+    )
     torch.manual_seed(0)
     m = build_model(cfg.model)
     std = 0.5 * 768**-0.5
@@ -207,7 +213,8 @@ def test_init_statistics_are_the_scripts():
     assert abs(m.lm_head.weight.float().std().item() / 0.005 - 1) < 0.02
     assert not m.bigram.embed.weight.any()
     signs = m.bigram.sign_table
-    assert signs.dtype == torch.bfloat16 and signs.shape == (8192, 192) and set(signs.unique().tolist()) == {-1, 1}
+    assert signs.dtype == torch.bfloat16 and signs.shape == (8192, 192)
+    assert set(signs.unique().tolist()) == {-1, 1}
     attn = [b for b in m.blocks if b.attn is not None]
     for b in m.blocks:
         n = int(b.attn is not None) + 1
@@ -231,9 +238,10 @@ def test_cached_decoding_equals_the_forward():
 
     cfg = tiny("record-2026-07", T=64, vocab=100)
     cfg.model = dataclasses.replace(
-        cfg.model, n_layer=4, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3], mlp_layers=[0, 1, 2, 3],
-        value_embeds=[-1, 0, -1, 0], backout_layer=2, skips=[[1, 2]], key_offset_layers=[0, 3], paired_layers=[1],
-        xsa_layers=[0, 3], attn_inputs=[-1, -1, -1, 2], bigram_rows=1000,
+        cfg.model, n_layer=4, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
+        mlp_layers=[0, 1, 2, 3], value_embeds=[-1, 0, -1, 0], backout_layer=2, skips=[[1, 2]],
+        key_offset_layers=[0, 3], paired_layers=[1], xsa_layers=[0, 3], attn_inputs=[-1, -1, -1, 2],
+        bigram_rows=1000,
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
@@ -251,21 +259,20 @@ def test_cached_decoding_equals_the_forward():
         assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
 
 
-#: per parameter ‖compiled − eager‖ ≤ tol·‖eager‖ + 1e-6 for the gradients summed over the three steps
-#: (the floor: the shrunk backout sits on the last layer, where the final RMSNorm leaves λ a ~0 gradient):
-#: fp32 reductions reordered (xsa-2026-04); a different rounding before the FP8 MLP's e4m3 casts moves
-#: single elements by a whole e4m3 step (record-2026-07)
-GRAD_TOL = {"xsa-2026-04": 1e-4, "record-2026-07": 2e-2}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", RECORDS)
-def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe):
+@pytest.mark.parametrize(
+    "recipe, fp8", [("xsa-2026-04", False), ("record-2026-07", False), ("record-2026-07", True)]
+)
+def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe, fp8):
     """The recipe shrunk to 2 layers (every part kept: a paired layer, XSA, #77's input, the bigram
-    rows; record-2026-07's FP8 MLP forward), fp32 storage and cross-entropy, compiled by inductor with
-    fullgraph=True and dynamic=False as on CUDA; three training forwards and backwards on one stage's
-    shape: one frame, no graph break, no recompile, and the eager loss and gradients at the same
-    weights (inductor reorders fp32 reductions; the FP8 MLP's amax scales amplify that)."""
+    rows), fp32 storage and cross-entropy, compiled by inductor with fullgraph=True and dynamic=False as
+    on CUDA; three training forwards and backwards on one stage's shape: one frame, no graph break, no
+    recompile, the eager loss, and (without the FP8 MLP) every gradient at the same weights, summed over
+    the steps, to 1e-4 of its norm (+1e-6: the shrunk backout sits on the last layer, where the final
+    RMSNorm leaves its λ a ~0 gradient). With record-2026-07's FP8 MLP forward the first loss agrees to
+    2e-7 (measured), but inductor's other fp32 order moves a few values across e4m3 roundings, which
+    changes the cancelling sums of the scalars' gradients (measured: the skip weight's 11x its size), so
+    its gradients are checked without FP8."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
 
@@ -275,7 +282,7 @@ def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe):
     torch._dynamo.reset()
     counters.clear()
     fp32 = ["model.embed_dtype=fp32", "model.block_dtype=fp32", "model.ce_bf16=false", "model.fp8_head=false"]
-    cfg = shrunk(recipe, *fp32, n_layer=2)
+    cfg = shrunk(recipe, *fp32, f"model.mlp_fp8={str(fp8).lower()}", n_layer=2)
     assert cfg.model.xsa_layers and cfg.model.paired_layers and cfg.model.attn_inputs
     model, _ = build(cfg)
     randomize(model)
@@ -283,22 +290,24 @@ def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe):
     eager.load_state_dict(model.state_dict())
     for net in (model, eager):
         apply_to_model(schedule_at(0, cfg), net)
-        if cfg.model.mlp_fp8:
+        if fp8:
             net.refresh_fp8(-1)
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=False)
-    tol = 1e-3 if cfg.model.mlp_fp8 else 1e-5
     for step in range(3):
         x, y = batch(step, cfg)
         args = rows(cfg, x[:1], y[:1])
         loss, want = compiled(*args), eager(*args)
         loss.backward()
         want.backward()
+        tol = 1e-3 if fp8 and step else 1e-5  # the FP8 steps after the first: delayed scales of other sums
         assert math.isclose(loss.item(), want.item(), rel_tol=tol), (step, loss.item(), want.item())
     assert counter.frame_count == 1 and sum(counters["graph_break"].values()) == 0
+    if fp8:
+        return
     bad = [
         (name, f"{(p.grad - q.grad).norm().item():.2e} of {q.grad.norm().item():.2e}")
         for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True)
-        if (p.grad - q.grad).norm() > GRAD_TOL[recipe] * q.grad.norm() + 1e-6
+        if (p.grad - q.grad).norm() > 1e-4 * q.grad.norm() + 1e-6
     ]
     assert not bad, bad

@@ -86,7 +86,9 @@ class Gpt2026Config:
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
     bigram_lambda_init: float = 0.1  # #62: 0.1; #74 on: 0.05
-    bigram_dim: int = 0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
+    bigram_dim: int = (
+        0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
+    )
     mlp_fc_transposed: bool = False  # #27
     mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
@@ -151,7 +153,9 @@ def check(m: Gpt2026Config) -> None:
     if m.residual == "sublayer" and m.x0_lambda_apart:
         raise ConfigError("model.residual = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
     if m.attn_out_init_gain < 0 or (m.attn_out_init_gain and m.mimetic_vo_beta):
-        raise ConfigError("model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta")
+        raise ConfigError(
+            "model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta"
+        )
     if m.bigram_in_x0 and not (m.bigram_rows and m.residual == "sublayer"):
         raise ConfigError("model.bigram_in_x0 needs model.bigram_rows and model.residual = 'sublayer'")
     if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:

@@ -81,9 +81,14 @@ def bigram_hash(
 
 class BigramEmbed(nn.Module):
     def __init__(
-        self, rows: int, dim: int, n_layer: int, width: int | None = None, lamb: tuple[float, str] = (0.1, "scalar")
+        self,
+        rows: int,
+        dim: int,
+        n_layer: int,
+        width: int | None = None,
+        lamb: tuple[float, str] = (0.1, "scalar"),
     ):
-        """`lamb`: the per-layer lambdas' init and label (#62: 0.1 with the scalars; #74 on: 0.05, "lambda")."""
+        """`lamb`: the per-layer lambdas' init and label (#62: 0.1, scalars; #74 on: 0.05, "lambda")."""
         super().__init__()
         self.rows = rows
         self.pad = (width or dim) - dim  # #89's script: rows of 192 dims added to x[..., :192]

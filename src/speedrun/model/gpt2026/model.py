@@ -101,7 +101,9 @@ class GPT2026(nn.Module):
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         bigram_dim = cfg.bigram_dim or d  # #89's script: 192
         lamb = (cfg.bigram_lambda_init, "lambda" if cfg.residual == "sublayer" else "scalar")
-        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d, lamb) if cfg.bigram_rows else None
+        self.bigram = (
+            BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d, lamb) if cfg.bigram_rows else None
+        )
         if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
             self.bigram = SignedBigramEmbed(
                 cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d, lamb
