@@ -311,3 +311,31 @@ def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe, fp
         if (p.grad - q.grad).norm() > 1e-4 * q.grad.norm() + 1e-6
     ]
     assert not bad, bad
+
+
+@pytest.mark.slow
+def test_the_shrunk_recipe_trains_through_the_loop(text_data, tmp_path):
+    """record-2026-07 (every part of xsa-2026-04 with it) through the training loop: the sublayer form
+    with its stated [optim.labels] rows, XSA, #77's input, the narrow signed bigram rows, the FP8 MLP
+    refreshed before every step, bf16 blocks, stages with MTP, tie → untie, validation."""
+    import json
+
+    from speedrun.train import loop
+    from tests.recipe_matrix import shrink
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    plan = "tokens=256 doc=64 windows=1/1 frac=1/2 mtp=1,0.5,0.25>1,0.5,0; "
+    plan += "tokens=512 windows=1/2 lr=1.5 frac=1/2; tokens=512 windows=1/2 ext=2 val=1/3 yarn=2"
+    over = [*shrink("record-2026-07"), f"data.dir={text_data}", "data.tokenizer=bpe:512",
+            f"model.eot_id={eot}", "model.vocab_size=512", "model.embed_dtype=fp32", "model.fp8_head=false",
+            "model.bigram_rows=1000", "optim.muon_ns_dtype=fp32", "train.seq_len=128",
+            "train.micro_batch_tokens=128", "train.global_batch_tokens=512", "model.max_seq_len=512",
+            "train.val_seq_len=512", "train.val_tokens=2048", "train.steps=8", f"train.stages={plan}",
+            "optim.tie_until=4", "train.log_every=1"]  # fmt: skip
+    cfg = load_recipe("record-2026-07", over)
+    assert cfg.model.mlp_fp8 and cfg.model.residual == "sublayer" and cfg.model.block_dtype == "bf16"
+    loop.train(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in lines if "train_loss" in r]
+    assert len(losses) == 8 and all(math.isfinite(v) for v in losses)
+    assert any("val_loss" in r and math.isfinite(r["val_loss"]) for r in lines)
