@@ -167,7 +167,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     with their LR multipliers; the gates in Adam at their own LR where the recipe gives one (#52 smear
     gate, #56 attention/value-embedding gates), else in NorMuon (#48: one statistic per head); x0 (#52),
     the skip gate (#55) and each embedding in Adam groups of their own, the bigram table (#62) with the
-    value embeddings; the smear and skip gates without decay, the attention gates with it."""
+    value embeddings, the sublayer lambdas and XSA gates (#74–#82) at the scalars' settings in groups of
+    their own; the smear and skip gates without decay, the attention gates with it."""
     if o.name != "normuon":
         matrix = LabelRow("muon", "matrix", split=o.muon_split_qkv)
 
@@ -337,7 +338,7 @@ def format_table(o: Any, table: dict[str, LabelRow], params: dict[str, tuple[int
     count = f"{'params':>13} {'tensors':>7}  " if params is not None else ""
     lines = [
         f"optimizer labels{stated}:",
-        f"{'label':<13}{'rule':<9}{'group':<12}{'lr':>8} {'wd':>6}  {'betas':<10}{'eps':>6}  {count}other",
+        f"{'label':<16}{'rule':<9}{'group':<16}{'lr':>8} {'wd':>6}  {'betas':<10}{'eps':>6}  {count}other",
     ]
     for lab in (lab for lab in LABELS if params is None or lab in params):
         r = table[lab]
@@ -349,6 +350,6 @@ def format_table(o: Any, table: dict[str, LabelRow], params: dict[str, tuple[int
             other = " ".join(flags + ["gate_rows"] * r.gate_rows + [f"qk_rows={r.qk_rows}"] * (r.qk_rows > 0))
         count = f"{params[lab][1]:>13,d} {params[lab][0]:>7d}  " if params is not None else ""
         name = lab + "*" * (lab in o.labels)
-        line = f"{name:<13}{r.rule:<9}{r.group:<12}{lr:>8.4g} {wd:>6.4g}  {betas:<10}{eps:>6}  {count}{other}"
+        line = f"{name:<16}{r.rule:<9}{r.group:<16}{lr:>8.4g} {wd:>6.4g}  {betas:<10}{eps:>6}  {count}{other}"
         lines.append(line.rstrip())
     return "\n".join(lines)

@@ -63,11 +63,15 @@ class Gpt2026Config:
     attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
     ve_gate: int = 0  # #55
     ve_gate_ve_dims: int = 0  # #70: the gate reads x[:ve_gate − n] and the embedding's first n dims (6)
+    ve_gate_paired_ve_dims: bool = False  # #89's script: paired layers' gates read them too (#70: x[:12])
     value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
     # --- connections ---
     skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
     skip_gate: int = 0  # #55
     resid_lambda_init: float = 1.0  # #45: 1.1
+    # #89's script adds layer 0's bigram share to x0 itself (in place, on the tensor x and x0 share): every
+    # later x0 term and the skip gate read it; #82 adds it to x only
+    bigram_in_x0: bool = False
     x0_lambda_apart: bool = False  # #52
     backout_layer: int = 0  # #40; 0 none
     attn_inputs: list[TableIndex] = field(
@@ -88,6 +92,9 @@ class Gpt2026Config:
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
+    bigram_dim: int = (
+        0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
+    )
     mlp_fc_transposed: bool = False  # #27
     mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
@@ -102,6 +109,7 @@ class Gpt2026Config:
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
     value_embed_init_std: float = 0.0  # #70: value embeddings from N(0, std²) (0.01); 0 = as above
+    attn_out_init_gain: float = 0.0  # #82 (vo_bank uniform): O with std gain/√d like V (0.5); 0 = zero init
     mimetic_vo_beta: float = 0.0  # #64: V ≈ √β·I, O ≈ −√β·I (0.05); 0 = Q/K/V uniform, O zero
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
@@ -146,6 +154,18 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
         raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
+    if m.bigram_dim and not (m.bigram_rows and 0 < m.bigram_dim <= m.n_embd):
+        raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
+    if m.residual_form == "sublayer" and m.x0_lambda_apart:
+        raise ConfigError("model.residual_form = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
+    if m.attn_out_init_gain < 0 or (m.attn_out_init_gain and m.mimetic_vo_beta):
+        raise ConfigError(
+            "model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta"
+        )
+    if m.bigram_in_x0 and not (m.bigram_rows and m.residual_form == "sublayer"):
+        raise ConfigError("model.bigram_in_x0 needs model.bigram_rows and model.residual_form = 'sublayer'")
+    if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:
+        raise ConfigError("model.ve_gate_paired_ve_dims needs model.ve_gate_ve_dims")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")

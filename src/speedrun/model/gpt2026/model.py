@@ -117,16 +117,18 @@ class GPT2026(nn.Module):
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
         self.wte = embeddings.token_embedding(rows, d)
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
-        self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        bigram_dim = cfg.bigram_dim or d  # #89's script: 192
+        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d) if cfg.bigram_rows else None
         if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
-            self.bigram = SignedBigramEmbed(cfg.bigram_rows, d, cfg.n_layer, cfg.bigram_sign_rows)
+            self.bigram = SignedBigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
             if cfg.ve_gate and s.value_embed is not None and s.attention and not s.mudd:  # #81: MUDD's
-                ve_dims = 0 if s.paired else cfg.ve_gate_ve_dims  # #70: paired layers keep x[:12]
+                # #70: paired layers keep x[:12]; #89's script: they read cat(x[:6], ve[:6]) too
+                ve_dims = 0 if s.paired and not cfg.ve_gate_paired_ve_dims else cfg.ve_gate_ve_dims
                 block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
@@ -207,6 +209,9 @@ class GPT2026(nn.Module):
             for part in (block.attn, block.mlp):
                 if part is not None:
                     nn.init.zeros_(part.c_proj.weight)
+            if block.attn is not None and self.cfg.attn_out_init_gain:  # #82: vo_bank uniform, O as V
+                w = block.attn.c_proj.weight
+                scaled_uniform_(w, w.size(1), self.cfg.attn_out_init_gain)
         if self.cfg.mimetic_vo_beta:  # #64
             d = self.cfg.n_embd
             for block in self.blocks:
@@ -283,6 +288,7 @@ class GPT2026(nn.Module):
         if self.cfg.residual_form == "sublayer" and bigram is not None:  # #77: the first share goes in now
             share = gates[("bigram", first)] if gates else self.bigram.lambdas[first]
             x = x + bigram * share
+            x0 = x if self.cfg.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
         c0 = x  # the stream entering the first layer (#81's source c0)
         outputs: dict[int, torch.Tensor] = {}
         for s in self.walk:
