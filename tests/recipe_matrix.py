@@ -98,6 +98,8 @@ def _gpt2026_layers(m, L: int) -> list[str]:
         out.append(f"model.attn_inputs={[-1] * (L - 1) + [max(0, min(L - 2, 2 * L // 3))]}")
     if m.bigram_dim:  # #89's script: 192 of 768 dims
         out.append("model.bigram_dim=16")
+    if m.mudd_sources:  # #81: two sources below the last two layers (the record's [7, 3] of 11)
+        out.append(f"model.mudd_sources={[L - 3, L - 4]}" if L >= 4 else "model.mudd_sources=[]")
     return out
 
 

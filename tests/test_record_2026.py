@@ -141,11 +141,13 @@ NOT_OURS = 2 * 3072 * 768 + 33
     "recipe, record, extra, ours",
     [
         ("xsa-2026-04", record_param_count(50304 * 5, 768, True), 0, 539_100_364),
-        ("record-2026-07", record_param_count(50304 * 15, 192, False), 1, 490_808_524),
+        # + #81's MUDD (2·64·768 + 2·14·64 + 2·14 = 100,124); layer 10 takes its resid/post pairs (4), x0
+        # λ (1) and value-embedding gate (6·12) from MUDD: the record allocates them unread
+        ("record-2026-07", record_param_count(50304 * 15, 192, False) + 100_124, -4 - 1 - 72, 490_908_570),
     ],
 )
 def test_the_parameter_count_is_the_records_less_padding_and_the_residual_form(recipe, record, extra, ours):
-    """record-2026-07 keeps #82's backout λ (`extra`: #89 folds it into MUDD's post-loop bias, pending)."""
+    """`extra`: what else we hold beside the record's tensors less NOT_OURS."""
     cfg = load_recipe(recipe)
     with torch.device("meta"):
         model = build_model(cfg.model)
@@ -171,6 +173,8 @@ RECORD_82_ADAM = {
     "value_embeds": ((0.75, 0.95), 75.0, 5.0),
     "embed": ((0.5, 0.95), 1.0, 150.0),
 }
+#: #81's rows (record-2026-07): the MUDD MLPs and their output bias
+RECORD_81_ADAM = {"mudd": ((0.9, 0.99), 0.25, 1.0), "mudd_bias": ((0.9, 0.99), 0.25, 0.0)}
 
 
 def record_82_label(name: str) -> str:
@@ -186,6 +190,8 @@ def record_82_label(name: str) -> str:
             return label
     if re.fullmatch(r"blocks\.\d+\.lambdas", name):  # the sublayer form's resid pair
         return "resid_lambdas"
+    if name.startswith("mudd."):  # #81: mudd_w1, mudd_w2 and mudd_b2
+        return "mudd_bias" if name == "mudd.b2" else "mudd"
     return "value_embeds" if name.startswith("value_embeds.") else "scalars"
 
 
@@ -253,7 +259,7 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
             if tied:  # lm_head.grad += embed.grad.T; embed skipped, then copied from the head
                 adam_grads["lm_head.weight"] = adam_grads["lm_head.weight"] + adam_grads.pop("wte.weight")
             for name, g in adam_grads.items():
-                betas, lr_mul, wd_mul = RECORD_82_ADAM[record_82_label(name)]
+                betas, lr_mul, wd_mul = (RECORD_82_ADAM | RECORD_81_ADAM)[record_82_label(name)]
                 record_adam_(rec[name], g, state.setdefault(name, {}), 0.008 * sched * lr_mul, betas, wd_mul)
             adam_grads.clear()
             if tied:
@@ -271,4 +277,6 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
             bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
     assert not bad, bad
     labels = {record_82_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n}
-    assert labels == set(RECORD_82_ADAM)
+    mudd = set(RECORD_81_ADAM) if cfg.model.mudd_sources else set()
+    # every row is exercised (shrunk with MUDD, the one value-embedding layer with a gate is MUDD's own)
+    assert labels | ({"ve_gate_bank"} if mudd else set()) == set(RECORD_82_ADAM) | mudd

@@ -123,8 +123,14 @@ def record_forward(w, signs, input_seq, target_seq, seqlens, ws, yarn_cs, scale,
     return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
 
 
+#: #81's MUDD is compared with the record's own lines in tests/test_mudd.py; here #89 without it, with
+#: #82's backout that MUDD's post-loop bias replaces
+NO_MUDD = ["model.mudd_sources=[]", "model.backout_layer=7"]
+
+
 def tiny(recipe: str, heads: int = 4, dim: int = 64, T: int = 1024, vocab: int = 120, **extra):
-    cfg = load_recipe(recipe, ["model.block_dtype=fp32", "model.mlp_fp8=false"])
+    apart = NO_MUDD if load_recipe(recipe).model.mudd_sources else []
+    cfg = load_recipe(recipe, ["model.block_dtype=fp32", "model.mlp_fp8=false", *apart])
     narrow = {"bigram_dim": 16} if cfg.model.bigram_dim else {}  # 192 of 768 → 16 of 64
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
@@ -195,7 +201,7 @@ def test_init_statistics_are_the_scripts():
     post_lambdas 1, x0_lambdas 0, bigram_lambdas 0.05, xsa_alphas 0, scalars (0.5, 1.0) per layer, smear
     0, backout 0.5, skip -1.5; #83's sign rows ±1 in bf16."""
     cfg = load_recipe(
-        "record-2026-07", ["model.vocab_size=2048", "model.eot_id=2047", "model.bigram_rows=4096"]
+        "record-2026-07", ["model.vocab_size=2048", "model.eot_id=2047", "model.bigram_rows=4096", *NO_MUDD]
     )
     torch.manual_seed(0)
     m = build_model(cfg.model)
