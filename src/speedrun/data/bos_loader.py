@@ -40,8 +40,15 @@ from threading import Lock
 import numpy as np
 import torch
 
-from speedrun.data.loader import discard
-from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
+from speedrun.data.loader import check_saved_shards, discard
+from speedrun.data.shards import (
+    bos_positions,
+    check_document_starts,
+    check_token_range,
+    open_shard,
+    read_header,
+    shard_fingerprint,
+)
 from speedrun.errors import ConfigError, DataError
 
 RULES = ("stream", "packed")
@@ -136,15 +143,10 @@ class DocumentLoader:
         prefetch: bool | None = None,
         with_cu_seqlens: bool = False,
     ):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
-        if chunks < 1 or chunks % world_size:
-            raise ConfigError(f"the {chunks} rows of a step cannot be split over world_size {world_size}")
-        if rule not in RULES:
-            raise ConfigError(f"data.doc_rule must be one of {RULES}, not {rule!r}")
+        # run_data.micro_batch_tokens and the config checked these once, at set-up
+        assert 0 <= rank < world_size and chunks % world_size == 0 and rule in RULES, (rank, chunks, rule)
         self.files = [Path(f) for f in files]
-        if not self.files:
-            raise DataError("no shard files given to the loader")
+        assert self.files, "run_data passes the shards meta.json lists"
         self.chunks, self.stage_of, self.bos_id, self.rule = chunks, stage_of, bos_id, rule
         self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
         self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
@@ -174,12 +176,7 @@ class DocumentLoader:
         return self._maps[i]
 
     def _scan(self, i: int) -> np.ndarray:
-        tokens = self._tokens(i)
-        block = 1 << 24
-        parts = [
-            np.flatnonzero(tokens[s : s + block] == self.bos_id) + s for s in range(0, len(tokens), block)
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return bos_positions(self._tokens(i), self.bos_id)
 
     def _bos(self, i: int) -> np.ndarray:
         """BOS positions of shard i; the next shard's index is started in the background."""
@@ -241,11 +238,8 @@ class DocumentLoader:
             tokens = self._tokens(shard)
             buf = np.concatenate([np.asarray(tokens[a:b]) for a, b in plan.segments[c]])
             max_docs = self._stage(step)[2]
-        if self.vocab_size is not None and int(buf.max()) >= self.vocab_size:
-            bad = int(buf.max())
-            raise DataError(
-                f"{self.files[shard]}: token id {bad} is out of range for vocab_size {self.vocab_size}"
-            )
+        if self.vocab_size is not None:
+            check_token_range(buf, self.vocab_size, self.files[shard])
         cu, dropped = cu_seqlens(buf[:-1], self.bos_id, max_docs)
         x = torch.from_numpy(buf[:-1].astype(np.int64))
         y = torch.from_numpy(buf[1:].astype(np.int64))
@@ -315,12 +309,7 @@ class DocumentLoader:
             raise ConfigError(
                 "loader state was saved by the token loader, not the document loader (data.loader)"
             )
-        if state.get("files") != [f.name for f in self.files]:
-            raise DataError(
-                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
-            )
-        if state.get("fingerprint") != self.fingerprint():
-            raise DataError(f"the shards in {self.files[0].parent} changed since the checkpoint was saved")
+        check_saved_shards(state, self.files, self._lengths, self.fingerprint())
         for key in ("rule", "chunks"):
             if state.get(key) != getattr(self, key):
                 raise ConfigError(
@@ -328,11 +317,6 @@ class DocumentLoader:
                 )
         if state["micro_step"] and state["world_size"] != self.world_size:
             raise ConfigError("loader state taken mid-step can only resume with the same world size")
-        if (
-            not 0 <= state["shard"] < len(self.files)
-            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
-        ):
-            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
         self._drain()
         self._shard, self._pos, self._micro = int(state["shard"]), int(state["pos"]), int(state["micro_step"])
         self._step, self._epoch = int(state["step"]), int(state["epoch"])

@@ -33,10 +33,15 @@ import torch
 
 from speedrun.data.device_feed import DeviceFeed
 from speedrun.data.record_order import RankCursors
-from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
+from speedrun.data.shards import (
+    bos_positions,
+    check_document_starts,
+    check_token_range,
+    open_shard,
+    read_header,
+    shard_fingerprint,
+)
 from speedrun.errors import ConfigError, DataError
-
-_SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
 
 
 def discard(future: Future | None) -> None:
@@ -73,12 +78,8 @@ def _assert_split(total: int, micro_batch_tokens: int, seq_len: int, rank: int, 
 
 def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Path, start: int):
     """inputs/targets (B, T) int64 host tensors from `micro + 1` tokens, ids range-checked."""
-    if vocab_size is not None and chunk.size and int(chunk.max()) >= vocab_size:
-        bad = int(chunk.max())
-        where = start + int(np.argmax(chunk >= vocab_size))
-        raise DataError(
-            f"{path}: token id {bad} at position {where} is out of range for vocab_size {vocab_size}"
-        )
+    if vocab_size is not None:
+        check_token_range(chunk, vocab_size, path, start)
     x = torch.from_numpy(chunk[:-1].astype(np.int64)).view(-1, seq_len)
     y = torch.from_numpy(chunk[1:].astype(np.int64)).view(-1, seq_len)
     return x, y
@@ -108,8 +109,7 @@ class TokenLoader:
         _assert_split(global_batch_tokens, micro_batch_tokens, seq_len, rank, world_size)
         assert bos_id is not None or not align_to_bos, "align_to_bos needs bos_id"
         self.files = [Path(f) for f in files]
-        if not self.files:
-            raise DataError("no shard files given to the loader")
+        assert self.files, "run_data passes the shards meta.json lists (load_meta: never none)"
         self.global_batch_tokens = global_batch_tokens
         self.micro_batch_tokens = micro_batch_tokens
         self.seq_len = seq_len
@@ -154,14 +154,8 @@ class TokenLoader:
         return self._maps[i]
 
     def _bos_positions(self, i: int) -> np.ndarray:
-        """Sorted BOS positions of shard i, scanned in blocks (only the positions are kept)."""
         if self._bos is None or self._bos[0] != i:
-            tokens = self._tokens(i)
-            parts = [
-                np.flatnonzero(tokens[s : s + _SCAN_BLOCK] == self.bos_id) + s
-                for s in range(0, len(tokens), _SCAN_BLOCK)
-            ]
-            self._bos = (i, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+            self._bos = (i, bos_positions(self._tokens(i), self.bos_id))
         return self._bos[1]
 
     def _starts_in(self, i: int, pos: int) -> tuple[np.ndarray, int] | None:
@@ -306,10 +300,7 @@ class TokenLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where `state_dict()` was taken."""
-        if state.get("files") != [f.name for f in self.files]:
-            raise DataError(
-                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
-            )
+        check_saved_shards(state, self.files, self._lengths, self.fingerprint())
         for key in ("rank_cursors", "end_margin"):  # states from before these keys: 0
             if state.get(key, 0) != getattr(self, key):
                 raise ConfigError(
@@ -320,21 +311,10 @@ class TokenLoader:
             state.get(k) == getattr(self, k)
             for k in ("world_size", "global_batch_tokens", "micro_batch_tokens")
         )
-        saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
-        if saved is not None and saved != self.fingerprint():
-            raise DataError(
-                f"the shards in {self.files[0].parent} changed since the checkpoint was saved (prepared "
-                "again from other text or with another tokenizer?); resume needs the data the run started on"
-            )
         if state["micro_step"] != 0 and not same_split:
             raise ConfigError(
                 "loader state taken mid-step can only resume with the same world size and batch sizes"
             )
-        if (
-            not 0 <= state["shard"] < len(self.files)
-            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
-        ):
-            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
         self._drain()
         self._shard, self._pos = int(state["shard"]), int(state["pos"])
         self._micro, self._epoch = int(state["micro_step"]), int(state.get("epoch", 0))
@@ -352,6 +332,22 @@ class TokenLoader:
             self._executor = None
 
 
+def check_saved_shards(state: dict, files: list[Path], lengths: list[int], fingerprint: list[str]) -> None:
+    """What both loaders' saved states must agree on: the shards' names and contents, a position in them."""
+    if state.get("files") != [f.name for f in files]:
+        raise DataError(
+            f"loader state was saved for shards {state.get('files')}, not {[f.name for f in files]}"
+        )
+    saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
+    if saved is not None and saved != fingerprint:
+        raise DataError(
+            f"the shards in {files[0].parent} changed since the checkpoint was saved (prepared again from "
+            "other text or with another tokenizer?); resume needs the data the run started on"
+        )
+    if not 0 <= state["shard"] < len(files) or not 0 <= state["pos"] <= lengths[state["shard"]]:
+        raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
+
+
 def val_batches(
     files: list[Path],
     val_tokens: int,
@@ -367,8 +363,7 @@ def val_batches(
     _assert_split(val_tokens, micro_batch_tokens, seq_len, rank, world_size)
     per_round = world_size * micro_batch_tokens
     files = [Path(f) for f in files]
-    if not files:
-        raise DataError("no validation shard files given")
+    assert files, "meta.json lists at least one val shard (load_meta)"
     lengths = [read_header(f) for f in files]
     if sum(lengths) < val_tokens + 1:
         raise DataError(

@@ -163,6 +163,14 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: i
             )
 
 
+def bos_positions(tokens: np.ndarray, bos_id: int) -> np.ndarray:
+    """Sorted positions of `bos_id` in `tokens`, scanned in blocks (only the positions are kept)."""
+    parts = [
+        np.flatnonzero(tokens[s : s + SCAN_BLOCK] == bos_id) + s for s in range(0, len(tokens), SCAN_BLOCK)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def check_document_starts(files: list[Path], bos_id: int) -> None:
     """A DataError when no shard holds `bos_id`: a loader that cuts batches at document starts finds
     none, whatever the shards' size (the separator every document begins with is missing, or is
