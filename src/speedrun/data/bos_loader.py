@@ -1,31 +1,11 @@
-"""Document-aligned training batches with `cu_seqlens` (records #26 on): every sequence starts at an
-end-of-text (BOS) token, and the batch size and the longest document may change from stage to stage.
-
-A step's global batch is `chunks` chunks of `tokens / chunks` tokens (+1 for the shifted targets);
-rank r's k-th micro-step reads chunk `k * world_size + r`, so the accumulation `chunks / world_size`
-is fixed and a step holds the same tokens on 1, 2 or 8 processes (the records: 8 chunks, 8 ranks).
-Where the chunks lie is planned per global batch from a cursor (shard, token position) alone, by
-one of two rules:
-
-- `stream` (#26, 2025-07 `find_batch_starts`): a chunk is `local + 1` consecutive tokens from a
-  BOS; the next chunk starts at the first BOS at or after `start + local`; the step ends there. A
-  shard is left when `pos + 2·G + 1 >= len` (G = the global batch), as the record tests.
-- `packed` (#29 on, `Shard.next_batch`): a chunk is whole documents, each cut to `max_doc_len`
-  tokens, the last one cut to fill the chunk; the next chunk starts at the following document. A
-  shard is left when its documents cannot fill the global batch.
-
-The records switch shards per group of 8 chunks (one per rank); we switch per global batch, which is
-the same at their 8 ranks and independent of the world size elsewhere.
-
-`cu_seqlens` (int32, fixed length `max_docs`) holds 0, every document start inside the inputs and
-the chunk length, padded with the chunk length, so the varlen kernels see static shapes. A chunk
-with more documents than fit keeps its first `max_docs - 2` boundaries and counts the rest in
-`merged_docs` (the records crash there instead).
-
-The BOS index of the next shard is built on a background thread while the current one is read, and
-with `prefetch` the next micro-batch is read on another (#33). The state (`state_dict`) is the
-cursor at the start of the step plus the micro-step and the step number; at a step boundary it does
-not depend on the world size.
+"""Document-aligned training batches with `cu_seqlens` (records #26 on); batch size and longest
+document may change per stage. Rank r's k-th micro-step reads chunk `k * world_size + r` of a global
+batch planned from the cursor (shard, pos) alone, so a step holds the same tokens on 1, 2 or 8
+processes. Rules: `stream` (#26 `find_batch_starts`: `local + 1` tokens from a BOS, next chunk at the
+first BOS after; a shard is left when `pos + 2·G + 1 >= len`) and `packed` (#29 on: whole documents
+cut to `max_doc_len`, the last cut to fill). `cu_seqlens` has a fixed length `max_docs` (padded; extra
+boundaries are counted in `merged_docs`, where the records crash). The next shard's BOS index is built
+in the background, and with `prefetch` the next micro-batch too (#33).
 """
 
 from __future__ import annotations

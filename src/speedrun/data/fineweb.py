@@ -1,10 +1,6 @@
-"""`speedrun prepare fineweb10B[:N]`: fetch modded-nanogpt's pre-tokenized GPT-2 FineWeb shards.
-
-The one place that uses the network. Files come from the Hugging Face dataset repo (default
-`kjj0/fineweb10B-gpt2`: `fineweb_val_000000.bin` plus `fineweb_train_000001.bin` ...), each is
-validated (header, body length, ids < 50,257) before `meta.json` is written, and `meta.json` is
-written last, so an interrupted download never looks complete; running it again resumes.
-"""
+"""`speedrun prepare fineweb10B[:N]`: fetch modded-nanogpt's pre-tokenized GPT-2 FineWeb shards (default
+repo `kjj0/fineweb10B-gpt2`). The one place that uses the network; each file is validated before
+`meta.json` is written, last, so an interrupted download never looks complete and a rerun resumes."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """`hf:OWNER/NAME[:CONFIG][@SPLIT]`: stream a text dataset from the Hugging Face Hub, file by file.
-
-Which files make up a config's split is read the way the `datasets` library reads it, without that
-library: from the `configs:` section of the dataset card (`data_files` glob patterns per split), or,
-for a dataset without one, from the Hub's automatic parquet conversion (the `refs/convert/parquet`
-branch, laid out as `<config>/<split>/*.parquet` or `<config>/partial-<split>/*.parquet`). The files
-are then downloaded one at a time with `hf_hub_download` into the usual Hugging Face cache (so an
-interrupted prepare resumes; `hf cache` commands manage the space) and read a row group at a time.
-Everything is pinned to the commit the listing came from, so a dataset updated mid-run cannot mix.
-"""
+A split's files are found as the `datasets` library finds them, without it: the dataset card's
+`configs:` globs, else the Hub's `refs/convert/parquet` branch. Files are downloaded one at a time into
+the Hugging Face cache (an interrupted prepare resumes), pinned to the listing's commit."""
 
 from __future__ import annotations
 

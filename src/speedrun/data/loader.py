@@ -1,20 +1,10 @@
-"""The distributed token loader: every optimizer step sees the same tokens on 1, 2 or 8 processes.
+"""The token loader: every optimizer step sees the same tokens on 1, 2 or 8 processes.
 
-A step consumes one global batch of `global_batch_tokens` tokens, cut into `n = global / micro`
-chunks of `micro_batch_tokens` (+1 token for the shifted targets), in stream order. Rank r's k-th
-micro-step of a step gets chunk `k * world_size + r`, so one process calling `next_batch()`
-`accumulation_steps` times reads exactly the chunks that W processes read together in one step.
-
-Where the chunks lie is decided per *global* batch from the stream alone (never from the rank or the
-world size): when the global batch does not fit in the rest of a shard, the step moves to the start of
-the next shard (and, with `loop=True`, from the last shard back to the first). With `align_to_bos`,
-chunk j starts at the first BOS token at or after the end of chunk j-1's inputs. Each rank then reads
-only its own `micro + 1` tokens from a memory map.
-
-Record data order (`docs/recipes.md`, Data): `end_margin` extra tokens must remain behind a batch
-(12-08, Sub3Min test `pos + G + 1 >= len`); `rank_cursors=R` lays a step out as the 10-10 … 12-08
-records' R ranks read it, each with its own cursor (`record_order.py`); `repeat_first_batch` trains
-steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after reading the first batch).
+A global batch is `global / micro` chunks of `micro + 1` tokens; rank r's k-th micro-step gets chunk
+`k * world_size + r`. Where a batch lies is planned from the stream alone: a batch that does not fit in
+the rest of a shard moves to the next (looping); with `align_to_bos` each chunk starts at a BOS. The
+records' data-order switches (`docs/recipes.md`, Data): `end_margin` (12-08), `rank_cursors`
+(10-10 … 12-08, `record_order.py`) and `repeat_first_batch` (10-10 … 11-10).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""A prepared data folder: where it is, its `meta.json` (what marks it complete), and whether a recipe
-or a tokenizer fits it.
-
-The one owner of these rules: `prepare` (text sources) and `fineweb` (downloaded shards) describe the
-folders they write with `write_meta`; training, `eval` and `sample` find a folder with `data_dir_for`,
-read it with `load_meta` (which checks it whole: fields, listed shards present, train and val
-disjoint) and check it against a recipe (`check_fits`) or a tokenizer (`tokenizer_for_data`).
-"""
+"""A prepared data folder: where it is (`data_dir_for`), its `meta.json` (written last by `write_meta`,
+it marks the folder complete; `load_meta` checks it whole) and whether a recipe (`check_fits`) or a
+tokenizer (`tokenizer_for_data`) fits it. The one owner of these rules."""
 
 from __future__ import annotations
 
@@ -203,10 +198,8 @@ def is_prepared_folder(data_dir: Path) -> bool:
 
 
 def foreign_entries(data_dir: Path) -> list[str]:
-    """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
-    meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,
-    so a user's folder that happens to hold a meta.json, or their notes beside the shards, is never
-    deleted. A `.cache/huggingface` folder is ours: Hub downloads leave it."""
+    """Entries of `data_dir` that a prepared folder of ours does not hold (all of them without our
+    meta.json): `prepare` replaces a folder only when there are none, so a user's files are never deleted."""
     data_dir = Path(data_dir)
     entries = sorted(p.name for p in data_dir.iterdir())
     if not is_prepared_folder(data_dir):

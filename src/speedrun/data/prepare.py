@@ -1,13 +1,8 @@
 """`speedrun prepare`: text source -> tokenizer -> `.bin` shards + `meta.json`, reproducibly, at any scale.
-
-Documents stream from the source through the split, the tokenizer workers and the shard writer
-(`pipeline.py`), so memory does not grow with the corpus. The train/val split is by whole document
-and seeded, and tokenization keeps the source order, so the same source, seed and tokenizer always
-give byte-identical shards, whatever the number of workers. Everything is built in a hidden
-temporary folder next to the target and renamed into place at the end, with `meta.json` written
-last: a folder with a `meta.json` under the target name is always complete, and an interrupted
-prepare leaves at most a `.<name>.tmp-*` folder behind.
-"""
+Documents stream through a seeded by-document split and ordered tokenizer workers (`pipeline.py`), so the
+same source, seed and tokenizer give byte-identical shards for any number of workers. The folder is built
+under a hidden temporary name and renamed into place, `meta.json` last: a target with a `meta.json` is
+always complete."""
 
 from __future__ import annotations
 
@@ -152,11 +147,8 @@ def prepare(
     hf_endpoint: str | None = None,
     progress: bool | None = None,
 ) -> Path:
-    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it.
-
-    `workers` tokenizer processes (default: all cores); `max_tokens` stops after the document that
-    reaches that many tokens (both splits counted); `progress` shows a bar (default: when stderr is
-    a terminal)."""
+    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it. `max_tokens` stops
+    after the document that reaches it (both splits); `progress` defaults to stderr being a terminal."""
     n_fineweb = parse_fineweb_source(source)
     if n_fineweb is not None:
         if tokenizer != "gpt2":

