@@ -1,25 +1,14 @@
-"""A run that fits a time budget: `train.time_budget_s` sets the step count from measured step times.
+"""A run that fits a time budget: `train.time_budget_s` sets the step count from measured step times
+(hosts differ ~20x, bf16 ~100x); `train.steps` is then the most the run may take.
 
-Hosts differ about 20x in throughput (and bf16 ~100x), so a fixed step count cannot promise a CPU demo
-its few minutes everywhere. With a budget, `train.steps` is the most the run may take. After
-`PROBE_STEPS` timed steps the count is planned from the median step time of the recent log intervals
-(robust to a step disturbed by another job), and planned again at every later log point while the LR
-is still on the constant part of the schedule, so a host that speeds up or slows down after the first
-steps still trains for about the budget; a new plan replaces the old only when it differs by more than
-`HYSTERESIS` (no churn from noise). The plan is final when the warm-down starts: config.json is then
-rewritten with that count and the budget spent (0), so a resume continues exactly.
-
-In the warm-down the plan may only end sooner: when the steps left at the recent median would overrun
-the budget by more than `HYSTERESIS` (the host slowed after the warm-down began), the count is cut to what
-fits, so the LR falls faster and never rises (config.json is saved again with the new count). A plan
-already at its floor (the budget spent before the warm-down could start) keeps its whole warm-down.
-
-Every plan keeps the steps done plus the warm-down, so no step before it leaves the constant part of
-the schedule (the config check allows a budget only with the trapezoid schedule, a warm-down in steps
-and no window warm-up). A budget that cannot act, because `train.steps` ends before its first plan plus
-the warm-down, is refused in one line when the user set it, else skipped with a log line; a recipe's
-budget is skipped, too, when the user fixed `train.steps` (they asked for that count).
-"""
+After `PROBE_STEPS` timed steps the count is planned from the median step time of the recent log
+intervals, and planned again at each log point while the LR is constant; a new plan replaces the old
+only when it differs by more than `HYSTERESIS`. The plan is final when the warm-down starts (config.json
+is rewritten with it, budget 0, so a resume continues exactly); in the warm-down it may only be cut, when
+the rest would overrun the budget by more than `HYSTERESIS` (the LR falls faster, never rises). Every plan
+keeps the steps done plus the warm-down. A budget that cannot act (`train.steps` ends before its first
+plan plus the warm-down) is refused when the user set it, else skipped with a log line, as is a recipe's
+budget when the user fixed `train.steps`."""
 
 from __future__ import annotations
 

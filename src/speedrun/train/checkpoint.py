@@ -1,19 +1,10 @@
 """Checkpoints: written atomically, verified on load, loaded without executing code.
 
-Layout inside a run directory:
-    checkpoints/step_000100/model.safetensors   weights (safetensors: loading never runs code)
-    checkpoints/step_000100/state.pt            optimizers, loader position, RNG, step, timers
-    checkpoints/step_000100/config.json         the resolved config the checkpoint belongs to
-    checkpoints/step_000100/manifest.json       sha256 and size of each file above, and the step
-A checkpoint is first written to `step_000100.tmp/`, every file fsynced, the manifest written last,
-then the folder is renamed: a crash mid-write leaves only a `.tmp` folder, which loading ignores and
-the next save removes, and the previous checkpoint intact. Loading re-hashes every file, refuses a
-missing or extra file, and checks that the step inside agrees with the folder's name, so a changed
-byte can never be trained on silently. A damaged newest checkpoint is refused, never skipped: the
-message names it and the newest intact one, and the user decides (see `damaged_message`).
-Optimizer state is replicated on every rank (DDP gradients, Muon's replicated momentum), so rank 0
-writes it and every rank reads it.
-"""
+`checkpoints/step_000100/` holds model.safetensors (weights), state.pt (optimizers, loader, RNG, step,
+timers), config.json and manifest.json (sha256 and size of each file, and the step). It is written as
+`step_000100.tmp/`, fsynced, manifest last, then renamed: a crash leaves only a `.tmp` folder. Loading
+re-hashes every file and checks the step, so a changed byte is never trained on; a damaged newest
+checkpoint is refused (naming the newest intact one), never skipped. Rank 0 writes, every rank reads."""
 
 from __future__ import annotations
 
@@ -49,12 +40,8 @@ def checkpoint_step(path: Path) -> int:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoint folders, oldest first by the step number in their names, never by name
-    sort (`step_6` is older than `step_000008`, `step_1000000` newer than `step_999999`); unfinished
-    `.tmp` folders are ignored.
-
-    Finished means renamed into place, not verified: `load_checkpoint` verifies, so that a damaged
-    newest checkpoint is reported rather than silently passed over."""
+    """Finished (renamed into place; `load_checkpoint` verifies) checkpoint folders, oldest first by the
+    step number in their names, never by name sort; `.tmp` folders are ignored."""
     root = run_dir / CHECKPOINT_DIR
     if not root.is_dir():
         return []
@@ -104,12 +91,8 @@ def save_checkpoint(
     keep: int,
     tokenizer_hash: str | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` checkpoints.
-    `tokenizer_hash` (recorded in the manifest) lets `sample`/`eval` refuse a vocabulary prepared again
-    under the same name.
-
-    Any write failure (disk full raises OSError from Python, RuntimeError from torch.save,
-    SafetensorError from safetensors) becomes one SpeedrunError line, and the `.tmp` folder is removed."""
+    """Write checkpoint `step` atomically, then keep only the newest `keep`; `tokenizer_hash` lets
+    `sample`/`eval` refuse a vocabulary prepared again. Any write failure is one SpeedrunError line."""
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     try:

@@ -92,11 +92,8 @@ def cuda_allocator_settings(env: dict[str, str] | None = None) -> None:
 
 
 def setup(requested_device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
-    """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1.
-
-    The timeout (`train.dist_timeout_s`) makes every rank fail loudly instead of hanging when another
-    rank dies; it must outlast the longest wait of a healthy run (rank 0 writing a checkpoint).
-    """
+    """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1,
+    with `train.dist_timeout_s` so a dead rank fails the others instead of hanging them."""
     rank, local_rank, world_size = launch_env()
     device = _pick_device(requested_device, local_rank)
     if device.type == "cuda":

@@ -1,21 +1,11 @@
-"""Fit a budgeted CPU run to the host it runs on: compile and size chosen from a measured probe.
+"""Fit a budgeted CPU run to its host: compile and size chosen from a measured probe (CPUs differ ~20x).
 
-CPUs differ ~20x in throughput (and bf16 ~100x), so a demo sized for one host learns nothing in its time
-budget on another. With `train.time_budget_s` on a CPU, `fit_to_host` times forward+backward passes of
-the recipe's micro-batch on one process (rank 0, every core of the host, whatever the process count:
-the same work on 1 or 8 processes, so the same command chooses the same model), and every process takes
-its answers:
-- compile (`train.compile=auto`): eager and compiled passes are timed; compiled wins only when it is
-  `COMPILE_GAIN` faster (both are the same computation; a tie stays eager and skips compiling).
-- size (`train.budget_min_steps`): when fewer than `budget_min_steps / HYSTERESIS` steps fit the budget,
-  the batch is halved (down to 8 sequences), then the width (down to 64), until the minimum fits. A
-  recipe keeps its size unless the host is really too slow; a key the user fixed (`cfg.fixed`) is never
-  shrunk: it is kept, and the log says that the minimum does not fit.
-Each timing is the median of `REPEATS` passes after a first one (eager and compiled in turn), measured
-again when they spread more than `SPREAD` (the machine's load changed during the probe). The choices
-are written into the run's config (config.json), so the run, its resume and its evaluation use them,
-and one log line each says what was chosen and from which numbers.
-"""
+With `train.time_budget_s` on a CPU, rank 0 times the recipe's micro-batch with every core (the same
+work on 1 or 8 processes, so one command chooses one model) and every process takes its answers:
+compile (`train.compile=auto`) only when `COMPILE_GAIN` faster than eager; size (`train.budget_min_steps`):
+when fewer than `budget_min_steps / HYSTERESIS` steps fit, halve the batch (to 8 sequences), then the
+width (to 64), never a key the user fixed (`cfg.fixed`). Timings are medians of `REPEATS` passes, redone
+when they spread more than `SPREAD`. The choices go into config.json and one log line each."""
 
 from __future__ import annotations
 
@@ -54,10 +44,9 @@ def all_cores() -> Iterator[None]:
 
 
 def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) -> tuple[float, float]:
-    """Estimated seconds of one optimizer step of `cfg` on one process of `device`, eager and (with
-    `with_compiled`, else inf) compiled: the median of a micro-batch's forward+backward, times the
-    micro-batches per step, plus a tenth for the optimizer. The two are timed in turn, so a change of
-    the machine's load slows both alike. A full micro-batch: a slice would time per-op overhead."""
+    """Estimated seconds of one optimizer step of `cfg` on one process, eager and (with `with_compiled`,
+    else inf) compiled: median full micro-batch forward+backward × micro-batches, plus a tenth for the
+    optimizer; the two are timed in turn, so a change of load slows both alike."""
     t = cfg.train
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device)

@@ -1,11 +1,6 @@
-"""The training loop: read `train()` top to bottom, like nanoGPT's train.py.
-
-Set-up (processes, run directory, data, model, optimizer, loader, resume), then for each step:
-schedule → validate (not timed) → one `train_step` → at log points: read the loss, log, checkpoint,
-stop on a signal. The host waits for the device only at log and validation points, so the GPU
-never idles between steps; step times and tokens/s are exact averages over the steps between them
-(what is reported, and how, is in `train/progress.py`).
-"""
+"""The training loop: read `train()` top to bottom, like nanoGPT's train.py. Set-up, then per step:
+schedule → validate (untimed) → `train_step` → at log points: read the loss, log, checkpoint, stop on a
+signal. The host waits for the device only at log and validation points (reporting: `progress.py`)."""
 
 from __future__ import annotations
 
@@ -56,11 +51,9 @@ def compiles(cfg: Config, device: torch.device) -> bool:
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
-    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun. In this order the
-    all-reduce overlaps the backward: dynamo compiles under DDP's forward with DDPOptimizer, which
-    splits the graph at bucket boundaries (tests/test_ddp_compile.py); `torch.compile(DDP(model),
-    fullgraph=True)` cannot trace DDP's own forward (torch 2.13)."""
+    """The GPT, created on its device, and the module its forwards run through: compiled (CUDA, or
+    `train.compile=on`) inside DDP under torchrun, so DDPOptimizer splits the graph at bucket boundaries
+    and the all-reduce overlaps the backward (tests/test_ddp_compile.py)."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = families.build_model(cfg.model)
@@ -194,11 +187,8 @@ def follow_budget(
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files.
-
-    With `resume`, `out_dir` is an existing run directory: training continues from its newest
-    checkpoint and produces the metrics the uninterrupted run would have.
-    """
+    """Train `cfg` and return the summary (rank 0 writes files). With `resume`, `out_dir` is a run that
+    continues from its newest checkpoint with the metrics the uninterrupted run would have."""
     wall_start, t = time.perf_counter(), cfg.train
     notes: list[str] = []  # for the log, once it exists
     settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs

@@ -27,12 +27,9 @@ from speedrun.optim.tail_ema import TailEMA
 
 
 class RunOptimizer:
-    """The optimizers of a run behind one `step()`, `zero_grad()` and state dict.
-
-    Every param group is tagged with its `kind` ("adam" or "muon": what the schedule may set in it) and
-    its peak LR `initial_lr`. Parts step in insertion order (Adam first, then Muon, as the records do).
-    The "table" part (optim/sharded.py, the 2025–26 optimizer) tags its own groups.
-    """
+    """The optimizers of a run behind one `step()`, `zero_grad()` and state dict. Each param group carries
+    its `kind` ("adam" | "muon": what the schedule sets) and peak `initial_lr`; parts step in insertion
+    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups."""
 
     def __init__(
         self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None

@@ -1,10 +1,6 @@
-"""What a run reports, kept out of the loop so that `train()` reads as the steps it takes.
-
-Between log points the losses of the steps are summed on the device and nothing is read. At a log
-point the host waits for the device once, reads the losses and the stop signal with one collective,
-and writes the log line, the metrics row and the tracker point. Validations and the end of the run
-write their own rows; the summary is built here too.
-"""
+"""What a run reports, kept out of the loop. Between log points the losses are summed on the device;
+at a log point one wait and one collective read the losses and the stop signal, then the log line,
+metrics row and tracker point are written. Validation rows and the summary are built here too."""
 
 from __future__ import annotations
 

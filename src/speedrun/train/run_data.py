@@ -49,11 +49,9 @@ def ensure_data(
 
 
 def micro_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Tokens per process per forward: the one owner of the batch rule (the loaders and the loop take
-    the result as given; accumulation = global / (world_size x micro)). The recipe's value when it
-    divides the global batch and the validation tokens over `world_size` processes; else the largest
-    smaller whole number of sequences that does, so that `torchrun --nproc_per_node=N` works without
-    overrides. The tokens of every step stay the same."""
+    """Tokens per process per forward, the one owner of the batch rule: the recipe's value when it divides
+    the global batch and val tokens over `world_size`, else the largest smaller whole number of sequences
+    that does (so `torchrun --nproc_per_node=N` needs no overrides; every step's tokens stay the same)."""
     t = cfg.train
     chunks = t.document_rows
     if cfg.data.loader == "documents" and chunks % world_size:

@@ -1,7 +1,5 @@
 """The run directory contract: config.json, metrics.jsonl, log.txt and summary.json, written by rank 0.
-
-A new run goes into a new or empty folder; only `--resume` continues one that holds a run.
-"""
+A new run goes into a new or empty folder; only `--resume` continues one that holds a run."""
 
 from __future__ import annotations
 
@@ -110,10 +108,8 @@ def check_new(path: Path) -> None:
 
 
 def _never_started(path: Path, entries: list[str]) -> bool:
-    """Whether `path` holds only what a run of ours leaves when it fails before step 0 (bad data, a
-    config problem found at set-up): config.json, an empty metrics.jsonl, a log.txt that starts with
-    our environment report, event files. Nothing in it is worth keeping, and refusing it would leave
-    the user a folder that `--resume` cannot continue either, so a new run may reuse it."""
+    """Whether `path` holds only what a run of ours leaves when it fails before step 0 (config.json, an
+    empty metrics.jsonl, our log.txt, events): nothing to keep or resume there, so a new run may reuse it."""
     ours = {"config.json", "metrics.jsonl", "log.txt"}
     others = [e for e in entries if e not in ours and not e.startswith("events.out.tfevents.")]
     if not ours <= set(entries) or others:
@@ -154,10 +150,8 @@ def _lock(path: Path) -> int:
 
 
 def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes | None]:
-    """The (line, record) pairs of a metrics.jsonl, and its torn last line (None if it has none).
-
-    Only the last line can be torn (a write cut short by a crash or a full disk); any other line
-    that is not a JSON record with a "step" means the file was damaged some other way: DataError."""
+    """The (line, record) pairs of a metrics.jsonl and its torn last line (None if none); any other line
+    that is not a record with a "step" is a DataError."""
     try:
         lines = read_regular(path).split(b"\n")
     except FileNotFoundError:
@@ -184,12 +178,9 @@ def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes 
 
 
 class RunDir:
-    """Writes the run's files. On ranks other than 0 every method is a no-op, so callers need no checks.
-
-    Rank 0 holds an exclusive lock on the folder until `close`, so a second process (a `--resume`
-    while the run still trains) is refused instead of racing on checkpoints and logs. Each log or
-    metrics line is one `os.write` to an O_APPEND file; a failed or short write is cut back off, so a
-    full disk ends the run with one error line and never leaves half a line."""
+    """Writes the run's files; on ranks other than 0 every method is a no-op. Rank 0 holds an exclusive
+    lock on the folder until `close`; each line is one O_APPEND write, cut back off when it fails, so a
+    full disk ends the run with one error line and never half a line."""
 
     def __init__(self, path: Path, enabled: bool = True, echo: bool = True, resume: bool = False):
         self.path = Path(path)

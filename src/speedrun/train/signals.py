@@ -1,7 +1,5 @@
-"""Stopping on SIGINT/SIGTERM/SIGHUP at a step boundary, with every rank agreeing on the step.
-
-SIGHUP (a closed terminal, a dropped ssh session) is a request to stop like the others: by default it
-would kill the run at once and lose the steps since the last checkpoint."""
+"""Stopping on SIGINT/SIGTERM/SIGHUP at a step boundary, with every rank agreeing on the step (SIGHUP, a
+closed terminal, would otherwise kill the run and lose the steps since the last checkpoint)."""
 
 from __future__ import annotations
 

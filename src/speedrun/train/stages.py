@@ -1,9 +1,6 @@
-"""Training stages (records #46 on): the batch, the longest document, the windows, the LR multiplier
-and the multi-token-prediction weights change at stage boundaries; extension steps follow the
-scheduled ones at the final values. Every value is a pure function of the step (`stage_values`).
-The plan itself (Stage, StagePlan, `train.stages` parsed and checked) lives in the config layer,
-config_stages.py; train/schedule.schedule_at turns these values into what the loop applies.
-"""
+"""Training stages (records #46 on) as pure functions of the step (`stage_values`): batch, longest
+document, windows, LR multiplier and MTP weights per stage, then extension steps at the final values.
+The plan itself is config_stages.py's."""
 
 from __future__ import annotations
 
@@ -49,9 +46,8 @@ def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
 
 def stage_lr(step: int, plan: StagePlan) -> float:
     """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down: from step
-    int(N·(1 − frac)) on (HEAD), with `cooldown_form` "fraction" as #46–#53's get_lr (x = s/N, the
-    floor after N), or with "exact" as #26–#45's get_lr, x = min(s/N, 0.9999) and
-    t = 1 − (1 − x)/frac once x >= 1 − frac (the same where N·(1 − frac) is whole, but for the cap)."""
+    int(N·(1 − frac)) (HEAD), x = s/N with the floor after N ("fraction", #46–#53), or
+    x = min(s/N, 0.9999) ("exact", #26–#45)."""
     lr = plan.stages[stage_at(step, plan)[0]].lr_mul
     n = plan.scheduled_steps
     if plan.cooldown_form == "fraction":  # #46–#53's get_lr

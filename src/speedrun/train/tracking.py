@@ -1,9 +1,5 @@
-"""Experiment tracking and hardware utilisation: TensorBoard event files, optional Weights & Biases, MFU.
-
-`Tracker(run_dir, wandb_project="")` writes TensorBoard events into the run directory (read them with
-`tensorboard --logdir RUN_DIR`). W&B is used only when a project is named: it is imported then (a clear
-error when it is not installed) and is the only thing here that may touch the network.
-"""
+"""Experiment tracking and utilisation: TensorBoard events in the run directory, optional Weights &
+Biases (imported only when a project is named: the only network use here), MFU."""
 
 from __future__ import annotations
 
