@@ -1,11 +1,6 @@
-"""Calling FlexAttention: inside a compiled graph as itself, eagerly through one compiled wrapper,
-never silently as eager flex_attention on CUDA (it materializes every T × T score).
-
-On CUDA, `torch.compile(model)` must see `flex_attention` directly: a nested compiled wrapper is traced
-through with a warning. Eager callers on CUDA (`train.compile=off`, evaluation, sampling) need a
-compiled kernel all the same; the wrapper has static shapes (one graph per shape) and past dynamo's
-recompile limit raises instead of falling back to eager flex (out of memory at 65,536 tokens).
-"""
+"""Calling FlexAttention: inside a compiled graph as itself, eagerly through one compiled wrapper (static
+shapes; past dynamo's recompile limit it raises), never as eager flex_attention on CUDA, which
+materializes every T × T score."""
 
 from __future__ import annotations
 

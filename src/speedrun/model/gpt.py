@@ -1,17 +1,10 @@
-"""The GPT: one small model whose record-history features are config switches.
+"""The gpt2024 GPT: one small model whose record-history features (llm.c → 2025-01) are config switches.
 
-The range it covers:
-- the llm.c GPT-2 baseline: learned positions, LayerNorm, GELU, biases, fused QKV, tied embeddings;
-- the 2024-11-03 block: rotary, parameter-free RMSNorm, QK-norm, ReLU², zero-init output projections,
-  untied zero-init head, RMSNorm after the embedding, vocab padded to a multiple of 128, fp32 logits
-  with an optional tanh softcap;
-- the 2024-11 … 2025-01 records: value residual and x0 shortcut (11-06), U-Net skips (11-10),
-  document-masked sliding-window attention on long sequences (11-19/11-24, model/attention.py),
-  value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
-  half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min);
-Records #26 on are the gpt2026 family (model/gpt2026/). The model knows nothing about distribution or
-optimizers (see train/).
-"""
+The llm.c baseline (learned positions, LayerNorm, GELU, biases, fused QKV, tied embeddings); the
+2024-11-03 block (rotary, RMSNorm, QK-norm, ReLU², zero-init projections, untied head, padded vocab,
+softcap); then value residual and x0 (11-06), U-Net skips (11-10), document-masked sliding windows
+(11-19/11-24), value embeddings (12-04, 12-08, Sub3Min), long/short windows, half-truncated RoPE,
+MLP-only layers and the sigmoid softcap (Sub3Min). Records #26 on: model/gpt2026/."""
 
 from __future__ import annotations
 
@@ -252,11 +245,7 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6 x matmul parameters (labels MATMULS, and the head) + attention
-        (PaLM, 12·L·d·T).
-
-        Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
-        scores each query computes (document masking lowers it further; not counted).
-        """
+        (PaLM, 12·L·d·T) over min(T, window) keys in the layers that have it."""
         # an unlabelled parameter counts nothing here; building the optimizer refuses it in one line
         matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
         matmul += self.lm_head.weight.numel()  # tied or not
