@@ -1,12 +1,7 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
-| race | noise`.
-
-User mistakes end in one stderr line, no traceback.
-
-The boundary below turns every failure a user can cause or meet into one line and an exit code:
-SpeedrunError (2 config/usage, 1 runtime), OSError (disk full, read-only or missing paths: 1),
-running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error), a closed pipe.
-"""
+| race | noise`. `main` turns every failure a user can cause or meet into one stderr line and an exit
+code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
+(128 + signal), a closed pipe."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """`speedrun bench`: time a recipe's training step on synthetic tokens, on whatever device is present.
 
-The model, optimizer, compile setting, autocast dtype and schedule are built as `speedrun train` builds
-them, and every step is the project's `train_step`. Tokens are synthetic (a Zipf law over the
-vocabulary, documents of geometric length each starting with the end-of-text token), so no data is
-needed and document masks see realistic boundaries. The schedule (LR, momentum, window) is the one of
-the recipe's middle step.
-
-Reported: median step time split into forward+backward and optimizer (the optimizer is timed by
-waiting for the device before and after its step, so on a GPU the split costs a little overlap),
-tokens/s, MFU against the device's matmul peak measured in the run's dtype (a probe of at most ~2 s)
-and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the
-process's peak resident set), beside the memory guard's estimate for a CUDA step of the same config
-(train/memory.py; for the GPU check it is the number to compare with the measured CUDA peak).
-"""
+Model, optimizer, compile, dtype and the middle step's schedule are built as `speedrun train` builds
+them, and every step is the project's `train_step`; tokens are Zipf-distributed with geometric-length
+documents (realistic mask boundaries). Reported: median step time split into forward+backward and
+optimizer (synchronized around the optimizer), tokens/s, MFU against the measured matmul peak (and
+the datasheet peak when known), and peak memory beside the memory guard's CUDA estimate."""
 
 from __future__ import annotations
 

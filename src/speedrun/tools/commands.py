@@ -1,8 +1,5 @@
 """The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate, race, noise)
-and `train --seeds`.
-
-cli.py owns the parser and error handling; this module adds these commands to it and runs them.
-"""
+and `train --seeds`; cli.py owns the parser and the error handling."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""`speedrun eval`: validation loss and bits per byte of a saved model on any prepared shard folder.
-
-The tokens are read exactly as the training loop's validation reads them (`data.loader.val_batches`:
-the first N tokens of the val shards, in sequences of the run's `seq_len`), so evaluating a run's final
-checkpoint on its own data with its own `val_tokens` reproduces the final val loss of `metrics.jsonl`.
-"""
+"""`speedrun eval`: validation loss and bits per byte of a saved model on any prepared shard folder,
+read exactly as training's validation reads it (`val_batches`), so a run's final checkpoint on its own
+data reproduces its final val loss."""
 
 from __future__ import annotations
 

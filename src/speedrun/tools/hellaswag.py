@@ -1,14 +1,9 @@
 """HellaSwag: download the validation set and score a GPT-2-tokenized model on it.
 
-Download (`speedrun prepare hellaswag`): the dataset author's Hugging Face repo `Rowan/hellaswag`
-holds the validation split as one parquet file; it is fetched with huggingface_hub and written as
-`hellaswag_val.jsonl` in the original format (ctx, endings, label, ...), atomically.
-
-Scoring, the standard GPT-2 completion-style evaluation: for each example, the 4 candidate endings
-are appended to the context (ending text preceded by a space) and each is scored by the model's loss
-on the ending's tokens. `acc_norm` picks the lowest mean per-token loss, `acc` the lowest summed loss.
-The sequence starts with the end-of-text token, the document start the model trained with.
-"""
+`speedrun prepare hellaswag` fetches `Rowan/hellaswag`'s validation parquet and writes it atomically
+as `hellaswag_val.jsonl` in the original format. Scoring is GPT-2's completion-style evaluation: after
+the end-of-text token and the context, each of the 4 endings (with its leading space) is scored by the
+model's loss on its tokens; `acc_norm` picks the lowest mean loss, `acc` the lowest sum."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What `speedrun verify` reads from a run folder beyond compare's Run: the code, inductor settings and
-warm-ups of every start (log.txt), and every start's step, hardware and timing warm-up with the steps
-timed over all of them (summary.json's `starts` and `timed_steps`, carried across resumes in the
-checkpoints' clock state: train/timing.py)."""
+"""What `speedrun verify` reads from a run folder beyond compare's Run: per start, the code, inductor
+settings and warm-ups (log.txt), and its step, hardware and timing warm-up with the steps timed over all
+starts (summary.json's `starts` and `timed_steps`, carried in the checkpoints: train/timing.py)."""
 
 from __future__ import annotations
 
@@ -75,10 +74,8 @@ def _hardware(world: object, name: object) -> str | None:
 
 
 def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None, str | None]:
-    """(starts, timed steps, data source) from summary.json. A folder from before summary.json kept
-    every start has one only when its log shows a single start (then summary.json's device_name and
-    world_size, and config.json's timing warm-up, are that start's); a run without summary.json has
-    the facts of its config only."""
+    """(starts, timed steps, data source) from summary.json; an older folder gets starts only when its log
+    shows one start, and a run without summary.json only its config's facts."""
     path = run.path
     try:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))

@@ -1,8 +1,5 @@
-"""Open a finished run (or one checkpoint) for inference: config, weights and tokenizer.
-
-Weights come only from `model.safetensors` (loading never executes code); `state.pt` (optimizer state)
-is not read. Paths are taken relative to the run, so a run directory copied from another machine works.
-"""
+"""Open a finished run (or one checkpoint) for inference: config, weights (`model.safetensors` only:
+loading never runs code) and tokenizer, with paths relative to the run so a copied run works."""
 
 from __future__ import annotations
 
@@ -67,14 +64,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, Path]:
-    """(model in eval mode on `device`, its config with the precision resolved for `device`, the
-    checkpoint folder) for a run or checkpoint; a checkpoint whose files disagree with its manifest is
-    refused, as `--resume` refuses it.
-
-    The one builder of a trained model for everything that decodes or evaluates it (sample, eval,
-    HellaSwag): the model is as the run validated it at the checkpoint's step, with that step's
-    windows, stage and YaRN tables (the final validation's for a finished run), never a fresh model's
-    full causal attention."""
+    """(model in eval mode on `device`, config with the precision resolved for it, checkpoint folder): the one
+    builder of a trained model for sample, eval and HellaSwag. A checkpoint that disagrees with its manifest
+    is refused, as `--resume` refuses it; the model has the windows, stage and YaRN tables its run
+    validated with at the checkpoint's step."""
     ckpt = find_checkpoint(path)
     problem = verify_checkpoint(ckpt)
     if problem is not None and (ckpt / MANIFEST).is_file():  # a saved checkpoint: before reading its files

@@ -1,8 +1,6 @@
 """Statistics of the research commands: mean, sd and Welch's t-test (`ablate`, `verify --baseline`),
-paired time ratios (`race`), and seed noise against nondeterminism with a power calculation (`noise`).
-
-The one-sample test of the record rules (mean below the target) is compare's `below_target_test`.
-"""
+paired time ratios (`race`), seed noise and power (`noise`); the record rules' one-sample test is
+compare's `below_target_test`."""
 
 from __future__ import annotations
 
