@@ -64,10 +64,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
     train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
     train.add_argument(
-        "--seeds",
-        default=None,
-        metavar="S1,S2,...",
-        help="run once per seed (train.seed) into sibling run directories OUT-seedS, ready for compare",
+        "--seeds", metavar="S1,S2,...", help="run once per seed (train.seed) into sibling folders OUT-seedS"
     )
     overrides = train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
@@ -84,10 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     prep.add_argument("--max-tokens", type=int, default=None, help="stop after about this many tokens")
     prep.add_argument(
-        "--bpe-sample-mb",
-        type=int,
-        default=None,
-        help="bpe:N trains on the first this many MB of train-split text (default 100)",
+        "--bpe-sample-mb", type=int, help="bpe:N trains on this many MB of train text (default 100)"
     )
 
     recipes = sub.add_parser("recipes", help="list the bundled recipes")
