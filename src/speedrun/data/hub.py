@@ -44,7 +44,7 @@ def _where(endpoint: str | None) -> str:
     return endpoint or "the Hugging Face Hub"
 
 
-def _hub_call(what: str, src: HubSource, endpoint: str | None, fn: Callable[[], T]) -> T:
+def hub_call(what: str, repo_id: str, endpoint: str | None, fn: Callable[[], T]) -> T:
     """Run a huggingface_hub call; every failure becomes one DataError line naming what failed."""
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -54,15 +54,14 @@ def _hub_call(what: str, src: HubSource, endpoint: str | None, fn: Callable[[], 
         raise
     except RepositoryNotFoundError:
         raise DataError(
-            f"dataset {src.repo_id} not found on {_where(endpoint)} "
+            f"dataset {repo_id} not found on {_where(endpoint)} "
             "(a private or gated dataset needs `hf auth login`)"
         ) from None
     except Exception as e:  # network, HTTP status, disk: all end the same way for the user
         root = e.__cause__ or e
         first_line = (str(root).strip().splitlines() or [""])[0]
         raise DataError(
-            f"cannot {what} of dataset {src.repo_id} on {_where(endpoint)}: "
-            f"{type(root).__name__}: {first_line}"
+            f"cannot {what} of dataset {repo_id} on {_where(endpoint)}: {type(root).__name__}: {first_line}"
         ) from None
 
 
@@ -148,7 +147,7 @@ def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[st
 
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # also when set after import
     api = HfApi(endpoint=endpoint)
-    info = _hub_call("list the files", src, endpoint, lambda: api.dataset_info(src.repo_id))
+    info = hub_call("list the files", src.repo_id, endpoint, lambda: api.dataset_info(src.repo_id))
     configs = info.card_data.to_dict().get("configs") if info.card_data is not None else None
     if configs:
         commit, files = info.sha, _from_card(configs, [s.rfilename for s in info.siblings or []], src)
@@ -160,7 +159,7 @@ def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[st
             except RevisionNotFoundError:
                 return None
 
-        conv = _hub_call("list the parquet conversion", src, endpoint, converted)
+        conv = hub_call("list the parquet conversion", src.repo_id, endpoint, converted)
         if conv is None:
             raise DataError(
                 f"dataset {src.repo_id}: its card declares no configs and it has no parquet conversion"
@@ -182,9 +181,9 @@ def hub_documents(src: HubSource, endpoint: str | None = None) -> Iterator[str]:
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
     commit, files = hub_files(src, endpoint)
     for name in files:
-        path = _hub_call(
+        path = hub_call(
             f"download {name}",
-            src,
+            src.repo_id,
             endpoint,
             lambda name=name: hf_hub_download(
                 src.repo_id, name, repo_type="dataset", revision=commit, endpoint=endpoint

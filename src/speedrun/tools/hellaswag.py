@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from speedrun.atomic import write_atomic
 from speedrun.config import Config
+from speedrun.data.hub import hub_call
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import DataError
 from speedrun.tools.runs import autocast_for
@@ -43,16 +45,10 @@ def download_hellaswag(
     tmp = Path(tempfile.mkdtemp(dir=data_dir, prefix=".download-"))
     try:
         log(f"hellaswag: {PARQUET_FILE} from dataset {repo_id}")
-        try:
-            path = hf_hub_download(
-                repo_id=repo_id, filename=PARQUET_FILE, repo_type="dataset", local_dir=tmp, endpoint=endpoint
-            )
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # network, HTTP status, missing file: one line for the user
-            root = e.__cause__ or e
-            first = (str(root).strip().splitlines() or [""])[0]
-            raise DataError(f"cannot download {PARQUET_FILE} from dataset {repo_id}: {first}") from None
+        fetch = partial(
+            hf_hub_download, repo_id, PARQUET_FILE, repo_type="dataset", local_dir=tmp, endpoint=endpoint
+        )
+        path = hub_call(f"download {PARQUET_FILE}", repo_id, endpoint, fetch)
         rows = _read_parquet(Path(path))
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         out = data_dir / JSONL_FILE
