@@ -20,14 +20,11 @@ from threading import Lock
 import numpy as np
 import torch
 
-from speedrun.data.loader import check_saved_shards, discard
+from speedrun.data.loader import ShardReader
 from speedrun.data.shards import (
     bos_positions,
     check_document_starts,
     check_token_range,
-    open_shard,
-    read_header,
-    shard_fingerprint,
 )
 from speedrun.errors import ConfigError, DataError
 
@@ -104,7 +101,7 @@ class _Plan:
     wraps: int
 
 
-class DocumentLoader:
+class DocumentLoader(ShardReader):
     """BOS-aligned, stage-sized training batches with `cu_seqlens` (see the module docstring)."""
 
     def __init__(
@@ -125,36 +122,20 @@ class DocumentLoader:
     ):
         # run_data.micro_batch_tokens and the config checked these once, at set-up
         assert 0 <= rank < world_size and chunks % world_size == 0 and rule in RULES, (rank, chunks, rule)
-        self.files = [Path(f) for f in files]
-        assert self.files, "run_data passes the shards meta.json lists"
+        super().__init__(files, device, prefetch)
         self.chunks, self.stage_of, self.bos_id, self.rule = chunks, stage_of, bos_id, rule
         self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
         self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
         self.with_cu_seqlens = with_cu_seqlens  # next_batch() adds cu_seqlens (model.attention=varlen)
         self.merged_docs = 0  # document boundaries dropped because a chunk had more than max_docs
-        self.last_wait_s = self.total_wait_s = 0.0
-        self._lengths = [read_header(f) for f in self.files]
-        self._maps: dict[int, np.ndarray] = {}
         self._index: dict[int, Future] = {}
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-bos-index")
         self._lock = Lock()
         self._cache: _Plan | None = None
-        self._fingerprint: list[str] | None = None
-        self._shard, self._pos, self._micro, self._step, self._epoch = 0, 0, 0, 0, 0
-        self.device = torch.device(device)
-        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
-        )
-        self._future: Future | None = None
+        self._shard, self._pos, self._micro, self._step = 0, 0, 0, 0
         self._plan(0, 0, 0)  # fail now, not mid-training, when no shard can fill the first batch
 
     # ------------------------------------------------------------------------------ planning
-    def _tokens(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            self._maps[i] = open_shard(self.files[i])
-        return self._maps[i]
-
     def _scan(self, i: int) -> np.ndarray:
         return bos_positions(self._tokens(i), self.bos_id)
 
@@ -257,15 +238,6 @@ class DocumentLoader:
         x, y, cu = self.next_packed()
         return (x.view(1, -1), y.view(1, -1), cu) if self.with_cu_seqlens else (x.view(1, -1), y.view(1, -1))
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def fingerprint(self) -> list[str]:
-        if self._fingerprint is None:
-            self._fingerprint = [shard_fingerprint(f) for f in self.files]
-        return self._fingerprint
-
     def state_dict(self) -> dict:
         """Cursor of the current step, micro-step and step; world-size free at a step boundary."""
         return {
@@ -289,7 +261,7 @@ class DocumentLoader:
             raise ConfigError(
                 "loader state was saved by the token loader, not the document loader (data.loader)"
             )
-        check_saved_shards(state, self.files, self._lengths, self.fingerprint())
+        self._check_saved(state)
         for key in ("rule", "chunks"):
             if state.get(key) != getattr(self, key):
                 raise ConfigError(
@@ -301,13 +273,7 @@ class DocumentLoader:
         self._shard, self._pos, self._micro = int(state["shard"]), int(state["pos"]), int(state["micro_step"])
         self._step, self._epoch = int(state["step"]), int(state["epoch"])
 
-    def _drain(self) -> None:
-        self._future = discard(self._future)
-
     def close(self) -> None:
         """Stop the background threads."""
-        self._drain()
-        for pool in (self._executor, self._indexer):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._executor = None
+        super().close()
+        self._indexer.shutdown(wait=True)

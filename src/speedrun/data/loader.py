@@ -75,7 +75,71 @@ def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Pat
     return x, y
 
 
-class TokenLoader:
+class ShardReader:
+    """What both loaders share: the shard files and their maps, fingerprints, the saved-state checks,
+    and the optional prefetch thread (on CUDA by default)."""
+
+    def __init__(self, files: list[Path], device: str | torch.device, prefetch: bool | None):
+        self.files = [Path(f) for f in files]
+        assert self.files, "run_data passes the shards meta.json lists (load_meta: never none)"
+        self._lengths = [read_header(f) for f in self.files]
+        self._maps: dict[int, np.ndarray] = {}
+        self._fingerprint: list[str] | None = None
+        self.last_wait_s = self.total_wait_s = 0.0  # what the last next_batch() waited, and all of them
+        self._epoch = 0
+        self.device = torch.device(device)
+        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
+        )
+        self._future: Future | None = None
+
+    def _tokens(self, i: int) -> np.ndarray:
+        if i not in self._maps:
+            self._maps[i] = open_shard(self.files[i])
+        return self._maps[i]
+
+    @property
+    def epoch(self) -> int:
+        """How many times the loader has wrapped around to the first shard."""
+        return self._epoch
+
+    def fingerprint(self) -> list[str]:
+        """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
+        prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
+        if self._fingerprint is None:
+            self._fingerprint = [shard_fingerprint(f) for f in self.files]
+        return self._fingerprint
+
+    def _check_saved(self, state: dict) -> None:
+        """What a saved state must agree on: the shards' names and contents, a position inside them."""
+        names = [f.name for f in self.files]
+        if state.get("files") != names:
+            raise DataError(f"loader state was saved for shards {state.get('files')}, not {names}")
+        saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
+        if saved is not None and saved != self.fingerprint():
+            raise DataError(
+                f"the shards in {self.files[0].parent} changed since the checkpoint was saved (prepared "
+                "again from other text or with another tokenizer?); resume needs the data the run started on"
+            )
+        if (
+            not 0 <= state["shard"] < len(self.files)
+            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
+        ):
+            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
+
+    def _drain(self) -> None:
+        self._future = discard(self._future)
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        self._drain()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class TokenLoader(ShardReader):
     """World-size-invariant training batches from `.bin` shards (see the module docstring)."""
 
     def __init__(
@@ -98,8 +162,7 @@ class TokenLoader:
     ):
         _assert_split(global_batch_tokens, micro_batch_tokens, seq_len, rank, world_size)
         assert bos_id is not None or not align_to_bos, "align_to_bos needs bos_id"
-        self.files = [Path(f) for f in files]
-        assert self.files, "run_data passes the shards meta.json lists (load_meta: never none)"
+        super().__init__(files, device, prefetch)
         self.global_batch_tokens = global_batch_tokens
         self.micro_batch_tokens = micro_batch_tokens
         self.seq_len = seq_len
@@ -109,9 +172,6 @@ class TokenLoader:
         self.loop = loop
         self.accumulation_steps = global_batch_tokens // (world_size * micro_batch_tokens)
         self.n_chunks = global_batch_tokens // micro_batch_tokens
-        self.last_wait_s = 0.0  # seconds the last next_batch() waited for its batch
-        self.total_wait_s = 0.0  # ... and all of them together
-        self._lengths = [read_header(f) for f in self.files]
         self.end_margin, self.repeat_first_batch = end_margin, repeat_first_batch
         # The record's ranks, as many as whole chunks allow (8 for the records' own batch sizes).
         self.rank_cursors = math.gcd(rank_cursors, self.n_chunks) if rank_cursors else 0
@@ -119,30 +179,17 @@ class TokenLoader:
             raise ConfigError("rank_cursors and align_to_bos do not combine (no record does both)")
         ranks = self.rank_cursors
         self._cursors = RankCursors(self._lengths, global_batch_tokens, ranks, end_margin) if ranks else None
-        self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
         self._plan_cache: _Step | None = None
-        self._fingerprint: list[str] | None = None
         self._lock = Lock()  # the prefetch thread and the caller share the caches above
         # State = where the next micro-batch of this rank comes from; only ever advanced by next_batch.
-        self._shard, self._pos, self._micro, self._epoch = 0, 0, 0, 0
+        self._shard, self._pos, self._micro = 0, 0, 0
         self._batch, self._repeat = 0, repeat_first_batch  # batches done; batch 0 still to repeat
         if self._cursors is None:  # (RankCursors has checked the shards already)
             self._plan(0, 0, loop=True)  # fail now, not mid-training, when no shard can fill a global batch
-        self.device = torch.device(device)
         self._feed = DeviceFeed(self.device, (micro_batch_tokens // seq_len, seq_len))
-        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
-        )
-        self._future: Future | None = None
 
     # ------------------------------------------------------------------------------ planning
-    def _tokens(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            self._maps[i] = open_shard(self.files[i])
-        return self._maps[i]
-
     def _bos_positions(self, i: int) -> np.ndarray:
         if self._bos is None or self._bos[0] != i:
             self._bos = (i, bos_positions(self._tokens(i), self.bos_id))
@@ -256,11 +303,6 @@ class TokenLoader:
             self._future = self._executor.submit(lambda: (*self._produce(nxt, next_slot), next_slot))
         return self._feed.send(slot, x, y)
 
-    @property
-    def epoch(self) -> int:
-        """How many times the loader has wrapped around to the first shard."""
-        return self._epoch
-
     def state_dict(self) -> dict:
         """Position of the next micro-batch. At a step boundary (micro_step 0) it is independent of
         rank and world size, so a run may resume on a different number of processes."""
@@ -281,16 +323,9 @@ class TokenLoader:
             "fingerprint": self.fingerprint(),
         }
 
-    def fingerprint(self) -> list[str]:
-        """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
-        prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
-        if self._fingerprint is None:
-            self._fingerprint = [shard_fingerprint(f) for f in self.files]
-        return self._fingerprint
-
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where `state_dict()` was taken."""
-        check_saved_shards(state, self.files, self._lengths, self.fingerprint())
+        self._check_saved(state)
         for key in ("rank_cursors", "end_margin"):  # states from before these keys: 0
             if state.get(key, 0) != getattr(self, key):
                 raise ConfigError(
@@ -310,32 +345,6 @@ class TokenLoader:
         self._micro, self._epoch = int(state["micro_step"]), int(state.get("epoch", 0))
         self._repeat = bool(state.get("repeat_pending", False))
         self._batch = int(state.get("batch", 0))
-
-    def _drain(self) -> None:
-        self._future = discard(self._future)
-
-    def close(self) -> None:
-        """Stop the prefetch thread."""
-        self._drain()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-
-
-def check_saved_shards(state: dict, files: list[Path], lengths: list[int], fingerprint: list[str]) -> None:
-    """What both loaders' saved states must agree on: the shards' names and contents, a position in them."""
-    if state.get("files") != [f.name for f in files]:
-        raise DataError(
-            f"loader state was saved for shards {state.get('files')}, not {[f.name for f in files]}"
-        )
-    saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
-    if saved is not None and saved != fingerprint:
-        raise DataError(
-            f"the shards in {files[0].parent} changed since the checkpoint was saved (prepared again from "
-            "other text or with another tokenizer?); resume needs the data the run started on"
-        )
-    if not 0 <= state["shard"] < len(files) or not 0 <= state["pos"] <= lengths[state["shard"]]:
-        raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
 
 
 def val_batches(
