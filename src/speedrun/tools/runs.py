@@ -13,7 +13,7 @@ from speedrun.config import Config
 from speedrun.config_files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 from speedrun.model.families import build_model
 from speedrun.train.checkpoint import (
     damaged_message,
@@ -81,7 +81,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
     try:
         weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:
-        raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
+        raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {first_line(e)}") from None
     if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
         raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")
     model = build_model(cfg.model)

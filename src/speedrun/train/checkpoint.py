@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from speedrun.atomic import file_mode, write_atomic
-from speedrun.errors import DataError, SpeedrunError
+from speedrun.errors import DataError, SpeedrunError, first_line
 from speedrun.train.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
 FILES = ("model.safetensors", "state.pt", "config.json")
@@ -77,11 +77,6 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _first_line(e: BaseException) -> str:
-    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return text.splitlines()[0][:200]
-
-
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -118,7 +113,7 @@ def save_checkpoint(
         _fsync(final.parent)
     except (OSError, RuntimeError, SafetensorError, ValueError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpeedrunError(f"cannot write checkpoint {final}: {_first_line(e)}") from None
+        raise SpeedrunError(f"cannot write checkpoint {final}: {first_line(e)}") from None
     except BaseException:  # Ctrl-C, SystemExit: still leave nothing half-written behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -159,7 +154,7 @@ def _verify(path: Path) -> str | None:
     except PermissionError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({_first_line(e)})"
+        return f"{MANIFEST} is unreadable ({first_line(e)})"
     if STEP_DIR.fullmatch(path.name) and manifest.get("step") != checkpoint_step(path):  # a renamed copy
         return f"{MANIFEST} is for step {manifest.get('step')}, the folder for {checkpoint_step(path)}"
     present = {p.name for p in path.iterdir()} - {MANIFEST}
@@ -174,7 +169,7 @@ def _verify(path: Path) -> str | None:
         except PermissionError:
             raise
         except OSError as e:
-            return f"{name} is unreadable ({_first_line(e)})"
+            return f"{name} is unreadable ({first_line(e)})"
         except (KeyError, TypeError):
             return f"{MANIFEST} has a bad entry for {name}"
     return None
@@ -227,7 +222,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, SafetensorError, RuntimeError, ValueError, EOFError) as e:
-        raise DataError(damaged_message(path, f"unreadable: {_first_line(e)}")) from None
+        raise DataError(damaged_message(path, f"unreadable: {first_line(e)}")) from None
     if not isinstance(state, dict) or state.get("step") != step or weights_step != str(step):
         found = state.get("step") if isinstance(state, dict) else None
         raise DataError(damaged_message(path, f"state.pt holds step {found}, weights step {weights_step}"))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from speedrun.config import Config
+from speedrun.errors import first_line
 from speedrun.model.families import build_model
 from speedrun.train.step import autocast, autocast_dtype
 
@@ -116,7 +117,7 @@ def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> t
                 eager, compiled = probe_steps(rcfg, device, with_compiled=True)
             except torch._dynamo.exc.TorchDynamoException as e:  # no C++ compiler, for instance
                 eager, compiled = probe_steps(rcfg, device)
-                log(f"compile: compiling fails here ({(str(e).strip().splitlines() or ['?'])[0][:120]})")
+                log(f"compile: compiling fails here ({first_line(e, 120)})")
             use_compiled = int(compiled < COMPILE_GAIN * eager)
             ratio = compiled / eager if use_compiled else 1.0
             at_size = compiled if use_compiled else eager

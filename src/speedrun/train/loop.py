@@ -20,7 +20,7 @@ from speedrun.config import Config
 from speedrun.config_files import check_resume, config_from_dict
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
-from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
 from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
@@ -82,8 +82,7 @@ def compile_errors(compiled: bool) -> Iterator[None]:
     except Exception as e:
         if not compiled or not isinstance(e, torch._dynamo.exc.TorchDynamoException):
             raise
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise SpeedrunError(f"torch.compile failed ({reason}); run with train.compile=off") from None
+        raise SpeedrunError(f"torch.compile failed ({first_line(e)}); run with train.compile=off") from None
 
 
 def restore(
