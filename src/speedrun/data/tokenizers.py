@@ -9,7 +9,6 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -52,10 +51,6 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Ordinary text only: `<|endoftext|>` written in a document is text, not the special token."""
         return self.encoding.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        """`encode` over many documents on several threads (tiktoken releases the GIL)."""
-        return self.encoding.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoding.decode(list(ids))
