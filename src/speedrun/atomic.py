@@ -100,8 +100,7 @@ def read_regular(path: Path) -> bytes:
 
 def user_folder(path: Path) -> Path:
     """The folder to fill for a path the user gave: `path`, or the folder a symbolic link there points to
-    (so renaming into place keeps the link; a link to anything else is refused). `.` and `..` are named
-    by their absolute path, which has a parent to build beside."""
+    (kept on rename; a link to anything else is refused). `.` and `..` are named by their absolute path."""
     path = Path(path)
     if path.name in ("", ".."):
         path = Path(os.path.abspath(path))

@@ -305,9 +305,8 @@ def _is_out_of_memory(e: BaseException) -> bool:
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse, letting a command's list of words (overrides, run folders) continue after an option:
-    `train --out x model.n_layer=2` as `train model.n_layer=2 --out x` (argparse fills a `*`/`+`
-    positional once, from the words before the first option, and calls the later ones unrecognized)."""
+    """Parse, letting a command's list of words continue after an option (`train --out x model.n_layer=2`):
+    argparse fills a `*`/`+` positional once, from the words before the first option."""
     args, extras = parser.parse_known_args(argv)
     trailing = getattr(args, "trailing", None)  # the Action of the command's list positional
     if extras and trailing is not None and not any(e.startswith("-") for e in extras):

@@ -76,9 +76,8 @@ def boundary(acc: float, n: int, fraction: bool) -> int:
 
 
 def stage_plan(cfg: Config) -> StagePlan | None:
-    """The StagePlan of `train.stages` (None when unset). The cool-down is `train.warmdown_frac` of the
-    scheduled steps down to the LR `train.final_lr_frac`; Muon momentum warms up and cools down as the
-    optim.muon_momentum_* keys say."""
+    """The StagePlan of `train.stages` (None when unset): cool-down `train.warmdown_frac` of the scheduled
+    steps down to `train.final_lr_frac`, Muon momentum as the optim.muon_momentum_* keys say."""
     t, o = cfg.train, cfg.optim
     if not t.stages.strip():
         return None
@@ -257,9 +256,8 @@ def _yarn_mtp(cfg: Config) -> tuple[bool, int]:
 
 
 def check_stages(cfg: Config) -> None:
-    """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest.
-    A value the plan overrides or leaves without effect is refused when it differs from its default
-    (a value given by the user), never silently ignored (issue 27)."""
+    """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
+    plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d = cfg.model, cfg.train, cfg.data
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
     yarn, mtp = _yarn_mtp(cfg)

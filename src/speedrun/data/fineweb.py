@@ -54,9 +54,8 @@ def download_fineweb(
     log: Callable[[str], object] = print,
     endpoint: str | None = None,
 ) -> Path:
-    """Download, validate and describe (meta.json) `num_train_shards` train shards plus the val shard.
-
-    `endpoint` overrides the Hub address (the HF_ENDPOINT environment variable works too)."""
+    """Download, validate and describe (meta.json) `num_train_shards` train shards plus the val shard;
+    `endpoint` overrides the Hub address (as HF_ENDPOINT does)."""
     if num_train_shards < 1:
         raise ConfigError(f"fineweb10B:N needs N >= 1 train shards, got {num_train_shards}")
     data_dir = Path(data_dir)

@@ -44,9 +44,8 @@ def discard(future: Future | None) -> None:
 
 @dataclass(frozen=True)
 class _Step:
-    """Where one global batch lies: shard index, the cursor it was planned from, chunk starts (and
-    each chunk's shard, which differs from `shard` only with rank cursors; their plans keep the batch
-    index in `pos`)."""
+    """Where one global batch lies: shard, the cursor it was planned from (rank cursors: the batch index),
+    chunk starts and each chunk's shard (which differs from `shard` only with rank cursors)."""
 
     shard: int
     pos: int

@@ -151,9 +151,8 @@ def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
 
 
 def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:
-    """DataError unless `tokenizer` is the vocabulary the shards were written with: its name and hash,
-    and every number meta.json copies from it (a model sized by meta.json's vocab_size must be the
-    tokenizer's, or tokens decode and encode against another table)."""
+    """DataError unless `tokenizer` is the vocabulary the shards were written with: its name, hash and every
+    number meta.json copies from it (a model sized by meta.json must match the tokenizer's table)."""
     where = f"{Path(data_dir) / META_FILE}" if data_dir is not None else META_FILE
     if meta.get("tokenizer") != tokenizer.name or meta.get("tokenizer_hash") != tokenizer.hash:
         raise DataError(

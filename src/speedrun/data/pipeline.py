@@ -109,9 +109,8 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a `kill`, a closed terminal) interrupt the block as Ctrl-C does, so prepare
-    removes its temporary folder (hidden beside the target, gigabytes for FineWeb) instead of dying
-    with it in place."""
+    """SIGTERM and SIGHUP interrupt the block as Ctrl-C does, so prepare removes its temporary folder
+    (gigabytes for FineWeb) instead of dying with it in place."""
 
     def interrupt(signum: int, _frame: object) -> None:
         raise Interrupted(signum)

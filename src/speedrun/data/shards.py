@@ -113,9 +113,8 @@ def read_header(path: Path) -> int:
 
 
 def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
-    """Map a validated shard's tokens read-only (no whole-file read); optionally check the ids fit
-    `vocab_size`, because an out-of-range id would otherwise crash (or silently misindex) the
-    embedding on the GPU."""
+    """Map a validated shard's tokens read-only; with `vocab_size`, check the ids fit (an out-of-range id
+    would crash or silently misindex the embedding on the GPU)."""
     path = Path(path)
     count = read_header(path)
     if count == 0:
@@ -136,9 +135,8 @@ def shard_fingerprint(path: Path, head_tokens: int = 1 << 16) -> str:
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: int = 0) -> None:
-    """Raise a DataError naming the file and the id when any token is >= vocab_size.
-
-    Scans in blocks so a 100 M-token memmap is never materialized as one temporary array."""
+    """DataError naming the file and the id when any token is >= vocab_size, scanning in blocks (a 100
+    M-token memmap is never one temporary array)."""
     for start in range(0, len(tokens), SCAN_BLOCK):
         part = tokens[start : start + SCAN_BLOCK]
         hi = int(part.max())

@@ -108,9 +108,8 @@ def _iter_jsonl(path: Path) -> Iterator[str]:
 
 
 def _holds_strings(kind: object) -> bool:
-    """Whether an Arrow column type decodes to Python strings: string, large_string, string_view, or
-    any of them dictionary-encoded (pandas categoricals and many writers store repeated text so;
-    `to_pylist` decodes them)."""
+    """Whether an Arrow column type decodes to Python strings (string, large_string, string_view, or any
+    of them dictionary-encoded, as many writers store repeated text)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(kind):

@@ -99,9 +99,8 @@ def spec_dense_mask(
 
 
 def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
-    """Per layer, the MaskSpec of a (B, T) token sequence (None: every layer plain causal). The one place
-    a recipe's masking switches (document mask, window, granularity, block listing, long/short pattern)
-    become masks, for the forward and cached decoding alike. `window`: the model's 0-d window tensor."""
+    """Per layer, the MaskSpec of a (B, T) token sequence (None: all plain causal): the one place a recipe's
+    masking switches become masks, for the forward and cached decoding. `window`: the model's 0-d tensor."""
     if not (cfg.document_mask or cfg.window > 0):
         return None
     block_window = cfg.window_granularity == "block"
@@ -114,9 +113,8 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
-    """SDPA with `spec`'s mask. Eager on CPU with document ids (free to read there), one call per
-    document, so no work is spent on pairs from different documents; otherwise (CUDA, or compiling:
-    static shapes) query chunks over the whole row."""
+    """SDPA with `spec`'s mask: per document when eager on CPU with document ids (no work on pairs across
+    documents), else (CUDA, or compiling: static shapes) in query chunks over the whole row."""
     if spec.doc_ids is not None and not q.is_cuda and not torch.compiler.is_compiling():
         return _per_document(q, k, v, spec, scale)  # data-dependent splits: eager only
     return _chunked(q, k, v, spec, scale, 0)
@@ -156,9 +154,8 @@ def _window_bites(spec: MaskSpec, start: int, end: int) -> bool:
 
 
 def _per_document(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
-    """Attention row by row, document by document (CPU): plain causal SDPA for a document the window
-    does not cut, the masked path otherwise. Cost ∝ Σ len² instead of T². Splits (not slices) the
-    inputs, so the backward concatenates gradients once instead of adding T-sized zeros per document."""
+    """Attention row by row, document by document (CPU): causal SDPA where the window does not cut, else
+    masked; cost ∝ Σ len². Splits the inputs, so the backward concatenates gradients once."""
     T, rows = q.size(-2), []
     for r, (qr, kr, vr) in enumerate(zip(q.split(1), k.split(1), v.split(1), strict=True)):
         ids = spec.doc_ids[r]
@@ -300,9 +297,8 @@ def attend(
     scale: float | None = None,
     kernel: str = "auto",
 ) -> Tensor:
-    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask
-    (spec_dense_mask()), a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask.
-    `kernel` (SDPA_KERNELS or "auto") forces the SDPA backend on CUDA."""
+    """Causal attention on (B, H, T, D); `mask`: None (plain causal), a dense boolean mask, a MaskSpec
+    (dense SDPA, chunked) or a BlockMask; `kernel` (SDPA_KERNELS or "auto") forces the CUDA SDPA backend."""
     if BlockMask is not None and isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):

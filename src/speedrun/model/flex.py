@@ -42,8 +42,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: f
 
 def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
     """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for CUDA):
-    the public function refuses CPU backward, but its higher-order op, traced by aot_eager, trains
-    through the reference implementation (private torch API, called as the public function does)."""
+    its higher-order op, traced by aot_eager, trains through the reference implementation (private API)."""
     from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
     from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
 

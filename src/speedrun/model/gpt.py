@@ -149,9 +149,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def set_attention_window(self, tokens: int) -> None:
-        """Set the sliding window (tokens) for the next forwards; called every step by the training loop
-        with `schedule.window_tokens(step, steps, cfg)`. An in-place write to a tensor: no recompile.
-        A no-op for models without a window."""
+        """Set the sliding window (tokens) for the next forwards (the loop, every step): an in-place write
+        to a tensor, no recompile; a no-op without a window."""
         if self.cfg.window <= 0:
             return
         assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
@@ -195,9 +194,8 @@ class GPT(nn.Module):
         attend_fns: list[AttendFn | None] | None = None,
         prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Embeddings and blocks up to the final norm, for tokens at positions start.. . Cached decoding
-        passes per-layer `attend_fns` and start > 0 (`prev`, the token before idx, is for the decode
-        interface both families share: this family reads no earlier token); the forward passes masks."""
+        """Embeddings and blocks up to the final norm for tokens at positions start..; cached decoding passes
+        per-layer `attend_fns` and `prev` (the shared decode interface; unused here), the forward masks."""
         cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:

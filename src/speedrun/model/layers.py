@@ -24,9 +24,8 @@ class CastedLinear(nn.Linear):
 
 
 class TransposedLinear(CastedLinear):
-    """A CastedLinear whose weight is stored transposed, (in, out) (#27 stores the MLP up-projection as
-    (768, 3072), the shape of the down-projection): the same map, but Muon's shape rule √max(1, rows/cols)
-    sees 768/3072 and gives it the base LR instead of twice it."""
+    """A CastedLinear whose weight is stored transposed, (in, out), as #27's MLP up-projection: the same map,
+    but Muon's shape rule √max(1, rows/cols) gives it the base LR instead of twice it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)

@@ -25,8 +25,7 @@ def yarn_update(
     freqs: Tensor, attn_scale: float, old_window: int, new_window: int, alpha: float = 1, beta: float = 32
 ) -> tuple[Tensor, float]:
     """Frequencies and attention scale after the long window grows from `old_window` to `new_window`:
-    a frequency making fewer than `alpha` turns over the old window is scaled by old/new (interpolated),
-    more than `beta` turns kept, linear in between."""
+    under `alpha` turns over the old window scaled by old/new, over `beta` kept, linear in between."""
     rotations = old_window * freqs / (2 * torch.pi)
     ratio = old_window / new_window
     weight = torch.clamp((rotations - alpha) / (beta - alpha), 0, 1)

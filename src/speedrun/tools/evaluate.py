@@ -37,9 +37,8 @@ def evaluate_loss(
     device: torch.device | str = "cpu",
     checkpoint: Path | None = None,
 ) -> dict:
-    """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` on the val split of `data_dir`. The folder's
-    tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError. `model` is
-    evaluated as it is: tools/runs.load_model gives it the windows and YaRN it was validated with."""
+    """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` (as load_model built it) on `data_dir`'s val
+    split, whose tokenizer must be the run's (name, vocabulary size and hash)."""
     device = torch.device(device)
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)

@@ -96,9 +96,8 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
 
 
 def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | None = None) -> Tokenizer:
-    """The run's tokenizer: GPT-2 from the installed package, a BPE from the run's data folder (or
-    `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json and
-    against the vocabulary `checkpoint` was trained with (a folder prepared again keeps its name)."""
+    """The run's tokenizer (GPT-2 from the package, a BPE from its data folder or `data_dir`), hash-checked
+    against that folder's meta.json and the vocabulary `checkpoint` was trained with."""
     if cfg.data.tokenizer == "gpt2" and data_dir is None:
         tok = gpt2_tokenizer()
     else:

@@ -198,9 +198,8 @@ def untimed_steps(starts: list[Start], steps: int) -> list[tuple[int, int, Start
 
 
 def rule_timing(facts: list[Facts]) -> Outcome:
-    """Every training step timed (record 21 on): no step trains outside the clock except a warm-up that
-    puts model, optimizer and loader back. Validation is never timed (train/loop.py). Judged over every
-    start of a run: a run resumed with another timing warm-up is timed as each start was."""
+    """Every training step timed (record 21 on): only a warm-up that restores its state may run outside the
+    clock, validation never counts; judged over every start of a run."""
     for f in facts:
         if f.starts is None:
             return "unknown", f"{f.name}: resumed, and summary.json does not record each start (an older run)"

@@ -70,9 +70,8 @@ def plan_steps(
     tail: int,
     cap: int,
 ) -> int:
-    """Steps whose timed part fits `budget_s`: the `timed_steps` that took `timed_s` so far, plus the
-    remaining time at `step_s` a step, plus the `untimed` warm-up steps; at least `done + tail` (the
-    schedule so far stays valid) and at most `cap` (train.steps)."""
+    """Steps whose timed part fits `budget_s` (the timed steps so far, the time left at `step_s` a step, the
+    `untimed` warm-up), at least `done + tail` and at most `cap` (train.steps)."""
     assert step_s > 0 and budget_s > 0, (step_s, budget_s)
     fits = untimed + timed_steps + math.floor(max(0.0, budget_s - timed_s) / step_s)
     return max(done + tail, min(cap, fits))
@@ -124,9 +123,8 @@ class Budget:
         return self.planned and done + self.tail >= self.steps
 
     def _end_sooner(self, done: int, timed_s: float, timed_steps: int, step_s: float) -> str | None:
-        """In the warm-down: cut the count when the steps left would overrun the budget by more than
-        HYSTERESIS of it (ending sooner only moves the LR down), else keep it. A plan that was already
-        the floor (done + warm-down: the budget spent before the warm-down) keeps its warm-down."""
+        """In the warm-down, cut the count when the steps left would overrun the budget by more than
+        HYSTERESIS (the LR only falls faster); a plan at its floor (done + warm-down) keeps its warm-down."""
         if self.floored or timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
             return None
         plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, 1, self.steps)

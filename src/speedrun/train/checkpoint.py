@@ -134,9 +134,8 @@ def trained_tokenizer_hash(path: Path) -> str | None:
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase).
-    A file we may not read is not damage (the advice would move an intact checkpoint away): it ends
-    as `permission denied: FILE`."""
+    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase); a file
+    we may not read is `permission denied: FILE`, not damage."""
     try:
         return _verify(Path(path))
     except PermissionError as e:
@@ -198,9 +197,8 @@ def damaged_message(path: Path, problem: str) -> str:
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors (on the CPU) and the metadata of a safetensors file, read through Python's own file
-    layer: safetensors' opener takes only UTF-8 paths, and a run folder named with other bytes is
-    still a run. Raises SafetensorError or ValueError for a file that is not one."""
+    """The CPU tensors and metadata of a safetensors file, read through Python's file layer (safetensors'
+    opener takes only UTF-8 paths); SafetensorError or ValueError for a file that is not one."""
     data = Path(path).read_bytes()
     tensors = load(data)  # checks the format first: the header below is then a JSON object
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
@@ -208,9 +206,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify checkpoint `path`, load its weights into `model` (in place), return (state, config).
-
-    Anything damaged, missing, extra or inconsistent → DataError naming the checkpoint."""
+    """Verify checkpoint `path`, load its weights into `model` and return (state, config); anything damaged,
+    missing, extra or inconsistent is a DataError naming the checkpoint."""
     path = Path(path)
     problem = verify_checkpoint(path)
     if problem is not None:

@@ -66,9 +66,8 @@ def _launch_error(problem: str) -> ConfigError:
 
 
 def launch_env() -> tuple[int, int, int]:
-    """(rank, local rank, world size) from torchrun's environment, checked before anything runs: a
-    garbled or partial launch environment (RANK without WORLD_SIZE, RANK >= WORLD_SIZE, no
-    MASTER_ADDR) would otherwise train silently as a non-zero rank or fail inside torch.distributed."""
+    """(rank, local rank, world size) from torchrun's environment, checked before anything runs (a garbled
+    or partial one would train silently as a non-zero rank or fail inside torch.distributed)."""
     world_size = _env_int("WORLD_SIZE", 1, 1)
     rank = _env_int("RANK", 0, 0)
     local_rank = _env_int("LOCAL_RANK", 0, 0)

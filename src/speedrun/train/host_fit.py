@@ -95,9 +95,8 @@ def shrink(cfg: Config) -> str | None:
 def shrinks_needed(
     rcfg: Config, step_s: Callable[[Config], float], first_s: float | None = None
 ) -> tuple[int, float, float]:
-    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget (none while
-    more than budget_min_steps / HYSTERESIS fit), with `step_s` measuring each candidate (`first_s`:
-    the recipe's size, already measured); and the first and the last candidate's step times."""
+    """How many `shrink` calls make `train.budget_min_steps` fit the budget (none while more than
+    budget_min_steps / HYSTERESIS fit), and the first and last candidate's step times."""
     t, trial, n = rcfg.train, copy.deepcopy(rcfg), 0
     first = seconds = first_s if first_s is not None else step_s(trial)
     if t.time_budget_s / seconds >= t.budget_min_steps / HYSTERESIS:
@@ -161,9 +160,8 @@ def fit_to_host(
     agree: Callable[[int], int],
     log: Callable[[str], None],
 ) -> bool:
-    """Choose compile and size for `cfg` (and its effective copy `rcfg`) from rank 0's probe; `agree`
-    gives every process rank 0's answers. The fit is then spent (budget_min_steps = 0, compile on or
-    off), so a resume keeps the choices. Returns whether the batch or width changed."""
+    """Choose compile and size for `cfg` (and `rcfg`) from rank 0's probe (`agree` shares its answers), then
+    spend the fit (budget_min_steps = 0, compile on/off) so a resume keeps it; whether the size changed."""
     n, use_compiled = measure(rcfg, device, log) if is_main else (0, 0)
     n, use_compiled = agree(n), agree(use_compiled)
     for _ in range(n):

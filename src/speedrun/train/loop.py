@@ -93,9 +93,8 @@ def restore(
     loader: TokenLoader,
     clock: StepClock,
 ) -> tuple[int, int | None]:
-    """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
-    recorded after it; return its step (0 for a run with no checkpoint: it starts over) and the step
-    count its time budget had planned (None: none yet)."""
+    """Load the run's newest checkpoint into model, optimizer, loader and clock and drop later metrics; return
+    its step (0 without one: the run starts over) and its budget's planned step count (None: none yet)."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         run.start_over(cfg.train.steps)
@@ -166,9 +165,8 @@ def follow_budget(
     ctx: distributed.DistContext,
     run: RunDir,
 ) -> Budget:
-    """Plan the step count of a `train.time_budget_s` run again after a log point (rank 0's plan, so
-    every rank agrees; train/budget.py). The plan runs in `rcfg`; once final (the warm-down has begun)
-    it is saved in config.json with the budget spent, and saved again if the warm-down ends sooner."""
+    """Plan a time-budgeted run's step count again after a log point (rank 0's plan, train/budget.py), in
+    `rcfg`; once final (the warm-down began) it is saved in config.json with the budget spent."""
     line = budget.observe(done, *interval, clock.timed_s, clock.timed_steps)
     steps = rank0_int(budget.steps, ctx) if ctx.distributed else budget.steps
     if line:

@@ -184,9 +184,8 @@ def sharded_optimizer(cfg: Config) -> bool:
 def build_table_optimizer(
     model: torch.nn.Module, cfg: Config, entries: list[Entry] | None = None
 ) -> ShardedNorMuonAdam:
-    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe.
-
-    With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
+    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe; with
+    `optim.tie_until` the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = build_rows(entries or model_rules(model, cfg), world)

@@ -154,9 +154,8 @@ class Progress:
                 self.run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
 
     def summary(self, status: str, steps: int | None = None) -> dict[str, Any]:
-        """summary.json: the run's result (`status` is "finished" or "stopped") after `steps` optimizer
-        steps (default: all of `train.steps`; a stopped run's own count, which compare, verify and
-        ablate read as the steps it trained)."""
+        """summary.json: the run's result (`status` "finished" or "stopped") after `steps` optimizer steps
+        (default `train.steps`; a stopped run's own count, which compare, verify and ablate read)."""
         t, clock = self.cfg.train, self.clock
         steps = t.steps if steps is None else steps
         return {

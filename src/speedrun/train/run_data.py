@@ -31,9 +31,8 @@ AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` 
 def ensure_data(
     cfg: Config, ctx: distributed.DistContext, log=print, hold: Callable[[int | None], None] = lambda fd: None
 ) -> tuple[Path, dict[str, Any]]:
-    """Return the shard folder and its meta.json, preparing bundled sources when they are missing.
-    `hold` keeps the folder's shared lock (data/folder_lock.py), taken before meta.json is read, so
-    that `prepare` cannot replace the folder while the run trains from it."""
+    """The shard folder and its meta.json, preparing bundled sources when missing; `hold` keeps the folder's
+    shared lock (data/folder_lock.py), so `prepare` cannot replace it while the run trains from it."""
     data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
     if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:

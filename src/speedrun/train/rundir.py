@@ -238,9 +238,8 @@ class RunDir:
         write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
-        """Drop records the resumed run will write again: anything after `step`, and validation at `step`
-        (validation of a step happens before that step's training, after its checkpoint). A torn last
-        line (a write cut off by a crash or a full disk) is dropped too, with a note in log.txt."""
+        """Drop records the resumed run writes again: after `step`, and validation at `step` (it runs after
+        that step's checkpoint); a torn last line is dropped too, noted in log.txt."""
         if not self.enabled:
             return
         path = self.path / "metrics.jsonl"
@@ -267,9 +266,8 @@ class RunDir:
             )
 
     def start_over(self, steps: int) -> None:
-        """`--resume` of a run that stopped before its first checkpoint (a kill, a double Ctrl-C): nothing
-        can be continued, so it starts again at step 0 in its own folder. The attempt's metrics records
-        are dropped (the new attempt writes them again), and log.txt says so; a finished run stays."""
+        """`--resume` of a run that stopped before its first checkpoint: start again at step 0 in its folder,
+        dropping the attempt's metrics records (log.txt says so); a finished run stays."""
         if self.has_final_validation(steps):
             raise DataError(f"run in {self.path} already finished ({steps} of {steps} steps)")
         records, _torn = read_records(self.path / "metrics.jsonl")
@@ -281,9 +279,8 @@ class RunDir:
         )
 
     def has_final_validation(self, steps: int) -> bool:
-        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
-        validation has its last checkpoint but not this record, and resume must still produce it).
-        A torn last line does not count."""
+        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during it has its last
+        checkpoint but not this record); a torn last line does not count."""
         records, _torn = read_records(self.path / "metrics.jsonl")
         return any(r["step"] == steps and "val_loss" in r for _, r in records)
 

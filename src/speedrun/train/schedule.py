@@ -94,9 +94,8 @@ def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
 
 
 def frozen_at(step: int, span: int, transition: Callable[[int], bool]) -> bool:
-    """Record #52's pause: a span of `span` steps from each transition step on (the transition step
-    included; a transition inside a pause restarts it). `transition(s)`: whether step s starts new
-    schedule values (#52: a new window or batch size)."""
+    """Record #52's pause: `span` steps from each step where `transition(s)` (a new window or batch) is
+    true, the transition included; a transition inside a pause restarts it."""
     return span > 0 and any(transition(s) for s in range(max(1, step - span + 1), step + 1))
 
 
@@ -134,8 +133,7 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
 
 def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
     """The gradients' factor for a step of `step_tokens` tokens: the records' summed loss over
-    `summed_loss_ranks` ranks (step_tokens / N), else 1, times `grad_scale_mul` (#65: 2); a function of the
-    global batch only, so any process count sees the record's 8-rank gradients."""
+    `summed_loss_ranks` ranks, else 1, times `grad_scale_mul` (#65: 2); the same on any process count."""
     n = cfg.summed_loss_ranks
     return (step_tokens / n if n > 0 else 1.0) * cfg.grad_scale_mul
 
@@ -153,9 +151,8 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
 
 
 def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
-    """The model's part of the schedule (the window, or the stage's windows, YaRN and MTP weights),
-    written by the model's family (model/families.py). Also what a finished run is evaluated with
-    (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
+    """The model's part of the schedule (window, or the stage's windows, YaRN and MTP weights), written by
+    its family; also what a finished run is evaluated with (`schedule_at(train.steps, cfg)`)."""
     if values.stage is not None or values.window > 0:  # else nothing to write
         families.apply_schedule(model, values)
 

@@ -15,9 +15,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class RunInterrupted(Stopped):
-    """SIGINT/SIGTERM/SIGHUP: a checkpoint was saved at a step boundary; the run can be resumed.
-
-    The CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
+    """SIGINT/SIGTERM/SIGHUP: a checkpoint was saved at a step boundary and the run can be resumed; the
+    CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)

@@ -116,9 +116,8 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
 
 
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
-    """The long windows (blocks) the run has gone through up to `step`, in order: what YaRN rescales by
-    (#31: once per growth, and once more for the final validation's longer window, or for its YaRN
-    window where the plan names one: #35 validates with 20 long blocks but rescales to 13)."""
+    """The long windows (blocks) the run has gone through up to `step`: what YaRN rescales by (#31), plus
+    the final validation's longer window, or its YaRN window where named (#35: 20 blocks, rescaled to 13)."""
     i = stage_at(step, plan)[0]
     history = [s.windows[1] for s in plan.stages[: i + 1]]
     final = stage_values(step, plan).long_window

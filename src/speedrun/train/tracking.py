@@ -67,9 +67,8 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
 
 
 def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
-    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds: square sizes doubling from 256
-    while the next size fits the budget. Hosts differ ~100x (bf16 emulated on AVX2 CPUs), so the size
-    is chosen by time, not fixed: a fixed 1,536 bf16 probe took 2 minutes on such a host."""
+    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds, sizes doubling from 256 while the next
+    fits: hosts differ ~100x (a fixed 1,536 bf16 probe took 2 minutes on an AVX2 host)."""
     start, best, size = time.perf_counter(), 0.0, 256
     while size <= 8192:
         rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=3)
@@ -113,9 +112,8 @@ def _write_peak(key: str, peak: float) -> None:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float, str]:
-    """FLOP/s that MFU is measured against, and where it comes from: the datasheet bf16 peak of a known
-    GPU, else a bounded probe (<= 1 s) in the dtype the run computes in, cached per machine in the
-    user's cache folder so later runs start at once. Never the bf16 peak for fp32 work."""
+    """MFU's denominator and its source: a known GPU's datasheet bf16 peak, else a probe (<= 1 s) in the
+    run's dtype, cached per machine in the user's cache folder."""
     dtype = dtype or torch.float32
     sheet = datasheet_peak(device_name(device)) if device.type == "cuda" else None
     if sheet:

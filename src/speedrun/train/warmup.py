@@ -23,9 +23,8 @@ def is_compiled(train_model: torch.nn.Module) -> bool:
 
 
 def warmup_steps(cfg: Config, start: int) -> list[int]:
-    """Steps whose shapes differ: without stages one training shape per run (windows are tensors, so
-    the window schedule does not recompile); with `train.stages`, also the first step of every later
-    stage (its batch, windows and YaRN scale are new shapes and constants)."""
+    """Steps whose shapes differ: one training shape per run (windows are tensors), plus with
+    `train.stages` the first step of every later stage (new batch, windows and YaRN constants)."""
     plan = stage_plan(cfg)
     if plan is None:
         return [start]
@@ -33,9 +32,8 @@ def warmup_steps(cfg: Config, start: int) -> list[int]:
 
 
 def validation_steps(cfg: Config, start: int) -> list[int]:
-    """One step per distinct validation shape still to come: with stages, the stages that validate
-    (`train.val_every`) and the final validation (its longer window). Without stages none: the one
-    validation pass after the training steps covers the only shape."""
+    """One step per validation shape still to come: with stages, the stages that validate and the final
+    validation (its longer window); without stages none (the one validation covers it)."""
     plan = stage_plan(cfg)
     if plan is None:
         return []
