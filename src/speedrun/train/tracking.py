@@ -61,8 +61,7 @@ def hardware_name(device: torch.device | str) -> str:
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device)."""
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+    assert peak_flops > 0, peak_flops  # matmul_peak's answer (a datasheet value or a measured rate)
     return flops_per_token * tokens_per_s / peak_flops
 
 
