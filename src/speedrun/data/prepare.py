@@ -171,20 +171,9 @@ def prepare(
 
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir(source, tokenizer)
     return prepare_documents(
-        documents,
-        data_dir,
-        source=source,
-        tokenizer=tokenizer,
-        val_fraction=val_fraction,
-        seed=seed,
-        shard_tokens=shard_tokens,
-        log=log,
-        workers=workers,
-        max_tokens=max_tokens,
-        bpe_sample_bytes=bpe_sample_bytes,
-        progress=progress,
-        total_bytes=source_size(source),
-    )
+        documents, data_dir, source, tokenizer, val_fraction, seed, shard_tokens, log, workers, max_tokens,
+        bpe_sample_bytes, progress, total_bytes=source_size(source),
+    )  # fmt: skip
 
 
 @stop_signals_interrupt()

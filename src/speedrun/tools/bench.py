@@ -8,6 +8,8 @@ the datasheet peak when known), and peak memory beside the memory guard's CUDA e
 
 from __future__ import annotations
 
+import functools
+import itertools
 import statistics
 import time
 
@@ -82,19 +84,12 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
     pool = synthetic_tokens(n_pool * t.micro_batch_tokens + 1, vocab, eot, 1000)
     pool_t = torch.from_numpy(pool.astype(np.int64)).to(device)
-    rows = t.micro_batch_tokens // t.seq_len
-    batches = [
-        (
-            pool_t[i * t.micro_batch_tokens : (i + 1) * t.micro_batch_tokens].view(rows, t.seq_len),
-            pool_t[i * t.micro_batch_tokens + 1 : (i + 1) * t.micro_batch_tokens + 1].view(rows, t.seq_len),
-        )
-        for i in range(n_pool)
+    m, shape = t.micro_batch_tokens, (t.micro_batch_tokens // t.seq_len, t.seq_len)
+    pairs = [
+        (pool_t[a : a + m].view(shape), pool_t[a + 1 : a + m + 1].view(shape))
+        for a in range(0, n_pool * m, m)
     ]
-    counter = iter(range(1 << 62))
-
-    def next_batch():
-        return batches[next(counter) % n_pool]
-
+    next_batch = functools.partial(next, itertools.cycle(pairs))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step_s, opt_s, losses = [], [], []
