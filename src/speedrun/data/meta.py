@@ -23,11 +23,6 @@ META_FORMAT = "speedrun-shards"
 META_VERSION = 1
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
-    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
-
-
 def default_data_dir(source: str, tokenizer: str) -> Path:
     """`data/<source-slug>` for gpt2, `data/<source-slug>-bpe<N>` for bpe:N (relative to the cwd)."""
     from speedrun.data.tokenizers import parse_bpe_size
@@ -56,7 +51,7 @@ def write_meta(data_dir: Path, source: str, tok: Tokenizer, splits: dict, **extr
         **extra,
         "splits": splits,
     }
-    write_json_atomic(Path(data_dir) / META_FILE, meta)
+    write_atomic(Path(data_dir) / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
     return meta
 
 

@@ -140,10 +140,7 @@ def _gpt2_encoding(vocab_bpe: bytes, encoder_json: bytes) -> tiktoken.Encoding:
 
 def gpt2_tokenizer() -> Tokenizer:
     """The exact GPT-2 tokenizer (vocab 50,257, end-of-text 50,256), from hash-checked local files."""
-    vocab_path, encoder_path = gpt2_file_paths()
-    expected = list(GPT2_FILES.values())
-    vocab = _read_checked(vocab_path, expected[0])
-    encoder = _read_checked(encoder_path, expected[1])
+    vocab, encoder = map(_read_checked, gpt2_file_paths(), GPT2_FILES.values())
     enc = _gpt2_encoding(vocab, encoder)
     return Tokenizer(name="gpt2", vocab_size=50257, eot_id=50256, encoding=enc)
 
@@ -204,10 +201,8 @@ def save_tokenizer(tokenizer: Tokenizer, data_dir: Path) -> Path:
         "ranks": [[base64.b64encode(tok).decode("ascii"), rank] for tok, rank in ranks],
         "hash": tokenizer.hash,
     }
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / TOKENIZER_FILE
-    write_atomic(path, json.dumps(doc).encode())
+    path = Path(data_dir) / TOKENIZER_FILE
+    write_atomic(path, json.dumps(doc).encode())  # (makes the folder)
     return path
 
 
@@ -236,9 +231,6 @@ def _load_bpe(name: str, data_dir: Path | None) -> Tokenizer:
 
 
 def load_tokenizer(name: str, data_dir: Path | None = None) -> Tokenizer:
-    """'gpt2' from the installed files, or 'bpe:N' from `data_dir/tokenizer.json`."""
-    if name == "gpt2":
-        return gpt2_tokenizer()
-    if name.startswith("bpe:"):
-        return _load_bpe(name, data_dir)
-    raise ConfigError(f"unknown tokenizer {name!r}; valid: 'gpt2' or 'bpe:N' (e.g. bpe:4096)")
+    """'gpt2' from the installed files, or 'bpe:N' from `data_dir/tokenizer.json` (any other name is
+    parse_bpe_size's ConfigError)."""
+    return gpt2_tokenizer() if name == "gpt2" else _load_bpe(name, data_dir)
