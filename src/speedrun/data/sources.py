@@ -40,13 +40,8 @@ def wiki_vital_path() -> Path:
     return path
 
 
-def _iter_wiki_vital() -> Iterator[str]:
-    """The articles' lead sections. The corpus file is located now (a missing package fails here,
-    before any work), and read when iteration starts."""
-    return _wiki_vital_articles(wiki_vital_path())
-
-
 def _wiki_vital_articles(path: Path) -> Iterator[str]:
+    """The articles' lead sections, by title."""
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -179,20 +174,18 @@ def source_size(source: str) -> int | None:
 
 
 def iter_documents(source: str, hf_endpoint: str | None = None) -> Iterator[str]:
-    """Documents of `source` in a stable order (see the module docstring for the boundaries)."""
+    """Documents of a text `source` in a stable order (see the module docstring for the boundaries). The
+    corpus is located now (a missing package or path fails before any work) and read when iterated."""
+    check_source(source)
     if source == "wiki-vital":
-        return _iter_wiki_vital()
+        return _wiki_vital_articles(wiki_vital_path())
     if source.startswith("text:"):
-        raw = source[len("text:") :]
-        if not raw:
-            raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
-        files = text_files(Path(raw).expanduser())
+        files = text_files(Path(source[len("text:") :]).expanduser())
         return (doc for f in files for doc in iter_file(f))
-    if source.startswith("hf:"):
-        from speedrun.data.hub import hub_documents, parse_hf_source
+    from speedrun.data.hub import hub_documents, parse_hf_source
 
-        return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
-    raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
+    assert source.startswith("hf:"), "prepare downloads fineweb10B itself"
+    return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
 
 
 FINEWEB = "fineweb10B"
