@@ -97,16 +97,13 @@ def setup(requested_device: str = "auto", timeout_s: float = 1800.0) -> DistCont
     device = _pick_device(requested_device, local_rank)
     if device.type == "cuda":
         cuda_allocator_settings()
+        torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
-    elif device.type == "cuda":
-        torch.cuda.set_device(device)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 

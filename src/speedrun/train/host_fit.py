@@ -51,9 +51,7 @@ def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) 
     t = cfg.train
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device)
-    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)][
-        : 1 + with_compiled
-    ]  # as build_model
+    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)] if with_compiled else [model]
     x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
 
     def once(module: torch.nn.Module) -> float:
@@ -139,12 +137,8 @@ def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> t
         log(f"host fit: {', '.join(changes.values())} ({numbers}, fewer than train.budget_min_steps={least}/"
             f"{HYSTERESIS:g}; now {seconds * 1000:.0f} ms/step: ~{int(budget / seconds)} steps)")  # fmt: skip
     if budget / seconds < least and not shrink(trial):
-        batch = (
-            "train.global_batch_tokens"
-            if "train.global_batch_tokens" in rcfg.fixed
-            else "train.micro_batch_tokens"
-        )
-        given = sorted({batch, "model.n_embd"} & rcfg.fixed)  # what kept the size
+        batch = "global" if "train.global_batch_tokens" in rcfg.fixed else "micro"
+        given = sorted({f"train.{batch}_batch_tokens", "model.n_embd"} & rcfg.fixed)  # what kept the size
         why = f"{', '.join(given)} as given" if given else "nothing left to shrink"
         log(f"host fit: kept the size ({why}), though only ~{int(budget / seconds)} of "
             f"train.budget_min_steps={least} steps fit {budget:g}s "
