@@ -24,11 +24,6 @@ RECENT = 8  # log intervals whose median step time plans the rest of the run
 HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more than this fraction
 
 
-def fix_point(timing_warmup_steps: int) -> int:
-    """The step (count of finished steps) at whose log point the step count is first planned."""
-    return timing_warmup_steps + PROBE_STEPS
-
-
 def schedule_tail(cfg: Config) -> int:
     """Steps at the end whose schedule depends on the step count (the LR warm-down, Muon's momentum
     cool-down): a plan never starts them before the steps already done."""
@@ -42,7 +37,7 @@ def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
     if t.time_budget_s <= 0:
         return
     given = {"train.time_budget_s", "train.budget_min_steps"} & cfg.fixed
-    first, tail = fix_point(t.timing_warmup_steps), schedule_tail(cfg)
+    first, tail = t.timing_warmup_steps + PROBE_STEPS, schedule_tail(cfg)  # the first plan, the warm-down
     if "train.steps" in cfg.fixed and not given:
         why = f"train.steps={t.steps} was given, so the run trains exactly that many steps"
     elif first + tail > t.steps:
@@ -104,11 +99,8 @@ class Budget:
         plan = plan_steps(
             self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
         )
-        if (
-            self.planned
-            and abs(plan - self.steps) <= HYSTERESIS * self.steps
-            and self.steps >= done + self.tail
-        ):
+        settled = self.planned and abs(plan - self.steps) <= HYSTERESIS * self.steps
+        if settled and self.steps >= done + self.tail:
             return None
         before, self.steps, self.planned = self.steps, plan, True
         self.floored = plan <= done + self.tail  # the budget was spent already: the warm-down runs in full
