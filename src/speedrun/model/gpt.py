@@ -9,7 +9,6 @@ MLP-only layers and the sigmoid softcap (Sub3Min). Records #26 on: model/gpt2026
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,15 +23,12 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.fp8 import fp8_linear
+from speedrun.model.kv_cache import AttendFn  # an attention call other than the module's own
 from speedrun.model.labels import MATMULS, label, label_linear, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
 from speedrun.model.unet import initial_weights, skip_sources
-
-#: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
-#: module's own (cached decoding brings its keys and values from earlier positions).
-AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Block(nn.Module):
