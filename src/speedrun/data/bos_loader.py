@@ -152,10 +152,7 @@ class DocumentLoader(ShardReader):
 
     def _stage(self, step: int) -> tuple[int, int, int]:
         tokens, max_doc = self.stage_of(step)
-        if tokens < self.chunks or tokens % self.chunks:
-            raise ConfigError(
-                f"step {step}: batch of {tokens} tokens is not a multiple of {self.chunks} chunks"
-            )
+        assert tokens >= self.chunks and tokens % self.chunks == 0, (step, tokens)  # config_stages checks it
         local = tokens // self.chunks
         return local, max_doc, self.max_docs or record_max_docs(local)
 
