@@ -2,9 +2,9 @@
 
 A part calls ``label(param, "qkv", blocks=(d, d, d))``; the optimizer table, memory estimate, FLOPs
 count and checkpoint sharding read ``label_of(param)``, never the name. ``optim/rules.py`` maps labels to
-rules; a parameter without a label or a label without a row is refused. The label is an attribute of
-the Parameter object: it survives ``.to()``, compile and state-dict loading, not ``copy.deepcopy`` or
-``to_empty`` (build the model again instead)."""
+rules with the recipe's ``[optim.labels]`` table; a parameter without a label or a label without a row is
+refused. The label is an attribute of the Parameter object: it survives ``.to()``, compile and
+state-dict loading, not ``copy.deepcopy`` or ``to_empty`` (build the model again instead)."""
 
 from __future__ import annotations
 
@@ -13,25 +13,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-_ATTR = "_speedrun_label"
+from speedrun.config_labels import LABELS  # the vocabulary: what a part may declare (each has a row)
 
-#: The vocabulary: what a part may declare (a new one needs a row in optim/rules.label_rules).
-LABELS = (
-    "qkv",  # attention Q/K/V weights
-    "attn_out",  # the attention's output projection
-    "mlp_in",  # the MLP's up-projection
-    "mlp_out",  # the MLP's down-projection
-    "matrix",  # any other hidden matrix
-    "embed",  # token and position embeddings; a tied embedding/head weight
-    "value_embed",  # value embeddings (2024-12)
-    "head",  # an untied output head
-    "scalar",  # norm gains, biases, lambdas, skip weights
-    "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
-    "gate",  # #28's attention gate, #55's value-embedding gate
-    "smear_gate",  # #34's smear gate
-    "skip_gate",  # #55's skip gate
-    "bigram",  # #62's bigram hash embedding
-)
+_ATTR = "_speedrun_label"
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
+    LabelRule,
     adam_groups,
     label_rules,
-    muon_adam_lrs,
     muon_parts,
     param_rules,
 )
@@ -90,7 +90,13 @@ class RunOptimizer:
 
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
-    return param_rules(model, label_rules(cfg.optim, model.cfg.n_embd // model.cfg.n_head))
+    head_dim = model.cfg.n_embd // model.cfg.n_head  # the model's own (#80's Q/K blocks)
+    return param_rules(model, label_rules(cfg.optim, head_dim), cfg.optim.labels)
+
+
+def run_rules(cfg: Config) -> dict[str, LabelRule]:
+    """The recipe's label table: every label's row (config_labels.label_table), the Adam groups' source."""
+    return label_rules(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
@@ -105,7 +111,9 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     )
     if o.name == "normuon":
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
-    groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
+    groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
+    for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
+        groups.setdefault(e.rule.group, []).append(e.param)
     fused = {"fused": True} if next(model.parameters()).is_cuda else {}
     if o.name == "adamw":
         params = [p for group in groups.values() for p in group]
@@ -115,7 +123,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
         return RunOptimizer({"adam": adamw}, tail)
-    adam_params = [{"params": groups[g], "lr": lr} for g, lr in muon_adam_lrs(o).items() if groups[g]]
+    hyper = adam_groups(run_rules(cfg), set(groups))
+    adam_params = [  # embed, head, scalar (the saved order), then the groups stated rows made
+        {"params": groups[g], "lr": h.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay}
+        for g, h in sorted(hyper.items(), key=lambda gh: gh[0] not in MUON_GROUPS)
+        if groups[g]
+    ]
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
@@ -139,8 +152,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             ns_dtype=ns_dtype,
         )
     )
-    decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
-    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
+    adam = torch.optim.Adam(adam_params, decoupled_weight_decay=True, **fused)  # AdamW's decay (track 3)
     return RunOptimizer({"adam": adam, "muon": muon}, tail)
 
 
@@ -189,7 +201,7 @@ def build_table_optimizer(
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = build_rows(entries or model_rules(model, cfg), world)
-    adam = adam_groups(o, {r.label for r in rows if r.rule == "adam"})
+    adam = adam_groups(run_rules(cfg), {r.label for r in rows if r.rule == "adam"})
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight
