@@ -122,8 +122,7 @@ def bpe_sample(
 
 def check_options(workers: int | None, max_tokens: int | None, shard_tokens: int) -> int:
     """Validate the run options (ConfigError); the worker count to use."""
-    if shard_tokens < 1:
-        raise ConfigError(f"shard_tokens must be positive, got {shard_tokens}")
+    assert shard_tokens >= 1, shard_tokens  # no command-line option sets it
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be a positive number of tokens, got {max_tokens}")
     if workers is None:
@@ -153,10 +152,7 @@ def prepare(
     if n_fineweb is not None:
         if tokenizer != "gpt2":
             raise ConfigError(f"source {source!r} is pre-tokenized with gpt2; got tokenizer {tokenizer!r}")
-        if max_tokens is not None:
-            raise ConfigError(
-                f"--max-tokens does not apply to {source!r}: choose N train shards of 100 M tokens"
-            )
+        assert max_tokens is None, "cli refuses --max-tokens for fineweb10B (PREPARE_OPTIONS)"
         from speedrun.data.fineweb import download_fineweb
 
         return download_fineweb(n_fineweb, Path(data_dir) if data_dir else Path("data") / FINEWEB, log=log)
