@@ -62,7 +62,9 @@ FILING_REV = "814659c"  # landed main just before issue 25's work began (10,919 
 def by_scope(folder: Path, rev: str) -> None:
     """Code lines of the modules that existed at `rev` (now, and at `rev`) vs the modules added since,
     so a reduction is not hidden by (or credited for) new features."""
-    top = Path(subprocess.check_output(["git", "rev-parse", "--show-toplevel"], cwd=folder, text=True).strip())
+    top = Path(
+        subprocess.check_output(["git", "rev-parse", "--show-toplevel"], cwd=folder, text=True).strip()
+    )
     prefix = folder.resolve().relative_to(top).as_posix()
     listed = subprocess.check_output(["git", "ls-tree", "-r", "--name-only", rev, prefix], cwd=top, text=True)
     old = {p[len(prefix) + 1 :]: p for p in listed.split() if p.endswith(".py")}

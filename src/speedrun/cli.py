@@ -239,7 +239,8 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe, recipe_names
 
     if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
-        print(_dumps(load_recipe(args.name).to_dict()))  # JSON alone: scripts parse it (the label table: --dry-run)
+        # JSON alone: scripts parse it (the label table is --dry-run's)
+        print(_dumps(load_recipe(args.name).to_dict()))
         return 0
     names = recipe_names()
     width = max(map(len, names)) + 2
