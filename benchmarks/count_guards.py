@@ -7,14 +7,17 @@ How it counts, per `.py` file under the folder given (default: src/speedrun), wi
   2. an `except` handler (its `except ...:` line and its body; the `try` body is not counted),
   3. an `assert` statement,
   4. any other `raise` statement.
-Prints each file's guard/code lines (largest first) and the total with its percentage.
+Prints each file's guard/code lines (largest first) and the total with its percentage. With
+`--by-scope [REV]` (default 814659c, main just before issue 25's work) it prints instead the code
+lines of the modules that existed at REV (now and then) apart from those of the modules added since.
 
-    python benchmarks/count_guards.py [FOLDER]
+    python benchmarks/count_guards.py [FOLDER] [--by-scope [REV]]
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,8 +56,39 @@ def count(folder: Path) -> list[tuple[str, int, int]]:
     return rows
 
 
+FILING_REV = "814659c"  # landed main just before issue 25's work began (10,919 code lines)
+
+
+def by_scope(folder: Path, rev: str) -> None:
+    """Code lines of the modules that existed at `rev` (now, and at `rev`) vs the modules added since,
+    so a reduction is not hidden by (or credited for) new features."""
+    top = Path(
+        subprocess.check_output(["git", "rev-parse", "--show-toplevel"], cwd=folder, text=True).strip()
+    )
+    prefix = folder.resolve().relative_to(top).as_posix()
+    listed = subprocess.check_output(["git", "ls-tree", "-r", "--name-only", rev, prefix], cwd=top, text=True)
+    old = {p[len(prefix) + 1 :]: p for p in listed.split() if p.endswith(".py")}
+    then = sum(
+        len(code_lines(subprocess.check_output(["git", "show", f"{rev}:{p}"], cwd=top, text=True)))
+        for p in old.values()
+    )
+    rows = count(folder)
+    kept = sum(code for name, _, code in rows if name in old)
+    added = [(name, code) for name, _, code in rows if name not in old]
+    print(f"modules that existed at {rev}: {kept} code lines now, {then} then ({kept - then:+d})")
+    print(f"modules added since {rev}: {sum(c for _, c in added)} code lines in {len(added)} files")
+    print(f"total: {kept + sum(c for _, c in added)} code lines now, {then} at {rev}")
+
+
 def main() -> None:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "src/speedrun")
+    args = sys.argv[1:]
+    if "--by-scope" in args:
+        i = args.index("--by-scope")
+        rev = args.pop(i + 1) if i + 1 < len(args) and not Path(args[i + 1]).is_dir() else FILING_REV
+        args.pop(i)
+        by_scope(Path(args[0] if args else "src/speedrun"), rev)
+        return
+    folder = Path(args[0] if args else "src/speedrun")
     rows = count(folder)
     for name, guards, code in sorted(rows, key=lambda r: -r[1]):
         if guards:

@@ -252,7 +252,8 @@ def test_stage_plan_transitions_are_where_batch_or_windows_change():
     """#52's definition (a step whose window or batch size differs from the step before) on today's
     stage plan: the stage starts, extension included; pauses then cover 40 steps from each."""
     from speedrun.train.schedule import frozen_at, stage_transition
-    from speedrun.train.stages import STAGES_2026_07, stage_values
+    from speedrun.train.stages import stage_values
+    from tests.record_stages import STAGES_2026_07
 
     plan = STAGES_2026_07
 

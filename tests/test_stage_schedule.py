@@ -9,7 +9,8 @@ from itertools import accumulate, pairwise
 import pytest
 
 from speedrun.config_stages import Stage, StagePlan
-from speedrun.train.stages import STAGES_2026_07, stage_values
+from speedrun.train.stages import stage_values
+from tests.record_stages import STAGES_2026_07
 
 RECORD_STAGES = [  # (duration, max_seq_len, batch, windows, lr_mul, mtp start, mtp end)
     (1 / 3, 896, 8 * 2048 * 8, (1, 3), 1.0, [1.0, 0.5, 0.25], [1.0, 0.5, 0.0]),

@@ -30,8 +30,9 @@ from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model
 from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
-from speedrun.train.stages import STAGES_2026_07, stage_values
+from speedrun.train.stages import stage_values
 from tests.conftest import TINY, read_metrics
+from tests.record_stages import STAGES_2026_07
 from tests.test_warmup import assert_timed_steps_never_compile
 
 # 2 rows a step; rows of 64, 128 and 192 tokens; documents cut to 48 and 96 tokens in stages 1 and 2

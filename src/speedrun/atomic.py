@@ -1,15 +1,8 @@
-"""Files we write for the user: atomic writes, and the one rule for what may stand at their paths.
-
-A reader (or a crash) sees the old file or the complete new one, never a part. Files are created
-with the permissions the user's umask gives ordinary files (0644 under the usual umask 022), not the
-0600 that temporary-file helpers use.
-
-The rule (`check_replaceable`, `open_regular`, `user_folder`): a file we write is absent or a regular
-file; a symbolic link, FIFO, device or socket at its path is never followed and never replaced (that
-would write through a link into a file we never meant, block on a pipe, or destroy the link), but
-refused with one line. A folder the user names for us to fill may be a symbolic link to a folder:
-that is their chosen place (a big disk), so it is followed and the link is kept.
-"""
+"""Files we write for the user: atomic writes (a reader or a crash sees the old file or the whole new
+one; modes from the umask, not mkstemp's 0600), and the one rule for what may stand at their paths
+(`check_replaceable`, `open_regular`, `user_folder`): absent or a regular file. A link, FIFO, device or
+socket there is never followed or replaced but refused in one line; only a folder the user names may
+be a symbolic link to a folder (followed, the link kept)."""
 
 from __future__ import annotations
 
@@ -38,11 +31,6 @@ def umask() -> int:
 def file_mode() -> int:
     """Mode of a new ordinary file: 0666 less the umask, as `open(path, "w")` would give."""
     return 0o666 & ~umask()
-
-
-def dir_mode() -> int:
-    """Mode of a new folder: 0777 less the umask, as `mkdir` would give."""
-    return 0o777 & ~umask()
 
 
 def _kind(mode: int) -> str | None:
@@ -111,10 +99,8 @@ def read_regular(path: Path) -> bytes:
 
 
 def user_folder(path: Path) -> Path:
-    """The folder to fill for a path the user gave: `path` itself, or, when it is a symbolic link to a
-    folder, the folder it points to (so that building beside it and renaming into place keeps the
-    link). A link to anything else (or to nothing) is refused. `.` and `..` are named by their absolute
-    path, which has a parent to build beside (`.` built inside itself, then refused to replace itself)."""
+    """The folder to fill for a path the user gave: `path`, or the folder a symbolic link there points to
+    (kept on rename; a link to anything else is refused). `.` and `..` are named by their absolute path."""
     path = Path(path)
     if path.name in ("", ".."):
         path = Path(os.path.abspath(path))
@@ -133,10 +119,8 @@ TEMP_NAME_EXTRA = 14  # bytes our temporary names add to a name: `.NAME.XXXXXXXX
 
 
 def name_too_long(path: Path, extra: int = 0) -> str | None:
-    """Why `path` cannot exist on its file system, or None: a name longer than the file system allows
-    (the last with `extra` more bytes, for the temporary names we build beside it), or a path longer
-    than it allows. The file system's limits are read at the nearest existing folder (255 and 4096
-    where it does not say)."""
+    """Why `path` cannot exist on its file system (a name, the last with `extra` bytes for our temporary
+    names, or the whole path too long for the limits at the nearest existing folder), or None."""
     path = Path(os.path.abspath(path))
     base = next((p for p in (path, *path.parents) if os.path.isdir(p)), Path("/"))
     try:

@@ -1,12 +1,7 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
-| race | noise`.
-
-User mistakes end in one stderr line, no traceback.
-
-The boundary below turns every failure a user can cause or meet into one line and an exit code:
-SpeedrunError (2 config/usage, 1 runtime), OSError (disk full, read-only or missing paths: 1),
-running out of memory (1), a clean stop by SIGINT/SIGTERM (130/143, not an error), a closed pipe.
-"""
+| race | noise`. `main` turns every failure a user can cause or meet into one stderr line and an exit
+code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
+(128 + signal), a closed pipe."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import speedrun
-from speedrun.errors import ConfigError, SpeedrunError, Stopped
+from speedrun.errors import ConfigError, SpeedrunError, Stopped, first_line
 from speedrun.printable import ESCAPE
 
 if TYPE_CHECKING:
@@ -69,10 +64,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and model summary")
     train.add_argument("--resume", type=Path, default=None, help="continue the run in RUN_DIR")
     train.add_argument(
-        "--seeds",
-        default=None,
-        metavar="S1,S2,...",
-        help="run once per seed (train.seed) into sibling run directories OUT-seedS, ready for compare",
+        "--seeds", metavar="S1,S2,...", help="run once per seed (train.seed) into sibling folders OUT-seedS"
     )
     overrides = train.add_argument(
         "overrides", nargs="*", metavar="key=value", help="e.g. model.n_layer=4 train.steps=50"
@@ -89,10 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
     prep.add_argument("--max-tokens", type=int, default=None, help="stop after about this many tokens")
     prep.add_argument(
-        "--bpe-sample-mb",
-        type=int,
-        default=None,
-        help="bpe:N trains on the first this many MB of train-split text (default 100)",
+        "--bpe-sample-mb", type=int, help="bpe:N trains on this many MB of train text (default 100)"
     )
 
     recipes = sub.add_parser("recipes", help="list the bundled recipes")
@@ -250,7 +239,8 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe, recipe_names
 
     if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
-        print(_dumps(load_recipe(args.name).to_dict()))  # JSON alone: scripts parse it (the label table: --dry-run)
+        # JSON alone: scripts parse it (the label table is --dry-run's)
+        print(_dumps(load_recipe(args.name).to_dict()))
         return 0
     names = recipe_names()
     width = max(map(len, names)) + 2
@@ -322,9 +312,8 @@ def _is_out_of_memory(e: BaseException) -> bool:
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """Parse, letting a command's list of words (overrides, run folders) continue after an option:
-    `train --out x model.n_layer=2` as `train model.n_layer=2 --out x` (argparse fills a `*`/`+`
-    positional once, from the words before the first option, and calls the later ones unrecognized)."""
+    """Parse, letting a command's list of words continue after an option (`train --out x model.n_layer=2`):
+    argparse fills a `*`/`+` positional once, from the words before the first option."""
     args, extras = parser.parse_known_args(argv)
     trailing = getattr(args, "trailing", None)  # the Action of the command's list positional
     if extras and trailing is not None and not any(e.startswith("-") for e in extras):
@@ -373,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     except (MemoryError, RuntimeError) as e:
         if not _is_out_of_memory(e):
             raise
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else "MemoryError"
-        _say(f"speedrun: error: out of memory ({first}); try a smaller train.micro_batch_tokens or model", e)
+        advice = "try a smaller train.micro_batch_tokens or model"
+        _say(f"speedrun: error: out of memory ({first_line(e)}); {advice}", e)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C; in prepare also SIGTERM and SIGHUP (data/pipeline.py)
         signum = getattr(e, "signum", signal.SIGINT)

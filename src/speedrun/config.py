@@ -1,15 +1,7 @@
-"""Typed run configuration: recipes are TOML data validated against these dataclasses.
-
-Every technique of the record history is a field here, so a recipe is a short list of switches and
-numbers. Unknown keys and values of the wrong type are errors (ConfigError), never ignored.
-
-The field's type is the whole contract, so a new field is checked by declaring it:
-- a string choice is a `Literal[...]`: the allowed values come from the type (`choices`);
-- a number is finite and >= 0 unless its type says otherwise: `Annotated[int, Range(...)]` or one of
-  the aliases of config_types.py (PosInt, PosFloat, Fraction, Beta, ...). `validate` checks every
-  field this way before the cross-field rules (config_checks.py), so nothing runs with a NaN
-  learning rate or zero heads.
-"""
+"""Typed run configuration: recipes are TOML data validated against these dataclasses; unknown keys and
+wrong types are ConfigErrors. A field's type is its whole contract: a string choice is a `Literal`, a
+number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types alias) says otherwise;
+`validate` checks every field so before the cross-field rules (config_checks.py)."""
 
 from __future__ import annotations
 

@@ -115,12 +115,8 @@ def _physical_memory() -> int | None:
 
 
 def _check_memory(m: ModelConfig) -> None:
-    """Refuse models whose fp32 weights alone cannot fit in this machine's memory.
-
-    The model is built on the host before it moves to a GPU, so its fp32 parameters and position
-    tables must fit in physical memory: an absurd size (max_seq_len=2e9, n_embd=1e6) is then one
-    line naming the key instead of an allocator failure. Counts are estimates (within a few %).
-    """
+    """Refuse models whose fp32 weights and position tables (estimated within a few %) cannot fit in
+    this machine's memory, where the model is built first: one line naming the key, not an allocator crash."""
     memory = _physical_memory()
     if memory is None:
         return

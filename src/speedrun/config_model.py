@@ -1,14 +1,10 @@
 """The gpt2026 family's model config (records #26 on): a fixed block, and per-layer lists.
 
-What every 2025–26 record has is not a field: rotary (half-truncated), parameter-free RMSNorm, QK-norm,
-ReLU², no biases, a fused QKV, untied head, the x0 shortcut, document masks, scaled-uniform init with
-zero output projections. What differs by layer is a typed list (TOML arrays, not comma strings), read
-once by model/gpt2026/specs.py into one LayerSpec per layer; a technique a recipe does not use is an
-empty list or a 0, and the model then has no part for it. Torch-free, like the rest of the config layer.
-
-`from_model_config` is the one converter from the gpt2024 switches (what config.json of a 2025 run
-written before the split holds) to this config.
-"""
+What every 2025–26 record has is not a field (half-truncated rotary, RMSNorm, QK-norm, ReLU², no
+biases, fused QKV, untied head, x0, document masks, scaled-uniform init). What differs by layer is a
+typed list read once by model/gpt2026/specs.py; an unused technique is an empty list or a 0, and the
+model has no part for it. Torch-free. `from_model_config` is the one converter from the gpt2024
+switches (config.json of a 2025 run written before the split)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The stage plan as a recipe writes it (`train.stages`, records #46 on), parsed and checked once.
-
-Part of the config layer: no torch, nothing from speedrun.train or speedrun.model (docs/architecture.md),
-so loading and checking a recipe works where torch does not. `parse_stages` is the one owner of the plan
-text's rules and `check_stages` of what a plan needs of (and forbids in) the rest of the config;
-train/stages.py turns a StagePlan into the values of every step.
-"""
+"""The stage plan as a recipe writes it (`train.stages`, records #46 on), parsed and checked once,
+torch-free: `parse_stages` owns the plan text's rules, `check_stages` what a plan needs of (and forbids
+in) the rest of the config; train/stages.py turns a StagePlan into every step's values."""
 
 from __future__ import annotations
 
@@ -80,9 +76,8 @@ def boundary(acc: float, n: int, fraction: bool) -> int:
 
 
 def stage_plan(cfg: Config) -> StagePlan | None:
-    """The StagePlan of `train.stages` (None when unset). The cool-down is `train.warmdown_frac` of the
-    scheduled steps down to the LR `train.final_lr_frac`; Muon momentum warms up and cools down as the
-    optim.muon_momentum_* keys say."""
+    """The StagePlan of `train.stages` (None when unset): cool-down `train.warmdown_frac` of the scheduled
+    steps down to `train.final_lr_frac`, Muon momentum as the optim.muon_momentum_* keys say."""
     t, o = cfg.train, cfg.optim
     if not t.stages.strip():
         return None
@@ -203,14 +198,11 @@ def parse_stages(
 ) -> StagePlan:
     """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
 
-    Stages are separated by `;`. A scheduled stage: `tokens=N` (per optimizer step), `windows=S/L`
-    (blocks of 128 tokens), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest
-    document, 0 = no cut), `lr=F` (multiplier, 1) and `mtp=W,W,…` or `mtp=START>END` (#53's
-    multi-token-prediction weights, constant or linear over the stage; default 1). The last stage is
-    the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them),
-    optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
-    `yarn=Y`, the window its YaRN rescales to (default: its long window).
-    """
+    Stages are separated by `;`. A scheduled stage: `tokens=N` (per step), `windows=S/L` (128-token
+    blocks), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest document, 0 = no
+    cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1) and `prefix=` (#88, as mtp). The
+    last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
+    (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to)."""
     assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
@@ -264,9 +256,8 @@ def _yarn_mtp(cfg: Config) -> tuple[bool, int]:
 
 
 def check_stages(cfg: Config) -> None:
-    """train.stages, model.attention=varlen and model.yarn (issue 20): what each needs of the rest.
-    A value the plan overrides or leaves without effect is refused when it differs from its default
-    (a value given by the user), never silently ignored (issue 27)."""
+    """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
+    plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d = cfg.model, cfg.train, cfg.data
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
     yarn, mtp = _yarn_mtp(cfg)

@@ -1,9 +1,5 @@
-"""Field types of the run configuration: numeric bounds, and coercion of TOML / command-line values.
-
-A field's type is its whole contract. A string choice is a `Literal[...]`; a number is finite and
->= 0 unless its `Annotated[..., Range(...)]` type (or an alias below) says otherwise. `coerce`
-converts and checks one value against such a type, so a new field is checked by declaring it.
-"""
+"""Field types of the run configuration: numeric bounds (`Range` and its aliases), and `coerce`, which
+converts and checks one TOML / command-line value against a field's type."""
 
 from __future__ import annotations
 

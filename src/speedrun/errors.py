@@ -24,3 +24,10 @@ class DataError(SpeedrunError):
     """Missing, corrupt or mismatched data, tokenizer or checkpoint files (exit 1)."""
 
     exit_code = 1
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception's message cut to its first line (an OSError's reason without the file name; the
+    type's name when empty), for a one-line error."""
+    text = getattr(e, "strerror", None) or str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:limit]

@@ -1,12 +1,6 @@
-"""Text we print or log stays valid whatever bytes a path or argument holds.
-
-Python hands a command-line byte that is not UTF-8 (`--out $'\\xff'`) to us as a lone surrogate
-('\\udcff'), which a UTF-8 encoder refuses: printing the path, or logging it, would end in a
-traceback. The error handler ESCAPE, used for standard output, standard error and log.txt, writes
-such a byte as the text `\\xff` and a character the stream's encoding lacks (an ASCII terminal) as a
-backslash escape, so every stream stays valid text in its encoding. JSON files need nothing: `json`
-writes '\\udcff' as that escape, which reads back as the same path.
-"""
+"""Text we print or log stays valid whatever bytes a path or argument holds: the error handler ESCAPE
+(standard output, standard error, log.txt) writes a non-UTF-8 command-line byte (a lone surrogate,
+'\\udcff') as the text `\\xff`, and a character the stream cannot encode as a backslash escape."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
-"""Document-aligned training batches with `cu_seqlens` (records #26 on): every sequence starts at an
-end-of-text (BOS) token, and the batch size and the longest document may change from stage to stage.
-
-A step's global batch is `chunks` chunks of `tokens / chunks` tokens (+1 for the shifted targets);
-rank r's k-th micro-step reads chunk `k * world_size + r`, so the accumulation `chunks / world_size`
-is fixed and a step holds the same tokens on 1, 2 or 8 processes (the records: 8 chunks, 8 ranks).
-Where the chunks lie is planned per global batch from a cursor (shard, token position) alone, by
-one of two rules:
-
-- `stream` (#26, 2025-07 `find_batch_starts`): a chunk is `local + 1` consecutive tokens from a
-  BOS; the next chunk starts at the first BOS at or after `start + local`; the step ends there. A
-  shard is left when `pos + 2·G + 1 >= len` (G = the global batch), as the record tests.
-- `packed` (#29 on, `Shard.next_batch`): a chunk is whole documents, each cut to `max_doc_len`
-  tokens, the last one cut to fill the chunk; the next chunk starts at the following document. A
-  shard is left when its documents cannot fill the global batch.
-
-The records switch shards per group of 8 chunks (one per rank); we switch per global batch, which is
-the same at their 8 ranks and independent of the world size elsewhere.
-
-`cu_seqlens` (int32, fixed length `max_docs`) holds 0, every document start inside the inputs and
-the chunk length, padded with the chunk length, so the varlen kernels see static shapes. A chunk
-with more documents than fit keeps its first `max_docs - 2` boundaries and counts the rest in
-`merged_docs` (the records crash there instead).
-
-The BOS index of the next shard is built on a background thread while the current one is read, and
-with `prefetch` the next micro-batch is read on another (#33). The state (`state_dict`) is the
-cursor at the start of the step plus the micro-step and the step number; at a step boundary it does
-not depend on the world size.
+"""Document-aligned training batches with `cu_seqlens` (records #26 on); batch size and longest
+document may change per stage. Rank r's k-th micro-step reads chunk `k * world_size + r` of a global
+batch planned from the cursor (shard, pos) alone, so a step holds the same tokens on 1, 2 or 8
+processes. Rules: `stream` (#26 `find_batch_starts`: `local + 1` tokens from a BOS, next chunk at the
+first BOS after; a shard is left when `pos + 2·G + 1 >= len`) and `packed` (#29 on: whole documents
+cut to `max_doc_len`, the last cut to fill). `cu_seqlens` has a fixed length `max_docs` (padded; extra
+boundaries are counted in `merged_docs`, where the records crash). The next shard's BOS index is built
+in the background, and with `prefetch` the next micro-batch too (#33).
 """
 
 from __future__ import annotations
@@ -40,8 +20,12 @@ from threading import Lock
 import numpy as np
 import torch
 
-from speedrun.data.loader import discard
-from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
+from speedrun.data.loader import ShardReader
+from speedrun.data.shards import (
+    bos_positions,
+    check_document_starts,
+    check_token_range,
+)
 from speedrun.errors import ConfigError, DataError
 
 RULES = ("stream", "packed")
@@ -117,7 +101,7 @@ class _Plan:
     wraps: int
 
 
-class DocumentLoader:
+class DocumentLoader(ShardReader):
     """BOS-aligned, stage-sized training batches with `cu_seqlens` (see the module docstring)."""
 
     def __init__(
@@ -136,50 +120,24 @@ class DocumentLoader:
         prefetch: bool | None = None,
         with_cu_seqlens: bool = False,
     ):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"rank {rank} is not valid for world_size {world_size}")
-        if chunks < 1 or chunks % world_size:
-            raise ConfigError(f"the {chunks} rows of a step cannot be split over world_size {world_size}")
-        if rule not in RULES:
-            raise ConfigError(f"data.doc_rule must be one of {RULES}, not {rule!r}")
-        self.files = [Path(f) for f in files]
-        if not self.files:
-            raise DataError("no shard files given to the loader")
+        # run_data.micro_batch_tokens and the config checked these once, at set-up
+        assert 0 <= rank < world_size and chunks % world_size == 0 and rule in RULES, (rank, chunks, rule)
+        super().__init__(files, device, prefetch)
         self.chunks, self.stage_of, self.bos_id, self.rule = chunks, stage_of, bos_id, rule
         self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
         self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
         self.with_cu_seqlens = with_cu_seqlens  # next_batch() adds cu_seqlens (model.attention=varlen)
         self.merged_docs = 0  # document boundaries dropped because a chunk had more than max_docs
-        self.last_wait_s = self.total_wait_s = 0.0
-        self._lengths = [read_header(f) for f in self.files]
-        self._maps: dict[int, np.ndarray] = {}
         self._index: dict[int, Future] = {}
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-bos-index")
         self._lock = Lock()
         self._cache: _Plan | None = None
-        self._fingerprint: list[str] | None = None
-        self._shard, self._pos, self._micro, self._step, self._epoch = 0, 0, 0, 0, 0
-        self.device = torch.device(device)
-        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
-        )
-        self._future: Future | None = None
+        self._shard, self._pos, self._micro, self._step = 0, 0, 0, 0
         self._plan(0, 0, 0)  # fail now, not mid-training, when no shard can fill the first batch
 
     # ------------------------------------------------------------------------------ planning
-    def _tokens(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            self._maps[i] = open_shard(self.files[i])
-        return self._maps[i]
-
     def _scan(self, i: int) -> np.ndarray:
-        tokens = self._tokens(i)
-        block = 1 << 24
-        parts = [
-            np.flatnonzero(tokens[s : s + block] == self.bos_id) + s for s in range(0, len(tokens), block)
-        ]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return bos_positions(self._tokens(i), self.bos_id)
 
     def _bos(self, i: int) -> np.ndarray:
         """BOS positions of shard i; the next shard's index is started in the background."""
@@ -194,10 +152,7 @@ class DocumentLoader:
 
     def _stage(self, step: int) -> tuple[int, int, int]:
         tokens, max_doc = self.stage_of(step)
-        if tokens < self.chunks or tokens % self.chunks:
-            raise ConfigError(
-                f"step {step}: batch of {tokens} tokens is not a multiple of {self.chunks} chunks"
-            )
+        assert tokens >= self.chunks and tokens % self.chunks == 0, (step, tokens)  # config_stages checks it
         local = tokens // self.chunks
         return local, max_doc, self.max_docs or record_max_docs(local)
 
@@ -241,11 +196,8 @@ class DocumentLoader:
             tokens = self._tokens(shard)
             buf = np.concatenate([np.asarray(tokens[a:b]) for a, b in plan.segments[c]])
             max_docs = self._stage(step)[2]
-        if self.vocab_size is not None and int(buf.max()) >= self.vocab_size:
-            bad = int(buf.max())
-            raise DataError(
-                f"{self.files[shard]}: token id {bad} is out of range for vocab_size {self.vocab_size}"
-            )
+        if self.vocab_size is not None:
+            check_token_range(buf, self.vocab_size, self.files[shard])
         cu, dropped = cu_seqlens(buf[:-1], self.bos_id, max_docs)
         x = torch.from_numpy(buf[:-1].astype(np.int64))
         y = torch.from_numpy(buf[1:].astype(np.int64))
@@ -283,15 +235,6 @@ class DocumentLoader:
         x, y, cu = self.next_packed()
         return (x.view(1, -1), y.view(1, -1), cu) if self.with_cu_seqlens else (x.view(1, -1), y.view(1, -1))
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def fingerprint(self) -> list[str]:
-        if self._fingerprint is None:
-            self._fingerprint = [shard_fingerprint(f) for f in self.files]
-        return self._fingerprint
-
     def state_dict(self) -> dict:
         """Cursor of the current step, micro-step and step; world-size free at a step boundary."""
         return {
@@ -315,12 +258,7 @@ class DocumentLoader:
             raise ConfigError(
                 "loader state was saved by the token loader, not the document loader (data.loader)"
             )
-        if state.get("files") != [f.name for f in self.files]:
-            raise DataError(
-                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
-            )
-        if state.get("fingerprint") != self.fingerprint():
-            raise DataError(f"the shards in {self.files[0].parent} changed since the checkpoint was saved")
+        self._check_saved(state)
         for key in ("rule", "chunks"):
             if state.get(key) != getattr(self, key):
                 raise ConfigError(
@@ -328,22 +266,11 @@ class DocumentLoader:
                 )
         if state["micro_step"] and state["world_size"] != self.world_size:
             raise ConfigError("loader state taken mid-step can only resume with the same world size")
-        if (
-            not 0 <= state["shard"] < len(self.files)
-            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
-        ):
-            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
         self._drain()
         self._shard, self._pos, self._micro = int(state["shard"]), int(state["pos"]), int(state["micro_step"])
         self._step, self._epoch = int(state["step"]), int(state["epoch"])
 
-    def _drain(self) -> None:
-        self._future = discard(self._future)
-
     def close(self) -> None:
         """Stop the background threads."""
-        self._drain()
-        for pool in (self._executor, self._indexer):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._executor = None
+        super().close()
+        self._indexer.shutdown(wait=True)

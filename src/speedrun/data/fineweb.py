@@ -1,19 +1,17 @@
-"""`speedrun prepare fineweb10B[:N]`: fetch modded-nanogpt's pre-tokenized GPT-2 FineWeb shards.
-
-The one place that uses the network. Files come from the Hugging Face dataset repo (default
-`kjj0/fineweb10B-gpt2`: `fineweb_val_000000.bin` plus `fineweb_train_000001.bin` ...), each is
-validated (header, body length, ids < 50,257) before `meta.json` is written, and `meta.json` is
-written last, so an interrupted download never looks complete; running it again resumes.
-"""
+"""`speedrun prepare fineweb10B[:N]`: fetch modded-nanogpt's pre-tokenized GPT-2 FineWeb shards (default
+repo `kjj0/fineweb10B-gpt2`). The one place that uses the network; each file is validated before
+`meta.json` is written, last, so an interrupted download never looks complete and a rerun resumes."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from speedrun.data.hub import hub_call
 from speedrun.data.meta import META_FILE, write_meta
 from speedrun.data.shards import open_shard
 from speedrun.data.tokenizers import gpt2_tokenizer
@@ -31,20 +29,10 @@ def fineweb_file_names(num_train_shards: int) -> list[str]:
 def _fetch(repo_id: str, name: str, data_dir: Path, endpoint: str | None) -> Path:
     from huggingface_hub import hf_hub_download
 
-    try:
-        path = hf_hub_download(
-            repo_id=repo_id, filename=name, repo_type="dataset", local_dir=data_dir, endpoint=endpoint
-        )
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as e:  # network, HTTP status, missing file, disk: all end the same way for the user
-        root = e.__cause__ or e  # "not in local cache" wraps the real reason (HTTP 500, refused, ...)
-        first_line = (str(root).strip().splitlines() or [""])[0]
-        where = endpoint or "the Hugging Face Hub"
-        raise DataError(
-            f"cannot download {name} from dataset {repo_id} on {where}: {type(root).__name__}: {first_line}"
-        ) from None
-    return Path(path)
+    fetch = partial(
+        hf_hub_download, repo_id, name, repo_type="dataset", local_dir=data_dir, endpoint=endpoint
+    )
+    return Path(hub_call(f"download {name}", repo_id, endpoint, fetch))
 
 
 def _scan(path: Path, vocab_size: int, eot_id: int) -> tuple[int, int]:
@@ -66,9 +54,8 @@ def download_fineweb(
     log: Callable[[str], object] = print,
     endpoint: str | None = None,
 ) -> Path:
-    """Download, validate and describe (meta.json) `num_train_shards` train shards plus the val shard.
-
-    `endpoint` overrides the Hub address (the HF_ENDPOINT environment variable works too)."""
+    """Download, validate and describe (meta.json) `num_train_shards` train shards plus the val shard;
+    `endpoint` overrides the Hub address (as HF_ENDPOINT does)."""
     if num_train_shards < 1:
         raise ConfigError(f"fineweb10B:N needs N >= 1 train shards, got {num_train_shards}")
     data_dir = Path(data_dir)

@@ -1,11 +1,6 @@
-"""A prepared data folder in use is never replaced under a run.
-
-A training run holds a shared `flock` on its data folder (the directory itself: nothing is written
-into the user's data) from before it reads `meta.json` until it ends; `prepare` takes the exclusive
-lock to rename a new folder into place and refuses, in one line, while a run holds it. Runs share the
-folder with each other. A file system without `flock` (some network mounts) gives no protection and
-no error: the lock is a guard, not a requirement.
-"""
+"""A prepared data folder in use is never replaced under a run: a run holds a shared `flock` on the
+folder from before it reads `meta.json` until it ends, and `prepare` needs the exclusive lock to rename a
+new folder into place. Without `flock` (some network mounts) there is no protection and no error."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """`hf:OWNER/NAME[:CONFIG][@SPLIT]`: stream a text dataset from the Hugging Face Hub, file by file.
-
-Which files make up a config's split is read the way the `datasets` library reads it, without that
-library: from the `configs:` section of the dataset card (`data_files` glob patterns per split), or,
-for a dataset without one, from the Hub's automatic parquet conversion (the `refs/convert/parquet`
-branch, laid out as `<config>/<split>/*.parquet` or `<config>/partial-<split>/*.parquet`). The files
-are then downloaded one at a time with `hf_hub_download` into the usual Hugging Face cache (so an
-interrupted prepare resumes; `hf cache` commands manage the space) and read a row group at a time.
-Everything is pinned to the commit the listing came from, so a dataset updated mid-run cannot mix.
-"""
+A split's files are found as the `datasets` library finds them, without it: the dataset card's
+`configs:` globs, else the Hub's `refs/convert/parquet` branch. Files are downloaded one at a time into
+the Hugging Face cache (an interrupted prepare resumes), pinned to the listing's commit."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from speedrun.data.sources import TEXT_SUFFIXES, iter_file
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 
 CONVERTED_REVISION = "refs/convert/parquet"
 _SPEC = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([^@:/\s]+))?(?:@([\w.-]+))?")
@@ -50,7 +44,7 @@ def _where(endpoint: str | None) -> str:
     return endpoint or "the Hugging Face Hub"
 
 
-def _hub_call(what: str, src: HubSource, endpoint: str | None, fn: Callable[[], T]) -> T:
+def hub_call(what: str, repo_id: str, endpoint: str | None, fn: Callable[[], T]) -> T:
     """Run a huggingface_hub call; every failure becomes one DataError line naming what failed."""
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -60,16 +54,13 @@ def _hub_call(what: str, src: HubSource, endpoint: str | None, fn: Callable[[], 
         raise
     except RepositoryNotFoundError:
         raise DataError(
-            f"dataset {src.repo_id} not found on {_where(endpoint)} "
+            f"dataset {repo_id} not found on {_where(endpoint)} "
             "(a private or gated dataset needs `hf auth login`)"
         ) from None
     except Exception as e:  # network, HTTP status, disk: all end the same way for the user
         root = e.__cause__ or e
-        first_line = (str(root).strip().splitlines() or [""])[0]
-        raise DataError(
-            f"cannot {what} of dataset {src.repo_id} on {_where(endpoint)}: "
-            f"{type(root).__name__}: {first_line}"
-        ) from None
+        why = f"{type(root).__name__}: {first_line(root)}"
+        raise DataError(f"cannot {what} of dataset {repo_id} on {_where(endpoint)}: {why}") from None
 
 
 def glob_to_regex(pattern: str) -> re.Pattern:
@@ -154,7 +145,7 @@ def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[st
 
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None  # also when set after import
     api = HfApi(endpoint=endpoint)
-    info = _hub_call("list the files", src, endpoint, lambda: api.dataset_info(src.repo_id))
+    info = hub_call("list the files", src.repo_id, endpoint, lambda: api.dataset_info(src.repo_id))
     configs = info.card_data.to_dict().get("configs") if info.card_data is not None else None
     if configs:
         commit, files = info.sha, _from_card(configs, [s.rfilename for s in info.siblings or []], src)
@@ -166,7 +157,7 @@ def hub_files(src: HubSource, endpoint: str | None = None) -> tuple[str, list[st
             except RevisionNotFoundError:
                 return None
 
-        conv = _hub_call("list the parquet conversion", src, endpoint, converted)
+        conv = hub_call("list the parquet conversion", src.repo_id, endpoint, converted)
         if conv is None:
             raise DataError(
                 f"dataset {src.repo_id}: its card declares no configs and it has no parquet conversion"
@@ -188,9 +179,9 @@ def hub_documents(src: HubSource, endpoint: str | None = None) -> Iterator[str]:
     endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
     commit, files = hub_files(src, endpoint)
     for name in files:
-        path = _hub_call(
+        path = hub_call(
             f"download {name}",
-            src,
+            src.repo_id,
             endpoint,
             lambda name=name: hf_hub_download(
                 src.repo_id, name, repo_type="dataset", revision=commit, endpoint=endpoint

@@ -1,20 +1,10 @@
-"""The distributed token loader: every optimizer step sees the same tokens on 1, 2 or 8 processes.
+"""The token loader: every optimizer step sees the same tokens on 1, 2 or 8 processes.
 
-A step consumes one global batch of `global_batch_tokens` tokens, cut into `n = global / micro`
-chunks of `micro_batch_tokens` (+1 token for the shifted targets), in stream order. Rank r's k-th
-micro-step of a step gets chunk `k * world_size + r`, so one process calling `next_batch()`
-`accumulation_steps` times reads exactly the chunks that W processes read together in one step.
-
-Where the chunks lie is decided per *global* batch from the stream alone (never from the rank or the
-world size): when the global batch does not fit in the rest of a shard, the step moves to the start of
-the next shard (and, with `loop=True`, from the last shard back to the first). With `align_to_bos`,
-chunk j starts at the first BOS token at or after the end of chunk j-1's inputs. Each rank then reads
-only its own `micro + 1` tokens from a memory map.
-
-Record data order (`docs/recipes.md`, Data): `end_margin` extra tokens must remain behind a batch
-(12-08, Sub3Min test `pos + G + 1 >= len`); `rank_cursors=R` lays a step out as the 10-10 … 12-08
-records' R ranks read it, each with its own cursor (`record_order.py`); `repeat_first_batch` trains
-steps 0 and 1 on batch 0, as 10-10 … 11-10 did (they reset the loader after reading the first batch).
+A global batch is `global / micro` chunks of `micro + 1` tokens; rank r's k-th micro-step gets chunk
+`k * world_size + r`. Where a batch lies is planned from the stream alone: a batch that does not fit in
+the rest of a shard moves to the next (looping); with `align_to_bos` each chunk starts at a BOS. The
+records' data-order switches (`docs/recipes.md`, Data): `end_margin` (12-08), `rank_cursors`
+(10-10 … 12-08, `record_order.py`) and `repeat_first_batch` (10-10 … 11-10).
 """
 
 from __future__ import annotations
@@ -33,10 +23,15 @@ import torch
 
 from speedrun.data.device_feed import DeviceFeed
 from speedrun.data.record_order import RankCursors
-from speedrun.data.shards import check_document_starts, open_shard, read_header, shard_fingerprint
+from speedrun.data.shards import (
+    bos_positions,
+    check_document_starts,
+    check_token_range,
+    open_shard,
+    read_header,
+    shard_fingerprint,
+)
 from speedrun.errors import ConfigError, DataError
-
-_SCAN_BLOCK = 1 << 24  # tokens per block when scanning a shard for BOS positions
 
 
 def discard(future: Future | None) -> None:
@@ -49,9 +44,8 @@ def discard(future: Future | None) -> None:
 
 @dataclass(frozen=True)
 class _Step:
-    """Where one global batch lies: shard index, the cursor it was planned from, chunk starts (and
-    each chunk's shard, which differs from `shard` only with rank cursors; their plans keep the batch
-    index in `pos`)."""
+    """Where one global batch lies: shard, the cursor it was planned from (rank cursors: the batch index),
+    chunk starts and each chunk's shard (which differs from `shard` only with rank cursors)."""
 
     shard: int
     pos: int
@@ -73,18 +67,78 @@ def _assert_split(total: int, micro_batch_tokens: int, seq_len: int, rank: int, 
 
 def _to_batch(chunk: np.ndarray, seq_len: int, vocab_size: int | None, path: Path, start: int):
     """inputs/targets (B, T) int64 host tensors from `micro + 1` tokens, ids range-checked."""
-    if vocab_size is not None and chunk.size and int(chunk.max()) >= vocab_size:
-        bad = int(chunk.max())
-        where = start + int(np.argmax(chunk >= vocab_size))
-        raise DataError(
-            f"{path}: token id {bad} at position {where} is out of range for vocab_size {vocab_size}"
-        )
+    if vocab_size is not None:
+        check_token_range(chunk, vocab_size, path, start)
     x = torch.from_numpy(chunk[:-1].astype(np.int64)).view(-1, seq_len)
     y = torch.from_numpy(chunk[1:].astype(np.int64)).view(-1, seq_len)
     return x, y
 
 
-class TokenLoader:
+class ShardReader:
+    """What both loaders share: the shard files and their maps, fingerprints, the saved-state checks,
+    and the optional prefetch thread (on CUDA by default)."""
+
+    def __init__(self, files: list[Path], device: str | torch.device, prefetch: bool | None):
+        self.files = [Path(f) for f in files]
+        assert self.files, "run_data passes the shards meta.json lists (load_meta: never none)"
+        self._lengths = [read_header(f) for f in self.files]
+        self._maps: dict[int, np.ndarray] = {}
+        self._fingerprint: list[str] | None = None
+        self.last_wait_s = self.total_wait_s = 0.0  # what the last next_batch() waited, and all of them
+        self._epoch = 0
+        self.device = torch.device(device)
+        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
+        self._executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
+        )
+        self._future: Future | None = None
+
+    def _tokens(self, i: int) -> np.ndarray:
+        if i not in self._maps:
+            self._maps[i] = open_shard(self.files[i])
+        return self._maps[i]
+
+    @property
+    def epoch(self) -> int:
+        """How many times the loader has wrapped around to the first shard."""
+        return self._epoch
+
+    def fingerprint(self) -> list[str]:
+        """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
+        prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
+        if self._fingerprint is None:
+            self._fingerprint = [shard_fingerprint(f) for f in self.files]
+        return self._fingerprint
+
+    def _check_saved(self, state: dict) -> None:
+        """What a saved state must agree on: the shards' names and contents, a position inside them."""
+        names = [f.name for f in self.files]
+        if state.get("files") != names:
+            raise DataError(f"loader state was saved for shards {state.get('files')}, not {names}")
+        saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
+        if saved is not None and saved != self.fingerprint():
+            raise DataError(
+                f"the shards in {self.files[0].parent} changed since the checkpoint was saved (prepared "
+                "again from other text or with another tokenizer?); resume needs the data the run started on"
+            )
+        if (
+            not 0 <= state["shard"] < len(self.files)
+            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
+        ):
+            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
+
+    def _drain(self) -> None:
+        self._future = discard(self._future)
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        self._drain()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class TokenLoader(ShardReader):
     """World-size-invariant training batches from `.bin` shards (see the module docstring)."""
 
     def __init__(
@@ -107,9 +161,7 @@ class TokenLoader:
     ):
         _assert_split(global_batch_tokens, micro_batch_tokens, seq_len, rank, world_size)
         assert bos_id is not None or not align_to_bos, "align_to_bos needs bos_id"
-        self.files = [Path(f) for f in files]
-        if not self.files:
-            raise DataError("no shard files given to the loader")
+        super().__init__(files, device, prefetch)
         self.global_batch_tokens = global_batch_tokens
         self.micro_batch_tokens = micro_batch_tokens
         self.seq_len = seq_len
@@ -119,9 +171,6 @@ class TokenLoader:
         self.loop = loop
         self.accumulation_steps = global_batch_tokens // (world_size * micro_batch_tokens)
         self.n_chunks = global_batch_tokens // micro_batch_tokens
-        self.last_wait_s = 0.0  # seconds the last next_batch() waited for its batch
-        self.total_wait_s = 0.0  # ... and all of them together
-        self._lengths = [read_header(f) for f in self.files]
         self.end_margin, self.repeat_first_batch = end_margin, repeat_first_batch
         # The record's ranks, as many as whole chunks allow (8 for the records' own batch sizes).
         self.rank_cursors = math.gcd(rank_cursors, self.n_chunks) if rank_cursors else 0
@@ -129,39 +178,20 @@ class TokenLoader:
             raise ConfigError("rank_cursors and align_to_bos do not combine (no record does both)")
         ranks = self.rank_cursors
         self._cursors = RankCursors(self._lengths, global_batch_tokens, ranks, end_margin) if ranks else None
-        self._maps: dict[int, np.ndarray] = {}
         self._bos: tuple[int, np.ndarray] | None = None
         self._plan_cache: _Step | None = None
-        self._fingerprint: list[str] | None = None
         self._lock = Lock()  # the prefetch thread and the caller share the caches above
         # State = where the next micro-batch of this rank comes from; only ever advanced by next_batch.
-        self._shard, self._pos, self._micro, self._epoch = 0, 0, 0, 0
+        self._shard, self._pos, self._micro = 0, 0, 0
         self._batch, self._repeat = 0, repeat_first_batch  # batches done; batch 0 still to repeat
         if self._cursors is None:  # (RankCursors has checked the shards already)
             self._plan(0, 0, loop=True)  # fail now, not mid-training, when no shard can fill a global batch
-        self.device = torch.device(device)
         self._feed = DeviceFeed(self.device, (micro_batch_tokens // seq_len, seq_len))
-        use_thread = self.device.type == "cuda" if prefetch is None else prefetch
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-data") if use_thread else None
-        )
-        self._future: Future | None = None
 
     # ------------------------------------------------------------------------------ planning
-    def _tokens(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            self._maps[i] = open_shard(self.files[i])
-        return self._maps[i]
-
     def _bos_positions(self, i: int) -> np.ndarray:
-        """Sorted BOS positions of shard i, scanned in blocks (only the positions are kept)."""
         if self._bos is None or self._bos[0] != i:
-            tokens = self._tokens(i)
-            parts = [
-                np.flatnonzero(tokens[s : s + _SCAN_BLOCK] == self.bos_id) + s
-                for s in range(0, len(tokens), _SCAN_BLOCK)
-            ]
-            self._bos = (i, np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+            self._bos = (i, bos_positions(self._tokens(i), self.bos_id))
         return self._bos[1]
 
     def _starts_in(self, i: int, pos: int) -> tuple[np.ndarray, int] | None:
@@ -272,11 +302,6 @@ class TokenLoader:
             self._future = self._executor.submit(lambda: (*self._produce(nxt, next_slot), next_slot))
         return self._feed.send(slot, x, y)
 
-    @property
-    def epoch(self) -> int:
-        """How many times the loader has wrapped around to the first shard."""
-        return self._epoch
-
     def state_dict(self) -> dict:
         """Position of the next micro-batch. At a step boundary (micro_step 0) it is independent of
         rank and world size, so a run may resume on a different number of processes."""
@@ -297,19 +322,9 @@ class TokenLoader:
             "fingerprint": self.fingerprint(),
         }
 
-    def fingerprint(self) -> list[str]:
-        """Per shard, its token count and a hash of its first tokens: names alone do not tell a folder
-        prepared again (other text, another BPE under the same name) from the one a checkpoint saw."""
-        if self._fingerprint is None:
-            self._fingerprint = [shard_fingerprint(f) for f in self.files]
-        return self._fingerprint
-
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where `state_dict()` was taken."""
-        if state.get("files") != [f.name for f in self.files]:
-            raise DataError(
-                f"loader state was saved for shards {state.get('files')}, not {[f.name for f in self.files]}"
-            )
+        self._check_saved(state)
         for key in ("rank_cursors", "end_margin"):  # states from before these keys: 0
             if state.get(key, 0) != getattr(self, key):
                 raise ConfigError(
@@ -320,36 +335,15 @@ class TokenLoader:
             state.get(k) == getattr(self, k)
             for k in ("world_size", "global_batch_tokens", "micro_batch_tokens")
         )
-        saved = state.get("fingerprint")  # absent in checkpoints from before it was recorded
-        if saved is not None and saved != self.fingerprint():
-            raise DataError(
-                f"the shards in {self.files[0].parent} changed since the checkpoint was saved (prepared "
-                "again from other text or with another tokenizer?); resume needs the data the run started on"
-            )
         if state["micro_step"] != 0 and not same_split:
             raise ConfigError(
                 "loader state taken mid-step can only resume with the same world size and batch sizes"
             )
-        if (
-            not 0 <= state["shard"] < len(self.files)
-            or not 0 <= state["pos"] <= self._lengths[state["shard"]]
-        ):
-            raise DataError(f"loader state position {state['shard']}:{state['pos']} is outside the shards")
         self._drain()
         self._shard, self._pos = int(state["shard"]), int(state["pos"])
         self._micro, self._epoch = int(state["micro_step"]), int(state.get("epoch", 0))
         self._repeat = bool(state.get("repeat_pending", False))
         self._batch = int(state.get("batch", 0))
-
-    def _drain(self) -> None:
-        self._future = discard(self._future)
-
-    def close(self) -> None:
-        """Stop the prefetch thread."""
-        self._drain()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
 
 
 def val_batches(
@@ -367,8 +361,7 @@ def val_batches(
     _assert_split(val_tokens, micro_batch_tokens, seq_len, rank, world_size)
     per_round = world_size * micro_batch_tokens
     files = [Path(f) for f in files]
-    if not files:
-        raise DataError("no validation shard files given")
+    assert files, "meta.json lists at least one val shard (load_meta)"
     lengths = [read_header(f) for f in files]
     if sum(lengths) < val_tokens + 1:
         raise DataError(

@@ -1,11 +1,6 @@
-"""A prepared data folder: where it is, its `meta.json` (what marks it complete), and whether a recipe
-or a tokenizer fits it.
-
-The one owner of these rules: `prepare` (text sources) and `fineweb` (downloaded shards) describe the
-folders they write with `write_meta`; training, `eval` and `sample` find a folder with `data_dir_for`,
-read it with `load_meta` (which checks it whole: fields, listed shards present, train and val
-disjoint) and check it against a recipe (`check_fits`) or a tokenizer (`tokenizer_for_data`).
-"""
+"""A prepared data folder: where it is (`data_dir_for`), its `meta.json` (written last by `write_meta`,
+it marks the folder complete; `load_meta` checks it whole) and whether a recipe (`check_fits`) or a
+tokenizer (`tokenizer_for_data`) fits it. The one owner of these rules."""
 
 from __future__ import annotations
 
@@ -26,11 +21,6 @@ if TYPE_CHECKING:  # tokenizers imports tiktoken: loaded only by the functions t
 META_FILE = "meta.json"
 META_FORMAT = "speedrun-shards"
 META_VERSION = 1
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON under a temporary name, fsync, rename: readers see the old file or the new one."""
-    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def default_data_dir(source: str, tokenizer: str) -> Path:
@@ -61,7 +51,7 @@ def write_meta(data_dir: Path, source: str, tok: Tokenizer, splits: dict, **extr
         **extra,
         "splits": splits,
     }
-    write_json_atomic(Path(data_dir) / META_FILE, meta)
+    write_atomic(Path(data_dir) / META_FILE, (json.dumps(meta, indent=2) + "\n").encode())
     return meta
 
 
@@ -156,9 +146,8 @@ def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
 
 
 def check_tokenizer(meta: dict, tokenizer: Tokenizer, data_dir: Path | None = None) -> None:
-    """DataError unless `tokenizer` is the vocabulary the shards were written with: its name and hash,
-    and every number meta.json copies from it (a model sized by meta.json's vocab_size must be the
-    tokenizer's, or tokens decode and encode against another table)."""
+    """DataError unless `tokenizer` is the vocabulary the shards were written with: its name, hash and every
+    number meta.json copies from it (a model sized by meta.json must match the tokenizer's table)."""
     where = f"{Path(data_dir) / META_FILE}" if data_dir is not None else META_FILE
     if meta.get("tokenizer") != tokenizer.name or meta.get("tokenizer_hash") != tokenizer.hash:
         raise DataError(
@@ -203,10 +192,8 @@ def is_prepared_folder(data_dir: Path) -> bool:
 
 
 def foreign_entries(data_dir: Path) -> list[str]:
-    """Entries of `data_dir` that a prepared folder of ours does not hold (every entry when its
-    meta.json is not a speedrun-shards one). `prepare` replaces a folder only when there are none,
-    so a user's folder that happens to hold a meta.json, or their notes beside the shards, is never
-    deleted. A `.cache/huggingface` folder is ours: Hub downloads leave it."""
+    """Entries of `data_dir` that a prepared folder of ours does not hold (all of them without our
+    meta.json): `prepare` replaces a folder only when there are none, so a user's files are never deleted."""
     data_dir = Path(data_dir)
     entries = sorted(p.name for p in data_dir.iterdir())
     if not is_prepared_folder(data_dir):

@@ -1,10 +1,6 @@
 """The streaming half of `prepare`: split documents, tokenize them on all cores in order, cut shards.
-
-Memory stays bounded whatever the corpus size: documents flow through one split block (at most
-`block` documents, see `split_plan`), a few batches in flight per worker, and one open shard file
-that is written piece by piece. Results come back in submission order, so the shards are identical
-for any number of workers.
-"""
+Memory stays bounded (one split block, a few batches per worker, one shard written piece by piece) and
+results come back in submission order, so the shards are identical for any number of workers."""
 
 from __future__ import annotations
 
@@ -37,10 +33,8 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def split_plan(val_fraction: float) -> tuple[int, int]:
-    """(m, B): every block of B consecutive documents puts m of them, chosen by a seeded draw, in val.
-
-    Deciding per block of the source order (rather than shuffling the whole corpus) needs no count
-    of the documents in advance and holds at most B of them, and still spreads val evenly."""
+    """(m, B): every block of B consecutive documents puts m of them, by a seeded draw, in val (no count of
+    the corpus needed, at most B documents held, val spread evenly)."""
     frac = Fraction(val_fraction).limit_denominator(MAX_SPLIT_BLOCK)
     if not 0 < frac < 1:
         raise ConfigError(
@@ -55,10 +49,8 @@ def _val_positions(seed: int, block: int, size: int, k: int) -> set[int]:
 
 
 def assign_splits(docs: Iterable[str], val_fraction: float, seed: int) -> Iterator[tuple[str, bool]]:
-    """(document, is_val) in source order. Block i of B documents sends the m documents at the
-    positions drawn by a generator seeded with (seed, i) to val, so a document's split depends only
-    on its index. The last, shorter block of L documents sends round(m L / B) of them, and at least
-    one if val would otherwise be empty; both splits are never empty (a DataError below 2 documents)."""
+    """(document, is_val) in source order; block i's val positions are drawn with seed (seed, i), so a
+    document's split depends only on its index. Neither split is ever empty (DataError below 2 documents)."""
     m, size = split_plan(val_fraction)
     held: list[str] = []
     block = n_val = n_docs = 0
@@ -117,9 +109,8 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a `kill`, a closed terminal) interrupt the block as Ctrl-C does, so prepare
-    removes its temporary folder (hidden beside the target, gigabytes for FineWeb) instead of dying
-    with it in place."""
+    """SIGTERM and SIGHUP interrupt the block as Ctrl-C does, so prepare removes its temporary folder
+    (gigabytes for FineWeb) instead of dying with it in place."""
 
     def interrupt(signum: int, _frame: object) -> None:
         raise Interrupted(signum)
@@ -139,14 +130,8 @@ _worker_tok: Tokenizer | None = None
 
 
 def _init_worker(tok: Tokenizer, parent: int) -> None:
-    """Keep the tokenizer; ignore the stop signals and die with the parent (an OOM kill or SIGKILL
-    leaves no orphans reading a queue no one writes).
-
-    Stopping is the parent's alone (`_start_pool`): Ctrl-C, a closed terminal or a `kill` of the whole
-    process group reach us too, and a worker that died of them at any moment could die holding a
-    queue's lock or halfway through a result, and stopping the pool would then wait forever. The
-    signals were blocked from the spawn, so one that came while the worker was still importing (and
-    would have printed its traceback) is dropped here."""
+    """Keep the tokenizer; ignore the stop signals (stopping is the parent's alone: a worker killed mid-way
+    could hold a queue's lock and hang the pool) and die with the parent (no orphans)."""
     global _worker_tok
     _worker_tok = tok
     for sig in STOP_SIGNALS:
@@ -194,11 +179,8 @@ def default_workers() -> int:
 
 
 def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) -> Iterator[tuple]:
-    """(is_val list, tokens, lengths, bytes) per batch, in input order, on `workers` processes.
-
-    A window of IN_FLIGHT_PER_WORKER batches per worker is submitted ahead (not the whole input, as
-    Pool.imap would read it), so memory is bounded. The pool starts only at the second batch: a
-    corpus of one batch is not worth starting processes for."""
+    """(is_val list, tokens, lengths, bytes) per batch, in input order, on `workers` processes; a bounded
+    window of batches is submitted ahead, and the pool starts only at the second batch."""
     it = iter(batch_iter)
     head = [b for b in (next(it, None), next(it, None) if workers > 1 else None) if b is not None]
     if len(head) < 2:  # one batch, or one worker: encode here, in order
@@ -220,11 +202,8 @@ def encode_batches(batch_iter: Iterable[Batch], tok: Tokenizer, workers: int) ->
 
 @contextmanager
 def _start_pool(workers: int, tok: Tokenizer) -> Iterator[Any]:
-    """A pool of `workers` tokenizer processes, stopped on leaving. They start with the stop signals
-    blocked (a signal mask survives the spawn), so a Ctrl-C to the terminal's process group reaches only
-    us, and none interrupts us halfway through handing a worker its start-up data. So does
-    multiprocessing's resource tracker, which ignores SIGINT and SIGTERM itself but would die of a
-    SIGHUP to the group (a closed terminal) and be restarted with tracebacks."""
+    """A pool of `workers` tokenizer processes (and the resource tracker) started with the stop signals
+    blocked, so a Ctrl-C or SIGHUP to the process group reaches only us; stopped on leaving."""
     ctx = multiprocessing.get_context("spawn")  # no fork: the parent may hold threads (tqdm, hub)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:

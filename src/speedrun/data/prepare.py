@@ -1,13 +1,8 @@
 """`speedrun prepare`: text source -> tokenizer -> `.bin` shards + `meta.json`, reproducibly, at any scale.
-
-Documents stream from the source through the split, the tokenizer workers and the shard writer
-(`pipeline.py`), so memory does not grow with the corpus. The train/val split is by whole document
-and seeded, and tokenization keeps the source order, so the same source, seed and tokenizer always
-give byte-identical shards, whatever the number of workers. Everything is built in a hidden
-temporary folder next to the target and renamed into place at the end, with `meta.json` written
-last: a folder with a `meta.json` under the target name is always complete, and an interrupted
-prepare leaves at most a `.<name>.tmp-*` folder behind.
-"""
+Documents stream through a seeded by-document split and ordered tokenizer workers (`pipeline.py`), so the
+same source, seed and tokenizer give byte-identical shards for any number of workers. The folder is built
+under a hidden temporary name and renamed into place, `meta.json` last: a target with a `meta.json` is
+always complete."""
 
 from __future__ import annotations
 
@@ -127,8 +122,7 @@ def bpe_sample(
 
 def check_options(workers: int | None, max_tokens: int | None, shard_tokens: int) -> int:
     """Validate the run options (ConfigError); the worker count to use."""
-    if shard_tokens < 1:
-        raise ConfigError(f"shard_tokens must be positive, got {shard_tokens}")
+    assert shard_tokens >= 1, shard_tokens  # no command-line option sets it
     if max_tokens is not None and max_tokens < 1:
         raise ConfigError(f"--max-tokens must be a positive number of tokens, got {max_tokens}")
     if workers is None:
@@ -152,19 +146,13 @@ def prepare(
     hf_endpoint: str | None = None,
     progress: bool | None = None,
 ) -> Path:
-    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it.
-
-    `workers` tokenizer processes (default: all cores); `max_tokens` stops after the document that
-    reaches that many tokens (both splits counted); `progress` shows a bar (default: when stderr is
-    a terminal)."""
+    """Build `data_dir` (default `default_data_dir(source, tokenizer)`) and return it. `max_tokens` stops
+    after the document that reaches it (both splits); `progress` defaults to stderr being a terminal."""
     n_fineweb = parse_fineweb_source(source)
     if n_fineweb is not None:
         if tokenizer != "gpt2":
             raise ConfigError(f"source {source!r} is pre-tokenized with gpt2; got tokenizer {tokenizer!r}")
-        if max_tokens is not None:
-            raise ConfigError(
-                f"--max-tokens does not apply to {source!r}: choose N train shards of 100 M tokens"
-            )
+        assert max_tokens is None, "cli refuses --max-tokens for fineweb10B (PREPARE_OPTIONS)"
         from speedrun.data.fineweb import download_fineweb
 
         return download_fineweb(n_fineweb, Path(data_dir) if data_dir else Path("data") / FINEWEB, log=log)
@@ -179,20 +167,9 @@ def prepare(
 
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir(source, tokenizer)
     return prepare_documents(
-        documents,
-        data_dir,
-        source=source,
-        tokenizer=tokenizer,
-        val_fraction=val_fraction,
-        seed=seed,
-        shard_tokens=shard_tokens,
-        log=log,
-        workers=workers,
-        max_tokens=max_tokens,
-        bpe_sample_bytes=bpe_sample_bytes,
-        progress=progress,
-        total_bytes=source_size(source),
-    )
+        documents, data_dir, source, tokenizer, val_fraction, seed, shard_tokens, log, workers, max_tokens,
+        bpe_sample_bytes, progress, total_bytes=source_size(source),
+    )  # fmt: skip
 
 
 @stop_signals_interrupt()

@@ -1,15 +1,9 @@
 """Where the records' `DistributedDataLoader` (10-10 … 12-08) reads, as a function of the step.
 
-In those records every rank keeps its own cursor: rank v starts a shard at `v·S` (S = G/R tokens, G the
-global batch, R ranks), reads S + 1 tokens, moves by G, and moves on to the next shard (again at `v·S`,
-wrapping after the last) as soon as its next position leaves fewer than `G + 1 + margin` tokens
-(`pos + G + 1 > len`, 12-08: `pos + G + 1 >= len`). A rank with a larger v hits that test earlier, so
-near a shard's end ranks can change shard a step apart, and the offset grows with every shard (on
-fineweb's 10^8-token shards ranks 6 and 7 read 189 batches a shard, ranks 0-5 read 190).
-
-Rank v's reads per shard follow from the shard's length alone, so the cursors of all R ranks at
-global batch b are a pure function of b: nothing but b needs saving to resume.
-"""
+Each rank v keeps its own cursor: it starts a shard at `v·S` (S = G/R), reads S + 1 tokens, moves by G,
+and moves to the next shard as soon as fewer than `G + 1 + margin` tokens remain (12-08: `>=`). Ranks can
+thus change shard a step apart, but each rank's reads follow from the shard lengths alone: all cursors at
+global batch b are a pure function of b, and only b needs saving to resume."""
 
 from __future__ import annotations
 

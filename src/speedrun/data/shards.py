@@ -1,9 +1,6 @@
-"""The `.bin` token shard format, byte-compatible with modded-nanogpt / llm.c files.
-
-Layout: a header of 256 little-endian int32 (magic 20240520, version 1, token count, zeros), then the
-tokens as little-endian uint16. uint16 is why vocabularies above 65,535 are refused at write time:
-silently truncating ids would corrupt the data, and a wider body needs a new version number.
-"""
+"""The `.bin` token shard format, byte-compatible with modded-nanogpt / llm.c files: a header of 256
+little-endian int32 (magic 20240520, version 1, token count), then uint16 tokens. Ids above 65,535 are
+refused at write time: a wider body needs a new version number, never silent truncation."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from speedrun.atomic import write_atomic
 from speedrun.errors import DataError
 
 MAGIC = 20240520
@@ -28,33 +24,22 @@ SCAN_BLOCK = 1 << 24  # tokens per block when scanning a memmap, to bound tempor
 
 
 def write_shard(path: Path, tokens: np.ndarray) -> None:
-    """Write `tokens` as a shard atomically (temporary name, fsync, rename) so a crash never leaves
-    a file under the final name that looks valid but is cut short."""
-    path = Path(path)
+    """Write 1-D integer `tokens` as one shard, atomically (through ShardWriter)."""
     tokens = np.asarray(tokens)
-    if tokens.ndim != 1:
-        raise DataError(f"{path}: tokens must be a 1-D array, got shape {tokens.shape}")
-    if tokens.size and not np.issubdtype(tokens.dtype, np.integer):
-        raise DataError(f"{path}: tokens must be integers, got dtype {tokens.dtype}")
-    if tokens.size:
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi > MAX_TOKEN_ID:
-            bad = hi if hi > MAX_TOKEN_ID else lo
-            raise DataError(
-                f"{path}: token id {bad} does not fit shard version {VERSION} "
-                f"(uint16, ids 0..{MAX_TOKEN_ID}); vocabularies above 65,535 need a new shard version"
-            )
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
-    body = tokens.astype(_TOKEN_DTYPE, copy=False)
-    write_atomic(path, header.tobytes(), body.tobytes())
+    assert tokens.ndim == 1 and (not tokens.size or np.issubdtype(tokens.dtype, np.integer)), tokens.dtype
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(path)
+    try:
+        writer.write(tokens)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 class ShardWriter:
-    """Write one shard piece by piece, so memory does not grow with the shard size.
-
-    Tokens go to a hidden temporary file behind a zero header; `close` writes the real header,
-    fsyncs and renames the file to `path`. A crash or `abort` never leaves a file under `path`."""
+    """Write one shard piece by piece (memory does not grow with it) into a hidden temporary file; `close`
+    writes the header, fsyncs and renames it, so a crash or `abort` never leaves a file under `path`."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -68,8 +53,12 @@ class ShardWriter:
     def write(self, tokens: np.ndarray) -> None:
         """Append uint16 tokens (other dtypes are range-checked and converted)."""
         if tokens.dtype != _TOKEN_DTYPE:
-            if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
-                raise DataError(f"{self.path}: token ids do not fit shard version {VERSION} (uint16)")
+            lo, hi = (int(tokens.min()), int(tokens.max())) if tokens.size else (0, 0)
+            if lo < 0 or hi > MAX_TOKEN_ID:
+                raise DataError(
+                    f"{self.path}: token ids do not fit shard version {VERSION} (uint16, ids 0..65535): "
+                    f"{hi if hi > MAX_TOKEN_ID else lo}; vocabularies above 65,535 need a new version"
+                )
             tokens = tokens.astype(_TOKEN_DTYPE)
         self._file.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         self.count += tokens.size
@@ -93,10 +82,8 @@ class ShardWriter:
 
 
 def read_header(path: Path) -> int:
-    """Validate a shard's header and body length and return its token count.
-
-    Checking the body length catches truncated downloads and interrupted copies, which would
-    otherwise be read as garbage tokens or crash deep inside training."""
+    """A shard's token count, after checking its header and body length (a truncated download or copy
+    must not be read as garbage tokens deep inside training)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -126,9 +113,8 @@ def read_header(path: Path) -> int:
 
 
 def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
-    """Map a validated shard's tokens read-only (no whole-file read); optionally check the ids fit
-    `vocab_size`, because an out-of-range id would otherwise crash (or silently misindex) the
-    embedding on the GPU."""
+    """Map a validated shard's tokens read-only; with `vocab_size`, check the ids fit (an out-of-range id
+    would crash or silently misindex the embedding on the GPU)."""
     path = Path(path)
     count = read_header(path)
     if count == 0:
@@ -149,9 +135,8 @@ def shard_fingerprint(path: Path, head_tokens: int = 1 << 16) -> str:
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: int = 0) -> None:
-    """Raise a DataError naming the file and the id when any token is >= vocab_size.
-
-    Scans in blocks so a 100 M-token memmap is never materialized as one temporary array."""
+    """DataError naming the file and the id when any token is >= vocab_size, scanning in blocks (a 100
+    M-token memmap is never one temporary array)."""
     for start in range(0, len(tokens), SCAN_BLOCK):
         part = tokens[start : start + SCAN_BLOCK]
         hi = int(part.max())
@@ -163,11 +148,17 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: Path, offset: i
             )
 
 
+def bos_positions(tokens: np.ndarray, bos_id: int) -> np.ndarray:
+    """Sorted positions of `bos_id` in `tokens`, scanned in blocks (only the positions are kept)."""
+    parts = [
+        np.flatnonzero(tokens[s : s + SCAN_BLOCK] == bos_id) + s for s in range(0, len(tokens), SCAN_BLOCK)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def check_document_starts(files: list[Path], bos_id: int) -> None:
-    """A DataError when no shard holds `bos_id`: a loader that cuts batches at document starts finds
-    none, whatever the shards' size (the separator every document begins with is missing, or is
-    another id). Called where such a loader cannot plan a batch, so that it does not read as too
-    little data."""
+    """A DataError when no shard holds `bos_id` (no separator, or another id), so that a loader that cuts
+    batches at document starts does not report it as too little data."""
     for path in files:
         tokens = open_shard(path)
         for start in range(0, len(tokens), SCAN_BLOCK):

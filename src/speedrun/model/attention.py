@@ -1,20 +1,11 @@
 """Attention masks and backends behind one call, `attend(q, k, v, mask, scale)`.
 
-One mask definition, `mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, ...)`: a query sees a key when
-the key is not in the future, lies in the same document (a document starts at each end-of-text token)
-and is less than `window` tokens back. It feeds every backend:
-
-- FlexAttention (CUDA): a `BlockMask` built by hand at 128-token block granularity from the document
-  ids (as the 2024-12-08 record), with `mask_rule` as its mask_mod for the partial blocks. The window
-  is a 0-d tensor, so a window that grows every step (window warmup) changes no shapes and no Python
-  values, and compiled code is reused.
-- dense `scaled_dot_product_attention` with the boolean mask from `mask_rule`: on CPU (FlexAttention
-  has no CPU backward) and wherever FlexAttention cannot run. Long sequences are processed in query
-  chunks, so no T×T mask is ever materialized for T above `DENSE_CHUNK`; on CPU each document is
-  attended on its own (plain causal SDPA where the window does not cut it).
-- `scaled_dot_product_attention(is_causal=True)` (flash / cuDNN kernels) when no mask beyond causal
-  is needed.
-"""
+One mask definition, `mask_rule`: a key is visible when it is not in the future, lies in the query's
+document (one starts at each end-of-text token) and is less than `window` tokens back. It feeds every
+backend: FlexAttention on CUDA (a hand-built 128-token `BlockMask`, as 2024-12-08, with a 0-d window
+tensor so a growing window reuses compiled code); dense SDPA with its boolean mask on CPU and wherever
+flex cannot run (query chunks above `DENSE_CHUNK`, never a T×T mask; per document on CPU); and
+`is_causal` SDPA when nothing beyond causal is needed."""
 
 from __future__ import annotations
 
@@ -40,11 +31,8 @@ DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer
 
 
 def document_ids(tokens: Tensor, eot_id: int) -> Tensor:
-    """Document index of every position: a new document starts at each end-of-text token.
-
-    tokens: (B, T) integer ids. Returns (B, T) int32, counting from 0 at the first document (a leading
-    partial document, before the first end-of-text token, is document 0 as well).
-    """
+    """(B, T) int32 document index of every position of (B, T) `tokens`: a new document starts at each
+    end-of-text token (a leading partial document is document 0 as well)."""
     return (tokens == eot_id).cumsum(dim=-1, dtype=torch.int32)
 
 
@@ -58,16 +46,10 @@ def mask_rule(
     block_window: bool = False,
     block_list: bool = False,
 ) -> Tensor:
-    """The one mask definition: True where query position q_idx may attend to key position kv_idx.
-
-    Causal, same document (when doc ids are given) and inside the sliding window (when given): a key is
-    visible while `q_idx - kv_idx < window`, or with `block_window` (Sub3Min) while the distance between
-    their 128-token blocks, in tokens, is below `window`: whole blocks enter and leave the window.
-    `block_list` (2024-12-08) adds the record's block listing to the token rule: only key blocks with
-    `q_block - kv_block < ceil(window / 128)` are visited at all, so a query near the start of its block
-    loses up to 127 of its oldest in-window keys.
-    All arguments broadcast; this is both FlexAttention's mask_mod and the dense mask builder.
-    """
+    """The one mask definition (FlexAttention's mask_mod and the dense mask builder; arguments broadcast):
+    causal, same document (with doc ids) and `q_idx - kv_idx < window`, or with `block_window` (Sub3Min)
+    the distance between their 128-token blocks below `window`. `block_list` (2024-12-08) also skips key
+    blocks with `q_block - kv_block >= ceil(window / 128)`, as the record's block listing does."""
     allowed = q_idx >= kv_idx
     if doc_q is not None:
         allowed = allowed & (doc_q == doc_kv)
@@ -85,13 +67,9 @@ def mask_rule(
 
 @dataclass(frozen=True)
 class MaskSpec:
-    """What attention must respect beyond causality, in a form every backend can consume.
-
-    doc_ids: (B, T) document index per position, or None (no document masking).
-    window: 0-d integer tensor (tokens) or None (unlimited). A tensor so it can change every step.
-    max_window: a Python upper bound on `window` (0 = unknown); lets the dense path skip keys that are
-    never visible without reading the tensor's value (no host sync, no recompile).
-    """
+    """What attention must respect beyond causality, for every backend: `doc_ids` (B, T) or None, `window`
+    a 0-d tensor (changes every step without recompiling) or None, `max_window` a Python bound on it
+    (0 = unknown) that lets the dense path skip keys without reading the tensor."""
 
     doc_ids: Tensor | None = None
     window: Tensor | None = None
@@ -121,9 +99,8 @@ def spec_dense_mask(
 
 
 def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
-    """Per layer, the MaskSpec of a (B, T) token sequence (None: every layer plain causal). The one place
-    a recipe's masking switches (document mask, window, granularity, block listing, long/short pattern)
-    become masks, for the forward and cached decoding alike. `window`: the model's 0-d window tensor."""
+    """Per layer, the MaskSpec of a (B, T) token sequence (None: all plain causal): the one place a recipe's
+    masking switches become masks, for the forward and cached decoding. `window`: the model's 0-d tensor."""
     if not (cfg.document_mask or cfg.window > 0):
         return None
     block_window = cfg.window_granularity == "block"
@@ -136,28 +113,21 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
-    """SDPA with `spec`'s mask. Eager on CPU with document ids (free to read there), one call per
-    document, so no work is spent on pairs from different documents; otherwise (CUDA, or compiling:
-    static shapes) query chunks over the whole row."""
+    """SDPA with `spec`'s mask: per document when eager on CPU with document ids (no work on pairs across
+    documents), else (CUDA, or compiling: static shapes) in query chunks over the whole row."""
     if spec.doc_ids is not None and not q.is_cuda and not torch.compiler.is_compiling():
         return _per_document(q, k, v, spec, scale)  # data-dependent splits: eager only
     return _chunked(q, k, v, spec, scale, 0)
 
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None, offset: int) -> Tensor:
-    """Masked SDPA over positions offset..offset+len of a row (no key before `offset` is visible: it is
-    0 or a document start), in query chunks of DENSE_CHUNK rows. A chunk needs keys from `max_window`
-    (plus a block for block windows) before its first query up to its last query; without a window bound
-    it needs all earlier keys (memory chunk × T, never T × T)."""
+    """Masked SDPA over positions offset..offset+len of a row (nothing before `offset` visible), in query
+    chunks of DENSE_CHUNK rows, each with the keys back to `max_window` (plus a block for block windows)
+    or, without a bound, all earlier keys: memory chunk × T, never T × T."""
     n = q.size(-2)
     if n <= DENSE_CHUNK:
-        return F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=spec_dense_mask(spec, offset, offset + n, offset, offset + n, q.device),
-            scale=scale,
-        )
+        mask = spec_dense_mask(spec, offset, offset + n, offset, offset + n, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     lookback = spec.max_window if spec.window is not None and spec.max_window > 0 else None
     if lookback is not None and spec.block_window:
         lookback += spec.block_size  # a block window reaches back to the start of the oldest block
@@ -184,9 +154,8 @@ def _window_bites(spec: MaskSpec, start: int, end: int) -> bool:
 
 
 def _per_document(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:
-    """Attention row by row, document by document (CPU): plain causal SDPA for a document the window
-    does not cut, the masked path otherwise. Cost ∝ Σ len² instead of T². Splits (not slices) the
-    inputs, so the backward concatenates gradients once instead of adding T-sized zeros per document."""
+    """Attention row by row, document by document (CPU): causal SDPA where the window does not cut, else
+    masked; cost ∝ Σ len². Splits the inputs, so the backward concatenates gradients once."""
     T, rows = q.size(-2), []
     for r, (qr, kr, vr) in enumerate(zip(q.split(1), k.split(1), v.split(1), strict=True)):
         ids = spec.doc_ids[r]
@@ -225,13 +194,9 @@ def block_structure(
     device: torch.device | None = None,
     block_list: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk).
-
-    full: every (q, kv) pair in the block pair is allowed, so the kernel skips the mask_mod.
-    partial: some pair may be allowed; mask_mod decides per element. Derived only from the first and
-    last document id of each block (ids never decrease along the sequence, so a block holds every id in
-    between), the block distance and the window tensor: O((T/128)²) work, no T×T mask.
-    """
+    """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk),
+    from each block's first and last document id (ids never decrease), the block distance and the window
+    tensor: O((T/128)²) work, no T×T mask. In full blocks the kernel skips the mask_mod."""
     nb = seq_len // block_size
     device = doc_ids.device if doc_ids is not None else device
     blk = torch.arange(nb, device=device, dtype=torch.int32)
@@ -275,13 +240,7 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
         )
 
     return BlockMask.from_kv_blocks(
-        kv_num,
-        kv_idx,
-        full_num,
-        full_idx,
-        BLOCK_SIZE=spec.block_size,
-        mask_mod=mask_mod,
-        seq_lengths=(seq_len, seq_len),
+        kv_num, kv_idx, full_num, full_idx, spec.block_size, mask_mod, seq_lengths=(seq_len, seq_len)
     )
 
 
@@ -300,11 +259,8 @@ def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size
 def choose_backend(
     setting: str, device: torch.device, seq_len: int, needs_mask: bool, needs_grad: bool
 ) -> str:
-    """'flex', 'dense' (SDPA with a boolean mask) or 'causal' (SDPA is_causal) for one forward.
-
-    auto: FlexAttention on CUDA when a document mask or window is needed, plain causal SDPA otherwise.
-    sdpa: never FlexAttention. flex: FlexAttention wherever it can run, the dense path elsewhere.
-    """
+    """'flex', 'dense' (SDPA with a boolean mask) or 'causal' (SDPA is_causal) for one forward. auto: flex on
+    CUDA when a mask is needed; sdpa: never flex; flex: wherever it can run, dense elsewhere."""
     if not needs_mask:
         return "causal"
     if setting == "sdpa":
@@ -314,12 +270,9 @@ def choose_backend(
     return "flex" if flex_usable(device, seq_len, needs_grad) else "dense"
 
 
-SDPA_KERNELS = {
-    "cudnn": "CUDNN_ATTENTION",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "math": "MATH",
-}
+SDPA_KERNELS = dict(
+    cudnn="CUDNN_ATTENTION", flash="FLASH_ATTENTION", efficient="EFFICIENT_ATTENTION", math="MATH"
+)
 
 
 def _on_cuda(t: Tensor) -> bool:
@@ -344,23 +297,14 @@ def attend(
     scale: float | None = None,
     kernel: str = "auto",
 ) -> Tensor:
-    """Causal attention on (B, H, T, D). `mask`: None (plain causal), a boolean dense mask
-    (spec_dense_mask()), a MaskSpec (dense SDPA, chunked for long T) or a FlexAttention BlockMask.
-    `kernel` (SDPA_KERNELS or "auto") forces the SDPA backend on CUDA."""
+    """Causal attention on (B, H, T, D); `mask`: None (plain causal), a dense boolean mask, a MaskSpec
+    (dense SDPA, chunked) or a BlockMask; `kernel` (SDPA_KERNELS or "auto") forces the CUDA SDPA backend."""
     if BlockMask is not None and isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):
-        return _sdpa_attend(q, k, v, mask, scale)
-
-
-def _sdpa_attend(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | MaskSpec | None, scale: float | None
-) -> Tensor:
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    if isinstance(mask, MaskSpec):
-        return _dense_attend(q, k, v, mask, scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        if isinstance(mask, MaskSpec):
+            return _dense_attend(q, k, v, mask, scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
 
 
 def short_window(window: Tensor, block_window: bool, block_size: int = BLOCK_SIZE) -> Tensor:

@@ -1,24 +1,13 @@
 """Attention over packed variable-length documents (`cu_seqlens`), by hardware tier, behind one call.
 
-`varlen_attention(q, k, v, cu_seqlens, window, scale)` on packed (T, H, D) tensors: causal, inside
-each document (cu_seqlens: int32 offsets 0 … T, padded with T to a fixed length), and a key visible
-while `q - k < window` (0 = no window). Tiers, fastest first:
-
-- `fa3`: FlashAttention-3 varlen from the optional `kernels` package (#29 on), on CUDA. It is never
-  downloaded at run time: only the local Hugging Face cache is consulted. Fetch it once, ahead:
-  `python -c "from kernels import get_kernel; get_kernel('kernels-community/flash-attn3', version=1)"`.
-  When it cannot be loaded (no package, no cached build for this torch/CUDA/arch) the next tier
-  runs and one log line says why.
-- `flex`: FlexAttention with a document-causal sliding-window block mask built from cu_seqlens
-  (model/attention.py), on other CUDA GPUs (and forward-only on CPU).
-- `blocked`: SDPA over K/V slices per query block (CPU): a block of queries sees only the keys from
-  `window` before its first query to its last one, so memory grows with T·window, never T × T
-  (nanochat #825 / PR #826).
-
-Paired-head attention (#58: two heads interleaved into a 2T sequence with doubled cu_seqlens) and a
-partial key offset (#49: part of k shifted by one token) change only the tensors passed in, so they
-need nothing new here.
-"""
+`varlen_attention(q, k, v, cu_seqlens, window, scale)` on packed (T, H, D): causal, inside each document
+(cu_seqlens: int32 offsets 0 … T, padded with T), keys visible while `q - k < window` (0: no window).
+Tiers: `fa3`, FlashAttention-3 varlen from the optional `kernels` package (#29 on), on CUDA, from the
+local Hugging Face cache only (fetch it once: `python -c "from kernels import get_kernel;
+get_kernel('kernels-community/flash-attn3', version=1)"`; else the next tier runs and a log line says
+why); `flex`, a block mask from cu_seqlens (other GPUs, forward-only on CPU); `blocked`, SDPA over K/V
+slices per query block (CPU: memory T·window, nanochat #825). Paired heads (#58) and key offsets (#49)
+only change the tensors passed in."""
 
 from __future__ import annotations
 
@@ -29,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from speedrun.errors import first_line
 from speedrun.model import attention
 
 TIERS = ("auto", "fa3", "flex", "blocked")
@@ -117,8 +107,7 @@ def load_fa3():
     try:
         return get_kernel(FA3_REPO, version=FA3_VERSION).flash_attn_varlen_func
     except Exception as e:  # no cached build for this torch/CUDA/arch, or a broken one
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        log.warning("attention: FA3 unavailable (%s); using the next tier", reason)
+        log.warning("attention: FA3 unavailable (%s); using the next tier", first_line(e, 160))
         return None
     finally:
         hub.HF_HUB_OFFLINE = offline

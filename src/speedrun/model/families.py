@@ -1,10 +1,6 @@
-"""The model families behind one small registry (torchtitan's ModelSpec idea, without parallelism).
-
-gpt2024: the llm.c baseline → record-2025-01 GPT, one switch per technique (model/gpt.py).
-gpt2026: records #26 on, per-layer specs read from typed lists (model/gpt2026/).
-The loop, the tools and the tests build a model through `build_model(cfg.model)` and write a step's
-schedule through `apply_schedule(model, values)`; no caller names a family's class.
-"""
+"""The model families behind one small registry (torchtitan's ModelSpec idea, without parallelism):
+gpt2024 (llm.c → record-2025-01, one switch per technique: model/gpt.py) and gpt2026 (records #26 on,
+per-layer specs: model/gpt2026/). Callers use `build_model` and `apply_schedule`, never a class."""
 
 from __future__ import annotations
 

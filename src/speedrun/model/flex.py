@@ -1,11 +1,6 @@
-"""Calling FlexAttention: inside a compiled graph as itself, eagerly through one compiled wrapper,
-never silently as eager flex_attention on CUDA (it materializes every T × T score).
-
-On CUDA, `torch.compile(model)` must see `flex_attention` directly: a nested compiled wrapper is traced
-through with a warning. Eager callers on CUDA (`train.compile=off`, evaluation, sampling) need a
-compiled kernel all the same; the wrapper has static shapes (one graph per shape) and past dynamo's
-recompile limit raises instead of falling back to eager flex (out of memory at 65,536 tokens).
-"""
+"""Calling FlexAttention: inside a compiled graph as itself, eagerly through one compiled wrapper (static
+shapes; past dynamo's recompile limit it raises), never as eager flex_attention on CUDA, which
+materializes every T × T score."""
 
 from __future__ import annotations
 
@@ -47,8 +42,7 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: f
 
 def _traced_cpu_flex(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float | None) -> Tensor:
     """FlexAttention with gradients on CPU inside a torch.compile trace (the tests' stand-in for CUDA):
-    the public function refuses CPU backward, but its higher-order op, traced by aot_eager, trains
-    through the reference implementation (private torch API, called as the public function does)."""
+    its higher-order op, traced by aot_eager, trains through the reference implementation (private API)."""
     from torch._higher_order_ops.flex_attention import flex_attention as flex_hop
     from torch.nn.attention.flex_attention import _apply_kernel_options, _identity
 

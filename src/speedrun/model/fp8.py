@@ -1,20 +1,12 @@
-"""FP8 matmul for the lm_head (2025-01-16 Sub3Min): e4m3 activations and weights in the forward,
-e5m2 gradients in the backward, all through `torch._scaled_mm` (CUDA, and CPU in torch >= 2.13).
+"""FP8 matmul for the lm_head (2025-01-16 Sub3Min): e4m3 activations and weights forward, e5m2
+gradients backward, through `torch._scaled_mm` (CUDA, and CPU in torch >= 2.13).
 
-Scales as the record: the bf16 input is multiplied by `x_s` = 2 and the weight by `w_s` = 32 before
-the cast to e4m3, so the values use the format's range; `_scaled_mm` divides them out again. The
-gradient of the logits is multiplied by `grad_s` = 2^29 before its e5m2 cast (the per-token
-gradients of a mean loss over 65,536 tokens are tiny). The record's 2^29 assumes the loss is a mean over its
-65,536-token micro-batch; we scale it by tokens/65,536, so the record's size gets exactly 2^29 and a
-small micro-batch does not overflow e5m2 (max 57,344) into inf. The forward returns bf16 logits; the
-backward returns the input gradient in bf16 and the weight gradient in fp32, as the record's op does.
-
-Both ops are `torch.library` custom ops, so `torch.compile(fullgraph=True)` traces through them; their
-fake kernels return exactly the strides of the real outputs (the weight gradient is a transposed view,
-strides (1, V)), which inductor checks. As in the record, each body is itself compiled (on CUDA, or on
-CPU with `COMPILE_BODIES_ON_CPU`), so a scale-and-cast is one pass: the scaled bf16 copy of the
-(tokens × vocab) logit gradient is never written to memory.
-"""
+Scales as the record: input × `x_s` = 2, weight × `w_s` = 32 before the e4m3 cast; the logits'
+gradient × `grad_s` = 2^29 × tokens/65,536 before its e5m2 cast (the record's value at its micro-batch,
+no e5m2 overflow at small ones). bf16 logits out; bf16 input and fp32 weight gradients, as the record.
+Both ops are `torch.library` custom ops whose fake kernels return the real strides (inductor checks
+them), and each body is compiled (on CUDA, or on CPU with `COMPILE_BODIES_ON_CPU`) so a scale-and-cast
+is one pass."""
 
 from __future__ import annotations
 

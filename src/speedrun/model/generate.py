@@ -1,9 +1,6 @@
-"""Text generation from a GPT: prompts in, text out, streamed as it decodes (KV-cached decoding).
-
-Every sample starts after the end-of-text token, as every training document does, and ends at the
-model's own end-of-text token or after `max_tokens`. Used by `speedrun sample` (tools/sample.py) and
-by the training loop's `train.sample_every`, which is why it lives with the model, not the tools.
-"""
+"""Text generation from a GPT with KV-cached decoding, streamed: every sample starts after the
+end-of-text token and ends at the model's own or after `max_tokens`. Used by `speedrun sample` and by
+the loop's `train.sample_every`, hence with the model."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
-"""The GPT: one small model whose record-history features are config switches.
+"""The gpt2024 GPT: one small model whose record-history features (llm.c → 2025-01) are config switches.
 
-The range it covers:
-- the llm.c GPT-2 baseline: learned positions, LayerNorm, GELU, biases, fused QKV, tied embeddings;
-- the 2024-11-03 block: rotary, parameter-free RMSNorm, QK-norm, ReLU², zero-init output projections,
-  untied zero-init head, RMSNorm after the embedding, vocab padded to a multiple of 128, fp32 logits
-  with an optional tanh softcap;
-- the 2024-11 … 2025-01 records: value residual and x0 shortcut (11-06), U-Net skips (11-10),
-  document-masked sliding-window attention on long sequences (11-19/11-24, model/attention.py),
-  value embeddings (12-04 per layer, 12-08 U-Net order, Sub3Min 0,1,2 … 0,1,2), long/short windows,
-  half-truncated RoPE, attention scale 0.12, MLP-only layers and the sigmoid softcap (Sub3Min);
-Records #26 on are the gpt2026 family (model/gpt2026/). The model knows nothing about distribution or
-optimizers (see train/).
-"""
+The llm.c baseline (learned positions, LayerNorm, GELU, biases, fused QKV, tied embeddings); the
+2024-11-03 block (rotary, RMSNorm, QK-norm, ReLU², zero-init projections, untied head, padded vocab,
+softcap); then value residual and x0 (11-06), U-Net skips (11-10), document-masked sliding windows
+(11-19/11-24), value embeddings (12-04, 12-08, Sub3Min), long/short windows, half-truncated RoPE,
+MLP-only layers and the sigmoid softcap (Sub3Min). Records #26 on: model/gpt2026/."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -31,15 +23,12 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.fp8 import fp8_linear
+from speedrun.model.kv_cache import AttendFn  # an attention call other than the module's own
 from speedrun.model.labels import MATMULS, label, label_linear, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
 from speedrun.model.unet import initial_weights, skip_sources
-
-#: (attention module, normed input, other v) → (output, unmixed v): an attention call other than the
-#: module's own (cached decoding brings its keys and values from earlier positions).
-AttendFn = Callable[[Attention, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Block(nn.Module):
@@ -156,9 +145,8 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def set_attention_window(self, tokens: int) -> None:
-        """Set the sliding window (tokens) for the next forwards; called every step by the training loop
-        with `schedule.window_tokens(step, steps, cfg)`. An in-place write to a tensor: no recompile.
-        A no-op for models without a window."""
+        """Set the sliding window (tokens) for the next forwards (the loop, every step): an in-place write
+        to a tensor, no recompile; a no-op without a window."""
         if self.cfg.window <= 0:
             return
         assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
@@ -202,9 +190,8 @@ class GPT(nn.Module):
         attend_fns: list[AttendFn | None] | None = None,
         prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Embeddings and blocks up to the final norm, for tokens at positions start.. . Cached decoding
-        passes per-layer `attend_fns` and start > 0 (`prev`, the token before idx, is for the decode
-        interface both families share: this family reads no earlier token); the forward passes masks."""
+        """Embeddings and blocks up to the final norm for tokens at positions start..; cached decoding passes
+        per-layer `attend_fns` and `prev` (the shared decode interface; unused here), the forward masks."""
         cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:
@@ -252,11 +239,7 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6 x matmul parameters (labels MATMULS, and the head) + attention
-        (PaLM, 12·L·d·T).
-
-        Attention counts only layers that have it, over min(T, window) keys: a sliding window bounds the
-        scores each query computes (document masking lowers it further; not counted).
-        """
+        (PaLM, 12·L·d·T) over min(T, window) keys in the layers that have it."""
         # an unlabelled parameter counts nothing here; building the optimizer refuses it in one line
         matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
         matmul += self.lm_head.weight.numel()  # tied or not

@@ -1,12 +1,7 @@
-"""Cached decoding: run a trained GPT one token at a time, reusing every earlier key and value.
-
-`forward_cached(model, idx, cache)` computes the logits of the new positions `idx` (B, n) given the
-tokens already in `cache`. It runs the GPT's own `hidden` and `logits` (embeddings, value residual /
-value embeddings, x0 shortcut, U-Net skips, MLP-only layers, head) and its attentions' own
-`project`/`output`; only the attention call differs: keys and values of earlier positions come from
-the cache, under the masks the forward uses (`attention.layer_specs`: causal, document, long/short
-sliding window, block listing), cut to the new rows.
-"""
+"""Cached decoding: `forward_cached(model, idx, cache)` gives the logits of the new positions `idx`
+(B, n) after the tokens in `cache`, through the GPT's own `hidden`, `logits` and attention
+`project`/`output`; only the attention call differs (cached keys and values, under the forward's
+masks from `attention.layer_specs`, cut to the new rows)."""
 
 from __future__ import annotations
 

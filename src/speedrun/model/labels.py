@@ -1,16 +1,10 @@
 """Optimizer labels, declared by the model part that creates a parameter (DESIGN principle 14).
 
-A part calls ``label(param, "qkv", blocks=(d, d, d))`` where it creates ``param``; the optimizer table,
-the memory estimate, the FLOPs count and checkpoint sharding read ``label_of(param)`` and never the
-parameter's name, so renaming an attribute cannot change how it is trained. ``optim/rules.py`` maps
-each label to a rule and its hyperparameters from the recipe (its ``[optim.labels]`` table); building
-the optimizer refuses a parameter without a label and a label without a row. This module imports
-nothing from ``optim/`` or ``train/``.
-
-The label is an attribute of the Parameter object: it survives ``.to()``, ``torch.compile`` and
-state-dict loading, but not ``copy.deepcopy`` or ``to_empty`` of a meta model (they make new
-Parameters, and the optimizer then refuses them by name); build the model again instead of copying it.
-"""
+A part calls ``label(param, "qkv", blocks=(d, d, d))``; the optimizer table, memory estimate, FLOPs
+count and checkpoint sharding read ``label_of(param)``, never the name. ``optim/rules.py`` maps labels to
+rules with the recipe's ``[optim.labels]`` table; a parameter without a label or a label without a row is
+refused. The label is an attribute of the Parameter object: it survives ``.to()``, compile and
+state-dict loading, not ``copy.deepcopy`` or ``to_empty`` (build the model again instead)."""
 
 from __future__ import annotations
 
@@ -26,14 +20,10 @@ _ATTR = "_speedrun_label"
 
 @dataclass(frozen=True)
 class Label:
-    """What a parameter is, as its creator knows it.
-
-    name: one of ``LABELS``, the row of the optimizer's label table (optim/rules.py). blocks: rows of each
-    block of one matrix (dim -2; a stack repeats them for every member) that an orthogonalizing rule may
-    treat as separate matrices; ``"qkv"`` always names its (q, k, v) rows, so a fused QKV is ``(d, d, d)``
-    and a separate K ``(0, d, 0)``; ``()`` means the whole matrix. lr_mul: a per-parameter LR multiplier
-    the part itself defines; the recipe's row still sets the base LR.
-    """
+    """What a parameter is: `name` (one of ``LABELS``, a row of optim/rules.py's table); `blocks`, the rows
+    (dim -2) of each block an orthogonalizing rule may treat as its own matrix (``"qkv"`` always names
+    (q, k, v): fused ``(d, d, d)``, a separate K ``(0, d, 0)``; ``()`` the whole); `lr_mul`, the part's own
+    LR multiplier on the recipe's base LR."""
 
     name: str
     blocks: tuple[int, ...] = ()

@@ -1,9 +1,6 @@
-"""Building blocks of the GPT that carry no attention logic: linear layers, norms, rotary, MLP.
-
-`CastedLinear` is the 2024-11-08 "CastBf16" idea: weights stay fp32 (the optimizer's master copy)
-and are cast to the activation dtype inside forward, so the same module works under autocast
-(CPU default), with bf16 activations coming from bf16 embeddings (the records on CUDA), and in fp32.
-"""
+"""Building blocks of the GPT without attention logic: linear layers, norms, rotary, MLP.
+`CastedLinear` (2024-11-08 "CastBf16") keeps fp32 weights and casts them to the activation dtype in
+forward, so one module serves autocast, bf16 activations and fp32."""
 
 from __future__ import annotations
 
@@ -18,10 +15,8 @@ from speedrun.model.labels import label, label_linear
 
 
 class CastedLinear(nn.Linear):
-    """nn.Linear whose weight (and bias) are cast to the input's dtype in forward.
-
-    Parameter names and shapes are those of nn.Linear, so checkpoints and optimizer roles are unchanged.
-    """
+    """nn.Linear whose weight (and bias) are cast to the input's dtype in forward (names and shapes are
+    nn.Linear's)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
@@ -29,9 +24,8 @@ class CastedLinear(nn.Linear):
 
 
 class TransposedLinear(CastedLinear):
-    """A CastedLinear whose weight is stored transposed, (in, out) (#27 stores the MLP up-projection as
-    (768, 3072), the shape of the down-projection): the same map, but Muon's shape rule √max(1, rows/cols)
-    sees 768/3072 and gives it the base LR instead of twice it."""
+    """A CastedLinear whose weight is stored transposed, (in, out), as #27's MLP up-projection: the same map,
+    but Muon's shape rule √max(1, rows/cols) gives it the base LR instead of twice it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
@@ -50,13 +44,9 @@ def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> tor
 
 
 class Norm(nn.Module):
-    """LayerNorm with gains and biases (GPT-2), parameter-free RMSNorm (modern records) or RMSNorm with
-    gains (``rmsnorm-gain``, track 3's ``RMSNorm``: ``F.rms_norm(x, weight=gains)``, gains init 1; with
-    ``fp32`` #46's normalization in fp32 times the fp32 gains).
-
-    RMSNorm options of the 2024-10 records: `eps` (0 = F.rms_norm's default, the dtype's machine
-    epsilon; the seed and 10-10 use 1e-6) and `fp32` (normalize in fp32, cast back).
-    """
+    """LayerNorm (GPT-2), parameter-free RMSNorm, or RMSNorm with gains (``rmsnorm-gain``, track 3; with
+    ``fp32`` #46's fp32 normalization times fp32 gains). `eps` 0 is F.rms_norm's default (the seed and 10-10:
+    1e-6); `fp32` normalizes in fp32 and casts back (2024-10)."""
 
     def __init__(self, dim: int, kind: str, eps: float = 0.0, fp32: bool = False):
         super().__init__()
@@ -79,12 +69,8 @@ class Norm(nn.Module):
 
 
 def rotary_frequencies(head_dim: int, base: float, half_truncated: bool) -> torch.Tensor:
-    """head_dim/2 angular frequencies, one per rotated pair of dimensions.
-
-    full: base^(-2i/head_dim) (RoFormer). half_truncated (Sub3Min): head_dim/4 frequencies spaced
-    geometrically from 1 down to 1/1024, and head_dim/4 zeros, so half of the pairs are not rotated at
-    all and carry position-free content.
-    """
+    """head_dim/2 angular frequencies: base^(-2i/head_dim) (RoFormer), or half_truncated (Sub3Min) head_dim/4
+    geometric from 1 to 1/1024 and head_dim/4 zeros (those pairs carry position-free content)."""
     if not half_truncated:
         return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     quarter = head_dim // 4
@@ -98,13 +84,9 @@ ROPE_PRECISIONS = ("auto", "fp32", "bf16", "bf16-angles")
 def rotary_tables(
     head_dim: int, max_seq_len: int, base: float, half_truncated: bool, precision: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables (max_seq_len, head_dim/2) as a record computes them.
-
-    bf16 (10-14 … 11-24): fp32 angles, cos/sin rounded to bf16. bf16-angles (12-04/12-08): the inverse
-    frequencies (1/base)^(2i/d) are a buffer that `model.bfloat16()` rounds, so positions, angles and
-    cos/sin are all bf16 (angles of late positions are off by up to half a bf16 ulp of the angle).
-    Otherwise fp32.
-    """
+    """cos and sin tables (max_seq_len, head_dim/2) as a record computes them: bf16 (10-14 … 11-24) rounds
+    fp32 cos/sin; bf16-angles (12-04/12-08) rounds the inverse frequencies, so angles and cos/sin are bf16
+    too; else fp32."""
     if precision == "bf16-angles":
         inv = ((1 / base) ** (torch.arange(0, head_dim, 2) / head_dim)).to(torch.bfloat16)
         angles = torch.outer(torch.arange(max_seq_len).to(torch.bfloat16), inv)
@@ -118,13 +100,9 @@ def rotary_tables(
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding on (B, H, T, D) tensors, tables precomputed once.
-
-    precision "auto": the full variant rotates in the activation dtype (as the 2024-11 records under
-    bf16); the half-truncated variant rotates in fp32 and casts back (as Sub3Min). "fp32": fp32 tables,
-    rotation in fp32 (10-10: fp32 cos/sin promote the bf16 q, k). "bf16", "bf16-angles": bf16 tables
-    (see rotary_tables), rotation in the activation dtype.
-    """
+    """Rotary position embedding on (B, H, T, D). "auto": full rotates in the activation dtype (2024-11),
+    half-truncated in fp32 (Sub3Min); "fp32": fp32 tables and rotation (10-10); "bf16", "bf16-angles":
+    bf16 tables (rotary_tables), rotation in the activation dtype."""
 
     def __init__(
         self,
@@ -175,13 +153,10 @@ class MLP(nn.Module):
 def softcap(
     logits: torch.Tensor, cap: float, form: str, divisor: float = 0.0, offset: float = 0.0
 ) -> torch.Tensor:
-    """Bound the logits smoothly. tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap)
-    = cap·tanh(z/cap) + cap (Sub3Min writes 30·sigmoid(z/7.5) for cap 15); the constant shift
-    leaves softmax and cross-entropy unchanged. Both divide as the records do (z/7.5, not z·(2/15):
-    2/15 is inexact in binary, so the product rounds differently in about half of all logits).
-    `divisor` replaces cap/2 in the sigmoid form (2025-05 … 07: 30·sigmoid(z / (7.5·√768))); `offset`
-    shifts z first, making the cap asymmetric (#54: 23·sigmoid((z + 5) / 7.5), cap 11.5). algebraic
-    (track 3): cap·z/√(z² + cap²), written as its script does, ``15 * z * (z.square() + 15**2).rsqrt()``."""
+    """Bound the logits smoothly, dividing as the records do (z/7.5, not z·(2/15), which rounds differently).
+    tanh: cap·tanh(z/cap) (2024-11). sigmoid: 2·cap·sigmoid(2z/cap), cap·tanh + a constant (Sub3Min:
+    30·sigmoid(z/7.5)); `divisor` replaces cap/2 (2025-05 … 07), `offset` shifts z (#54:
+    23·sigmoid((z+5)/7.5)). algebraic (track 3): ``15 * z * (z.square() + 15**2).rsqrt()``."""
     if form == "algebraic":
         return cap * logits * (logits.square() + cap**2).rsqrt()
     if form == "sigmoid":

@@ -28,12 +28,9 @@ def attention_layers(cfg: ModelConfig) -> list[bool]:
 
 
 def value_embed_layout(cfg: ModelConfig) -> list[int | None]:
-    """Per layer, the value-embedding table it mixes into v (None: no table).
-
-    per-layer (12-04): layer i uses table i. unet (12-08): L/2 tables, encoder layer i uses table i and
-    decoder layer i uses table L/2-1-i. ends (Sub3Min): k tables on the first k and the last k layers,
-    in the same order, e.g. [0, 1, 2, None × 6, 0, 1, 2]. (#45's and #63's layouts are gpt2026 lists.)
-    """
+    """Per layer, the value-embedding table it mixes into v (None: none): per-layer (12-04) table i; unet
+    (12-08) L/2 tables, decoder layer i uses L/2-1-i; ends (Sub3Min) k tables on the first and last k layers,
+    e.g. [0, 1, 2, None × 6, 0, 1, 2]."""
     L = cfg.n_layer
     if cfg.value_embeds == "per-layer":
         return list(range(L))

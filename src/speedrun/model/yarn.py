@@ -1,12 +1,7 @@
-"""YaRN for the records' half-truncated RoPE (#31 on): when the long attention window grows from `old`
-to `new` tokens, each rotary frequency is interpolated by how many turns it makes over the old window,
-and the attention scale is multiplied by 0.2·ln(new/old) + 1; the same again for the longer window of
-the final validation. Pure functions of the window history, so a resumed run rebuilds them exactly.
-
-Half-truncated RoPE (2024-12 on): head_dim/4 frequencies from 1 down to 1/1024, the other half of the
-rotated pairs at frequency 0 (not rotated). Layout "half" pairs dimension i with i + head_dim/2 (the
-2025 records' `chunk(2)`), "interleaved" pairs 2i with 2i+1 (today's `repeat_interleave(2)` tables).
-"""
+"""YaRN for the records' half-truncated RoPE (#31 on): when the long window grows from `old` to `new`
+tokens, each frequency is interpolated by its turns over the old window and the attention scale × 0.2·
+ln(new/old) + 1 (again for the final validation's window); pure functions of the window history.
+Layout "half" pairs dimension i with i + head_dim/2 (2025 `chunk(2)`), "interleaved" 2i with 2i+1."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ def yarn_update(
     freqs: Tensor, attn_scale: float, old_window: int, new_window: int, alpha: float = 1, beta: float = 32
 ) -> tuple[Tensor, float]:
     """Frequencies and attention scale after the long window grows from `old_window` to `new_window`:
-    a frequency making fewer than `alpha` turns over the old window is scaled by old/new (interpolated),
-    more than `beta` turns kept, linear in between."""
+    under `alpha` turns over the old window scaled by old/new, over `beta` kept, linear in between."""
     rotations = old_window * freqs / (2 * torch.pi)
     ratio = old_window / new_window
     weight = torch.clamp((rotations - alpha) / (beta - alpha), 0, 1)

@@ -1,7 +1,5 @@
-"""Named recipes: one TOML file per milestone of the record history, loaded into a typed Config.
-
-A recipe file may start from another with `base = "<name or path>"`; user files work the same way.
-"""
+"""Named recipes: one TOML file per milestone of the record history, loaded into a typed Config; a file
+may start from another with `base = "<name or path>"`, user files too."""
 
 from __future__ import annotations
 

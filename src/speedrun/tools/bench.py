@@ -1,21 +1,15 @@
 """`speedrun bench`: time a recipe's training step on synthetic tokens, on whatever device is present.
 
-The model, optimizer, compile setting, autocast dtype and schedule are built as `speedrun train` builds
-them, and every step is the project's `train_step`. Tokens are synthetic (a Zipf law over the
-vocabulary, documents of geometric length each starting with the end-of-text token), so no data is
-needed and document masks see realistic boundaries. The schedule (LR, momentum, window) is the one of
-the recipe's middle step.
-
-Reported: median step time split into forward+backward and optimizer (the optimizer is timed by
-waiting for the device before and after its step, so on a GPU the split costs a little overlap),
-tokens/s, MFU against the device's matmul peak measured in the run's dtype (a probe of at most ~2 s)
-and against the datasheet peak when the device is known, and peak memory (CUDA: allocated; CPU: the
-process's peak resident set), beside the memory guard's estimate for a CUDA step of the same config
-(train/memory.py; for the GPU check it is the number to compare with the measured CUDA peak).
-"""
+Model, optimizer, compile, dtype and the middle step's schedule are built as `speedrun train` builds
+them, and every step is the project's `train_step`; tokens are Zipf-distributed with geometric-length
+documents (realistic mask boundaries). Reported: median step time split into forward+backward and
+optimizer (synchronized around the optimizer), tokens/s, MFU against the measured matmul peak (and
+the datasheet peak when known), and peak memory beside the memory guard's CUDA estimate."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import statistics
 import time
 
@@ -90,19 +84,12 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
     pool = synthetic_tokens(n_pool * t.micro_batch_tokens + 1, vocab, eot, 1000)
     pool_t = torch.from_numpy(pool.astype(np.int64)).to(device)
-    rows = t.micro_batch_tokens // t.seq_len
-    batches = [
-        (
-            pool_t[i * t.micro_batch_tokens : (i + 1) * t.micro_batch_tokens].view(rows, t.seq_len),
-            pool_t[i * t.micro_batch_tokens + 1 : (i + 1) * t.micro_batch_tokens + 1].view(rows, t.seq_len),
-        )
-        for i in range(n_pool)
+    m, shape = t.micro_batch_tokens, (t.micro_batch_tokens // t.seq_len, t.seq_len)
+    pairs = [
+        (pool_t[a : a + m].view(shape), pool_t[a + 1 : a + m + 1].view(shape))
+        for a in range(0, n_pool * m, m)
     ]
-    counter = iter(range(1 << 62))
-
-    def next_batch():
-        return batches[next(counter) % n_pool]
-
+    next_batch = functools.partial(next, itertools.cycle(pairs))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step_s, opt_s, losses = [], [], []

@@ -1,8 +1,5 @@
 """The research subcommands of `speedrun` (sample, eval, compare, bench, verify, ablate, race, noise)
-and `train --seeds`.
-
-cli.py owns the parser and error handling; this module adds these commands to it and runs them.
-"""
+and `train --seeds`; cli.py owns the parser and the error handling."""
 
 from __future__ import annotations
 
@@ -78,38 +75,15 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--json", type=Path, default=None, help="also write the verdicts to this JSON file")
 
     ablate = sub.add_parser("ablate", help="train a recipe and one-switch variants over seeds, then a table")
-    ablate.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
-    ablate.add_argument(
-        "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
-    )
-    ablate.add_argument(
-        "--out", type=Path, default=None, help="folder of the runs (default runs/ablate-<recipe>)"
-    )
-    ablate.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="key=value",
-        help="an override for every arm (repeat it)",
-    )
+    _many_runs(ablate, "every arm", seeds=True)
     ablate.set_defaults(
         trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
     )
 
     race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
-    race.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    _many_runs(race, "both arms", seeds=False)
     race.add_argument("--pairs", type=int, default=4, help="runs per arm, one seed per pair (default 4)")
-    race.add_argument(
-        "--out", type=Path, default=None, help="folder of the runs (default runs/race-<recipe>)"
-    )
     race.add_argument("--seed", type=int, default=0, help="seed of the ABBA/BAAB block order (default 0)")
-    race.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="key=value",
-        help="an override for both arms (repeat it)",
-    )
     race.add_argument(
         "--python-b", default=None, metavar="PY", help="run arm B with this Python (another checkout)"
     )
@@ -120,23 +94,26 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     noise = sub.add_parser(
         "noise", help="repeats of each seed: nondeterminism, seed noise, runs an effect needs"
     )
-    noise.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
-    noise.add_argument(
-        "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
-    )
+    _many_runs(noise, "every run", seeds=True)
     noise.add_argument("--repeats", type=int, default=2, help="runs of each seed (default 2)")
     noise.add_argument(
         "--effect", type=float, default=None, help="also: runs needed to show this val loss difference"
     )
-    noise.add_argument(
-        "--out", type=Path, default=None, help="folder of the runs (default runs/noise-<recipe>)"
+
+
+def _many_runs(parser: argparse.ArgumentParser, each: str, seeds: bool) -> None:
+    """The options ablate, race and noise share: the recipe, the runs' folder, overrides (and seeds)."""
+    name = parser.prog.split()[-1]
+    parser.add_argument("--recipe", required=True, help="bundled recipe name or .toml file")
+    if seeds:
+        parser.add_argument(
+            "--seeds", default="3", metavar="N|S1,S2,...", help="N seeds (1..N) or a list (default 3)"
+        )
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"folder of the runs (default runs/{name}-<recipe>)"
     )
-    noise.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="key=value",
-        help="an override for every run (repeat it)",
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="key=value", help=f"an override for {each} (repeat it)"
     )
 
 
@@ -167,16 +144,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     with autocast_for(cfg, device):
-        run_sample(
-            model,
-            tokenizer,
-            args.prompt,
-            args.n,
-            args.max_tokens,
-            args.temperature,
-            args.top_k or None,
-            args.seed,
-        )
+        top_k = args.top_k or None
+        run_sample(model, tokenizer, args.prompt, args.n, args.max_tokens, args.temperature, top_k, args.seed)
     return 0
 
 
@@ -216,26 +185,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools.compare import (
-        check_report,
-        format_table,
-        load_runs,
-        make_groups,
-        plot_runs,
-        research_module,
-    )
+    from speedrun.tools import compare
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
     if args.x != "tokens" and args.plot is None:
         raise ConfigError(f"--x {args.x} chooses --plot's axis: add --plot FILE.png")
     if args.plot is not None:
-        check_report(args.plot, "--plot")  # before the work: a link, FIFO or run file is refused
-        research_module("matplotlib", "compare --plot")  # and a missing extra is said before, not after
-    runs = load_runs(args.runs)
-    print(format_table(runs, make_groups(runs, args.target), args.target))
+        # before the work: a link, FIFO or run file at --plot, or a missing extra, is said now
+        compare.check_report(args.plot, "--plot")
+        compare.research_module("matplotlib", "compare --plot")
+    runs = compare.load_runs(args.runs)
+    print(compare.format_table(runs, compare.make_groups(runs, args.target), args.target))
     if args.plot is not None:
-        print(f"plot: {plot_runs(runs, args.plot, args.target, args.x)}")
+        print(f"plot: {compare.plot_runs(runs, args.plot, args.target, args.x)}")
     return 0
 
 

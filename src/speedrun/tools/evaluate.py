@@ -1,9 +1,6 @@
-"""`speedrun eval`: validation loss and bits per byte of a saved model on any prepared shard folder.
-
-The tokens are read exactly as the training loop's validation reads them (`data.loader.val_batches`:
-the first N tokens of the val shards, in sequences of the run's `seq_len`), so evaluating a run's final
-checkpoint on its own data with its own `val_tokens` reproduces the final val loss of `metrics.jsonl`.
-"""
+"""`speedrun eval`: validation loss and bits per byte of a saved model on any prepared shard folder,
+read exactly as training's validation reads it (`val_batches`), so a run's final checkpoint on its own
+data reproduces its final val loss."""
 
 from __future__ import annotations
 
@@ -40,9 +37,8 @@ def evaluate_loss(
     device: torch.device | str = "cpu",
     checkpoint: Path | None = None,
 ) -> dict:
-    """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` on the val split of `data_dir`. The folder's
-    tokenizer must be the run's (name, vocabulary size and hash); otherwise a DataError. `model` is
-    evaluated as it is: tools/runs.load_model gives it the windows and YaRN it was validated with."""
+    """{'val_loss', 'val_bpb', 'tokens', 'data'} of `model` (as load_model built it) on `data_dir`'s val
+    split, whose tokenizer must be the run's (name, vocabulary size and hash)."""
     device = torch.device(device)
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)

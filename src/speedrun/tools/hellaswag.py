@@ -1,14 +1,9 @@
 """HellaSwag: download the validation set and score a GPT-2-tokenized model on it.
 
-Download (`speedrun prepare hellaswag`): the dataset author's Hugging Face repo `Rowan/hellaswag`
-holds the validation split as one parquet file; it is fetched with huggingface_hub and written as
-`hellaswag_val.jsonl` in the original format (ctx, endings, label, ...), atomically.
-
-Scoring, the standard GPT-2 completion-style evaluation: for each example, the 4 candidate endings
-are appended to the context (ending text preceded by a space) and each is scored by the model's loss
-on the ending's tokens. `acc_norm` picks the lowest mean per-token loss, `acc` the lowest summed loss.
-The sequence starts with the end-of-text token, the document start the model trained with.
-"""
+`speedrun prepare hellaswag` fetches `Rowan/hellaswag`'s validation parquet and writes it atomically
+as `hellaswag_val.jsonl` in the original format. Scoring is GPT-2's completion-style evaluation: after
+the end-of-text token and the context, each of the 4 endings (with its leading space) is scored by the
+model's loss on its tokens; `acc_norm` picks the lowest mean loss, `acc` the lowest sum."""
 
 from __future__ import annotations
 
@@ -16,6 +11,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,6 +19,7 @@ import torch.nn.functional as F
 
 from speedrun.atomic import write_atomic
 from speedrun.config import Config
+from speedrun.data.hub import hub_call
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import DataError
 from speedrun.tools.runs import autocast_for
@@ -48,16 +45,10 @@ def download_hellaswag(
     tmp = Path(tempfile.mkdtemp(dir=data_dir, prefix=".download-"))
     try:
         log(f"hellaswag: {PARQUET_FILE} from dataset {repo_id}")
-        try:
-            path = hf_hub_download(
-                repo_id=repo_id, filename=PARQUET_FILE, repo_type="dataset", local_dir=tmp, endpoint=endpoint
-            )
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # network, HTTP status, missing file: one line for the user
-            root = e.__cause__ or e
-            first = (str(root).strip().splitlines() or [""])[0]
-            raise DataError(f"cannot download {PARQUET_FILE} from dataset {repo_id}: {first}") from None
+        fetch = partial(
+            hf_hub_download, repo_id, PARQUET_FILE, repo_type="dataset", local_dir=tmp, endpoint=endpoint
+        )
+        path = hub_call(f"download {PARQUET_FILE}", repo_id, endpoint, fetch)
         rows = _read_parquet(Path(path))
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         out = data_dir / JSONL_FILE

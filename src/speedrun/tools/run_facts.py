@@ -1,7 +1,6 @@
-"""What `speedrun verify` reads from a run folder beyond compare's Run: the code, inductor settings and
-warm-ups of every start (log.txt), and every start's step, hardware and timing warm-up with the steps
-timed over all of them (summary.json's `starts` and `timed_steps`, carried across resumes in the
-checkpoints' clock state: train/timing.py)."""
+"""What `speedrun verify` reads from a run folder beyond compare's Run: per start, the code, inductor
+settings and warm-ups (log.txt), and its step, hardware and timing warm-up with the steps timed over all
+starts (summary.json's `starts` and `timed_steps`, carried in the checkpoints: train/timing.py)."""
 
 from __future__ import annotations
 
@@ -74,30 +73,31 @@ def _hardware(world: object, name: object) -> str | None:
     return f"{world} x {name}" if _int(world) is not None and isinstance(name, str) else None
 
 
-def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None, str | None]:
-    """(starts, timed steps, data source) from summary.json. A folder from before summary.json kept
-    every start has one only when its log shows a single start (then summary.json's device_name and
-    world_size, and config.json's timing warm-up, are that start's); a run without summary.json has
-    the facts of its config only."""
-    path = run.path
+def _read_summary(path: Path, optional: bool = False) -> dict:
+    """summary.json of the run folder `path` as a JSON object ({} when absent and `optional`)."""
     try:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        summary = {}
     except (OSError, ValueError) as e:  # load_run read it already; a file changed since is still one line
+        if optional and isinstance(e, FileNotFoundError):
+            return {}
         raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
     if not isinstance(summary, dict):
         raise DataError(f"{path / SUMMARY_FILE}: not a JSON object")
+    return summary
+
+
+def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None, str | None]:
+    """(starts, timed steps, data source) from summary.json; an older folder gets starts only when its log
+    shows one start, and a run without summary.json only its config's facts."""
+    path = run.path
+    summary = _read_summary(path, optional=True)
     source = summary.get("data_source")
     if source is not None and not isinstance(source, str):
         raise DataError(f"{path / SUMMARY_FILE}: data_source must be a string")
     listed = summary.get("starts")
     if listed is not None:
-        if (
-            not isinstance(listed, list)
-            or not listed
-            or not all(isinstance(s, dict) and _int(s.get("step")) is not None for s in listed)
-        ):
+        entries = listed if isinstance(listed, list) else []
+        if not entries or not all(isinstance(s, dict) and _int(s.get("step")) is not None for s in entries):
             raise DataError(f"{path / SUMMARY_FILE}: starts must be a list of objects with an integer step")
         starts = [
             Start(s["step"], _hardware(s.get("world_size"), s.get("device_name")), _int(s.get(WARMUP)))
@@ -120,12 +120,7 @@ def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None
 def recorded_hardware(path: Path) -> list[str]:
     """Every hardware kind a finished or stopped run folder's summary.json records: its device line and
     each start's (a run resumed elsewhere has several); "unrecorded hardware" where one is missing."""
-    try:
-        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
-    if not isinstance(summary, dict):
-        raise DataError(f"{path / SUMMARY_FILE}: not a JSON object")
+    summary = _read_summary(path)
     listed = summary.get("starts")
     pairs = [(summary.get("world_size"), summary.get("device_name"))]  # the last start's, as summary says
     if isinstance(listed, list):

@@ -1,8 +1,5 @@
-"""Open a finished run (or one checkpoint) for inference: config, weights and tokenizer.
-
-Weights come only from `model.safetensors` (loading never executes code); `state.pt` (optimizer state)
-is not read. Paths are taken relative to the run, so a run directory copied from another machine works.
-"""
+"""Open a finished run (or one checkpoint) for inference: config, weights (`model.safetensors` only:
+loading never runs code) and tokenizer, with paths relative to the run so a copied run works."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from speedrun.config import Config
 from speedrun.config_files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
-from speedrun.errors import ConfigError, DataError
+from speedrun.errors import ConfigError, DataError, first_line
 from speedrun.model.families import build_model
 from speedrun.train.checkpoint import (
     damaged_message,
@@ -67,14 +64,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Config, Path]:
-    """(model in eval mode on `device`, its config with the precision resolved for `device`, the
-    checkpoint folder) for a run or checkpoint; a checkpoint whose files disagree with its manifest is
-    refused, as `--resume` refuses it.
-
-    The one builder of a trained model for everything that decodes or evaluates it (sample, eval,
-    HellaSwag): the model is as the run validated it at the checkpoint's step, with that step's
-    windows, stage and YaRN tables (the final validation's for a finished run), never a fresh model's
-    full causal attention."""
+    """(model in eval mode on `device`, config with the precision resolved for it, checkpoint folder): the one
+    builder of a trained model for sample, eval and HellaSwag. A checkpoint that disagrees with its manifest
+    is refused, as `--resume` refuses it; the model has the windows, stage and YaRN tables its run
+    validated with at the checkpoint's step."""
     ckpt = find_checkpoint(path)
     problem = verify_checkpoint(ckpt)
     if problem is not None and (ckpt / MANIFEST).is_file():  # a saved checkpoint: before reading its files
@@ -88,7 +81,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
     try:
         weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:
-        raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {str(e).splitlines()[0][:200]}") from None
+        raise DataError(f"{ckpt / 'model.safetensors'} is damaged: {first_line(e)}") from None
     if any(k not in shapes or weights[k].shape != shapes[k] for k in weights):
         raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")
     model = build_model(cfg.model)
@@ -103,9 +96,8 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
 
 
 def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | None = None) -> Tokenizer:
-    """The run's tokenizer: GPT-2 from the installed package, a BPE from the run's data folder (or
-    `data_dir`, which must hold the same tokenizer); hash-checked against that folder's meta.json and
-    against the vocabulary `checkpoint` was trained with (a folder prepared again keeps its name)."""
+    """The run's tokenizer (GPT-2 from the package, a BPE from its data folder or `data_dir`), hash-checked
+    against that folder's meta.json and the vocabulary `checkpoint` was trained with."""
     if cfg.data.tokenizer == "gpt2" and data_dir is None:
         tok = gpt2_tokenizer()
     else:

@@ -1,8 +1,6 @@
 """Statistics of the research commands: mean, sd and Welch's t-test (`ablate`, `verify --baseline`),
-paired time ratios (`race`), and seed noise against nondeterminism with a power calculation (`noise`).
-
-The one-sample test of the record rules (mean below the target) is compare's `below_target_test`.
-"""
+paired time ratios (`race`), seed noise and power (`noise`); the record rules' one-sample test is
+compare's `below_target_test`."""
 
 from __future__ import annotations
 
@@ -24,9 +22,8 @@ def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def welch_test(a: list[float], b: list[float], command: str) -> tuple[float, float] | None:
-    """(t, two-sided p) of Welch's two-sample t-test (unequal variances) of mean(a) vs mean(b), by
-    scipy.stats.ttest_ind(equal_var=False); None with fewer than 2 values on a side or when p is
-    undefined (both sides without spread)."""
+    """(t, two-sided p) of Welch's t-test of mean(a) vs mean(b) (scipy's ttest_ind, equal_var=False); None
+    with fewer than 2 values on a side or when p is undefined (no spread)."""
     if len(a) < 2 or len(b) < 2:
         return None
     stats = research_module("scipy.stats", command)

@@ -1,12 +1,9 @@
 """`speedrun verify`: would these runs be accepted as a record? One line per rule, and why not.
 
-Everything is read from the run folders (config.json, metrics.jsonl, summary.json, log.txt), so runs
-copied from other machines verify. A rule whose facts a folder does not record (a run from before the
-fact was written) says `unknown: <what is missing>`: not a pass. The rules (modded-nanogpt README,
-docs/roadmap.md): the target by the track's test, one config and one code version, validation on the
-first 10,485,760 FineWeb val tokens, every step timed with only an untimed warm-up that restores
-its state, the default inductor config, one kind of hardware, and a baseline re-run on that hardware.
-"""
+Everything is read from the run folders, so copied runs verify; a fact a folder does not record says
+`unknown`, never a pass. The rules (modded-nanogpt README, docs/roadmap.md): the track's target test,
+one config and code version, validation on the first 10,485,760 FineWeb val tokens, every step timed
+(only a restoring warm-up untimed), the default inductor config, one hardware, a baseline re-run on it."""
 
 from __future__ import annotations
 
@@ -165,10 +162,9 @@ def rule_code(facts: list[Facts]) -> Outcome:
 
 
 def rule_validation(facts: list[Facts]) -> Outcome:
-    """The first 10,485,760 tokens of FineWeb's val split, GPT-2 tokens. The loader has one val order
-    (from the start of the split, not aligned: data/loader.val_batches), so the config's token count
-    and tokenizer, and the data's source, are what can differ. The source is the one the data folder's
-    meta.json names (summary.json's data_source): beside `data.dir`, `data.source` is only a label."""
+    """The first 10,485,760 GPT-2 tokens of FineWeb's val split: the loader has one val order, so what can
+    differ is the token count, the tokenizer and the source (meta.json's, from summary.json's data_source:
+    beside `data.dir`, `data.source` is only a label)."""
     unknown = None
     for f in facts:
         c = f.run.config
@@ -202,9 +198,8 @@ def untimed_steps(starts: list[Start], steps: int) -> list[tuple[int, int, Start
 
 
 def rule_timing(facts: list[Facts]) -> Outcome:
-    """Every training step timed (record 21 on): no step trains outside the clock except a warm-up that
-    puts model, optimizer and loader back. Validation is never timed (train/loop.py). Judged over every
-    start of a run: a run resumed with another timing warm-up is timed as each start was."""
+    """Every training step timed (record 21 on): only a warm-up that restores its state may run outside the
+    clock, validation never counts; judged over every start of a run."""
     for f in facts:
         if f.starts is None:
             return "unknown", f"{f.name}: resumed, and summary.json does not record each start (an older run)"

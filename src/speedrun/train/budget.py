@@ -1,25 +1,14 @@
-"""A run that fits a time budget: `train.time_budget_s` sets the step count from measured step times.
+"""A run that fits a time budget: `train.time_budget_s` sets the step count from measured step times
+(hosts differ ~20x, bf16 ~100x); `train.steps` is then the most the run may take.
 
-Hosts differ about 20x in throughput (and bf16 ~100x), so a fixed step count cannot promise a CPU demo
-its few minutes everywhere. With a budget, `train.steps` is the most the run may take. After
-`PROBE_STEPS` timed steps the count is planned from the median step time of the recent log intervals
-(robust to a step disturbed by another job), and planned again at every later log point while the LR
-is still on the constant part of the schedule, so a host that speeds up or slows down after the first
-steps still trains for about the budget; a new plan replaces the old only when it differs by more than
-`HYSTERESIS` (no churn from noise). The plan is final when the warm-down starts: config.json is then
-rewritten with that count and the budget spent (0), so a resume continues exactly.
-
-In the warm-down the plan may only end sooner: when the steps left at the recent median would overrun
-the budget by more than `HYSTERESIS` (the host slowed after the warm-down began), the count is cut to what
-fits, so the LR falls faster and never rises (config.json is saved again with the new count). A plan
-already at its floor (the budget spent before the warm-down could start) keeps its whole warm-down.
-
-Every plan keeps the steps done plus the warm-down, so no step before it leaves the constant part of
-the schedule (the config check allows a budget only with the trapezoid schedule, a warm-down in steps
-and no window warm-up). A budget that cannot act, because `train.steps` ends before its first plan plus
-the warm-down, is refused in one line when the user set it, else skipped with a log line; a recipe's
-budget is skipped, too, when the user fixed `train.steps` (they asked for that count).
-"""
+After `PROBE_STEPS` timed steps the count is planned from the median step time of the recent log
+intervals, and planned again at each log point while the LR is constant; a new plan replaces the old
+only when it differs by more than `HYSTERESIS`. The plan is final when the warm-down starts (config.json
+is rewritten with it, budget 0, so a resume continues exactly); in the warm-down it may only be cut, when
+the rest would overrun the budget by more than `HYSTERESIS` (the LR falls faster, never rises). Every plan
+keeps the steps done plus the warm-down. A budget that cannot act (`train.steps` ends before its first
+plan plus the warm-down) is refused when the user set it, else skipped with a log line, as is a recipe's
+budget when the user fixed `train.steps`."""
 
 from __future__ import annotations
 
@@ -35,11 +24,6 @@ RECENT = 8  # log intervals whose median step time plans the rest of the run
 HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more than this fraction
 
 
-def fix_point(timing_warmup_steps: int) -> int:
-    """The step (count of finished steps) at whose log point the step count is first planned."""
-    return timing_warmup_steps + PROBE_STEPS
-
-
 def schedule_tail(cfg: Config) -> int:
     """Steps at the end whose schedule depends on the step count (the LR warm-down, Muon's momentum
     cool-down): a plan never starts them before the steps already done."""
@@ -53,7 +37,7 @@ def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
     if t.time_budget_s <= 0:
         return
     given = {"train.time_budget_s", "train.budget_min_steps"} & cfg.fixed
-    first, tail = fix_point(t.timing_warmup_steps), schedule_tail(cfg)
+    first, tail = t.timing_warmup_steps + PROBE_STEPS, schedule_tail(cfg)  # the first plan, the warm-down
     if "train.steps" in cfg.fixed and not given:
         why = f"train.steps={t.steps} was given, so the run trains exactly that many steps"
     elif first + tail > t.steps:
@@ -81,9 +65,8 @@ def plan_steps(
     tail: int,
     cap: int,
 ) -> int:
-    """Steps whose timed part fits `budget_s`: the `timed_steps` that took `timed_s` so far, plus the
-    remaining time at `step_s` a step, plus the `untimed` warm-up steps; at least `done + tail` (the
-    schedule so far stays valid) and at most `cap` (train.steps)."""
+    """Steps whose timed part fits `budget_s` (the timed steps so far, the time left at `step_s` a step, the
+    `untimed` warm-up), at least `done + tail` and at most `cap` (train.steps)."""
     assert step_s > 0 and budget_s > 0, (step_s, budget_s)
     fits = untimed + timed_steps + math.floor(max(0.0, budget_s - timed_s) / step_s)
     return max(done + tail, min(cap, fits))
@@ -116,11 +99,8 @@ class Budget:
         plan = plan_steps(
             self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
         )
-        if (
-            self.planned
-            and abs(plan - self.steps) <= HYSTERESIS * self.steps
-            and self.steps >= done + self.tail
-        ):
+        settled = self.planned and abs(plan - self.steps) <= HYSTERESIS * self.steps
+        if settled and self.steps >= done + self.tail:
             return None
         before, self.steps, self.planned = self.steps, plan, True
         self.floored = plan <= done + self.tail  # the budget was spent already: the warm-down runs in full
@@ -135,9 +115,8 @@ class Budget:
         return self.planned and done + self.tail >= self.steps
 
     def _end_sooner(self, done: int, timed_s: float, timed_steps: int, step_s: float) -> str | None:
-        """In the warm-down: cut the count when the steps left would overrun the budget by more than
-        HYSTERESIS of it (ending sooner only moves the LR down), else keep it. A plan that was already
-        the floor (done + warm-down: the budget spent before the warm-down) keeps its warm-down."""
+        """In the warm-down, cut the count when the steps left would overrun the budget by more than
+        HYSTERESIS (the LR only falls faster); a plan at its floor (done + warm-down) keeps its warm-down."""
         if self.floored or timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
             return None
         plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, 1, self.steps)

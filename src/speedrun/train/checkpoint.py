@@ -1,19 +1,10 @@
 """Checkpoints: written atomically, verified on load, loaded without executing code.
 
-Layout inside a run directory:
-    checkpoints/step_000100/model.safetensors   weights (safetensors: loading never runs code)
-    checkpoints/step_000100/state.pt            optimizers, loader position, RNG, step, timers
-    checkpoints/step_000100/config.json         the resolved config the checkpoint belongs to
-    checkpoints/step_000100/manifest.json       sha256 and size of each file above, and the step
-A checkpoint is first written to `step_000100.tmp/`, every file fsynced, the manifest written last,
-then the folder is renamed: a crash mid-write leaves only a `.tmp` folder, which loading ignores and
-the next save removes, and the previous checkpoint intact. Loading re-hashes every file, refuses a
-missing or extra file, and checks that the step inside agrees with the folder's name, so a changed
-byte can never be trained on silently. A damaged newest checkpoint is refused, never skipped: the
-message names it and the newest intact one, and the user decides (see `damaged_message`).
-Optimizer state is replicated on every rank (DDP gradients, Muon's replicated momentum), so rank 0
-writes it and every rank reads it.
-"""
+`checkpoints/step_000100/` holds model.safetensors (weights), state.pt (optimizers, loader, RNG, step,
+timers), config.json and manifest.json (sha256 and size of each file, and the step). It is written as
+`step_000100.tmp/`, fsynced, manifest last, then renamed: a crash leaves only a `.tmp` folder. Loading
+re-hashes every file and checks the step, so a changed byte is never trained on; a damaged newest
+checkpoint is refused (naming the newest intact one), never skipped. Rank 0 writes, every rank reads."""
 
 from __future__ import annotations
 
@@ -29,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
 from speedrun.atomic import file_mode, write_atomic
-from speedrun.errors import DataError, SpeedrunError
+from speedrun.errors import DataError, SpeedrunError, first_line
 from speedrun.train.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
 FILES = ("model.safetensors", "state.pt", "config.json")
@@ -49,12 +40,8 @@ def checkpoint_step(path: Path) -> int:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoint folders, oldest first by the step number in their names, never by name
-    sort (`step_6` is older than `step_000008`, `step_1000000` newer than `step_999999`); unfinished
-    `.tmp` folders are ignored.
-
-    Finished means renamed into place, not verified: `load_checkpoint` verifies, so that a damaged
-    newest checkpoint is reported rather than silently passed over."""
+    """Finished (renamed into place; `load_checkpoint` verifies) checkpoint folders, oldest first by the
+    step number in their names, never by name sort; `.tmp` folders are ignored."""
     root = run_dir / CHECKPOINT_DIR
     if not root.is_dir():
         return []
@@ -90,11 +77,6 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _first_line(e: BaseException) -> str:
-    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return text.splitlines()[0][:200]
-
-
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -104,12 +86,8 @@ def save_checkpoint(
     keep: int,
     tokenizer_hash: str | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep` checkpoints.
-    `tokenizer_hash` (recorded in the manifest) lets `sample`/`eval` refuse a vocabulary prepared again
-    under the same name.
-
-    Any write failure (disk full raises OSError from Python, RuntimeError from torch.save,
-    SafetensorError from safetensors) becomes one SpeedrunError line, and the `.tmp` folder is removed."""
+    """Write checkpoint `step` atomically, then keep only the newest `keep`; `tokenizer_hash` lets
+    `sample`/`eval` refuse a vocabulary prepared again. Any write failure is one SpeedrunError line."""
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     try:
@@ -135,7 +113,7 @@ def save_checkpoint(
         _fsync(final.parent)
     except (OSError, RuntimeError, SafetensorError, ValueError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpeedrunError(f"cannot write checkpoint {final}: {_first_line(e)}") from None
+        raise SpeedrunError(f"cannot write checkpoint {final}: {first_line(e)}") from None
     except BaseException:  # Ctrl-C, SystemExit: still leave nothing half-written behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -156,9 +134,8 @@ def trained_tokenizer_hash(path: Path) -> str | None:
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase).
-    A file we may not read is not damage (the advice would move an intact checkpoint away): it ends
-    as `permission denied: FILE`."""
+    """None if every file of checkpoint `path` matches its manifest, else what is wrong (one phrase); a file
+    we may not read is `permission denied: FILE`, not damage."""
     try:
         return _verify(Path(path))
     except PermissionError as e:
@@ -176,7 +153,7 @@ def _verify(path: Path) -> str | None:
     except PermissionError:
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"{MANIFEST} is unreadable ({_first_line(e)})"
+        return f"{MANIFEST} is unreadable ({first_line(e)})"
     if STEP_DIR.fullmatch(path.name) and manifest.get("step") != checkpoint_step(path):  # a renamed copy
         return f"{MANIFEST} is for step {manifest.get('step')}, the folder for {checkpoint_step(path)}"
     present = {p.name for p in path.iterdir()} - {MANIFEST}
@@ -191,7 +168,7 @@ def _verify(path: Path) -> str | None:
         except PermissionError:
             raise
         except OSError as e:
-            return f"{name} is unreadable ({_first_line(e)})"
+            return f"{name} is unreadable ({first_line(e)})"
         except (KeyError, TypeError):
             return f"{MANIFEST} has a bad entry for {name}"
     return None
@@ -220,9 +197,8 @@ def damaged_message(path: Path, problem: str) -> str:
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors (on the CPU) and the metadata of a safetensors file, read through Python's own file
-    layer: safetensors' opener takes only UTF-8 paths, and a run folder named with other bytes is
-    still a run. Raises SafetensorError or ValueError for a file that is not one."""
+    """The CPU tensors and metadata of a safetensors file, read through Python's file layer (safetensors'
+    opener takes only UTF-8 paths); SafetensorError or ValueError for a file that is not one."""
     data = Path(path).read_bytes()
     tensors = load(data)  # checks the format first: the header below is then a JSON object
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
@@ -230,9 +206,8 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Verify checkpoint `path`, load its weights into `model` (in place), return (state, config).
-
-    Anything damaged, missing, extra or inconsistent → DataError naming the checkpoint."""
+    """Verify checkpoint `path`, load its weights into `model` and return (state, config); anything damaged,
+    missing, extra or inconsistent is a DataError naming the checkpoint."""
     path = Path(path)
     problem = verify_checkpoint(path)
     if problem is not None:
@@ -244,7 +219,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, SafetensorError, RuntimeError, ValueError, EOFError) as e:
-        raise DataError(damaged_message(path, f"unreadable: {_first_line(e)}")) from None
+        raise DataError(damaged_message(path, f"unreadable: {first_line(e)}")) from None
     if not isinstance(state, dict) or state.get("step") != step or weights_step != str(step):
         found = state.get("step") if isinstance(state, dict) else None
         raise DataError(damaged_message(path, f"state.pt holds step {found}, weights step {weights_step}"))

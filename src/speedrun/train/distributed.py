@@ -66,9 +66,8 @@ def _launch_error(problem: str) -> ConfigError:
 
 
 def launch_env() -> tuple[int, int, int]:
-    """(rank, local rank, world size) from torchrun's environment, checked before anything runs: a
-    garbled or partial launch environment (RANK without WORLD_SIZE, RANK >= WORLD_SIZE, no
-    MASTER_ADDR) would otherwise train silently as a non-zero rank or fail inside torch.distributed."""
+    """(rank, local rank, world size) from torchrun's environment, checked before anything runs (a garbled
+    or partial one would train silently as a non-zero rank or fail inside torch.distributed)."""
     world_size = _env_int("WORLD_SIZE", 1, 1)
     rank = _env_int("RANK", 0, 0)
     local_rank = _env_int("LOCAL_RANK", 0, 0)
@@ -92,25 +91,19 @@ def cuda_allocator_settings(env: dict[str, str] | None = None) -> None:
 
 
 def setup(requested_device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
-    """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1.
-
-    The timeout (`train.dist_timeout_s`) makes every rank fail loudly instead of hanging when another
-    rank dies; it must outlast the longest wait of a healthy run (rank 0 writing a checkpoint).
-    """
+    """Read torchrun's environment; join the process group (NCCL on CUDA, gloo on CPU) when world > 1,
+    with `train.dist_timeout_s` so a dead rank fails the others instead of hanging them."""
     rank, local_rank, world_size = launch_env()
     device = _pick_device(requested_device, local_rank)
     if device.type == "cuda":
         cuda_allocator_settings()
+        torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         dist.init_process_group(
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=datetime.timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
-    elif device.type == "cuda":
-        torch.cuda.set_device(device)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 

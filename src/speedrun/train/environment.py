@@ -44,14 +44,9 @@ def code_version() -> str:
 def cpu_description() -> str:
     import torch  # here, not at the top: `speedrun compare` reads metrics with this module, torch-free
 
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from speedrun.hardware import cpuinfo
+
+    model = cpuinfo("model name") or platform.processor() or platform.machine()
     return f"{model}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"
 
 

@@ -16,8 +16,7 @@ from speedrun.train.step import autocast, autocast_dtype
 
 def row_cu_seqlens(x: torch.Tensor, cfg: Config) -> torch.Tensor:
     """cu_seqlens of one (1, T) validation row from its BOS tokens, as the records build them for their
-    unaligned validation chunks (padded to the records' length for T, so every row has one shape;
-    data.max_docs sizes training chunks only)."""
+    unaligned validation chunks (padded to the records' length for T: one shape for every row)."""
     assert x.size(0) == 1, "varlen validation reads one row per forward (train.val_seq_len)"
     max_docs = record_max_docs(x.size(1))
     cu, _ = cu_seqlens(x[0].cpu().numpy(), cfg.model.eot_id, max_docs)

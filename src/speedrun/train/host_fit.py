@@ -1,21 +1,11 @@
-"""Fit a budgeted CPU run to the host it runs on: compile and size chosen from a measured probe.
+"""Fit a budgeted CPU run to its host: compile and size chosen from a measured probe (CPUs differ ~20x).
 
-CPUs differ ~20x in throughput (and bf16 ~100x), so a demo sized for one host learns nothing in its time
-budget on another. With `train.time_budget_s` on a CPU, `fit_to_host` times forward+backward passes of
-the recipe's micro-batch on one process (rank 0, every core of the host, whatever the process count:
-the same work on 1 or 8 processes, so the same command chooses the same model), and every process takes
-its answers:
-- compile (`train.compile=auto`): eager and compiled passes are timed; compiled wins only when it is
-  `COMPILE_GAIN` faster (both are the same computation; a tie stays eager and skips compiling).
-- size (`train.budget_min_steps`): when fewer than `budget_min_steps / HYSTERESIS` steps fit the budget,
-  the batch is halved (down to 8 sequences), then the width (down to 64), until the minimum fits. A
-  recipe keeps its size unless the host is really too slow; a key the user fixed (`cfg.fixed`) is never
-  shrunk: it is kept, and the log says that the minimum does not fit.
-Each timing is the median of `REPEATS` passes after a first one (eager and compiled in turn), measured
-again when they spread more than `SPREAD` (the machine's load changed during the probe). The choices
-are written into the run's config (config.json), so the run, its resume and its evaluation use them,
-and one log line each says what was chosen and from which numbers.
-"""
+With `train.time_budget_s` on a CPU, rank 0 times the recipe's micro-batch with every core (the same
+work on 1 or 8 processes, so one command chooses one model) and every process takes its answers:
+compile (`train.compile=auto`) only when `COMPILE_GAIN` faster than eager; size (`train.budget_min_steps`):
+when fewer than `budget_min_steps / HYSTERESIS` steps fit, halve the batch (to 8 sequences), then the
+width (to 64), never a key the user fixed (`cfg.fixed`). Timings are medians of `REPEATS` passes, redone
+when they spread more than `SPREAD`. The choices go into config.json and one log line each."""
 
 from __future__ import annotations
 
@@ -29,6 +19,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from speedrun.config import Config
+from speedrun.errors import first_line
 from speedrun.model.families import build_model
 from speedrun.train.step import autocast, autocast_dtype
 
@@ -54,16 +45,13 @@ def all_cores() -> Iterator[None]:
 
 
 def probe_steps(cfg: Config, device: torch.device, with_compiled: bool = False) -> tuple[float, float]:
-    """Estimated seconds of one optimizer step of `cfg` on one process of `device`, eager and (with
-    `with_compiled`, else inf) compiled: the median of a micro-batch's forward+backward, times the
-    micro-batches per step, plus a tenth for the optimizer. The two are timed in turn, so a change of
-    the machine's load slows both alike. A full micro-batch: a slice would time per-op overhead."""
+    """Estimated seconds of one optimizer step of `cfg` on one process, eager and (with `with_compiled`,
+    else inf) compiled: median full micro-batch forward+backward × micro-batches, plus a tenth for the
+    optimizer; the two are timed in turn, so a change of load slows both alike."""
     t = cfg.train
     torch.manual_seed(0)
     model = build_model(cfg.model).to(device)
-    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)][
-        : 1 + with_compiled
-    ]  # as build_model
+    modules = [model, torch.compile(model, dynamic=False, fullgraph=True)] if with_compiled else [model]
     x = torch.randint(0, cfg.model.vocab_size, (t.micro_batch_tokens // t.seq_len, t.seq_len), device=device)
 
     def once(module: torch.nn.Module) -> float:
@@ -105,9 +93,8 @@ def shrink(cfg: Config) -> str | None:
 def shrinks_needed(
     rcfg: Config, step_s: Callable[[Config], float], first_s: float | None = None
 ) -> tuple[int, float, float]:
-    """How many `shrink` calls it takes for `train.budget_min_steps` to fit the time budget (none while
-    more than budget_min_steps / HYSTERESIS fit), with `step_s` measuring each candidate (`first_s`:
-    the recipe's size, already measured); and the first and the last candidate's step times."""
+    """How many `shrink` calls make `train.budget_min_steps` fit the budget (none while more than
+    budget_min_steps / HYSTERESIS fit), and the first and last candidate's step times."""
     t, trial, n = rcfg.train, copy.deepcopy(rcfg), 0
     first = seconds = first_s if first_s is not None else step_s(trial)
     if t.time_budget_s / seconds >= t.budget_min_steps / HYSTERESIS:
@@ -127,7 +114,7 @@ def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> t
                 eager, compiled = probe_steps(rcfg, device, with_compiled=True)
             except torch._dynamo.exc.TorchDynamoException as e:  # no C++ compiler, for instance
                 eager, compiled = probe_steps(rcfg, device)
-                log(f"compile: compiling fails here ({(str(e).strip().splitlines() or ['?'])[0][:120]})")
+                log(f"compile: compiling fails here ({first_line(e, 120)})")
             use_compiled = int(compiled < COMPILE_GAIN * eager)
             ratio = compiled / eager if use_compiled else 1.0
             at_size = compiled if use_compiled else eager
@@ -150,12 +137,8 @@ def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> t
         log(f"host fit: {', '.join(changes.values())} ({numbers}, fewer than train.budget_min_steps={least}/"
             f"{HYSTERESIS:g}; now {seconds * 1000:.0f} ms/step: ~{int(budget / seconds)} steps)")  # fmt: skip
     if budget / seconds < least and not shrink(trial):
-        batch = (
-            "train.global_batch_tokens"
-            if "train.global_batch_tokens" in rcfg.fixed
-            else "train.micro_batch_tokens"
-        )
-        given = sorted({batch, "model.n_embd"} & rcfg.fixed)  # what kept the size
+        batch = "global" if "train.global_batch_tokens" in rcfg.fixed else "micro"
+        given = sorted({f"train.{batch}_batch_tokens", "model.n_embd"} & rcfg.fixed)  # what kept the size
         why = f"{', '.join(given)} as given" if given else "nothing left to shrink"
         log(f"host fit: kept the size ({why}), though only ~{int(budget / seconds)} of "
             f"train.budget_min_steps={least} steps fit {budget:g}s "
@@ -171,9 +154,8 @@ def fit_to_host(
     agree: Callable[[int], int],
     log: Callable[[str], None],
 ) -> bool:
-    """Choose compile and size for `cfg` (and its effective copy `rcfg`) from rank 0's probe; `agree`
-    gives every process rank 0's answers. The fit is then spent (budget_min_steps = 0, compile on or
-    off), so a resume keeps the choices. Returns whether the batch or width changed."""
+    """Choose compile and size for `cfg` (and `rcfg`) from rank 0's probe (`agree` shares its answers), then
+    spend the fit (budget_min_steps = 0, compile on/off) so a resume keeps it; whether the size changed."""
     n, use_compiled = measure(rcfg, device, log) if is_main else (0, 0)
     n, use_compiled = agree(n), agree(use_compiled)
     for _ in range(n):

@@ -1,11 +1,6 @@
-"""The training loop: read `train()` top to bottom, like nanoGPT's train.py.
-
-Set-up (processes, run directory, data, model, optimizer, loader, resume), then for each step:
-schedule → validate (not timed) → one `train_step` → at log points: read the loss, log, checkpoint,
-stop on a signal. The host waits for the device only at log and validation points, so the GPU
-never idles between steps; step times and tokens/s are exact averages over the steps between them
-(what is reported, and how, is in `train/progress.py`).
-"""
+"""The training loop: read `train()` top to bottom, like nanoGPT's train.py. Set-up, then per step:
+schedule → validate (untimed) → `train_step` → at log points: read the loss, log, checkpoint, stop on a
+signal. The host waits for the device only at log and validation points (reporting: `progress.py`)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,7 @@ from speedrun.config import Config
 from speedrun.config_files import check_resume, config_from_dict
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
-from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
 from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
@@ -56,11 +51,9 @@ def compiles(cfg: Config, device: torch.device) -> bool:
 
 
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The GPT, created directly on its device (no CPU copy), and the module its forwards run through:
-    compiled (CUDA, or `train.compile=on`) and wrapped in DDP under torchrun. In this order the
-    all-reduce overlaps the backward: dynamo compiles under DDP's forward with DDPOptimizer, which
-    splits the graph at bucket boundaries (tests/test_ddp_compile.py); `torch.compile(DDP(model),
-    fullgraph=True)` cannot trace DDP's own forward (torch 2.13)."""
+    """The GPT, created on its device, and the module its forwards run through: compiled (CUDA, or
+    `train.compile=on`) inside DDP under torchrun, so DDPOptimizer splits the graph at bucket boundaries
+    and the all-reduce overlaps the backward (tests/test_ddp_compile.py)."""
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = families.build_model(cfg.model)
@@ -89,8 +82,7 @@ def compile_errors(compiled: bool) -> Iterator[None]:
     except Exception as e:
         if not compiled or not isinstance(e, torch._dynamo.exc.TorchDynamoException):
             raise
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise SpeedrunError(f"torch.compile failed ({reason}); run with train.compile=off") from None
+        raise SpeedrunError(f"torch.compile failed ({first_line(e)}); run with train.compile=off") from None
 
 
 def restore(
@@ -101,9 +93,8 @@ def restore(
     loader: TokenLoader,
     clock: StepClock,
 ) -> tuple[int, int | None]:
-    """Load the newest checkpoint of the run into model, optimizer, loader and clock, drop the metrics
-    recorded after it; return its step (0 for a run with no checkpoint: it starts over) and the step
-    count its time budget had planned (None: none yet)."""
+    """Load the run's newest checkpoint into model, optimizer, loader and clock and drop later metrics; return
+    its step (0 without one: the run starts over) and its budget's planned step count (None: none yet)."""
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
         run.start_over(cfg.train.steps)
@@ -174,9 +165,8 @@ def follow_budget(
     ctx: distributed.DistContext,
     run: RunDir,
 ) -> Budget:
-    """Plan the step count of a `train.time_budget_s` run again after a log point (rank 0's plan, so
-    every rank agrees; train/budget.py). The plan runs in `rcfg`; once final (the warm-down has begun)
-    it is saved in config.json with the budget spent, and saved again if the warm-down ends sooner."""
+    """Plan a time-budgeted run's step count again after a log point (rank 0's plan, train/budget.py), in
+    `rcfg`; once final (the warm-down began) it is saved in config.json with the budget spent."""
     line = budget.observe(done, *interval, clock.timed_s, clock.timed_steps)
     steps = rank0_int(budget.steps, ctx) if ctx.distributed else budget.steps
     if line:
@@ -194,11 +184,8 @@ def follow_budget(
 
 
 def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """Train `cfg` and return the summary (also written to the run directory). Rank 0 writes files.
-
-    With `resume`, `out_dir` is an existing run directory: training continues from its newest
-    checkpoint and produces the metrics the uninterrupted run would have.
-    """
+    """Train `cfg` and return the summary (rank 0 writes files). With `resume`, `out_dir` is a run that
+    continues from its newest checkpoint with the metrics the uninterrupted run would have."""
     wall_start, t = time.perf_counter(), cfg.train
     notes: list[str] = []  # for the log, once it exists
     settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs

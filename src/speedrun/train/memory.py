@@ -1,23 +1,12 @@
 """The memory guard: a training step's peak memory per process, estimated from the config alone, and a
 check before step 0 on CUDA that names the setting that fits when the recipe does not.
 
-The estimate adds what is alive at the peak of a step, which (at full size) is the start of the
-backward pass: weights, gradients where they outlive the step (accumulation, DDP's buckets),
-optimizer state, the activations each layer saved for its backward, and the logits with the first
-gradients of the loss. Parameter shapes and dtypes come from the model built on the meta device (no
-memory), so every switch that adds or types a parameter is counted exactly.
-
-Eager and compiled differ in what is saved (tests/fake_memory.py measures eager with fake tensors;
-the estimate agrees within 6 % for every bundled recipe it can run, tests/test_memory.py):
-- eager keeps every intermediate an autograd node needs: the residual sums, the norms' outputs, the
-  bf16 copies of fp32 weights, the MLP's pre- and post-activation, and in the loss the softcapped
-  fp32 logits and their log-softmax, plus two logit-sized gradients when the backward starts
-  (16 bytes per logit for the records: 4 × 65,536 × 50,304 × 4 bytes ≈ 49 GB);
-- compiled (inductor) recomputes pointwise work in the backward: per layer it keeps the norms' inputs,
-  the QKV projection, the attention output and the MLP's pre-activation; the loss keeps the head's
-  output and writes one gradient of its dtype (plus the e5m2 copy of the FP8 head). This half is a
-  model, not a measurement: `speedrun bench` prints it beside the measured CUDA peak.
-"""
+The peak is at the start of the backward: weights, gradients that outlive the step, optimizer state,
+saved activations, and the logits with the loss's first gradients. Parameters come from the model built
+on the meta device. Eager keeps every intermediate autograd needs (within 6 % of tests/fake_memory.py's
+fake-tensor measurement for every bundled recipe it can run); compiled (inductor) recomputes pointwise
+work, keeping per layer the norms' inputs, QKV, attention output and MLP pre-activation, and one
+logit-sized gradient: a model, not a measurement (`speedrun bench` prints it beside the CUDA peak)."""
 
 from __future__ import annotations
 
@@ -150,10 +139,8 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
 
 
 def _validation_bytes(cfg: Config, compiled: bool) -> int:
-    """Bytes of one validation forward beyond weights and state (no gradients: nothing is saved).
-    Eager, an fp32 softcap holds three fp32 logit-sized tensors at once (the cast, z/c and its tanh
-    or sigmoid), else the peak is the fp32 logits and their log-softmax; compiled, the head's output
-    and per-row results. Plus a layer's transient activations."""
+    """Bytes of one validation forward beyond weights and state: eager, the fp32 logits' softcap
+    intermediates or logits and log-softmax; compiled, the head's output; plus a layer's activations."""
     m, t = cfg.model, cfg.train
     tokens = t.val_seq_len or t.micro_batch_tokens
     bf16_stream = m.embed_dtype == "bf16" or m.bf16_model

@@ -27,12 +27,9 @@ from speedrun.optim.tail_ema import TailEMA
 
 
 class RunOptimizer:
-    """The optimizers of a run behind one `step()`, `zero_grad()` and state dict.
-
-    Every param group is tagged with its `kind` ("adam" or "muon": what the schedule may set in it) and
-    its peak LR `initial_lr`. Parts step in insertion order (Adam first, then Muon, as the records do).
-    The "table" part (optim/sharded.py, the 2025–26 optimizer) tags its own groups.
-    """
+    """The optimizers of a run behind one `step()`, `zero_grad()` and state dict. Each param group carries
+    its `kind` ("adam" | "muon": what the schedule sets) and peak `initial_lr`; parts step in insertion
+    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups."""
 
     def __init__(
         self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None
@@ -207,9 +204,8 @@ def sharded_optimizer(cfg: Config) -> bool:
 def build_table_optimizer(
     model: torch.nn.Module, cfg: Config, entries: list[Entry] | None = None
 ) -> ShardedNorMuonAdam:
-    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe.
-
-    With `optim.tie_until`, the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
+    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe; with
+    `optim.tie_until` the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = build_rows(entries or model_rules(model, cfg), world)

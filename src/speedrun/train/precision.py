@@ -1,16 +1,10 @@
-"""Which precision a run computes in, chosen from what the device runs fast, once, before step 0.
+"""Which precision a run computes in, chosen once, before step 0, from what the device runs fast.
 
-bf16 is the records' precision and a GPU's fast path, but a CPU without bf16 instructions (AVX2-only
-x86 such as AMD Zen 1-3 or Intel client parts, or an ARM core without BF16) emulates it about 100x
-slower than fp32. So `train.dtype="auto"` means bf16 autocast only where bf16 matmuls are fast, and a
-recipe that pins `bf16` for fidelity keeps it on a GPU and on fast CPUs but falls back to fp32, with one
-log line saying so, on a CPU where it would crawl (its bf16 parameter storage falls back with it); a
-`train.dtype=bf16` the user gave (`cfg.fixed`) is kept, with a log line saying that it is slow here.
-
-`fast_bf16(device)` decides from the CPU's flags and `torch.backends.cpu.get_cpu_capability()` (which
-honours ATEN_CPU_CAPABILITY), confirmed by a sub-second matmul probe that also catches
-ONEDNN_MAX_CPU_ISA limits and machines whose flags cannot be read. The answer is cached per process.
-"""
+A CPU without bf16 instructions emulates it ~100x slower than fp32, so `train.dtype="auto"` is bf16
+only where bf16 matmuls are fast, and a recipe's pinned `bf16` falls back to fp32 (with its bf16
+parameters, and a log line) on such a CPU; a `bf16` the user gave (`cfg.fixed`) is kept, logged as
+slow. `fast_bf16` reads the CPU flags and torch's CPU capability, confirmed by a sub-second matmul
+probe, cached per process."""
 
 from __future__ import annotations
 

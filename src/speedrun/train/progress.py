@@ -1,10 +1,6 @@
-"""What a run reports, kept out of the loop so that `train()` reads as the steps it takes.
-
-Between log points the losses of the steps are summed on the device and nothing is read. At a log
-point the host waits for the device once, reads the losses and the stop signal with one collective,
-and writes the log line, the metrics row and the tracker point. Validations and the end of the run
-write their own rows; the summary is built here too.
-"""
+"""What a run reports, kept out of the loop. Between log points the losses are summed on the device;
+at a log point one wait and one collective read the losses and the stop signal, then the log line,
+metrics row and tracker point are written. Validation rows and the summary are built here too."""
 
 from __future__ import annotations
 
@@ -60,14 +56,8 @@ class Progress:
         precision: Precision,
         data_source: str | None = None,
     ):
-        self.cfg, self.ctx, self.run, self.tracker, self.clock, self.loader = (
-            cfg,
-            ctx,
-            run,
-            tracker,
-            clock,
-            loader,
-        )
+        self.cfg, self.ctx, self.run = cfg, ctx, run
+        self.tracker, self.clock, self.loader = tracker, clock, loader
         self.wall_start = wall_start  # wall time includes the set-up
         self.data_source = data_source  # summary.json's: what `verify` checks the validation data by
         self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
@@ -112,10 +102,9 @@ class Progress:
                 "the last good checkpoint (if any) is kept"
             )
         step_s, wait_s = seconds / steps, (self.loader.total_wait_s - self._wait_mark) / steps
-        tok_s = (tokens_through(done, self.cfg) - tokens_through(done - 1, self.cfg)) / clock.mean_step_s(
-            fallback=step_s
-        )
-        eta_s = clock.mean_step_s(fallback=step_s) * (t.steps - done)
+        mean_s = clock.mean_step_s(fallback=step_s)
+        tok_s = (tokens_through(done, self.cfg) - tokens_through(done - 1, self.cfg)) / mean_s
+        eta_s = mean_s * (t.steps - done)
         achieved = self.flops_per_token * tok_s / self.ctx.world_size
         self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
         utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
@@ -158,11 +147,11 @@ class Progress:
                 self.run.log(f"sample at step {done}: {prompt!r} -> {text!r}")
 
     def summary(self, status: str, steps: int | None = None) -> dict[str, Any]:
-        """summary.json: the run's result (`status` is "finished" or "stopped") after `steps` optimizer
-        steps (default: all of `train.steps`; a stopped run's own count, which compare, verify and
-        ablate read as the steps it trained)."""
+        """summary.json: the run's result (`status` "finished" or "stopped") after `steps` optimizer steps
+        (default `train.steps`; a stopped run's own count, which compare, verify and ablate read)."""
         t, clock = self.cfg.train, self.clock
         steps = t.steps if steps is None else steps
+        timed = clock.timed_steps and steps
         return {
             "recipe": self.cfg.recipe,
             "steps": steps,
@@ -170,11 +159,7 @@ class Progress:
             "final_val_bpb": self.val_bpb,
             "train_time_s": clock.timed_s,
             "wall_time_s": time.perf_counter() - self.wall_start,
-            "tokens_per_s": (
-                tokens_through(steps, self.cfg) / steps / clock.mean_step_s()
-                if clock.timed_steps and steps
-                else None
-            ),
+            "tokens_per_s": tokens_through(steps, self.cfg) / steps / clock.mean_step_s() if timed else None,
             "data_wait_s": self.loader.total_wait_s,
             "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
             "precision": {"dtype": self.precision.dtype, "reason": self.precision.reason},

@@ -31,9 +31,8 @@ AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` 
 def ensure_data(
     cfg: Config, ctx: distributed.DistContext, log=print, hold: Callable[[int | None], None] = lambda fd: None
 ) -> tuple[Path, dict[str, Any]]:
-    """Return the shard folder and its meta.json, preparing bundled sources when they are missing.
-    `hold` keeps the folder's shared lock (data/folder_lock.py), taken before meta.json is read, so
-    that `prepare` cannot replace the folder while the run trains from it."""
+    """The shard folder and its meta.json, preparing bundled sources when missing; `hold` keeps the folder's
+    shared lock (data/folder_lock.py), so `prepare` cannot replace it while the run trains from it."""
     data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
     if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
@@ -49,11 +48,9 @@ def ensure_data(
 
 
 def micro_batch_tokens(cfg: Config, world_size: int) -> int:
-    """Tokens per process per forward: the one owner of the batch rule (the loaders and the loop take
-    the result as given; accumulation = global / (world_size x micro)). The recipe's value when it
-    divides the global batch and the validation tokens over `world_size` processes; else the largest
-    smaller whole number of sequences that does, so that `torchrun --nproc_per_node=N` works without
-    overrides. The tokens of every step stay the same."""
+    """Tokens per process per forward, the one owner of the batch rule: the recipe's value when it divides
+    the global batch and val tokens over `world_size`, else the largest smaller whole number of sequences
+    that does (so `torchrun --nproc_per_node=N` needs no overrides; every step's tokens stay the same)."""
     t = cfg.train
     chunks = t.document_rows
     if cfg.data.loader == "documents" and chunks % world_size:

@@ -1,7 +1,5 @@
 """The run directory contract: config.json, metrics.jsonl, log.txt and summary.json, written by rank 0.
-
-A new run goes into a new or empty folder; only `--resume` continues one that holds a run.
-"""
+A new run goes into a new or empty folder; only `--resume` continues one that holds a run."""
 
 from __future__ import annotations
 
@@ -110,10 +108,8 @@ def check_new(path: Path) -> None:
 
 
 def _never_started(path: Path, entries: list[str]) -> bool:
-    """Whether `path` holds only what a run of ours leaves when it fails before step 0 (bad data, a
-    config problem found at set-up): config.json, an empty metrics.jsonl, a log.txt that starts with
-    our environment report, event files. Nothing in it is worth keeping, and refusing it would leave
-    the user a folder that `--resume` cannot continue either, so a new run may reuse it."""
+    """Whether `path` holds only what a run of ours leaves when it fails before step 0 (config.json, an
+    empty metrics.jsonl, our log.txt, events): nothing to keep or resume there, so a new run may reuse it."""
     ours = {"config.json", "metrics.jsonl", "log.txt"}
     others = [e for e in entries if e not in ours and not e.startswith("events.out.tfevents.")]
     if not ours <= set(entries) or others:
@@ -154,10 +150,8 @@ def _lock(path: Path) -> int:
 
 
 def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes | None]:
-    """The (line, record) pairs of a metrics.jsonl, and its torn last line (None if it has none).
-
-    Only the last line can be torn (a write cut short by a crash or a full disk); any other line
-    that is not a JSON record with a "step" means the file was damaged some other way: DataError."""
+    """The (line, record) pairs of a metrics.jsonl and its torn last line (None if none); any other line
+    that is not a record with a "step" is a DataError."""
     try:
         lines = read_regular(path).split(b"\n")
     except FileNotFoundError:
@@ -184,12 +178,9 @@ def read_records(path: Path) -> tuple[list[tuple[bytes, dict[str, Any]]], bytes 
 
 
 class RunDir:
-    """Writes the run's files. On ranks other than 0 every method is a no-op, so callers need no checks.
-
-    Rank 0 holds an exclusive lock on the folder until `close`, so a second process (a `--resume`
-    while the run still trains) is refused instead of racing on checkpoints and logs. Each log or
-    metrics line is one `os.write` to an O_APPEND file; a failed or short write is cut back off, so a
-    full disk ends the run with one error line and never leaves half a line."""
+    """Writes the run's files; on ranks other than 0 every method is a no-op. Rank 0 holds an exclusive
+    lock on the folder until `close`; each line is one O_APPEND write, cut back off when it fails, so a
+    full disk ends the run with one error line and never half a line."""
 
     def __init__(self, path: Path, enabled: bool = True, echo: bool = True, resume: bool = False):
         self.path = Path(path)
@@ -247,9 +238,8 @@ class RunDir:
         write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
-        """Drop records the resumed run will write again: anything after `step`, and validation at `step`
-        (validation of a step happens before that step's training, after its checkpoint). A torn last
-        line (a write cut off by a crash or a full disk) is dropped too, with a note in log.txt."""
+        """Drop records the resumed run writes again: after `step`, and validation at `step` (it runs after
+        that step's checkpoint); a torn last line is dropped too, noted in log.txt."""
         if not self.enabled:
             return
         path = self.path / "metrics.jsonl"
@@ -276,9 +266,8 @@ class RunDir:
             )
 
     def start_over(self, steps: int) -> None:
-        """`--resume` of a run that stopped before its first checkpoint (a kill, a double Ctrl-C): nothing
-        can be continued, so it starts again at step 0 in its own folder. The attempt's metrics records
-        are dropped (the new attempt writes them again), and log.txt says so; a finished run stays."""
+        """`--resume` of a run that stopped before its first checkpoint: start again at step 0 in its folder,
+        dropping the attempt's metrics records (log.txt says so); a finished run stays."""
         if self.has_final_validation(steps):
             raise DataError(f"run in {self.path} already finished ({steps} of {steps} steps)")
         records, _torn = read_records(self.path / "metrics.jsonl")
@@ -290,9 +279,8 @@ class RunDir:
         )
 
     def has_final_validation(self, steps: int) -> bool:
-        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during its final
-        validation has its last checkpoint but not this record, and resume must still produce it).
-        A torn last line does not count."""
+        """Whether metrics.jsonl holds the validation of step `steps` (a run killed during it has its last
+        checkpoint but not this record); a torn last line does not count."""
         records, _torn = read_records(self.path / "metrics.jsonl")
         return any(r["step"] == steps and "val_loss" in r for _, r in records)
 

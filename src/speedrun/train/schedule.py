@@ -1,11 +1,6 @@
-"""Everything that changes with the step, computed in one place as pure functions of the step.
-
-For optimizer step s the schedule gives the LR multiplier, the Muon momentum and the attention window;
-`apply_schedule` writes them into the optimizer's param groups (by the group's `kind`, never by
-optimizer name) and the model. With `train.stages` they come from the stage plan (config_stages.py,
-train/stages.py), which also sets the stage's windows and YaRN on the model. Pure functions of the
-step, so a resumed run is exact.
-"""
+"""Everything that changes with the step, as pure functions of the step (so a resume is exact): LR
+multiplier, Muon momentum and window, or with `train.stages` the stage plan's values (train/stages.py);
+`apply_schedule` writes them into the param groups (by `kind`) and the model."""
 
 from __future__ import annotations
 
@@ -42,15 +37,12 @@ def warmdown_length(cfg: TrainConfig) -> float:
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
-    """Fraction of the peak LR at 0-based optimizer step `step` (0 <= step < cfg.steps).
+    """Fraction of the peak LR at 0-based optimizer step `step`.
 
-    trapezoid (the records): warmup `(s + 1) / warmup` over `warmup_steps`, then constant, then over
-      the last W steps `w = (N − s) / W` (1 on the first warmdown step, 1/W on the last), with the floor
-      f = `final_lr_frac` mixed in as `f + (1 − f)·w`. Sub3Min's `w = min((1 − s/N)/0.4, 1)`,
-      `lr = w + (1 − w)·0.1` is this with `warmdown_frac = 0.4` and `final_lr_frac = 0.1`.
-    cosine (llm.c `get_learning_rate`): the same warmup, then `f + (1 − f)·(1 + cos(π·r))/2` with
-      r = (s − warmup)/(N − warmup), so the last step (r = (N − 1 − warmup)/(N − warmup)) is just above f.
-    """
+    trapezoid: warmup `(s + 1) / warmup`, constant, then over the last W steps `f + (1 − f)·(N − s)/W`
+      (f = `final_lr_frac`; Sub3Min is `warmdown_frac = 0.4`, `final_lr_frac = 0.1`).
+    cosine (llm.c `get_learning_rate`): the same warmup, then `f + (1 − f)·(1 + cos(π·r))/2`,
+      r = (s − warmup)/(N − warmup)."""
     floor = cfg.final_lr_frac
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
@@ -85,16 +77,10 @@ def muon_momentum(step: int, cfg: OptimConfig, total_steps: int = 0) -> float:
 
 
 def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
-    """Sliding window (tokens) for optimizer step `step` of `total_steps`; 0 when there is no window.
-
-    none: `cfg.window` throughout (2024-11-19: 1024).
-    floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u), growing from s0 to W in multiples
-      of u; with s0 = 64, W = 1792, u = 64 this is 11-24's `64·floor((64 + 1728·step/N)/64)`.
-    ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u)); with s0 = 64, W = 1792, u = 128 this is
-      `128·ceil(1728·step/N / 128)`, 128 → 1792 tokens.
-    Here W = cfg.window, s0 = cfg.window_warmup_start, u = cfg.window_unit. Integer arithmetic, so the
-    schedule is exact and identical on every rank. Step N (the final validation) gets the full window.
-    """
+    """Sliding window (tokens) at `step` of `total_steps` (0: none); W = cfg.window, s0 =
+    cfg.window_warmup_start, u = cfg.window_unit, integer arithmetic, full window at step N.
+    none: W (2024-11-19: 1024). floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u).
+    ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u))."""
     W = cfg.window
     if W <= 0 or cfg.window_warmup == "none":
         return max(0, W)
@@ -108,9 +94,8 @@ def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
 
 
 def frozen_at(step: int, span: int, transition: Callable[[int], bool]) -> bool:
-    """Record #52's pause: a span of `span` steps from each transition step on (the transition step
-    included; a transition inside a pause restarts it). `transition(s)`: whether step s starts new
-    schedule values (#52: a new window or batch size)."""
+    """Record #52's pause: `span` steps from each step where `transition(s)` (a new window or batch) is
+    true, the transition included; a transition inside a pause restarts it."""
     return span > 0 and any(transition(s) for s in range(max(1, step - span + 1), step + 1))
 
 
@@ -147,10 +132,8 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
 
 
 def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
-    """The gradients' factor for a step of `step_tokens` tokens: with `summed_loss_ranks` N, the records'
-    (each of N ranks back-propagates its summed loss over step_tokens/N tokens, the ranks' gradients
-    averaged: (step_tokens/N)·∇mean), else 1; times `grad_scale_mul` (#65: 2). A function of the global
-    batch only, so a run on any process count and micro-batch split sees the record's 8-rank gradients."""
+    """The gradients' factor for a step of `step_tokens` tokens: the records' summed loss over
+    `summed_loss_ranks` ranks, else 1, times `grad_scale_mul` (#65: 2); the same on any process count."""
     n = cfg.summed_loss_ranks
     return (step_tokens / n if n > 0 else 1.0) * cfg.grad_scale_mul
 
@@ -168,9 +151,8 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
 
 
 def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
-    """The model's part of the schedule (the window, or the stage's windows, YaRN and MTP weights),
-    written by the model's family (model/families.py). Also what a finished run is evaluated with
-    (`schedule_at(train.steps, cfg)`, tools/evaluate.py)."""
+    """The model's part of the schedule (window, or the stage's windows, YaRN and MTP weights), written by
+    its family; also what a finished run is evaluated with (`schedule_at(train.steps, cfg)`)."""
     if values.stage is not None or values.window > 0:  # else nothing to write
         families.apply_schedule(model, values)
 

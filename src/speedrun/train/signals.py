@@ -1,7 +1,5 @@
-"""Stopping on SIGINT/SIGTERM/SIGHUP at a step boundary, with every rank agreeing on the step.
-
-SIGHUP (a closed terminal, a dropped ssh session) is a request to stop like the others: by default it
-would kill the run at once and lose the steps since the last checkpoint."""
+"""Stopping on SIGINT/SIGTERM/SIGHUP at a step boundary, with every rank agreeing on the step (SIGHUP, a
+closed terminal, would otherwise kill the run and lose the steps since the last checkpoint)."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class RunInterrupted(Stopped):
-    """SIGINT/SIGTERM/SIGHUP: a checkpoint was saved at a step boundary; the run can be resumed.
-
-    The CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
+    """SIGINT/SIGTERM/SIGHUP: a checkpoint was saved at a step boundary and the run can be resumed; the
+    CLI prints `speedrun: <message>` (no "error:") and exits with 128 + the signal number."""
 
     def __init__(self, message: str, signum: int):
         super().__init__(message)

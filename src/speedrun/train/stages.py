@@ -1,15 +1,12 @@
-"""Training stages (records #46 on): the batch, the longest document, the windows, the LR multiplier
-and the multi-token-prediction weights change at stage boundaries; extension steps follow the
-scheduled ones at the final values. Every value is a pure function of the step (`stage_values`).
-The plan itself (Stage, StagePlan, `train.stages` parsed and checked) lives in the config layer,
-config_stages.py; train/schedule.schedule_at turns these values into what the loop applies.
-"""
+"""Training stages (records #46 on) as pure functions of the step (`stage_values`): batch, longest
+document, windows, LR multiplier and MTP weights per stage, then extension steps at the final values.
+The plan itself is config_stages.py's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedrun.config_stages import Stage, StagePlan, boundary
+from speedrun.config_stages import StagePlan, boundary
 
 
 @dataclass(frozen=True)
@@ -49,9 +46,8 @@ def stage_at(step: int, plan: StagePlan) -> tuple[int, float]:
 
 def stage_lr(step: int, plan: StagePlan) -> float:
     """The stage's multiplier, mixed linearly into `lr_floor` over the cool-down: from step
-    int(N·(1 − frac)) on (HEAD), with `cooldown_form` "fraction" as #46–#53's get_lr (x = s/N, the
-    floor after N), or with "exact" as #26–#45's get_lr, x = min(s/N, 0.9999) and
-    t = 1 − (1 − x)/frac once x >= 1 − frac (the same where N·(1 − frac) is whole, but for the cap)."""
+    int(N·(1 − frac)) (HEAD), x = s/N with the floor after N ("fraction", #46–#53), or
+    x = min(s/N, 0.9999) ("exact", #26–#45)."""
     lr = plan.stages[stage_at(step, plan)[0]].lr_mul
     n = plan.scheduled_steps
     if plan.cooldown_form == "fraction":  # #46–#53's get_lr
@@ -119,28 +115,9 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
     )
 
 
-#: Today's record (train_gpt.py @ f411b3d3): 8 → 16 → 24 sequences of 2,048 per step, max document
-#: 896 → 2,048, windows (1,3) → (3,7) → (5,11) → extension (6,13), 20 long blocks at the last validation.
-STAGES_2026_07 = StagePlan(
-    stages=(
-        Stage(131072, 896, (1, 3), 1.0, (1.0, 0.5, 0.25), (1.0, 0.5, 0.0), duration=1 / 3),
-        Stage(262144, 2048, (3, 7), 1.52, (1.0, 0.5), (1.0, 0.0), duration=1 / 3),
-        Stage(393216, 2048, (5, 11), 1.73, duration=1 / 3),
-        Stage(393216, 2048, (6, 13), 1.0),
-    ),
-    scheduled_steps=1270,
-    extension_steps=15,
-    cooldown_frac=0.60,
-    lr_floor=0.15,
-    split_stage=2,
-    val_long_window=20,
-)
-
-
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
-    """The long windows (blocks) the run has gone through up to `step`, in order: what YaRN rescales by
-    (#31: once per growth, and once more for the final validation's longer window, or for its YaRN
-    window where the plan names one: #35 validates with 20 long blocks but rescales to 13)."""
+    """The long windows (blocks) the run has gone through up to `step`: what YaRN rescales by (#31), plus
+    the final validation's longer window, or its YaRN window where named (#35: 20 blocks, rescaled to 13)."""
     i = stage_at(step, plan)[0]
     history = [s.windows[1] for s in plan.stages[: i + 1]]
     final = stage_values(step, plan).long_window

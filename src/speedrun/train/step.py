@@ -1,8 +1,5 @@
-"""One optimizer step: the function the loop, the benchmarks and the tests all call.
-
-It never reads a value back from the device, so on a GPU the host can queue the next step's kernels
-while this one runs; the caller decides when to wait (at log points).
-"""
+"""One optimizer step: the function the loop, the benchmarks and the tests all call. It never reads a
+value back from the device; the caller decides when to wait (at log points)."""
 
 from __future__ import annotations
 
@@ -50,15 +47,10 @@ def train_step(
 ) -> Tensor:
     """Accumulate gradients over `accumulation_steps` micro-batches, step, zero; return the mean loss.
 
-    `model` is what the forward runs through: the GPT, its compiled form, or a DDP wrapper of either.
-    Under DDP only the last micro-batch all-reduces gradients (`no_sync` on the others). As in the
-    records, each micro-batch back-propagates its own mean loss and the summed gradients are divided
-    by the count afterwards (`p.grad /= train_accumulation_steps`), so every backward sees the
-    gradients of one record rank (the FP8 head's fixed gradient scale assumes them). The gradients are
-    then multiplied by `grad_scale` (the schedule's: the records' summed loss, train.summed_loss_ranks),
-    after the backward, so the FP8 head's scales stay those of a mean loss. The returned loss (the
-    mean) is a 0-dim tensor on the device, not read: reading it would make the host wait.
-    """
+    `model` is the GPT, its compiled form or a DDP wrapper (all-reducing only on the last micro-batch). As
+    the records, each micro-batch back-propagates its own mean loss and the sum is divided by the count,
+    then multiplied by the schedule's `grad_scale` after the backward (the FP8 head's fixed scales assume a
+    mean loss). The loss is a 0-dim device tensor, never read here."""
     loss_sum: Tensor | None = None
     for micro in range(accumulation_steps):
         x, y, *cu_seqlens = next_batch()

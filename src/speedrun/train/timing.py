@@ -15,16 +15,10 @@ def wait_for_device(device: torch.device) -> None:
 
 
 class StepClock:
-    """Wall time of training steps, measured between the points where the loop waits anyway.
-
-    `start()` before a step (free if already running), `stop()` at log and validation points. Time
-    spent while stopped (validation, logging, checkpoints) is never counted. Only intervals of steps
-    after the timing warm-up add to `timed_s`, so `mean_step_s()` excludes compilation.
-
-    `starts` lists every start of the run whose steps the clock holds (the first and each `--resume`:
-    the step it began at, its processes, hardware and timing warm-up). It travels in the checkpoints
-    with the times, so a resumed run's summary says how every step it kept was timed (`verify`).
-    """
+    """Wall time of training steps, measured where the loop waits anyway: `start()` before a step, `stop()`
+    at log and validation points; time while stopped never counts, nor steps in the timing warm-up.
+    `starts` lists every start of the run (step, processes, hardware, timing warm-up); it travels in the
+    checkpoints, so a resumed run's summary says how every step was timed (`verify`)."""
 
     def __init__(self, device: torch.device):
         self.device = device

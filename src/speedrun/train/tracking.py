@@ -1,9 +1,5 @@
-"""Experiment tracking and hardware utilisation: TensorBoard event files, optional Weights & Biases, MFU.
-
-`Tracker(run_dir, wandb_project="")` writes TensorBoard events into the run directory (read them with
-`tensorboard --logdir RUN_DIR`). W&B is used only when a project is named: it is imported then (a clear
-error when it is not installed) and is the only thing here that may touch the network.
-"""
+"""Experiment tracking and utilisation: TensorBoard events in the run directory, optional Weights &
+Biases (imported only when a project is named: the only network use here), MFU."""
 
 from __future__ import annotations
 
@@ -65,15 +61,13 @@ def hardware_name(device: torch.device | str) -> str:
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device)."""
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+    assert peak_flops > 0, peak_flops  # matmul_peak's answer (a datasheet value or a measured rate)
     return flops_per_token * tokens_per_s / peak_flops
 
 
 def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
-    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds: square sizes doubling from 256
-    while the next size fits the budget. Hosts differ ~100x (bf16 emulated on AVX2 CPUs), so the size
-    is chosen by time, not fixed: a fixed 1,536 bf16 probe took 2 minutes on such a host."""
+    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds, sizes doubling from 256 while the next
+    fits: hosts differ ~100x (a fixed 1,536 bf16 probe took 2 minutes on an AVX2 host)."""
     start, best, size = time.perf_counter(), 0.0, 256
     while size <= 8192:
         rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=3)
@@ -117,9 +111,8 @@ def _write_peak(key: str, peak: float) -> None:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float, str]:
-    """FLOP/s that MFU is measured against, and where it comes from: the datasheet bf16 peak of a known
-    GPU, else a bounded probe (<= 1 s) in the dtype the run computes in, cached per machine in the
-    user's cache folder so later runs start at once. Never the bf16 peak for fp32 work."""
+    """MFU's denominator and its source: a known GPU's datasheet bf16 peak, else a probe (<= 1 s) in the
+    run's dtype, cached per machine in the user's cache folder."""
     dtype = dtype or torch.float32
     sheet = datasheet_peak(device_name(device)) if device.type == "cuda" else None
     if sheet:

@@ -1,8 +1,6 @@
-"""The untimed warm-up the rules require (2025-02 on): before the clock starts, run every shape the
-compiled model will see (a training step of each stage, and the validation forward) on real data,
-then put model, optimizer, loader and RNG back, so timed steps never compile and the run computes
-exactly what it would have without the warm-up. (Per-run table builds stay inside the timed steps.)
-"""
+"""The untimed warm-up the rules require (2025-02 on): run every shape the compiled model will see (a
+step of each stage, the validation forward) on real data, then restore model, optimizer, loader and
+RNG, so timed steps never compile and the run computes exactly what it would have without it."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ def is_compiled(train_model: torch.nn.Module) -> bool:
 
 
 def warmup_steps(cfg: Config, start: int) -> list[int]:
-    """Steps whose shapes differ: without stages one training shape per run (windows are tensors, so
-    the window schedule does not recompile); with `train.stages`, also the first step of every later
-    stage (its batch, windows and YaRN scale are new shapes and constants)."""
+    """Steps whose shapes differ: one training shape per run (windows are tensors), plus with
+    `train.stages` the first step of every later stage (new batch, windows and YaRN constants)."""
     plan = stage_plan(cfg)
     if plan is None:
         return [start]
@@ -35,9 +32,8 @@ def warmup_steps(cfg: Config, start: int) -> list[int]:
 
 
 def validation_steps(cfg: Config, start: int) -> list[int]:
-    """One step per distinct validation shape still to come: with stages, the stages that validate
-    (`train.val_every`) and the final validation (its longer window). Without stages none: the one
-    validation pass after the training steps covers the only shape."""
+    """One step per validation shape still to come: with stages, the stages that validate and the final
+    validation (its longer window); without stages none (the one validation covers it)."""
     plan = stage_plan(cfg)
     if plan is None:
         return []
@@ -66,11 +62,8 @@ def warm_up(
     validate: Callable[[], object],
     start: int = 0,
 ) -> int:
-    """Run the warm-up steps and the validations (one per stage that validates with stages, else one),
-    then restore everything; returns the training steps run.
-
-    `validate` runs the validation forward (the loop's `evaluate`, limited to one batch per process).
-    """
+    """Run the warm-up steps and validations (`validate`: one batch per process; one per validating stage),
+    then restore everything; returns the training steps run."""
     saved_model = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
     saved_loader = loader.state_dict()
