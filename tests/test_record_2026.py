@@ -10,9 +10,8 @@ test_recipe_matrix.py (every recipe)."""
 
 from __future__ import annotations
 
-from itertools import accumulate
-
 import re
+from itertools import accumulate
 
 import pytest
 import torch

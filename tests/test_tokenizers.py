@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 import regex
 
-rustbpe = pytest.importorskip("rustbpe")  # a dependency of the package; absent only in images that never installed it
-
 from speedrun.data import tokenizers
 from speedrun.data.sources import iter_documents
 from speedrun.data.tokenizers import (
@@ -21,6 +19,8 @@ from speedrun.data.tokenizers import (
     train_bpe_tokenizer,
 )
 from speedrun.errors import ConfigError, DataError
+
+rustbpe = pytest.importorskip("rustbpe")  # a package dependency; absent from the GPU image
 
 SAMPLES = [
     "Hello world",

@@ -67,7 +67,17 @@ MUDD_GATE_LR_MUL = 0.1
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 MATRIX_RULES = ("muon", "normuon")
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
-SCALAR_LIKE = ("scalar", "x0", "skip_gate", "resid_lambda", "lambda", "mudd", "mudd_bias", "mudd_gate", "mudd_gate_bias")
+SCALAR_LIKE = (
+    "scalar",
+    "x0",
+    "skip_gate",
+    "resid_lambda",
+    "lambda",
+    "mudd",
+    "mudd_bias",
+    "mudd_gate",
+    "mudd_gate_bias",
+)
 HYPER = ("lr", "betas", "wd", "eps")  # an Adam group's hyperparameters
 RULE_KEYS = {
     "adam": ("rule", "group", *HYPER),

@@ -153,7 +153,7 @@ def check(m: Gpt2026Config) -> None:
     if m.bigram_dim and not (m.bigram_rows and 0 < m.bigram_dim <= m.n_embd):
         raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
     if m.residual_form == "sublayer" and m.x0_lambda_apart:
-        raise ConfigError("model.residual_form = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
+        raise ConfigError("model.residual_form = 'sublayer' has its own x0 lambdas: drop x0_lambda_apart")
     if m.attn_out_init_gain < 0 or (m.attn_out_init_gain and m.mimetic_vo_beta):
         raise ConfigError(
             "model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta"
