@@ -93,7 +93,8 @@ class RunOptimizer:
 
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
-    return param_rules(model, label_rules(cfg.optim, model.cfg.n_embd // model.cfg.n_head))
+    m = model.cfg  # #80's Q/K blocks are heads of Q/K rows: #344's narrower width where set
+    return param_rules(model, label_rules(cfg.optim, getattr(m, "qk_head_dim", 0) or m.n_embd // m.n_head))
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
