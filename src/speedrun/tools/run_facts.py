@@ -39,6 +39,9 @@ class Facts:
     starts: list[Start] | None  # every start of the run; None: a resumed run from before they were kept
     timed_steps: int | None  # steps the clock timed over all starts (summary.json); None: not recorded
     data_source: str | None  # the data folder's meta.json source (summary.json); None: not recorded
+    timed_through: int | None = None  # the last step inside the clock; None: not recorded
+    extension_steps: int = 0  # the stages' extension steps (#344 times them); 0 also when not recorded
+    eval_writes: int | None = None  # validations that wrote a weight or a gradient; None: not recorded
 
 
 def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None], list[str]]:
@@ -74,11 +77,11 @@ def _hardware(world: object, name: object) -> str | None:
     return f"{world} x {name}" if _int(world) is not None and isinstance(name, str) else None
 
 
-def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None, str | None]:
-    """(starts, timed steps, data source) from summary.json. A folder from before summary.json kept
-    every start has one only when its log shows a single start (then summary.json's device_name and
-    world_size, and config.json's timing warm-up, are that start's); a run without summary.json has
-    the facts of its config only."""
+def _recorded(run: Run, log_starts: int) -> tuple:
+    """(starts, timed steps, data source, timed through, extension steps, eval writes) from
+    summary.json. A folder from before summary.json kept every start has one only when its log shows a
+    single start (then summary.json's device_name and world_size, and config.json's timing warm-up, are
+    that start's); a run without summary.json has the facts of its config only."""
     path = run.path
     try:
         summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
@@ -114,7 +117,11 @@ def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None
         starts = [Start(0, _hardware(summary.get("world_size"), summary.get("device_name")), grace)]
     else:
         starts = None
-    return starts, _int(summary.get("timed_steps")), source
+    counts = {k: summary.get(k) for k in ("timed_through", "extension_steps", "eval_writes")}
+    if any(v is not None and (_int(v) is None or v < 0) for v in counts.values()):
+        raise DataError(f"{path / SUMMARY_FILE}: {', '.join(counts)} must be integers >= 0 (edited?)")
+    late = (counts["timed_through"], counts["extension_steps"] or 0, counts["eval_writes"])
+    return starts, _int(summary.get("timed_steps")), source, *late
 
 
 def recorded_hardware(path: Path) -> list[str]:
