@@ -119,3 +119,14 @@ def test_a_staged_run_records_its_extension_inside_the_clock(text_data, tmp_path
     assert (summary["extension_steps"], summary["timed_through"], summary["steps"]) == (2, 6, 6)
     assert math.isfinite(summary["final_val_loss"])
     assert rules([tmp_path / "run"])["timing"][0] == "ok"
+
+
+def test_impossible_ruling_facts_in_summary_json_are_one_line(runs, tmp_path, capsys):
+    for i, (key, value) in enumerate((("eval_writes", -1), ("timed_through", "6"), ("extension_steps", 1.5))):
+        (copy,) = copies(
+            runs[:1], tmp_path / str(i), edit_json("summary.json", lambda s, k=key, v=value: s.update({k: v}))
+        )
+        assert main(["verify", str(copy), "--target", "9"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("speedrun: error:") and "must be integers >= 0 (edited?)" in err, err
+        assert "\n" not in err
