@@ -9,6 +9,7 @@ switches (config.json of a 2025 run written before the split)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -54,6 +55,7 @@ class Gpt2026Config:
     window_warmup_start: int = 64
     window_unit: PosInt = 128
     attn_scale: float = 0.1
+    qk_head_dim: int = 0  # #344: Q/K width per head (96; V keeps n_embd/n_head); 0 = the same as V
     yarn: bool = False  # #31
     rope_precision: Literal["auto", "fp32", "bf16", "bf16-angles"] = "auto"  # #32: bf16
     attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
@@ -193,6 +195,11 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
     if (m.n_embd // m.n_head) % 4:
         raise ConfigError("the gpt2026 rotary (half-truncated) needs a head dimension divisible by 4")
+    if m.qk_head_dim < 0 or m.qk_head_dim % 4:
+        raise ConfigError(
+            f"model.qk_head_dim (#344) is 0 (Q/K as wide as V) or a positive multiple of 4 (the rotary), "
+            f"got {m.qk_head_dim}"
+        )
     for key in ("attn_gate", "smear"):
         if getattr(m, key) > m.n_embd:
             raise ConfigError(
@@ -284,6 +291,18 @@ def _check_mudd_gate(m: Gpt2026Config) -> None:
     for ok, what in needs:
         if not ok:
             raise ConfigError(f"model.mudd_gate_layer (#85) needs {what}")
+
+
+def qk_width(m: Gpt2026Config) -> int:
+    """Q/K dims per head: #344's model.qk_head_dim, else the V width n_embd / n_head."""
+    return m.qk_head_dim or m.n_embd // m.n_head
+
+
+def attention_scale(m: Gpt2026Config) -> float:
+    """The attention logit scale before YaRN: model.attn_scale, times √(V width / Q/K width) with #344's
+    narrower Q/K (0.1·√(128/96)), which keeps the logits' size as the dot products get fewer terms."""
+    v = m.n_embd // m.n_head
+    return m.attn_scale * math.sqrt(v / m.qk_head_dim) if m.qk_head_dim else m.attn_scale
 
 
 def _layers(text: str) -> set[int]:

@@ -118,6 +118,8 @@ def fa3_varlen(
 ) -> Tensor:
     fn = load_fa3()
     assert fn is not None, "choose_tier picks fa3 only when it loads"
+    if q.size(-1) < v.size(-1):  # #344's narrower Q/K: zero dims add nothing to a score (FA3 wants equal)
+        q, k = (F.pad(t, (0, v.size(-1) - t.size(-1))) for t in (q, k))
     out = fn(
         q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
         max_seqlen_k=max_seqlen, causal=True, softmax_scale=scale,

@@ -43,7 +43,8 @@ def model_summary(model: nn.Module, seq_len: int) -> str:
         f"params: {total}",
         f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
         f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  "
-        f"head_dim: {cfg.n_embd // cfg.n_head}",
+        f"head_dim: {cfg.n_embd // cfg.n_head}"
+        + (f" (Q/K {cfg.qk_head_dim}, #344)" if getattr(cfg, "qk_head_dim", 0) else ""),
     ]
     attention = _attention_line(model)
     if attention:

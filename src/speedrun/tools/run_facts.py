@@ -38,6 +38,9 @@ class Facts:
     starts: list[Start] | None  # every start of the run; None: a resumed run from before they were kept
     timed_steps: int | None  # steps the clock timed over all starts (summary.json); None: not recorded
     data_source: str | None  # the data folder's meta.json source (summary.json); None: not recorded
+    timed_through: int | None = None  # the last step inside the clock; None: not recorded
+    extension_steps: int = 0  # the stages' extension steps (#344 times them); 0 also when not recorded
+    eval_writes: int | None = None  # validations that wrote a weight or a gradient; None: not recorded
 
 
 def parse_log(text: str) -> tuple[list[tuple[str, str | None]], list[str | None], list[str]]:
@@ -86,9 +89,10 @@ def _read_summary(path: Path, optional: bool = False) -> dict:
     return summary
 
 
-def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None, str | None]:
-    """(starts, timed steps, data source) from summary.json; an older folder gets starts only when its log
-    shows one start, and a run without summary.json only its config's facts."""
+def _recorded(run: Run, log_starts: int) -> tuple:
+    """(starts, timed steps, data source, timed through, extension steps, eval writes) from summary.json;
+    an older folder gets starts only when its log shows one start, and a run without summary.json only
+    its config's facts."""
     path = run.path
     summary = _read_summary(path, optional=True)
     source = summary.get("data_source")
@@ -114,7 +118,11 @@ def _recorded(run: Run, log_starts: int) -> tuple[list[Start] | None, int | None
         starts = [Start(0, _hardware(summary.get("world_size"), summary.get("device_name")), grace)]
     else:
         starts = None
-    return starts, _int(summary.get("timed_steps")), source
+    counts = {k: summary.get(k) for k in ("timed_through", "extension_steps", "eval_writes")}
+    if any(v is not None and (_int(v) is None or v < 0) for v in counts.values()):
+        raise DataError(f"{path / SUMMARY_FILE}: {', '.join(counts)} must be integers >= 0 (edited?)")
+    late = (counts["timed_through"], counts["extension_steps"] or 0, counts["eval_writes"])
+    return starts, _int(summary.get("timed_steps")), source, *late
 
 
 def recorded_hardware(path: Path) -> list[str]:

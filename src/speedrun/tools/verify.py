@@ -3,7 +3,9 @@
 Everything is read from the run folders, so copied runs verify; a fact a folder does not record says
 `unknown`, never a pass. The rules (modded-nanogpt README, docs/roadmap.md): the track's target test,
 one config and code version, validation on the first 10,485,760 FineWeb val tokens, every step timed
-(only a restoring warm-up untimed), the default inductor config, one hardware, a baseline re-run on it."""
+(only a restoring warm-up untimed), the default inductor config, one hardware, a baseline re-run on it.
+The 2026 rulings: eval-side masking allowed (#350), a backward pass at evaluation refused (#205), steps
+added beyond the schedule timed (#344)."""
 
 from __future__ import annotations
 
@@ -186,7 +188,34 @@ def rule_validation(facts: list[Facts]) -> Outcome:
                 f"{f.name}: summary.json does not record the data's source, and beside data.dir="
                 f"{c['data.dir']} data.source is only a label"
             )
-    return ("unknown", unknown) if unknown else ("ok", f"{VALIDATION}, unaligned")
+    if unknown:
+        return "unknown", unknown
+    return evaluation(facts) or ("ok", f"{VALIDATION}, unaligned{masked(facts)}")
+
+
+def evaluation(facts: list[Facts]) -> Outcome | None:
+    """What a validation may compute (the 2026 rulings): the model's forward only. A validation that
+    wrote a weight or a gradient (summary.json's eval_writes, counted by the loop) trained outside the
+    clock: test-time training, refused (#205). None when every run's validations were forward only."""
+    for f in facts:
+        if f.eval_writes is None:
+            return "unknown", f"{f.name}: summary.json does not record whether validation wrote weights"
+        if f.eval_writes:
+            return "fails", (
+                f"{f.name}: {f.eval_writes} validation(s) wrote weights or gradients: a backward pass at "
+                "evaluation is untimed training on the val tokens (refused, #205)"
+            )
+    return None
+
+
+def masked(facts: list[Facts]) -> str:
+    """The report's note on #350's canonical-token mask: allowed (eval-side masking only changes which
+    tokens the model may predict at validation, from the tokenizer alone)."""
+    on = [f.name for f in facts if f.run.config.get("model.canonical_val_mask")]
+    if not on:
+        return ""
+    who = "every run" if len(on) == len(facts) else ", ".join(on)
+    return f"; {who} masked non-canonical token pairs at validation (eval-side masking: allowed, #350)"
 
 
 def untimed_steps(starts: list[Start], steps: int) -> list[tuple[int, int, Start]]:
@@ -198,8 +227,10 @@ def untimed_steps(starts: list[Start], steps: int) -> list[tuple[int, int, Start
 
 
 def rule_timing(facts: list[Facts]) -> Outcome:
-    """Every training step timed (record 21 on): only a warm-up that restores its state may run outside the
-    clock, validation never counts; judged over every start of a run."""
+    """Every training step timed (record 21 on): no step trains outside the clock except a warm-up that
+    puts model, optimizer and loader back, extension steps included (#344: the clock must run to the
+    last step, summary.json's timed_through). Validation is never timed (train/loop.py). Judged over
+    every start of a run: a run resumed with another timing warm-up is timed as each start was."""
     for f in facts:
         if f.starts is None:
             return "unknown", f"{f.name}: resumed, and summary.json does not record each start (an older run)"
@@ -214,6 +245,13 @@ def rule_timing(facts: list[Facts]) -> Outcome:
             return "fails", (
                 f"{f.name} trained {shown} untimed (train.timing_warmup_steps={first.untimed} at {where}); "
                 "the rules time every step: set it to 0 (the compiled warm-up restores what it trains)"
+            )
+        if f.timed_through is not None and f.timed_through < steps and f.run.finished:
+            ext = f.extension_steps
+            what = f"; the last {ext} are its extension" if ext else ""
+            return "fails", (
+                f"{f.name}: steps {f.timed_through + 1}-{steps} ran after the clock stopped{what} "
+                "(steps beyond the schedule count in the time, #344)"
             )
         if f.timed_steps is not None and f.timed_steps < steps and f.run.finished:
             return "fails", f"{f.name}: only {f.timed_steps} of its {steps} steps were timed"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -21,6 +23,22 @@ def row_cu_seqlens(x: torch.Tensor, cfg: Config) -> torch.Tensor:
     max_docs = record_max_docs(x.size(1))
     cu, _ = cu_seqlens(x[0].cpu().numpy(), cfg.model.eot_id, max_docs)
     return torch.from_numpy(cu).to(x.device)
+
+
+def write_marks(model: torch.nn.Module) -> list[tuple[int, int, int]]:
+    """Per parameter: its version counter and its gradient's identity and version. An optimizer step
+    (in place) or a backward pass (a new or accumulated .grad) between two calls changes them."""
+    return [(p._version, id(p.grad), -1 if p.grad is None else p.grad._version) for p in model.parameters()]
+
+
+@contextlib.contextmanager
+def audited(model: torch.nn.Module, clock) -> Iterator[None]:
+    """Count in `clock.eval_writes` a validation inside this block that wrote a weight or a gradient:
+    work outside the clock that `verify` refuses (#205's test-time training at evaluation)."""
+    before = write_marks(model)
+    yield
+    if clock.eval_writes is not None and write_marks(model) != before:
+        clock.eval_writes += 1
 
 
 @torch.no_grad()

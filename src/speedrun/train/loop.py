@@ -27,7 +27,7 @@ from speedrun.train import distributed
 from speedrun.train.budget import Budget, settle_budget
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.environment import environment_report
-from speedrun.train.evaluate import evaluate
+from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.host_fit import fit_to_host
 from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
@@ -267,7 +267,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             apply_schedule(sched, optimizer, model)
             if step == rcfg.train.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
-                with optimizer.readout():  # track 3's Tail-EMA blend where the recipe has one
+                # track 3's Tail-EMA blend where the recipe has one; weights or gradients written inside
+                # the validation are counted (verify refuses them, #205)
+                with optimizer.readout(), audited(model, clock):
                     val = evaluate(
                         train_model, rcfg, data.val_files, data.val_micro_batch_tokens, data.token_bytes, ctx
                     )

@@ -90,8 +90,7 @@ class RunOptimizer:
 
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
-    head_dim = model.cfg.n_embd // model.cfg.n_head  # the model's own (#80's Q/K blocks)
-    return param_rules(model, label_rules(cfg.optim, head_dim), user_rows(cfg))
+    return param_rules(model, _table(cfg.optim, model.cfg), user_rows(cfg))  # the model's own shapes
 
 
 def user_rows(cfg: Config) -> list[str]:
@@ -104,7 +103,12 @@ def user_rows(cfg: Config) -> list[str]:
 
 def run_rules(cfg: Config) -> dict[str, LabelRule]:
     """The recipe's label table: every label's row (config_labels.label_table), the Adam groups' source."""
-    return label_rules(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
+    return _table(cfg.optim, cfg.model)
+
+
+def _table(o, m) -> dict[str, LabelRule]:
+    """#80's Q/K blocks are heads of Q/K rows: #344's narrower width where set."""
+    return label_rules(o, getattr(m, "qk_head_dim", 0) or m.n_embd // m.n_head)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:

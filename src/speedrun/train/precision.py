@@ -53,6 +53,8 @@ def effective_config(cfg: Config, precision: Precision) -> Config:
     pinned bf16 recipe falls back, its bf16 parameter storage falls back too (it would also crawl)."""
     train = dataclasses.replace(cfg.train, dtype=precision.dtype)
     model = cfg.model
-    if precision.dtype == "fp32" and cfg.train.dtype != "fp32":
-        model = dataclasses.replace(model, bf16_model=False, embed_dtype="fp32")
+    if precision.dtype == "fp32" and cfg.train.dtype != "fp32":  # each family's bf16 storage fields
+        fields = {f.name for f in dataclasses.fields(model)}
+        storage = {"bf16_model": False, "embed_dtype": "fp32", "block_dtype": "fp32"}
+        model = dataclasses.replace(model, **{k: v for k, v in storage.items() if k in fields})
     return dataclasses.replace(cfg, train=train, model=model)

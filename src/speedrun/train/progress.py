@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
+from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
@@ -92,7 +93,7 @@ class Progress:
         """Wait for the device, read the losses (raise if training diverged), report the interval since
         the previous log point; return the stop signal any rank received."""
         t, clock, steps = self.cfg.train, self.clock, self._steps
-        seconds = clock.stop(steps, timed=done - 1 >= self.untimed_until)
+        seconds = clock.stop(steps, timed=done - 1 >= self.untimed_until, through=done)
         train_loss, mean_loss, stop = log_point_values(last_loss, self._loss_sum, stop, self.ctx)
         if not math.isfinite(mean_loss):  # raised before any checkpoint: never save poisoned weights
             first = done - steps + 1
@@ -173,6 +174,9 @@ class Progress:
             "flops_per_token": self.flops_per_token,
             "timed_steps": clock.timed_steps,
             "starts": clock.starts,
+            "timed_through": clock.timed_through,
+            "extension_steps": plan.extension_steps if (plan := stage_plan(self.cfg)) else 0,
+            "eval_writes": clock.eval_writes,
         }
 
     def finish(self) -> dict[str, Any]:

@@ -49,6 +49,9 @@ SUMMARY_KEYS = (
     "flops_per_token",  # training FLOPs per token, the count MFU uses: compare's FLOPs axis
     "timed_steps",  # steps inside the timed clock, over every start of the run
     "starts",  # each start (the first, every --resume): {step, world_size, device_name, timing_warmup_steps}
+    "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)
+    "extension_steps",  # the stages' extension (train.stages ext=N), the last steps of train.steps
+    "eval_writes",  # validations that wrote a weight or gradient (verify: no backward at evaluation, #205)
 )
 
 

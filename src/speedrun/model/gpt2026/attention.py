@@ -1,6 +1,8 @@
 """The attention of a gpt2026 layer: fused QKV (λ-scaled weights with #47/#48), value embeddings mixed
 into v (#45's layouts, #55's gate), QK-norm, half-truncated rotary (YaRN-updated, #31), paired heads (#58),
-key offset on long layers (#49), the attention call and the output projection with #28's gate.
+key offset on long layers (#49), the attention call and the output projection with #28's gate. With #344's
+`model.qk_head_dim` Q and K are narrower than V (96 vs 128): the fused weight has 2·H·96 + C rows, QK-norm,
+rotary and the key offset act on the 96 dims, and V, the attention output and the projection keep 128.
 `project`, `attended_keys` and `output` are the decode interface (model/kv_cache.py, varlen windows)."""
 
 from __future__ import annotations
@@ -88,11 +90,14 @@ class Attention(nn.Module):
         scale: float,
         gate: int,
         weights_mix: bool,
+        qk_dim: int = 0,
     ):
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
-        self.c_attn = CastedLinear(dim, 3 * dim, bias=False)
-        label(self.c_attn.weight, "qkv", blocks=(dim, dim, dim))
+        self.qk_dim = qk_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
+        qk = n_head * self.qk_dim
+        self.c_attn = CastedLinear(dim, 2 * qk + dim, bias=False)
+        label(self.c_attn.weight, "qkv", blocks=(qk, qk, dim))
         self.c_proj = CastedLinear(dim, dim, bias=False)
         label(self.c_proj.weight, "attn_out")
         self.rotary = rotary
@@ -130,11 +135,15 @@ class Attention(nn.Module):
     def project(
         self, x: torch.Tensor, other_v: torch.Tensor | None = None, start: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v (B, H, T, D) of positions start.. (paired: (B, H/2, 2T, D)) and the unmixed v."""
+        """q, k (B, H, T, Dqk), v (B, H, T, D) of positions start.. (paired: (B, H/2, 2T, ·)) and the
+        unmixed v."""
         B, T, C = x.shape
         w = self.c_attn.weight
         w = (self.lambdas[0] * w).type_as(x) if self.weights_mix else w.to(x.dtype)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in F.linear(x, w).split(C, dim=-1))
+        qk = self.n_head * self.qk_dim
+        q, k, v = F.linear(x, w).split((qk, qk, C), dim=-1)
+        q, k = q.view(B, T, self.n_head, self.qk_dim), k.view(B, T, self.n_head, self.qk_dim)
+        v = v.view(B, T, self.n_head, self.head_dim)
         raw_v = v
         if not self.weights_mix:
             v = self.lambdas[0] * v
@@ -144,7 +153,7 @@ class Attention(nn.Module):
                 other_v = self.ve_gate.gate(other_v, x)
             v = v + other_v if self.weights_mix else v + self.lambdas[1] * other_v
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        q, k = F.rms_norm(q, (self.head_dim,)), F.rms_norm(k, (self.head_dim,))
+        q, k = F.rms_norm(q, (self.qk_dim,)), F.rms_norm(k, (self.qk_dim,))
         if self.paired:  # #58: the record's rotation, then the interleave
             q, k = rotate_paired(self.rotary, q, start), rotate_paired(self.rotary, k, start)
             return (*(interleave(t) for t in (q, k, v)), raw_v)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config_model import Gpt2026Config, attention_scale, qk_width
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend, document_ids
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
@@ -40,7 +40,9 @@ class Block(nn.Module):
         self.norm1 = Norm(d, "rmsnorm") if spec.attention else None
         weights_mix = cfg.value_mix == "weights"
         self.attn = (
-            Attention(spec, d, cfg.n_head, rotary, cfg.attn_scale, cfg.attn_gate, weights_mix)
+            Attention(
+                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn_gate, weights_mix, cfg.qk_head_dim
+            )
             if spec.attention
             else None
         )
@@ -123,7 +125,7 @@ class GPT2026(nn.Module):
             self.bigram = SignedBigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
-        rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
+        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.rope_precision)  # #344: on Q/K's dims
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
             if cfg.ve_gate and s.value_embed is not None and s.attention and not s.mudd:  # #81: MUDD's
@@ -217,9 +219,7 @@ class GPT2026(nn.Module):
             for block in self.blocks:
                 if block.attn is not None:
                     attn = block.attn
-                    mimetic_vo_init_(
-                        attn.c_attn.weight[2 * d :], attn.c_proj.weight, self.cfg.mimetic_vo_beta
-                    )
+                    mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, self.cfg.mimetic_vo_beta)
         for part in self.modules():
             if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
                 part.reset_parameters()  # zero
@@ -334,8 +334,11 @@ class GPT2026(nn.Module):
         return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """6 x matmul parameters (labels MATMULS, and the head) + attention 12·L_attn·d·T (PaLM)."""
+        """6 x matmul parameters (labels MATMULS, and the head) + attention 6·L_attn·H·(Dqk + D)·T (PaLM's
+        12·L·d·T when Q/K are as wide as V: QKᵀ over Dqk, the weighted sum over D, forward and backward)."""
+        cfg = self.cfg
         matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
-        context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
+        context = min(seq_len, cfg.window) if cfg.window > 0 else seq_len
         matmul += self.lm_head.weight.numel()
-        return 6 * matmul + 12 * len(self.cfg.attention_layers) * self.cfg.n_embd * context
+        per_head = qk_width(cfg) + cfg.n_embd // cfg.n_head
+        return 6 * matmul + 6 * len(cfg.attention_layers) * cfg.n_head * per_head * context

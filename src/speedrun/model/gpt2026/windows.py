@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from speedrun.config_model import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.attention import paired_spec
@@ -71,12 +72,11 @@ def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, y
 
 def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
     """Rewrite the model's shared rotary table (in place: compiled graphs keep reading it) and every
-    layer's attention scale for a long window that went through `windows` (tokens), as #31: the
-    scale starts at `model.attn_scale` and the half-truncated frequencies at 1 … 1/1024."""
+    layer's attention scale for a long window that went through `windows` (tokens), as #31: the scale
+    starts at `model.attn_scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
     rotary = attns[0].rotary
-    head_dim = model.cfg.n_embd // model.cfg.n_head
-    freqs, scale = yarn_after(windows, head_dim, model.cfg.attn_scale, layout="half")
+    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg), layout="half")
     cos, sin = rotary_tables(freqs, rotary.cos.size(0))  # on the host; copied to the buffers' device
     with torch.no_grad():
         rotary.cos.copy_(cos)

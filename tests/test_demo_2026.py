@@ -1,0 +1,83 @@
+"""demo-2026: record-2026-07's composition at the CPU demo's size, run by `speedrun train --recipe
+demo-2026`. It resolves to the gpt2026 family with the record's cheap parts on, keeps the demo's data,
+batch and 150 s budget logic, dry-runs with its parameter count, picks fp32 with nothing left in bf16 on
+a CPU without fast bf16, and trains a few steps shrunk (fp32 and bf16 autocast)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from speedrun.cli import main
+from speedrun.model.families import build_model
+from speedrun.recipes import load_recipe
+
+RECIPE = "demo-2026"
+
+
+def test_it_resolves_to_the_2026_composition_with_the_demos_data_batch_and_budget():
+    cfg, demo = load_recipe(RECIPE), load_recipe("demo")
+    m = cfg.model
+    assert m.family == "gpt2026" and (m.n_layer, m.n_head, m.n_embd, m.vocab_size) == (4, 4, 256, 4096)
+    assert m.xsa_layers and m.paired_layers and m.key_offset_layers and m.skips and m.backout_layer
+    assert m.attn_inputs and m.bigram_rows and m.bigram_sign_rows and m.smear and m.ve_gate
+    assert m.value_embed_init_std == 0.01 and m.ve_gate_ve_dims == 6
+    for key in ("time_budget_s", "budget_min_steps", "steps", "global_batch_tokens", "warmdown_steps"):
+        assert getattr(cfg.train, key) == getattr(demo.train, key), key
+    assert (cfg.data.source, cfg.data.tokenizer, cfg.train.val_tokens) == (
+        demo.data.source,
+        demo.data.tokenizer,
+        demo.train.val_tokens,
+    )
+    assert cfg.train.dtype == demo.train.dtype == "auto"
+
+
+def test_dry_run_prints_its_parameter_count(capsys):
+    assert main(["train", "--recipe", RECIPE, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    torch.manual_seed(0)
+    count = sum(p.numel() for p in build_model(load_recipe(RECIPE).model).parameters())
+    assert f"params: {count}\n" in out
+
+
+def test_a_cpu_without_fast_bf16_trains_it_in_fp32_with_nothing_in_bf16(monkeypatch):
+    """The demo's mechanism (precision.resolve on train.dtype=auto): on an AVX2-only host every matrix,
+    embedding and the head's softcap and cross-entropy stay fp32 (emulated bf16 is ~100x slower)."""
+    from speedrun.train import precision
+
+    monkeypatch.setattr(precision, "fast_bf16", lambda _type: (False, "no bf16 here"))
+    cfg = load_recipe(RECIPE)
+    chosen = precision.resolve(cfg, torch.device("cpu"))
+    assert chosen.dtype == "fp32" and chosen.autocast is None
+    m = precision.effective_config(cfg, chosen).model
+    assert (m.embed_dtype, m.block_dtype, m.softcap_in_bf16, m.ce_bf16, m.fp8_head, m.mlp_fp8) == (
+        "fp32",
+        "fp32",
+        False,
+        False,
+        False,
+        False,
+    )
+    assert {p.dtype for p in build_model(m).parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_it_trains_a_few_steps_shrunk(dtype, text_data, tmp_path):
+    from speedrun.train import loop
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    over = [f"data.dir={text_data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
+            "model.n_embd=64", "model.n_head=2", "model.bigram_rows=2048", "model.bigram_sign_rows=64",
+            "model.max_seq_len=1024", "model.window=256", "train.seq_len=1024",
+            "train.micro_batch_tokens=1024", "train.global_batch_tokens=1024", "train.steps=8",
+            "train.warmdown_steps=2", "train.val_every=4",
+            "train.val_tokens=2048", "train.time_budget_s=0", "train.budget_min_steps=0",
+            "train.timing_warmup_steps=0", f"train.dtype={dtype}"]  # fmt: skip
+    summary = loop.train(load_recipe(RECIPE, over), tmp_path / "run")
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) == 3 and all(math.isfinite(v) for v in val) and val[-1] < val[0], val
+    assert summary["precision"]["dtype"] == dtype and summary["steps"] == 8
