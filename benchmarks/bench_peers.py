@@ -21,7 +21,7 @@ Benchmark-only requirement (not a dependency of the package): LitGPT with LitDat
 that sees this environment's torch, e.g.
 
     python -m venv --system-site-packages /work/venvs/litgpt
-    /work/venvs/litgpt/bin/pip install litgpt litdata "torch==$(python -c 'import torch;print(torch.__version__)')"
+    /work/venvs/litgpt/bin/pip install litgpt litdata "torch==2.13.0"   # the torch this env has
     PYTHONPATH=src /work/venvs/litgpt/bin/python benchmarks/bench_peers.py --out /tmp/peers --json peers.json
 
 (pip may pull a CUDA torch with torchvision into the venv: uninstall torch/torchvision/triton/nvidia-*
@@ -38,7 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 SYSTEMS = ("speedrun", "litgpt")
 EVAL_ROWS = 8  # rows of seq_len per forward in the evaluator
-DEMO_MAX_STEPS = 300  # the demo's train.steps (the most it trains): checkpoints every 300 / --points steps
+CALIBRATION_STEPS = 10  # litgpt's step time: the median of these after the first 4 (compiling)
 
 
 class BenchError(Exception):
@@ -78,7 +78,9 @@ def score_stream(
     ids = torch.from_numpy(stream[: n + 1].astype(np.int64))
     nll, rows = 0.0, [(a, min(a + seq_len, n)) for a in range(0, n, seq_len)]
     full = [r for r in rows if r[1] - r[0] == seq_len]
-    groups = [full[i : i + EVAL_ROWS] for i in range(0, len(full), EVAL_ROWS)] + [[r] for r in rows if r not in full]
+    groups = [full[i : i + EVAL_ROWS] for i in range(0, len(full), EVAL_ROWS)] + [
+        [r] for r in rows if r not in full
+    ]
     for group in groups:
         x = torch.stack([ids[a:b] for a, b in group])
         y = torch.stack([ids[a + 1 : b + 1] for a, b in group])
@@ -128,7 +130,9 @@ def split_documents(data_dir: Path) -> tuple[dict, list[str], list[str], object]
     for split, texts in (("train", docs[False]), ("val", docs[True])):
         shards = np.concatenate([np.asarray(open_shard(p)) for p in shard_paths(data_dir, split, meta)])
         if not np.array_equal(shards, document_stream(texts, tok)):
-            raise BenchError(f"{data_dir}: the {split} documents re-split from {meta['source']} differ from its shards")
+            raise BenchError(
+                f"{data_dir}: the {split} documents re-split from {meta['source']} differ from its shards"
+            )
     return meta, docs[False], docs[True], tok
 
 
@@ -151,9 +155,13 @@ def export_litdata(stream: np.ndarray, folder: Path, seq_len: int) -> None:
     src = folder.with_suffix(".npy")
     np.save(src, stream.astype(np.int32))
     optimize(
-        fn=_litdata_items, inputs=[str(src)], output_dir=str(folder), num_workers=1,
-        chunk_bytes="50MB", item_loader=TokensLoader(block_size=seq_len + 1),
-    )  # fmt: skip
+        fn=_litdata_items,
+        inputs=[str(src)],
+        output_dir=str(folder),
+        num_workers=1,
+        chunk_bytes="50MB",
+        item_loader=TokensLoader(block_size=seq_len + 1),
+    )
 
 
 # --------------------------------------------------------------------------------------- the systems
@@ -169,10 +177,23 @@ def run(cmd: list[str], cwd: Path, log: Path) -> None:
 
 
 def train_speedrun(out: Path, budget: float, every: int) -> Path:
-    """The demo (`speedrun train`, no recipe) with checkpoints every `every` steps and at the end."""
+    """The demo (`speedrun train`, no recipe) with checkpoints every `every` steps and at the end, at the
+    recipe's size: `budget_min_steps=0` keeps a busy host from shrinking batch and width (host fit), so
+    both systems train the same model size whatever the load."""
     run_dir = out / "speedrun"
-    cmd = [sys.executable, "-m", "speedrun", "train", "--out", str(run_dir), f"train.time_budget_s={budget:g}",
-           f"train.checkpoint_every={every}", "train.checkpoint_keep=0", "train.checkpoint_at_end=true"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "speedrun",
+        "train",
+        "--out",
+        str(run_dir),
+        f"train.time_budget_s={budget:g}",
+        "train.budget_min_steps=0",
+        f"train.checkpoint_every={every}",
+        "train.checkpoint_keep=0",
+        "train.checkpoint_at_end=true",
+    ]
     run(cmd, out, out / "speedrun.log")
     return run_dir
 
@@ -188,7 +209,9 @@ def speedrun_curve(run_dir: Path) -> list[dict]:
     points = []
     for ckpt in list_checkpoints(run_dir):
         step = checkpoint_step(ckpt)
-        points.append({"step": step, "tokens": step * batch, "seconds": at[step]["time_s"], "checkpoint": str(ckpt)})
+        points.append(
+            {"step": step, "tokens": step * batch, "seconds": at[step]["time_s"], "checkpoint": str(ckpt)}
+        )
     return points
 
 
@@ -198,18 +221,35 @@ def litgpt_config(
     """A `litgpt pretrain --config` file: the demo's size and batch (`batch` sequences), AdamW, warm-up
     10% then cosine to lr/10."""
     config = {
-        "model_name": "speedrun-demo-size", "model_config": model, "out_dir": str(out), "precision": precision,
-        "data": {"class_path": "litgpt.data.LitData",
-                 "init_args": {"data_path": str(data), "split_names": ["train", "val"], "num_workers": 1}},
-        "train": {"save_interval": every, "log_interval": 1, "global_batch_size": batch, "micro_batch_size": batch,
-                  "max_tokens": steps * batch * model["block_size"], "max_norm": 1.0,
-                  "lr_warmup_steps": max(1, steps // 10), "min_lr": lr / 10, "tie_embeddings": False,
-                  "max_seq_length": model["block_size"]},
+        "model_name": "speedrun-demo-size",
+        "model_config": model,
+        "out_dir": str(out),
+        "precision": precision,
+        "data": {
+            "class_path": "litgpt.data.LitData",
+            "init_args": {"data_path": str(data), "split_names": ["train", "val"], "num_workers": 1},
+        },
+        "train": {
+            "save_interval": every,
+            "log_interval": 1,
+            "global_batch_size": batch,
+            "micro_batch_size": batch,
+            "max_tokens": steps * batch * model["block_size"],
+            "max_norm": 1.0,
+            "lr_warmup_steps": max(1, steps // 10),
+            "min_lr": lr / 10,
+            "tie_embeddings": False,
+            "max_seq_length": model["block_size"],
+        },
         "eval": {"interval": 10**9, "max_iters": 2, "initial_validation": False, "final_validation": False},
-        "optimizer": {"class_path": "torch.optim.AdamW",
-                      "init_args": {"lr": lr, "weight_decay": 0.1, "betas": [0.9, 0.95]}},
-        "devices": 1, "logger_name": "csv", "seed": 1337,
-    }  # fmt: skip
+        "optimizer": {
+            "class_path": "torch.optim.AdamW",
+            "init_args": {"lr": lr, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+        },
+        "devices": 1,
+        "logger_name": "csv",
+        "seed": 1337,
+    }
     path = out.with_suffix(".json")
     path.write_text(json.dumps(config, indent=1))
     return path
@@ -221,12 +261,22 @@ def demo_size(speedrun_cfg: dict) -> dict:
     m = speedrun_cfg["model"]
     hidden = round(4 * m["n_embd"] * 2 / 3 / 8) * 8
     return {
-        "name": "speedrun-demo-size", "block_size": speedrun_cfg["train"]["seq_len"],
-        "vocab_size": m["vocab_size"], "padded_vocab_size": m["vocab_size"], "padding_multiple": 128,
-        "n_layer": m["n_layer"], "n_head": m["n_head"], "n_embd": m["n_embd"], "n_query_groups": m["n_head"],
-        "rotary_percentage": 1.0, "parallel_residual": False, "bias": False, "norm_class_name": "RMSNorm",
-        "mlp_class_name": "LLaMAMLP", "intermediate_size": hidden,
-    }  # fmt: skip
+        "name": "speedrun-demo-size",
+        "block_size": speedrun_cfg["train"]["seq_len"],
+        "vocab_size": m["vocab_size"],
+        "padded_vocab_size": m["vocab_size"],
+        "padding_multiple": 128,
+        "n_layer": m["n_layer"],
+        "n_head": m["n_head"],
+        "n_embd": m["n_embd"],
+        "n_query_groups": m["n_head"],
+        "rotary_percentage": 1.0,
+        "parallel_residual": False,
+        "bias": False,
+        "norm_class_name": "RMSNorm",
+        "mlp_class_name": "LLaMAMLP",
+        "intermediate_size": hidden,
+    }
 
 
 def litgpt_log(out: Path) -> list[dict]:
@@ -254,19 +304,21 @@ def litgpt_seconds(rows: list[dict], save_every: int) -> dict[int, float]:
     return seconds
 
 
-def train_litgpt(out: Path, data: Path, cfg: dict, budget: float, lr: float, steps: int | None, points: int, exe: str) -> Path:
+def train_litgpt(
+    out: Path, data: Path, cfg: dict, budget: float, lr: float, steps: int | None, every: int, exe: str
+) -> Path:
     """Calibrate the step time (unless `steps` is given), then pretrain for what fits `budget`."""
     precision = "bf16-mixed" if cfg["train"]["dtype"] == "bf16" else "32-true"
     model = demo_size(cfg)
     batch = cfg["train"]["global_batch_tokens"] // model["block_size"]
     if steps is None:
         probe = out / "litgpt-calibrate"
-        run([exe, "pretrain", "--config", str(litgpt_config(probe, data, model, batch, 12, 10**9, precision, lr))],
-            out, out / "litgpt-calibrate.log")  # fmt: skip
+        config = litgpt_config(probe, data, model, batch, CALIBRATION_STEPS, 10**9, precision, lr)
+        run([exe, "pretrain", "--config", str(config)], out, out / "litgpt-calibrate.log")
         step_s = statistics.median(float(r["iter_time"]) for r in litgpt_log(probe)[4:])
         steps = max(1, int(budget / step_s))
     target = out / "litgpt"
-    config = litgpt_config(target, data, model, batch, steps, max(1, steps // points), precision, lr)
+    config = litgpt_config(target, data, model, batch, steps, every, precision, lr)
     run([exe, "pretrain", "--config", str(config)], out, out / "litgpt.log")
     return target
 
@@ -278,8 +330,14 @@ def litgpt_curve(out: Path) -> list[dict]:
     for ckpt in sorted(out.glob("step-*")) + [out / "final"]:
         step = max(seconds) if ckpt.name == "final" else int(ckpt.name.split("-")[1])
         if not points or points[-1]["step"] != step:
-            points.append({"step": step, "tokens": step * config["global_batch_size"] * config["max_seq_length"],
-                           "seconds": seconds[step], "checkpoint": str(ckpt)})  # fmt: skip
+            points.append(
+                {
+                    "step": step,
+                    "tokens": step * config["global_batch_size"] * config["max_seq_length"],
+                    "seconds": seconds[step],
+                    "checkpoint": str(ckpt),
+                }
+            )
     return points
 
 
@@ -302,8 +360,13 @@ def report(curves: dict[str, list[dict]]) -> dict:
     """Per system: steps, tokens, seconds, final bpb, and the time to the worse system's final bpb, with
     its ratio to the fastest system's time (> 1: slower)."""
     target = max(c[-1]["bpb"] for c in curves.values())
-    rows = {name: {**{k: c[-1][k] for k in ("step", "tokens", "seconds", "bpb")}, "time_to_target": time_to(c, target)}
-            for name, c in curves.items()}  # fmt: skip
+    rows = {
+        name: {
+            **{k: c[-1][k] for k in ("step", "tokens", "seconds", "bpb")},
+            "time_to_target": time_to(c, target),
+        }
+        for name, c in curves.items()
+    }
     best = min(r["time_to_target"] for r in rows.values())
     for r in rows.values():
         r["ratio"] = r["time_to_target"] / best
@@ -311,11 +374,42 @@ def report(curves: dict[str, list[dict]]) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"time to bpb {result['target_bpb']:.4f} (the worse final bpb), one evaluator over all val documents")
-    print(f"{'system':<10} {'steps':>6} {'tokens':>10} {'train s':>8} {'val bpb':>8} {'s to target':>11} {'ratio':>6}")
+    print(
+        f"time to bpb {result['target_bpb']:.4f} (the worse final bpb), one evaluator over all val documents"
+    )
+    head = ("system", "steps", "tokens", "train s", "val bpb", "s to target", "ratio")
+    print(f"{head[0]:<10} {head[1]:>6} {head[2]:>10} {head[3]:>8} {head[4]:>8} {head[5]:>11} {head[6]:>6}")
     for name, r in result["systems"].items():
-        print(f"{name:<10} {r['step']:>6} {r['tokens']:>10,} {r['seconds']:>8.1f} {r['bpb']:>8.4f} "
-              f"{r['time_to_target']:>11.1f} {r['ratio']:>6.2f}")  # fmt: skip
+        print(
+            f"{name:<10} {r['step']:>6} {r['tokens']:>10,} {r['seconds']:>8.1f} {r['bpb']:>8.4f} "
+            f"{r['time_to_target']:>11.1f} {r['ratio']:>6.2f}"
+        )
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in one line (None: nothing)."""
+    systems = args.systems.split(",")
+    if "speedrun" not in systems or any(s not in SYSTEMS for s in systems):
+        return f"--systems {args.systems}: name speedrun and any of {', '.join(SYSTEMS)}, comma-separated"
+    if args.budget <= 0 or args.every < 1 or args.points < 1 or (args.litgpt_steps or 1) < 1:
+        return "--budget, --every, --points and --litgpt-steps must be positive"
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        return f"--out {args.out}: exists and is not an empty folder"
+    if "litgpt" in systems and not Path(args.litgpt).is_file():
+        return f"--litgpt {args.litgpt}: not found (install litgpt and litdata: see the script's docstring)"
+    return None
+
+
+def evenly(points: list[dict], n: int) -> list[dict]:
+    """At most `n` of `points`, evenly spaced, the last always kept."""
+    if len(points) <= n:
+        return points
+    picks = (
+        {len(points) - 1 - round(i * (len(points) - 1) / (n - 1)) for i in range(n)}
+        if n > 1
+        else {len(points) - 1}
+    )
+    return [p for i, p in enumerate(points) if i in picks]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,21 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=150.0, help="training seconds per system (default 150)")
     p.add_argument("--out", type=Path, required=True, help="work folder (new or empty)")
     p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--points", type=int, default=6, help="checkpoints per system for the curves")
+    p.add_argument("--every", type=int, default=10, help="checkpoint every N steps (both systems)")
+    p.add_argument("--points", type=int, default=5, help="checkpoints scored per system (the last included)")
     p.add_argument("--litgpt-lr", type=float, default=3e-3, help="AdamW peak learning rate")
     p.add_argument("--litgpt-steps", type=int, help="skip the calibration: train litgpt this many steps")
-    p.add_argument("--litgpt", default=str(Path(sys.executable).with_name("litgpt")), help="the litgpt command")
+    p.add_argument(
+        "--litgpt", default=str(Path(sys.executable).with_name("litgpt")), help="the litgpt command"
+    )
     args = p.parse_args(argv)
-    systems = [s for s in args.systems.split(",") if s]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or not systems or "speedrun" not in systems:
-        p.error(f"--systems: {','.join(unknown) or args.systems!r} is not a choice; name speedrun and any of {','.join(SYSTEMS)}")
-    if args.budget <= 0 or args.points < 1 or (args.litgpt_steps is not None and args.litgpt_steps < 1):
-        p.error("--budget, --points and --litgpt-steps must be positive")
-    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
-        p.error(f"--out {args.out}: exists and is not an empty folder")
-    if "litgpt" in systems and not Path(args.litgpt).is_file():
-        p.error(f"--litgpt {args.litgpt}: not found (install litgpt and litdata; see this script's docstring)")
+    problem = check_args(args)
+    if problem:
+        print(f"bench_peers: {problem}", file=sys.stderr)
+        return 2
+    systems = args.systems.split(",")
     try:
         result = bench(args, systems)
     except BenchError as e:
@@ -357,7 +449,7 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     print(f"training speedrun (the demo) for {args.budget:g} s ...", flush=True)
-    run_dir = train_speedrun(out, args.budget, every=max(1, DEMO_MAX_STEPS // args.points))
+    run_dir = train_speedrun(out, args.budget, args.every)
     cfg = json.loads((run_dir / "config.json").read_text())
     data = cfg["data"]
     data_dir = out / (data["dir"] or default_data_dir(data["source"], data["tokenizer"]))
@@ -368,12 +460,15 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
         for split, docs in (("train", train_docs), ("val", val_docs)):
             export_litdata(document_stream(docs, tok), out / "litdata" / split, cfg["train"]["seq_len"])
         print(f"training litgpt for {args.budget:g} s ...", flush=True)
-        lit = train_litgpt(out, out / "litdata", cfg, args.budget, args.litgpt_lr, args.litgpt_steps, args.points, args.litgpt)
+        lit = train_litgpt(
+            out, out / "litdata", cfg, args.budget, args.litgpt_lr, args.litgpt_steps, args.every, args.litgpt
+        )
         checkpoints["litgpt"] = (litgpt_curve(lit), litgpt_logits)
     token_bytes = np.asarray(tok.token_byte_lengths(), dtype=np.int64)
     val_bytes = sum(len(d.encode("utf-8")) for d in val_docs)
     curves = {}
     for name, (points, load) in checkpoints.items():
+        points = evenly(points, args.points)
         for point in points:
             s = score_stream(load(Path(point["checkpoint"])), val, token_bytes, cfg["train"]["seq_len"])
             assert s.bytes == val_bytes, (s.bytes, val_bytes)  # every byte of every val document scored
@@ -381,8 +476,13 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
             print(f"  {name} step {point['step']}: {point['seconds']:.1f} s, val bpb {s.bpb:.4f}", flush=True)
         curves[name] = points
     result = report(curves)
-    result.update(curves=curves, val={"documents": len(val_docs), "tokens": len(val) - 1, "bytes": val_bytes},
-                  budget_s=args.budget, litgpt_lr=args.litgpt_lr, host=host_facts())  # fmt: skip
+    result.update(
+        curves=curves,
+        val={"documents": len(val_docs), "tokens": len(val) - 1, "bytes": val_bytes},
+        budget_s=args.budget,
+        litgpt_lr=args.litgpt_lr,
+        host=host_facts(),
+    )
     return result
 
 
@@ -390,10 +490,20 @@ def host_facts() -> dict:
     """What the numbers depend on: CPU, load, versions, commit."""
     import platform
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), platform.processor())
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
-    facts = {"cpu": cpu, "cores": os.cpu_count(), "loadavg": os.getloadavg(), "torch": torch.__version__,
-             "commit": git.stdout.strip() or None}  # fmt: skip
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+        platform.processor(),
+    )
+    git = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    )
+    facts = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "torch": torch.__version__,
+        "commit": git.stdout.strip() or None,
+    }
     try:
         import importlib.metadata as md
 
