@@ -107,7 +107,13 @@ def test_litgpt_clock_leaves_out_compilation_and_checkpoint_saves():
 
 def test_usage_errors_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "x").write_text("")
-    for args in (["--out", str(tmp_path)], ["--out", str(tmp_path / "new"), "--systems", "nanochat"]):
+    new = str(tmp_path / "new")
+    for args in (
+        ["--out", str(tmp_path)],
+        ["--out", new, "--systems", "nanochat"],
+        ["--out", new, "--speedrun-run", str(tmp_path)],
+        ["--out", new, "--every", "0"],
+    ):
         r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
         assert r.returncode == 2
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
