@@ -308,10 +308,19 @@ def litgpt_seconds(rows: list[dict], save_every: int) -> dict[int, float]:
 
 
 def train_litgpt(
-    out: Path, data: Path, cfg: dict, budget: float, lr: float, steps: int | None, every: int, exe: str
+    out: Path,
+    data: Path,
+    cfg: dict,
+    dtype: str,
+    budget: float,
+    lr: float,
+    steps: int | None,
+    every: int,
+    exe: str,
 ) -> Path:
-    """Calibrate the step time (unless `steps` is given), then pretrain for what fits `budget`."""
-    precision = "bf16-mixed" if cfg["train"]["dtype"] == "bf16" else "32-true"
+    """Calibrate the step time (unless `steps` is given), then pretrain for what fits `budget`, in the
+    precision the demo trained in (`dtype`: bf16 or fp32)."""
+    precision = "bf16-mixed" if dtype == "bf16" else "32-true"
     model = demo_size(cfg)
     batch = cfg["train"]["global_batch_tokens"] // model["block_size"]
     if steps is None:
@@ -465,6 +474,7 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
     _, train_docs, val_docs, tok = split_documents(data_dir)
     val = document_stream(val_docs, tok)
     demo = speedrun_curve(run_dir)
+    dtype = json.loads((run_dir / "summary.json").read_text())["precision"]["dtype"]  # config.json: "auto"
     checkpoints = {"speedrun": (demo, speedrun_logits)}
     if "litgpt" in systems:
         for split, docs in (("train", train_docs), ("val", val_docs)):
@@ -472,7 +482,15 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
         clock = demo[-1]["seconds"]  # the demo's clock, not --budget: a busy host makes it overrun
         print(f"training litgpt for {clock:.0f} s, the demo's training time ...", flush=True)
         lit = train_litgpt(
-            out, out / "litdata", cfg, clock, args.litgpt_lr, args.litgpt_steps, args.every, args.litgpt
+            out,
+            out / "litdata",
+            cfg,
+            dtype,
+            clock,
+            args.litgpt_lr,
+            args.litgpt_steps,
+            args.every,
+            args.litgpt,
         )
         checkpoints["litgpt"] = (litgpt_curve(lit), litgpt_logits)
     token_bytes = np.asarray(tok.token_byte_lengths(), dtype=np.int64)
@@ -491,6 +509,7 @@ def bench(args: argparse.Namespace, systems: list[str]) -> dict:
         curves=curves,
         val={"documents": len(val_docs), "tokens": len(val) - 1, "bytes": val_bytes},
         budget_s=args.budget,
+        dtype=dtype,
         litgpt_lr=args.litgpt_lr,
         host=host_facts(),
     )
