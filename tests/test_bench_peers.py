@@ -55,6 +55,11 @@ def test_evaluator_matches_the_bpb_the_run_logged(tiny_run, text_data):
     assert s.bpb == pytest.approx(final["val_bpb"], rel=1e-5)
     assert s.bpb == pytest.approx(s.nll_nats / math.log(2) / s.bytes)
 
+    curve = bp.speedrun_curve(tiny_run)  # steps 1..timing_warmup_steps trained off the clock: added back
+    untimed = [r for r in read_metrics(tiny_run) if "train_loss" in r and r["time_s"] == 0]
+    assert len(untimed) == cfg["train"]["timing_warmup_steps"] and curve[-1]["step"] == cfg["train"]["steps"]
+    assert curve[-1]["seconds"] > final["time_s"]
+
     whole = bp.score_stream(bp.speedrun_logits(tiny_run), stream, token_bytes, seq)  # a shorter last row
     assert whole.tokens == len(stream) - 1 and whole.tokens % seq != 0
     assert whole.bytes == sum(len(d.encode("utf-8")) for d in val_docs)
@@ -90,6 +95,9 @@ def test_time_to_target_interpolates_and_ratios_compare_to_the_fastest():
     assert result["systems"]["slow"]["time_to_target"] == 30.0
     assert result["systems"]["slow"]["ratio"] == pytest.approx(30.0 / ref_fast)
     assert bp.time_to(fast, 2.7) == 5.0 and bp.time_to(fast, 1.0) is None
+    assert not result["systems"]["fast"]["at_first_point"]
+    early = bp.report({"slow": slow, "fast": fast[1:]})  # already below 2.2 at its first checkpoint
+    assert early["systems"]["fast"]["at_first_point"] and early["systems"]["fast"]["time_to_target"] == 10.0
 
 
 def test_litgpt_clock_leaves_out_compilation_and_checkpoint_saves():
