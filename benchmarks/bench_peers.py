@@ -42,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 SYSTEMS = ("speedrun", "litgpt")
 EVAL_ROWS = 8  # rows of seq_len per forward in the evaluator
 CALIBRATION_STEPS = 10  # litgpt's step time: the median of these after the first 4 (compiling)
+Logits = Callable[[torch.Tensor], torch.Tensor]  # (B, T) token ids -> (B, T, V) logits
 
 
 class BenchError(Exception):
@@ -71,7 +73,11 @@ class Score:
 
 @torch.no_grad()
 def score_stream(
-    logits_fn, stream: np.ndarray, token_bytes: np.ndarray, seq_len: int, max_tokens: int | None = None
+    logits_fn: Logits,
+    stream: np.ndarray,
+    token_bytes: np.ndarray,
+    seq_len: int,
+    max_tokens: int | None = None,
 ) -> Score:
     """Bits per byte of a model over a token stream laid out as the val shards are (each document preceded
     by end-of-text): rows of `seq_len` inputs at stride `seq_len`, so every token after the first is a
@@ -83,7 +89,7 @@ def score_stream(
     nll, rows = 0.0, [(a, min(a + seq_len, n)) for a in range(0, n, seq_len)]
     full = [r for r in rows if r[1] - r[0] == seq_len]
     groups = [full[i : i + EVAL_ROWS] for i in range(0, len(full), EVAL_ROWS)] + [
-        [r] for r in rows if r not in full
+        [r] for r in rows[len(full) :]
     ]
     for group in groups:
         x = torch.stack([ids[a:b] for a, b in group])
@@ -94,7 +100,7 @@ def score_stream(
     return Score(nll, n, n_bytes, nll / math.log(2) / n_bytes)
 
 
-def speedrun_logits(checkpoint: Path):
+def speedrun_logits(checkpoint: Path) -> Logits:
     """The speedrun model of a run or checkpoint (the package's load_model), as a logits function in fp32."""
     from speedrun.tools.runs import load_model
 
@@ -102,7 +108,7 @@ def speedrun_logits(checkpoint: Path):
     return lambda x: model(x)
 
 
-def litgpt_logits(checkpoint: Path):
+def litgpt_logits(checkpoint: Path) -> Logits:
     """A LitGPT checkpoint folder (`lit_model.pth` + `model_config.yaml`) as a logits function in fp32."""
     from litgpt.config import Config
     from litgpt.model import GPT
