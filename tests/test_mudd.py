@@ -33,6 +33,7 @@ def _cfg(mudd=True, **model):
         mlp_layers=list(range(L)), value_embeds=[-1, 0, -1, -1, 1, 2], skips=[[S_SRC, 2]],
         key_offset_layers=[3, 5], paired_layers=[0], bigram_rows=64, attention="sdpa", window=64, mtp=0,
         attn_inputs=[-1, -1, -1, -1, H_SRC, H_SRC], backout_layer=0, residual_form="sublayer",
+        x0_lambda_apart=False,
         mudd_sources=[H_SRC, S_SRC] if mudd else [],
     )  # fmt: skip
     return dataclasses.replace(cfg.model, **(fields | model))
@@ -342,7 +343,10 @@ def test_cached_decoding_equals_the_forward():
         (["model.mudd_sources=[7]"], "[h, s]: two distinct present layers below 9"),
         (["model.mudd_sources=[7,9]"], "[h, s]: two distinct present layers below 9"),
         (["model.mudd_sources=[7,3]"], "residual_form='sublayer'"),
-        (["model.residual_form=sublayer", "model.mudd_sources=[7,3]"], "model.backout_layer=0"),
+        (
+            ["model.residual_form=sublayer", "model.x0_lambda_apart=false", "model.mudd_sources=[7,3]"],
+            "backout_layer=0",
+        ),
     ],
 )
 def test_a_bad_mudd_setting_is_one_config_error_naming_it(overrides, words):
@@ -350,7 +354,12 @@ def test_a_bad_mudd_setting_is_one_config_error_naming_it(overrides, words):
         load_recipe(BASE, overrides)
 
 
-OVER = ["model.residual_form=sublayer", "model.backout_layer=0", f"model.attn_inputs=[{'-1,' * 8}7,7,7]"]
+OVER = [
+    "model.residual_form=sublayer",
+    "model.x0_lambda_apart=false",
+    "model.backout_layer=0",
+    f"model.attn_inputs=[{'-1,' * 8}7,7,7]",
+]
 
 
 def _count(overrides: list[str]) -> int:

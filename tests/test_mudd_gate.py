@@ -31,7 +31,12 @@ from tests.test_mudd import (
     record_forward_mudd,
 )  # fmt: skip
 
-MUDD_ON = ["model.residual_form=sublayer", "model.backout_layer=0", "model.mudd_sources=[7,3]"]
+MUDD_ON = [
+    "model.residual_form=sublayer",
+    "model.x0_lambda_apart=false",
+    "model.backout_layer=0",
+    "model.mudd_sources=[7,3]",
+]
 G = 2  # the shrunk gate layer (the record's 4): pre gate for layers 0, 1, post for 2..5
 GATED = dict(mudd_gate_layer=G, mudd_gate_attn_layers=[1, 5], xsa_layers=[1, 3, 4], attn_gate=0, skip_gate=0)
 
@@ -362,7 +367,8 @@ def test_speedrun_train_runs_mudd_and_its_gate_network_shrunk(text_data, tmp_pat
         "model.n_layer=6", "model.windows=L,S,S,L,S,L", "model.attention_layers=[0,1,3,4,5]",
         "model.mlp_layers=[0,1,2,3,4,5]", "model.value_embeds=[-1,0,-1,-1,1,2]", "model.skips=[[1,2]]",
         "model.skip_gate_form=sigmoid", "model.value_mix=weights", "model.bigram_rows=500",
-        "model.attn_inputs=[-1,-1,-1,-1,3,3]", "model.residual_form=sublayer", "model.mudd_sources=[3,1]",
+        "model.attn_inputs=[-1,-1,-1,-1,3,3]", "model.residual_form=sublayer", "model.x0_lambda_apart=false",
+        "model.mudd_sources=[3,1]",
         "model.xsa_layers=[1,3,4]", "model.mudd_gate_layer=2", "model.mudd_gate_attn_layers=[1,5]",
     ]  # fmt: skip
     loop.train(load_recipe("demo", staged(text_data, *layout)), tmp_path / "run")
