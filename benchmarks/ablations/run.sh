@@ -19,7 +19,7 @@ case "${1:-}" in
       'model.bigram_rows=0+model.bigram_sign_rows=0' \
       'model.value_embeds=[]+model.ve_gate=0+model.ve_gate_ve_dims=0+model.value_embed_init_std=0' \
       'model.smear=0+optim.smear_gate_lr=0' \
-      "train.stages=$(python -c 'import sys;print(open(sys.argv[1]).read().split("stages = \"\"\"\\\n")[1].split("\"\"\"")[0].replace("\\\n","").replace(" mtp=1,0.5,0.25>1,0.5,0","").replace(" mtp=1,0.5>1,0",""))' $R)" \
+      'model.mtp=0+train.stages=tokens=2048 windows=1/2 lr=1 frac=1/3; tokens=2048 windows=1/3 lr=1.52 frac=1/3; tokens=2048 windows=2/4 lr=1.73 frac=1/3; tokens=2048 windows=2/5 ext=4 val=2/5 yarn=5' \
       train.steps=50
     uptime ;;
   *) echo "usage: $0 single|multi" >&2; exit 2 ;;

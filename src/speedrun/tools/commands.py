@@ -93,7 +93,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
         help="an override for every arm (repeat it)",
     )
     ablate.set_defaults(
-        trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
+        trailing=ablate.add_argument(
+            "switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each (KEY=V+KEY=V: several keys)"
+        )
     )
 
     race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
