@@ -1,0 +1,98 @@
+"""The Track 1 table of docs/ablations.md from `speedrun ablate` output folders.
+
+Each folder holds one ablate call's runs (`<arm>-seed<S>-<hash>`); every arm is compared with the
+baseline of its own folder, seed by seed. Δ is (technique off) − (technique on) in final val bpb:
+positive means switching the technique off hurts (the technique helps at this size).
+
+Equal steps: the runs as trained. Equal time: a first-order estimate, Δ_time = Δ_steps − s·ln(r), where
+r is the arm's step time over the baseline's and s = d bpb / d ln(steps) is measured by the arm
+`train.steps=N` (the baseline trained longer) in one of the folders. Times come from runs made one after
+another on a shared machine, so r is load-sensitive; `speedrun race` gives the paired ratio.
+
+Usage: python benchmarks/ablations/table.py runs/abl-single runs/abl-multi
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from scipy import stats
+
+RUN = re.compile(r"^(?P<arm>.*)-seed(?P<seed>\d+)-[0-9a-f]{10}$")
+
+
+def read(folder: Path) -> dict[str, dict[int, dict]]:
+    """arm → seed → summary.json of each finished run in one ablate folder."""
+    arms: dict[str, dict[int, dict]] = {}
+    for run in sorted(folder.iterdir()):
+        m, summary = RUN.match(run.name), run / "summary.json"
+        if m and summary.is_file():
+            s = json.loads(summary.read_text())
+            if s.get("status") == "finished":
+                arms.setdefault(m["arm"], {})[int(m["seed"])] = s
+    return arms
+
+
+def step_s(s: dict) -> float:
+    return s["train_time_s"] / s["timed_steps"]
+
+
+def compare(base: dict[int, dict], arm: dict[int, dict]) -> dict:
+    """Δ bpb (mean of the arm's runs minus the baseline's), Welch's and the paired (by seed) t-test p,
+    and the geometric mean of the per-seed step-time ratios."""
+    seeds = sorted(set(base) & set(arm))
+    a = [arm[k]["final_val_bpb"] for k in seeds]
+    b = [base[k]["final_val_bpb"] for k in seeds]
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    ratios = [step_s(arm[k]) / step_s(base[k]) for k in seeds]
+    return {
+        "n": len(seeds),
+        "delta": sum(diffs) / len(diffs),
+        "sd": stats.tstd(diffs) if len(diffs) > 1 else float("nan"),
+        "welch_p": stats.ttest_ind(a, b, equal_var=False).pvalue if len(seeds) > 1 else float("nan"),
+        "paired_p": stats.ttest_rel(a, b).pvalue if len(seeds) > 1 else float("nan"),
+        "ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+        "bpb": sum(a) / len(a),
+    }
+
+
+def main(folders: list[Path]) -> None:
+    data = {f: read(f) for f in folders}
+    slope = None
+    for arms in data.values():
+        for label, runs in arms.items():
+            if (m := re.fullmatch(r"train\.steps=(\d+)", label)) and "baseline" in arms:
+                c = compare(arms["baseline"], runs)
+                base_steps = next(iter(arms["baseline"].values()))["steps"]
+                slope = c["delta"] / math.log(int(m[1]) / base_steps)
+                print(f"slope: {label} vs baseline ({base_steps} steps): Δ {c['delta']:+.4f} bpb, "
+                      f"s = {slope:+.4f} bpb per ln(steps) (n={c['n']}, paired p={c['paired_p']:.3g})")
+    print("| switched off | n | val bpb | Δ bpb, equal steps (sd) | p Welch | p paired | step time off/on "
+          "| Δ bpb, equal time (est.) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for folder, arms in data.items():
+        base = arms.get("baseline", {})
+        bpb = [s["final_val_bpb"] for s in base.values()]
+        print(f"| baseline ({folder.name}) | {len(bpb)} | {sum(bpb) / len(bpb):.4f} | | | | | |")
+        for label, runs in arms.items():
+            if label == "baseline":
+                continue
+            c = compare(base, runs)
+            est = "-" if slope is None or label.startswith("train.steps=") else (
+                f"{c['delta'] - slope * math.log(c['ratio']):+.4f}")  # fmt: skip
+            print(f"| `{label[:70]}` | {c['n']} | {c['bpb']:.4f} | {c['delta']:+.4f} ({c['sd']:.4f}) "
+                  f"| {c['welch_p']:.3g} | {c['paired_p']:.3g} | {c['ratio']:.3f} | {est} |")
+    if len(data) > 1:  # the same baseline seeds trained in two folders: run-to-run nondeterminism
+        (fa, a), (fb, b) = list(data.items())[:2]
+        seeds = sorted(set(a.get("baseline", {})) & set(b.get("baseline", {})))
+        diffs = [a["baseline"][k]["final_val_bpb"] - b["baseline"][k]["final_val_bpb"] for k in seeds]
+        print(f"baseline repeats ({fa.name} − {fb.name}, seeds {seeds}): "
+              + ", ".join(f"{d:+.2e}" for d in diffs))
+
+
+if __name__ == "__main__":
+    main([Path(p) for p in sys.argv[1:]])
