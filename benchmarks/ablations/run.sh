@@ -16,6 +16,10 @@ STAGES='tokens=2048 windows=1/2 lr=1 frac=1/3; tokens=2048 windows=1/3 lr=1.52 f
 MTP="model.mtp=0+train.stages=$STAGES"  # the recipe's stages without their mtp= weights
 case "${1:-}" in
   single) uptime; python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-single "${SINGLE[@]}"; uptime ;;
+  # (`single` was stopped after its baseline runs, its first variant run resumed from its checkpoint,
+  # and its arms split over two workers, as the load of the shared host grew)
+  w1a) benchmarks/ablations/worker.sh runs/abl-single model.backout_layer=0 model.mimetic_vo_beta=0 ;;
+  w1b) benchmarks/ablations/worker.sh runs/abl-single 'model.xsa_layers=[]' 'model.paired_layers=[]' ;;
   w2) benchmarks/ablations/worker.sh runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" ;;
   w3) benchmarks/ablations/worker.sh runs/abl-multi "$MTP" train.steps=50 ;;
   race)  # the time side of MTP, paired and interleaved (16-step legs: step time is what it measures)
@@ -25,5 +29,5 @@ case "${1:-}" in
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-single "${SINGLE[@]}"
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" "$MTP" train.steps=50
     python benchmarks/ablations/table.py runs/abl-single runs/abl-multi ;;
-  *) echo "usage: $0 single|w2|w3|race|table" >&2; exit 2 ;;
+  *) echo "usage: $0 single|w1a|w1b|w2|w3|race|table" >&2; exit 2 ;;
 esac
