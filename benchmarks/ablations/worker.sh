@@ -7,7 +7,7 @@ set -euo pipefail
 export OMP_NUM_THREADS=1
 R=benchmarks/ablations/demo-gpt2026.toml
 out=$1; shift
-for seed in 1 2 3; do
+for seed in ${SEEDS:-1 2 3}; do
   until ls runs/abl-single/baseline-seed$seed-*/summary.json >/dev/null 2>&1; do sleep 20; done
   src=$(dirname runs/abl-single/baseline-seed$seed-*/summary.json)
   mkdir -p "$out"; [ -e "$out/$(basename "$src")" ] || cp -r "$src" "$out/"
