@@ -5,12 +5,14 @@ baseline of its own folder, seed by seed. Δ is (technique off) − (technique o
 positive means switching the technique off hurts (the technique helps at this size).
 
 Equal steps: the runs as trained. Equal time: a first-order estimate, Δ_time = Δ_steps − s·ln(r), where
-r is the arm's step time over the baseline's (each run's fastest log interval, seed by seed) and
-s = d bpb / d ln(steps) is measured by the arm `train.steps=N` (the baseline trained longer). Times come
-from runs made one after another on a shared machine, so r is load-sensitive; `speedrun race` gives the
-paired ratio.
+s = d bpb / d ln(steps) is measured by the arm `train.steps=N` (the baseline trained longer) and r is the
+arm's step time over the baseline's from a `speedrun race` folder given here whose B arm switches the same
+first key (the geometric mean of its paired step-time ratios after warm-up). Without a race, the column
+"runs' step time" shows the ablate runs' own ratio (each run's fastest log interval, seed by seed): those
+runs were made one after another on a shared machine, so it measures the load as much as the switch, and
+no equal-time value is derived from it.
 
-Usage: python benchmarks/ablations/table.py runs/abl-single runs/abl-multi
+Usage: python benchmarks/ablations/table.py runs/abl-single runs/abl-multi runs/race-mtp
 """
 
 from __future__ import annotations
@@ -82,8 +84,26 @@ def compare(base: dict[int, dict], arm: dict[int, dict]) -> dict:
     }
 
 
-def main(folders: list[Path]) -> None:
-    data = {f: read(f) for f in folders}
+def race_ratio(folder: Path) -> tuple[str, float, int]:
+    """(first key of B's switches, geometric mean of B/A steady step time over the pairs, pairs)."""
+    from speedrun.tools.race import steady_step_s
+
+    plan = json.loads((folder / "race.json").read_text())
+    logs = []
+    for pair in range(1, plan["pairs"] + 1):
+        a, b = (folder / f"{arm}-pair{pair}" for arm in "AB")
+        warmup = json.loads((a / "config.json").read_text())["train"]["timing_warmup_steps"]
+        logs.append(math.log(steady_step_s(b, warmup) / steady_step_s(a, warmup)))
+    return plan["switches"][0].partition("=")[0], math.exp(sum(logs) / len(logs)), len(logs)
+
+
+def main(paths: list[Path]) -> None:
+    races = {}
+    for path in [p for p in paths if (p / "race.json").is_file()]:
+        key, ratio, pairs = race_ratio(path)
+        races[key] = ratio
+        print(f"race {path.name}: {key}... off/on step time {ratio:.4f} (geometric mean of {pairs} pairs)")
+    data = {f: read(f) for f in paths if not (f / "race.json").is_file()}
     slope = None
     for arms in data.values():
         for label, runs in arms.items():
@@ -96,24 +116,26 @@ def main(folders: list[Path]) -> None:
                     f"s = {slope:+.4f} bpb per ln(steps) (n={c['n']}, paired p={c['paired_p']:.3g})"
                 )
     print(
-        "| switched off | n | val bpb | Δ bpb, equal steps (sd) | p Welch | p paired | step time off/on "
-        "| Δ bpb, equal time (est.) |"
+        "| switched off | n | val bpb | Δ bpb, equal steps (sd) | p Welch | p paired | runs' step time "
+        "off/on | raced step time off/on | Δ bpb, equal time (est.) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for folder, arms in data.items():
         base = arms.get("baseline", {})
         bpb = [s["final_val_bpb"] for s in base.values()]
-        print(f"| baseline ({folder.name}) | {len(bpb)} | {sum(bpb) / len(bpb):.4f} | | | | | |")
+        print(f"| baseline ({folder.name}) | {len(bpb)} | {sum(bpb) / len(bpb):.4f} | | | | | | |")
         for label, runs in arms.items():
             if label == "baseline":
                 continue
             c = compare(base, runs)
-            est = "-" if slope is None or label.startswith("train.steps=") else (
-                f"{c['delta'] - slope * math.log(c['ratio']):+.4f}")  # fmt: skip
-            name = NAMES.get(label.partition("=")[0], f"`{label[:60]}`")
+            key = label.partition("=")[0]
+            raced = races.get(key)
+            est = "-" if slope is None or raced is None else f"{c['delta'] - slope * math.log(raced):+.4f}"
+            name = NAMES.get(key, f"`{label[:60]}`")
             print(
                 f"| {name} | {c['n']} | {c['bpb']:.4f} | {c['delta']:+.4f} ({c['sd']:.4f}) "
-                f"| {c['welch_p']:.3g} | {c['paired_p']:.3g} | {c['ratio']:.3f} | {est} |"
+                f"| {c['welch_p']:.3g} | {c['paired_p']:.3g} | {c['ratio']:.2f} "
+                f"| {'-' if raced is None else f'{raced:.3f}'} | {est} |"
             )
     if len(data) > 1:  # the same baseline seeds trained in two folders: run-to-run nondeterminism
         (fa, a), (fb, b) = list(data.items())[:2]
