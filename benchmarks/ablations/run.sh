@@ -21,7 +21,12 @@ case "${1:-}" in
   w1a) benchmarks/ablations/worker.sh runs/abl-single model.backout_layer=0 model.mimetic_vo_beta=0 ;;
   w1b) benchmarks/ablations/worker.sh runs/abl-single 'model.xsa_layers=[]' 'model.paired_layers=[]' ;;
   w2) benchmarks/ablations/worker.sh runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" ;;
-  # (w2 was stopped after seed 1; seeds 2 and 3 ran as two more workers side by side)
+  # (w2 was stopped after seed 1; seeds 2 and 3 ran as two more workers side by side. worker.sh then
+  # passed `--seeds S`, which is a count (seeds 1..S), not seed S: w2s3 also planned seed 2, met
+  # w2s2's run in progress there and stopped on its lock; its seed-3 runs left undone ran as w5, w6.
+  # worker.sh now passes `--seeds S,`, the list of one seed.)
+  w5) python -m speedrun ablate --recipe $R --seeds 3, --out runs/abl-multi "$VE" ;;
+  w6) python -m speedrun ablate --recipe $R --seeds 3, --out runs/abl-multi "$SMEAR" ;;
   w2s2) SEEDS=2 benchmarks/ablations/worker.sh runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" ;;
   w2s3) SEEDS=3 benchmarks/ablations/worker.sh runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" ;;
   w3) benchmarks/ablations/worker.sh runs/abl-multi "$MTP" train.steps=50 ;;
@@ -32,5 +37,5 @@ case "${1:-}" in
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-single "${SINGLE[@]}"
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" "$MTP" train.steps=50
     python benchmarks/ablations/table.py runs/abl-single runs/abl-multi ;;
-  *) echo "usage: $0 single|w1a|w1b|w2|w2s2|w2s3|w3|race|table" >&2; exit 2 ;;
+  *) echo "usage: $0 single|w1a|w1b|w2|w2s2|w2s3|w5|w6|w3|race|table" >&2; exit 2 ;;
 esac

@@ -12,5 +12,5 @@ for seed in ${SEEDS:-1 2 3}; do
   src=$(dirname runs/abl-single/baseline-seed$seed-*/summary.json)
   mkdir -p "$out"; [ -e "$out/$(basename "$src")" ] || cp -r "$src" "$out/"
   echo "load $(cat /proc/loadavg) seed $seed"
-  python -m speedrun ablate --recipe $R --seeds $seed --out "$out" "$@"
+  python -m speedrun ablate --recipe $R --seeds "$seed," --out "$out" "$@"
 done
