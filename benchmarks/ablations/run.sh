@@ -36,6 +36,6 @@ case "${1:-}" in
   table)
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-single "${SINGLE[@]}"
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" "$MTP" train.steps=50
-    python benchmarks/ablations/table.py runs/abl-single runs/abl-multi ;;
+    python benchmarks/ablations/table.py runs/abl-single runs/abl-multi runs/race-mtp ;;
   *) echo "usage: $0 single|w1a|w1b|w2|w2s2|w2s3|w5|w6|w3|race|table" >&2; exit 2 ;;
 esac
