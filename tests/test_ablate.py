@@ -107,3 +107,28 @@ def test_seed_counts_and_lists():
     for bad in ("0", "x", "1,1", ""):
         with pytest.raises(ConfigError):
             parse_seed_count(bad)
+
+
+def test_a_switch_of_several_keys_is_one_variant(tmp_path, capsys):
+    """`KEY=V+KEY=V` is one arm whose config is the recipe with both overrides (load_recipe's own), for a
+    technique that is off only when two keys say so; a `+` inside a value does not split it."""
+    from speedrun.recipes import load_recipe
+    from speedrun.tools.ablate import plan, split_switch
+
+    both = "model.unet=true+model.x0_shortcut=true"
+    arms = plan("demo", [1], [], [both], tmp_path / "abl")
+    assert [a.label for a in arms] == ["baseline", both]
+    want = load_recipe("demo", ["model.unet=true", "model.x0_shortcut=true", "train.seed=1"])
+    assert arms[1].runs[0][0].to_dict() == want.to_dict()
+    assert arms[1].runs[0][0].to_dict() != load_recipe("demo", ["model.unet=true", "train.seed=1"]).to_dict()
+    assert split_switch("optim.lr=1e+3") == ["optim.lr=1e+3"]
+    assert split_switch("a.b=1+ c.d =2") == ["a.b=1", "c.d =2"]
+    common = ["ablate", "--recipe", "demo", "--out", str(tmp_path / "abl")]
+    for argv, text in (
+        ([*common, "model.unet=true+train.seed=2"], "from --seeds"),
+        ([*common, "model.unet=true+model.unet=false"], "given twice"),
+        ([*common, "--set", "model.x0_shortcut=true", both], "also set for all arms"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert text in err and "\n" not in err, (argv, err)

@@ -43,6 +43,17 @@ class Arm:
     switch: str | None
     runs: list[tuple[Config, Path]] = field(default_factory=list)
 
+    @property
+    def overrides(self) -> list[str]:
+        return split_switch(self.switch) if self.switch is not None else []
+
+
+def split_switch(switch: str) -> list[str]:
+    """A switch's key=value settings: one, or several joined by `+` (`model.bigram_rows=0+model.
+    bigram_sign_rows=0`), for a technique that is off only when two keys say so. A `+` splits only
+    before a dotted key and `=`, so values such as 1e+3 stay whole."""
+    return [part.strip() for part in re.split(r"\+(?=\s*[A-Za-z_]\w*\.[\w.]+\s*=)", switch)]
+
 
 def parse_seed_count(text: str) -> list[int]:
     """`N` is the seeds 1..N; `S1,S2,...` is those seeds (train --seeds' parser)."""
@@ -75,29 +86,31 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
     switch that changes nothing or repeats, or a switch of the seed is a usage error here."""
     from speedrun.recipes import load_recipe
 
-    for item in [*sets, *switches]:
+    for item in [*sets, *(part for s in switches for part in split_switch(s))]:
         if item.partition("=")[0].strip() == "train.seed":
             raise ConfigError("ablate sets train.seed from --seeds; drop the train.seed= override")
     keys = {s.partition("=")[0].strip() for s in sets}
     for switch in switches:
-        if switches.count(switch) > 1 or switch.partition("=")[0].strip() in keys:
+        own = [part.partition("=")[0].strip() for part in split_switch(switch)]
+        if switches.count(switch) > 1 or len(set(own)) < len(own) or keys & set(own):
             raise ConfigError(f"switch {switch}: given twice, or also set for all arms by --set")
     base = load_recipe(recipe, sets)
     out = out if out is not None else Path("runs") / f"ablate-{base.recipe}"
     arms = [Arm(BASELINE, None), *(Arm(s.strip(), s) for s in switches)]
     for arm in arms:
-        if arm.switch is not None and load_recipe(recipe, [*sets, arm.switch]).to_dict() == base.to_dict():
+        variant = load_recipe(recipe, [*sets, *arm.overrides]) if arm.switch is not None else base
+        if arm.switch is not None and variant.to_dict() == base.to_dict():
             raise ConfigError(
                 f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
             )
-        if arm.switch is not None and (changed := _changed(base, load_recipe(recipe, [*sets, arm.switch]))):
+        if arm.switch is not None and (changed := _changed(base, variant)):
             if set(changed) <= set(REPORTING):
                 raise ConfigError(
                     f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
                     "their losses, tokens or training time: the variant would repeat the baseline"
                 )
         for seed in seeds:
-            cfg = load_recipe(recipe, [*sets, *([arm.switch] if arm.switch else []), f"train.seed={seed}"])
+            cfg = load_recipe(recipe, [*sets, *arm.overrides, f"train.seed={seed}"])
             arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
     return arms
 
@@ -157,14 +170,15 @@ def _found(folder: Path) -> str:
 
 
 def as_chosen_by(first: Path, cfg: Config, switch: str | None) -> Config:
-    """`cfg` with the automatic choices the run in `first` made (AUTOMATIC), except the arm's `switch`
-    (the --set values were the first run's too: it kept them, or they set its budget)."""
+    """`cfg` with the automatic choices the run in `first` made (AUTOMATIC), except the keys the arm's
+    `switch` sets (the --set values were the first run's too: it kept them, or they set its budget)."""
     from speedrun.config import validate
     from speedrun.config_files import flatten, read_run_config, set_value
 
     chosen, out = flatten(read_run_config(first, DataError).to_dict()), copy.deepcopy(cfg)
+    own = {part.partition("=")[0].strip() for part in split_switch(switch)} if switch else set()
     for key in AUTOMATIC:
-        if switch is None or key != switch.partition("=")[0].strip():
+        if key not in own:
             set_value(out, key, chosen[key])
     validate(out)
     return out

@@ -77,7 +77,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     ablate = sub.add_parser("ablate", help="train a recipe and one-switch variants over seeds, then a table")
     _many_runs(ablate, "every arm", seeds=True)
     ablate.set_defaults(
-        trailing=ablate.add_argument("switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each")
+        trailing=ablate.add_argument(
+            "switches", nargs="+", metavar="SWITCH=VALUE", help="one variant each (KEY=V+KEY=V: several keys)"
+        )
     )
 
     race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
