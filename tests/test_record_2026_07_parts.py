@@ -590,3 +590,15 @@ def test_speedrun_train_runs_the_step_4_switches_with_fp8_refreshed_by_the_loop(
     val = [r["val_loss"] for r in records if "val_loss" in r]
     assert len(val) >= 2 and all(math.isfinite(v) for v in val)
     assert len(seen) == 14 and all(up != 1.0 for up, _ in seen)  # refreshed before every step
+
+
+@pytest.mark.parametrize("switch", ["model.prefix_loss_weight=0.25", "model.canonical_val_mask=true"])
+def test_gpt2_id_tables_need_the_gpt2_tokenizer(switch, capsys):
+    """#88's prefix table and #350's mask hold GPT-2 BPE ids: with another tokenizer they would weight or
+    mask unrelated tokens, so the config refuses it in one line (exit 2)."""
+    from speedrun.cli import main
+
+    assert main(["train", "--dry-run", "--recipe", "banks-2026-01", switch, "data.tokenizer=bpe:4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs data.tokenizer = gpt2, got bpe:4096" in err[0], err
+    assert main(["train", "--dry-run", "--recipe", "banks-2026-01", switch]) == 0  # GPT-2 ids: fine

@@ -93,6 +93,12 @@ def cross_field_checks(cfg: Config) -> None:
         from speedrun.config_model import check
 
         check(m)
+        gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m, k)]
+        if gpt2_tables and cfg.data.tokenizer != "gpt2":  # #88's and #350's tables are GPT-2 BPE ids
+            raise ConfigError(
+                f"model.{gpt2_tables[0]} reads tables of GPT-2 token ids: it needs data.tokenizer = gpt2, "
+                f"got {cfg.data.tokenizer}"
+            )
     else:
         _validate_model_switches(m)
     _validate_normuon(cfg)
