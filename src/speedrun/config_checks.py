@@ -237,6 +237,8 @@ def _validate_normuon(cfg: Config) -> None:
                 "optim.smear_gate_lr, skip_gate_lr, gate_lr, normuon_gate_row_stats and attn_lr_mul need "
                 "optim.name=normuon"
             )
+        if o.x0_lr or o.gate_lr_mul != 1:
+            raise ConfigError("optim.x0_lr and optim.gate_lr_mul need optim.name=normuon")
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
                 "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
@@ -267,6 +269,13 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate)):
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
+    if o.x0_lr < 0 or (o.x0_lr and not (gated and m.x0_lambda_apart)):
+        raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
+    if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
+        raise ConfigError(
+            "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
+            "with optim.gate_lr=0)"
+        )
     if (o.skip_gate_lr > 0) != (skip_gate > 0) or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:

@@ -183,10 +183,10 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
         )
     if sep and not 1 <= short_val <= val:
         raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
-    if yarn and not windows[1] <= yarn <= val:
+    if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
-            f"train.stages: yarn={yarn} (the final validation's YaRN window) must lie between the last "
-            f"stage's long window ({windows[1]}) and val ({val or 'not given'})"
+            f"train.stages: yarn={yarn} (the window YaRN rescales to at most) must not exceed the final "
+            f"validation's long window ({max(val, windows[1])})"
         )
     return stage, ext, (val, short_val, yarn)
 
@@ -209,7 +209,8 @@ def parse_stages(
     multi-token-prediction weights, constant or linear over the stage; default 1). The last stage is
     the extension: `ext=N` steps at its values after the scheduled ones (train.steps counts them),
     optional `val=L` long window for the final validation (`val=S/L`: its short and long windows) and
-    `yarn=Y`, the window its YaRN rescales to (default: its long window).
+    `yarn=Y`, the window its YaRN rescales to (default: its long window), which also caps the stages'
+    (YaRN follows the long window up to Y blocks only: the medium record's 13).
     """
     assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
     entries = [e for e in text.split(";") if e.strip()]

@@ -29,6 +29,7 @@ LABELS = (
     "mlp_out",  # the MLP's down-projection
     "matrix",  # any other hidden matrix
     "embed",  # token and position embeddings; a tied embedding/head weight
+    "embed2",  # the medium record's second token embedding (2025-12-31)
     "value_embed",  # value embeddings (2024-12)
     "head",  # an untied output head
     "scalar",  # norm gains, biases, lambdas, skip weights

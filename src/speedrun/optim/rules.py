@@ -65,7 +65,7 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     Adam groups of their own; the bigram table (#62) with the value embeddings' settings."""
     if o.name != "normuon":
         rules = dict.fromkeys(MATRIX_LABELS, LabelRule("muon", "matrix", split=o.muon_split_qkv))
-        rules |= dict.fromkeys(("embed", "value_embed", "bigram"), LabelRule("adam", "embed"))
+        rules |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), LabelRule("adam", "embed"))
         rules |= dict.fromkeys(("scalar", "x0", "skip_gate"), LabelRule("adam", "scalar"))
         return rules | {"head": LabelRule("adam", "head")}
 
@@ -75,13 +75,18 @@ def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
     rules = {name: LabelRule("adam", name) for name in ("embed", "head", "value_embed", "scalar", "x0")}
     return rules | {
         "bigram": LabelRule("adam", "value_embed"),
+        "embed2": LabelRule("adam", "value_embed"),  # the medium record: lr x75, wd x5, as value embeddings
         "skip_gate": LabelRule("adam", "skip_gate"),
         "qkv": normuon(o.attn_lr_mul, qk_rows=o.muon_qk_block_heads * head_dim),
         "attn_out": normuon(o.attn_lr_mul),
         "mlp_in": normuon(o.mlp_fc_lr_mul),
         "mlp_out": normuon(o.mlp_proj_lr_mul),
         "matrix": normuon(),
-        "gate": LabelRule("adam", "gate") if o.gate_lr > 0 else normuon(gate_rows=o.normuon_gate_row_stats),
+        "gate": (
+            LabelRule("adam", "gate")
+            if o.gate_lr > 0
+            else normuon(o.gate_lr_mul, gate_rows=o.normuon_gate_row_stats)
+        ),
         "smear_gate": LabelRule("adam", "smear_gate") if o.smear_gate_lr > 0 else normuon(),
     }
 
@@ -94,7 +99,7 @@ def adam_groups(o: Any, used: set[str]) -> dict[str, AdamLabel]:
     wd = o.adam_weight_decay
     gate_betas = tuple(o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas)
     own = {
-        "x0": (o.scalar_lr, tuple(o.x0_betas), 0.0),
+        "x0": (o.x0_lr or o.scalar_lr, tuple(o.x0_betas), 0.0),
         "smear_gate": (o.smear_gate_lr, gate_betas, 0.0),
         "skip_gate": (o.skip_gate_lr, gate_betas, 0.0),
         "gate": (o.gate_lr, gate_betas, wd),

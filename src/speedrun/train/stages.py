@@ -140,13 +140,17 @@ STAGES_2026_07 = StagePlan(
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     """The long windows (blocks) the run has gone through up to `step`, in order: what YaRN rescales by
     (#31: once per growth, and once more for the final validation's longer window, or for its YaRN
-    window where the plan names one: #35 validates with 20 long blocks but rescales to 13)."""
+    window where the plan names one: #35 validates with 20 long blocks but rescales to 13). The YaRN
+    window also caps the stages' windows: the medium record (2025-12-31) rescales up to 13 blocks and
+    no further while its windows grow to 23 (and 27 at the final validation)."""
     i = stage_at(step, plan)[0]
-    history = [s.windows[1] for s in plan.stages[: i + 1]]
+    cap = plan.val_yarn_window or max(s.windows[1] for s in plan.stages)
+    history = [min(s.windows[1], cap) for s in plan.stages[: i + 1]]
     final = stage_values(step, plan).long_window
     if step >= plan.total_steps and plan.val_yarn_window:
         final = plan.val_yarn_window
-    return (*history, final) if final != history[-1] else tuple(history)
+    history.append(min(final, cap))
+    return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
 
 
 def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
