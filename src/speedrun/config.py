@@ -232,6 +232,12 @@ class OptimConfig:
     tail_ema_start: int = 0  # ... from this many steps taken (#46: 2,400) ...
     tail_ema_end: int = 0  # ... until this many (#46: 2,900)
     tail_ema_lambda: Fraction = 0.6  # validation evaluates (1 − λ)·w + λ·ema
+    # EMA-Nesterov (#46): before step s's forward, with start < s + 1 and s < end, W += step·r·B (r: the
+    # first Adam group's LR over its peak), B an EMA (beta) of each step's displacement; 0 = off
+    ema_nesterov_step: float = 0.0
+    ema_nesterov_beta: Fraction = 0.99
+    ema_nesterov_start: int = 0  # (#46: 300)
+    ema_nesterov_end: int = 0  # (#46: its 2,900 steps − 950 = 1,950)
 
 
 @dataclass

@@ -229,6 +229,13 @@ def _validate_normuon(cfg: Config) -> None:
     if (o.muon_row_floor and not o.muon_uw_floor) or (o.muon_post_pin_cwd and not o.muon_radius_pin):
         raise ConfigError("optim.muon_row_floor needs optim.muon_uw_floor > 0, and muon_post_pin_cwd needs "
                           "optim.muon_radius_pin=true")  # fmt: skip
+    if o.ema_nesterov_step < 0 or (
+        o.ema_nesterov_step and (o.name != "muon" or not 0 <= o.ema_nesterov_start < o.ema_nesterov_end)
+    ):
+        raise ConfigError(
+            "optim.ema_nesterov_step (#46: 0.3) must be >= 0; it needs optim.name=muon and "
+            "0 <= optim.ema_nesterov_start < optim.ema_nesterov_end"
+        )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":

@@ -23,6 +23,7 @@ from speedrun.optim.rules import (
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import build_rows
+from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.tail_ema import TailEMA
 
 
@@ -35,10 +36,14 @@ class RunOptimizer:
     """
 
     def __init__(
-        self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None
+        self,
+        parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam],
+        tail: TailEMA | None = None,
+        nesterov: EmaNesterov | None = None,
     ):
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
+        self.nesterov = nesterov  # track 3's EMA-Nesterov lookahead, made after each step
         for kind, opt in parts.items():
             for group in opt.param_groups:
                 group.setdefault("kind", kind)
@@ -58,11 +63,18 @@ class RunOptimizer:
             opt.step()
         if self.tail is not None:
             self.tail.after_step(self.steps)
+        if self.nesterov is not None:  # the lookahead's LR ratio: the first Adam group's (#46's embedding)
+            first = self.param_groups[0]
+            self.nesterov.after_update(first["lr"] / first["initial_lr"])
         self.steps += 1
 
-    def readout(self) -> contextlib.AbstractContextManager:
-        """The weights validation evaluates: the Tail-EMA blend (optim.tail_ema_tau), else the weights."""
-        return self.tail.readout() if self.tail is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def readout(self) -> Iterator[None]:
+        """The weights validation evaluates: without a pending EMA-Nesterov lookahead, then the Tail-EMA
+        blend (optim.tail_ema_tau), else the weights."""
+        with self.nesterov.readout() if self.nesterov is not None else contextlib.nullcontext():
+            with self.tail.readout() if self.tail is not None else contextlib.nullcontext():
+                yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
@@ -76,9 +88,14 @@ class RunOptimizer:
         out = {kind: opt.state_dict() for kind, opt in self.parts.items()}
         if self.tail is not None:
             out["tail_ema"] = {"steps": self.steps, **self.tail.state_dict()}
+        if self.nesterov is not None:
+            out["ema_nesterov"] = self.nesterov.state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.nesterov is not None and isinstance(state, dict) and "ema_nesterov" in state:
+            state = dict(state)
+            self.nesterov.load_state_dict(state.pop("ema_nesterov"))
         if self.tail is not None and isinstance(state, dict) and "tail_ema" in state:
             state = dict(state)
             tail = dict(state.pop("tail_ema"))
@@ -106,6 +123,14 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         if o.tail_ema_tau
         else None
     )
+    nesterov = (
+        EmaNesterov(
+            list(model.parameters()), o.ema_nesterov_step, o.ema_nesterov_beta, o.ema_nesterov_start,
+            o.ema_nesterov_end,
+        )
+        if o.ema_nesterov_step
+        else None
+    )  # fmt: skip
     if o.name == "normuon":
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
     groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
@@ -144,7 +169,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     )
     decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
     adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
-    return RunOptimizer({"adam": adam, "muon": muon}, tail)
+    return RunOptimizer({"adam": adam, "muon": muon}, tail, nesterov)
 
 
 def pinned(o: Any) -> bool:
