@@ -238,6 +238,11 @@ class OptimConfig:
     ema_nesterov_beta: Fraction = 0.99
     ema_nesterov_start: int = 0  # (#46: 300)
     ema_nesterov_end: int = 0  # (#46: its 2,900 steps − 950 = 1,950)
+    # PowerCool (#46): each group's LR is min(its scheduled LR, c·max(0, end − s)^power), c per group in
+    # the order embed, head, matrix, scalar (#46: 4.98e-5, 5.18e-7, 3.32e-6, 1.66e-6; end 2,900, power 1.2)
+    power_cool_end: int = 0  # 0 = off
+    power_cool_power: PosFloat = 1.0
+    power_cool_c: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass

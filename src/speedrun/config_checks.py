@@ -236,6 +236,11 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.ema_nesterov_step (#46: 0.3) must be >= 0; it needs optim.name=muon and "
             "0 <= optim.ema_nesterov_start < optim.ema_nesterov_end"
         )
+    if o.power_cool_end < 0 or (o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) <= 0)):
+        raise ConfigError(
+            "optim.power_cool_end (#46: 2900) must be >= 0; it needs optim.name=muon and optim.power_cool_c, "
+            "four coefficients > 0 (embed, head, matrix, scalar)"
+        )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":

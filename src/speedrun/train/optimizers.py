@@ -143,7 +143,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
         return RunOptimizer({"adam": adamw}, tail)
-    adam_params = [{"params": groups[g], "lr": lr} for g, lr in muon_adam_lrs(o).items() if groups[g]]
+    power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
+    adam_params = [
+        {"params": groups[g], "lr": lr} | ({"power_c": power_c[g]} if power_c else {})
+        for g, lr in muon_adam_lrs(o).items()
+        if groups[g]
+    ]
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
@@ -167,6 +172,8 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             ns_dtype=ns_dtype,
         )
     )
+    for group in muon.param_groups if power_c else []:
+        group["power_c"] = power_c["matrix"]
     decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
     adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
     return RunOptimizer({"adam": adam, "muon": muon}, tail, nesterov)
