@@ -243,6 +243,9 @@ class OptimConfig:
     power_cool_end: int = 0  # 0 = off
     power_cool_power: PosFloat = 1.0
     power_cool_c: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    # false: the scalar group (gains, biases, lambdas) in Adam without bias correction (#46's aux Adam,
+    # optim/plain_adam.py), under optim.name = "muon"
+    scalar_bias_correction: bool = True
 
 
 @dataclass

@@ -241,6 +241,11 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.power_cool_end (#46: 2900) must be >= 0; it needs optim.name=muon and optim.power_cool_c, "
             "four coefficients > 0 (embed, head, matrix, scalar)"
         )
+    if not o.scalar_bias_correction and (o.name != "muon" or o.adam_weight_decay):
+        raise ConfigError(
+            "optim.scalar_bias_correction=false (#46's aux Adam) needs optim.name=muon and no "
+            "optim.adam_weight_decay"
+        )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":

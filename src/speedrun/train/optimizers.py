@@ -12,6 +12,7 @@ from speedrun.config import Config
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.pinned_muon import PinnedMuon
+from speedrun.optim.plain_adam import PlainAdam
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
@@ -144,11 +145,13 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
         return RunOptimizer({"adam": adamw}, tail)
     power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
-    adam_params = [
-        {"params": groups[g], "lr": lr} | ({"power_c": power_c[g]} if power_c else {})
+    adam_params = {
+        g: {"params": groups[g], "lr": lr} | ({"power_c": power_c[g]} if power_c else {})
         for g, lr in muon_adam_lrs(o).items()
         if groups[g]
-    ]
+    }
+    # #46: the scalars (gains, biases) in Adam without bias correction, a part of their own
+    plain = [adam_params.pop("scalar")] if not o.scalar_bias_correction and "scalar" in adam_params else []
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
@@ -175,8 +178,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     for group in muon.param_groups if power_c else []:
         group["power_c"] = power_c["matrix"]
     decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
-    adam = torch.optim.Adam(adam_params, betas=o.betas, eps=o.eps, **decay, **fused)
-    return RunOptimizer({"adam": adam, "muon": muon}, tail, nesterov)
+    adam = torch.optim.Adam(list(adam_params.values()), betas=o.betas, eps=o.eps, **decay, **fused)
+    parts = {"adam": adam, "muon": muon}
+    if plain:
+        assert not o.adam_weight_decay, "config checks: #46's aux Adam has no decay"
+        parts["scalar"] = PlainAdam(plain, lr=o.scalar_lr, betas=o.betas, eps=o.eps)
+    return RunOptimizer(parts, tail, nesterov)
 
 
 def pinned(o: Any) -> bool:
