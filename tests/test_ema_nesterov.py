@@ -131,7 +131,7 @@ def test_wired_into_the_runs_optimizer_as_the_records_wrapper():
            "optim.ema_nesterov_end=10", "optim.tail_ema_start=3", "optim.tail_ema_end=9", "optim.tail_ema_tau=2",
            "train.warmdown_frac=0.5"]  # fmt: skip
     cfg, ours_model = tiny_track3(*ema)
-    ref_cfg, ref_model = tiny_track3(*ema[4:])  # the same run without EMA-Nesterov: the record wraps it
+    ref_cfg, ref_model = tiny_track3(*ema[4:], "optim.ema_nesterov_step=0")  # the record wraps this run
     ref_model.load_state_dict(ours_model.state_dict())
     ours, inner = build_optimizer(ours_model, cfg), build_optimizer(ref_model, ref_cfg)
     assert ours.nesterov is not None and inner.nesterov is None

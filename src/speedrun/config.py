@@ -67,6 +67,8 @@ class ModelConfig:
     mlp_fc_init_ramp: float = (
         0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
     )
+    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel (model/cgi.py)
+    cgi_gain_alpha: float = 0.0
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
     # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear
     # weight normal with std sqrt(0.33/fan_in), biases 0, the untied embedding normal(0, 1)

@@ -205,6 +205,11 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.cgi_gain_alpha and (m.norm != "rmsnorm-gain" or m.no_attention_layers or m.n_embd % m.n_head):
+        raise ConfigError(
+            "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain and attention in "
+            "every layer"
+        )
     if m.head_bias and (m.tie_embeddings or m.fp8_head):
         raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
