@@ -248,6 +248,8 @@ class OptimConfig:
     # false: the scalar group (gains, biases, lambdas) in Adam without bias correction (#46's aux Adam,
     # optim/plain_adam.py), under optim.name = "muon"
     scalar_bias_correction: bool = True
+    # MuonH (track 3 result #5): each Muon matrix steps lr·‖W‖ along U/‖U‖ and is put back on its sphere
+    muon_hyperball: bool = False
 
 
 @dataclass

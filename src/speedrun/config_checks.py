@@ -225,11 +225,16 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
         )
-    pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd
+    pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
     if pinned and (o.name != "muon" or m.fused_qkv):
         raise ConfigError(
-            "optim.muon_soap, muon_radius_pin, muon_uw_floor and muon_post_pin_cwd need optim.name=muon "
-            "and model.fused_qkv=false"
+            "optim.muon_soap, muon_radius_pin, muon_uw_floor, muon_post_pin_cwd and muon_hyperball need "
+            "optim.name=muon and model.fused_qkv=false"
+        )
+    if o.muon_hyperball and (o.muon_radius_pin or o.muon_weight_decay):
+        raise ConfigError(
+            "optim.muon_hyperball (MuonH) keeps ‖W‖ itself: it takes no optim.muon_radius_pin or "
+            "muon_weight_decay"
         )
     if (o.muon_row_floor and not o.muon_uw_floor) or (o.muon_post_pin_cwd and not o.muon_radius_pin):
         raise ConfigError("optim.muon_row_floor needs optim.muon_uw_floor > 0, and muon_post_pin_cwd needs "

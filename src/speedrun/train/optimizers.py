@@ -188,7 +188,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
 
 def pinned(o: Any) -> bool:
     """Whether the recipe's Muon takes one of track 3's #46 switches (optim/pinned_muon.py)."""
-    return bool(o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd)
+    return bool(o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball)
 
 
 def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMuon:
@@ -215,6 +215,7 @@ def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMu
         ns_form=o.muon_ns_form,
         ns_coefficients=tuple(o.muon_ns_coefficients),
         ns_dtype=ns_dtype,
+        hyperball=o.muon_hyperball,
     )
 
 
