@@ -54,7 +54,9 @@ class RecordEmaNesterov:
 
 def grads_at(params, step):
     """A gradient that depends on where the weights are (so a lookahead changes it) and on the step."""
-    return [0.3 * p + 0.1 * torch.cos(torch.arange(p.numel(), dtype=p.dtype).view_as(p) + step) for p in params]
+    return [
+        0.3 * p + 0.1 * torch.cos(torch.arange(p.numel(), dtype=p.dtype).view_as(p) + step) for p in params
+    ]
 
 
 def lr_ratio(step):
@@ -99,7 +101,9 @@ def test_the_reference_tells_a_wrong_setting(wrong):
     rec_p = [ours_p[0].clone()]
     ours_opt, rec_opt = torch.optim.SGD(ours_p, lr=0.1), torch.optim.SGD(rec_p, lr=0.1)
     rec_opt.param_groups[0]["initial_lr"] = 0.1
-    ours = EmaNesterov(ours_p, 1e-9 if wrong == "no lookahead" else 0.3, 0.9 if wrong == "beta 0.9" else 0.99, 1, 9)
+    ours = EmaNesterov(
+        ours_p, 1e-9 if wrong == "no lookahead" else 0.3, 0.9 if wrong == "beta 0.9" else 0.99, 1, 9
+    )
     rec = RecordEmaNesterov(rec_p, rec_opt, 0.3, 0.99, 1, 9)
     for step in range(6):
         rec.nesterov_step()
@@ -128,8 +132,8 @@ def test_wired_into_the_runs_optimizer_as_the_records_wrapper():
     """Our run (EMA-Nesterov inside build_optimizer, Tail-EMA on) against the record's wrapper around the
     same inner optimizers: the weights the forward sees, and those validation sees, at every step."""
     ema = ["optim.ema_nesterov_step=0.3", "optim.ema_nesterov_beta=0.9", "optim.ema_nesterov_start=2",
-           "optim.ema_nesterov_end=10", "optim.tail_ema_start=3", "optim.tail_ema_end=9", "optim.tail_ema_tau=2",
-           "train.warmdown_frac=0.5"]  # fmt: skip
+           "optim.ema_nesterov_end=10", "optim.tail_ema_start=3", "optim.tail_ema_end=9",
+           "optim.tail_ema_tau=2", "train.warmdown_frac=0.5"]  # fmt: skip
     cfg, ours_model = tiny_track3(*ema)
     ref_cfg, ref_model = tiny_track3(*ema[4:], "optim.ema_nesterov_step=0")  # the record wraps this run
     ref_model.load_state_dict(ours_model.state_dict())

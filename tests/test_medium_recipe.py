@@ -1,11 +1,12 @@
-"""Recipe `medium-2025-12` against track 2's record #18 (records/track_2_medium/2025-12-31_BulkSmallTrackTransfer,
-the code at the top of each log), its formulas written here: get_bs, get_ws, get_lr, get_muon_momentum, the
-MTP schedule, the YaRN calls and the untie step at every step; its parameter count from its tensors; the
-fp32 forward loss and gradients of its model on tiny identical weights (FA3 replaced by a dense
-document-causal window mask, as tests/test_stages_recipe.py) for what it changes over stages-2025-12: all
-16 layers attend, five value tables on both ends, three skips with a gate each, the second embedding with
-its x0 weight, #54's softcap, #55's gates on 16 dims; the optimizer rows it sets (NorMuon LR x0.1 on the
-gates, the x0 lambdas' own Adam LR, the second embedding with the value embeddings)."""
+"""Recipe `medium-2025-12` against track 2's record #18
+(records/track_2_medium/2025-12-31_BulkSmallTrackTransfer, the code at the top of each log), its formulas
+written here: get_bs, get_ws, get_lr, get_muon_momentum, the MTP schedule, the YaRN calls and the untie
+step at every step; its parameter count from its tensors; the fp32 forward loss and gradients of its
+model on tiny identical weights (FA3 replaced by a dense document-causal window mask, as
+tests/test_stages_recipe.py) for what it changes over stages-2025-12: all 16 layers attend, five value
+tables on both ends, three skips with a gate each, the second embedding with its x0 weight, #54's
+softcap, #55's gates on 16 dims; the optimizer rows it sets (NorMuon LR x0.1 on the gates, the x0
+lambdas' own Adam LR, the second embedding with the value embeddings); the memory guard's estimate."""
 
 from __future__ import annotations
 
@@ -176,7 +177,11 @@ def record_18_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
     for i in range(L):
         if i in skip_out:
             sg = w[f"skip_gate.{skip_idx}.proj.weight"]
-            gate = torch.sigmoid(w["skip_weights"][skip_idx]) * 2 * torch.sigmoid(F.linear(x0[..., : sg.size(-1)], sg))
+            gate = (
+                torch.sigmoid(w["skip_weights"][skip_idx])
+                * 2
+                * torch.sigmoid(F.linear(x0[..., : sg.size(-1)], sg))
+            )
             skip_idx += 1
             x = x + gate * skip_connections.pop()
         resid, x0l = w[f"blocks.{i}.lambdas"][0], w[f"blocks.{i}.x0_lambda"]
@@ -187,7 +192,9 @@ def record_18_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
         h = norm(x)
         sa = w[f"blocks.{i}.attn.lambdas"]
         qkvo_w = record_qkvo(w, i, dim)
-        q, k, v = F.linear(h, sa[0] * qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
+        q, k, v = (
+            F.linear(h, sa[0] * qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
+        )
         q, k = norm(q), norm(k)
         q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
         if key_offset[i]:
@@ -230,7 +237,9 @@ def tiny_medium(heads: int = 2, dim: int = 64, T: int = 1024, vocab: int = 120):
     return cfg, model
 
 
-@pytest.mark.parametrize("step", [100, 1000, N + EXT])  # MTP 3 at 1/3; MTP 1 at 5/11 after YaRN 3→7→11; validation
+@pytest.mark.parametrize(
+    "step", [100, 1000, N + EXT]
+)  # MTP 3 at 1/3; MTP 1 at 5/11 after YaRN 3→7→11; validation
 def test_forward_loss_and_gradients_match_the_18_model_in_fp32(step):
     from tests.test_yarn_recipe import RecordYarn
 
@@ -291,7 +300,9 @@ def test_the_optimizer_rows_are_the_records():
     rules = label_rules(cfg.optim, 32)
     entries = param_rules(model, rules)
     by_label = {e.label.name: e.rule for e in entries}
-    assert by_label["gate"].rule == "normuon" and by_label["gate"].lr_mul == 0.1 and by_label["gate"].gate_rows
+    assert (
+        by_label["gate"].rule == "normuon" and by_label["gate"].lr_mul == 0.1 and by_label["gate"].gate_rows
+    )
     assert by_label["embed2"].group == "value_embed" and by_label["skip_gate"].group == "skip_gate"
     groups = adam_groups(cfg.optim, {r.group for r in by_label.values()})
     assert groups["value_embed"].lr == 0.3 and groups["x0"].lr == 0.02 and groups["scalar"].lr == 0.04

@@ -1,5 +1,6 @@
-"""MuonH (optim.muon_hyperball, optim/pinned_muon.hyperball_step) against track 3's per-optimizer result #5/#37
-(records/track_3_optimization/results/20260611_muonh_tuned_aux_3250/train_gpt_simple_muonh_tuned_aux_3250.py):
+"""MuonH (optim.muon_hyperball, optim/pinned_muon.hyperball_step) against track 3's per-optimizer result
+#5/#37 (records/track_3_optimization/results/20260611_muonh_tuned_aux_3250/, its
+train_gpt_simple_muonh_tuned_aux_3250.py):
 its `scale_invariant_update_` and `MuonH.step`, written here from its code, in fp64."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speedrun.errors import ConfigError
 from speedrun.optim.pinned_muon import PinnedMuon, hyperball_step
 from speedrun.recipes import load_recipe
-from speedrun.errors import ConfigError
 
 
 def record_scale_invariant_update_(param, update, lr, eps=1e-10):

@@ -30,8 +30,8 @@ from speedrun.model.attention import (
     choose_backend,
     layer_specs,
 )
-from speedrun.model.fp8 import fp8_linear
 from speedrun.model.cgi import cgi_signs
+from speedrun.model.fp8 import fp8_linear
 from speedrun.model.labels import MATMULS, label, label_linear, labelled
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout

@@ -11,6 +11,7 @@ import torch
 from speedrun.config import Config
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.plain_adam import PlainAdam
 from speedrun.optim.rules import (
@@ -24,7 +25,6 @@ from speedrun.optim.rules import (
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import build_rows
-from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.tail_ema import TailEMA
 
 
@@ -188,7 +188,9 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
 
 def pinned(o: Any) -> bool:
     """Whether the recipe's Muon takes one of track 3's #46 switches (optim/pinned_muon.py)."""
-    return bool(o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball)
+    return bool(
+        o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
+    )
 
 
 def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMuon:

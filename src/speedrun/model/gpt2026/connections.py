@@ -10,7 +10,9 @@ from torch import nn
 from speedrun.model.labels import label
 
 
-def x0_lambdas(resid_init: float, apart: bool, embed2: bool = False) -> tuple[nn.Parameter, nn.Parameter | None]:
+def x0_lambdas(
+    resid_init: float, apart: bool, embed2: bool = False
+) -> tuple[nn.Parameter, nn.Parameter | None]:
     """(lambdas, x0_lambda): [λ0, λ1] in one vector, or [λ0] and λ1 apart (#52); with `embed2` (the
     medium record's second embedding) the apart x0 weights are a pair, [x0's, the second embedding's]."""
     if apart:

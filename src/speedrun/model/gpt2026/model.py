@@ -131,7 +131,11 @@ class GPT2026(nn.Module):
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy
-            for emb in [self.wte, *([self.embed2] if self.embed2 is not None else []), *(self.value_embeds or [])]:
+            for emb in [
+                self.wte,
+                *([self.embed2] if self.embed2 is not None else []),
+                *(self.value_embeds or []),
+            ]:
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
         if cfg.block_dtype == "bf16":  # #57: the optimizer keeps their low mantissa bits (optim/normuon.py)
             for _, p, lab in labelled(self):
@@ -236,7 +240,11 @@ class GPT2026(nn.Module):
         for s in self.walk:
             if s.skip_from is not None:
                 scale = connections.skip_scale(self.skip_weights[s.skip_weight], self.cfg.skip_gate_form)
-                scale = scale * gates.skip_gate_of(self.skip_gate, s.skip_weight)(x0) if self.skip_gate is not None else scale
+                scale = (
+                    scale * gates.skip_gate_of(self.skip_gate, s.skip_weight)(x0)
+                    if self.skip_gate is not None
+                    else scale
+                )
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
             b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
