@@ -13,16 +13,18 @@
 # --out DIR     results folder (default gpu-check-<UTC time>): summary.txt, env.txt, one log per part,
 #               pytest-gpu.xml, bench-<recipe>.json.
 # --deadline S  overall limit in seconds (default 540); each part gets at most what is left.
+# --recipes "A B"  recipes for `speedrun bench` (default: two 2024-family and two gpt2026 recipes).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
-WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=540 PY=${PYTHON:-python3}
+RECIPES="record-2025-01 stages-2025-12 banks-2026-01 flex-2024-11" WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=540 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --deadline) DEADLINE=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
+    --recipes) RECIPES=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -90,14 +92,14 @@ fi
 # ---- GPU parts
 if grep -qx "cuda available True" "$OUT/env.txt"; then  # read above: one torch import less (~3 s of CPU)
   part pytest-gpu 300 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests
-  for recipe in record-2025-01 unet-value-embed-2024-12 flex-2024-11 untied-2024-11; do
+  for recipe in $RECIPES; do
     part "bench-$recipe" 150 env TORCH_LOGS=recompiles,graph_breaks \
       "$PY" -m speedrun bench --recipe "$recipe" --steps 5 --warmup 2 --device cuda --json "$OUT/bench-$recipe.json"
   done
   MUON_DEVICE=cuda
 else
   say "pytest-gpu: skipped: no CUDA"
-  for recipe in record-2025-01 unet-value-embed-2024-12 flex-2024-11 untied-2024-11; do
+  for recipe in $RECIPES; do
     say "bench-$recipe: skipped: no CUDA"
   done
   MUON_DEVICE=meta

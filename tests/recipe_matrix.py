@@ -87,9 +87,17 @@ def _gpt2026_layers(m, L: int) -> list[str]:
     out += [f"model.skips={skips}" if m.skips else "model.skips=[]"]
     if m.key_offset_layers:
         out.append(f"model.key_offset_layers={[i for i in attn if windows[i] == 'L']}")
+    paired = []
     if m.paired_layers:
         offset = m.key_offset_layers and windows  # #58: a paired layer has no #49 key offset
-        out.append(f"model.paired_layers={[i for i in attn if not offset or windows[i] == 'S'][:1]}")
+        paired = [i for i in attn if not offset or windows[i] == "S"][:1]
+        out.append(f"model.paired_layers={paired}")
+    if m.xsa_layers:  # #82: the unpaired attention layers
+        out.append(f"model.xsa_layers={[i for i in attn if i not in paired]}")
+    if m.attn_inputs:  # #77: the last layer attends to the output of the (shrunk) backout layer
+        out.append(f"model.attn_inputs={[-1] * (L - 1) + [max(0, min(L - 2, 2 * L // 3))]}")
+    if m.bigram_dim:  # #89's script: 192 of 768 dims
+        out.append("model.bigram_dim=16")
     return out
 
 

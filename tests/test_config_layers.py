@@ -18,7 +18,8 @@ PACKAGE = Path(speedrun.__file__).parent
 #: The config layer: what loading, checking and printing a recipe runs (docs/architecture.md).
 CONFIG_LAYER = {
     "speedrun.config", "speedrun.config_checks", "speedrun.config_files", "speedrun.config_types",
-    "speedrun.config_stages", "speedrun.recipes", "speedrun.errors", "speedrun.printable",
+    "speedrun.config_stages", "speedrun.config_labels", "speedrun.recipes", "speedrun.errors",
+    "speedrun.printable",
 }  # fmt: skip
 FORBIDDEN = ("torch", "speedrun.train", "speedrun.model")
 
@@ -237,13 +238,18 @@ def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():
             runpy.run_module("speedrun", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             assert not e.code, e.code
+        from speedrun.config_labels import format_table, label_table
+        cfg = load_recipe("stages-2025-12")
+        print(format_table(cfg.optim, label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)))
         assert "torch" not in sys.modules
         """
     )
     assert proc.returncode == 0, proc.stderr
     count, _, shown = proc.stdout.partition("\n")
     assert int(count) == len(list((PACKAGE / "recipes").glob("*.toml"))) > 20
-    assert json.loads(shown)["recipe"] == "stages-2025-12"
+    config, _, table = shown.partition("\n}\n")
+    assert json.loads(config + "}")["recipe"] == "stages-2025-12"
+    assert table.startswith("optimizer labels:") and "\nqkv " in table  # the label table, torch-free
 
 
 def test_dry_run_prints_the_config_and_then_says_in_one_line_that_the_model_needs_torch():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ("record-2025-01", "unet-value-embed-2024-12", "flex-2024-11", "untied-2024-11")
+RECIPES = ("record-2025-01", "stages-2025-12", "banks-2026-01", "flex-2024-11")
 
 
 @pytest.mark.slow

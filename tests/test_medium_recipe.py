@@ -304,7 +304,7 @@ def test_the_optimizer_rows_are_the_records():
         by_label["gate"].rule == "normuon" and by_label["gate"].lr_mul == 0.1 and by_label["gate"].gate_rows
     )
     assert by_label["embed2"].group == "value_embed" and by_label["skip_gate"].group == "skip_gate"
-    groups = adam_groups(cfg.optim, {r.group for r in by_label.values()})
+    groups = adam_groups(rules, {r.group for r in by_label.values()})
     assert groups["value_embed"].lr == 0.3 and groups["x0"].lr == 0.02 and groups["scalar"].lr == 0.04
     assert tuple(groups["x0"].betas) == (0.8, 0.95) and tuple(groups["scalar"].betas) == (0.9, 0.99)
     assert groups["skip_gate"].lr == groups["smear_gate"].lr == pytest.approx(0.004 * 0.01)

@@ -31,6 +31,8 @@ BF16_SOFTCAP_RECIPES = (
     "normuon-2025-10",
     "stages-2025-12",
     "banks-2026-01",  # #65 evaluates 23 * sigmoid((logits + 5) / 7.5) on the bf16 logits
+    "xsa-2026-04",  # #82's eval lines are #65's
+    "record-2026-07",  # and #89's
 )
 
 
@@ -41,7 +43,8 @@ def _head_only(name: str) -> GPT:
             m, vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, attention_layers=[0],
             mlp_layers=[0], windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
             backout_layer=0, fp8_head=False, embed_dtype="fp32", attention="varlen", window=0,
-            window_warmup="none", yarn=False, mtp=0,
+            window_warmup="none", yarn=False, mtp=0, xsa_layers=[], attn_inputs=[], bigram_rows=0,
+            bigram_sign_rows=0, bigram_dim=0, bigram_in_x0=False,
         )  # fmt: skip
     else:
         cfg = ModelConfig(

@@ -139,12 +139,18 @@ def _model_summary(cfg: Config) -> str:
         raise SpeedrunError(
             f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
         ) from None
+    from speedrun.config_labels import format_table
     from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
+    from speedrun.train.optimizers import model_rules, run_rules
 
     with torch.device("meta"):  # counts and shapes only: no memory, no init time
         model = build_model(cfg.model)
-    return model_summary(model, cfg.train.seq_len)
+    params: dict[str, tuple[int, int]] = {}
+    for e in model_rules(model, cfg):  # refuses a label without a row, a row without a parameter
+        tensors, numbers = params.get(e.label.name, (0, 0))
+        params[e.label.name] = (tensors + 1, numbers + e.param.numel())
+    return model_summary(model, cfg.train.seq_len) + "\n" + format_table(cfg.optim, run_rules(cfg), params)
 
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:
@@ -244,7 +250,7 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     from speedrun.recipes import load_recipe, recipe_names
 
     if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
-        print(_dumps(load_recipe(args.name).to_dict()))
+        print(_dumps(load_recipe(args.name).to_dict()))  # JSON alone: scripts parse it (the label table: --dry-run)
         return 0
     names = recipe_names()
     width = max(map(len, names)) + 2

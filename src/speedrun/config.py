@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from speedrun.config_checks import cross_field_checks
+from speedrun.config_labels import check_shadowed, parse_rows
 from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
     Beta,
     Fraction,
+    Parser,
     PosFloat,
     PosInt,
     Range,
@@ -250,6 +252,9 @@ class OptimConfig:
     scalar_bias_correction: bool = True
     # MuonH (track 3 result #5): each Muon matrix steps lr·‖W‖ along U/‖U‖ and is put back on its sphere
     muon_hyperball: bool = False
+    # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
+    # (config_labels.py); a label without one keeps the row derived from the fields above
+    labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)
 
 
 @dataclass
@@ -388,3 +393,4 @@ def validate(cfg: Config) -> None:
     """Every field against its declared type and range first, then the cross-field rules."""
     check_fields(cfg)
     cross_field_checks(cfg)
+    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

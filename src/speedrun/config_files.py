@@ -13,6 +13,7 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
+from speedrun.config_labels import parse_rows
 from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
@@ -29,6 +30,9 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
     if key in ("recipe", "description"):
         setattr(cfg, key, coerce(key, value, str))
         return
+    if key == "optim.labels" or key.startswith("optim.labels."):
+        _set_label_rows(cfg, key, value)
+        return
     section, _, name = key.partition(".")
     if section not in sections() or name not in field_types(type(getattr(cfg, section))):
         other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and name in field_types(cls)]
@@ -41,6 +45,21 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
             cfg.model = MODEL_FAMILIES[typed]()
         return
     setattr(getattr(cfg, section), name, typed)
+
+
+def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
+    """`[optim.labels]` (a table, or JSON text) or `optim.labels.LABEL[.KEY]=VALUE`: merged into the rows
+    already stated, label by label and key by key (a recipe's rows over its base's); an empty row
+    (`optim.labels.gate={}`) or table (`optim.labels={}`) takes the stated rows back."""
+    path = key.split(".")[2:]
+    if len(path) > 2:
+        raise _unknown_key(key, all_keys())
+    for part in reversed(path):
+        value = {part: value}
+    rows, stated = dict(cfg.optim.labels), parse_rows("optim.labels", value)
+    for label, row in stated.items():  # an empty row states nothing: the label's derived row again
+        rows[label] = {**rows.get(label, {}), **row} if row else {}
+    cfg.optim.labels = {label: row for label, row in rows.items() if row} if stated or path else {}
 
 
 def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:

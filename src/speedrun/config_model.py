@@ -63,11 +63,15 @@ class Gpt2026Config:
     attn_gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
     ve_gate: int = 0  # #55
     ve_gate_ve_dims: int = 0  # #70: the gate reads x[:ve_gate − n] and the embedding's first n dims (6)
+    ve_gate_paired_ve_dims: bool = False  # #89's script: paired layers' gates read them too (#70: x[:12])
     value_mix: Literal["lambdas", "weights"] = "lambdas"  # #47/#48: weights
     # --- connections ---
     skip_gate_form: Literal["weight", "sigmoid"] = "weight"  # #32: sigmoid
     skip_gate: int = 0  # #55
     resid_lambda_init: float = 1.0  # #45: 1.1
+    # #89's script adds layer 0's bigram share to x0 itself (in place, on the tensor x and x0 share): every
+    # later x0 term and the skip gate read it; #82 adds it to x only
+    bigram_in_x0: bool = False
     x0_lambda_apart: bool = False  # #52
     # medium-2025-12 (#124's second embedding): a second token embedding, normed, added to every layer's
     # input with its own x0 weight (needs x0_lambda_apart: the two weights are one "x0" pair per layer)
@@ -77,10 +81,23 @@ class Gpt2026Config:
         default_factory=list
     )  # #77: per layer the earlier layer whose output
     # its attention reads (-1: its own stream); empty: every layer reads its own
+    # #77 (SimplifyHC): "sublayer" = x ← r_a·x + p_a·attn + x0·λ_x0 + bigram·λ_b, x ← r_m·x + p_m·mlp, the
+    # first layer's bigram share added before it, λ_x0 its own weight (label x0); "x0-first" = x ← λ0·x +
+    # λ1·x0 + bigram, then x += attn, mlp
+    residual_form: Literal["x0-first", "sublayer"] = "x0-first"
+    mudd_sources: list[int] = field(default_factory=list)  # #81: [h, s] (record [7, 3]); empty: no MUDD
+    mudd_gate_layer: int = 0  # #85: the gate network's post MLP reads this layer's input (record 4); 0 none
+    mudd_gate_attn_layers: list[int] = field(
+        default_factory=list
+    )  # #85: its attention gates (record [3, 10])
+    dc_layers: list[int] = field(default_factory=list)  # #85: DC correction, weights from the gate ([10])
     # --- embeddings, MLP, head ---
     smear: int = 0  # #34: input dims of the smear gate (12); 0 none
     bigram_rows: int = 0  # #62
     bigram_sign_rows: int = 0  # #83: rows of the ±1 sign table (8192); 0 none
+    bigram_dim: int = (
+        0  # #89's script: the bigram rows are this wide, added to the stream's first dims (192); 0 = n_embd
+    )
     mlp_fc_transposed: bool = False  # #27
     mlp_fp8: bool = False  # #84/#89: FP8 MLP forward in training (refresh_fp8 after each optimizer step)
     logit_softcap: float = 15.0
@@ -95,6 +112,7 @@ class Gpt2026Config:
     qkv_init_gain: float = 0.5  # #53: Q/K/V uniform with std gain/√d (1.0); the MLP keeps 0.5
     value_embed_zero_init: bool = False  # #49 on: value embeddings start at zero (before: N(0, 1))
     value_embed_init_std: float = 0.0  # #70: value embeddings from N(0, std²) (0.01); 0 = as above
+    attn_out_init_gain: float = 0.0  # #82 (vo_bank uniform): O with std gain/√d like V (0.5); 0 = zero init
     mimetic_vo_beta: float = 0.0  # #64: V ≈ √β·I, O ≈ −√β·I (0.05); 0 = Q/K/V uniform, O zero
     zero_init_head: bool = True
     head_init_std: float = 0.0  # #51/#53
@@ -139,6 +157,18 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError(f"model.prefix_loss_weight (#88) is >= 0, got {m.prefix_loss_weight}")
     if m.bigram_sign_rows < 0 or (m.bigram_sign_rows and not m.bigram_rows):
         raise ConfigError("model.bigram_sign_rows (#83) needs model.bigram_rows and is >= 0")
+    if m.bigram_dim and not (m.bigram_rows and 0 < m.bigram_dim <= m.n_embd):
+        raise ConfigError(f"model.bigram_dim {m.bigram_dim} needs model.bigram_rows and is 1..model.n_embd")
+    if m.residual_form == "sublayer" and m.x0_lambda_apart:
+        raise ConfigError("model.residual_form = 'sublayer' has its own x0 lambdas: drop model.x0_lambda_apart")
+    if m.attn_out_init_gain < 0 or (m.attn_out_init_gain and m.mimetic_vo_beta):
+        raise ConfigError(
+            "model.attn_out_init_gain must be >= 0 and is not combined with model.mimetic_vo_beta"
+        )
+    if m.bigram_in_x0 and not (m.bigram_rows and m.residual_form == "sublayer"):
+        raise ConfigError("model.bigram_in_x0 needs model.bigram_rows and model.residual_form = 'sublayer'")
+    if m.ve_gate_paired_ve_dims and not m.ve_gate_ve_dims:
+        raise ConfigError("model.ve_gate_paired_ve_dims needs model.ve_gate_ve_dims")
     for key in ("windows", "value_embeds"):
         if getattr(m, key) and len(getattr(m, key)) != L:
             raise ConfigError(f"model.{key} must have one entry per layer ({L}), got {len(getattr(m, key))}")
@@ -181,7 +211,7 @@ def check(m: Gpt2026Config) -> None:
     ):
         if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
-    if m.embed2 and not m.x0_lambda_apart:
+    if m.embed2 and (not m.x0_lambda_apart or m.residual_form != "x0-first"):
         raise ConfigError("model.embed2 needs model.x0_lambda_apart=true (its weight joins the x0 pair)")
     if m.ve_gate_ve_dims and not 0 < m.ve_gate_ve_dims < m.ve_gate:
         raise ConfigError(
@@ -206,6 +236,10 @@ def check(m: Gpt2026Config) -> None:
             f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "
             "layer) an earlier present layer"
         )
+    if m.mudd_sources:
+        _check_mudd(m)
+    if m.mudd_gate_layer or m.mudd_gate_attn_layers or m.dc_layers:
+        _check_mudd_gate(m)
     if m.window < 0 or m.window_warmup != "none" and m.window <= 0:
         raise ConfigError("model.window must be >= 0, and > 0 with model.window_warmup")
     if "S" in m.windows and m.attention != "varlen" and m.window <= 0:
@@ -214,6 +248,51 @@ def check(m: Gpt2026Config) -> None:
         raise ConfigError("model.head_init_std must be >= 0, and > 0 only with model.zero_init_head=false")
     if m.softcap_offset and m.logit_softcap <= 0:
         raise ConfigError("model.softcap_offset needs model.logit_softcap > 0")
+
+
+def _check_mudd(m: Gpt2026Config) -> None:
+    """#81's MUDD reads the composition the record gives it: one line naming what is missing."""
+    L, last = m.n_layer, m.n_layer - 1
+    present = set(m.attention_layers) | set(m.mlp_layers)
+    h, s = (m.mudd_sources + [-1, -1])[:2]
+    tables = m.value_embeds or [-1] * L
+    needs = (
+        (len(m.mudd_sources) == 2 and h != s and {h, s} <= present and max(h, s) < L - 2,
+         f"[h, s]: two distinct present layers below {L - 2} (record [7, 3]), got {m.mudd_sources}"),
+        (m.residual_form == "sublayer", "model.residual_form='sublayer' (#77's residual form)"),
+        (last in m.attention_layers and last in m.mlp_layers and last - 1 in present
+         and last not in m.paired_layers, "an unpaired attention and an MLP on the last layer, one before"),
+        (tables[last] >= 0 and 0 in tables, "a value embedding on the last layer, and table 0"),
+        (m.value_mix == "weights", "model.value_mix='weights' (v + the mix, #47/#48)"),
+        (m.n_head % 2 == 0, "an even model.n_head (its value-embedding gate has one lane per half)"),
+        (not m.backout_layer, "model.backout_layer=0 (#81 folds the backout into a MUDD bias)"),
+    )  # fmt: skip
+    for ok, what in needs:
+        if not ok:
+            raise ConfigError(f"model.mudd_sources (#81) needs {what}")
+
+
+def _check_mudd_gate(m: Gpt2026Config) -> None:
+    """#85's gate network replaces the static gates it generates: one line naming what is missing."""
+    g, L = m.mudd_gate_layer, m.n_layer
+    present = set(m.attention_layers) | set(m.mlp_layers)
+    attn = m.mudd_gate_attn_layers
+    needs = (
+        (bool(m.mudd_sources), "model.mudd_sources (#81's MUDD, whose MLP shape it shares)"),
+        (0 < g < L - 1 and g in present, f"model.mudd_gate_layer: a present layer 1..{L - 2} (4), got {g}"),
+        (set(attn) <= set(m.attention_layers) and len(set(attn)) == len(attn),
+         f"model.mudd_gate_attn_layers {attn}: distinct attention layers"),
+        (m.attn_gate == 0, "model.attn_gate=0 (it gives the attention gates, #28's are gone)"),
+        (m.skip_gate == 0 and len(m.skips) <= 1 and all(dst >= g for _, dst in m.skips)
+         and (not m.skips or m.skip_gate_form == "sigmoid"),
+         "model.skip_gate=0, at most one skip, into a layer >= mudd_gate_layer, a sigmoid skip_gate_form"),
+        (set(m.dc_layers) <= set(m.attention_layers) - set(m.paired_layers)
+         and min(m.dc_layers, default=g) >= g and len(set(m.dc_layers)) == len(m.dc_layers),
+         f"model.dc_layers {m.dc_layers}: distinct unpaired attention layers >= model.mudd_gate_layer"),
+    )  # fmt: skip
+    for ok, what in needs:
+        if not ok:
+            raise ConfigError(f"model.mudd_gate_layer (#85) needs {what}")
 
 
 def _layers(text: str) -> set[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -66,6 +67,13 @@ SeqLen = Annotated[int, Range(1, MAX_SEQ_LEN)]
 Seed = Annotated[int, Range(0, 2**63 - 1)]  # torch.manual_seed takes a 64-bit seed
 
 
+@dataclass(frozen=True)
+class Parser:
+    """A field whose values one function converts and checks whole (a table: optim.labels)."""
+
+    parse: Callable[[str, Any], Any]
+
+
 def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
     """(the plain type, its Range) of a possibly Annotated type."""
     if typing.get_origin(typ) is Annotated:
@@ -76,6 +84,10 @@ def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
 
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value or command-line string to the field's type, or raise ConfigError."""
+    if typing.get_origin(typ) is Annotated:
+        parser = next((e for e in typing.get_args(typ)[1:] if isinstance(e, Parser)), None)
+        if parser is not None:
+            return parser.parse(key, value)
     typ, bounds = strip_annotation(typ)
     origin = typing.get_origin(typ)
     if origin is Literal:

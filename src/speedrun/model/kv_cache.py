@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from speedrun.model.attention import MaskSpec, spec_dense_mask
+from speedrun.model.attention import MaskSpec, document_ids, spec_dense_mask
 
 #: What decoding needs of a model, whatever its family (gpt2024 or gpt2026): `cfg.n_layer`,
 #: `cfg.max_seq_len`, `cfg.vocab_size`; `mask_specs(tokens)`; `hidden(idx, start=, attend_fns=, prev=)`;
@@ -49,6 +49,8 @@ def _attend_cached(
     mask: Tensor,
     cache: KVCache,
     start: int,
+    dyn=None,
+    eot_id: int = -1,
 ) -> tuple[Tensor, Tensor]:
     """Attention.forward for new positions, with earlier keys/values from the cache."""
     q, k, v, raw_v = attn.project(x, other_v, start)
@@ -57,6 +59,14 @@ def _attend_cached(
         v = torch.cat([cache.values[layer], v], dim=2)
     cache.keys[layer], cache.values[layer] = k, v  # as projected: #49's offset reads the key before
     y = F.scaled_dot_product_attention(q, attn.attended_keys(k), v, attn_mask=mask, scale=attn.scale)
+    if dyn is not None:  # gpt2026's #85 per-token gates (XSA among them, and DC's weights)
+        if "dc1" in dyn:  # the correction's rows of the new positions, over every cached key
+            from speedrun.model.gpt2026.dc import DC_WINDOW, dc_valid
+
+            docs = document_ids(cache.tokens, eot_id)
+            valid = dc_valid(docs[:, start:], docs, start, DC_WINDOW)
+            y = attn.dc(y, q, attn.attended_keys(k), v, x, dyn, valid)
+        return attn.output(y, x, v[:, :, -q.size(2) :], dyn), raw_v
     if getattr(attn, "xsa", None) is not None:  # gpt2026's #82 XSA reads the new positions' values
         return attn.output(y, x, v[:, :, -q.size(2) :]), raw_v
     return attn.output(y, x), raw_v
@@ -79,7 +89,9 @@ def forward_cached(model: Model, idx: Tensor, cache: KVCache) -> Tensor:
 
     def cached(i: int) -> AttendFn:
         mask = built[(id(specs[i]), paired[i])]
-        return lambda attn, x, other_v: _attend_cached(attn, i, x, other_v, mask, cache, start)
+        return lambda attn, x, other_v, dyn=None: _attend_cached(
+            attn, i, x, other_v, mask, cache, start, dyn, cfg.eot_id
+        )
 
     prev = cache.tokens[:, start - 1 : start] if start > 0 else None  # smear's look-back (#34)
     hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)], prev=prev)

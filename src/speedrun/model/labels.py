@@ -3,9 +3,9 @@
 A part calls ``label(param, "qkv", blocks=(d, d, d))`` where it creates ``param``; the optimizer table,
 the memory estimate, the FLOPs count and checkpoint sharding read ``label_of(param)`` and never the
 parameter's name, so renaming an attribute cannot change how it is trained. ``optim/rules.py`` maps
-each label to a rule and its hyperparameters from the recipe; building the optimizer refuses a
-parameter without a label and a label without a row. This module imports nothing from ``optim/`` or
-``train/``.
+each label to a rule and its hyperparameters from the recipe (its ``[optim.labels]`` table); building
+the optimizer refuses a parameter without a label and a label without a row. This module imports
+nothing from ``optim/`` or ``train/``.
 
 The label is an attribute of the Parameter object: it survives ``.to()``, ``torch.compile`` and
 state-dict loading, but not ``copy.deepcopy`` or ``to_empty`` of a meta model (they make new
@@ -19,26 +19,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-_ATTR = "_speedrun_label"
+from speedrun.config_labels import LABELS  # the vocabulary: what a part may declare (each has a row)
 
-#: The vocabulary: what a part may declare (a new one needs a row in optim/rules.label_rules).
-LABELS = (
-    "qkv",  # attention Q/K/V weights
-    "attn_out",  # the attention's output projection
-    "mlp_in",  # the MLP's up-projection
-    "mlp_out",  # the MLP's down-projection
-    "matrix",  # any other hidden matrix
-    "embed",  # token and position embeddings; a tied embedding/head weight
-    "embed2",  # the medium record's second token embedding (2025-12-31)
-    "value_embed",  # value embeddings (2024-12)
-    "head",  # an untied output head
-    "scalar",  # norm gains, biases, lambdas, skip weights
-    "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
-    "gate",  # #28's attention gate, #55's value-embedding gate
-    "smear_gate",  # #34's smear gate
-    "skip_gate",  # #55's skip gate
-    "bigram",  # #62's bigram hash embedding
-)
+_ATTR = "_speedrun_label"
 
 
 @dataclass(frozen=True)
@@ -58,7 +41,9 @@ class Label:
 
 
 #: The weights the blocks multiply activations by (the head apart): the FLOPs count's matmuls.
-MATMULS = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate"))
+MATMULS = frozenset(
+    ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate", "skip_gate", "mudd", "mudd_gate")
+)
 
 
 def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: float = 1.0) -> nn.Parameter:

@@ -17,9 +17,9 @@ from speedrun.optim.plain_adam import PlainAdam
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
+    LabelRule,
     adam_groups,
     label_rules,
-    muon_adam_lrs,
     muon_parts,
     param_rules,
 )
@@ -111,7 +111,21 @@ class RunOptimizer:
 
 def model_rules(model: torch.nn.Module, cfg: Config) -> list[Entry]:
     """The model's parameters with their labels and the recipe's rule for each (optim/rules.py)."""
-    return param_rules(model, label_rules(cfg.optim, model.cfg.n_embd // model.cfg.n_head))
+    head_dim = model.cfg.n_embd // model.cfg.n_head  # the model's own (#80's Q/K blocks)
+    return param_rules(model, label_rules(cfg.optim, head_dim), user_rows(cfg))
+
+
+def user_rows(cfg: Config) -> list[str]:
+    """The stated rows the user gave (command line, own recipe file): a row of theirs that no parameter
+    carries is refused. Rows a bundled base states stay quiet when a switch removes their parameters, so
+    turning a part off (ablate, a derived recipe) needs no second key to take its row back."""
+    keys = [k.split(".") for k in cfg.fixed if k == "optim.labels" or k.startswith("optim.labels.")]
+    return [lab for lab in cfg.optim.labels if any(len(k) == 2 or k[2] == lab for k in keys)]
+
+
+def run_rules(cfg: Config) -> dict[str, LabelRule]:
+    """The recipe's label table: every label's row (config_labels.label_table), the Adam groups' source."""
+    return label_rules(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
@@ -134,7 +148,9 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     )  # fmt: skip
     if o.name == "normuon":
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
-    groups = {g: [e.param for e in entries if e.rule.group == g] for g in MUON_GROUPS}
+    groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
+    for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
+        groups.setdefault(e.rule.group, []).append(e.param)
     fused = {"fused": True} if next(model.parameters()).is_cuda else {}
     if o.name == "adamw":
         params = [p for group in groups.values() for p in group]
@@ -144,10 +160,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
         return RunOptimizer({"adam": adamw}, tail)
+    hyper = adam_groups(run_rules(cfg), set(groups))
     power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
-    adam_params = {
-        g: {"params": groups[g], "lr": lr} | ({"power_c": power_c[g]} if power_c else {})
-        for g, lr in muon_adam_lrs(o).items()
+    adam_params = {  # embed, head, scalar (the saved order), then the groups stated rows made
+        g: {"params": groups[g], "lr": h.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay}
+        | ({"power_c": power_c.get(g, power_c["scalar"])} if power_c else {})  # stated groups: the scalars'
+        for g, h in sorted(hyper.items(), key=lambda gh: gh[0] not in MUON_GROUPS)
         if groups[g]
     }
     # #46: the scalars (gains, biases) in Adam without bias correction, a part of their own
@@ -177,12 +195,11 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     )
     for group in muon.param_groups if power_c else []:
         group["power_c"] = power_c["matrix"]
-    decay = {"weight_decay": o.adam_weight_decay, "decoupled_weight_decay": True}  # AdamW's (track 3)
-    adam = torch.optim.Adam(list(adam_params.values()), betas=o.betas, eps=o.eps, **decay, **fused)
+    adam = torch.optim.Adam(list(adam_params.values()), decoupled_weight_decay=True, **fused)  # AdamW's decay
     parts = {"adam": adam, "muon": muon}
     if plain:
-        assert not o.adam_weight_decay, "config checks: #46's aux Adam has no decay"
-        parts["scalar"] = PlainAdam(plain, lr=o.scalar_lr, betas=o.betas, eps=o.eps)
+        assert not plain[0]["weight_decay"], "config checks: #46's aux Adam has no decay"
+        parts["scalar"] = PlainAdam(plain, lr=plain[0]["lr"], betas=plain[0]["betas"], eps=plain[0]["eps"])
     return RunOptimizer(parts, tail, nesterov)
 
 
@@ -235,7 +252,7 @@ def build_table_optimizer(
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = build_rows(entries or model_rules(model, cfg), world)
-    adam = adam_groups(o, {r.label for r in rows if r.rule == "adam"})
+    adam = adam_groups(run_rules(cfg), {r.label for r in rows if r.rule == "adam"})
     tie = None
     if o.tie_until:
         embed, head = model.wte.weight, model.lm_head.weight

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.model.attention import AttentionMask, MaskSpec, attend
+from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked, dc_valid
 from speedrun.model.gpt2026.gates import AttentionGate
+from speedrun.model.gpt2026.mudd import xsa_per_token
 from speedrun.model.gpt2026.specs import LayerSpec
 from speedrun.model.gpt2026.xsa import GatedXSA
 from speedrun.model.labels import label
@@ -104,11 +106,22 @@ class Attention(nn.Module):
         self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0] if weights_mix else [0.5, 0.5])), "scalar")
 
     def forward(
-        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
+        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None, dyn=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → (output (B, T, C), this layer's unmixed v)."""
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v); `dyn`: #85's per-token gates (and
+        its DC weights with the tokens' documents, "docs")."""
         q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale), x, v), raw_v
+        k = self.attended_keys(k)
+        y = attend(q, k, v, mask, self.scale)
+        if dyn and "dc1" in dyn:
+            y = self.dc(y, q, k, v, x, dyn, dc_valid(dyn["docs"], dyn["docs"], 0, DC_WINDOW))
+        return self.output(y, x, v, dyn), raw_v
+
+    def dc(self, y, q, k, v, x, dyn, valid: torch.Tensor) -> torch.Tensor:
+        """#85's DC correction of y (B, H, Tq, D) from q, the attended k and v (valid: `dc.dc_valid`),
+        with the weights the gate network gave (dyn "dc1", "dc2"), w1 RMS-normed over the heads."""
+        w1, w2 = dc_gate(dyn["dc1"], dyn["dc2"], x)
+        return dc_masked(y, q, k, v, w1, w2, self.scale, valid)
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
         """The keys (B, H, T, D) as attended: #49 shifts the stationary dims one token on its layers."""
@@ -137,14 +150,22 @@ class Attention(nn.Module):
             return (*(interleave(t) for t in (q, k, v)), raw_v)
         return self.rotary(q, start), self.rotary(k, start), v, raw_v
 
-    def output(self, y: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+    def output(
+        self, y: torch.Tensor, x: torch.Tensor, v: torch.Tensor | None = None, dyn=None
+    ) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C);
-        v (B, H, T, D): the values of y's positions, which #82's XSA reads."""
+        v (B, H, T, D): the values of y's positions, which #82's XSA reads; `dyn` ({"xsa", "attn"}, each
+        (B, T, H)): #85's per-token XSA α and output gate, in place of the layer's own."""
         y = deinterleave(y) if self.paired else y
-        if self.xsa is not None:
+        dyn = dyn or {}
+        if "xsa" in dyn:
+            y = xsa_per_token(y, v, dyn["xsa"])
+        elif self.xsa is not None:
             y = self.xsa(y, v)
         B, _, T, _ = y.shape
-        if self.gate is not None:
+        if "attn" in dyn:
+            y = y * dyn["attn"].type_as(y).transpose(1, 2).unsqueeze(-1)
+        elif self.gate is not None:
             y = self.gate(y, x)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         if self.weights_mix:  # #48

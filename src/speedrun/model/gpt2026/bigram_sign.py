@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from speedrun.model.gpt2026.embeddings import BigramEmbed
+from speedrun.model.gpt2026.embeddings import BigramEmbed, bigram_hash
 
 
 def sign_index(
@@ -30,11 +30,12 @@ def sign_index(
 class SignedBigramEmbed(BigramEmbed):
     """#62's bigram embedding whose rows are multiplied by #83's ±1 sign rows."""
 
-    def __init__(self, rows: int, dim: int, n_layer: int, sign_rows: int):
-        super().__init__(rows, dim, n_layer)
+    def __init__(self, rows: int, dim: int, n_layer: int, sign_rows: int, width: int | None = None):
+        super().__init__(rows, dim, n_layer, width)
         # drawn after the table, as the record's __init__ (bigram_embed, then its sign table)
         self.register_buffer("sign_table", torch.randn(sign_rows, dim).sign().to(torch.bfloat16))
 
     def forward(self, idx: torch.Tensor, prev: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
         signs = self.sign_table[sign_index(idx, self.sign_table.size(0), prev, start)]
-        return super().forward(idx, prev, start) * signs
+        rows = self.embed(bigram_hash(idx, self.rows, prev, start))
+        return self.widen(rows * signs)

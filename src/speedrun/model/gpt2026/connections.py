@@ -23,6 +23,13 @@ def x0_lambdas(
     return label(nn.Parameter(torch.tensor([resid_init, 0.0])), "scalar"), None
 
 
+def sublayer_lambdas(resid_init: float) -> tuple[nn.Parameter, nn.Parameter]:
+    """#77 (2026-03-06, SimplifyHC): per layer (resid, post) for its attention and MLP sublayers,
+    x ← r·x + p·f(norm(x)); resid from √resid_init each (1.1 per layer, as #45), post from 1."""
+    resid = label(nn.Parameter(torch.full((2,), resid_init**0.5)), "resid_lambda")
+    return resid, label(nn.Parameter(torch.ones(2)), "lambda")
+
+
 def skip_weights(n: int, form: str) -> nn.Parameter:
     """One weight per skip: 1 (a plain weight) or -1.5 (sigmoid form, #32: σ ≈ 0.18)."""
     return label(nn.Parameter(torch.full((n,), -1.5 if form == "sigmoid" else 1.0)), "scalar")

@@ -81,12 +81,20 @@ def bigram_hash(
 
 
 class BigramEmbed(nn.Module):
-    def __init__(self, rows: int, dim: int, n_layer: int):
+    def __init__(
+        self,
+        rows: int,
+        dim: int,
+        n_layer: int,
+        width: int | None = None,
+    ):
+        """`width`: the stream's width where the rows are narrower (#89's script: 192 of 768)."""
         super().__init__()
         self.rows = rows
+        self.pad = (width or dim) - dim  # #89's script: rows of 192 dims added to x[..., :192]
         self.embed = nn.Embedding(rows, dim)
         label(self.embed.weight, "bigram")
-        self.lambdas = label(nn.Parameter(torch.full((n_layer,), 0.1)), "scalar")
+        self.lambdas = label(nn.Parameter(torch.full((n_layer,), 0.1)), "scalar")  # #77 on: 0.05, "lambda"
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -95,4 +103,8 @@ class BigramEmbed(nn.Module):
 
     def forward(self, idx: torch.Tensor, prev: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
         """The bigram rows (B, T, C) of the tokens idx; each layer i adds lambdas[i] times this."""
-        return self.embed(bigram_hash(idx, self.rows, prev, start))
+        return self.widen(self.embed(bigram_hash(idx, self.rows, prev, start)))
+
+    def widen(self, rows: torch.Tensor) -> torch.Tensor:
+        """Narrow rows (B, T, dim) zero-padded to the stream's width: x + pad(b) is x[..., :dim] += b."""
+        return torch.nn.functional.pad(rows, (0, self.pad)) if self.pad else rows

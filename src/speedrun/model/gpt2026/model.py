@@ -14,14 +14,15 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config
 from speedrun.data.tokenizers import gpt2_tokenizer
-from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
+from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend, document_ids
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
-from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.gates import AttentionGate, ContextGate, skip_gate_of
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
+from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
 from speedrun.model.labels import MATMULS, label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
@@ -45,15 +46,30 @@ class Block(nn.Module):
         )
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
         self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
-        self.lambdas, self.x0_lambda = (
-            connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart, cfg.embed2)
-            if spec.present
-            else (None, None)
-        )
+        self.sublayer = cfg.residual_form == "sublayer"  # #77
+        if self.sublayer:  # the MUDD layer's lambdas come from MUDD (#81): it has none of its own
+            self.lambdas = self.x0_lambda = self.post_lambdas = None
+            if spec.present and not spec.mudd:
+                self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
+                gated = cfg.mudd_gate_layer > 0  # #85: the x0 share comes from the gate network
+                self.x0_lambda = (
+                    label(nn.Parameter(torch.zeros(1)), "lambda") if spec.attention and not gated else None
+                )
+        else:
+            self.lambdas, self.x0_lambda = (
+                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart, cfg.embed2)
+                if spec.present
+                else (None, None)
+            )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, x02=None):
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None, dyn=None, x02=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
-        that the attention reads instead of the stream (#77); `x02`: the second embedding, normed (medium)."""
+        that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
+        (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows); `dyn`: #85's gates
+        of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows); `x02`: the
+        second embedding, normed (the medium record)."""
+        if self.sublayer:
+            return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn)
         if x02 is not None:  # the medium record: x0 weights (x0's, the second embedding's) as a pair
             x = self.lambdas[0] * x + self.x0_lambda[0] * x0 + self.x0_lambda[1] * x02
         else:
@@ -66,6 +82,30 @@ class Block(nn.Module):
             y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
+
+    def _sublayer(self, x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn):
+        """#77's form: the attention reads the stream (or attn_in) before x0 and the bigram are added."""
+        raw_v = None
+        if self.attn is not None:
+            h = self.norm1(attn_in if attn_in is not None else x)
+            if attend_fn:
+                y, raw_v = attend_fn(self.attn, h, other_v, dyn) if dyn else attend_fn(self.attn, h, other_v)
+            else:
+                y, raw_v = self.attn(h, mask, other_v, dyn)
+            if mu is not None:
+                x = mu[8] * x + mu[9] * y + mu[10] * x0
+                x = x + mu[11] * bigram if bigram is not None else x
+            elif dyn is not None and "x0" in dyn:  # #85, in HEAD's order
+                x = self.lambdas[0] * x + self.post_lambdas[0] * y + x0 * dyn["x0"]
+                x = x + bigram * dyn["bigram"] if bigram is not None else x
+            else:
+                inject = x0 * self.x0_lambda[0]  # 0-dim: a bf16 stream stays bf16
+                inject = inject + bigram if bigram is not None else inject
+                x = self.lambdas[0] * x + self.post_lambdas[0] * y + inject
+        if self.mlp is not None:
+            r, p = (mu[12], mu[13]) if mu is not None else (self.lambdas[1], self.post_lambdas[1])
+            x = r * x + p * self.mlp(self.norm2(x))
+        return x, raw_v
 
 
 class GPT2026(nn.Module):
@@ -82,16 +122,18 @@ class GPT2026(nn.Module):
         self.wte = embeddings.token_embedding(rows, d)
         self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.embed2 else None  # medium
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
-        self.bigram = BigramEmbed(cfg.bigram_rows, d, cfg.n_layer) if cfg.bigram_rows else None  # #62
+        bigram_dim = cfg.bigram_dim or d  # #89's script: 192
+        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d) if cfg.bigram_rows else None
         if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
-            self.bigram = SignedBigramEmbed(cfg.bigram_rows, d, cfg.n_layer, cfg.bigram_sign_rows)
+            self.bigram = SignedBigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(d // cfg.n_head, rows_rotary, 10000.0, True, cfg.rope_precision)
         self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
         for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
-            if cfg.ve_gate and s.value_embed is not None and s.attention:
-                ve_dims = 0 if s.paired else cfg.ve_gate_ve_dims  # #70: paired layers keep x[:12]
+            if cfg.ve_gate and s.value_embed is not None and s.attention and not s.mudd:  # #81: MUDD's
+                # #70: paired layers keep x[:12]; #89's script: they read cat(x[:6], ve[:6]) too
+                ve_dims = 0 if s.paired and not cfg.ve_gate_paired_ve_dims else cfg.ve_gate_ve_dims
                 block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
@@ -103,6 +145,20 @@ class GPT2026(nn.Module):
         )
         self.skip_gate = gates.skip_gates(cfg.skip_gate, len(cfg.skips)) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
+        if cfg.residual_form == "sublayer":  # #77: bigram shares from 0.05, trained with the lambdas
+            if self.bigram is not None:
+                label(self.bigram.lambdas, "lambda").data.fill_(0.05)
+            for block in self.blocks:
+                if block.attn is not None and block.attn.xsa is not None:
+                    label(block.attn.xsa.alpha, "lambda")
+        self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
+        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd_gate_layer else None  # #85
+        if self.mudd_gate is not None:  # its gates replace the static XSA α and bigram shares
+            for block in self.blocks:
+                if block.attn is not None:
+                    block.attn.xsa = None
+            if self.bigram is not None:
+                self.bigram.lambdas = None
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
             cfg.fp8_head,
@@ -164,6 +220,9 @@ class GPT2026(nn.Module):
             for part in (block.attn, block.mlp):
                 if part is not None:
                     nn.init.zeros_(part.c_proj.weight)
+            if block.attn is not None and self.cfg.attn_out_init_gain:  # #82: vo_bank uniform, O as V
+                w = block.attn.c_proj.weight
+                scaled_uniform_(w, w.size(1), self.cfg.attn_out_init_gain)
         if self.cfg.mimetic_vo_beta:  # #64
             d = self.cfg.n_embd
             for block in self.blocks:
@@ -236,22 +295,47 @@ class GPT2026(nn.Module):
         attend_fns = attend_fns or [None] * self.cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
+        first = self.walk[0].index
+        gates = self.mudd_gate(x0, 0) if self.mudd_gate is not None else {}  # #85: the pre gate
+        if self.cfg.residual_form == "sublayer" and bigram is not None:  # #77: the first share goes in now
+            share = gates[("bigram", first)] if gates else self.bigram.lambdas[first]
+            x = x + bigram * share
+            x0 = x if self.cfg.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
+        c0 = x  # the stream entering the first layer (#81's source c0)
         outputs: dict[int, torch.Tensor] = {}
         for s in self.walk:
+            if self.mudd_gate is not None and s.index == self.cfg.mudd_gate_layer:  # #85: the post gate
+                gates = gates | self.mudd_gate(x, 1)
             if s.skip_from is not None:
                 scale = connections.skip_scale(self.skip_weights[s.skip_weight], self.cfg.skip_gate_form)
-                scale = (
-                    scale * gates.skip_gate_of(self.skip_gate, s.skip_weight)(x0)
-                    if self.skip_gate is not None
-                    else scale
-                )
+                if self.skip_gate is not None:  # #55 (the medium record: one gate per skip)
+                    scale = scale * skip_gate_of(self.skip_gate, s.skip_weight)(x0)
+                scale = scale * gates[("skip", -1)] if gates else scale
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
-            b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+            dyn = None
+            if gates:  # #85: this layer's gates, the bigram rows unscaled
+                kinds = ("x0", "bigram", "xsa", "attn", "dc1", "dc2")
+                dyn = {k: gates[(k, s.index)] for k in kinds if (k, s.index) in gates}
+                if "dc1" in dyn and attend_fns[s.index] is None:  # the dense path's documents (DC)
+                    dyn["docs"] = document_ids(idx, self.cfg.eot_id)
+                b = bigram if s.index != first else None
+            else:
+                b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
+                b = None if self.cfg.residual_form == "sublayer" and s.index == first else b
             attn_in = outputs[s.attn_input] if s.attn_input is not None else None  # #77
-            x, _ = self.blocks[s.index](x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, x02)
+            block = self.blocks[s.index]
+            if s.mudd:  # #81: the last layer, from MUDD's coefficients of its input
+                x_in, attn_in = x, attn_in if attn_in is not None else x
+                x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
+                x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu, dyn)
+            else:
+                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, None, dyn, x02)
             if s.keep_output:
                 outputs[s.index] = x
+        if self.mudd is not None:  # #81: before the final norm, with the backout in its bias
+            h, skip = (outputs[j] for j in self.cfg.mudd_sources)
+            x = self.mudd.final(x, [c0, h, x_in, tables[0], skip])
         return self.norm_f(self.backout(x, outputs) if self.backout is not None else x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

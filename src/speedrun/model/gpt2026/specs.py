@@ -28,6 +28,7 @@ class LayerSpec:
     skip_weight: int | None = None  # that skip's weight index
     keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
     attn_input: int | None = None  # #77: the earlier layer whose output this layer's attention reads
+    mudd: bool = False  # #81: the last layer, whose input MUDD recombines (and whose lambdas it gives)
 
     @property
     def present(self) -> bool:
@@ -46,6 +47,7 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
     kept = {src for src, _ in skip_from.values()} | ({cfg.backout_layer} if cfg.backout_layer else set())
     attn_inputs = cfg.attn_inputs or [-1] * L
     kept |= {j for i, j in enumerate(attn_inputs) if j >= 0 and i in attn}
+    kept |= set(cfg.mudd_sources)  # #81
     windows = cfg.windows or ["L"] * L
     value_embeds = cfg.value_embeds or [-1] * L
     return [
@@ -62,6 +64,7 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,
             attn_input=attn_inputs[i] if attn_inputs[i] >= 0 and i in attn else None,
+            mudd=bool(cfg.mudd_sources) and i == L - 1,
         )
         for i in range(L)
     ]

@@ -17,6 +17,7 @@ from torch import Tensor
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.dc import DC_WINDOW, dc_correction, dc_gate
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.yarn import rotary_tables, yarn_after
 
@@ -84,7 +85,9 @@ def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
         attn.scale = scale
 
 
-def _varlen_layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, window: int, max_seqlen: int):
+def _varlen_layer(
+    attn, h: Tensor, other_v: Tensor | None, dyn=None, *, cu_seqlens: Tensor, window: int, max_seqlen: int
+):
     """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
     q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D); paired heads (#58): (1, H/2, 2T, D)
     if attn.paired:
@@ -92,7 +95,10 @@ def _varlen_layer(attn, h: Tensor, other_v: Tensor | None, cu_seqlens: Tensor, w
     k = attn.attended_keys(k)
     q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
     y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None]), raw_v
+    if dyn and "dc1" in dyn:  # #85's DC correction over the packed documents, as the record's kernel
+        w1, w2 = dc_gate(dyn["dc1"][0], dyn["dc2"][0], h)
+        y = dc_correction(y, q, k, v, w1, w2, attn.scale, DC_WINDOW, cu_seqlens)
+    return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None], dyn), raw_v
 
 
 def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
