@@ -44,7 +44,6 @@ LABELS = (
     "mlp_out",  # the MLP's down-projection
     "matrix",  # any other hidden matrix
     "embed",  # token and position embeddings; a tied embedding/head weight
-    "embed2",  # the medium record's second token embedding (2025-12-31)
     "value_embed",  # value embeddings (2024-12)
     "head",  # an untied output head
     "scalar",  # norm gains, biases, lambdas, skip weights
@@ -59,6 +58,7 @@ LABELS = (
     "mudd_bias",  # their output biases (no weight decay)
     "mudd_gate",  # #85's gate MLPs
     "mudd_gate_bias",  # their output biases and scale (no weight decay)
+    "embed2",  # the medium record's second token embedding (2025-12-31)
 )
 #: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
 MUDD_LR_MUL = 0.25
