@@ -193,7 +193,7 @@ def test_a_stated_row_changes_only_its_label_and_a_group_follows_its_owner():
     assert table["value_embed"] == dataclasses.replace(derived["value_embed"], lr=0.1, betas=(0.8, 0.9))
     assert table["bigram"] == table["value_embed"]  # #65: the bigram table trains in value_embed's group
     assert table["mlp_out"].lr_mul == 3.0 and table["mlp_out"].split == derived["mlp_out"].split
-    assert {k for k in table if table[k] != derived[k]} == {"value_embed", "bigram", "mlp_out"}
+    assert {k for k in table if table[k] != derived[k]} == {"value_embed", "bigram", "embed2", "mlp_out"}
     own = load_recipe("stages-2025-12", ["optim.labels.bigram.lr=0.1"])  # (its model has none: at build)
     row = run_rules(own)["bigram"]
     assert (row.group, row.lr, row.betas) == ("bigram", 0.1, run_rules(own)["value_embed"].betas)  # own group

@@ -322,6 +322,11 @@ def test_the_recipe_groups_matrices_by_label_and_its_state_round_trips():
             "optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end",
         ),
         (["optim.muon_soap_beta2=1.5"], "optim.muon_soap_beta2"),
+        (["optim.ema_nesterov_end=100"], "it needs optim.name=muon and 0 <= optim.ema_nesterov_start <"),
+        (["optim.power_cool_c=[0, 1, 1, 1]"], "optim.power_cool_c, four coefficients > 0"),
+        (["optim.adam_weight_decay=0.01"], "optim.scalar_bias_correction=false (#46's aux Adam) needs"),
+        (["optim.muon_hyperball=true"], "optim.muon_hyperball (MuonH) keeps"),
+        (["model.norm=rmsnorm"], "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain"),
     ],
 )
 def test_bad_track3_switches_are_one_line_config_errors(overrides, fragment):

@@ -269,7 +269,7 @@ def test_polar_express_is_the_records(shape):
         ("model.skips=[[0, 12]]", "model.skips [[0, 12]]: [src, dst] pairs, 0 <= src < dst < 12"),
         (
             "train.stages=tokens=8 windows=1/3 frac=1; tokens=8 windows=1/3 ext=0 val=2/20 yarn=21",
-            "yarn=21 (the final validation's YaRN window) must lie between",
+            "yarn=21 (the window YaRN rescales to at most) must not exceed",
         ),
         ("train.stages=tokens=8 windows=1/3 frac=1; tokens=8 windows=1/3 ext=0 val=7/5", "val=7/5 must be"),
     ],

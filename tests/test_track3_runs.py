@@ -24,6 +24,7 @@ from tests.conftest import TINY, read_metrics
 pytestmark = pytest.mark.xdist_group("track3_runs")
 FAST = ["train.steps=6", "train.warmdown_steps=0", "train.val_every=3", "train.timing_warmup_steps=0"]
 TAIL = ["optim.tail_ema_start=2", "optim.tail_ema_end=5", "optim.tail_ema_tau=2"]  # active in 6 steps
+TAIL += ["optim.ema_nesterov_start=1", "optim.ema_nesterov_end=5", "optim.power_cool_end=30"]  # #46's too
 
 
 @pytest.fixture(scope="module")

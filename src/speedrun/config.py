@@ -61,6 +61,8 @@ class ModelConfig:
     mlp_fc_init_ramp: float = (
         0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
     )
+    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel (model/cgi.py)
+    cgi_gain_alpha: float = 0.0
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
     # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear
     # weight normal with std sqrt(0.33/fan_in), biases 0, the untied embedding normal(0, 1)
@@ -210,6 +212,8 @@ class OptimConfig:
     gate_lr: float = 0.0
     gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
     x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
+    x0_lr: float = 0.0  # the x0 lambdas' Adam LR (medium-2025-12: 0.004 x 5); 0 = scalar_lr (#52–#65)
+    gate_lr_mul: float = 1.0  # NorMuon-trained attention/value-embedding gates' LR multiplier (medium: 0.1)
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
@@ -224,6 +228,22 @@ class OptimConfig:
     tail_ema_start: int = 0  # ... from this many steps taken (#46: 2,400) ...
     tail_ema_end: int = 0  # ... until this many (#46: 2,900)
     tail_ema_lambda: Fraction = 0.6  # validation evaluates (1 − λ)·w + λ·ema
+    # EMA-Nesterov (#46): before step s's forward, with start < s + 1 and s < end, W += step·r·B (r: the
+    # first Adam group's LR over its peak), B an EMA (beta) of each step's displacement; 0 = off
+    ema_nesterov_step: float = 0.0
+    ema_nesterov_beta: Fraction = 0.99
+    ema_nesterov_start: int = 0  # (#46: 300)
+    ema_nesterov_end: int = 0  # (#46: its 2,900 steps − 950 = 1,950)
+    # PowerCool (#46): each group's LR is min(its scheduled LR, c·max(0, end − s)^power), c per group in
+    # the order embed, head, matrix, scalar (#46: 4.98e-5, 5.18e-7, 3.32e-6, 1.66e-6; end 2,900, power 1.2)
+    power_cool_end: int = 0  # 0 = off
+    power_cool_power: PosFloat = 1.0
+    power_cool_c: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    # false: the scalar group (gains, biases, lambdas) in Adam without bias correction (#46's aux Adam,
+    # optim/plain_adam.py), under optim.name = "muon"
+    scalar_bias_correction: bool = True
+    # MuonH (track 3 result #5): each Muon matrix steps lr·‖W‖ along U/‖U‖ and is put back on its sphere
+    muon_hyperball: bool = False
     # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
     # (config_labels.py); a label without one keeps the row derived from the fields above
     labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)

@@ -207,6 +207,11 @@ def _validate_model_switches(m: ModelConfig) -> None:
         )
     if m.attn_scale < 0 or m.logit_softcap < 0:
         raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.cgi_gain_alpha and (m.norm != "rmsnorm-gain" or m.no_attention_layers or m.n_embd % m.n_head):
+        raise ConfigError(
+            "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain and attention in "
+            "every layer"
+        )
     if m.head_bias and (m.tie_embeddings or m.fp8_head):
         raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
@@ -222,15 +227,37 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
         )
-    pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd
+    pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
     if pinned and (o.name != "muon" or m.fused_qkv):
         raise ConfigError(
-            "optim.muon_soap, muon_radius_pin, muon_uw_floor and muon_post_pin_cwd need optim.name=muon "
-            "and model.fused_qkv=false"
+            "optim.muon_soap, muon_radius_pin, muon_uw_floor, muon_post_pin_cwd and muon_hyperball need "
+            "optim.name=muon and model.fused_qkv=false"
+        )
+    if o.muon_hyperball and (o.muon_radius_pin or o.muon_weight_decay):
+        raise ConfigError(
+            "optim.muon_hyperball (MuonH) keeps ‖W‖ itself: it takes no optim.muon_radius_pin or "
+            "muon_weight_decay"
         )
     if (o.muon_row_floor and not o.muon_uw_floor) or (o.muon_post_pin_cwd and not o.muon_radius_pin):
         raise ConfigError("optim.muon_row_floor needs optim.muon_uw_floor > 0, and muon_post_pin_cwd needs "
                           "optim.muon_radius_pin=true")  # fmt: skip
+    if o.ema_nesterov_step < 0 or (
+        o.ema_nesterov_step and (o.name != "muon" or not 0 <= o.ema_nesterov_start < o.ema_nesterov_end)
+    ):
+        raise ConfigError(
+            "optim.ema_nesterov_step (#46: 0.3) must be >= 0; it needs optim.name=muon and "
+            "0 <= optim.ema_nesterov_start < optim.ema_nesterov_end"
+        )
+    if o.power_cool_end < 0 or (o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) <= 0)):
+        raise ConfigError(
+            "optim.power_cool_end (#46: 2900) must be >= 0; it needs optim.name=muon and optim.power_cool_c, "
+            "four coefficients > 0 (embed, head, matrix, scalar)"
+        )
+    if not o.scalar_bias_correction and (o.name != "muon" or o.adam_weight_decay):
+        raise ConfigError(
+            "optim.scalar_bias_correction=false (#46's aux Adam) needs optim.name=muon and no "
+            "optim.adam_weight_decay"
+        )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":
@@ -239,6 +266,8 @@ def _validate_normuon(cfg: Config) -> None:
                 "optim.smear_gate_lr, skip_gate_lr, gate_lr, normuon_gate_row_stats and attn_lr_mul need "
                 "optim.name=normuon"
             )
+        if o.x0_lr or o.gate_lr_mul != 1:
+            raise ConfigError("optim.x0_lr and optim.gate_lr_mul need optim.name=normuon")
         if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
             raise ConfigError(
                 "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
@@ -269,6 +298,13 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate)):
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
+    if o.x0_lr < 0 or (o.x0_lr and not (gated and m.x0_lambda_apart)):
+        raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
+    if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
+        raise ConfigError(
+            "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
+            "with optim.gate_lr=0)"
+        )
     if (o.skip_gate_lr > 0) != (skip_gate > 0) or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:

@@ -58,6 +58,7 @@ LABELS = (
     "mudd_bias",  # their output biases (no weight decay)
     "mudd_gate",  # #85's gate MLPs
     "mudd_gate_bias",  # their output biases and scale (no weight decay)
+    "embed2",  # the medium record's second token embedding (2025-12-31)
 )
 #: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
 MUDD_LR_MUL = 0.25
@@ -186,7 +187,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
             return LabelRow("adam", group, lr, tuple(o.betas), o.adam_weight_decay, o.eps)
 
         rows = dict.fromkeys(MATRIX_LABELS, matrix)
-        rows |= dict.fromkeys(("embed", "value_embed", "bigram"), adam("embed", o.embed_lr))
+        rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
@@ -212,15 +213,16 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         "value_embed": value_embed,
         "head": adam("head", o.head_lr, o.embed_betas, wd * o.embed_wd_mul),
         "scalar": adam("scalar", o.scalar_lr, o.scalar_betas, 0.0),
-        "x0": adam("x0", o.scalar_lr, o.x0_betas, 0.0),
+        "x0": adam("x0", o.x0_lr or o.scalar_lr, o.x0_betas, 0.0),
         "gate": adam("gate", o.gate_lr, gate_betas, wd)
         if o.gate_lr > 0
-        else normuon(gate_rows=o.normuon_gate_row_stats),
+        else normuon(o.gate_lr_mul, gate_rows=o.normuon_gate_row_stats),
         "smear_gate": adam("smear_gate", o.smear_gate_lr, gate_betas, 0.0)
         if o.smear_gate_lr > 0
         else normuon(),
         "skip_gate": adam("skip_gate", o.skip_gate_lr, gate_betas, 0.0),
         "bigram": value_embed,
+        "embed2": value_embed,  # the medium record: lr x75, wd x5, as the value embeddings
         # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
         "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
         "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),

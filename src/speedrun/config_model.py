@@ -71,6 +71,9 @@ class Gpt2026Config:
     # later x0 term and the skip gate read it; #82 adds it to x only
     bigram_in_x0: bool = False
     x0_lambda_apart: bool = False  # #52
+    # medium-2025-12 (#124's second embedding): a second token embedding, normed, added to every layer's
+    # input with its own x0 weight (needs x0_lambda_apart: the two weights are one "x0" pair per layer)
+    embed2: bool = False
     backout_layer: int = 0  # #40; 0 none
     attn_inputs: list[TableIndex] = field(
         default_factory=list
@@ -211,6 +214,8 @@ def check(m: Gpt2026Config) -> None:
     ):
         if getattr(m, key) > m.n_embd or (getattr(m, key) and not ok):  # #55
             raise ConfigError(f"model.{key} (#55) must be 0..model.n_embd input dims and needs {needs}")
+    if m.embed2 and (not m.x0_lambda_apart or m.residual_form != "x0-first"):
+        raise ConfigError("model.embed2 needs model.x0_lambda_apart=true (its weight joins the x0 pair)")
     if m.ve_gate_ve_dims and not 0 < m.ve_gate_ve_dims < m.ve_gate:
         raise ConfigError(
             f"model.ve_gate_ve_dims (#70) must be 1..model.ve_gate - 1, got {m.ve_gate_ve_dims}"

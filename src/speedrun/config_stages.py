@@ -178,10 +178,10 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
         )
     if sep and not 1 <= short_val <= val:
         raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
-    if yarn and not windows[1] <= yarn <= val:
+    if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
-            f"train.stages: yarn={yarn} (the final validation's YaRN window) must lie between the last "
-            f"stage's long window ({windows[1]}) and val ({val or 'not given'})"
+            f"train.stages: yarn={yarn} (the window YaRN rescales to at most) must not exceed the final "
+            f"validation's long window ({max(val, windows[1])})"
         )
     return stage, ext, (val, short_val, yarn)
 
@@ -202,7 +202,8 @@ def parse_stages(
     blocks), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest document, 0 = no
     cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1) and `prefix=` (#88, as mtp). The
     last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
-    (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to)."""
+    (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to, which also caps
+    the stages': the medium record's 13)."""
     assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:

@@ -22,6 +22,7 @@ from speedrun.model.attention import (
     choose_backend,
     layer_specs,
 )
+from speedrun.model.cgi import cgi_signs
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.kv_cache import AttendFn  # an attention call other than the module's own
 from speedrun.model.labels import MATMULS, label, label_linear, labelled
@@ -143,6 +144,13 @@ class GPT(nn.Module):
         if cfg.zero_init_head:
             for p in self.lm_head.parameters():
                 nn.init.zeros_(p)
+        if cfg.cgi_gain_alpha:  # #46: the blocks' gains split per channel (seeded by the run's seed)
+            signs = cgi_signs(cfg.n_layer, cfg.n_embd, cfg.n_embd // cfg.n_head, torch.initial_seed())
+            with torch.no_grad():
+                for block, s in zip(self.blocks, signs, strict=True):
+                    assert block.norm1 is not None, "config checks: CGI needs attention in every block"
+                    block.norm1.gains.copy_(1.0 - cfg.cgi_gain_alpha * s)
+                    block.norm2.gains.copy_(1.0 + cfg.cgi_gain_alpha * s)
 
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards (the loop, every step): an in-place write

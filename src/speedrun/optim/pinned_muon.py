@@ -180,6 +180,16 @@ def pinned_step(p: Tensor, u: Tensor, lr: float, pin: bool, cwd: float, eps: flo
         p.mul_(1.0 - (lr * cwd) * mask)
 
 
+@torch.no_grad()
+def hyperball_step(p: Tensor, u: Tensor, lr: float, eps: float = 1e-10) -> None:
+    """MuonH (track 3 per-optimizer result #5, PR #267): a step of length lr·‖W‖ along U, then W back on
+    its sphere: W ← (W − lr·‖W‖·U/‖U‖)·‖W‖/‖that‖. ‖W‖ never changes (no decay needed)."""
+    pw, uw = _work(p), _work(u)
+    p_norm = pw.norm()
+    new = pw - lr * uw * p_norm / uw.norm().clamp_min(eps)
+    p.copy_((new / new.norm().clamp_min(eps) * p_norm).to(p.dtype))
+
+
 # ---------------------------------------------------------------- the optimizer
 
 
@@ -205,8 +215,10 @@ class PinnedMuon(torch.optim.Optimizer):
         ns_form: str = "fused",
         ns_coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
         ns_dtype: torch.dtype = torch.bfloat16,
+        hyperball: bool = False,
     ) -> None:
         defaults = dict(lr=lr, momentum=momentum, soap=soap, soap_beta2=soap_beta2, uw_floor=uw_floor)
+        defaults |= dict(hyperball=hyperball)
         defaults |= dict(row_floor=row_floor, pin=pin, cwd=cwd, weight_decay=weight_decay, gate="none")
         defaults |= dict(backend=backend, ns_steps=ns_steps, ns_form=ns_form, ns_coefficients=ns_coefficients)
         self.ns_dtype = ns_dtype
@@ -240,7 +252,10 @@ class PinnedMuon(torch.optim.Optimizer):
                     u = uw_floor(u, p, group["uw_floor"], group["row_floor"])
                 if group["weight_decay"]:
                     p.mul_(1 - lr * group["weight_decay"])
-                pinned_step(p, u.to(p.dtype), lr, group["pin"], group["cwd"])
+                if group["hyperball"]:  # MuonH: the step's length and ‖W‖ set by the weight itself
+                    hyperball_step(p, u.to(p.dtype), lr)
+                else:
+                    pinned_step(p, u.to(p.dtype), lr, group["pin"], group["cwd"])
                 if group["soap"]:
                     soap_observe(g, state, group["soap_beta2"])
         self.steps += 1

@@ -84,7 +84,8 @@ def rule_target(facts: list[Facts], track: int, target: float) -> Outcome:
 #: Track 3 rule 1 fixes data, batch and architecture; init, attention backend and norm precision are free.
 TRACK3_BASELINE = "track3-baseline"
 TRACK3_FREE = (
-    "init zero_init_proj zero_init_head head_init_std mlp_fc_init_ramp attention sdpa_kernel norm_fp32"
+    "init zero_init_proj zero_init_head head_init_std mlp_fc_init_ramp cgi_gain_alpha attention sdpa_kernel "
+    "norm_fp32"
 )
 TRACK3_FIXED = "train.global_batch_tokens train.seq_len data.tokenizer data.align_to_bos data.loader".split()
 

@@ -11,7 +11,9 @@ import torch
 from speedrun.config import Config
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.pinned_muon import PinnedMuon
+from speedrun.optim.plain_adam import PlainAdam
 from speedrun.optim.rules import (
     MUON_GROUPS,
     Entry,
@@ -32,10 +34,14 @@ class RunOptimizer:
     order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups."""
 
     def __init__(
-        self, parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam], tail: TailEMA | None = None
+        self,
+        parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam],
+        tail: TailEMA | None = None,
+        nesterov: EmaNesterov | None = None,
     ):
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
+        self.nesterov = nesterov  # track 3's EMA-Nesterov lookahead, made after each step
         for kind, opt in parts.items():
             for group in opt.param_groups:
                 group.setdefault("kind", kind)
@@ -55,11 +61,18 @@ class RunOptimizer:
             opt.step()
         if self.tail is not None:
             self.tail.after_step(self.steps)
+        if self.nesterov is not None:  # the lookahead's LR ratio: the first Adam group's (#46's embedding)
+            first = self.param_groups[0]
+            self.nesterov.after_update(first["lr"] / first["initial_lr"])
         self.steps += 1
 
-    def readout(self) -> contextlib.AbstractContextManager:
-        """The weights validation evaluates: the Tail-EMA blend (optim.tail_ema_tau), else the weights."""
-        return self.tail.readout() if self.tail is not None else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def readout(self) -> Iterator[None]:
+        """The weights validation evaluates: without a pending EMA-Nesterov lookahead, then the Tail-EMA
+        blend (optim.tail_ema_tau), else the weights."""
+        with self.nesterov.readout() if self.nesterov is not None else contextlib.nullcontext():
+            with self.tail.readout() if self.tail is not None else contextlib.nullcontext():
+                yield
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
@@ -73,9 +86,14 @@ class RunOptimizer:
         out = {kind: opt.state_dict() for kind, opt in self.parts.items()}
         if self.tail is not None:
             out["tail_ema"] = {"steps": self.steps, **self.tail.state_dict()}
+        if self.nesterov is not None:
+            out["ema_nesterov"] = self.nesterov.state_dict()
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.nesterov is not None and isinstance(state, dict) and "ema_nesterov" in state:
+            state = dict(state)
+            self.nesterov.load_state_dict(state.pop("ema_nesterov"))
         if self.tail is not None and isinstance(state, dict) and "tail_ema" in state:
             state = dict(state)
             tail = dict(state.pop("tail_ema"))
@@ -121,6 +139,14 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         if o.tail_ema_tau
         else None
     )
+    nesterov = (
+        EmaNesterov(
+            list(model.parameters()), o.ema_nesterov_step, o.ema_nesterov_beta, o.ema_nesterov_start,
+            o.ema_nesterov_end,
+        )
+        if o.ema_nesterov_step
+        else None
+    )  # fmt: skip
     if o.name == "normuon":
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
     groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
@@ -136,11 +162,15 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
         return RunOptimizer({"adam": adamw}, tail)
     hyper = adam_groups(run_rules(cfg), set(groups))
-    adam_params = [  # embed, head, scalar (the saved order), then the groups stated rows made
-        {"params": groups[g], "lr": h.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay}
+    power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
+    adam_params = {  # embed, head, scalar (the saved order), then the groups stated rows made
+        g: {"params": groups[g], "lr": h.lr, "betas": h.betas, "eps": h.eps, "weight_decay": h.weight_decay}
+        | ({"power_c": power_c.get(g, power_c["scalar"])} if power_c else {})  # stated groups: the scalars'
         for g, h in sorted(hyper.items(), key=lambda gh: gh[0] not in MUON_GROUPS)
         if groups[g]
-    ]
+    }
+    # #46: the scalars (gains, biases) in Adam without bias correction, a part of their own
+    plain = [adam_params.pop("scalar")] if not o.scalar_bias_correction and "scalar" in adam_params else []
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
@@ -164,13 +194,21 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             ns_dtype=ns_dtype,
         )
     )
-    adam = torch.optim.Adam(adam_params, decoupled_weight_decay=True, **fused)  # AdamW's decay (track 3)
-    return RunOptimizer({"adam": adam, "muon": muon}, tail)
+    for group in muon.param_groups if power_c else []:
+        group["power_c"] = power_c["matrix"]
+    adam = torch.optim.Adam(list(adam_params.values()), decoupled_weight_decay=True, **fused)  # AdamW's decay
+    parts = {"adam": adam, "muon": muon}
+    if plain:
+        assert not plain[0]["weight_decay"], "config checks: #46's aux Adam has no decay"
+        parts["scalar"] = PlainAdam(plain, lr=plain[0]["lr"], betas=plain[0]["betas"], eps=plain[0]["eps"])
+    return RunOptimizer(parts, tail, nesterov)
 
 
 def pinned(o: Any) -> bool:
     """Whether the recipe's Muon takes one of track 3's #46 switches (optim/pinned_muon.py)."""
-    return bool(o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd)
+    return bool(
+        o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
+    )
 
 
 def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMuon:
@@ -197,6 +235,7 @@ def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMu
         ns_form=o.muon_ns_form,
         ns_coefficients=tuple(o.muon_ns_coefficients),
         ns_dtype=ns_dtype,
+        hyperball=o.muon_hyperball,
     )
 
 

@@ -28,6 +28,7 @@ class StepSchedule:
     yarn: tuple[int, ...] = field(default=())  # model.yarn: the long windows (blocks) so far, in order
     frozen: bool = False  # labels that pause at transitions (optim.scalar_freeze_steps) are paused
     grad_scale: float = 1.0  # every gradient's factor before the optimizer step (train.summed_loss_ranks)
+    power_cool: float = math.inf  # optim.power_cool_*: max(0, end − s)^power; a group's LR ≤ its c times it
 
 
 def warmdown_length(cfg: TrainConfig) -> float:
@@ -128,7 +129,14 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
         window=window_tokens(step, cfg.train.steps, cfg.model),
         frozen=frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: window_transition(s, cfg)),
         grad_scale=grad_scale(cfg.train.global_batch_tokens, cfg.train),
+        power_cool=power_cool(step, cfg.optim),
     )
+
+
+def power_cool(step: int, o: OptimConfig) -> float:
+    """#46's PowerCool without its constant: max(0, end − step)^power (inf when off). Each group's LR
+    is then min(scheduled LR, c·this) with its own c (`apply_schedule`): flat until the group's knee."""
+    return max(0.0, o.power_cool_end - step) ** o.power_cool_power if o.power_cool_end else math.inf
 
 
 def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
@@ -143,6 +151,8 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> N
     and a `kind` ("adam" or "muon"); only Muon groups have a scheduled momentum."""
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * values.lr
+        if "power_c" in group:  # optim.power_cool_c
+            group["lr"] = min(group["lr"], group["power_c"] * values.power_cool)
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
         if "frozen" in group:

@@ -117,13 +117,16 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
 
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     """The long windows (blocks) the run has gone through up to `step`: what YaRN rescales by (#31), plus
-    the final validation's longer window, or its YaRN window where named (#35: 20 blocks, rescaled to 13)."""
+    the final validation's longer window, or its YaRN window where named (#35: 20 blocks, rescaled to 13).
+    The YaRN window also caps the stages' (the medium record rescales up to 13 while windows grow to 23)."""
     i = stage_at(step, plan)[0]
-    history = [s.windows[1] for s in plan.stages[: i + 1]]
+    cap = plan.val_yarn_window or max(s.windows[1] for s in plan.stages)
+    history = [min(s.windows[1], cap) for s in plan.stages[: i + 1]]
     final = stage_values(step, plan).long_window
     if step >= plan.total_steps and plan.val_yarn_window:
         final = plan.val_yarn_window
-    return (*history, final) if final != history[-1] else tuple(history)
+    history.append(min(final, cap))
+    return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
 
 
 def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:

@@ -10,12 +10,16 @@ from torch import nn
 from speedrun.model.labels import label
 
 
-def x0_lambdas(resid_init: float, apart: bool) -> tuple[nn.Parameter, nn.Parameter | None]:
-    """(lambdas, x0_lambda): [λ0, λ1] in one vector, or [λ0] and λ1 apart (#52)."""
+def x0_lambdas(
+    resid_init: float, apart: bool, embed2: bool = False
+) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """(lambdas, x0_lambda): [λ0, λ1] in one vector, or [λ0] and λ1 apart (#52); with `embed2` (the
+    medium record's second embedding) the apart x0 weights are a pair, [x0's, the second embedding's]."""
     if apart:
         return label(nn.Parameter(torch.tensor([resid_init])), "scalar"), label(
-            nn.Parameter(torch.zeros(1)), "x0"
+            nn.Parameter(torch.zeros(2 if embed2 else 1)), "x0"
         )
+    assert not embed2, "config checks: model.embed2 needs x0_lambda_apart"
     return label(nn.Parameter(torch.tensor([resid_init, 0.0])), "scalar"), None
 
 

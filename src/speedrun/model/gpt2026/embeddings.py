@@ -11,9 +11,10 @@ from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear
 
 
-def token_embedding(rows: int, dim: int) -> nn.Embedding:
+def token_embedding(rows: int, dim: int, name: str = "embed") -> nn.Embedding:
+    """A token table labelled `name`: "embed", or "embed2" for the medium record's second embedding."""
     emb = nn.Embedding(rows, dim)
-    label(emb.weight, "embed")
+    label(emb.weight, name)
     return emb
 
 

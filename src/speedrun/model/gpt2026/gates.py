@@ -82,3 +82,14 @@ class SkipGate(ContextGate):
 
     def __init__(self, dims: int):
         super().__init__(dims, 1, "skip_gate")
+
+
+def skip_gates(dims: int, skips: int) -> nn.Module:
+    """#55's one gate for its one skip; one gate per skip where there are several (the medium record's
+    three, each with its own weight and λ), indexed like the skips."""
+    return SkipGate(dims) if skips == 1 else nn.ModuleList(SkipGate(dims) for _ in range(skips))
+
+
+def skip_gate_of(gate: nn.Module, index: int) -> nn.Module:
+    """The gate of skip `index` (skip_gates' one gate serves its one skip)."""
+    return gate[index] if isinstance(gate, nn.ModuleList) else gate

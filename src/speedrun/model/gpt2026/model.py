@@ -19,7 +19,7 @@ from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, he
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
-from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.gates import AttentionGate, ContextGate, skip_gate_of
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
@@ -59,19 +59,23 @@ class Block(nn.Module):
                 )
         else:
             self.lambdas, self.x0_lambda = (
-                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart)
+                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart, cfg.embed2)
                 if spec.present
                 else (None, None)
             )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None, dyn=None):
+    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None, dyn=None, x02=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
         that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
         (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows); `dyn`: #85's gates
-        of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows)."""
+        of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows); `x02`: the
+        second embedding, normed (the medium record)."""
         if self.sublayer:
             return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn)
-        x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
+        if x02 is not None:  # the medium record: x0 weights (x0's, the second embedding's) as a pair
+            x = self.lambdas[0] * x + self.x0_lambda[0] * x0 + self.x0_lambda[1] * x02
+        else:
+            x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
         if bigram is not None:
             x = x + bigram
         raw_v = None
@@ -118,6 +122,7 @@ class GPT2026(nn.Module):
         vocab = (cfg.vocab_size + m - 1) // m * m
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
         self.wte = embeddings.token_embedding(rows, d)
+        self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.embed2 else None  # medium
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         bigram_dim = cfg.bigram_dim or d  # #89's script: 192
         self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d) if cfg.bigram_rows else None
@@ -140,7 +145,7 @@ class GPT2026(nn.Module):
         self.skip_weights = (
             connections.skip_weights(len(cfg.skips), cfg.skip_gate_form) if cfg.skips else None
         )
-        self.skip_gate = gates.SkipGate(cfg.skip_gate) if cfg.skip_gate else None  # #55
+        self.skip_gate = gates.skip_gates(cfg.skip_gate, len(cfg.skips)) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
         if cfg.residual_form == "sublayer":  # #77: bigram shares from 0.05, trained with the lambdas
             if self.bigram is not None:
@@ -184,7 +189,11 @@ class GPT2026(nn.Module):
             self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
         self._init_weights()
         if cfg.embed_dtype == "bf16":  # lookups need no fp32 master copy
-            for emb in [self.wte, *(self.value_embeds or [])]:
+            for emb in [
+                self.wte,
+                *([self.embed2] if self.embed2 is not None else []),
+                *(self.value_embeds or []),
+            ]:
                 emb.weight.data = emb.weight.data.to(torch.bfloat16)
         if cfg.block_dtype == "bf16":  # #57: the optimizer keeps their low mantissa bits (optim/normuon.py)
             for _, p, lab in labelled(self):
@@ -196,6 +205,8 @@ class GPT2026(nn.Module):
         qkv_init_gain/√fan_in, #53), output projections and gates zero, value embeddings zero from #49,
         the head zero or N(0, head_init_std) (#51/#53)."""
         nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
+        if self.embed2 is not None:  # nn.Embedding's default, as the medium record leaves it
+            nn.init.normal_(self.embed2.weight, mean=0.0, std=1.0)
         qkv = {id(b.attn.c_attn) for b in self.blocks if b.attn is not None}
         for module in self.modules():
             if isinstance(module, CastedLinear):
@@ -279,6 +290,7 @@ class GPT2026(nn.Module):
         if self.smear is not None:
             x = self.smear(x, self.wte(prev) if prev is not None else None)
         x = x0 = self.embed_norm(x)
+        x02 = self.embed_norm(self.embed2(idx)) if self.embed2 is not None else None
         masks = masks or [None] * self.cfg.n_layer
         attend_fns = attend_fns or [None] * self.cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
@@ -296,7 +308,8 @@ class GPT2026(nn.Module):
                 gates = gates | self.mudd_gate(x, 1)
             if s.skip_from is not None:
                 scale = connections.skip_scale(self.skip_weights[s.skip_weight], self.cfg.skip_gate_form)
-                scale = scale * self.skip_gate(x0) if self.skip_gate is not None else scale
+                if self.skip_gate is not None:  # #55 (the medium record: one gate per skip)
+                    scale = scale * skip_gate_of(self.skip_gate, s.skip_weight)(x0)
                 scale = scale * gates[("skip", -1)] if gates else scale
                 x = x + scale * outputs[s.skip_from]
             other_v = tables[s.value_embed] if s.value_embed is not None else None
@@ -317,7 +330,7 @@ class GPT2026(nn.Module):
                 x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
                 x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu, dyn)
             else:
-                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, None, dyn)
+                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, None, dyn, x02)
             if s.keep_output:
                 outputs[s.index] = x
         if self.mudd is not None:  # #81: before the final norm, with the backout in its bias
