@@ -148,7 +148,7 @@ def split_documents(data_dir: Path) -> tuple[dict, list[str], list[str], object]
 
 def document_stream(docs: list[str], tok) -> np.ndarray:
     """Token ids of `docs`, each preceded by end-of-text, as `speedrun prepare` writes them."""
-    parts = [np.asarray([tok.eot_id, *ids], dtype=np.int64) for ids in tok.encode_batch(docs)]
+    parts = [np.asarray([tok.eot_id, *ids], dtype=np.int64) for ids in map(tok.encode, docs)]
     return np.concatenate(parts)
 
 

@@ -581,9 +581,16 @@ def test_speedrun_train_runs_the_step_4_switches_with_fp8_refreshed_by_the_loop(
         seen.append((mlp.up_scale.item(), mlp.down_scale.item()))
         return real(model, *args)
 
+    from speedrun.data.prepare import prepare
+
+    # #88's prefix table and #350's mask hold GPT-2 ids: the same documents in GPT-2 tokens
+    gpt2_data = prepare(
+        f"text:{text_data.parent / 'docs.jsonl'}", "gpt2", tmp_path / "gpt2", log=lambda *_: None
+    )
     loop.train_step = recording_step
     try:
-        loop.train(load_recipe("demo", staged(text_data, *switches)), tmp_path / "run")
+        over = staged(gpt2_data, *switches, "model.vocab_size=50257", "data.tokenizer=gpt2")
+        loop.train(load_recipe("demo", over), tmp_path / "run")
     finally:
         loop.train_step = real
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

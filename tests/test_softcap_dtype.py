@@ -33,6 +33,7 @@ BF16_SOFTCAP_RECIPES = (
     "banks-2026-01",  # #65 evaluates 23 * sigmoid((logits + 5) / 7.5) on the bf16 logits
     "xsa-2026-04",  # #82's eval lines are #65's
     "record-2026-07",  # and #89's
+    "medium-2025-12",  # track 2's #18 is the 2025-12 short-track script scaled up: #53's bf16 cap
 )
 
 
@@ -77,9 +78,10 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
     elif cfg.softcap_form == "algebraic":  # track 3: 15 * logits * (logits.square() + 15**2).rsqrt()
         logits = logits.float()
         logits = cfg.logit_softcap * logits * (logits.square() + cfg.logit_softcap**2).rsqrt()
-    elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5)
+    elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5); demo-2026: #65's offset
         divisor = getattr(cfg, "softcap_divisor", 0) or cfg.logit_softcap / 2
-        logits = 2 * cfg.logit_softcap * torch.sigmoid(logits.float() / divisor)
+        offset = getattr(cfg, "softcap_offset", 0)
+        logits = 2 * cfg.logit_softcap * torch.sigmoid((logits.float() + offset) / divisor)
     else:
         logits = logits.float()
         logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
