@@ -29,16 +29,20 @@ def _head_grads(fn, x, w, grad):
     return out, x.grad, w.grad
 
 
-def test_fp8_head_compiles_with_inductor_fullgraph_forward_and_backward(monkeypatch):
+def test_fp8_head_compiles_with_inductor_fullgraph_forward_and_backward():
     """Before the fake kernels returned the real strides this failed at the first backward with
     inductor's `expected size 48==48, stride 1==32` (assert_size_stride on fp8_mm_backward). Inductor's
     caches are off: their keys do not cover a custom op's fake kernel, so a stale entry could hide it."""
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     x, w, grad = _inputs()
     compiled = torch.compile(fp8.fp8_linear, backend="inductor", fullgraph=True, dynamic=False)
-    got = _head_grads(compiled, x, w, grad)
+    # the configs' own patch() restores them (monkeypatch's undo can delete a config entry: a later
+    # compile in the same process then failed with "enable_autograd_cache does not exist")
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        got = _head_grads(compiled, x, w, grad)
     want = _head_grads(fp8.fp8_linear, x, w, grad)  # eager: the same op bodies, so the same bits
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
