@@ -262,6 +262,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         # ---- the steps ----
         signals.install()
+        fp8 = bool(getattr(model, "fp8_mlps", ()))  # looked up once, not per step
         for step in range(start_step, t.steps + 1):  # t.steps: the most; rcfg.train.steps: the end
             sched = schedule_at(step, rcfg)
             apply_schedule(sched, optimizer, model)
@@ -278,7 +279,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 break
 
             clock.start()
-            if hasattr(model, "refresh_fp8"):  # #84/#89: FP8 copies of the weights this step trains with
+            if fp8:  # #84/#89: FP8 copies of the weights this step trains with
                 model.refresh_fp8(step - 1)
             with compile_errors(compiled):
                 loss = train_step(

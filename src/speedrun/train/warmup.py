@@ -73,13 +73,14 @@ def warm_up(
     if val_steps:  # a graph per stage for training and for validation: more than dynamo's default 8
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, 2 * (len(steps) + len(val_steps)))
+    fp8 = bool(getattr(model, "fp8_mlps", ()))  # #84/#89: looked up once, not per step
     for step in steps:
         sched = schedule_at(step, cfg)
         apply_schedule(sched, optimizer, model)
         if val_steps:
             _loader_at(loader, step)
         clip, scale = cfg.optim.grad_clip, sched.grad_scale
-        if hasattr(model, "refresh_fp8"):  # #84/#89, as the loop
+        if fp8:  # as the loop
             model.refresh_fp8(step - 1)
         train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, clip, scale)
     for step in val_steps:

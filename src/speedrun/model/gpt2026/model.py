@@ -245,11 +245,15 @@ class GPT2026(nn.Module):
             assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
             self.attn_window.fill_(tokens)
 
+    @property
+    def fp8_mlps(self) -> list[nn.Module]:
+        """#84/#89: the MLPs that train from FP8 weight copies (none unless model.mlp_fp8)."""
+        return [b.mlp for b in self.blocks if hasattr(b.mlp, "refresh_fp8")]
+
     def refresh_fp8(self, step: int) -> None:
         """#84/#89: every FP8 MLP's weight copies after optimizer step `step` (−1 before the first)."""
-        for block in self.blocks:
-            if hasattr(block.mlp, "refresh_fp8"):
-                block.mlp.refresh_fp8(step)
+        for part in self.fp8_mlps:
+            part.refresh_fp8(step)
 
     def mask_specs(self, tokens: torch.Tensor):
         return windows.mask_specs(self, tokens)
