@@ -78,6 +78,11 @@ def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypa
     assert cfg.train.dtype == "bf16" and cfg.model.bf16_model  # what the recipe asked is kept for config.json
     given = load_recipe("unet-2024-11", ["train.dtype=bf16"])  # the user's own bf16: kept, slow or not
     assert precision.resolve(given, torch.device("cpu")).dtype == "bf16"
+    # a storage dtype the user set is theirs: the fallback leaves it (the rest of the storage falls back)
+    mine = load_recipe("unet-2024-11", ["model.embed_dtype=bf16"])
+    mine.train.dtype = "bf16"
+    kept = precision.effective_config(mine, precision.resolve(mine, torch.device("cpu"))).model
+    assert kept.embed_dtype == "bf16" and not kept.bf16_model
     # train.dtype=fp32 asked explicitly means "no autocast" and keeps the recipe's bf16 storage
     fp32 = load_recipe("unet-2024-11", ["train.dtype=fp32"])
     assert precision.effective_config(fp32, precision.resolve(fp32, torch.device("cpu"))).model.bf16_model

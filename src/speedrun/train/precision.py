@@ -50,11 +50,12 @@ def resolve(cfg: Config, device: torch.device) -> Precision:
 
 def effective_config(cfg: Config, precision: Precision) -> Config:
     """A copy of `cfg` with the dtype resolved, as the model, the step and validation use it. When a
-    pinned bf16 recipe falls back, its bf16 parameter storage falls back too (it would also crawl)."""
+    pinned bf16 recipe falls back, its bf16 parameter storage falls back too (it would also crawl),
+    except a storage field the user set (`cfg.fixed`: an automatic choice leaves it alone)."""
     train = dataclasses.replace(cfg.train, dtype=precision.dtype)
     model = cfg.model
     if precision.dtype == "fp32" and cfg.train.dtype != "fp32":  # each family's bf16 storage fields
-        fields = {f.name for f in dataclasses.fields(model)}
+        fields = {f.name for f in dataclasses.fields(model)} - {k.removeprefix("model.") for k in cfg.fixed}
         storage = {"bf16_model": False, "embed_dtype": "fp32", "block_dtype": "fp32"}
         model = dataclasses.replace(model, **{k: v for k, v in storage.items() if k in fields})
     return dataclasses.replace(cfg, train=train, model=model)
