@@ -14,9 +14,13 @@
 #               pytest-gpu.xml, bench-<recipe>.json.
 # --deadline S  overall limit in seconds (default 540); each part gets at most what is left.
 # --recipes "A B"  recipes for `speedrun bench` (default: two 2024-family and two gpt2026 recipes).
+# --bench-limit S  seconds per bench (default 150); every 30 s each bench writes its Python stacks to
+#               stacks-<recipe>.txt (benchmarks/with_stacks.py) and logs dynamo/inductor phases with times.
+# --pytest-limit S seconds for `pytest -m gpu` (default 300; 0 skips it).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
+BENCH_LIMIT=150 PYTEST_LIMIT=300
 RECIPES="record-2025-01 stages-2025-12 banks-2026-01 flex-2024-11" WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=540 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,10 +29,14 @@ while [ $# -gt 0 ]; do
     --deadline) DEADLINE=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --recipes) RECIPES=$2; shift 2 ;;
+    --bench-limit) BENCH_LIMIT=$2; shift 2 ;;
+    --pytest-limit) PYTEST_LIMIT=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$DEADLINE" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline must be a number of seconds" >&2; exit 2 ;; esac
+for n in "$DEADLINE" "$BENCH_LIMIT" "$PYTEST_LIMIT"; do
+  case "$n" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline, --bench-limit and --pytest-limit take whole seconds" >&2; exit 2 ;; esac
+done
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
@@ -91,10 +99,17 @@ fi
 
 # ---- GPU parts
 if grep -qx "cuda available True" "$OUT/env.txt"; then  # read above: one torch import less (~3 s of CPU)
-  part pytest-gpu 300 "$PY" -m pytest -m gpu -n 0 -q -p no:cacheprovider --junitxml="$OUT/pytest-gpu.xml" tests
+  if [ "$PYTEST_LIMIT" -gt 0 ]; then
+    part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
+      --junitxml="$OUT/pytest-gpu.xml" tests
+  else
+    say "pytest-gpu: skipped (--pytest-limit 0)"
+  fi
   for recipe in $RECIPES; do
-    part "bench-$recipe" 150 env TORCH_LOGS=recompiles,graph_breaks \
-      "$PY" -m speedrun bench --recipe "$recipe" --steps 5 --warmup 2 --device cuda --json "$OUT/bench-$recipe.json"
+    part "bench-$recipe" "$BENCH_LIMIT" env TORCH_LOGS=recompiles,graph_breaks,dynamo,inductor \
+      TORCH_LOGS_FORMAT="%(asctime)s %(name)s %(message)s" \
+      "$PY" "$REPO/benchmarks/with_stacks.py" 30 "$OUT/stacks-$recipe.txt" speedrun bench --recipe "$recipe" \
+      --steps 5 --warmup 2 --device cuda --json "$OUT/bench-$recipe.json"
   done
   MUON_DEVICE=cuda
 else

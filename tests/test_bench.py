@@ -53,3 +53,37 @@ def test_synthetic_tokens_have_documents_and_a_zipf_head():
     assert 1000 < docs < 3000  # about one document start per 100 tokens
     counts = np.sort(np.bincount(tokens[tokens != 999], minlength=1000))[::-1]
     assert counts[0] > 20 * counts[500]  # p ∝ 1/(rank + 10): the head is far more frequent than the tail
+
+
+@pytest.mark.slow
+def test_bench_feeds_a_varlen_recipe_the_loaders_cu_seqlens(monkeypatch):
+    """A varlen recipe trains on packed rows with cu_seqlens (data/bos_loader.py); the bench must time
+    that path, not the document-mask path a batch without them takes (on a GPU the two differ ~10x)."""
+    import torch
+
+    from speedrun.data.bos_loader import cu_seqlens, record_max_docs
+    from speedrun.recipes import load_recipe
+    from tests.recipe_matrix import shrink
+
+    cfg = load_recipe("stages-2025-12", shrink("stages-2025-12"))
+    assert cfg.model.attention == "varlen"
+    seen = []
+
+    def recording_train_step(model, optimizer, next_batch, *args, **kwargs):
+        def peek():
+            batch = next_batch()
+            seen.append(batch)
+            return batch
+
+        return train_step(model, optimizer, peek, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "train_step", recording_train_step)
+    tokens = bench.synthetic_tokens  # documents of ~64 tokens, so each 256-token row holds several
+    monkeypatch.setattr(bench, "synthetic_tokens", lambda n, v, e, mean_doc, seed=0: tokens(n, v, e, 64, seed))
+    r = bench.run_bench(cfg, torch.device("cpu"), steps=1, warmup=1)
+    assert r["attention"] == "varlen" and len(seen) == 4  # 2 steps x 2 micro-batches
+    for x, y, cu in seen:
+        assert x.shape == (1, cfg.train.micro_batch_tokens) and torch.equal(x[0, 1:], y[0, :-1])
+        want, _ = cu_seqlens(x[0].numpy(), cfg.model.eot_id, cfg.data.max_docs or record_max_docs(x.size(1)))
+        assert torch.equal(cu, torch.from_numpy(want)) and cu.dtype == torch.int32
+        assert int((cu[1:] < x.size(1)).sum()) >= 1  # the row really holds several documents

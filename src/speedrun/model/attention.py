@@ -228,6 +228,11 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
     partial, full = block_structure(
         spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device, spec.block_list
     )
+    where = spec.doc_ids.device if spec.doc_ids is not None else device
+    assert spec.window is None or where is None or spec.window.device.type == torch.device(where).type, (
+        "the window tensor must live on the attention's device: a CPU scalar captured by a CUDA mask_mod "
+        "fails in Triton ('Unsupported ptr type int32')"
+    )
     kv_num, kv_idx = _dense_blocks_to_lists(partial)
     full_num, full_idx = _dense_blocks_to_lists(full)
     docs, window = spec.doc_ids, spec.window

@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import itertools
 import statistics
+import sys
 import time
 
 import numpy as np
 import torch
 
 from speedrun.config import Config
+from speedrun.data.bos_loader import cu_seqlens, record_max_docs
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.loop import build_model
@@ -85,15 +87,21 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     pool = synthetic_tokens(n_pool * t.micro_batch_tokens + 1, vocab, eot, 1000)
     pool_t = torch.from_numpy(pool.astype(np.int64)).to(device)
     m, shape = t.micro_batch_tokens, (t.micro_batch_tokens // t.seq_len, t.seq_len)
-    pairs = [
-        (pool_t[a : a + m].view(shape), pool_t[a + 1 : a + m + 1].view(shape))
-        for a in range(0, n_pool * m, m)
-    ]
+    varlen = cfg.model.attention == "varlen"  # the loader's packed row with cu_seqlens: training's path
+    if varlen:
+        shape = (1, m)
+    max_docs = cfg.data.max_docs or record_max_docs(m)
+    pairs = []
+    for a in range(0, n_pool * m, m):
+        x, y = pool_t[a : a + m].view(shape), pool_t[a + 1 : a + m + 1].view(shape)
+        cu = cu_seqlens(pool[a : a + m], eot, max_docs)[0] if varlen else None
+        pairs.append((x, y, torch.from_numpy(cu).to(device)) if varlen else (x, y))
     next_batch = functools.partial(next, itertools.cycle(pairs))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step_s, opt_s, losses = [], [], []
+    step_s, opt_s, losses, warmup_s = [], [], [], []
     clip = cfg.optim.grad_clip
+    began = time.perf_counter()
     for i in range(warmup + steps):
         wait_for_device(device)
         start = time.perf_counter()
@@ -104,6 +112,10 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         if i >= warmup:
             step_s.append(time.perf_counter() - start)
             opt_s.append(timed.last_s)
+        else:  # the first holds the compile: said as it ends, so a slow compile is seen, not guessed
+            warmup_s.append(time.perf_counter() - start)
+            print(f"bench: warm-up step {i + 1} took {warmup_s[-1]:.1f} s "
+                  f"({time.perf_counter() - began:.1f} s since the first)", file=sys.stderr, flush=True)
         losses.append(float(loss))
     step, opt = statistics.median(step_s), statistics.median(opt_s)
     flops_per_token = model.flops_per_token(t.seq_len)
@@ -123,9 +135,11 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
         "params": sum(p.numel() for p in model.parameters()),
         "tokens_per_step": t.global_batch_tokens,
         "accumulation_steps": accum,
-        "window": schedule.window,
+        "window": model.varlen_windows.long if varlen else schedule.window,
+        "attention": cfg.model.attention,
         "steps_timed": steps,
         "warmup_steps": warmup,
+        "warmup_step_s": warmup_s,
         "step_ms": step * 1000,
         "step_ms_min": min(step_s) * 1000,
         "forward_backward_ms": (step - opt) * 1000,
@@ -159,6 +173,8 @@ def format_bench(r: dict) -> str:
         f"window {r['window'] or 'none'}",
         f"  step time      {r['step_ms']:9.1f} ms  "
         f"(median of {r['steps_timed']}, min {r['step_ms_min']:.1f})",
+        f"  first step     {r['warmup_step_s'][0] * 1000 if r['warmup_step_s'] else float('nan'):9.1f} ms  "
+        f"(untimed: compile, if any, and warm-up)",
         f"  fwd+bwd        {r['forward_backward_ms']:9.1f} ms",
         f"  optimizer      {r['optimizer_ms']:9.1f} ms",
         f"  tokens/s       {r['tokens_per_s']:9,.0f}",
