@@ -36,7 +36,9 @@ def test_bench_calls_train_step_and_reports_consistent_numbers(tmp_path, capsys,
     )
     assert r["device"] == "cpu" and r["datasheet_bf16_peak_flops"] is None
     assert f"{r['tokens_per_s']:,.0f}" in printed and "fwd+bwd" in printed and "optimizer" in printed
-    assert f"CUDA estimate {r['memory_estimate_bytes'] / 2**20:,.0f} MiB" in printed
+    assert f"of the run with validation {r['memory_estimate_bytes'] / 2**20:,.0f} MiB" in printed
+    assert f"training step {r['memory_estimate_training_bytes'] / 2**20:,.0f} MiB" in printed
+    assert r["memory_estimate_training_bytes"] <= r["memory_estimate_bytes"]  # a part of the run's peak
 
 
 def test_bench_usage_errors_are_one_line(capsys):

@@ -33,9 +33,18 @@ case "${1:-}" in
   race)  # the time side of MTP, paired and interleaved (16-step legs: step time is what it measures)
     python -m speedrun race --recipe $R --pairs 4 --out runs/race-mtp --set train.steps=16 \
       --set optim.tie_until=10 --set train.val_tokens=16384 model.mtp=0 "train.stages=$STAGES" ;;
+  races)  # the time side of the other seven, on a quiet host (2026-11-26): 3 pairs each, MTP's legs
+    for arm in "model.value_embeds=[] model.ve_gate=0 model.ve_gate_ve_dims=0 model.value_embed_init_std=0" \
+        "model.backout_layer=0" "model.xsa_layers=[]" "model.paired_layers=[]" "model.mimetic_vo_beta=0" \
+        "model.bigram_rows=0 model.bigram_sign_rows=0" "model.smear=0 optim.smear_gate_lr=0"; do
+      name=$(echo "${arm%%=*}" | sed 's/^model\.//; s/^optim\.//')
+      # shellcheck disable=SC2086  # each arm's switches are separate words
+      python -m speedrun race --recipe $R --pairs 3 --out "runs/race-$name" --set train.steps=16 \
+        --set optim.tie_until=10 --set train.val_tokens=16384 $arm
+    done ;;
   table)
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-single "${SINGLE[@]}"
     python -m speedrun ablate --recipe $R --seeds 3 --out runs/abl-multi "$BIGRAM" "$VE" "$SMEAR" "$MTP" train.steps=50
     python benchmarks/ablations/table.py runs/abl-single runs/abl-multi runs/race-mtp ;;
-  *) echo "usage: $0 single|w1a|w1b|w2|w2s2|w2s3|w5|w6|w3|race|table" >&2; exit 2 ;;
+  *) echo "usage: $0 single|w1a|w1b|w2|w2s2|w2s3|w5|w6|w3|race|races|table" >&2; exit 2 ;;
 esac
