@@ -80,7 +80,7 @@ def test_explicit_batch_and_width_are_kept_under_a_slow_probe(text_data, tmp_pat
     assert any(line.startswith("host fit: train.global_batch_tokens=") for line in logged), logged
 
 
-def _run_on_a_clock(text_data, out, monkeypatch, seconds, warmdown: int) -> tuple[dict, dict, list]:
+def _run_on_a_clock(text_data, out, monkeypatch, seconds, warmdown: int | str) -> tuple[dict, dict, list]:
     """The demo recipe under a 30 s budget on a simulated clock: step n (from 1) takes `seconds(n)`.
     Returns summary.json, config.json's train table and the LR at every step."""
     from speedrun.train import loop, timing
@@ -97,7 +97,8 @@ def _run_on_a_clock(text_data, out, monkeypatch, seconds, warmdown: int) -> tupl
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     budget = ["train.time_budget_s=30", "train.budget_min_steps=0", "train.compile=off"]
     assert main(["train", "--recipe", "demo", "--out", str(out), f"data.dir={text_data}", *SMALL, *budget,
-                 f"train.warmdown_steps={warmdown}", "train.val_every=0"]) == 0  # fmt: skip
+                 warmdown if isinstance(warmdown, str) else f"train.warmdown_steps={warmdown}",
+                 "train.val_every=0"]) == 0  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     saved = json.loads((out / "config.json").read_text())["train"]
     assert summary["status"] == "finished" and saved["steps"] == summary["steps"] == steps[0]
@@ -265,3 +266,21 @@ def test_a_host_that_slows_in_the_warm_down_ends_sooner_and_keeps_the_budget(
     assert slow_from and summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
     assert summary["steps"] < slow_from[0] + 20  # the warm-down was cut, not run in full
     assert all(b <= a for a, b in zip(lr, lr[1:], strict=False))
+
+
+@pytest.mark.parametrize("step_s", [0.25, 2.0])
+def test_a_warmdown_share_follows_the_plan_on_fast_and_slow_hosts(text_data, tmp_path, monkeypatch, step_s):
+    """train.warmdown_frac under a budget: the warm-down is that share of the count the budget plans, so a
+    fast host (~120 steps in 30 s) gets a long one and a slow host (~15) a short one, and neither overruns
+    its budget; the LR is 1 until the warm-down, then falls linearly to the end (the record's formula with
+    the final count N: min((N - s) / (0.3 N), 1)). A fixed warm-down of 30 steps would make the slow host
+    run 8 + 30 steps, 2.5x its budget."""
+    summary, saved, lr = _run_on_a_clock(
+        text_data, tmp_path / "run", monkeypatch, lambda n: step_s, warmdown="train.warmdown_frac=0.3"
+    )
+    n = summary["steps"]
+    assert saved["warmdown_frac"] == 0.3 and saved["warmdown_steps"] == 0
+    assert summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
+    want = [min((n - s) / (0.3 * n), 1.0) for s in range(n)]
+    assert lr == pytest.approx(want)
+    assert (n > 100) if step_s < 1 else (n < 25)

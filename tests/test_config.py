@@ -175,7 +175,7 @@ def test_user_recipe_file_errors(tmp_path):
         ("train.timing_warmup_steps=-1", "train.timing_warmup_steps must be >= 0"),
         ("train.log_every=0", "train.log_every must be >= 1"),
         ("train.steps=0", "train.steps must be >= 1"),
-        ("train.warmup_steps=1000", "warmdown_steps (1056) exceed train.steps (300)"),
+        ("train.warmup_steps=1000", "train.warmup_steps + the warm-down"),
         ("train.seq_len=4096", "train.seq_len (4096) exceeds model.max_seq_len"),
         ("train.final_lr_frac=2", "train.final_lr_frac must be >= 0 and <= 1"),
         ("train.seed=-1", "train.seed must be >= 0"),

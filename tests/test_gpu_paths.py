@@ -36,7 +36,7 @@ def test_full_size_record_2025_01_compiled_20_steps_finite_falling_loss_no_recom
 
     torch._dynamo.reset()
     counters.clear()
-    cfg = load_recipe("record-2025-01", ["train.global_batch_tokens=65536", "train.steps=20", "train.warmdown_steps=10"])
+    cfg = load_recipe("record-2025-01", ["train.global_batch_tokens=65536", "train.steps=20"])
     device = torch.device("cuda")
     model, compiled = build_model(cfg, DistContext(0, 0, 1, device))
     assert compiled is not model

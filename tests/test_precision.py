@@ -4,6 +4,7 @@ bf16 is ~100x slower than fp32 on a CPU without bf16 instructions (AVX2-only x86
 with AVX512-BF16 or AMX: `train.dtype=auto` must pick what this machine runs fast."""
 
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -132,10 +133,16 @@ def test_printed_mfu_never_exceeds_100_percent(text_data, tmp_path, monkeypatch)
 def test_budget_steps_formula():
     # 3 untimed warm-up steps, 4 timed ones took 2 s, then as many 0.5 s steps as fit the other 8 s;
     # never below done + warm-down (the warm-down starts with the next step at the earliest), at most the cap
-    plan = dict(timed_s=2.0, timed_steps=4, untimed=3, step_s=0.5, done=7, tail=4)
+    plan = dict(timed_s=2.0, timed_steps=4, untimed=3, step_s=0.5, done=7, tail=lambda n: 4)
     assert plan_steps(10.0, **plan, cap=1000) == 3 + 4 + 16
     assert plan_steps(10.0, **plan, cap=15) == 15
     assert plan_steps(1.0, **plan, cap=1000) == 7 + 4  # the budget is spent: the warm-down still runs
+    # train.warmdown_frac: the warm-down is a share of the plan, so the floor is the fewest N with
+    # N - ceil(0.3 N) >= 7 (brute force), and a spent budget ends on that floor, not on 7 + a fixed tail
+    share = dict(plan, tail=lambda n: math.ceil(0.3 * n))
+    floor = min(n for n in range(1, 100) if n - math.ceil(0.3 * n) >= 7)
+    assert plan_steps(1.0, **share, cap=1000) == floor == 10
+    assert plan_steps(10.0, **share, cap=1000) == 3 + 4 + 16
 
 
 # A budget far below one step: the count is fixed at the first log point with PROBE_STEPS timed steps
@@ -192,9 +199,11 @@ def test_a_budgeted_run_resumes_exactly(budgeted_run, tmp_path, at_step):
 def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
     from speedrun.errors import ConfigError
 
-    for extra in ("train.schedule=cosine", "train.warmdown_frac=0.3"):
+    for extra in ("train.schedule=cosine", "model.window=512 model.window_warmup=ceil"):
         with pytest.raises(ConfigError, match="time_budget_s"):
-            load_recipe("demo", ["train.time_budget_s=60", extra])
+            load_recipe("demo", ["train.time_budget_s=60", *extra.split()])
+    # a warm-down share is planned with the count (test_auto_choices), so it no longer is
+    assert load_recipe("demo", ["train.time_budget_s=60", "train.warmdown_frac=0.3"]).train.warmdown_frac == 0.3
 
 
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():

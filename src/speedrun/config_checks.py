@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import TYPE_CHECKING
 
@@ -62,9 +63,10 @@ def cross_field_checks(cfg: Config) -> None:
             f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
             f"train.micro_batch_tokens ({t.micro_batch_tokens})"
         )
-    if t.warmup_steps + t.warmdown_steps > t.steps and t.schedule == "trapezoid":
+    warmdown = math.ceil(t.warmdown_frac * t.steps) if t.warmdown_frac > 0 else t.warmdown_steps  # the one used
+    if t.warmup_steps + warmdown > t.steps and t.schedule == "trapezoid":
         raise ConfigError(
-            f"train.warmup_steps + train.warmdown_steps ({t.warmup_steps + t.warmdown_steps}) "
+            f"train.warmup_steps + the warm-down ({t.warmup_steps + warmdown}) "
             f"exceed train.steps ({t.steps})"
         )
     if m.tie_embeddings and m.zero_init_head:
@@ -104,11 +106,13 @@ def cross_field_checks(cfg: Config) -> None:
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
         raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
-    budget_safe = t.schedule == "trapezoid" and t.warmdown_frac == 0 and m.window_warmup == "none"
+    given = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed
+    if t.warmdown_steps > 0 and t.warmdown_frac > 0 and len(given) == 2:
+        raise ConfigError("give train.warmdown_steps or train.warmdown_frac, not both (the share would win)")
+    budget_safe = t.schedule == "trapezoid" and not t.stages and m.window_warmup == "none"
     if t.time_budget_s > 0 and not budget_safe:
         raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
-            "train.time_budget_s needs train.schedule=trapezoid with train.warmdown_steps (not "
-            "warmdown_frac) and model.window_warmup=none"
+            "train.time_budget_s needs train.schedule=trapezoid, no train.stages and model.window_warmup=none"
         )
     _check_memory(m)
 
@@ -292,20 +296,24 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
     if o.attn_lr_mul <= 0:
         raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
-    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not smear):
+    # an LR for a part the model lacks is refused when the user gave it; a recipe's stays quiet when a
+    # switch removes the part (as its stated label rows do), so one switch can take a part out (ablate)
+    user = cfg.fixed
+    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not smear and "optim.smear_gate_lr" in user):
         raise ConfigError(
             "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
         )
-    if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate)):
+    if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user):
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
-    if o.x0_lr < 0 or (o.x0_lr and not (gated and m.x0_lambda_apart)):
+    if o.x0_lr < 0 or (o.x0_lr and not (gated and m.x0_lambda_apart) and "optim.x0_lr" in user):
         raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
     if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
         raise ConfigError(
             "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
             "with optim.gate_lr=0)"
         )
-    if (o.skip_gate_lr > 0) != (skip_gate > 0) or o.skip_gate_lr < 0:
+    lone_lr = o.skip_gate_lr > 0 and not skip_gate and "optim.skip_gate_lr" in user
+    if (skip_gate > 0 and o.skip_gate_lr <= 0) or lone_lr or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":

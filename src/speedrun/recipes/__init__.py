@@ -63,5 +63,10 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None 
     t = cfg.train
     if t.time_budget_s == 0 and t.budget_min_steps > 0 and "train.budget_min_steps" not in cfg.fixed:
         t.budget_min_steps = 0  # the recipe's host fit serves its budget: `train.time_budget_s=0` ends both
+    warmdown = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed
+    if warmdown == {"train.warmdown_steps"} and not cfg.train.stages:
+        t.warmdown_frac = 0.0  # the user's warm-down in steps replaces the recipe's share (it would win)
+    elif warmdown == {"train.warmdown_frac"}:
+        t.warmdown_steps = 0
     validate(cfg)
     return cfg

@@ -6,12 +6,14 @@ intervals, and planned again at each log point while the LR is constant; a new p
 only when it differs by more than `HYSTERESIS`. The plan is final when the warm-down starts (config.json
 is rewritten with it, budget 0, so a resume continues exactly); in the warm-down it may only be cut, when
 the rest would overrun the budget by more than `HYSTERESIS` (the LR falls faster, never rises). Every plan
-keeps the steps done plus the warm-down. A budget that cannot act (`train.steps` ends before its first
+keeps the steps done plus the warm-down: `train.warmdown_steps`, or with `train.warmdown_frac` that share
+of the plan itself, so a slow host's short run gets a short warm-down instead of overrunning its budget. A budget that cannot act (`train.steps` ends before its first
 plan plus the warm-down) is refused when the user set it, else skipped with a log line, as is a recipe's
 budget when the user fixed `train.steps`."""
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -24,10 +26,12 @@ RECENT = 8  # log intervals whose median step time plans the rest of the run
 HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more than this fraction
 
 
-def schedule_tail(cfg: Config) -> int:
-    """Steps at the end whose schedule depends on the step count (the LR warm-down, Muon's momentum
-    cool-down): a plan never starts them before the steps already done."""
-    return max(cfg.train.warmdown_steps, cfg.optim.muon_momentum_cooldown_steps)
+def schedule_tail(cfg: Config, steps: int) -> int:
+    """Steps at the end of a `steps`-step run whose schedule depends on the step count (the LR warm-down,
+    Muon's momentum cool-down): a plan never starts them before the steps already done."""
+    t = cfg.train
+    warmdown = math.ceil(t.warmdown_frac * steps) if t.warmdown_frac > 0 else t.warmdown_steps
+    return max(warmdown, cfg.optim.muon_momentum_cooldown_steps)
 
 
 def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
@@ -37,7 +41,7 @@ def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
     if t.time_budget_s <= 0:
         return
     given = {"train.time_budget_s", "train.budget_min_steps"} & cfg.fixed
-    first, tail = t.timing_warmup_steps + PROBE_STEPS, schedule_tail(cfg)  # the first plan, the warm-down
+    first, tail = t.timing_warmup_steps + PROBE_STEPS, schedule_tail(cfg, t.steps)  # first plan, warm-down
     if "train.steps" in cfg.fixed and not given:
         why = f"train.steps={t.steps} was given, so the run trains exactly that many steps"
     elif first + tail > t.steps:
@@ -62,14 +66,23 @@ def plan_steps(
     untimed: int,
     step_s: float,
     done: int,
-    tail: int,
+    tail: Callable[[int], int],
     cap: int,
 ) -> int:
     """Steps whose timed part fits `budget_s` (the timed steps so far, the time left at `step_s` a step, the
-    `untimed` warm-up), at least `done + tail` and at most `cap` (train.steps)."""
+    `untimed` warm-up), at most `cap` (train.steps) and at least the floor: the fewest N with the warm-down
+    of N, `tail(N)`, starting after the steps `done`."""
     assert step_s > 0 and budget_s > 0, (step_s, budget_s)
     fits = untimed + timed_steps + math.floor(max(0.0, budget_s - timed_s) / step_s)
-    return max(done + tail, min(cap, fits))
+    return max(floor_steps(done, tail), min(cap, fits))
+
+
+def floor_steps(done: int, tail: Callable[[int], int]) -> int:
+    """The fewest steps N whose warm-down `tail(N)` starts no earlier than after step `done`."""
+    n = done + tail(done)
+    while n < done + tail(n):  # a share of N grows with N (below N): a few rounds at most
+        n = done + tail(n)
+    return n
 
 
 class Budget:
@@ -79,7 +92,7 @@ class Budget:
     def __init__(self, cfg: Config, steps: int | None = None):
         t = cfg.train
         self.budget_s, self.cap, self.untimed = t.time_budget_s, t.steps, t.timing_warmup_steps
-        self.tail = schedule_tail(cfg)
+        self.tail = functools.partial(schedule_tail, cfg)  # steps of the warm-down of an N-step plan
         self.steps = steps if steps is not None else t.steps
         self.planned = steps is not None
         self.recent: list[float] = []  # seconds per step of the last timed log intervals
@@ -100,10 +113,10 @@ class Budget:
             self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
         )
         settled = self.planned and abs(plan - self.steps) <= HYSTERESIS * self.steps
-        if settled and self.steps >= done + self.tail:
+        if settled and self.steps >= done + self.tail(self.steps):
             return None
         before, self.steps, self.planned = self.steps, plan, True
-        self.floored = plan <= done + self.tail  # the budget was spent already: the warm-down runs in full
+        self.floored = plan <= floor_steps(done, self.tail)  # the budget was spent: the warm-down runs in full
         was = f"{before}, the most" if before == self.cap else before
         return (
             f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "
@@ -112,14 +125,14 @@ class Budget:
 
     def final(self, done: int) -> bool:
         """Whether the plan can no longer change: the warm-down starts with the next step."""
-        return self.planned and done + self.tail >= self.steps
+        return self.planned and done + self.tail(self.steps) >= self.steps
 
     def _end_sooner(self, done: int, timed_s: float, timed_steps: int, step_s: float) -> str | None:
         """In the warm-down, cut the count when the steps left would overrun the budget by more than
         HYSTERESIS (the LR only falls faster); a plan at its floor (done + warm-down) keeps its warm-down."""
         if self.floored or timed_s + (self.steps - done) * step_s <= (1 + HYSTERESIS) * self.budget_s:
             return None
-        plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, 1, self.steps)
+        plan = plan_steps(self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, _one, self.steps)
         if plan >= self.steps:
             return None
         before, self.steps = self.steps, plan
@@ -128,3 +141,8 @@ class Budget:
             f"{timed_steps} timed steps, median {step_s * 1000:.0f} ms/step over the last {len(self.recent)} "
             "log intervals would overrun it; the warm-down ends sooner (the LR only falls faster)"
         )
+
+
+def _one(steps: int) -> int:
+    """In the warm-down a cut keeps one step after the current one (the LR only falls faster)."""
+    return 1
