@@ -81,7 +81,8 @@ def test_bench_feeds_a_varlen_recipe_the_loaders_cu_seqlens(monkeypatch):
 
     monkeypatch.setattr(bench, "train_step", recording_train_step)
     tokens = bench.synthetic_tokens  # documents of ~64 tokens, so each 256-token row holds several
-    monkeypatch.setattr(bench, "synthetic_tokens", lambda n, v, e, mean_doc, seed=0: tokens(n, v, e, 64, seed))
+    short = lambda n, v, e, mean_doc, seed=0: tokens(n, v, e, 64, seed)  # noqa: E731
+    monkeypatch.setattr(bench, "synthetic_tokens", short)
     r = bench.run_bench(cfg, torch.device("cpu"), steps=1, warmup=1)
     assert r["attention"] == "varlen" and len(seen) == 4  # 2 steps x 2 micro-batches
     for x, y, cu in seen:

@@ -25,7 +25,8 @@ def test_it_resolves_to_the_2026_composition_with_the_demos_data_batch_and_budge
     assert m.xsa_layers and m.paired_layers and m.key_offset_layers and m.skips and m.backout_layer
     assert m.attn_inputs and m.bigram_rows and m.bigram_sign_rows and m.smear and m.ve_gate
     assert m.value_embed_init_std == 0.01 and m.ve_gate_ve_dims == 6
-    keys = ("time_budget_s", "budget_min_steps", "steps", "global_batch_tokens", "warmdown_steps", "warmdown_frac")
+    keys = ("time_budget_s", "budget_min_steps", "steps", "global_batch_tokens")
+    keys += ("warmdown_steps", "warmdown_frac")
     for key in keys:
         assert getattr(cfg.train, key) == getattr(demo.train, key), key
     assert (cfg.data.source, cfg.data.tokenizer, cfg.train.val_tokens) == (

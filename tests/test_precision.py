@@ -203,7 +203,8 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
         with pytest.raises(ConfigError, match="time_budget_s"):
             load_recipe("demo", ["train.time_budget_s=60", *extra.split()])
     # a warm-down share is planned with the count (test_auto_choices), so it no longer is
-    assert load_recipe("demo", ["train.time_budget_s=60", "train.warmdown_frac=0.3"]).train.warmdown_frac == 0.3
+    shared = load_recipe("demo", ["train.time_budget_s=60", "train.warmdown_frac=0.3"])
+    assert shared.train.warmdown_frac == 0.3
 
 
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():

@@ -25,7 +25,8 @@ def test_both_warmdowns_given_or_steps_with_stages_are_refused():
 
 
 def test_the_warmup_check_counts_the_warmdown_the_schedule_uses():
-    """record-2025-01's warm-down is 40 % of the steps; its unused warmdown_steps must not refuse a short run."""
+    """record-2025-01's warm-down is 40 % of the steps; its unused warmdown_steps must not refuse a short
+    run."""
     cfg = load_recipe("record-2025-01", ["train.steps=20"])
     assert cfg.train.steps == 20
     with pytest.raises(ConfigError, match="warm-down"):

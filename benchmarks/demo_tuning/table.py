@@ -18,8 +18,11 @@ from bench_peers import time_to  # noqa: E402  (one interpolation rule for both 
 def curve(run: Path) -> list[dict]:
     """(seconds, bpb) of every validation after step 0: `time_s` is the run's training clock."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{"seconds": r["time_s"], "bpb": r["val_bpb"], "step": r["step"]} for r in rows
-            if "val_bpb" in r and r["step"] > 0]
+    return [
+        {"seconds": r["time_s"], "bpb": r["val_bpb"], "step": r["step"]}
+        for r in rows
+        if "val_bpb" in r and r["step"] > 0
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -38,8 +41,11 @@ def main(argv: list[str]) -> int:
         t = time_to(c, target)
         ratio = f"{t / base_time:.2f}" if t is not None else "-"
         shown = f"{t:.1f} s" if t is not None else "never"
-        print(f"| {r.name} | {cfg['recipe']} | {c[-1]['step']} | {c[-1]['seconds']:.1f} s | {c[-1]['bpb']:.4f} "
-              f"| {shown} | {ratio} |")
+        last = c[-1]
+        print(
+            f"| {r.name} | {cfg['recipe']} | {last['step']} | {last['seconds']:.1f} s | {last['bpb']:.4f} "
+            f"| {shown} | {ratio} |"
+        )
     return 0
 
 

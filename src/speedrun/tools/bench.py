@@ -114,8 +114,12 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
             opt_s.append(timed.last_s)
         else:  # the first holds the compile: said as it ends, so a slow compile is seen, not guessed
             warmup_s.append(time.perf_counter() - start)
-            print(f"bench: warm-up step {i + 1} took {warmup_s[-1]:.1f} s "
-                  f"({time.perf_counter() - began:.1f} s since the first)", file=sys.stderr, flush=True)
+            print(
+                f"bench: warm-up step {i + 1} took {warmup_s[-1]:.1f} s "
+                f"({time.perf_counter() - began:.1f} s since the first)",
+                file=sys.stderr,
+                flush=True,
+            )
         losses.append(float(loss))
     step, opt = statistics.median(step_s), statistics.median(opt_s)
     flops_per_token = model.flops_per_token(t.seq_len)

@@ -7,9 +7,9 @@ only when it differs by more than `HYSTERESIS`. The plan is final when the warm-
 is rewritten with it, budget 0, so a resume continues exactly); in the warm-down it may only be cut, when
 the rest would overrun the budget by more than `HYSTERESIS` (the LR falls faster, never rises). Every plan
 keeps the steps done plus the warm-down: `train.warmdown_steps`, or with `train.warmdown_frac` that share
-of the plan itself, so a slow host's short run gets a short warm-down instead of overrunning its budget. A budget that cannot act (`train.steps` ends before its first
-plan plus the warm-down) is refused when the user set it, else skipped with a log line, as is a recipe's
-budget when the user fixed `train.steps`."""
+of the plan itself, so a slow host's short run gets a short warm-down instead of overrunning its budget.
+A budget that cannot act (`train.steps` ends before its first plan plus the warm-down) is refused when
+the user set it, else skipped with a log line, as is a recipe's budget when the user fixed `train.steps`."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class Budget:
         if settled and self.steps >= done + self.tail(self.steps):
             return None
         before, self.steps, self.planned = self.steps, plan, True
-        self.floored = plan <= floor_steps(done, self.tail)  # the budget was spent: the warm-down runs in full
+        self.floored = plan <= floor_steps(done, self.tail)  # budget spent: the warm-down runs in full
         was = f"{before}, the most" if before == self.cap else before
         return (
             f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "
