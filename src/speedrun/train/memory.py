@@ -133,12 +133,7 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)
     head = 2 if (a == 2 or m.fp8_head) else 4
     if compiled:  # the head's output saved, its gradient, and the FP8 backward's e5m2 copy
-        # #53's MTP loss (logsumexp and a gather, not one fused cross-entropy) also keeps the loss's input
-        # logits for logsumexp's backward and their gradient, fp32 unless model.ce_bf16 (from the ops'
-        # saved tensors; the H200 peak of stages-2025-12 was still above this training estimate:
-        # docs/benchmarks.md, "Second GPU lease")
-        mtp = 2 * (2 if getattr(m, "ce_bf16", False) else 4) if getattr(m, "mtp", 0) else 0
-        return total, 2 * head + (1 if m.fp8_head else 0) + mtp
+        return total, 2 * head + (1 if m.fp8_head else 0)
     capped = (head if m.softcap_in_bf16 else 4) if m.logit_softcap > 0 else 0
     return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
 
