@@ -4,6 +4,7 @@ fit, precision and compile touch only the keys the user left unset, the budget n
 processes."""
 
 import json
+import re
 import types
 from pathlib import Path
 
@@ -116,6 +117,9 @@ def test_the_budget_is_used_when_the_host_speeds_up_after_the_probe(text_data, t
     assert summary["final_val_loss"] is not None and summary["steps"] <= 300
     assert summary["train_time_s"] == pytest.approx(30.0, rel=0.1)
     assert all(b <= a for a, b in zip(lr, lr[1:], strict=False)) and lr[-1] < 1.0
+    # the ETA never promised more than the budget, also before the first plan (train.steps is a cap)
+    etas = re.findall(r"eta (\d+)m(\d+)s", (tmp_path / "run" / "log.txt").read_text())
+    assert etas and max(int(m) * 60 + int(s) for m, s in etas) <= 30
 
 
 def test_a_run_of_warm_up_steps_only_says_that_no_step_was_timed(text_data, tmp_path):

@@ -106,6 +106,8 @@ class Progress:
         mean_s = clock.mean_step_s(fallback=step_s)
         tok_s = (tokens_through(done, self.cfg) - tokens_through(done - 1, self.cfg)) / mean_s
         eta_s = mean_s * (t.steps - done)
+        if t.time_budget_s > 0:  # until the plan is final, train.steps is only the cap: the budget bounds it
+            eta_s = min(eta_s, max(0.0, t.time_budget_s - clock.timed_s))
         achieved = self.flops_per_token * tok_s / self.ctx.world_size
         self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
         utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
