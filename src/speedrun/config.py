@@ -316,6 +316,13 @@ class TrainConfig:
         whatever a stage's tokens): the one place this is computed."""
         return self.global_batch_tokens // self.micro_batch_tokens
 
+    def warmdown_span(self, steps: int | None = None) -> float:
+        """The LR warm-down of a `steps`-step run (default `self.steps`), in steps: `warmdown_frac` of it
+        when set (Sub3Min: 0.4, fractional), else `warmdown_steps`. The one rule: the LR formula, the
+        config's checks and the time budget's plans read it."""
+        n = self.steps if steps is None else steps
+        return self.warmdown_frac * n if self.warmdown_frac > 0 else float(self.warmdown_steps)
+
 
 @dataclass
 class Config:

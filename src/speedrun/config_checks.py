@@ -63,7 +63,7 @@ def cross_field_checks(cfg: Config) -> None:
             f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
             f"train.micro_batch_tokens ({t.micro_batch_tokens})"
         )
-    warmdown = math.ceil(t.warmdown_frac * t.steps) if t.warmdown_frac > 0 else t.warmdown_steps  # as used
+    warmdown = math.ceil(t.warmdown_span())  # the one the schedule uses
     if t.warmup_steps + warmdown > t.steps and t.schedule == "trapezoid":
         raise ConfigError(
             f"train.warmup_steps + the warm-down ({t.warmup_steps + warmdown}) exceed train.steps ({t.steps})"

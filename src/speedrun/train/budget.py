@@ -29,9 +29,7 @@ HYSTERESIS = 0.1  # a new plan replaces the old only when they differ by more th
 def schedule_tail(cfg: Config, steps: int) -> int:
     """Steps at the end of a `steps`-step run whose schedule depends on the step count (the LR warm-down,
     Muon's momentum cool-down): a plan never starts them before the steps already done."""
-    t = cfg.train
-    warmdown = math.ceil(t.warmdown_frac * steps) if t.warmdown_frac > 0 else t.warmdown_steps
-    return max(warmdown, cfg.optim.muon_momentum_cooldown_steps)
+    return max(math.ceil(cfg.train.warmdown_span(steps)), cfg.optim.muon_momentum_cooldown_steps)
 
 
 def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:

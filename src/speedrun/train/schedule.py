@@ -31,12 +31,6 @@ class StepSchedule:
     power_cool: float = math.inf  # optim.power_cool_*: max(0, end − s)^power; a group's LR ≤ its c times it
 
 
-def warmdown_length(cfg: TrainConfig) -> float:
-    """Warmdown span in steps: `warmdown_frac` of the run when set (Sub3Min: 0.4, fractional), else
-    `warmdown_steps`."""
-    return cfg.warmdown_frac * cfg.steps if cfg.warmdown_frac > 0 else float(cfg.warmdown_steps)
-
-
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
     """Fraction of the peak LR at 0-based optimizer step `step`.
 
@@ -51,7 +45,7 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
         span = max(1, cfg.steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    length = warmdown_length(cfg)
+    length = cfg.warmdown_span()
     if length <= 0:
         return 1.0
     w = min((cfg.steps - step) / length, 1.0)
