@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import sys
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +83,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--bpe-sample-mb", type=int, help="bpe:N trains on this many MB of train text (default 100)"
     )
 
-    recipes = sub.add_parser("recipes", help="list the bundled recipes")
-    recipes.add_argument("name", nargs="?", help="show one recipe's resolved config")
+    recipes = sub.add_parser("recipes", help="the recipe index, or one recipe's summary")
+    recipes.add_argument("name", nargs="?", help="one recipe: provenance, what it adds, how to run it")
+    recipes.add_argument("--json", action="store_true", help="with NAME: its fully resolved config as JSON")
 
     from speedrun.tools.commands import add_tool_commands
 
@@ -235,22 +235,18 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    """The recipe list, descriptions wrapped to the terminal; or one recipe's config as JSON."""
+    """The recipe index (one line a recipe); or one recipe's summary, or its resolved config as JSON."""
     from speedrun.recipes import load_recipe, recipe_names
+    from speedrun.recipes.index import index_lines, summary
 
-    if args.name is not None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
-        # JSON alone: scripts parse it (the label table is --dry-run's)
-        print(_dumps(load_recipe(args.name).to_dict()))
-        return 0
-    names = recipe_names()
-    width = max(map(len, names)) + 2
-    columns = max(60, shutil.get_terminal_size().columns)
-    for name in names:
-        desc = " ".join(load_recipe(name).description.split())
-        lines = textwrap.wrap(desc, width=columns - width) or [""]
-        print(f"{name:<{width}}{lines[0]}")
-        for line in lines[1:]:
-            print(" " * width + line)
+    if args.name is None:  # `recipes ""` (an unset shell variable) is an unknown name, not the list
+        if args.json:
+            raise ConfigError("recipes --json needs a recipe name (speedrun recipes NAME --json)")
+        print("\n".join(index_lines()))
+    elif args.json or args.name not in recipe_names():  # a file of the user's own has no provenance
+        print(_dumps(load_recipe(args.name).to_dict()))  # JSON alone: scripts parse it
+    else:
+        print(summary(args.name, shutil.get_terminal_size().columns))
     return 0
 
 

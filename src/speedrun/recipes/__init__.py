@@ -42,6 +42,9 @@ def _apply_file(cfg: Config, path: Path, seen: tuple[Path, ...]) -> None:
     if path.resolve() in seen:
         raise ConfigError(f"recipe {path} inherits from itself")
     table = read_toml(path)
+    table.pop(
+        "provenance", None
+    )  # facts about the recipe for `speedrun recipes` (recipes/index.py), no setting
     base = table.get("base")
     if base is not None:
         if not isinstance(base, str):
