@@ -233,7 +233,7 @@ def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():
                 assert speedrun.config_stages.stage_plan(cfg) is not None
         assert "torch" not in sys.modules
         print(len(names))
-        sys.argv = ["speedrun", "recipes", "stages-2025-12"]
+        sys.argv = ["speedrun", "recipes", "stages-2025-12", "--json"]
         try:
             runpy.run_module("speedrun", run_name="__main__", alter_sys=True)
         except SystemExit as e:

@@ -243,7 +243,7 @@ def test_a_recipe_file_states_rows_and_a_bad_one_names_its_key(tmp_path, capsys)
 
 
 def test_recipes_and_dry_run_print_the_resolved_table(capsys):
-    assert main(["recipes", "banks-2026-01"]) == 0
+    assert main(["recipes", "banks-2026-01", "--json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out)["optim"]["labels"]["mlp_out"] == {"rule": "normuon", "lr_mul": 4.0}  # JSON alone
     cfg = load_recipe("banks-2026-01")
