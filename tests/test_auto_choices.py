@@ -1,4 +1,4 @@
-"""Automatic choices never override the user (DESIGN principle 15; issue 27): the time budget, the host
+"""Automatic choices never override the user (docs/design.md 15; issue 27): the time budget, the host
 fit, precision and compile touch only the keys the user left unset, the budget never exceeds
 `train.steps` nor moves the schedule back, and the same command trains the same model on 1 and 2
 processes."""

@@ -1,4 +1,4 @@
-"""Parameters declare what they are (DESIGN principle 14): the optimizer refuses a parameter without a
+"""Parameters declare what they are (docs/design.md 14): the optimizer refuses a parameter without a
 label in one line naming it; renaming a parameter's attribute leaves its training bit for bit as it
 was (the old name rules gave a renamed MLP projection, gate or x0 lambda another LR, rule or group);
 every label a bundled recipe's model declares has a row."""

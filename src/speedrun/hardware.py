@@ -1,6 +1,6 @@
 """What this machine's hardware runs fast, measured or read once: CPU flags, a bf16 matmul probe, the
 reachable matmul peak. A base module (torch only), so the optimizer, the precision choice and the run
-record all read one answer (DESIGN principle 12)."""
+record all read one answer (docs/design.md principle 12)."""
 
 from __future__ import annotations
 

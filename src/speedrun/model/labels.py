@@ -1,4 +1,4 @@
-"""Optimizer labels, declared by the model part that creates a parameter (DESIGN principle 14).
+"""Optimizer labels, declared by the model part that creates a parameter (docs/design.md principle 14).
 
 A part calls ``label(param, "qkv", blocks=(d, d, d))``; the optimizer table, memory estimate, FLOPs
 count and checkpoint sharding read ``label_of(param)``, never the name. ``optim/rules.py`` maps labels to

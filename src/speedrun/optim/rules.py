@@ -1,4 +1,4 @@
-"""Which rule trains each parameter label, with which hyperparameters (DESIGN principle 14).
+"""Which rule trains each parameter label, with which hyperparameters (docs/design.md principle 14).
 
 Where the recipe's label table meets the model: a model part declares what a parameter is
 (``model/labels.py``), ``label_rules`` says how the recipe trains that kind of parameter (its
