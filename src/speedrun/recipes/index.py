@@ -142,7 +142,7 @@ def summary(name: str, columns: int = 100) -> str:
         lines.append(
             f"at demo size, on the CPU corpus: speedrun train --recipe {demo} (this family's techniques)"
         )
-        lines.append("at full size: speedrun prepare fineweb10B:9, then torchrun (see the README)")
+        lines.append("at full size: speedrun prepare fineweb10B:9, then torchrun (docs/running.md)")
     lines.append(f"the resolved config: speedrun recipes {name} --json")
     return "\n".join(lines)
 
