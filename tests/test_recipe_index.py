@@ -3,6 +3,7 @@ docs' reference, the loop's per-step batch, the llm.c GPT-2 count), the human su
 the `--json` config, which must stay what `load_recipe(...).to_dict()` gives."""
 
 import json
+import sys
 
 import pytest
 
@@ -78,3 +79,9 @@ def test_json_without_a_name_is_one_usage_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "speedrun: error: recipes --json needs a recipe name (speedrun recipes NAME --json)"
     ]
+
+
+def test_without_torch_the_params_column_says_unknown(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    e = entry("demo")
+    assert e.params is None and e.steps == "<=1,000"

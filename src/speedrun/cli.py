@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: Every command and the function that runs it, "module:function", imported only when that command runs
-#: (so `speedrun recipes` never imports torch or the tools). Each takes the parsed arguments.
+#: (so `speedrun recipes NAME --json` never imports torch or the tools; the index counts parameters
+#: with torch on the meta device). Each takes the parsed arguments.
 COMMANDS = {
     "train": "speedrun.cli:_cmd_train",
     "prepare": "speedrun.cli:_cmd_prepare",
