@@ -124,7 +124,12 @@ def summary(name: str, columns: int = 100) -> str:
     base = read_toml(_recipe_dir() / f"{name}.toml").get("base")
     wrap = textwrap.TextWrapper(width=max(60, columns), subsequent_indent="  ")
     params = "?" if e.params is None else f"{e.params:,}"
-    lines = [f"{name}: {e.family}, {ERAS[e.era].split(':')[0]}; record {e.record}, {e.date}, time {e.time}"]
+    what = (
+        f"record {e.record} of {e.date}, {e.time}"
+        if e.era < 3
+        else "a CPU demo" + (f", time budget {e.time}" if e.time != "-" else "")
+    )
+    lines = [f"{name} ({e.family}): {what}"]
     lines += wrap.wrap(" ".join(cfg.description.split()))
     lines.append(f"size: {params} parameters, {e.steps} steps, {e.tokens} tokens")
     if isinstance(base, str):
