@@ -53,9 +53,7 @@ def test_recipes_summary_wraps_the_description_to_the_terminal(capsys, monkeypat
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 90
     assert "ReLU²" in out and "\\u00b2" not in out  # Unicode, not JSON escapes
-    assert " ".join(load_recipe("demo").description.split()) in " ".join(
-        out.split()
-    )  # no word lost
+    assert " ".join(load_recipe("demo").description.split()) in " ".join(out.split())  # no word lost
 
 
 def test_no_subcommand_prints_help_and_creates_nothing(tmp_path):

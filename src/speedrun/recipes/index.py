@@ -144,10 +144,10 @@ def summary(name: str, columns: int = 100) -> str:
         lines += wrap.wrap(f"still differs from its script: {e.differs} (docs/recipes.md)")
         demo = DEMO_OF[e.family] if e.era < 2 else "demo"
         lines.append(f"check it: speedrun train --recipe {name} --dry-run")
-        lines.append(
-            f"at demo size, on the CPU corpus: speedrun train --recipe {demo} (this family's techniques)"
+        lines += wrap.wrap(
+            f"at demo size, on the CPU corpus: speedrun train --recipe {demo} (its family's parts)"
         )
-        lines.append("at full size: speedrun prepare fineweb10B:9, then torchrun (docs/running.md)")
+        lines += wrap.wrap("at full size: speedrun prepare fineweb10B:9, then torchrun (docs/running.md)")
     lines.append(f"the resolved config: speedrun recipes {name} --json")
     return "\n".join(lines)
 
