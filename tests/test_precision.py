@@ -209,11 +209,12 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
 
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
     from speedrun.model.families import build_model
+    from speedrun.model.flops import step_flops_at
     from speedrun.train.host_fit import shrink, shrinks_needed
 
     def _flops_per_step(c):  # a host whose step time is proportional to the step's FLOPs
         with torch.device("meta"):
-            return build_model(c.model).flops_per_token(c.train.seq_len) * c.train.global_batch_tokens
+            return step_flops_at(build_model(c.model), c, 0) * c.train.global_batch_tokens
 
     cfg = load_recipe("demo")  # 150 s, at least 120 steps, 8192 tokens of 4 x 256
     run_cfg = precision.effective_config(cfg, precision.Precision("fp32", "test"))

@@ -19,6 +19,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.data.bos_loader import cu_seqlens, record_max_docs
+from speedrun.model.families import family_of
+from speedrun.model.flops import FORMULA, step_flops
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.loop import build_model
@@ -122,7 +124,10 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
             )
         losses.append(float(loss))
     step, opt = statistics.median(step_s), statistics.median(opt_s)
-    flops_per_token = model.flops_per_token(t.seq_len)
+    # the FLOPs the timed steps did: the schedule's windows, the packed rows' documents where known
+    windows = family_of(cfg.model).step_windows(cfg.model, schedule)
+    doc_lens = [int(n) for pair in pairs[:n_pool] if len(pair) == 3 for n in pair[2].diff().tolist()] or None
+    flops_per_token = step_flops(model, windows, doc_lens, seq_len=t.seq_len)
     tokens_per_s = t.global_batch_tokens / step
     name = device_name(device)
     measured = probe_matmul_peak(device, precision.autocast or torch.float32, budget_s=2.0)
@@ -191,5 +196,6 @@ def format_bench(r: dict) -> str:
         f"{r['memory_estimate_bytes'] / 2**20:,.0f} MiB {'compiled' if r['compile'] else 'eager'}, "
         f"{r['memory_estimate_other_bytes'] / 2**20:,.0f} MiB {'eager' if r['compile'] else 'compiled'})",
         f"  loss           {r['loss_first']:.3f} -> {r['loss_last']:.3f} (synthetic Zipf tokens)",
+        f"  FLOPs counted  {FORMULA}",
     ]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from speedrun.config import Config
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
+from speedrun.model.flops import run_flops, step_flops_at
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.environment import peak_memory_bytes
@@ -61,7 +62,7 @@ class Progress:
         self.tracker, self.clock, self.loader = tracker, clock, loader
         self.wall_start = wall_start  # wall time includes the set-up
         self.data_source = data_source  # summary.json's: what `verify` checks the validation data by
-        self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
+        self.model = model  # the FLOPs count's (model/flops.py): at each step's windows
         self.precision = precision
         # MFU's denominator, in the dtype the run computes in; raised to the best rate reached, so a
         # probe that underestimates the peak never prints more than 100 %
@@ -108,9 +109,10 @@ class Progress:
         eta_s = mean_s * (t.steps - done)
         if t.time_budget_s > 0:  # until the plan is final, train.steps is only the cap: the budget bounds it
             eta_s = min(eta_s, max(0.0, t.time_budget_s - clock.timed_s))
-        achieved = self.flops_per_token * tok_s / self.ctx.world_size
+        per_token = step_flops_at(self.model, self.cfg, done - 1)
+        achieved = per_token * tok_s / self.ctx.world_size
         self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
-        utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
+        utilization = mfu(per_token, tok_s / self.ctx.world_size, self.peak_flops)
         self.run.metric(
             {"step": done, "train_loss": train_loss, "tokens": tokens_through(done, self.cfg),
              "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
@@ -173,7 +175,10 @@ class Progress:
             "device_name": hardware_name(self.ctx.device),
             "world_size": self.ctx.world_size,
             "data_source": self.data_source,
-            "flops_per_token": self.flops_per_token,
+            "flops_per_token": round(
+                step_flops_at(self.model, self.cfg, max(0, steps - 1))
+            ),  # the last step's
+            "train_flops": run_flops(self.model, self.cfg, steps),  # Σ tokens × each step's count
             "timed_steps": clock.timed_steps,
             "starts": clock.starts,
             "timed_through": clock.timed_through,
