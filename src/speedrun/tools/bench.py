@@ -31,7 +31,7 @@ from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
-from speedrun.train.tracking import datasheet_peak, device_name, mfu, probe_matmul_peak
+from speedrun.train.tracking import datasheet_peak, device_name, format_mfu, mfu, probe_matmul_peak
 from speedrun.train.warmup import is_compiled
 
 
@@ -130,8 +130,7 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
     flops_per_token = step_flops(model, windows, doc_lens, seq_len=t.seq_len)
     tokens_per_s = t.global_batch_tokens / step
     name = device_name(device)
-    measured = probe_matmul_peak(device, precision.autocast or torch.float32, budget_s=2.0)
-    measured = max(measured, flops_per_token * tokens_per_s)  # a probe below the reached rate: MFU <= 100 %
+    measured = probe_matmul_peak(device, precision.autocast or torch.float32)  # >= 1 s: one to believe
     sheet = datasheet_peak(name) if device.type == "cuda" else None
     return {
         "recipe": cfg.recipe,
@@ -174,7 +173,9 @@ def format_bench(r: dict) -> str:
     peak = r["datasheet_bf16_peak_flops"]
     sheet = "no datasheet peak known for this device"
     if peak:
-        sheet = f"{r['mfu_datasheet_peak']:.1%} of datasheet bf16 peak {peak / 1e12:,.1f} TFLOP/s"
+        sheet = (
+            f"{format_mfu(r['mfu_datasheet_peak'])} of datasheet dense bf16 peak {peak / 1e12:,.1f} TFLOP/s"
+        )
     lines = [
         f"bench {r['recipe']} on {r['device']} | torch {r['torch']}, {r['threads']} threads | "
         f"compile {r['compile']} | {r['autocast']}",
@@ -189,8 +190,8 @@ def format_bench(r: dict) -> str:
         f"  fwd+bwd        {r['forward_backward_ms']:9.1f} ms",
         f"  optimizer      {r['optimizer_ms']:9.1f} ms",
         f"  tokens/s       {r['tokens_per_s']:9,.0f}",
-        f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured matmul peak "
-        f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
+        f"  MFU            {format_mfu(r['mfu_measured_peak']):>9}  of the probed matmul peak "
+        f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s (a thread's median x threads); {sheet}",
         f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB  (CUDA estimate of a training step "
         f"{r['memory_estimate_training_bytes'] / 2**20:,.0f} MiB; of the run with validation "
         f"{r['memory_estimate_bytes'] / 2**20:,.0f} MiB {'compiled' if r['compile'] else 'eager'}, "

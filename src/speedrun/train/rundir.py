@@ -39,7 +39,7 @@ SUMMARY_KEYS = (
     "data_wait_s",
     "peak_memory_bytes",
     "precision",  # {"dtype": "bf16" | "fp32", "reason": why this device computes in it}
-    "mfu_peak_flops",  # MFU's denominator: datasheet peak or measured matmul peak, raised to the best reached
+    "mfu_peak_flops",  # MFU's denominator: a GPU's datasheet dense bf16 peak, else a probed matmul peak
     "mfu_peak_source",
     "run_dir",
     "status",  # "finished" | "stopped" (a signal: a checkpoint was saved, --resume continues)
