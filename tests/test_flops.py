@@ -22,7 +22,7 @@ from speedrun.model.flops import (
 )
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
-from speedrun.train.schedule import tokens_through
+from speedrun.train.schedule import StepSchedule, tokens_through
 
 
 def brute_keys(window: int, doc_lens: list[int]) -> int:
@@ -48,7 +48,7 @@ def test_windowed_long_short_pattern_equals_a_hand_count():
     hand = 6 * n + 12 * d * (2 * mean(48) + 2 * mean(24))
     assert step_flops(model, StepWindows(24, 48), seq_len=T) == pytest.approx(hand, rel=1e-12)
     # the window warm-up: the schedule's 16 gives the short layers 8, by the mask's own rule
-    warm = family_of(model.cfg).step_windows(model.cfg, type("S", (), {"window": 16})())
+    warm = family_of(model.cfg).step_windows(model.cfg, StepSchedule(lr=1.0, muon_momentum=0.95, window=16))
     assert warm == StepWindows(8, 16)
     assert step_flops(model, warm, seq_len=T) == pytest.approx(6 * n + 12 * d * (2 * mean(16) + 2 * mean(8)))
 
@@ -64,8 +64,8 @@ def test_record_2026_07_counts_its_6n_plus_attention_inside_documents_and_window
 
 def test_record_2025_01_at_the_benchs_window_128():
     """gpu-anchors.md: long 128 on 3 layers, short 64 on 8, 12·768·(3·128 + 8·64) on 6N: 735.6 M."""
-    model = config_model(load_recipe("record-2025-01"))
-    count = step_flops(model, StepWindows(64, 128), seq_len=64 * 1024)
+    cfg = load_recipe("record-2025-01")
+    count = step_flops(config_model(cfg), StepWindows(64, 128), seq_len=cfg.train.seq_len)  # 65,536
     assert count == pytest.approx(735.6e6, abs=0.15e6)
 
 
