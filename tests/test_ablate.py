@@ -50,7 +50,7 @@ def test_ablate_table_matches_scipy_and_a_second_call_reuses_and_resumes(text_da
     assert rows[SWITCH][4] == f"{stats.ttest_ind(var, base, equal_var=False).pvalue:.3g}"
     assert rows[SWITCH][5] == f"{6 * 1024:,}" and rows["baseline"][3:5] == ["-", "-"]
     summary = json.loads((sorted(out.glob(f"{SWITCH}-seed1-*"))[0] / "summary.json").read_text())
-    assert rows[SWITCH][6] == format_flops(summary["flops_per_token"] * 6 * 1024)  # the FLOPs axis
+    assert rows[SWITCH][6] == format_flops(summary["train_flops"])  # the FLOPs axis
 
     # an interrupted ablation: one run stopped after its step-3 checkpoint, one finished
     stopped = sorted(out.glob(f"{SWITCH}-seed2-*"))[0]

@@ -31,9 +31,8 @@ def test_bench_calls_train_step_and_reports_consistent_numbers(tmp_path, capsys,
     assert r["forward_backward_ms"] + r["optimizer_ms"] == pytest.approx(r["step_ms"])
     assert 0 < r["optimizer_ms"] < r["step_ms"]
     assert r["tokens_per_s"] == pytest.approx(1024 / (r["step_ms"] / 1000))
-    assert r["mfu_measured_peak"] == pytest.approx(
-        r["flops_per_token"] * r["tokens_per_s"] / r["measured_peak_flops"]
-    )
+    ratio = r["flops_per_token"] * r["tokens_per_s"] / r["measured_peak_flops"]
+    assert r["mfu_measured_peak"] == (pytest.approx(ratio) if ratio <= 1 else None)  # never above 100 %
     assert r["device"] == "cpu" and r["datasheet_bf16_peak_flops"] is None
     assert f"{r['tokens_per_s']:,.0f}" in printed and "fwd+bwd" in printed and "optimizer" in printed
     assert f"of the run with validation {r['memory_estimate_bytes'] / 2**20:,.0f} MiB" in printed

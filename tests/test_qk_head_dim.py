@@ -182,6 +182,8 @@ def test_cached_decoding_equals_the_full_forward(attention):
 def test_parameter_count_flops_and_the_optimizers_qk_blocks():
     """The fused weight loses 2·H·(D − Dqk) rows per attention layer; attention FLOPs are
     6·L·H·(Dqk + D)·T; NorMuon's #80 blocks are head pairs of Dqk rows, V whole."""
+    from speedrun.model.families import family_of
+    from speedrun.model.flops import matmul_params
     from speedrun.optim.rules import block_rows
 
     H, D, Dqk, C = 4, 32, 24, 128
@@ -189,16 +191,12 @@ def test_parameter_count_flops_and_the_optimizers_qk_blocks():
     L = len(narrow.cfg.attention_layers)
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(wide) - count(narrow) == L * 2 * H * (D - Dqk) * C
-    T = 256
-    ctx = min(T, narrow.cfg.window) if narrow.cfg.window > 0 else T
-    matmul = lambda m: (m.flops_per_token(T) - 12 * L * C * ctx) // 6  # noqa: E731
-    assert (
-        matmul(wide) - (narrow.flops_per_token(T) - 6 * L * H * (Dqk + D) * ctx) // 6
-        == L * 2 * H * (D - Dqk) * C
-    )
-    assert model_summary(narrow, T).count(f"(Q/K {Dqk}, #344)") == 1
+    assert matmul_params(wide) - matmul_params(narrow) == L * 2 * H * (D - Dqk) * C
+    layers = family_of(narrow.cfg).attention_layers(narrow)  # the FLOPs count's d_attn = H·(Dqk + D)/2
+    assert len(layers) == L and all(lay.width == H * (Dqk + D) / 2 for lay in layers)
     cfg = load_recipe(BASE)
     cfg.model = tiny(Dqk)
+    assert model_summary(narrow, cfg).count(f"(Q/K {Dqk}, #344)") == 1
     cfg.optim.muon_qk_block_heads = 2
     qkv = [e for e in model_rules(narrow, cfg) if e.label.name == "qkv"]
     assert qkv and all(block_rows(e) == (2 * Dqk,) * (2 * H // 2) + (H * D,) for e in qkv)

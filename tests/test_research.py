@@ -233,20 +233,22 @@ def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
 def test_compare_reports_and_plots_the_flops_axis(seed_runs, tmp_path, capsys, monkeypatch):
     from matplotlib.axes import Axes
 
-    from speedrun.model.gpt import GPT
+    from speedrun.model.flops import config_model, run_flops
     from speedrun.recipes import load_recipe
-    from speedrun.tools.flops import flops_per_token
+    from speedrun.tools.flops import flops_per_token, train_flops
 
     cfg = load_recipe("demo", [*TINY, *FAST])
-    with torch.device("meta"):
-        per_token = GPT(cfg.model).flops_per_token(cfg.train.seq_len)  # the count MFU uses
+    total = run_flops(config_model(cfg), cfg, 12)  # Σ tokens × each step's count
+    per_token = total / (12 * 1024)
     summary = json.loads((seed_runs[0] / "summary.json").read_text())
-    assert summary["flops_per_token"] == per_token
+    assert summary["train_flops"] == pytest.approx(total, rel=1e-12)
     old = tmp_path / "old"  # a run from before summary.json recorded it: counted from its config
     shutil.copytree(seed_runs[1], old)
     before = json.loads((old / "summary.json").read_text())
-    (old / "summary.json").write_text(json.dumps({k: v for k, v in before.items() if k != "flops_per_token"}))
-    assert flops_per_token(load_run(old)) == per_token
+    dropped = ("flops_per_token", "train_flops")
+    (old / "summary.json").write_text(json.dumps({k: v for k, v in before.items() if k not in dropped}))
+    assert train_flops(load_run(old)) == pytest.approx(total, rel=1e-12)
+    assert flops_per_token(load_run(old)) == pytest.approx(per_token, rel=1e-12)
 
     target = max(read_metrics(r)[-1]["val_loss"] for r in seed_runs[:2]) + 1e-9  # the last validation
     assert all(m["val_loss"] > target for r in seed_runs[:2] for m in read_metrics(r)[:-1] if "val_loss" in m)
@@ -254,7 +256,7 @@ def test_compare_reports_and_plots_the_flops_axis(seed_runs, tmp_path, capsys, m
     lines = capsys.readouterr().out.splitlines()
     header, row = lines[0].split(), lines[1].split()
     assert header[-4:] == ["FLOPs", "tokens", "to", f"{target:g}"]
-    assert row[-2:] == [f"{per_token * 12 * 1024:.2e}".replace("e+", "e"), f"{12 * 1024:,}"]
+    assert row[-2:] == [f"{total:.2e}".replace("e+", "e"), f"{12 * 1024:,}"]
     assert lines[2].split()[-2:] == row[-2:]
 
     assert main(["compare", str(seed_runs[0]), "--x", "flops"]) == 2
@@ -263,4 +265,4 @@ def test_compare_reports_and_plots_the_flops_axis(seed_runs, tmp_path, capsys, m
     monkeypatch.setattr(Axes, "plot", lambda self, x, y, **kw: drawn.append((self.get_xlabel(), list(x))))
     assert main(["compare", str(seed_runs[0]), "--plot", str(tmp_path / "f.png"), "--x", "flops"]) == 0
     tokens = [m["tokens"] for m in read_metrics(seed_runs[0]) if "val_loss" in m]
-    assert drawn[0][1] == [t * per_token for t in tokens]
+    assert drawn[0][1] == pytest.approx([t * per_token for t in tokens], rel=1e-12)

@@ -1,11 +1,14 @@
 """TensorBoard events read back with tensorboard's own reader; W&B only when asked; MFU helpers."""
 
 import importlib.util
+import itertools
+import time
 
 import pytest
+import torch
 
 from speedrun.errors import ConfigError
-from speedrun.train.tracking import Tracker, datasheet_peak, measured_matmul_peak, mfu
+from speedrun.train.tracking import Tracker, datasheet_peak, format_mfu, measured_matmul_peak, mfu
 
 
 def test_scalars_are_readable_with_tensorboards_reader(tmp_path):
@@ -48,6 +51,32 @@ def test_mfu_and_datasheet_peaks():
     assert datasheet_peak("cpu") is None
     with pytest.raises(AssertionError):  # the peak is matmul_peak's, never zero
         mfu(1.0, 1.0, 0.0)
+
+
+def test_mfu_is_never_above_100_percent():
+    assert mfu(1.0, 2.0, 4.0) == 0.5 and mfu(1.0, 4.0, 4.0) == 1.0
+    assert mfu(1.0, 5.0, 4.0) is None and mfu(1.0, 1.0, None) is None  # above the peak, no peak: none
+    assert format_mfu(0.4123) == "41.2%" and format_mfu(None) == "-"
+
+
+def test_the_probe_is_a_median_of_one_thread_calls_for_at_least_its_budget(monkeypatch):
+    """A short best-of probe under-measured the peak (the demo printed MFU 92.6-100 %): the probe repeats
+    one-thread calls for at least its budget and takes their median, times the run's threads."""
+    from speedrun.train import tracking
+
+    rates = itertools.chain([1e12], itertools.cycle([2e9, 9e9, 2e9, 1e9, 2e9]))  # sizing, a spike, a dip
+    seen = []
+
+    def fake(device, size, dtype, iters):
+        seen.append(torch.get_num_threads())
+        return next(rates)
+
+    monkeypatch.setattr(tracking, "measured_matmul_peak", fake)
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    peak = tracking.probe_matmul_peak(torch.device("cpu"), torch.float32, budget_s=0.05)
+    assert time.perf_counter() - start >= 0.05
+    assert peak == 2e9 * threads and set(seen) == {1} and torch.get_num_threads() == threads
 
 
 def test_measured_matmul_peak_is_a_plausible_rate():

@@ -109,12 +109,8 @@ def test_tiny_runs_fail_only_the_record_validation(runs, tmp_path, capsys):
         "hardware",
     ]
     assert len(lines) == len(got) + 3 and lines[-1].startswith("not accepted: 1 rule(s) fail")
-    # the cost line, from the runs' files: FLOPs per token (summary.json) x tokens (metrics.jsonl)
-    flops = [
-        json.loads((r / "summary.json").read_text())["flops_per_token"]
-        * [m for m in read_metrics(r) if "train_loss" in m][-1]["tokens"]
-        for r in runs
-    ]
+    # the cost line, from the runs' files: training FLOPs (summary.json)
+    flops = [json.loads((r / "summary.json").read_text())["train_flops"] for r in runs]
     reached = [next(m["tokens"] for m in read_metrics(r) if m.get("val_loss", 99) <= 9.0) for r in runs]
     assert lines[-2] == (
         f"cost: training FLOPs {sum(flops) / 3:.2e} per run; tokens to 9: ".replace("e+", "e")

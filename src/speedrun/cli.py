@@ -140,7 +140,7 @@ def _model_summary(cfg: Config) -> str:
     for e in model_rules(model, cfg):  # refuses a label without a row, a row without a parameter
         tensors, numbers = params.get(e.label.name, (0, 0))
         params[e.label.name] = (tensors + 1, numbers + e.param.numel())
-    return model_summary(model, cfg.train.seq_len) + "\n" + format_table(cfg.optim, run_rules(cfg), params)
+    return model_summary(model, cfg) + "\n" + format_table(cfg.optim, run_rules(cfg), params)
 
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:

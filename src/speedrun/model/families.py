@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
+
+from speedrun.model.flops import AttentionLayer, StepWindows
 
 
 @dataclass(frozen=True)
@@ -19,29 +22,65 @@ class Family:
     config_cls: type
     build: Callable[[Any], nn.Module]  # the family's model config → the model
     apply_schedule: Callable[[nn.Module, Any], None]  # a step's StepSchedule → the model
-    flops_per_token: Callable[[nn.Module, int], int]  # (model, sequence length) → training FLOPs
+    # the FLOPs count's inputs (model/flops.py): a step's windows from its schedule (None: the config's),
+    # and the model's attention layers
+    step_windows: Callable[[Any, Any], StepWindows]
+    attention_layers: Callable[[nn.Module], list[AttentionLayer]]
+
+
+def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
+    """The tensor window's (2024, #26): the step's window (the config's before any step) and the short
+    layers' half of it, by the mask's own rule."""
+    from speedrun.model.attention import short_window
+
+    if model_cfg.window <= 0:
+        return StepWindows()
+    long = values.window if values is not None and values.window > 0 else model_cfg.window
+    block = model_cfg.window_granularity == "block"
+    return StepWindows(int(short_window(torch.tensor(long), block)), long)
 
 
 def _gpt2024() -> Family:
     from speedrun.config import ModelConfig
     from speedrun.model.gpt import GPT
+    from speedrun.model.layout import attention_layers
 
     def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
         assert values.stage is None, "config checks: train.stages needs the gpt2026 family"
         if values.window > 0:
             model.set_attention_window(values.window)
 
-    return Family("gpt2024", ModelConfig, GPT, apply, lambda m, t: m.flops_per_token(t))
+    def layers(model: nn.Module) -> list[AttentionLayer]:
+        cfg = model.cfg
+        pattern = cfg.window_pattern or "L" * cfg.n_layer
+        return [
+            AttentionLayer(k, cfg.n_embd) for k, a in zip(pattern, attention_layers(cfg), strict=True) if a
+        ]
+
+    return Family("gpt2024", ModelConfig, GPT, apply, _tensor_rule_windows, layers)
 
 
 def _gpt2026() -> Family:
-    from speedrun.config_model import Gpt2026Config
+    from speedrun.config_model import Gpt2026Config, qk_width
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 
-    return Family(
-        "gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, lambda m, t: m.flops_per_token(t)
-    )
+    def step_windows(model_cfg: Any, values: Any) -> StepWindows:
+        if values is not None and values.stage is not None:  # the stage's windows (blocks) and cut
+            v = values.stage
+            short, long = windows.blocks_to_tokens(v.short_window), windows.blocks_to_tokens(v.long_window)
+            return StepWindows(short, long, v.max_doc_len)
+        if model_cfg.attention == "varlen":  # no stage: what the model starts with
+            w = windows.initial_windows(model_cfg.window)
+            return StepWindows(w.short, w.long)
+        return _tensor_rule_windows(model_cfg, values)
+
+    def layers(model: nn.Module) -> list[AttentionLayer]:
+        cfg = model.cfg
+        width = cfg.n_head * (qk_width(cfg) + cfg.n_embd // cfg.n_head) / 2
+        return [AttentionLayer(s.window, width, s.paired) for s in model.specs if s.attention]
+
+    return Family("gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, step_windows, layers)
 
 
 FAMILIES: dict[str, Callable[[], Family]] = {"gpt2024": _gpt2024, "gpt2026": _gpt2026}
@@ -62,8 +101,4 @@ def apply_schedule(model: nn.Module, values: Any) -> None:
     family_of(model.cfg).apply_schedule(model, values)
 
 
-def flops_per_token(model: nn.Module, seq_len: int) -> int:
-    return family_of(model.cfg).flops_per_token(model, seq_len)
-
-
-__all__ = ["FAMILIES", "Family", "apply_schedule", "build_model", "family_of", "flops_per_token"]
+__all__ = ["FAMILIES", "Family", "apply_schedule", "build_model", "family_of"]

@@ -25,7 +25,7 @@ from speedrun.model.attention import (
 from speedrun.model.cgi import cgi_signs
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.kv_cache import AttendFn  # an attention call other than the module's own
-from speedrun.model.labels import MATMULS, label, label_linear, labelled
+from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
 from speedrun.model.self_attention import Attention
@@ -244,13 +244,3 @@ class GPT(nn.Module):
                 logits = logits.float()
             logits = softcap(logits, cfg.logit_softcap, cfg.softcap_form)
         return logits
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 x matmul parameters (labels MATMULS, and the head) + attention
-        (PaLM, 12·L·d·T) over min(T, window) keys in the layers that have it."""
-        # an unlabelled parameter counts nothing here; building the optimizer refuses it in one line
-        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
-        matmul += self.lm_head.weight.numel()  # tied or not
-        context = min(seq_len, self.cfg.window) if self.cfg.window > 0 else seq_len
-        n_attn = sum(attention_layers(self.cfg))
-        return 6 * matmul + 12 * n_attn * self.cfg.n_embd * context

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
+from speedrun.model.flops import FORMULA, step_flops_at
 from speedrun.model.labels import labelled
 from speedrun.model.layout import embedding_rows, padded_vocab
 
@@ -32,13 +35,14 @@ def _attention_line(model: nn.Module) -> str | None:
     return "  ".join(parts)
 
 
-def model_summary(model: nn.Module, seq_len: int) -> str:
-    """Total parameters (the `params:` line tools parse), counts per label, FLOPs per token."""
+def model_summary(model: nn.Module, cfg: Any) -> str:
+    """Total parameters (the `params:` line tools parse), counts per label, FLOPs per token at the first
+    and the last step's windows (model/flops.py) for the run `cfg` describes."""
     by_label: dict[str, list[int]] = {}
     for _, p, lab in labelled(model):
         by_label.setdefault(lab.name if lab else "unlabelled", []).append(p.numel())
     total = sum(sum(sizes) for sizes in by_label.values())
-    cfg = model.cfg
+    run_cfg, cfg = cfg, model.cfg
     lines = [
         f"params: {total}",
         f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
@@ -52,6 +56,10 @@ def model_summary(model: nn.Module, seq_len: int) -> str:
     for name, sizes in by_label.items():
         lines.append(f"  {name:<11} {sum(sizes):>13,d} params in {len(sizes)} tensors")
     lines.append(f"  {'total':<11} {total:>13,d} params")  # grouped; the `params:` line stays plain
-    flops = model.flops_per_token(seq_len)
-    lines.append(f"flops_per_token: {flops} ({flops:,d}; training, seq_len {seq_len})")
+    first, last = (round(step_flops_at(model, run_cfg, s)) for s in (0, max(0, run_cfg.train.steps - 1)))
+    lines.append(
+        f"flops_per_token: {first} ({first:,d} at the first step's windows, {last:,d} at the last's; "
+        f"training, seq_len {run_cfg.train.seq_len})"
+    )
+    lines.append(f"  counted as {FORMULA}")
     return "\n".join(lines)

@@ -19,6 +19,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.data.bos_loader import cu_seqlens, record_max_docs
+from speedrun.model.families import family_of
+from speedrun.model.flops import FORMULA, step_flops
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.loop import build_model
@@ -29,7 +31,7 @@ from speedrun.train.precision import resolve as resolve_precision
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
-from speedrun.train.tracking import datasheet_peak, device_name, mfu, probe_matmul_peak
+from speedrun.train.tracking import datasheet_peak, device_name, format_mfu, mfu, probe_matmul_peak
 from speedrun.train.warmup import is_compiled
 
 
@@ -122,11 +124,13 @@ def run_bench(cfg: Config, device: torch.device, steps: int = 10, warmup: int = 
             )
         losses.append(float(loss))
     step, opt = statistics.median(step_s), statistics.median(opt_s)
-    flops_per_token = model.flops_per_token(t.seq_len)
+    # the FLOPs the timed steps did: the schedule's windows, the packed rows' documents where known
+    windows = family_of(cfg.model).step_windows(cfg.model, schedule)
+    doc_lens = [int(n) for pair in pairs[:n_pool] if len(pair) == 3 for n in pair[2].diff().tolist()] or None
+    flops_per_token = step_flops(model, windows, doc_lens, seq_len=t.seq_len)
     tokens_per_s = t.global_batch_tokens / step
     name = device_name(device)
-    measured = probe_matmul_peak(device, precision.autocast or torch.float32, budget_s=2.0)
-    measured = max(measured, flops_per_token * tokens_per_s)  # a probe below the reached rate: MFU <= 100 %
+    measured = probe_matmul_peak(device, precision.autocast or torch.float32)  # >= 1 s: one to believe
     sheet = datasheet_peak(name) if device.type == "cuda" else None
     return {
         "recipe": cfg.recipe,
@@ -169,7 +173,9 @@ def format_bench(r: dict) -> str:
     peak = r["datasheet_bf16_peak_flops"]
     sheet = "no datasheet peak known for this device"
     if peak:
-        sheet = f"{r['mfu_datasheet_peak']:.1%} of datasheet bf16 peak {peak / 1e12:,.1f} TFLOP/s"
+        sheet = (
+            f"{format_mfu(r['mfu_datasheet_peak'])} of datasheet dense bf16 peak {peak / 1e12:,.1f} TFLOP/s"
+        )
     lines = [
         f"bench {r['recipe']} on {r['device']} | torch {r['torch']}, {r['threads']} threads | "
         f"compile {r['compile']} | {r['autocast']}",
@@ -184,12 +190,13 @@ def format_bench(r: dict) -> str:
         f"  fwd+bwd        {r['forward_backward_ms']:9.1f} ms",
         f"  optimizer      {r['optimizer_ms']:9.1f} ms",
         f"  tokens/s       {r['tokens_per_s']:9,.0f}",
-        f"  MFU            {r['mfu_measured_peak']:9.1%}  of measured matmul peak "
-        f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s; {sheet}",
+        f"  MFU            {format_mfu(r['mfu_measured_peak']):>9}  of the probed matmul peak "
+        f"{r['measured_peak_flops'] / 1e12:,.2f} TFLOP/s (a thread's median x threads); {sheet}",
         f"  peak memory    {r['peak_memory_bytes'] / 2**20:9,.0f} MiB  (CUDA estimate of a training step "
         f"{r['memory_estimate_training_bytes'] / 2**20:,.0f} MiB; of the run with validation "
         f"{r['memory_estimate_bytes'] / 2**20:,.0f} MiB {'compiled' if r['compile'] else 'eager'}, "
         f"{r['memory_estimate_other_bytes'] / 2**20:,.0f} MiB {'eager' if r['compile'] else 'compiled'})",
         f"  loss           {r['loss_first']:.3f} -> {r['loss_last']:.3f} (synthetic Zipf tokens)",
+        f"  FLOPs counted  {FORMULA}",
     ]
     return "\n".join(lines)

@@ -44,7 +44,8 @@ class Run:
     status: str = "unfinished"  # summary.json's "finished" | "stopped"; no summary: killed or still running
     run_id: str | None = None  # config.json's identity of the run (config.RUN_ID); None before run ids
     tokens: int | None = None  # tokens trained (the last training record's)
-    flops_per_token: int | None = None  # summary.json's: the count MFU uses; None before it was recorded
+    flops_per_token: int | None = None  # an old summary.json's count at the last window (before train_flops)
+    train_flops: float | None = None  # summary.json's: Σ tokens × each step's count (tools/flops.py)
 
     @property
     def finished(self) -> bool:
@@ -125,6 +126,7 @@ def load_run(path: Path) -> Run:
             "final_val_loss",
             "final_val_bpb",
             "flops_per_token",
+            "train_flops",
         ):
             integer = key in ("steps", "flops_per_token")
             value = _number(summary.get(key), str(path / "summary.json"), key, integer=integer)

@@ -1,8 +1,9 @@
 """The FLOPs axis of compare, verify and ablate: what a run cost in compute, whatever it ran on.
 
-Training FLOPs are the model's FLOPs per token (GPT.flops_per_token, the count MFU uses, recorded in
-summary.json) times the tokens trained; a run from before that was recorded gets the count from its
-config.json. Tokens to target are the tokens trained at the first validation at or below the target.
+Training FLOPs are Σ over steps of tokens × the count at that step's windows (model/flops.py), recorded in
+summary.json as `train_flops`; a run from before that was recorded gets them from its config.json through
+its model family (then, if this version cannot read that config, from an old `flops_per_token` × tokens).
+Tokens to target are the tokens trained at the first validation at or below the target.
 """
 
 from __future__ import annotations
@@ -11,29 +12,27 @@ from speedrun.errors import ConfigError
 from speedrun.tools.compare import Run
 
 
-def flops_per_token(run: Run) -> int | None:
-    """The run's recorded count, or the count of the model its config.json describes (None when this
-    version cannot read that config)."""
-    if run.flops_per_token is not None:
-        return run.flops_per_token
-    import torch
-
-    from speedrun.config_files import read_run_config
-    from speedrun.model.gpt import GPT
-
-    try:
-        cfg = read_run_config(run.path)
-    except ConfigError:
-        return None
-    with torch.device("meta"):  # shapes only
-        run.flops_per_token = GPT(cfg.model).flops_per_token(cfg.train.seq_len)
-    return run.flops_per_token
-
-
 def train_flops(run: Run) -> float | None:
-    """FLOPs per token x tokens trained; None when either is unknown."""
-    per_token = flops_per_token(run)
-    return None if per_token is None or run.tokens is None else float(per_token) * run.tokens
+    """The run's training FLOPs; None when neither recorded nor derivable."""
+    if run.train_flops is None and run.steps:
+        from speedrun.config_files import read_run_config
+        from speedrun.model.flops import config_model, run_flops
+
+        try:
+            cfg = read_run_config(run.path)
+        except ConfigError:
+            cfg = None
+        if cfg is not None:
+            run.train_flops = run_flops(config_model(cfg), cfg, run.steps)
+        elif run.flops_per_token is not None and run.tokens is not None:  # the old count, at the last window
+            run.train_flops = float(run.flops_per_token) * run.tokens
+    return run.train_flops
+
+
+def flops_per_token(run: Run) -> float | None:
+    """The run's mean training FLOPs per token (the FLOPs axis of `compare --plot`)."""
+    total = train_flops(run)
+    return None if total is None or not run.tokens else total / run.tokens
 
 
 def tokens_to_target(run: Run, target: float) -> int | None:

@@ -213,7 +213,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/memory.py)")
         model, train_model = build_model(rcfg, ctx)
         compiled = is_compiled(train_model)  # not `is not model`: DDP wraps it too
-        run.log(model_summary(model, t.seq_len))
+        run.log(model_summary(model, rcfg))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
         if optimizer.describe():

@@ -14,6 +14,7 @@ from speedrun.config import Config
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
+from speedrun.model.flops import run_flops, step_flops_at
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.environment import peak_memory_bytes
@@ -22,7 +23,7 @@ from speedrun.train.rundir import RunDir
 from speedrun.train.schedule import tokens_through
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, hardware_name, matmul_peak, mfu, raise_cached_peak
+from speedrun.train.tracking import Tracker, format_mfu, hardware_name, matmul_peak, mfu
 
 
 def log_point_values(
@@ -61,11 +62,12 @@ class Progress:
         self.tracker, self.clock, self.loader = tracker, clock, loader
         self.wall_start = wall_start  # wall time includes the set-up
         self.data_source = data_source  # summary.json's: what `verify` checks the validation data by
-        self.flops_per_token = model.flops_per_token(cfg.train.seq_len)
+        self.model = model  # the FLOPs count's (model/flops.py): at each step's windows
         self.precision = precision
-        # MFU's denominator, in the dtype the run computes in; raised to the best rate reached, so a
-        # probe that underestimates the peak never prints more than 100 %
+        # MFU's denominator: the datasheet's on a known GPU, else a probe long enough to believe (a rate
+        # above it prints no MFU rather than more than 100 %)
         self.peak_flops, self.peak_source = matmul_peak(ctx.device, precision.autocast)
+        run.log(f"MFU: against {self.peak_flops / 1e12:,.3f} TFLOP/s per device, {self.peak_source}")
         self.first_step = start_step + 1  # its time includes compilation: no ETA from it
         self.untimed_until = start_step + cfg.train.timing_warmup_steps  # warm up again after a resume
         clock.starts.append(  # what this start adds to the run's history (summary.json: `verify`)
@@ -108,16 +110,15 @@ class Progress:
         eta_s = mean_s * (t.steps - done)
         if t.time_budget_s > 0:  # until the plan is final, train.steps is only the cap: the budget bounds it
             eta_s = min(eta_s, max(0.0, t.time_budget_s - clock.timed_s))
-        achieved = self.flops_per_token * tok_s / self.ctx.world_size
-        self.peak_flops = max(self.peak_flops, achieved)  # MFU <= 100 % by construction
-        utilization = mfu(self.flops_per_token, tok_s / self.ctx.world_size, self.peak_flops)
+        per_token = step_flops_at(self.model, self.cfg, done - 1)
+        utilization = mfu(per_token, tok_s / self.ctx.world_size, self.peak_flops)
         self.run.metric(
             {"step": done, "train_loss": train_loss, "tokens": tokens_through(done, self.cfg),
              "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
         )  # fmt: skip
         self.run.log(
             f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{lr:.3f} | "
-            f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {utilization:.1%} | "
+            f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {format_mfu(utilization)} | "
             f"eta {format_duration(eta_s, unknown=done == self.first_step)}"
         )
         self.tracker.log(
@@ -173,7 +174,10 @@ class Progress:
             "device_name": hardware_name(self.ctx.device),
             "world_size": self.ctx.world_size,
             "data_source": self.data_source,
-            "flops_per_token": self.flops_per_token,
+            "flops_per_token": round(
+                step_flops_at(self.model, self.cfg, max(0, steps - 1))
+            ),  # the last step's
+            "train_flops": run_flops(self.model, self.cfg, steps),  # Σ tokens × each step's count
             "timed_steps": clock.timed_steps,
             "starts": clock.starts,
             "timed_through": clock.timed_through,
@@ -184,7 +188,6 @@ class Progress:
     def finish(self) -> dict[str, Any]:
         """Write summary.json and the closing log line; return the summary."""
         result = self.summary("finished")
-        raise_cached_peak(self.ctx.device, self.precision.autocast, self.peak_flops)
         self.run.write_summary(result)
         bpb = f", val bpb {self.val_bpb:.4f}" if self.val_bpb is not None else ""
         if self.clock.timed_steps:

@@ -39,14 +39,15 @@ SUMMARY_KEYS = (
     "data_wait_s",
     "peak_memory_bytes",
     "precision",  # {"dtype": "bf16" | "fp32", "reason": why this device computes in it}
-    "mfu_peak_flops",  # MFU's denominator: datasheet peak or measured matmul peak, raised to the best reached
+    "mfu_peak_flops",  # MFU's denominator: a GPU's datasheet dense bf16 peak, else a probed matmul peak
     "mfu_peak_source",
     "run_dir",
     "status",  # "finished" | "stopped" (a signal: a checkpoint was saved, --resume continues)
     "device_name",  # the hardware kind: GPU name ("NVIDIA H100 80GB HBM3") or "cpu (<model name>)"
     "world_size",  # processes that trained; with device_name what `verify` calls the hardware
     "data_source",  # the data folder's meta.json source (data.source is only a label beside data.dir)
-    "flops_per_token",  # training FLOPs per token, the count MFU uses: compare's FLOPs axis
+    "flops_per_token",  # training FLOPs per token at the last step's windows (model/flops.py)
+    "train_flops",  # Σ over steps of tokens × that step's count: compare/verify/ablate's FLOPs axis
     "timed_steps",  # steps inside the timed clock, over every start of the run
     "starts",  # each start (the first, every --resume): {step, world_size, device_name, timing_warmup_steps}
     "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)

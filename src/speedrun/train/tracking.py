@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -59,29 +60,48 @@ def hardware_name(device: torch.device | str) -> str:
     return f"cpu ({cpuinfo('model name', 'Model', 'Hardware') or platform.machine() or 'unknown'})"
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device)."""
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the peak (both per device); None without a
+    peak to believe, or where the rate reached exceeds a probed peak (never printed above 100 %)."""
+    if peak_flops is None:
+        return None
     assert peak_flops > 0, peak_flops  # matmul_peak's answer (a datasheet value or a measured rate)
-    return flops_per_token * tokens_per_s / peak_flops
+    ratio = flops_per_token * tokens_per_s / peak_flops
+    return ratio if ratio <= 1.0 else None
 
 
-def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 1.0) -> float:
-    """Best matmul FLOP/s in `dtype` within about `budget_s` seconds, sizes doubling from 256 while the next
-    fits: hosts differ ~100x (a fixed 1,536 bf16 probe took 2 minutes on an AVX2 host)."""
-    start, best, size = time.perf_counter(), 0.0, 256
-    while size <= 8192:
-        rate = measured_matmul_peak(device, size=size, dtype=dtype, iters=3)
-        best = max(best, rate)
-        elapsed = time.perf_counter() - start
-        if elapsed + 6 * 8 * 2 * size**3 / rate > budget_s:  # the next size costs ~8x: 6 calls of it
-            break
-        size *= 2
-    return best
+def format_mfu(value: float | None) -> str:
+    """`41.3%`, or `-` where `mfu` gave no number."""
+    return "-" if value is None else f"{value:.1%}"
+
+
+PROBE_S = 1.0  # at least this long of repeated one-thread matmuls: a shorter probe under-measured (#34)
+PROBE_CALL_S = 0.05  # the size doubles until one call takes this long
+
+
+def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float = PROBE_S) -> float:
+    """A peak to believe, in `dtype`: one thread's matmul rate (the median of calls repeated for at least
+    `budget_s`, at the first power-of-two size whose call takes PROBE_CALL_S) times the threads the run
+    uses, on a CPU; the median call's rate on a GPU. One thread measures a core without the contention
+    of several, so the product bounds what all of them can do."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        size = 128
+        while size < 8192 and 2 * size**3 / measured_matmul_peak(device, size, dtype, iters=1) < PROBE_CALL_S:
+            size *= 2
+        rates, start = [], time.perf_counter()
+        while time.perf_counter() - start < budget_s or len(rates) < 5:
+            rates.append(measured_matmul_peak(device, size, dtype, iters=1))
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(rates) * (threads if device.type == "cpu" else 1)
 
 
 def _cache_file() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "speedrun" / "matmul-peak.json"
+    return Path(base) / "speedrun" / "matmul-peak-v2.json"  # v1's short probes under-measured: not reused
 
 
 def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
@@ -111,29 +131,20 @@ def _write_peak(key: str, peak: float) -> None:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype | None) -> tuple[float, str]:
-    """MFU's denominator and its source: a known GPU's datasheet bf16 peak, else a probe (<= 1 s) in the
-    run's dtype, cached per machine in the user's cache folder."""
+    """MFU's denominator and its source: a known GPU's datasheet dense bf16 peak, else the probe (at least
+    PROBE_S seconds) in the run's dtype, cached per machine in the user's cache folder."""
     dtype = dtype or torch.float32
-    sheet = datasheet_peak(device_name(device)) if device.type == "cuda" else None
+    name = device_name(device)
+    sheet = datasheet_peak(name) if device.type == "cuda" else None
     if sheet:
-        return sheet, "datasheet bf16 peak"
+        return sheet, f"datasheet dense bf16 peak of {name}"
     key = _machine_key(device, dtype)
     cached = _read_peaks().get(key)
     if cached:
-        return cached, "measured matmul peak (cached)"
+        return cached, "probed matmul peak (cached; one thread's median rate x threads)"
     peak = probe_matmul_peak(device, dtype)
     _write_peak(key, peak)
-    return peak, "measured matmul peak"
-
-
-def raise_cached_peak(device: torch.device, dtype: torch.dtype | None, reached: float) -> None:
-    """A run reached more than the cached peak (the probe ran on a busy machine): keep the higher rate,
-    so a bad probe corrects itself instead of lowering MFU's denominator for good."""
-    if device.type == "cuda" and datasheet_peak(device_name(device)):
-        return
-    key = _machine_key(device, dtype or torch.float32)
-    if reached > _read_peaks().get(key, 0.0):
-        _write_peak(key, reached)
+    return peak, "probed matmul peak (one thread's median rate x threads)"
 
 
 class Tracker:

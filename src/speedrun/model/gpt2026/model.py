@@ -24,7 +24,7 @@ from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import LayerSpec, build_specs
-from speedrun.model.labels import MATMULS, label, labelled
+from speedrun.model.labels import label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
 
 #: the block matrices #57 stores in bf16 (model.block_dtype)
@@ -349,13 +349,3 @@ class GPT2026(nn.Module):
     def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
         return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """6 x matmul parameters (labels MATMULS, and the head) + attention 6·L_attn·H·(Dqk + D)·T (PaLM's
-        12·L·d·T when Q/K are as wide as V: QKᵀ over Dqk, the weighted sum over D, forward and backward)."""
-        cfg = self.cfg
-        matmul = sum(p.numel() for _, p, lab in labelled(self) if lab and lab.name in MATMULS)
-        context = min(seq_len, cfg.window) if cfg.window > 0 else seq_len
-        matmul += self.lm_head.weight.numel()
-        per_head = qk_width(cfg) + cfg.n_embd // cfg.n_head
-        return 6 * matmul + 6 * len(cfg.attention_layers) * cfg.n_head * per_head * context
