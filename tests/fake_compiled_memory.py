@@ -16,6 +16,7 @@ as the CPU's blocked tier would save its own chunks instead. Counted per step at
 
 from __future__ import annotations
 
+import operator
 import warnings
 from contextlib import contextmanager
 from unittest import mock
@@ -86,7 +87,9 @@ def _nbytes(value) -> int:
 
 
 def _backward_peak(bw: torch.fx.GraphModule) -> int:
-    """Live bytes beyond the graph's inputs, node by node, each output freed after its last use."""
+    """Live bytes beyond the graph's inputs, node by node, each value freed after its last use. As
+    inductor fuses, a pointwise or reduction value that only feeds pointwise or reduction ops is never
+    materialized; everything else (matmuls, custom ops, and their inputs) is."""
     last_use: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in bw.graph.nodes:
         for used in node.all_input_nodes:
@@ -96,13 +99,28 @@ def _backward_peak(bw: torch.fx.GraphModule) -> int:
         dying.setdefault(user, []).append(value)
     live = peak = 0
     for node in bw.graph.nodes:
-        if node.op not in ("placeholder", "output") and not _is_view(node):
+        if _materialized(node):
             live += sum(_nbytes(v) for v in _values(node))
             peak = max(peak, live)
-        for value in dying.get(node, []):  # the inputs are the saved tensors: freed once used up too
-            if not _is_view(value):
-                live -= sum(_nbytes(v) for v in _values(value))
+        for value in dying.get(node, []):  # saved inputs too: freed once used up
+            if value.target is operator.getitem:  # one output of a multi-output op
+                live -= _nbytes(value.meta.get("val"))
+            elif value.op == "placeholder" or (_materialized(value) and len(_values(value)) == 1):
+                live -= _nbytes(value.meta.get("val"))
     return peak
+
+
+def _fusable(node: torch.fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return node.op == "call_function" and (torch.Tag.pointwise in tags or torch.Tag.reduction in tags)
+
+
+def _materialized(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or _is_view(node) or node.target is operator.getitem:
+        return False
+    if not _fusable(node):
+        return True
+    return any(u.op == "output" or not (_fusable(u) or _is_view(u)) for u in node.users)
 
 
 def _values(node: torch.fx.Node) -> list:
