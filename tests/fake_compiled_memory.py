@@ -9,9 +9,12 @@ as the CPU's blocked tier would save its own chunks instead. Counted per step at
 
 - `saved`: the bytes of the forward graph's saved tensors that are not parameters or buffers;
 - `backward`: the largest of the backward graph's live bytes beyond the saved ones, walking its nodes in
-  order and freeing each value after its last use (every node materialized, so an upper bound: inductor
-  fuses pointwise chains);
-- `weights`, `state` (optimizer), `gradients` (parameter-sized, when they outlive the step).
+  order and freeing each value after its last use, where only what inductor cannot fuse is materialized
+  (outputs of matmuls, custom ops and the like, and the values they read);
+- `weights`: parameters and buffers.
+
+Blind spots: temporaries inside custom ops (the FP8 head's e5m2 gradient copy, 1 byte a logit) and the
+allocator's rounding; the optimizer's state and accumulated gradients are the guard's own count.
 """
 
 from __future__ import annotations
@@ -213,6 +216,7 @@ def compiled_saved_bytes(cfg: Config) -> dict[str, int]:
 def _by_op(saved: list[torch.fx.Node]) -> dict[str, int]:
     out: dict[str, int] = {}
     for node in saved:
-        key = f"{getattr(node.target, '__name__', node.target)} {tuple(_values(node)[0].shape)} {_values(node)[0].dtype}"
+        value = _values(node)[0]
+        key = f"{getattr(node.target, '__name__', node.target)} {tuple(value.shape)} {value.dtype}"
         out[key] = out.get(key, 0) + sum(_nbytes(v) for v in _values(node))
     return out

@@ -10,6 +10,7 @@ from speedrun.errors import SpeedrunError
 from speedrun.recipes import load_recipe
 from speedrun.train import memory
 from speedrun.train.memory import check_fits, estimate_memory, estimate_peak_bytes, guarded_bytes
+from tests.fake_compiled_memory import compiled_saved_bytes
 from tests.fake_memory import fake_peak_bytes
 
 GiB = 2**30
@@ -157,3 +158,17 @@ def test_the_snapshot_is_dumped_once_at_the_first_backwards_start(tmp_path, monk
         "weight grad",
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["record-2026-07", "stages-2025-12"])  # FP8 MLP; bf16 MLP
+def test_compiled_estimate_is_within_15_percent_of_the_compiled_varlen_partition(recipe):
+    """What inductor's min-cut partition of the compiled varlen step saves, plus its backward's largest
+    working set (tests/fake_compiled_memory.py), against the guard's compiled activations and logits, at
+    the record's micro-batch (49,152 tokens; fake tensors, so full size costs only the trace)."""
+    cfg = load_recipe(recipe, ["train.dtype=bf16"])
+    counted = compiled_saved_bytes(cfg)
+    estimate = estimate_memory(cfg, 1, compiled=True)
+    assert estimate.weights == pytest.approx(counted["weights"], abs=2**10)  # the same model
+    modelled = estimate.activations + estimate.logits
+    assert modelled == pytest.approx(counted["saved"] + counted["backward"], rel=0.15), (estimate, counted)

@@ -12,6 +12,17 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class CompiledSaves:
+    """What a compiled step keeps for its backward beyond train/memory.py's common count (the norms'
+    inputs, QKV, attention output, MLP pre-activation, the head's output and one logit gradient): the
+    family's facts, read from inductor's min-cut partition (tests/fake_compiled_memory.py)."""
+
+    mlp_post: bool = False  # the ReLU² output too (the down-projection's input)
+    matmul_input_copies: bool = False  # a matmul-dtype copy of each matmul input when the stream is wider
+    logit_gradients: int = 1  # logit-sized matmul-dtype tensors alive at once in the head's backward
+
+
+@dataclass(frozen=True)
 class Family:
     """What the rest of the package needs of a family."""
 
@@ -20,6 +31,9 @@ class Family:
     build: Callable[[Any], nn.Module]  # the family's model config → the model
     apply_schedule: Callable[[nn.Module, Any], None]  # a step's StepSchedule → the model
     flops_per_token: Callable[[nn.Module, int], int]  # (model, sequence length) → training FLOPs
+    compiled_saves: CompiledSaves = (
+        CompiledSaves()
+    )  # gpt2024: the H100 peaks (1.09-1.16x) fit the common count
 
 
 def _gpt2024() -> Family:
@@ -39,8 +53,10 @@ def _gpt2026() -> Family:
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 
+    # the partition of record-2026-07's varlen step (with these, 39.9 GB against #89's 1xH100 log, 39.7)
+    saves = CompiledSaves(mlp_post=True, matmul_input_copies=True, logit_gradients=2)
     return Family(
-        "gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, lambda m, t: m.flops_per_token(t)
+        "gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, lambda m, t: m.flops_per_token(t), saves
     )
 
 
@@ -66,4 +82,12 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     return family_of(model.cfg).flops_per_token(model, seq_len)
 
 
-__all__ = ["FAMILIES", "Family", "apply_schedule", "build_model", "family_of", "flops_per_token"]
+__all__ = [
+    "FAMILIES",
+    "CompiledSaves",
+    "Family",
+    "apply_schedule",
+    "build_model",
+    "family_of",
+    "flops_per_token",
+]

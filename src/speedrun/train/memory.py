@@ -21,7 +21,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
-from speedrun.model.families import build_model
+from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
 from speedrun.optim.table import build_banks, build_rows
@@ -116,15 +116,22 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
     attn, mlp, layout, skipped, mixes, x0 = _layer_facts(m)
+    saves, fp8_mlp = family_of(m).compiled_saves, getattr(m, "mlp_fp8", False)
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
     parts = zip(attn, mlp, strict=True)
     for i, (has_attention, has_mlp) in enumerate(parts):
         residuals = int(has_attention) + int(has_mlp)  # after the attention, after the MLP
         residuals += int(x0) + int(i in skipped)
         if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
-            total += residuals * r * d + a * hidden * int(has_mlp)
+            total += residuals * r * d
+            copies = saves.matmul_input_copies and a < r  # the matmul dtype's copy of each input
+            if has_mlp and fp8_mlp:  # its input and ReLU²'s output in the stream's dtype (fp8_mlp.py)
+                total += r * (d + hidden)
+            elif has_mlp:
+                total += a * hidden * (1 + int(saves.mlp_post)) + a * d * int(copies)
             if has_attention:
                 total += a * (3 * d + d + 2 * d) + 4 * m.n_head  # q, k, v, output, rotated q, k, lse
+                total += 2 * a * d * int(copies)  # the QKV's and the output projection's inputs
             continue
         norms = int(has_attention) + int(has_mlp)
         total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
@@ -135,8 +142,8 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
             total += a * d * (3 + int(v_mixed) + 2 * int(rotated) + 2) + 4 * m.n_head
     total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)
     head = 2 if (a == 2 or m.fp8_head) else 4
-    if compiled:  # the head's output saved, its gradient, and the FP8 backward's e5m2 copy
-        return total, 2 * head + (1 if m.fp8_head else 0)
+    if compiled:  # the head's output saved, its gradients, and the FP8 backward's e5m2 copy
+        return total, head * (1 + saves.logit_gradients) + (1 if m.fp8_head else 0)
     capped = (head if m.softcap_in_bf16 else 4) if m.logit_softcap > 0 else 0
     return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
 
