@@ -6,7 +6,9 @@ saved activations, and the logits with the loss's first gradients. Parameters co
 on the meta device. Eager keeps every intermediate autograd needs (within 6 % of tests/fake_memory.py's
 fake-tensor measurement for every bundled recipe it can run); compiled (inductor) recomputes pointwise
 work, keeping per layer the norms' inputs, QKV, attention output and MLP pre-activation, and one
-logit-sized gradient: a model, not a measurement (`speedrun bench` prints it beside the CUDA peak)."""
+logit-sized gradient, plus what the family's record adds (`CompiledSaves`, read from inductor's
+partition: tests/fake_compiled_memory.py): a model, not a measurement (`speedrun bench` prints it
+beside the CUDA peak). `snapshot_at_backward` records the CUDA allocations behind a real peak."""
 
 from __future__ import annotations
 
@@ -201,15 +203,16 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return torch.cuda.mem_get_info(device)
 
 
-# The compiled half of the estimate is a model; on an H100 (2026-11-25, docs/benchmarks.md) the CUDA
-# peak of two compiled recipes was 1.09x and 1.16x of it, so the guard asks for 1.2x before it lets a
-# compiled step start. Eager is checked against fake-tensor measurements (within 6 %) and keeps 1.0.
-COMPILED_CUDA_MARGIN = 1.2
+def cuda_margin(cfg: Config, compiled: bool) -> float:
+    """The factor over the estimate the guard asks for: the family's compiled margin (gpt2024: its H100
+    peaks were 1.09-1.16x the model, so 1.2; gpt2026: the model is read from the compiled partition and
+    sits above it), 1.0 eager (within 6 % of fake-tensor measurements)."""
+    return family_of(cfg.model).compiled_saves.cuda_margin if compiled else 1.0
 
 
 def guarded_bytes(cfg: Config, world: int, compiled: bool) -> int:
     """The bytes the guard requires free: the estimate with the measured margin of its kind."""
-    return int(estimate_peak_bytes(cfg, world, compiled) * (COMPILED_CUDA_MARGIN if compiled else 1.0))
+    return int(estimate_peak_bytes(cfg, world, compiled) * cuda_margin(cfg, compiled))
 
 
 def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
@@ -249,8 +252,8 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need <= free:
         return estimate
     where = f"{estimate / GiB:,.1f} GiB per process"
-    if compiled:
-        where += f" (x{COMPILED_CUDA_MARGIN} measured margin: {need / GiB:,.1f} GiB)"
+    if need != estimate:
+        where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
     if not compiled and _fits(cfg, world_size, True, free):
         raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
