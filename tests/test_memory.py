@@ -160,6 +160,23 @@ def test_the_snapshot_is_dumped_once_at_the_first_backwards_start(tmp_path, monk
     assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
 
 
+def test_the_snapshot_can_wait_for_a_later_backward(tmp_path, monkeypatch):
+    dumps: list[int] = []
+    passes: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: None)
+    monkeypatch.setattr(
+        torch.cuda.memory, "_dump_snapshot", lambda p: (dumps.append(len(passes)), open(p, "w").close())
+    )
+    model = torch.nn.Linear(2, 1)
+    assert memory.snapshot_at_backward(model, tmp_path / "snap.pickle", nth=3)
+    for _ in range(5):
+        passes.append(1)
+        model(torch.ones(1, 2)).sum().backward()
+    assert dumps == [3]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["record-2026-07", "stages-2025-12"])  # FP8 MLP; bf16 MLP
 def test_compiled_estimate_is_within_15_percent_of_the_compiled_varlen_partition(recipe):

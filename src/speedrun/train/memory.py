@@ -269,20 +269,26 @@ def _refusal(message: str) -> SpeedrunError:
     return error
 
 
-def snapshot_at_backward(model: torch.nn.Module, path: Path, max_entries: int = 200_000) -> bool:
+def snapshot_at_backward(
+    model: torch.nn.Module, path: Path, nth: int = 1, max_entries: int = 200_000
+) -> bool:
     """Record CUDA allocations from now and dump a snapshot (pickle for pytorch.org/memory_viz) to `path`
-    when the first backward starts: the moment the guard's `backward_start` models, every saved
-    activation alive. Hooks the output of `model` (the compiled module too: its hooks run outside the
-    graph). On a host without CUDA it prints one line and records nothing; returns whether it armed."""
+    when the `nth` backward starts (a later one than the first skips the compile's step): the moment the
+    guard's `backward_start` models, every saved activation alive. Hooks the output of `model` (the
+    compiled module too: its hooks run outside the graph). On a host without CUDA it prints one line and
+    records nothing; returns whether it armed."""
     if not torch.cuda.is_available():
         print(f"memory snapshot: no CUDA device here, {path} not written", file=sys.stderr)
         return False
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    seen = [0]
 
     def on_output(module, args, out) -> None:
         if isinstance(out, torch.Tensor) and out.requires_grad:
-            handle.remove()
-            out.register_hook(dump)
+            seen[0] += 1
+            if seen[0] == nth:
+                handle.remove()
+                out.register_hook(dump)
 
     def dump(grad: torch.Tensor) -> torch.Tensor:
         partial = path.with_name(path.name + ".partial")  # never a half-written file under the name
