@@ -32,9 +32,8 @@ class Family:
     build: Callable[[Any], nn.Module]  # the family's model config → the model
     apply_schedule: Callable[[nn.Module, Any], None]  # a step's StepSchedule → the model
     flops_per_token: Callable[[nn.Module, int], int]  # (model, sequence length) → training FLOPs
-    compiled_saves: CompiledSaves = (
-        CompiledSaves()
-    )  # gpt2024: the H100 peaks (1.09-1.16x) fit the common count
+    # gpt2024: the common count (its H100 peaks were 1.09-1.16x it)
+    compiled_saves: CompiledSaves = CompiledSaves()
 
 
 def _gpt2024() -> Family:
