@@ -313,10 +313,11 @@ def test_the_optimizer_rows_are_the_records():
 
 def test_the_memory_guards_estimate_for_8xh100_is_near_the_records_peak():
     """The compiled estimate per GPU of an 8-GPU run against `peak memory allocated: 57397 MiB` at the
-    end of both #18 logs (8xH100 80 GB), to the 15 % tests/test_memory.py holds for the track-1 logs."""
-    from speedrun.train.memory import estimate_memory
+    end of both #18 logs (8xH100 80 GB): above it, as our compiled PyTorch keeps more than the record's
+    kernels (docs/benchmarks.md, "Memory: estimate vs records": 1.24x), and the guard lets it start."""
+    from speedrun.train.memory import estimate_memory, guarded_bytes
 
     cfg = load_recipe(RECIPE, ["train.dtype=bf16"])
     estimate = estimate_memory(cfg, 8, compiled=True).total
-    assert estimate == pytest.approx(57397 * 2**20, rel=0.15)
-    assert estimate < 79 * 2**30  # the guard lets it start on an H100
+    assert 1.0 < estimate / (57397 * 2**20) < 1.3
+    assert guarded_bytes(cfg, 8, True) < 79 * 2**30  # the guard lets it start on an H100

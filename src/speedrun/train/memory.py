@@ -6,19 +6,24 @@ saved activations, and the logits with the loss's first gradients. Parameters co
 on the meta device. Eager keeps every intermediate autograd needs (within 6 % of tests/fake_memory.py's
 fake-tensor measurement for every bundled recipe it can run); compiled (inductor) recomputes pointwise
 work, keeping per layer the norms' inputs, QKV, attention output and MLP pre-activation, and one
-logit-sized gradient: a model, not a measurement (`speedrun bench` prints it beside the CUDA peak)."""
+logit-sized gradient, plus what the family's record adds (`CompiledSaves`, read from inductor's
+partition: tests/fake_compiled_memory.py): a model, not a measurement (`speedrun bench` prints it
+beside the CUDA peak). `snapshot_at_backward` records the CUDA allocations behind a real peak."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from speedrun.config import Config
 from speedrun.errors import SpeedrunError
-from speedrun.model.families import build_model
+from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
 from speedrun.optim.table import build_banks, build_rows
@@ -113,15 +118,22 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
     attn, mlp, layout, skipped, mixes, x0 = _layer_facts(m)
+    saves, fp8_mlp = family_of(m).compiled_saves, getattr(m, "mlp_fp8", False)
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
     parts = zip(attn, mlp, strict=True)
     for i, (has_attention, has_mlp) in enumerate(parts):
         residuals = int(has_attention) + int(has_mlp)  # after the attention, after the MLP
         residuals += int(x0) + int(i in skipped)
         if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
-            total += residuals * r * d + a * hidden * int(has_mlp)
+            total += residuals * r * d
+            copies = saves.matmul_input_copies and a < r  # the matmul dtype's copy of each input
+            if has_mlp and fp8_mlp:  # its input and ReLU²'s output in the stream's dtype (fp8_mlp.py)
+                total += r * (d + hidden)
+            elif has_mlp:
+                total += a * hidden * (1 + int(saves.mlp_post)) + a * d * int(copies)
             if has_attention:
                 total += a * (3 * d + d + 2 * d) + 4 * m.n_head  # q, k, v, output, rotated q, k, lse
+                total += 2 * a * d * int(copies)  # the QKV's and the output projection's inputs
             continue
         norms = int(has_attention) + int(has_mlp)
         total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
@@ -132,8 +144,8 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
             total += a * d * (3 + int(v_mixed) + 2 * int(rotated) + 2) + 4 * m.n_head
     total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)
     head = 2 if (a == 2 or m.fp8_head) else 4
-    if compiled:  # the head's output saved, its gradient, and the FP8 backward's e5m2 copy
-        return total, 2 * head + (1 if m.fp8_head else 0)
+    if compiled:  # the head's output saved, its gradients, and the FP8 backward's e5m2 copy
+        return total, head * (1 + saves.logit_gradients) + (1 if m.fp8_head else 0)
     capped = (head if m.softcap_in_bf16 else 4) if m.logit_softcap > 0 else 0
     return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
 
@@ -191,15 +203,16 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return torch.cuda.mem_get_info(device)
 
 
-# The compiled half of the estimate is a model; on an H100 (2026-11-25, docs/benchmarks.md) the CUDA
-# peak of two compiled recipes was 1.09x and 1.16x of it, so the guard asks for 1.2x before it lets a
-# compiled step start. Eager is checked against fake-tensor measurements (within 6 %) and keeps 1.0.
-COMPILED_CUDA_MARGIN = 1.2
+def cuda_margin(cfg: Config, compiled: bool) -> float:
+    """The factor over the estimate the guard asks for: the family's compiled margin (gpt2024: its H100
+    peaks were 1.09-1.16x the model, so 1.2; gpt2026: the model is read from the compiled partition and
+    sits above it), 1.0 eager (within 6 % of fake-tensor measurements)."""
+    return family_of(cfg.model).compiled_saves.cuda_margin if compiled else 1.0
 
 
 def guarded_bytes(cfg: Config, world: int, compiled: bool) -> int:
     """The bytes the guard requires free: the estimate with the measured margin of its kind."""
-    return int(estimate_peak_bytes(cfg, world, compiled) * (COMPILED_CUDA_MARGIN if compiled else 1.0))
+    return int(estimate_peak_bytes(cfg, world, compiled) * cuda_margin(cfg, compiled))
 
 
 def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
@@ -239,8 +252,8 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need <= free:
         return estimate
     where = f"{estimate / GiB:,.1f} GiB per process"
-    if compiled:
-        where += f" (x{COMPILED_CUDA_MARGIN} measured margin: {need / GiB:,.1f} GiB)"
+    if need != estimate:
+        where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
     if not compiled and _fits(cfg, world_size, True, free):
         raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
@@ -254,3 +267,40 @@ def _refusal(message: str) -> SpeedrunError:
     error = SpeedrunError(message)
     error.rank_specific = True  # each rank reads its own GPU: the one that is full must say so
     return error
+
+
+def snapshot_at_backward(
+    model: torch.nn.Module, path: Path, nth: int = 1, max_entries: int = 200_000
+) -> bool:
+    """Record CUDA allocations from now and dump a snapshot (pickle for pytorch.org/memory_viz) to `path`
+    when the `nth` backward starts (a later one than the first skips the compile's step): the moment the
+    guard's `backward_start` models, every saved activation alive. Hooks the output of `model` (the
+    compiled module too: its hooks run outside the graph). On a host without CUDA it prints one line and
+    records nothing; returns whether it armed."""
+    if not torch.cuda.is_available():
+        print(f"memory snapshot: no CUDA device here, {path} not written", file=sys.stderr)
+        return False
+    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    seen = [0]
+
+    def on_output(module, args, out) -> None:
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            seen[0] += 1
+            if seen[0] == nth:
+                handle.remove()
+                out.register_hook(dump)
+
+    def dump(grad: torch.Tensor) -> torch.Tensor:
+        partial = path.with_name(path.name + ".partial")  # never a half-written file under the name
+        torch.cuda.memory._dump_snapshot(str(partial))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        os.replace(partial, path)
+        allocated = torch.cuda.memory_allocated() / 2**20
+        print(
+            f"memory snapshot at the backward's start: {allocated:,.0f} MiB allocated -> {path}",
+            file=sys.stderr,
+        )
+        return grad
+
+    handle = model.register_forward_hook(on_output)
+    return True
