@@ -312,3 +312,13 @@ def test_the_documented_stage_plan_is_todays_record():
     no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
     assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp), split_stage=-1)
     assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
+
+
+@pytest.mark.slow
+def test_inductor_compiles_every_stage_before_the_clock_without_breaks_or_recompiles(text_data, tmp_path, monkeypatch):
+    """As above with inductor, as CUDA compiles (fullgraph, dynamic=False): a tiny staged gpt2026 varlen
+    recipe compiles every stage's graph and every validation shape in the warm-up; dynamo's counters do
+    not move inside a stage, across the stage switches or at the validations after it (issue 34)."""
+    stages = f"train.stages={COMPILE_STAGES}"
+    overrides = staged(text_data, "train.checkpoint_every=0", stages, "train.steps=8")
+    assert_timed_steps_never_compile(overrides, tmp_path, monkeypatch)
