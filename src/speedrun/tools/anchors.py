@@ -19,7 +19,7 @@ class Anchor:
     tokens: int
     source: str
     bound: bool = False  # an upper bound (an 8-GPU step x 8), not a one-GPU measurement
-    peak_gb: float | None = None  # the record's peak allocated memory, where published
+    peak_mib: int | None = None  # the record's peak allocated memory (whole run, MiB), where published
 
     def ratio(self, step_ms: float, tokens: int) -> float:
         """Our time per token over the record's (below 1: faster than the record)."""

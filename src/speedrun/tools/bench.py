@@ -21,6 +21,8 @@ import torch
 
 from speedrun.config import Config
 from speedrun.config_stages import stage_plan
+from speedrun.data.bos_loader import DocumentLoader
+from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
 from speedrun.errors import ConfigError
 from speedrun.tools.anchors import Anchor, find_anchor, load_anchors
@@ -73,22 +75,40 @@ class _TimedOptimizer:
         return self.inner.parameters()
 
 
-def _stages(cfg: Config, only: int | None) -> list[tuple[int, int, int]]:
-    """(stage number, first step, steps in it) of each stage to time: a recipe's `train.stages` (1-based,
-    the extension included when it has steps), else one, numbered 0, at the middle step's schedule."""
+def bench_stages(cfg: Config, only: list[int] | None = None) -> list[tuple[int, int, int]]:
+    """(stage number, first step, steps in it) of each stage to time, in the order `only` names them (the
+    GPU kit times the record's stage 3 first): a recipe's `train.stages` (1-based, the extension included
+    when it has steps), else one, numbered 0, at the middle step's schedule."""
     plan = stage_plan(cfg)
     if plan is None:
         return [(0, cfg.train.steps // 2, 1)]
-    found = [(i + 1, a, b - a) for i, (a, b) in enumerate(stage_bounds(plan)) if b > a]
-    return [s for s in found if only is None or s[0] == only]
+    found = {i + 1: (i + 1, a, b - a) for i, (a, b) in enumerate(stage_bounds(plan)) if b > a}
+    return list(found.values()) if only is None else [found[n] for n in only if n in found]
 
 
-def check_stage(cfg: Config, stage: int) -> None:
-    """`--stage N` names a stage of the recipe that has steps (the CLI's one check of it)."""
-    numbers = [n for n, _, _ in _stages(cfg, None)]
-    if stage not in numbers or stage == 0:
-        have = f"stages {', '.join(map(str, numbers))}" if stage_plan(cfg) else "no train.stages"
-        raise ConfigError(f"--stage {stage}: recipe {cfg.recipe} has {have}")
+def parse_stages_option(cfg: Config, text: str) -> list[int]:
+    """`--stage N[,M...]`: stages of the recipe that have steps (the CLI's one check of it)."""
+    numbers = [n for n, _, _ in bench_stages(cfg)]
+    have = f"stages {', '.join(map(str, numbers))}" if stage_plan(cfg) else "no train.stages"
+    try:
+        chosen = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--stage {text}: give stage numbers, e.g. 3 or 1,2,3 (recipe {cfg.recipe} has {have})"
+        ) from None
+    for n in chosen:
+        if n not in numbers or n == 0:
+            raise ConfigError(f"--stage {n}: recipe {cfg.recipe} has {have}")
+    return chosen
+
+
+def synthetic_loader(cfg: Config, ctx: DistContext, folder: Path) -> TokenLoader | DocumentLoader:
+    """The run's own loader (`open_loader`: its packing, `cu_seqlens`, stage sizes) over one synthetic
+    shard written in `folder`."""
+    vocab = cfg.model.vocab_size
+    eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
+    shard = _synthetic_shard(cfg, folder, eot)
+    return open_loader(cfg, RunData([shard], [], micro_batch_tokens(cfg, 1), None, None, eot), ctx)
 
 
 def _synthetic_shard(cfg: Config, folder: Path, eot: int, mean_doc: int = 1000) -> Path:
@@ -108,10 +128,10 @@ def run_bench(
     device: torch.device,
     steps: int = 10,
     warmup: int = 3,
-    stage: int | None = None,
+    stages: list[int] | None = None,
     anchors: list[Anchor] | None = None,
 ) -> dict:
-    """Time `warmup` + `steps` optimizer steps of every stage of `cfg` (or only stage `stage`), each at the
+    """Time `warmup` + `steps` optimizer steps of every stage of `cfg` (or only of `stages`), each at the
     stage's own schedule and batch from the run's loader; returns the measurements (see module doc)."""
     precision = resolve_precision(cfg, device)
     cfg = effective_config(cfg, precision)  # the dtype this device runs fast, as `speedrun train` does
@@ -123,37 +143,33 @@ def run_bench(
     compiled = is_compiled(train_model)  # the one rule (the loop also runs it under DDP)
     optimizer = build_optimizer(model, cfg)
     timed = _TimedOptimizer(optimizer, device)
-    vocab = cfg.model.vocab_size
-    eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
-    to_time = _stages(cfg, stage)
+    to_time, name = bench_stages(cfg, stages), device_name(device)
+    table = load_anchors() if anchors is None else anchors
     limit = torch._dynamo.config.recompile_limit  # a graph per stage, as warm_up allows
     torch._dynamo.config.recompile_limit = max(limit, 2 * len(to_time))
     with tempfile.TemporaryDirectory(prefix="speedrun-bench-") as tmp:
-        shard = _synthetic_shard(cfg, Path(tmp), eot)
-        data = RunData([shard], [], micro_batch_tokens(cfg, 1), None, None, eot)  # what open_loader reads
-        loader = open_loader(cfg, data, ctx)
+        loader = synthetic_loader(cfg, ctx, Path(tmp))
         try:
-            results = [
-                _time_stage(cfg, plan, n, first, length, model, train_model, timed, loader, steps, warmup)
-                for n, first, length in to_time
-            ]
+            results = []
+            for n, first, length in to_time:
+                r = _time_stage(cfg, plan, n, first, length, model, train_model, timed, loader, steps, warmup)
+                a = find_anchor(table, cfg.recipe, n)
+                r["anchor"] = a.describe(name) if a else None
+                r["anchor_ratio"] = a.ratio(r["step_ms"], r["tokens_per_step"]) if a else None
+                r["anchor_peak_mib"] = a.peak_mib if a else None
+                print(stage_line(cfg.recipe, r), file=sys.stderr, flush=True)  # a partial run still answers
+                results.append(r)
         finally:
             loader.close()
             torch._dynamo.config.recompile_limit = limit
     flops_per_token = model.flops_per_token(t.seq_len)
-    name = device_name(device)
     fastest = max(r["tokens_per_s"] for r in results)
     measured = probe_matmul_peak(device, precision.autocast or torch.float32, budget_s=2.0)
     measured = max(measured, flops_per_token * fastest)  # a probe below the reached rate: MFU <= 100 %
     sheet = datasheet_peak(name) if device.type == "cuda" else None
-    table = load_anchors() if anchors is None else anchors
     for r in results:
         r["mfu_measured_peak"] = mfu(flops_per_token, r["tokens_per_s"], measured)
         r["mfu_datasheet_peak"] = mfu(flops_per_token, r["tokens_per_s"], sheet) if sheet else None
-        a = find_anchor(table, cfg.recipe, r["stage"])
-        r["anchor"] = a.describe(name) if a else None
-        r["anchor_ratio"] = a.ratio(r["step_ms"], r["tokens_per_step"]) if a else None
-        r["anchor_peak_gb"] = a.peak_gb if a else None
     return {
         "recipe": cfg.recipe,
         "device": name,
@@ -243,6 +259,22 @@ def _time_stage(cfg, plan, number, first, length, model, train_model, timed, loa
     }
 
 
+def stage_line(recipe: str, s: dict) -> str:
+    """One line per finished stage, printed as it ends (benchmarks/gpu_check.sh collects them)."""
+    peak = s["peak_allocated_bytes"]
+    line = (
+        f"bench-stage {recipe} stage {s['stage']}: {s['step_ms']:,.1f} ms/step, "
+        f"{s['tokens_per_s']:,.0f} tok/s, "
+        f"{s['graphs_compiled']} graph(s) compiled in {s['compile_s']:.1f} s, "
+        f"peak {'n/a (CPU)' if peak is None else f'{peak / 2**20:,.0f} MiB allocated'}"
+    )
+    if s["anchor_ratio"] is not None:
+        line += f"; record {s['anchor']}: ours/record {s['anchor_ratio']:.2f}x"
+        if s["anchor_peak_mib"]:
+            line += f"; record peak {s['anchor_peak_mib']:,} MiB allocated"
+    return line
+
+
 def _window(model: torch.nn.Module, sched) -> str:
     """An unstaged run's attention window: the varlen model's long one, else the schedule's (0: none)."""
     varlen = getattr(model, "varlen_windows", None)
@@ -293,7 +325,9 @@ def format_bench(r: dict) -> str:
             f"  loss           {s['loss_first']:.3f} -> {s['loss_last']:.3f} (synthetic Zipf tokens)",
         ]
         if s["anchor"]:
-            peak_gb = f"; record peak {s['anchor_peak_gb']} GB allocated" if s["anchor_peak_gb"] else ""
-            lines.append(f"  record         {s['anchor']}{peak_gb}")
+            record_peak = (
+                f"; record peak {s['anchor_peak_mib']:,} MiB allocated" if s["anchor_peak_mib"] else ""
+            )
+            lines.append(f"  record         {s['anchor']}{record_peak}")
             lines.append(f"  ours/record    {s['anchor_ratio']:9.2f}x  (time per token)")
     return "\n".join(lines)
