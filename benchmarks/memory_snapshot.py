@@ -1,6 +1,7 @@
-"""A CUDA memory snapshot of one training step at the start of its backward, where a training step's
-memory peaks: the step `speedrun bench` times (the run's model, optimizer, loader and schedule at the
-chosen stage's first step), with `torch.cuda.memory._record_memory_history` on and `_dump_snapshot`
+"""A CUDA memory snapshot of one training step at the start of its last micro-batch's backward, where a
+training step's memory peaks (the earlier micro-batches' gradients held, the activations all there):
+the step `speedrun bench` times (the run's model, optimizer, loader and schedule at the chosen stage's
+first step), with `torch.cuda.memory._record_memory_history` on and `_dump_snapshot`
 called from a hook on the loss, which autograd runs first in the backward. Writes OUT/snapshot.pickle
 (open it at https://pytorch.org/memory_viz) and OUT/snapshot.json: allocated and reserved bytes at that
 point, the step's peak, and the memory guard's estimate of it (train/memory.py), with their ratio.
@@ -33,15 +34,16 @@ from speedrun.train.warmup import is_compiled, loader_at
 
 
 class SnapshotAtBackward:
-    """Calls the model; on the first call, hooks the loss so the backward's first act is `at_backward`."""
+    """Calls the model; on call `at_call` (the step's last micro-batch: the gradients of the earlier ones
+    are held by then) hooks the loss, so that backward's first act is `at_backward`."""
 
-    def __init__(self, model: torch.nn.Module, at_backward):
-        self.model, self.at_backward, self.hooked = model, at_backward, False
+    def __init__(self, model: torch.nn.Module, at_backward, at_call: int):
+        self.model, self.at_backward, self.at_call, self.calls = model, at_backward, at_call, 0
 
     def __call__(self, *args):
         loss = self.model(*args)
-        if not self.hooked:
-            self.hooked = True
+        self.calls += 1
+        if self.calls == self.at_call:
             loss.register_hook(lambda grad: self.at_backward())
         return loss
 
@@ -88,7 +90,7 @@ def main() -> int:
                 torch.cuda.reset_peak_memory_stats(device)
                 torch.cuda.memory._record_memory_history(max_entries=200_000)
             loader_at(loader, first)
-            hooked = SnapshotAtBackward(train_model, at_backward)
+            hooked = SnapshotAtBackward(train_model, at_backward, loader.accumulation_steps)
             train_step(hooked, *step[1:], cfg.optim.grad_clip, sched.grad_scale)
             if cuda:
                 torch.cuda.memory._record_memory_history(enabled=None)
