@@ -143,3 +143,27 @@ def test_the_anchor_table_matches_the_recipes_it_names():
     for stage in (1, 2, 3):
         a = find_anchor(anchors, "record-2026-07", stage)
         assert a is not None and a.gpu == "H100" and not a.bound
+
+
+def test_the_bench_loader_takes_a_full_size_2026_recipe_as_train_feeds_it(tmp_path):
+    """record-2026-07 at full size: 8 rows a step of 16,384 / 32,768 / 49,152 tokens by stage with the
+    record's cu_seqlens lengths (64 / 96 / 128). Refused before: the loader's micro-batch went through
+    run_data.micro_batch_tokens, which also fits train.val_tokens (10,485,760, no multiple of 49,152)."""
+    import torch
+
+    from speedrun.recipes import load_recipe
+    from speedrun.train.distributed import DistContext
+    from speedrun.train.warmup import loader_at
+
+    cfg = load_recipe("record-2026-07")
+    ctx = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    loader = bench.synthetic_loader(cfg, ctx, tmp_path)
+    try:
+        rows = []
+        for _, first, _ in bench.bench_stages(cfg, [1, 2, 3]):
+            loader_at(loader, first)
+            x, _, cu = loader.next_batch()
+            rows.append((x.shape[1], cu.shape[0]))
+        assert loader.accumulation_steps == 8 and rows == [(16384, 64), (32768, 96), (49152, 128)]
+    finally:
+        loader.close()
