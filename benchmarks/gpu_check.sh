@@ -1,42 +1,60 @@
 #!/usr/bin/env bash
-# One command for a lent GPU: install speedrun (and the dependencies the image lacks) from a wheel
-# folder without touching the image's packages, then run the GPU tests, `speedrun bench` for four
-# recipes (with TORCH_LOGS=recompiles,graph_breaks) and the Muon op count, under one deadline, every
-# result into one folder. Without CUDA the GPU parts are reported "skipped: no CUDA".
+# One command for a lent GPU (issue 34), at most 8 minutes: install speedrun from a wheel folder without
+# touching the image's packages, then, each part under its own time limit and all under one deadline:
+#   1. `speedrun bench --recipe record-2026-07 --stage 3,1,2` (the three stages, a few timed steps each;
+#      stage 3 first: it has the anchor and the memory figure, and each stage compiles its own graph)
+#   2. benchmarks/memory_snapshot.py: a CUDA memory snapshot of record-2026-07's stage 3 at the backward's
+#      start, beside the memory guard's estimate (its graph is in inductor's cache from part 1)
+#   3. `speedrun bench --recipe stages-2025-12 --stage 3`
+#   4. `pytest -m gpu`
+#   5. the Muon op count (benchmarks/bench_muon_ops.py)
+# Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
+# src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
+# answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
 #
 #   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--deadline SECONDS] [--python PY]
+#                           [--steps N] [--warmup N] [--bench-limit S] [--pytest-limit S] [--cpu-overrides DIR]
 #
 # --wheels DIR  wheels from benchmarks/build_gpu_wheels.sh: installed with
 #               `pip install --no-index --no-deps --target OUT/site` (only distributions the image does
 #               not already have, plus speedrun itself); without it, the speedrun importable now (or
 #               this checkout's src/) is used.
 # --out DIR     results folder (default gpu-check-<UTC time>): summary.txt, env.txt, one log per part,
-#               pytest-gpu.xml, bench-<recipe>.json.
-# --deadline S  overall limit in seconds (default 540); each part gets at most what is left.
-# --recipes "A B"  recipes for `speedrun bench` (default: two 2024-family and two gpt2026 recipes).
-# --bench-limit S  seconds per bench (default 240: a gpt2026 recipe compiles for ~150 s on an H200); every 30 s each bench writes its Python stacks to
-#               stacks-<recipe>.txt (benchmarks/with_stacks.py) and logs dynamo/inductor phases with times.
-# --pytest-limit S seconds for `pytest -m gpu` (default 300; 0 skips it).
+#               bench-*.json, snapshot/ (snapshot.pickle for https://pytorch.org/memory_viz,
+#               snapshot.json), pytest-gpu.xml.
+# --deadline S  overall limit in seconds (default 480); each part gets at most what is left.
+# --steps N, --warmup N  timed and untimed steps per stage (default 5 and 2; the first compiles).
+# --bench-limit S  seconds for part 1 (default 270; the snapshot gets 90, stages-2025-12 150); every
+#               30 s each bench writes its Python stacks to stacks-<part>.txt (benchmarks/with_stacks.py).
+# --pytest-limit S seconds for `pytest -m gpu` (default 150; 0 skips it).
+# --cpu-overrides DIR  a test of the kit itself, not a measurement: without CUDA, run parts 1-3 on the
+#               CPU anyway, each recipe with the key=value lines of DIR/<recipe>.txt (tests/test_gpu_check.py).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
-BENCH_LIMIT=240 PYTEST_LIMIT=300
-RECIPES="record-2025-01 stages-2025-12 banks-2026-01 flex-2024-11" WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=540 PY=${PYTHON:-python3}
+BENCH_LIMIT=270 PYTEST_LIMIT=150 STEPS=5 WARMUP=2 CPU_OVERRIDES=""
+WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=480 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --deadline) DEADLINE=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
-    --recipes) RECIPES=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --warmup) WARMUP=$2; shift 2 ;;
+    --cpu-overrides) CPU_OVERRIDES=$2; shift 2 ;;
     --bench-limit) BENCH_LIMIT=$2; shift 2 ;;
     --pytest-limit) PYTEST_LIMIT=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-for n in "$DEADLINE" "$BENCH_LIMIT" "$PYTEST_LIMIT"; do
-  case "$n" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline, --bench-limit and --pytest-limit take whole seconds" >&2; exit 2 ;; esac
+for n in "$DEADLINE" "$BENCH_LIMIT" "$PYTEST_LIMIT" "$STEPS" "$WARMUP"; do
+  case "$n" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline, --bench-limit, --pytest-limit, --steps and --warmup take whole numbers" >&2; exit 2 ;; esac
 done
+[ "$STEPS" -gt 0 ] || { echo "gpu_check.sh: --steps must be at least 1" >&2; exit 2; }
+if [ -n "$CPU_OVERRIDES" ] && [ ! -d "$CPU_OVERRIDES" ]; then
+  echo "gpu_check.sh: --cpu-overrides $CPU_OVERRIDES is not a folder" >&2; exit 2
+fi
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
@@ -45,15 +63,17 @@ FAILED=0
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 left() { echo $((DEADLINE - ($(date +%s) - START))); }
 
-# part NAME LIMIT CMD...: run CMD with at most min(LIMIT, time left) seconds, log to OUT/NAME.log
+# part NAME LIMIT CMD...: run CMD with at most min(LIMIT, time left) seconds, log to OUT/NAME.log; its
+# result lines (a bench's finished stages, the snapshot's) go to the summary as they are printed
 part() {
   local name=$1 limit=$2; shift 2
   local budget; budget=$(left)
   [ "$budget" -lt "$limit" ] && limit=$budget
   if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
   local t0; t0=$(date +%s)
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$? secs=$(($(date +%s) - t0))
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" \
+    | { grep --line-buffered -E '^(bench-stage|memory_snapshot) ' || true; } | tee -a "$OUT/summary.txt"
+  local rc=${PIPESTATUS[0]} secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
   else say "$name: failed rc=$rc (${secs}s), see $name.log"; FAILED=1; fi
@@ -98,25 +118,47 @@ fi
 } >"$OUT/env.txt" 2>&1
 
 # ---- GPU parts
+# overrides RECIPE: the lines of --cpu-overrides DIR/RECIPE.txt (none on a GPU)
+overrides() {
+  [ -n "$CPU_OVERRIDES" ] && [ -f "$CPU_OVERRIDES/$1.txt" ] && cat "$CPU_OVERRIDES/$1.txt"
+  return 0
+}
+# bench NAME LIMIT RECIPE STAGES: `speedrun bench` of RECIPE's STAGES, with recompile and graph-break logs
+bench() {
+  local name=$1 limit=$2 recipe=$3 stages=$4 ov
+  mapfile -t ov < <(overrides "$recipe")
+  part "$name" "$limit" env TORCH_LOGS=recompiles,graph_breaks TORCH_LOGS_FORMAT="%(asctime)s %(name)s %(message)s" \
+    "$PY" "$REPO/benchmarks/with_stacks.py" 30 "$OUT/stacks-$name.txt" speedrun bench --recipe "$recipe" \
+    --stage "$stages" --steps "$STEPS" --warmup "$WARMUP" --device "$DEVICE" --json "$OUT/$name.json" "${ov[@]}"
+}
+DEVICE=""
 if grep -qx "cuda available True" "$OUT/env.txt"; then  # read above: one torch import less (~3 s of CPU)
+  DEVICE=cuda
+elif [ -n "$CPU_OVERRIDES" ]; then
+  DEVICE=cpu
+  say "no CUDA: parts 1-3 run on the CPU with $CPU_OVERRIDES (a test of the kit, not a measurement)"
+fi
+if [ -n "$DEVICE" ]; then
+  bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 3,1,2
+  mapfile -t ov < <(overrides record-2026-07)
+  part memory-snapshot 90 "$PY" "$REPO/benchmarks/memory_snapshot.py" --recipe record-2026-07 --stage 3 \
+    --device "$DEVICE" --out "$OUT/snapshot" "${ov[@]}"
+  bench bench-stages-2025-12-stage3 150 stages-2025-12 3
+else
+  for name in bench-record-2026-07 memory-snapshot bench-stages-2025-12-stage3; do
+    say "$name: skipped: no CUDA"
+  done
+fi
+if [ "$DEVICE" = cuda ]; then
   if [ "$PYTEST_LIMIT" -gt 0 ]; then
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
       --junitxml="$OUT/pytest-gpu.xml" tests
   else
     say "pytest-gpu: skipped (--pytest-limit 0)"
   fi
-  for recipe in $RECIPES; do
-    part "bench-$recipe" "$BENCH_LIMIT" env TORCH_LOGS=recompiles,graph_breaks,dynamo,inductor \
-      TORCH_LOGS_FORMAT="%(asctime)s %(name)s %(message)s" \
-      "$PY" "$REPO/benchmarks/with_stacks.py" 30 "$OUT/stacks-$recipe.txt" speedrun bench --recipe "$recipe" \
-      --steps 5 --warmup 2 --device cuda --json "$OUT/bench-$recipe.json"
-  done
   MUON_DEVICE=cuda
 else
   say "pytest-gpu: skipped: no CUDA"
-  for recipe in $RECIPES; do
-    say "bench-$recipe: skipped: no CUDA"
-  done
   MUON_DEVICE=meta
 fi
 part muon-ops 60 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"

@@ -312,3 +312,19 @@ def test_the_documented_stage_plan_is_todays_record():
     no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
     assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp), split_stage=-1)
     assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
+
+
+@pytest.mark.slow
+def test_inductor_compiles_every_stage_and_validation_before_the_clock(text_data, tmp_path, monkeypatch):
+    """As above with inductor, as CUDA compiles (fullgraph, dynamic=False: a graph break raises), on a
+    tiny staged gpt2026 varlen recipe with one switch of batch and windows (issue 34): the warm-up
+    compiles both stages' graphs and the final validation's; dynamo's counters do not move inside a
+    stage, across the switch or at the validation. Losses: the step-0 validation as eager's; the
+    training losses are 1.3e-4 (first step) to 2e-3 (fourth) off eager's, with or without the warm-up
+    (so not its restore), while aot_eager is bit-exact and a fresh inductor compile of the same model
+    on a hand-made batch agrees to 7e-8: an open question left to a follow-up, not asserted here."""
+    stages = "tokens=128 windows=1/1 frac=1/2; tokens=256 windows=1/2 frac=1/2; tokens=256 windows=1/2 ext=0"
+    overrides = staged(text_data, "train.checkpoint_every=0", f"train.stages={stages}", "train.steps=4")
+    overrides.append("train.val_every=0")
+    runs = assert_timed_steps_never_compile(overrides, tmp_path, monkeypatch, rel=1e-2)
+    assert runs["on"][0] == pytest.approx(runs["off"][0], rel=1e-6)  # the step-0 validation

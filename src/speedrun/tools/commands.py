@@ -54,6 +54,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
     bench.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, warm-up)")
+    bench.add_argument(
+        "--stage", default=None, metavar="N[,M...]", help="time only these stages of train.stages (1 = first)"
+    )
     bench.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     bench.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     bench.set_defaults(
@@ -252,7 +255,7 @@ def train_seeds(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from speedrun.atomic import write_atomic
     from speedrun.recipes import load_recipe
-    from speedrun.tools.bench import format_bench, run_bench
+    from speedrun.tools.bench import format_bench, parse_stages_option, run_bench
     from speedrun.tools.compare import check_report
     from speedrun.tools.runs import resolve_device
 
@@ -262,9 +265,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_report(args.json, "--json")
     cfg = load_recipe(args.recipe, args.overrides)
+    stages = parse_stages_option(cfg, args.stage) if args.stage is not None else None
     if cfg.train.device != "auto" and args.device == "auto":
         args.device = cfg.train.device
-    result = run_bench(cfg, resolve_device(args.device), args.steps, args.warmup)
+    result = run_bench(cfg, resolve_device(args.device), args.steps, args.warmup, stages)
     print(format_bench(result))
     if args.json is not None:
         write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())

@@ -44,7 +44,7 @@ def validation_steps(cfg: Config, start: int) -> list[int]:
     return list(keys.values())
 
 
-def _loader_at(loader, step: int) -> None:
+def loader_at(loader, step: int) -> None:
     """Point a document loader at `step`, so its next batch has that stage's size (warm-up only)."""
     state = loader.state_dict()
     if state.get("step", step) != step:
@@ -78,7 +78,7 @@ def warm_up(
         sched = schedule_at(step, cfg)
         apply_schedule(sched, optimizer, model)
         if val_steps:
-            _loader_at(loader, step)
+            loader_at(loader, step)
         clip, scale = cfg.optim.grad_clip, sched.grad_scale
         if fp8:  # as the loop
             model.refresh_fp8(step - 1)
