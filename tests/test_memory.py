@@ -123,60 +123,6 @@ def test_nothing_fits_says_so(monkeypatch):
     assert refusal(cfg, 8, compiled=True).endswith("and no smaller micro-batch fits")
 
 
-def test_the_snapshot_on_a_host_without_cuda_says_so_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    model = torch.nn.Linear(2, 1)
-    assert memory.snapshot_at_backward(model, tmp_path / "snap.pickle") is False
-    model(torch.ones(1, 2)).sum().backward()
-    assert list(tmp_path.iterdir()) == []
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no CUDA device" in err, err
-
-
-def test_the_snapshot_is_dumped_once_at_the_first_backwards_start(tmp_path, monkeypatch):
-    """The CUDA calls faked: the dump happens when the loss's gradient arrives (before any parameter's),
-    once, under its final name."""
-    events: list[str] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    monkeypatch.setattr(
-        torch.cuda.memory, "_record_memory_history", lambda **kw: events.append(f"record {kw}")
-    )
-    monkeypatch.setattr(
-        torch.cuda.memory, "_dump_snapshot", lambda p: (events.append("dump"), open(p, "w").close())
-    )
-    model = torch.nn.Linear(2, 1)
-    model.weight.register_hook(lambda g: events.append("weight grad"))
-    assert memory.snapshot_at_backward(model, tmp_path / "snap.pickle")
-    for _ in range(2):
-        model(torch.ones(1, 2)).sum().backward()
-    assert events == [
-        "record {'max_entries': 200000}",
-        "dump",
-        "record {'enabled': None}",
-        "weight grad",
-        "weight grad",
-    ]
-    assert [p.name for p in tmp_path.iterdir()] == ["snap.pickle"]
-
-
-def test_the_snapshot_can_wait_for_a_later_backward(tmp_path, monkeypatch):
-    dumps: list[int] = []
-    passes: list[int] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
-    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: None)
-    monkeypatch.setattr(
-        torch.cuda.memory, "_dump_snapshot", lambda p: (dumps.append(len(passes)), open(p, "w").close())
-    )
-    model = torch.nn.Linear(2, 1)
-    assert memory.snapshot_at_backward(model, tmp_path / "snap.pickle", nth=3)
-    for _ in range(5):
-        passes.append(1)
-        model(torch.ones(1, 2)).sum().backward()
-    assert dumps == [3]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["record-2026-07", "stages-2025-12"])  # FP8 MLP; bf16 MLP
 def test_compiled_estimate_is_within_15_percent_of_the_compiled_varlen_partition(recipe):

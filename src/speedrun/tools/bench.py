@@ -217,7 +217,11 @@ def _time_stage(cfg, plan, number, first, length, model, train_model, timed, loa
             cu_timed.append(batch[2])
         return batch
 
+    compile_peak = None  # the warm-up's peak holds the compile (inductor tunes kernels on live buffers)
     for i in range(warmup + steps):
+        if i == warmup and device.type == "cuda":
+            compile_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)  # the timed steps' own peak
         step = first + i % length
         if plan is not None and i % length == 0:
             loader_at(loader, step)  # the stage's batch and document cut from the loader
@@ -269,6 +273,7 @@ def _time_stage(cfg, plan, number, first, length, model, train_model, timed, loa
         "flops_per_token": step_flops(model, windows, doc_lens, seq_len=seq_len),
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+        "warmup_peak_allocated_bytes": compile_peak,
         "peak_rss_bytes": peak_memory_bytes(device) if device.type != "cuda" else None,
         "loss_first": losses[0],
         "loss_last": losses[-1],
@@ -320,7 +325,9 @@ def format_bench(r: dict) -> str:
         )
         if s["peak_allocated_bytes"] is not None:
             allocated, reserved = s["peak_allocated_bytes"] / 2**30, s["peak_reserved_bytes"] / 2**30
-            memory = f"{allocated:,.2f} GiB allocated, {reserved:,.2f} GiB reserved"
+            memory = f"{allocated:,.2f} GiB allocated, {reserved:,.2f} GiB reserved (timed steps)"
+            if s["warmup_peak_allocated_bytes"]:
+                memory += f"; warm-up with compile {s['warmup_peak_allocated_bytes'] / 2**30:,.2f} GiB"
         else:
             memory = f"n/a on CPU (process RSS peak {s['peak_rss_bytes'] / 2**20:,.0f} MiB)"
         compile_ = (

@@ -8,16 +8,13 @@ fake-tensor measurement for every bundled recipe it can run); compiled (inductor
 work, keeping per layer the norms' inputs, QKV, attention output and MLP pre-activation, and one
 logit-sized gradient, plus what the family's record adds (`CompiledSaves`, read from inductor's
 partition: tests/fake_compiled_memory.py): a model, not a measurement (`speedrun bench` prints it
-beside the CUDA peak). `snapshot_at_backward` records the CUDA allocations behind a real peak."""
+beside the CUDA peak)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -267,40 +264,3 @@ def _refusal(message: str) -> SpeedrunError:
     error = SpeedrunError(message)
     error.rank_specific = True  # each rank reads its own GPU: the one that is full must say so
     return error
-
-
-def snapshot_at_backward(
-    model: torch.nn.Module, path: Path, nth: int = 1, max_entries: int = 200_000
-) -> bool:
-    """Record CUDA allocations from now and dump a snapshot (pickle for pytorch.org/memory_viz) to `path`
-    when the `nth` backward starts (a later one than the first skips the compile's step): the moment the
-    guard's `backward_start` models, every saved activation alive. Hooks the output of `model` (the
-    compiled module too: its hooks run outside the graph). On a host without CUDA it prints one line and
-    records nothing; returns whether it armed."""
-    if not torch.cuda.is_available():
-        print(f"memory snapshot: no CUDA device here, {path} not written", file=sys.stderr)
-        return False
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
-    seen = [0]
-
-    def on_output(module, args, out) -> None:
-        if isinstance(out, torch.Tensor) and out.requires_grad:
-            seen[0] += 1
-            if seen[0] == nth:
-                handle.remove()
-                out.register_hook(dump)
-
-    def dump(grad: torch.Tensor) -> torch.Tensor:
-        partial = path.with_name(path.name + ".partial")  # never a half-written file under the name
-        torch.cuda.memory._dump_snapshot(str(partial))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        os.replace(partial, path)
-        allocated = torch.cuda.memory_allocated() / 2**20
-        print(
-            f"memory snapshot at the backward's start: {allocated:,.0f} MiB allocated -> {path}",
-            file=sys.stderr,
-        )
-        return grad
-
-    handle = model.register_forward_hook(on_output)
-    return True
