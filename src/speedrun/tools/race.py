@@ -22,6 +22,8 @@ from pathlib import Path
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike
+from speedrun.tools.alike import this_host as this_setting
 
 PLAN_FILE = "race.json"
 ORDERS = ("ABBA", "BAAB")
@@ -90,8 +92,6 @@ def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
     from speedrun.recipes import load_recipe
     from speedrun.tools.ablate import config_hash
 
-    if args.pairs < 1:
-        raise ConfigError(f"--pairs must be a positive integer, got {args.pairs}")
     if not args.switches and args.python_b is None:
         raise ConfigError("nothing to race: give B's switches (SWITCH=VALUE ...) or --python-b PY")
     for item in [*args.set, *args.switches]:
@@ -205,25 +205,55 @@ def run_legs(args: argparse.Namespace, saved: dict, legs: list[Leg]) -> None:
     todo = [leg for leg in legs if states[leg.folder] != "finished"]
     a_config = next(leg.config for leg in legs if leg.arm == "A")
     check_hardware(legs, this_host(a_config) if todo else None)
-    for i, leg in enumerate(legs, 1):
-        python = args.python_b if leg.arm == "B" and args.python_b else sys.executable
-        tag = f"{leg.tag} ({i}/{len(legs)}): {leg.folder}"
-        if states[leg.folder] == "finished":
-            print(f"=== {tag}: finished before, reused ===", flush=True)
-            continue
-        if states[leg.folder] == "stopped":
-            print(f"=== {tag}: resumed ===", flush=True)
-            argv = ["train", "--resume", str(leg.folder)]
-        else:
-            print(f"=== {tag} ===", flush=True)
-            argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
-            argv += _train_words(args, leg.arm, leg.pair)
-        code = subprocess.call([python, "-m", "speedrun", *argv])
-        if code != 0:
-            raise SpeedrunError(
-                f"{leg.folder}: arm {leg.arm}'s run ended with exit code {code} (its error is above)"
-            )
-        check_hardware(legs)
+    hold = DataHold()  # the data folder stays the one every arm trains on, to the report
+    try:
+        for i, leg in enumerate(legs, 1):
+            _run_leg(args, saved, leg, f"{leg.tag} ({i}/{len(legs)}): {leg.folder}", states, legs, hold)
+    finally:
+        hold.close()
+
+
+def allowed_facts(args: argparse.Namespace) -> tuple[str, ...]:
+    """What B's switches (or its other Python: the code) change on purpose."""
+    keys = {part.partition("=")[0].strip() for part in args.switches}
+    return allowed_by(keys) + (("code",) if args.python_b else ())
+
+
+def ended(code: int, folder: Path) -> str:
+    """How a run's process ended, for a one-line error: a negative code is the signal that killed it,
+    which printed nothing (SIGKILL: most often the kernel's out-of-memory killer)."""
+    import signal
+
+    if code >= 0:
+        return f"ended with exit code {code} (its error is above)"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = "; likely out of memory (see `dmesg`) or an external kill" if -code == signal.SIGKILL else ""
+    return f"was killed by {name} (signal {-code}{why}); its log: {folder / 'log.txt'}"
+
+
+def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg], hold: DataHold) -> None:
+    """One leg, after checking that it would be alike the legs already run (alike.py's rule)."""
+    python = args.python_b if leg.arm == "B" and args.python_b else sys.executable
+    if states[leg.folder] == "finished":
+        print(f"=== {tag}: finished before, reused ===", flush=True)
+        return
+    a_config = next(x.config for x in legs if x.arm == "A")
+    here = this_setting() | hold.check(leg.config or a_config)
+    refuse_unlike([x.folder for x in legs], "the race", here, allowed_facts(args))
+    if states[leg.folder] == "stopped":
+        print(f"=== {tag}: resumed ===", flush=True)
+        argv = ["train", "--resume", str(leg.folder)]
+    else:
+        print(f"=== {tag} ===", flush=True)
+        argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
+        argv += _train_words(args, leg.arm, leg.pair)
+    code = subprocess.call([python, "-m", "speedrun", *argv])
+    if code != 0:
+        raise SpeedrunError(f"{leg.folder}: arm {leg.arm}'s run {ended(code, leg.folder)}")
+    check_hardware(legs)
 
 
 @dataclass
