@@ -5,8 +5,11 @@ other data into another group, verify flags them; and the tools' faults of issue
 estimates, a killed arm, verify's cross-checks and labels, torch's warnings)."""
 
 import json
+import os
 import shutil
-import subprocess
+import signal
+import sys
+import threading
 import uuid
 import warnings
 from pathlib import Path
@@ -17,13 +20,14 @@ import torch
 
 from speedrun.cli import main
 from speedrun.errors import DataError
+from speedrun.tools import race as race_tool
 from tests.test_race import SWITCH, argv
 
 
-def in_process(cmd: list[str]) -> int:
-    """subprocess.call of `python -m speedrun ARGS`, run in this process (faster; same files)."""
+def in_process(cmd: list[str]) -> tuple[int, None]:
+    """race.run_child of `python -m speedrun ARGS`, run in this process (faster; same files)."""
     assert cmd[1:3] == ["-m", "speedrun"]
-    return main(cmd[3:])
+    return main(cmd[3:]), None
 
 
 def fingerprints(run: Path) -> list[str]:
@@ -46,7 +50,7 @@ def race(text_data, tmp_path_factory):
     tried: list[str] = []
 
     def call(cmd):
-        code = in_process(cmd)
+        code = in_process(cmd)[0]
         if not tried:
             try:
                 prepare(f"text:{other}", "bpe:512", data, log=lambda *_: None)
@@ -56,7 +60,7 @@ def race(text_data, tmp_path_factory):
         return code
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(subprocess, "call", call)
+    patch.setattr(race_tool, "run_child", lambda cmd: (call(cmd), None))
     try:
         code = main(argv(data, root / "r", "--pairs", "1", SWITCH))
     finally:
@@ -98,7 +102,7 @@ def test_a_race_resumed_under_another_thread_count_is_refused(race, capsys, monk
     shutil.copytree(race.out, moved)
     (moved / "B-pair1" / "summary.json").unlink()  # stopped after its step-3 checkpoint: to resume
     shutil.rmtree(moved / "B-pair1" / "checkpoints" / "step_000006")
-    monkeypatch.setattr(subprocess, "call", in_process)
+    monkeypatch.setattr(race_tool, "run_child", in_process)
     before = torch.get_num_threads()
     torch.set_num_threads(1 if before > 1 else 2)
     try:
@@ -140,6 +144,12 @@ def test_compare_and_verify_keep_runs_of_other_data_apart(race, capsys):
     assert main(["verify", str(a), str(same), str(other)]) == 1
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("alike"))
     assert "fails" in line and "elsewhere" in line
+    unrecorded = copy_run(a, race.root / "unrecorded", 4)  # an older run: its log has no fingerprint
+    log = (unrecorded / "log.txt").read_text().splitlines()
+    (unrecorded / "log.txt").write_text("\n".join(ln for ln in log if not ln.startswith("data: ")))
+    assert main(["compare", str(a), str(unrecorded), "--target", "9"]) == 0
+    groups = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("group ")]
+    assert len(groups) == 1 and "n=2" in groups[0], groups  # what one run lacks sets no runs apart
 
 
 @pytest.mark.slow
@@ -157,7 +167,7 @@ def test_verify_cross_checks_counts_and_names_each_runs_value(race, capsys):
 
 
 def test_a_killed_arm_says_it_was_killed_and_where_its_log_is(text_data, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(subprocess, "call", lambda cmd: -9)
+    monkeypatch.setattr(race_tool, "run_child", lambda cmd: (-9, None))
     assert main(argv(text_data, tmp_path / "r", "--pairs", "1", SWITCH)) == 1
     err = capsys.readouterr().err.strip()
     assert "killed by SIGKILL" in err and "out of memory" in err and "\n" not in err, err
@@ -238,3 +248,18 @@ def test_eager_flex_on_cpu_is_quiet_and_exact():
         y = flex_attend(q, k, v, mask)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stop_signal_reaches_the_arm_once_and_stops_the_race():
+    """The run's process is in its own session: a SIGTERM to the race is forwarded to it once, and the
+    race learns that it was stopped (it said nothing and exited 143 before, the arm stopping alone)."""
+    child = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(60)"
+    )
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        code, signum = race_tool.run_child([sys.executable, "-c", child])
+    finally:
+        timer.cancel()
+    assert (code, signum) == (143, signal.SIGTERM)

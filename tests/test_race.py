@@ -4,7 +4,6 @@ before the first run, and a tiny CPU race end to end (resumed, a damaged arm fol
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 import speedrun
 from speedrun.cli import main
+from speedrun.tools import race as race_tool
 from speedrun.tools.race import block_orders, schedule
 from speedrun.tools.stats import paired_ratio, sign_test
 from tests.conftest import TINY
@@ -68,7 +68,7 @@ def test_the_plan_is_written_before_the_first_run(text_data, tmp_path, monkeypat
         seen.append(json.loads((tmp_path / "r" / "race.json").read_text()))
         return 3
 
-    monkeypatch.setattr(subprocess, "call", no_training)
+    monkeypatch.setattr(race_tool, "run_child", lambda cmd: (no_training(cmd), None))
     assert main(argv(text_data, tmp_path / "r", "--pairs", "3", "--seed", "7", SWITCH)) == 1
     assert seen[0]["blocks"] == block_orders(3, 7) and seen[0]["switches"] == [SWITCH]
     err = capsys.readouterr().err.strip()

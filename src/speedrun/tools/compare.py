@@ -233,10 +233,13 @@ def make_groups(runs: list[Run], target: float) -> list[Group]:
     """Runs grouped by config (seed and observation settings ignored), with mean, std, n, t-test."""
     from speedrun.tools.alike import LOSS_FACTS, setting
 
+    facts = {id(run): setting(run.path) for run in runs}  # runs on other data or in another precision are
+    known = [
+        k for k in LOSS_FACTS if all(f[k] is not None for f in facts.values())
+    ]  # another group (alike.py)
     by_key: dict[tuple, list[Run]] = {}
-    for run in runs:  # runs on other data or in another precision are another group (tools/alike.py)
-        facts = setting(run.path)
-        alike = tuple((f"run {k}", json.dumps(facts[k])) for k in LOSS_FACTS if facts[k] is not None)
+    for run in runs:  # a fact some run does not record (an older run) cannot set runs apart
+        alike = tuple((f"run {k}", json.dumps(facts[id(run)][k])) for k in known)
         by_key.setdefault(group_key(run) + alike, []).append(run)
     groups = []
     for members in by_key.values():

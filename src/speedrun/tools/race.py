@@ -15,6 +15,7 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -219,11 +220,31 @@ def allowed_facts(args: argparse.Namespace) -> tuple[str, ...]:
     return allowed_by(keys) + (("code",) if args.python_b else ())
 
 
+def run_child(cmd: list[str]) -> tuple[int, int | None]:
+    """(exit code, the stop signal this process received while it ran, or None) of a run's process. The
+    run is in its own session, so a Ctrl-C reaches it once, forwarded from here (each signal received is
+    sent on: a second one quits at once, as in `train`), and the race knows it was stopped."""
+    from speedrun.train.signals import STOP_SIGNALS
+
+    child = subprocess.Popen(cmd, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, frame) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, received[0] if received else None
+
+
 def ended(code: int, folder: Path) -> str:
     """How a run's process ended, for a one-line error: a negative code is the signal that killed it,
     which printed nothing (SIGKILL: most often the kernel's out-of-memory killer)."""
-    import signal
-
     if code >= 0:
         return f"ended with exit code {code} (its error is above)"
     try:
@@ -250,7 +271,15 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         print(f"=== {tag} ===", flush=True)
         argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
         argv += _train_words(args, leg.arm, leg.pair)
-    code = subprocess.call([python, "-m", "speedrun", *argv])
+    code, signum = run_child([python, "-m", "speedrun", *argv])
+    if signum is not None:
+        from speedrun.train.signals import RunInterrupted
+
+        raise RunInterrupted(
+            f"race stopped by {signal.Signals(signum).name} in {leg.folder} ({ended(code, leg.folder)}); "
+            "run the same command again to resume it",
+            signum,
+        )
     if code != 0:
         raise SpeedrunError(f"{leg.folder}: arm {leg.arm}'s run {ended(code, leg.folder)}")
     check_hardware(legs)
