@@ -276,8 +276,9 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         from speedrun.train.signals import RunInterrupted
 
         raise RunInterrupted(
-            f"race stopped by {signal.Signals(signum).name} in {leg.folder} ({ended(code, leg.folder)}); "
-            "run the same command again to resume it",
+            f"race stopped by {signal.Signals(signum).name} in {leg.folder} ("
+            + ("its run stopped as asked, message above" if code == 128 + signum else ended(code, leg.folder))
+            + "); run the same command again to resume it",
             signum,
         )
     if code != 0:
