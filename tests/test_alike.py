@@ -263,3 +263,10 @@ def test_a_stop_signal_reaches_the_arm_once_and_stops_the_race():
     finally:
         timer.cancel()
     assert (code, signum) == (143, signal.SIGTERM)
+
+
+def test_one_pair_gives_no_interval():
+    """A race of one pair has a ratio but no interval or t-test: said as such, not as a bare '-'."""
+    text = race_tool._ratio_text("train time", [60.0], [59.0])
+    assert "95% CI n/a (needs 2 pairs)" in text and "paired t p n/a (needs 2 pairs)" in text, text
+    assert "95% CI [" in race_tool._ratio_text("train time", [60.0, 61.0], [59.0, 61.5])

@@ -28,6 +28,7 @@ from speedrun.tools.alike import this_host as this_setting
 
 PLAN_FILE = "race.json"
 ORDERS = ("ABBA", "BAAB")
+NEEDS_PAIRS = "n/a (needs 2 pairs)"  # an estimate that one pair cannot give
 
 
 @dataclass
@@ -321,8 +322,9 @@ def _ratio_text(what: str, a: list[float], b: list[float]) -> str:
     from speedrun.tools.stats import paired_ratio
 
     r = paired_ratio(a, b)
-    ci = f"95% CI [{r.low:.4f}, {r.high:.4f}]" if r.low is not None else "95% CI -"
-    t_p = f"paired t p={r.t_p:.3g}" if r.t_p is not None else "paired t p -"
+    missing = NEEDS_PAIRS if r.n < 2 else "- (no spread)"  # one pair: no interval, not a zero-width one
+    ci = f"95% CI [{r.low:.4f}, {r.high:.4f}]" if r.low is not None else f"95% CI {missing}"
+    t_p = f"paired t p={r.t_p:.3g}" if r.t_p is not None else f"paired t p {missing}"
     return (
         f"{what} B/A: geometric mean {r.geomean:.4f}, {ci}; B faster in {r.faster}/{r.n} pairs, "
         f"sign test p={r.sign_p:.3g}; {t_p}"
@@ -365,7 +367,8 @@ def report(saved: dict, legs: list[Leg], hardware: str | None) -> str:
     shown = []
     for arm in "AB":
         mean, sd = mean_sd(losses[arm])
-        shown.append(f"{arm} {'-' if mean is None else f'{mean:.4f}'} ± {'-' if sd is None else f'{sd:.4f}'}")
+        spread = NEEDS_PAIRS if sd is None and mean is not None else "-" if sd is None else f"{sd:.4f}"
+        shown.append(f"{arm} {'-' if mean is None else f'{mean:.4f}'} ± {spread}")
     test = welch_test(losses["B"], losses["A"], "race")
     lines.append(
         f"  val loss: {', '.join(shown)}; Welch p={test[1]:.3g}"
