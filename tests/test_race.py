@@ -141,16 +141,14 @@ def test_a_tiny_race_end_to_end(text_data, tmp_path, capsys):
     (moved / "B-pair1" / "summary.json").write_text(json.dumps(other))
     assert main(argv(text_data, moved, "--pairs", "2", SWITCH)) == 1
     err = capsys.readouterr().err.strip()
-    assert "different hardware" in err and "H100" in err and "\n" not in err
+    assert "not alike (hardware: " in err and "H100" in err and "\n" not in err
     for leg in ("A-pair1", "A-pair2", "B-pair2"):  # all from another machine; one left to train here
         (moved / leg / "summary.json").write_text(json.dumps(other))
     (moved / "B-pair2" / "summary.json").unlink()
     shutil.rmtree(moved / "B-pair2" / "checkpoints" / "step_000006")
     assert main(argv(text_data, moved, "--pairs", "2", SWITCH)) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(
-        "speedrun: error: refused: the race's runs are on different hardware (this host on 1 x cpu"
-    )
+    assert err.startswith("speedrun: error: refused: the race's runs are not alike (hardware: 1 x cpu")
     assert "H100" in err and "\n" not in err and not (moved / "B-pair2" / "summary.json").exists()
 
 

@@ -6,7 +6,8 @@ blocks of two run in the order ABBA or BAAB (drawn from `--seed`), so a machine 
 other jobs) weighs on both arms alike. The plan, with that order, is written to `OUT/race.json`
 before the first run; a second call with the same arguments reuses finished runs and resumes stopped
 ones, and other arguments are refused. Every run is its own process (`python -m speedrun train`),
-so neither arm inherits the other's warm caches. Runs on different hardware never mix in one race.
+so neither arm inherits the other's warm caches. Runs that are not alike (tools/alike.py: hardware,
+threads, data, ...) never mix in one race.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
-from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike
+from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, setting
 from speedrun.tools.alike import this_host as this_setting
 
 PLAN_FILE = "race.json"
@@ -165,23 +166,6 @@ def leg_state(leg: Leg) -> str:
     return state(leg.folder, leg.config) if leg.config is not None else _found(leg.folder)
 
 
-def check_hardware(legs: list[Leg], here: str | None = None) -> str | None:
-    """The one hardware kind the legs with a summary.json ran on (verify's reading of it), and `here`,
-    the kind a run started now would record; a second kind is refused in one line: a race compares
-    times on one kind of machine only."""
-    from speedrun.tools.run_facts import recorded_hardware
-
-    kinds: dict[str, str] = {here: "this host"} if here is not None else {}
-    for leg in legs:
-        if (leg.folder / "summary.json").is_file():
-            for kind in recorded_hardware(leg.folder):
-                kinds.setdefault(kind, str(leg.folder))
-    if len(kinds) > 1:
-        shown = "; ".join(f"{who} on {kind}" for kind, who in kinds.items())
-        raise DataError(f"refused: the race's runs are on different hardware ({shown}); race in a new --out")
-    return next(iter(kinds), None)
-
-
 def this_host(cfg: Config) -> str:
     """What summary.json will say a run of `cfg` trains on here: one process (race never launches
     more), on the device `train.device` names or the one `auto` picks."""
@@ -204,9 +188,6 @@ def run_legs(args: argparse.Namespace, saved: dict, legs: list[Leg]) -> None:
                 f"{leg.folder} holds neither this race's finished run nor a checkpoint to resume; "
                 "remove it to train that run again"
             )
-    todo = [leg for leg in legs if states[leg.folder] != "finished"]
-    a_config = next(leg.config for leg in legs if leg.arm == "A")
-    check_hardware(legs, this_host(a_config) if todo else None)
     hold = DataHold()  # the data folder stays the one every arm trains on, to the report
     try:
         for i, leg in enumerate(legs, 1):
@@ -263,7 +244,7 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         print(f"=== {tag}: finished before, reused ===", flush=True)
         return
     a_config = next(x.config for x in legs if x.arm == "A")
-    here = this_setting() | hold.check(leg.config or a_config)
+    here = this_setting() | {"hardware": this_host(a_config)} | hold.check(leg.config or a_config)
     refuse_unlike([x.folder for x in legs], "the race", here, allowed_facts(args))
     if states[leg.folder] == "stopped":
         print(f"=== {tag}: resumed ===", flush=True)
@@ -284,7 +265,6 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         )
     if code != 0:
         raise SpeedrunError(f"{leg.folder}: arm {leg.arm}'s run {ended(code, leg.folder)}")
-    check_hardware(legs)
 
 
 @dataclass
@@ -382,5 +362,6 @@ def cmd_race(args: argparse.Namespace) -> int:
     saved, legs = plan(args)
     write_plan(legs[0].folder.parent, saved)
     run_legs(args, saved, legs)
-    print(report(saved, legs, check_hardware(legs)))
+    refuse_unlike([leg.folder for leg in legs], "the race", allowed=allowed_facts(args))  # reused runs too
+    print(report(saved, legs, setting(legs[0].folder)["hardware"]))
     return 0
