@@ -140,10 +140,10 @@ def test_compare_and_verify_keep_runs_of_other_data_apart(race, capsys):
     text = capsys.readouterr().out
     groups = [ln for ln in text.splitlines() if ln.startswith("group ")]
     assert len(groups) == 2 and "n=2" in groups[0] and "n=1" in groups[1], text  # before: one group, n=3
-    assert "elsewhere" in groups[1]
+    assert "0123456789ab" in groups[1]
     assert main(["verify", str(a), str(same), str(other)]) == 1
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("alike"))
-    assert "fails" in line and "elsewhere" in line
+    assert "fails" in line and "0123456789ab" in line
     unrecorded = copy_run(a, race.root / "unrecorded", 4)  # an older run: its log has no fingerprint
     log = (unrecorded / "log.txt").read_text().splitlines()
     (unrecorded / "log.txt").write_text("\n".join(ln for ln in log if not ln.startswith("data: ")))
@@ -270,3 +270,16 @@ def test_one_pair_gives_no_interval():
     text = race_tool._ratio_text("train time", [60.0], [59.0])
     assert "95% CI n/a (needs 2 pairs)" in text and "paired t p n/a (needs 2 pairs)" in text, text
     assert "95% CI [" in race_tool._ratio_text("train time", [60.0, 61.0], [59.0, 61.5])
+
+
+def test_the_data_fingerprint_is_the_content_not_the_path(text_data):
+    """One corpus prepared under two paths is alike (a run copied from another machine); other token
+    counts are not."""
+    from speedrun.data.meta import meta_fingerprint
+
+    meta = json.loads((text_data / "meta.json").read_text())
+    moved = meta | {"source": "text:/elsewhere/docs.jsonl"}
+    assert meta_fingerprint(moved) == meta_fingerprint(meta)
+    other = json.loads(json.dumps(meta))
+    other["splits"]["val"]["tokens"] -= 1
+    assert meta_fingerprint(other) != meta_fingerprint(meta)

@@ -102,10 +102,12 @@ def load_meta(data_dir: Path) -> dict:
 
 
 def meta_fingerprint(meta: dict) -> str:
-    """12 hex digits of the folder's meta.json content (source, tokenizer hash, shard names and token
-    counts): a folder prepared again from other text gets another one. Runs log it (`data:` line) and the
-    tools that compare runs refuse runs of different fingerprints (tools/alike.py)."""
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:12]
+    """12 hex digits of what the folder's meta.json says of its content (tokenizer hash, shard names and
+    token counts; not the source, whose text: path differs between machines holding the same corpus): a
+    folder prepared again from other text gets another one. Runs log it (`data:` line) and the tools that
+    compare runs refuse runs of different fingerprints (tools/alike.py)."""
+    content = {k: v for k, v in meta.items() if k != "source"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def check_splits_disjoint(meta: dict, path: Path) -> None:

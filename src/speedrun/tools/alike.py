@@ -60,7 +60,8 @@ def setting(path: Path) -> Setting:
     codes = [c if d is None else f"{c}, diff {d[:12]}" for c, d in parse_log(text)[0]]
     hardware = [h for h in recorded_hardware(path) if h != "unrecorded hardware"] if summary else []
     return {
-        "data": source if isinstance(source, str) else None,  # meta.json's source, summary.json records
+        # meta.json's source (summary.json), compared only for runs from before the content's fingerprint
+        "data": source if isinstance(source, str) and not prints else None,
         "data content": _joined([f"meta.json {p}" for p in prints]),  # each start's fingerprint (log.txt)
         "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
         "hardware": _joined(hardware),
@@ -139,6 +140,8 @@ class DataHold:
         try:
             meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
+            meta = None
+        if not isinstance(meta, dict):
             return {}  # not prepared yet (the first run prepares it) or damaged (the run says why)
         now = meta_fingerprint(meta)
         if self.prints.setdefault(folder, now) != now:
@@ -146,8 +149,7 @@ class DataHold:
                 f"refused: the data folder {folder} was prepared again during this comparison (meta.json "
                 f"fingerprint {self.prints[folder]}, now {now}); its runs would train on different corpora"
             )
-        source = meta.get("source") if isinstance(meta, dict) else None
-        return {"data": source if isinstance(source, str) else None, "data content": f"meta.json {now}"}
+        return {"data content": f"meta.json {now}"}
 
     def close(self) -> None:
         import os
