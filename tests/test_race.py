@@ -4,7 +4,6 @@ before the first run, and a tiny CPU race end to end (resumed, a damaged arm fol
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 import speedrun
 from speedrun.cli import main
+from speedrun.tools import race as race_tool
 from speedrun.tools.race import block_orders, schedule
 from speedrun.tools.stats import paired_ratio, sign_test
 from tests.conftest import TINY
@@ -68,7 +68,7 @@ def test_the_plan_is_written_before_the_first_run(text_data, tmp_path, monkeypat
         seen.append(json.loads((tmp_path / "r" / "race.json").read_text()))
         return 3
 
-    monkeypatch.setattr(subprocess, "call", no_training)
+    monkeypatch.setattr(race_tool, "run_child", lambda cmd: (no_training(cmd), None))
     assert main(argv(text_data, tmp_path / "r", "--pairs", "3", "--seed", "7", SWITCH)) == 1
     assert seen[0]["blocks"] == block_orders(3, 7) and seen[0]["switches"] == [SWITCH]
     err = capsys.readouterr().err.strip()
@@ -141,16 +141,14 @@ def test_a_tiny_race_end_to_end(text_data, tmp_path, capsys):
     (moved / "B-pair1" / "summary.json").write_text(json.dumps(other))
     assert main(argv(text_data, moved, "--pairs", "2", SWITCH)) == 1
     err = capsys.readouterr().err.strip()
-    assert "different hardware" in err and "H100" in err and "\n" not in err
+    assert "not alike (hardware: " in err and "H100" in err and "\n" not in err
     for leg in ("A-pair1", "A-pair2", "B-pair2"):  # all from another machine; one left to train here
         (moved / leg / "summary.json").write_text(json.dumps(other))
     (moved / "B-pair2" / "summary.json").unlink()
     shutil.rmtree(moved / "B-pair2" / "checkpoints" / "step_000006")
     assert main(argv(text_data, moved, "--pairs", "2", SWITCH)) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(
-        "speedrun: error: refused: the race's runs are on different hardware (this host on 1 x cpu"
-    )
+    assert err.startswith("speedrun: error: refused: the race's runs are not alike (hardware: 1 x cpu")
     assert "H100" in err and "\n" not in err and not (moved / "B-pair2" / "summary.json").exists()
 
 

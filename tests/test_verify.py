@@ -107,6 +107,7 @@ def test_tiny_runs_fail_only_the_record_validation(runs, tmp_path, capsys):
         "timing",
         "inductor",
         "hardware",
+        "alike",
     ]
     assert len(lines) == len(got) + 3 and lines[-1].startswith("not accepted: 1 rule(s) fail")
     # the cost line, from the runs' files: training FLOPs (summary.json)
@@ -138,9 +139,10 @@ BROKEN = {  # rule: (edit of the second run, words its failure names)
     "finished": (edit_json("summary.json", lambda s: s.update(status="stopped")), "r-seed2 (stopped)"),
     "config": (
         edit_json("config.json", lambda c: c["optim"].update(muon_lr=0.1)),
-        "optim.muon_lr 0.05 vs 0.1",
+        "r-seed2 differs from r-seed1: optim.muon_lr=0.1 where r-seed1 has 0.05",
     ),
     "code": (edit_log("^code: .*$", "code: speedrun 0.0.1 git 0000000 (clean)"), "r-seed2: speedrun 0.0.1"),
+    "alike": (edit_log("torch threads \\d+$", "torch threads 77"), "threads: "),
     "timing": (
         edit_starts(timing_warmup_steps=2),
         "steps 1-2 untimed (train.timing_warmup_steps=2 at its start)",

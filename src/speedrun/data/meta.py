@@ -4,6 +4,7 @@ tokenizer (`tokenizer_for_data`) fits it. The one owner of these rules."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # tokenizers imports tiktoken: loaded only by the functions t
 
 META_FILE = "meta.json"
 META_FORMAT = "speedrun-shards"
+DATA_FINGERPRINT = "meta sha256 "  # how a run's log.txt `data:` line names meta_fingerprint
 META_VERSION = 1
 
 
@@ -97,6 +99,15 @@ def load_meta(data_dir: Path) -> dict:
                 )
     check_counts_match_headers(data_dir, meta)
     return meta
+
+
+def meta_fingerprint(meta: dict) -> str:
+    """12 hex digits of what the folder's meta.json says of its content (tokenizer hash, shard names and
+    token counts; not the source, whose text: path differs between machines holding the same corpus): a
+    folder prepared again from other text gets another one. Runs log it (`data:` line) and the tools that
+    compare runs refuse runs of different fingerprints (tools/alike.py)."""
+    content = {k: v for k, v in meta.items() if k != "source"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def check_splits_disjoint(meta: dict, path: Path) -> None:

@@ -5,6 +5,7 @@ materializes every T × T score."""
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -20,6 +21,8 @@ def _on_cuda(t: Tensor) -> bool:
     return t.is_cuda
 
 
+#: torch's warning on eager flex_attention (it materializes the scores: what the CPU forward means to do)
+EAGER_FLEX_WARNING = "flex_attention called without torch.compile"
 FLEX_WRAPPER_BACKEND = "inductor"  # of the compiled wrapper for eager callers (tests: "eager")
 
 
@@ -34,8 +37,12 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: f
     compiling = torch.compiler.is_compiling()
     if compiling and not q.is_cuda and q.requires_grad:
         return _traced_cpu_flex(q, k, v, block_mask, scale)
-    if compiling or not _on_cuda(q):
+    if compiling:
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if not _on_cuda(q):
+        with warnings.catch_warnings():  # eager on CPU on purpose: torch's 9-line advice to compile is noise
+            warnings.filterwarnings("ignore", EAGER_FLEX_WARNING, UserWarning)
+            return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         return _compiled_flex(FLEX_WRAPPER_BACKEND)(q, k, v, block_mask=block_mask, scale=scale)
 

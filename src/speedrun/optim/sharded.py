@@ -51,6 +51,12 @@ STATE_FORMAT = "sharded-normuon-adam-2"
 READABLE_FORMATS = ("sharded-normuon-adam-1", STATE_FORMAT)
 
 
+#: torch 2.12+ names the tensor collectives `*_single` and warns (FutureWarning, once per call site and
+#: process) on the old names; older torch has only the old names
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 class Collectives:
     """The three collectives the optimizer uses, asynchronous; a subclass counts bytes (benchmarks)."""
 
@@ -61,13 +67,13 @@ class Collectives:
         self.rank = dist.get_rank(group) if on else 0
 
     def reduce_scatter(self, out: Tensor, inp: Tensor) -> Any:
-        return dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return _REDUCE_SCATTER(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def all_reduce(self, t: Tensor) -> Any:
         return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
     def all_gather(self, out: Tensor, inp: Tensor) -> Any:
-        return dist.all_gather_into_tensor(out, inp, group=self.group, async_op=True)
+        return _ALL_GATHER(out, inp, group=self.group, async_op=True)
 
 
 class ShardedNorMuonAdam:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError
+from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, this_host
 
 BASELINE = "baseline"
 #: settings that change what a run writes (log lines, validation points, checkpoints, samples), never a
@@ -57,7 +58,7 @@ def split_switch(switch: str) -> list[str]:
 
 def parse_seed_count(text: str) -> list[int]:
     """`N` is the seeds 1..N; `S1,S2,...` is those seeds (train --seeds' parser)."""
-    from speedrun.tools.commands import parse_seeds
+    from speedrun.tools.commands import MOST_SEEDS, parse_seeds
 
     if "," in text:
         return parse_seeds(text)
@@ -67,8 +68,8 @@ def parse_seed_count(text: str) -> list[int]:
         raise ConfigError(
             f"--seeds {text!r}: expected a count N or seeds S1,S2,..., e.g. 3 or 1,2,3"
         ) from None
-    if n < 1:
-        raise ConfigError(f"--seeds {text!r}: expected at least one seed")
+    if not 1 <= n <= MOST_SEEDS:
+        raise ConfigError(f"--seeds {text!r}: expected a count in 1..{MOST_SEEDS:,}")
     return list(range(1, n + 1))
 
 
@@ -184,13 +185,9 @@ def as_chosen_by(first: Path, cfg: Config, switch: str | None) -> Config:
     return out
 
 
-def train_arms(arms: list[Arm]) -> None:
+def train_arms(arms: list[Arm], what: str = "ablation") -> None:
     """Train what is missing, one run after another; report what is reused or resumed. When the recipe
     chooses automatically (a time budget, a host fit), the baseline's first run chooses for all runs."""
-    from speedrun.config_files import read_run_config
-    from speedrun.train.checkpoint import list_checkpoints
-    from speedrun.train.loop import train
-
     todo = [(arm, cfg, folder) for arm in arms for cfg, folder in arm.runs]
     states = {folder: state(folder, cfg) for _, cfg, folder in todo}  # all before the first run trains
     for folder, s in states.items():
@@ -205,22 +202,41 @@ def train_arms(arms: list[Arm]) -> None:
             )
     first = todo[0][2]
     automatic = todo[0][1].train.time_budget_s > 0 or todo[0][1].train.budget_min_steps > 0
-    for i, (arm, cfg, folder) in enumerate(todo, 1):
-        tag = f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}"
-        if automatic and i > 1:
-            cfg = as_chosen_by(first, cfg, arm.switch)
-            if i == 2:
-                print(f"=== every run takes the steps ({cfg.train.steps}) and sizes that the time budget "
-                      f"and host fit chose for the first: {first}/config.json ===", flush=True)  # fmt: skip
-        if states[folder] == "finished":
-            print(f"=== {tag}: finished before, reused ===", flush=True)
-        elif states[folder] == "stopped":
-            how = "resumed from its checkpoint" if list_checkpoints(folder) else "started over"
-            print(f"=== {tag}: {how} ===", flush=True)
-            train(read_run_config(folder, DataError), folder, resume=True)
-        else:
-            print(f"=== {tag} ===", flush=True)
-            train(cfg, folder)
+    allowed = allowed_by({part.partition("=")[0].strip() for arm in arms for part in arm.overrides})
+    hold = DataHold()  # every run trains on the data the first one did, to the report
+    try:
+        for i, (arm, cfg, folder) in enumerate(todo, 1):
+            here = this_host() | hold.check(cfg)
+            refuse_unlike([f for _, _, f in todo], f"this {what}", here, allowed)
+            _train_one(arm, cfg, folder, f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}",
+                       states[folder], first if automatic and i > 1 else None, i == 2)  # fmt: skip
+    finally:
+        hold.close()
+    refuse_unlike([f for _, _, f in todo], f"this {what}", allowed=allowed)
+
+
+def _train_one(
+    arm: Arm, cfg: Config, folder: Path, tag: str, found: str, first: Path | None, say: bool
+) -> None:
+    """Train, resume or reuse one run; `first`: the run whose automatic choices every later run takes."""
+    from speedrun.config_files import read_run_config
+    from speedrun.train.checkpoint import list_checkpoints
+    from speedrun.train.loop import train
+
+    if first is not None:
+        cfg = as_chosen_by(first, cfg, arm.switch)
+        if say:
+            print(f"=== every run takes the steps ({cfg.train.steps}) and sizes that the time budget "
+                  f"and host fit chose for the first: {first}/config.json ===", flush=True)  # fmt: skip
+    if found == "finished":
+        print(f"=== {tag}: finished before, reused ===", flush=True)
+    elif found == "stopped":
+        how = "resumed from its checkpoint" if list_checkpoints(folder) else "started over"
+        print(f"=== {tag}: {how} ===", flush=True)
+        train(read_run_config(folder, DataError), folder, resume=True)
+    else:
+        print(f"=== {tag} ===", flush=True)
+        train(cfg, folder)
 
 
 @dataclass

@@ -7,11 +7,30 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from speedrun.errors import ConfigError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
+#: The most runs or steps a research command plans (docs/research.md): far beyond any study on one
+#: machine, and small enough that a typo of a few more digits is refused before any memory is spent.
+MOST_PAIRS, MOST_REPEATS, MOST_SEEDS, MOST_BENCH_STEPS = 1000, 100, 1000, 100_000
+
+
+def count(least: int, most: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [least, most], else argparse's one-line usage error naming both."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{text} is outside {least}..{most:,}")
+        return value
+
+    return parse
 
 
 def add_tool_commands(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +71,12 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
 
     bench = sub.add_parser("bench", help="time a recipe's training step on synthetic tokens")
     bench.add_argument("--recipe", default="demo", help="bundled recipe name or path to a .toml file")
-    bench.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
-    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, warm-up)")
+    bench.add_argument(
+        "--steps", type=count(1, MOST_BENCH_STEPS), default=10, help="timed steps (default 10)"
+    )
+    bench.add_argument(
+        "--warmup", type=count(0, MOST_BENCH_STEPS), default=3, help="untimed steps first (compile, warm-up)"
+    )
     bench.add_argument(
         "--stage", default=None, metavar="N[,M...]", help="time only these stages of train.stages (1 = first)"
     )
@@ -87,7 +110,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
 
     race = sub.add_parser("race", help="paired same-hardware timing of A (a recipe) against B (switches)")
     _many_runs(race, "both arms", seeds=False)
-    race.add_argument("--pairs", type=int, default=4, help="runs per arm, one seed per pair (default 4)")
+    race.add_argument(
+        "--pairs", type=count(1, MOST_PAIRS), default=4, help="runs per arm, one seed per pair (default 4)"
+    )
     race.add_argument("--seed", type=int, default=0, help="seed of the ABBA/BAAB block order (default 0)")
     race.add_argument(
         "--python-b", default=None, metavar="PY", help="run arm B with this Python (another checkout)"
@@ -100,7 +125,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
         "noise", help="repeats of each seed: nondeterminism, seed noise, runs an effect needs"
     )
     _many_runs(noise, "every run", seeds=True)
-    noise.add_argument("--repeats", type=int, default=2, help="runs of each seed (default 2)")
+    noise.add_argument(
+        "--repeats", type=count(2, MOST_REPEATS), default=2, help="runs of each seed (default 2)"
+    )
     noise.add_argument(
         "--effect", type=float, default=None, help="also: runs needed to show this val loss difference"
     )
@@ -214,6 +241,8 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds {text!r}: expected distinct comma-separated integers, e.g. 1,2,3")
+    if len(seeds) > MOST_SEEDS:
+        raise ConfigError(f"--seeds: {len(seeds):,} seeds; at most {MOST_SEEDS:,}")
     return seeds
 
 
@@ -259,9 +288,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speedrun.tools.compare import check_report
     from speedrun.tools.runs import resolve_device
 
-    _positive("--steps", args.steps)
-    if args.warmup < 0:
-        raise ConfigError(f"--warmup must not be negative, got {args.warmup}")
     if args.json is not None:
         check_report(args.json, "--json")
     cfg = load_recipe(args.recipe, args.overrides)

@@ -233,15 +233,22 @@ def below_target_test(losses: list[float], target: float) -> tuple[float, float]
 
 def make_groups(runs: list[Run], target: float) -> list[Group]:
     """Runs grouped by config (seed and observation settings ignored), with mean, std, n, t-test."""
+    from speedrun.tools.alike import LOSS_FACTS, setting
+
+    facts = {id(run): setting(run.path) for run in runs}  # runs on other data or in another precision are
+    known = [
+        k for k in LOSS_FACTS if all(f[k] is not None for f in facts.values())
+    ]  # another group (alike.py)
     by_key: dict[tuple, list[Run]] = {}
-    for run in runs:
-        by_key.setdefault(group_key(run), []).append(run)
+    for run in runs:  # a fact some run does not record (an older run) cannot set runs apart
+        alike = tuple((f"run {k}", json.dumps(facts[id(run)][k])) for k in known)
+        by_key.setdefault(group_key(run) + alike, []).append(run)
     groups = []
     for members in by_key.values():
         same_recipe = [k for k in by_key if dict(k).get("recipe") == json.dumps(members[0].recipe)]
         label = members[0].recipe
         if len(same_recipe) > 1:  # name the settings that set this group apart from its namesakes
-            mine = dict(group_key(members[0]))
+            mine = dict(next(k for k, v in by_key.items() if v is members))
             others = [dict(k) for k in same_recipe if dict(k) != mine]
             diff = sorted({k for o in others for k in set(mine) | set(o) if mine.get(k) != o.get(k)})
             label += " [" + ", ".join(f"{k}={json.loads(mine[k]) if k in mine else '-'}" for k in diff) + "]"
@@ -298,7 +305,11 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
         for row in [header, *rows]
     ]
     lines.append("")
+    from speedrun.tools.alike import SPEED_FACTS, differences, setting
+
     for g in groups:
+        for text in differences({str(r.path): setting(r.path) for r in g.runs}, SPEED_FACTS):
+            lines.append(f"note: group {g.label}'s runs differ in {text}: their times do not compare")
         stats = f"n={g.n}  mean {_fmt(g.mean, '.4f')}  std {_fmt(g.std, '.4f')}"
         if g.p is not None:
             verdict = "below" if g.p < 0.01 else "not shown below"

@@ -18,6 +18,7 @@ from pathlib import Path
 from speedrun.errors import ConfigError, DataError
 
 ALPHA, POWER = 0.01, 0.8
+NEEDS_SEEDS = "n/a (needs 2 seeds)"  # what an estimate from one seed says
 
 
 def plan(args: argparse.Namespace):
@@ -25,8 +26,6 @@ def plan(args: argparse.Namespace):
     from speedrun.recipes import load_recipe
     from speedrun.tools.ablate import Arm, config_hash, parse_seed_count
 
-    if args.repeats < 2:
-        raise ConfigError(f"--repeats must be at least 2 (repeats of one seed), got {args.repeats}")
     if args.effect is not None and not (math.isfinite(args.effect) and args.effect > 0):
         raise ConfigError(f"--effect must be a positive val loss difference, got {args.effect}")
     if any(s.partition("=")[0].strip() == "train.seed" for s in args.set):
@@ -72,10 +71,16 @@ def report(arms, effect: float | None) -> str:
         each = " ".join(f"{x:.4f}" for x in losses)
         lines.append(f"{arm.runs[0][0].train.seed:<5} {each:<31} {mean:.4f}  {sd:.4f}")
     n = noise_components(groups)
+    lines.append(f"within-seed sd (nondeterminism, repeats of one seed): {n.within_sd:.4f}")
+    if n.seed_means_sd is None:  # one seed: the seed's share cannot be told from one mean
+        lines += [
+            f"between-seed sd (what the seed adds): {NEEDS_SEEDS}",
+            f"one run at a fresh seed: sd {NEEDS_SEEDS}",
+        ]
+        return "\n".join(lines)
     lines += [
-        f"within-seed sd (nondeterminism, repeats of one seed): {n.within_sd:.4f}",
-        f"between-seed sd (what the seed adds): {n.between_sd:.4f}"
-        + (f"; sd of the seed means {n.seed_means_sd:.4f}" if n.seed_means_sd is not None else ""),
+        f"between-seed sd (what the seed adds): {n.between_sd:.4f}; "
+        f"sd of the seed means {n.seed_means_sd:.4f}",
         f"one run at a fresh seed: sd {n.total_sd:.4f}",
     ]
     if n.total_sd > 0:
@@ -103,7 +108,7 @@ def cmd_noise(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file, not a folder")
     arms = plan(args)
-    train_arms(arms)
+    train_arms(arms, "noise study")
     (cfg, first), k, r = arms[0].runs[0], len(arms), len(arms[0].runs)
     print(f"noise of {cfg.recipe}: {k} seed(s) x {r} repeats (runs in {first.parent}):")
     print(report(arms, args.effect))

@@ -6,7 +6,8 @@ blocks of two run in the order ABBA or BAAB (drawn from `--seed`), so a machine 
 other jobs) weighs on both arms alike. The plan, with that order, is written to `OUT/race.json`
 before the first run; a second call with the same arguments reuses finished runs and resumes stopped
 ones, and other arguments are refused. Every run is its own process (`python -m speedrun train`),
-so neither arm inherits the other's warm caches. Runs on different hardware never mix in one race.
+so neither arm inherits the other's warm caches. Runs that are not alike (tools/alike.py: hardware,
+threads, data, ...) never mix in one race.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,9 +24,12 @@ from pathlib import Path
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, setting
+from speedrun.tools.alike import this_host as this_setting
 
 PLAN_FILE = "race.json"
 ORDERS = ("ABBA", "BAAB")
+NEEDS_PAIRS = "n/a (needs 2 pairs)"  # an estimate that one pair cannot give
 
 
 @dataclass
@@ -90,8 +95,6 @@ def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
     from speedrun.recipes import load_recipe
     from speedrun.tools.ablate import config_hash
 
-    if args.pairs < 1:
-        raise ConfigError(f"--pairs must be a positive integer, got {args.pairs}")
     if not args.switches and args.python_b is None:
         raise ConfigError("nothing to race: give B's switches (SWITCH=VALUE ...) or --python-b PY")
     for item in [*args.set, *args.switches]:
@@ -163,23 +166,6 @@ def leg_state(leg: Leg) -> str:
     return state(leg.folder, leg.config) if leg.config is not None else _found(leg.folder)
 
 
-def check_hardware(legs: list[Leg], here: str | None = None) -> str | None:
-    """The one hardware kind the legs with a summary.json ran on (verify's reading of it), and `here`,
-    the kind a run started now would record; a second kind is refused in one line: a race compares
-    times on one kind of machine only."""
-    from speedrun.tools.run_facts import recorded_hardware
-
-    kinds: dict[str, str] = {here: "this host"} if here is not None else {}
-    for leg in legs:
-        if (leg.folder / "summary.json").is_file():
-            for kind in recorded_hardware(leg.folder):
-                kinds.setdefault(kind, str(leg.folder))
-    if len(kinds) > 1:
-        shown = "; ".join(f"{who} on {kind}" for kind, who in kinds.items())
-        raise DataError(f"refused: the race's runs are on different hardware ({shown}); race in a new --out")
-    return next(iter(kinds), None)
-
-
 def this_host(cfg: Config) -> str:
     """What summary.json will say a run of `cfg` trains on here: one process (race never launches
     more), on the device `train.device` names or the one `auto` picks."""
@@ -202,28 +188,83 @@ def run_legs(args: argparse.Namespace, saved: dict, legs: list[Leg]) -> None:
                 f"{leg.folder} holds neither this race's finished run nor a checkpoint to resume; "
                 "remove it to train that run again"
             )
-    todo = [leg for leg in legs if states[leg.folder] != "finished"]
-    a_config = next(leg.config for leg in legs if leg.arm == "A")
-    check_hardware(legs, this_host(a_config) if todo else None)
-    for i, leg in enumerate(legs, 1):
-        python = args.python_b if leg.arm == "B" and args.python_b else sys.executable
-        tag = f"{leg.tag} ({i}/{len(legs)}): {leg.folder}"
-        if states[leg.folder] == "finished":
-            print(f"=== {tag}: finished before, reused ===", flush=True)
-            continue
-        if states[leg.folder] == "stopped":
-            print(f"=== {tag}: resumed ===", flush=True)
-            argv = ["train", "--resume", str(leg.folder)]
-        else:
-            print(f"=== {tag} ===", flush=True)
-            argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
-            argv += _train_words(args, leg.arm, leg.pair)
-        code = subprocess.call([python, "-m", "speedrun", *argv])
-        if code != 0:
-            raise SpeedrunError(
-                f"{leg.folder}: arm {leg.arm}'s run ended with exit code {code} (its error is above)"
-            )
-        check_hardware(legs)
+    hold = DataHold()  # the data folder stays the one every arm trains on, to the report
+    try:
+        for i, leg in enumerate(legs, 1):
+            _run_leg(args, saved, leg, f"{leg.tag} ({i}/{len(legs)}): {leg.folder}", states, legs, hold)
+    finally:
+        hold.close()
+
+
+def allowed_facts(args: argparse.Namespace) -> tuple[str, ...]:
+    """What B's switches (or its other Python: the code) change on purpose."""
+    keys = {part.partition("=")[0].strip() for part in args.switches}
+    return allowed_by(keys) + (("code",) if args.python_b else ())
+
+
+def run_child(cmd: list[str]) -> tuple[int, int | None]:
+    """(exit code, the stop signal this process received while it ran, or None) of a run's process. The
+    run is in its own session, so a Ctrl-C reaches it once, forwarded from here (each signal received is
+    sent on: a second one quits at once, as in `train`), and the race knows it was stopped."""
+    from speedrun.train.signals import STOP_SIGNALS
+
+    child = subprocess.Popen(cmd, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, frame) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, received[0] if received else None
+
+
+def ended(code: int, folder: Path) -> str:
+    """How a run's process ended, for a one-line error: a negative code is the signal that killed it,
+    which printed nothing (SIGKILL: most often the kernel's out-of-memory killer)."""
+    if code >= 0:
+        return f"ended with exit code {code} (its error is above)"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = "; likely out of memory (see `dmesg`) or an external kill" if -code == signal.SIGKILL else ""
+    return f"was killed by {name} (signal {-code}{why}); its log: {folder / 'log.txt'}"
+
+
+def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg], hold: DataHold) -> None:
+    """One leg, after checking that it would be alike the legs already run (alike.py's rule)."""
+    python = args.python_b if leg.arm == "B" and args.python_b else sys.executable
+    if states[leg.folder] == "finished":
+        print(f"=== {tag}: finished before, reused ===", flush=True)
+        return
+    a_config = next(x.config for x in legs if x.arm == "A")
+    here = this_setting() | {"hardware": this_host(a_config)} | hold.check(leg.config or a_config)
+    refuse_unlike([x.folder for x in legs], "the race", here, allowed_facts(args))
+    if states[leg.folder] == "stopped":
+        print(f"=== {tag}: resumed ===", flush=True)
+        argv = ["train", "--resume", str(leg.folder)]
+    else:
+        print(f"=== {tag} ===", flush=True)
+        argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
+        argv += _train_words(args, leg.arm, leg.pair)
+    code, signum = run_child([python, "-m", "speedrun", *argv])
+    if signum is not None:
+        from speedrun.train.signals import RunInterrupted
+
+        raise RunInterrupted(
+            f"race stopped by {signal.Signals(signum).name} in {leg.folder} ("
+            + ("its run stopped as asked, message above" if code == 128 + signum else ended(code, leg.folder))
+            + "); run the same command again to resume it",
+            signum,
+        )
+    if code != 0:
+        raise SpeedrunError(f"{leg.folder}: arm {leg.arm}'s run {ended(code, leg.folder)}")
 
 
 @dataclass
@@ -261,8 +302,9 @@ def _ratio_text(what: str, a: list[float], b: list[float]) -> str:
     from speedrun.tools.stats import paired_ratio
 
     r = paired_ratio(a, b)
-    ci = f"95% CI [{r.low:.4f}, {r.high:.4f}]" if r.low is not None else "95% CI -"
-    t_p = f"paired t p={r.t_p:.3g}" if r.t_p is not None else "paired t p -"
+    missing = NEEDS_PAIRS if r.n < 2 else "- (no spread)"  # one pair: no interval, not a zero-width one
+    ci = f"95% CI [{r.low:.4f}, {r.high:.4f}]" if r.low is not None else f"95% CI {missing}"
+    t_p = f"paired t p={r.t_p:.3g}" if r.t_p is not None else f"paired t p {missing}"
     return (
         f"{what} B/A: geometric mean {r.geomean:.4f}, {ci}; B faster in {r.faster}/{r.n} pairs, "
         f"sign test p={r.sign_p:.3g}; {t_p}"
@@ -305,7 +347,8 @@ def report(saved: dict, legs: list[Leg], hardware: str | None) -> str:
     shown = []
     for arm in "AB":
         mean, sd = mean_sd(losses[arm])
-        shown.append(f"{arm} {'-' if mean is None else f'{mean:.4f}'} ± {'-' if sd is None else f'{sd:.4f}'}")
+        spread = NEEDS_PAIRS if sd is None and mean is not None else "-" if sd is None else f"{sd:.4f}"
+        shown.append(f"{arm} {'-' if mean is None else f'{mean:.4f}'} ± {spread}")
     test = welch_test(losses["B"], losses["A"], "race")
     lines.append(
         f"  val loss: {', '.join(shown)}; Welch p={test[1]:.3g}"
@@ -319,5 +362,6 @@ def cmd_race(args: argparse.Namespace) -> int:
     saved, legs = plan(args)
     write_plan(legs[0].folder.parent, saved)
     run_legs(args, saved, legs)
-    print(report(saved, legs, check_hardware(legs)))
+    refuse_unlike([leg.folder for leg in legs], "the race", allowed=allowed_facts(args))  # reused runs too
+    print(report(saved, legs, setting(legs[0].folder)["hardware"]))
     return 0

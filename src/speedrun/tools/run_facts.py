@@ -121,8 +121,25 @@ def _recorded(run: Run, log_starts: int) -> tuple:
     counts = {k: summary.get(k) for k in ("timed_through", "extension_steps", "eval_writes")}
     if any(v is not None and (_int(v) is None or v < 0) for v in counts.values()):
         raise DataError(f"{path / SUMMARY_FILE}: {', '.join(counts)} must be integers >= 0 (edited?)")
+    timed = summary.get("timed_steps")
+    if timed is not None and (_int(timed) is None or timed < 0):
+        raise DataError(f"{path / SUMMARY_FILE}: timed_steps must be an integer >= 0 (edited?)")
+    steps, planned = run.steps, _int(run.config.get("train.steps"))
+    bounds = {
+        "timed_steps": timed,
+        "timed_through": counts["timed_through"],
+        "starts": starts and starts[-1].step,
+    }
+    bounds |= {"extension_steps": counts["extension_steps"]}
+    for key, value in bounds.items():  # counts that cannot exceed the steps the run trained
+        if value is not None and steps is not None and value > steps:
+            raise DataError(f"{path / SUMMARY_FILE}: {key} {value} exceeds the run's {steps} steps (edited?)")
+    if steps is not None and planned is not None and steps > planned:
+        raise DataError(
+            f"{path}: {steps} steps trained, more than its config's train.steps={planned} (edited?)"
+        )
     late = (counts["timed_through"], counts["extension_steps"] or 0, counts["eval_writes"])
-    return starts, _int(summary.get("timed_steps")), source, *late
+    return starts, timed, source, *late
 
 
 def recorded_hardware(path: Path) -> list[str]:

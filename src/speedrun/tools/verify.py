@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from speedrun.config_files import flatten
 from speedrun.errors import ConfigError
+from speedrun.tools.alike import verify_alike
 from speedrun.tools.compare import (
     Group,
     Run,
@@ -119,7 +120,9 @@ def rule_config(facts: list[Facts]) -> Outcome:
         key = dict(group_key(f.run))
         if key != first:
             diff = sorted(k for k in first.keys() | key.keys() if first.get(k) != key.get(k))
-            shown = ", ".join(f"{k} {first.get(k, '-')} vs {key.get(k, '-')}" for k in diff[:3])
+            shown = ", ".join(
+                f"{k}={key.get(k, '-')} where {facts[0].name} has {first.get(k, '-')}" for k in diff[:3]
+            )
             more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
             return "fails", f"{f.name} differs from {facts[0].name}: {shown}{more}"
     seen: dict[object, str] = {}
@@ -347,6 +350,7 @@ def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | Non
     else:
         verdicts.append(Verdict("fixed", *rule_fixed(facts)))
     verdicts.append(Verdict("hardware", *rule_hardware(facts)))
+    verdicts.append(Verdict("alike", *verify_alike([f.run.path for f in facts], baseline or [])))
     if baseline:
         verdicts.append(Verdict("baseline", *rule_baseline(facts, read_facts(baseline), track)))
     return verdicts

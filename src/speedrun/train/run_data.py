@@ -17,7 +17,16 @@ from speedrun.config_stages import stage_plan
 from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.folder_lock import hold_for_training
 from speedrun.data.loader import TokenLoader, val_batches
-from speedrun.data.meta import META_FILE, check_fits, data_dir_for, load_meta, shard_paths, tokenizer_for_data
+from speedrun.data.meta import (
+    DATA_FINGERPRINT,
+    META_FILE,
+    check_fits,
+    data_dir_for,
+    load_meta,
+    meta_fingerprint,
+    shard_paths,
+    tokenizer_for_data,
+)
 from speedrun.data.prepare import prepare
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError
@@ -126,7 +135,8 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64))
     run.log(
         f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
-        f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens)"
+        f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens, "
+        f"{DATA_FINGERPRINT}{meta_fingerprint(meta)})"
     )
     return RunData(
         train_files, val_files, micro, tokenizer, token_bytes.to(ctx.device), meta["eot_id"], val_micro,
