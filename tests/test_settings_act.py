@@ -58,3 +58,11 @@ def test_a_family_switch_with_its_model_and_a_recipe_file_of_family_alone(tmp_pa
     alone = tmp_path / "alone.toml"
     alone.write_text('base = "demo-2026"\n[model]\nfamily = "gpt2024"\n')
     refused(capsys, ["train", "--dry-run", "--recipe", str(alone)], "model.family=gpt2024", "alone.toml")
+
+
+@pytest.mark.parametrize("steps", [0, 7])
+def test_a_warm_down_in_steps_the_user_gives_is_kept_zero_included(steps):
+    """demo's recipe states warmdown_frac = 0.3: a user's train.warmdown_steps replaces it, 0 too."""
+    assert load_recipe("demo").train.warmdown_frac > 0
+    t = load_recipe("demo", [f"train.warmdown_steps={steps}"]).train
+    assert (t.warmdown_frac, t.warmdown_steps, t.warmdown_span(100)) == (0.0, steps, steps)
