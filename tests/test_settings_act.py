@@ -66,3 +66,30 @@ def test_a_warm_down_in_steps_the_user_gives_is_kept_zero_included(steps):
     assert load_recipe("demo").train.warmdown_frac > 0
     t = load_recipe("demo", [f"train.warmdown_steps={steps}"]).train
     assert (t.warmdown_frac, t.warmdown_steps, t.warmdown_span(100)) == (0.0, steps, steps)
+
+
+def test_a_budget_plan_keeps_the_warm_up_and_then_the_warm_down():
+    """A slow host's plan (19 steps fit) under a 50-step LR warm-up: the plan holds the warm-up and a
+    warm-down after it (the reference: the schedule's own lr_multiplier at the plan's steps)."""
+    import dataclasses
+
+    from speedrun.train.budget import Budget
+    from speedrun.train.schedule import lr_multiplier
+
+    cfg = load_recipe("demo", ["train.warmup_steps=50", "train.timing_warmup_steps=4"])
+    budget = Budget(cfg)
+    assert budget.observe(done=8, interval_s=40.0, interval_steps=4, timed_s=40.0, timed_steps=4)
+    t = dataclasses.replace(cfg.train, steps=budget.steps)
+    n, warm = budget.steps, cfg.train.warmup_steps
+    assert [lr_multiplier(s, t) for s in (warm - 1, warm)] == [1.0, 1.0], n  # the warm-up ends ...
+    assert lr_multiplier(n - 1, t) < 1.0 and n <= cfg.train.steps  # ... and the warm-down follows
+
+
+def test_dry_run_refuses_the_budget_the_run_refuses(capsys):
+    """demo's 150 s budget with train.steps=6 given: the count could never be planned; --dry-run says
+    so as the run does (settle_budget, its one owner), and a recipe's skipped budget prints as 0."""
+    argv = ["train", "--dry-run", "--recipe", "demo", "train.steps=6", "train.warmdown_steps=2"]
+    refused(capsys, [*argv, "train.time_budget_s=150"], "train.time_budget_s=150 cannot act")
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert '"time_budget_s": 0.0' in out and "time budget: skipped" in err, err

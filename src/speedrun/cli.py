@@ -110,6 +110,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
+        from speedrun.train.budget import settle_budget
+
+        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
         print(_model_summary(cfg))
         return 0
@@ -178,6 +181,9 @@ def _resume(args: argparse.Namespace) -> int:
     for key, before, after in check_resume(old, cfg, refuse):
         print(f"resume: {key} changed from {before!r} to {after!r}")
     if args.dry_run:
+        from speedrun.train.budget import settle_budget
+
+        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
         return 0
     from speedrun.train.loop import train
