@@ -93,3 +93,31 @@ def test_dry_run_refuses_the_budget_the_run_refuses(capsys):
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert '"time_budget_s": 0.0' in out and "time budget: skipped" in err, err
+
+
+def test_the_logged_lr_is_the_lr_powercool_applies(text_data, tmp_path):
+    """PowerCool caps each group's LR at c·(end − s)^p: the metrics and the log line carry the least and
+    most multiplier applied (the reference: the record's formula per group, from the config), not the
+    uncapped schedule's 1.0."""
+    from speedrun.train.schedule import lr_multiplier
+    from tests.conftest import TINY, read_metrics, run_speedrun
+
+    c = (1e-4, 2e-5, 1e-4, 2e-5)  # embed, head, matrix, scalar (#46's order)
+    over = [*TINY, f"data.dir={text_data}", "train.log_every=5", "optim.power_cool_end=30",
+            "optim.power_cool_power=1.0", f"optim.power_cool_c=[{','.join(map(str, c))}]"]  # fmt: skip
+    run = tmp_path / "run"
+    proc = run_speedrun("train", "--recipe", "demo", "--out", str(run), *over)
+    assert proc.returncode == 0, proc.stderr
+    cfg = load_recipe("demo", over)
+    o, t = cfg.optim, cfg.train
+    peaks = (o.embed_lr, o.head_lr, o.muon_lr, o.scalar_lr)
+    records = [m for m in read_metrics(run) if "train_loss" in m]
+    assert len(records) >= 6
+    for m in records:
+        s = m["step"] - 1  # the last step trained before the log point
+        want = [min(lr_multiplier(s, t), ci * (30 - s) / p) for ci, p in zip(c, peaks, strict=True)]
+        assert m["lr"] == pytest.approx(max(want), rel=1e-9) and m["lr"] < 0.5, (m, want)
+        assert m["lr_min"] == pytest.approx(min(want), rel=1e-9), (m, want)
+    line = next(x for x in (run / "log.txt").read_text().splitlines() if x.startswith("step     5/"))
+    least = min(min(1.0, ci * 26 / p) for ci, p in zip(c, peaks, strict=True))  # step 4's
+    assert f"lr x{least:.3g}.." in line, line
