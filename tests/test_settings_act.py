@@ -171,3 +171,21 @@ def test_every_numeric_field_at_its_edges_sets_up_or_is_refused_in_one_line(reci
             except Exception as e:  # noqa: BLE001 (what the test is for: any other exception)
                 failures.append(f"{key}={value}: {e!r}"[:200])
     assert not failures, failures
+
+
+def test_a_rule_change_starts_the_row_over(capsys):
+    """A stated row moved to another rule keeps none of the old rule's keys: before, the recipe's own
+    `lr` (or `lr_mul`) was blamed as if the user had written it ("embed.lr: a row of rule normuon
+    takes only ...")."""
+    cfg = load_recipe("banks-2026-01", ['optim.labels.embed={"rule": "normuon"}'])
+    assert cfg.optim.labels["embed"] == {"rule": "normuon"}
+    err = refused(capsys, ["train", "--dry-run", "--recipe", "banks-2026-01", "optim.labels.qkv.rule=adam"])
+    assert err.endswith("optim.labels.qkv: moving it from normuon to adam needs lr and betas"), err
+    moved = ['optim.labels.qkv={"rule": "adam", "lr": 0.01, "betas": [0.9, 0.95]}']
+    assert load_recipe("demo-2026", moved).optim.labels["qkv"] == {
+        "rule": "adam",
+        "lr": 0.01,
+        "betas": (0.9, 0.95),
+    }
+    kept = load_recipe("banks-2026-01", ["optim.labels.embed.rule=adam"]).optim.labels["embed"]
+    assert kept["lr"] == 0.008  # the same rule merges as before

@@ -13,7 +13,7 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
-from speedrun.config_labels import parse_rows
+from speedrun.config_labels import RULE_KEYS, parse_rows
 from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
@@ -47,8 +47,9 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
 
 def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
     """`[optim.labels]` (a table, or JSON text) or `optim.labels.LABEL[.KEY]=VALUE`: merged into the rows
-    already stated, label by label and key by key (a recipe's rows over its base's); an empty row
-    (`optim.labels.gate={}`) or table (`optim.labels={}`) takes the stated rows back."""
+    already stated, label by label and key by key (a recipe's rows over its base's), unless a new rule
+    does not take the keys stated before (it starts the row over); an empty row (`optim.labels.gate={}`)
+    or table (`optim.labels={}`) takes the stated rows back."""
     path = key.split(".")[2:]
     if len(path) > 2:
         raise _unknown_key(key, all_keys())
@@ -56,7 +57,10 @@ def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
         value = {part: value}
     rows, stated = dict(cfg.optim.labels), parse_rows("optim.labels", value)
     for label, row in stated.items():  # an empty row states nothing: the label's derived row again
-        rows[label] = {**rows.get(label, {}), **row} if row else {}
+        before = rows.get(label, {})
+        if "rule" in row and not set(before) <= set(RULE_KEYS[row["rule"]]):
+            before = {}  # another rule starts the row over: the keys stated before were the old rule's
+        rows[label] = {**before, **row} if row else {}
     cfg.optim.labels = {label: row for label, row in rows.items() if row} if stated or path else {}
 
 
