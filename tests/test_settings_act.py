@@ -189,3 +189,16 @@ def test_a_rule_change_starts_the_row_over(capsys):
     }
     kept = load_recipe("banks-2026-01", ["optim.labels.embed.rule=adam"]).optim.labels["embed"]
     assert kept["lr"] == 0.008  # the same rule merges as before
+
+
+def test_stage_values_untie_after_the_records_split_step():
+    """The record runs `copy_lm_state_to_embed` after step split_step = boundaries[2][0] | 1 (an Adam
+    step), so that step still trains tied, as our optimizer does (the recipes' optim.tie_until =
+    split_step + 1): StageValues.untied turned true one step early."""
+    from speedrun.train.stages import stage_bounds, stage_values
+    from tests.record_stages import STAGES_2026_07 as plan
+
+    split = stage_bounds(plan)[2][0] | 1  # the record's split_step
+    assert split == 847  # round(1270 · 2/3) | 1
+    got = [stage_values(s, plan).untied for s in (split - 1, split, split + 1)]
+    assert got == [False, False, True], (split, got)
