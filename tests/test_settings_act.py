@@ -202,3 +202,15 @@ def test_stage_values_untie_after_the_records_split_step():
     assert split == 847  # round(1270 · 2/3) | 1
     got = [stage_values(s, plan).untied for s in (split - 1, split, split + 1)]
     assert got == [False, False, True], (split, got)
+
+
+def test_resume_names_the_setting_it_cannot_change_first(text_data, tmp_path):
+    """A resume that states a label row the run never had: the resume rule names optim.labels (before,
+    the config check blamed the run's own optim.embed_lr, given when it started)."""
+    from tests.conftest import TINY, run_speedrun
+
+    run = tmp_path / "run"
+    over = [*TINY, f"data.dir={text_data}", "train.steps=3", "train.warmdown_steps=1", "train.val_every=0"]
+    assert run_speedrun("train", "--recipe", "demo", "--out", str(run), *over).returncode == 0
+    proc = run_speedrun("train", "--resume", str(run), "--dry-run", "optim.labels.embed.lr=0.2")
+    assert proc.returncode == 2 and "cannot resume with optim.labels.embed.lr changed" in proc.stderr, proc.stderr

@@ -170,7 +170,6 @@ def _resume(args: argparse.Namespace) -> int:
     old = read_run_config(run_dir)
     cfg = copy.deepcopy(old)
     parse_overrides(cfg, args.overrides)
-    validate(cfg)
 
     def refuse(key: str, before: object, after: object) -> ConfigError:
         allowed = ", ".join(k for k in RESUMABLE_CHANGES if k != "description")
@@ -178,8 +177,9 @@ def _resume(args: argparse.Namespace) -> int:
             f"cannot resume with {key} changed ({before!r} -> {after!r}); only {allowed} may change"
         )
 
-    for key, before, after in check_resume(old, cfg, refuse):
+    for key, before, after in check_resume(old, cfg, refuse):  # the resume rule first: it names the key
         print(f"resume: {key} changed from {before!r} to {after!r}")
+    validate(cfg)
     if args.dry_run:
         from speedrun.train.budget import settle_budget
 
