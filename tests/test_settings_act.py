@@ -213,4 +213,16 @@ def test_resume_names_the_setting_it_cannot_change_first(text_data, tmp_path):
     over = [*TINY, f"data.dir={text_data}", "train.steps=3", "train.warmdown_steps=1", "train.val_every=0"]
     assert run_speedrun("train", "--recipe", "demo", "--out", str(run), *over).returncode == 0
     proc = run_speedrun("train", "--resume", str(run), "--dry-run", "optim.labels.embed.lr=0.2")
-    assert proc.returncode == 2 and "cannot resume with optim.labels.embed.lr changed" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "cannot resume with optim.labels.embed.lr changed" in proc.stderr, (
+        proc.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("recipe", "key"), [("demo", "optim.lr=0.1"), ("demo-2026", "optim.weight_decay=0.1")]
+)
+def test_adamws_own_keys_are_refused_under_muon_and_normuon(recipe, key, capsys):
+    """Only the adamw optimizer reads optim.lr and optim.weight_decay (train/optimizers.py): under muon
+    and normuon they were accepted and did nothing."""
+    refused(capsys, ["train", "--dry-run", "--recipe", recipe, key], key.split("=")[0], "has no effect")
+    assert load_recipe("gpt2-baseline", [key]).optim.name == "adamw"  # where they act, kept
