@@ -164,7 +164,7 @@ def test_user_recipe_file_errors(tmp_path):
         ("optim.betas=2,3", "optim.betas must be >= 0 and < 1, got 2.0"),
         ("optim.betas=0.9,1", "optim.betas must be >= 0 and < 1, got 1.0"),
         ("optim.eps=0", "optim.eps must be > 0"),
-        ("optim.muon_momentum=1.5", "optim.muon_momentum must be >= 0 and <= 1"),
+        ("optim.muon_momentum=1.5", "optim.muon_momentum must be >= 0 and < 1"),
         ("model.max_seq_len=2000000000", "model.max_seq_len=2000000000 and model.n_layer="),
         ("model.max_seq_len=4000000000", "model.max_seq_len must be >= 1 and <= 2,147,483,647"),
         ("model.n_embd=1048576", "GiB of fp32 weights, more than this machine's"),

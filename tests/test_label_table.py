@@ -215,7 +215,7 @@ REFUSED = [
      "optim.labels.bigram.lr: 0.1 differs from its Adam group value_embed's 0.6"),
     (S, ["optim.labels.value_embed.rule=normuon"], "optim.labels.bigram: its Adam group value_embed"),
     ("gpt2-baseline", ["optim.labels.embed.lr=1"], "optim.labels: optim.name = adamw trains every"),
-    ("banks-2026-01", ["optim.head_lr=0.01"], "optim.head_lr has no effect: optim.labels states the"),
+    ("banks-2026-01", ["optim.head_lr=0.01"], "optim.head_lr does not reach the rows optim.labels states"),
     # at the model: a row no parameter uses, a matrix rule on vectors
     (S, ["optim.labels.bigram.lr=0.1"], "optim.labels.bigram: no parameter of this model has label"),
     (S, ["optim.labels.scalar.rule=normuon"], "has label 'scalar', whose rule normuon trains matrices"),

@@ -111,6 +111,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
+        from speedrun.train.budget import settle_budget
+
+        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
         print(_model_summary(cfg))
         return 0
@@ -168,7 +171,6 @@ def _resume(args: argparse.Namespace) -> int:
     old = read_run_config(run_dir)
     cfg = copy.deepcopy(old)
     parse_overrides(cfg, args.overrides)
-    validate(cfg)
 
     def refuse(key: str, before: object, after: object) -> ConfigError:
         allowed = ", ".join(k for k in RESUMABLE_CHANGES if k != "description")
@@ -176,9 +178,13 @@ def _resume(args: argparse.Namespace) -> int:
             f"cannot resume with {key} changed ({before!r} -> {after!r}); only {allowed} may change"
         )
 
-    for key, before, after in check_resume(old, cfg, refuse):
+    for key, before, after in check_resume(old, cfg, refuse):  # the resume rule first: it names the key
         print(f"resume: {key} changed from {before!r} to {after!r}")
+    validate(cfg)
     if args.dry_run:
+        from speedrun.train.budget import settle_budget
+
+        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
         return 0
     from speedrun.train.loop import train

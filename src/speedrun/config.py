@@ -157,8 +157,8 @@ class OptimConfig:
     grad_clip: float = 0.0  # max global grad norm; 0 disables
     # Muon for the transformer's 2-D matrices
     muon_lr: float = 0.02
-    muon_momentum: Fraction = 0.95
-    muon_momentum_start: Fraction = 0.95  # momentum warmup from this value ...
+    muon_momentum: Beta = 0.95  # < 1, as torch.optim.Muon demands
+    muon_momentum_start: Beta = 0.95  # momentum warmup from this value ...
     muon_momentum_warmup_steps: int = 0  # ... to muon_momentum over this many steps
     muon_backend: Literal["newton_schulz", "polar_express", "svd"] = "newton_schulz"
     muon_ns_steps: PosInt = 5
@@ -231,13 +231,13 @@ class OptimConfig:
     # EMA-Nesterov (#46): before step s's forward, with start < s + 1 and s < end, W += step·r·B (r: the
     # first Adam group's LR over its peak), B an EMA (beta) of each step's displacement; 0 = off
     ema_nesterov_step: float = 0.0
-    ema_nesterov_beta: Fraction = 0.99
+    ema_nesterov_beta: Beta = 0.99  # < 1: a beta of 1 never moves the EMA (ema_nesterov.py asserts it)
     ema_nesterov_start: int = 0  # (#46: 300)
     ema_nesterov_end: int = 0  # (#46: its 2,900 steps − 950 = 1,950)
     # PowerCool (#46): each group's LR is min(its scheduled LR, c·max(0, end − s)^power), c per group in
     # the order embed, head, matrix, scalar (#46: 4.98e-5, 5.18e-7, 3.32e-6, 1.66e-6; end 2,900, power 1.2)
     power_cool_end: int = 0  # 0 = off
-    power_cool_power: PosFloat = 1.0
+    power_cool_power: Annotated[float, Range(0, 10, lo_open=True)] = 1.0  # (end − s)^10 of 2^31 fits a float
     power_cool_c: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     # false: the scalar group (gains, biases, lambdas) in Adam without bias correction (#46's aux Adam,
     # optim/plain_adam.py), under optim.name = "muon"

@@ -230,6 +230,12 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
         )
+    adamw_only = sorted({"optim.lr", "optim.weight_decay"} & cfg.fixed)  # only AdamW reads them
+    if adamw_only and o.name != "adamw":
+        raise ConfigError(
+            f"{adamw_only[0]} has no effect under optim.name={o.name} (only adamw reads it; the Adam groups "
+            "take optim.embed_lr, head_lr, scalar_lr and adam_weight_decay, the matrices optim.muon_lr)"
+        )
     pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
     if pinned and (o.name != "muon" or m.fused_qkv):
         raise ConfigError(

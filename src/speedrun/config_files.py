@@ -13,7 +13,7 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
-from speedrun.config_labels import parse_rows
+from speedrun.config_labels import RULE_KEYS, parse_rows
 from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
@@ -40,17 +40,16 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
             raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
         raise _unknown_key(key, all_keys())
     typed = coerce(key, value, field_types(type(getattr(cfg, section)))[name])
-    if key == "model.family":  # a new family starts from its own defaults (recipes: inherits no [model])
-        if typed != cfg.model.family:
-            cfg.model = MODEL_FAMILIES[typed]()
-        return
+    if key == "model.family":  # a switch comes first, with its model keys (_switch_family)
+        assert typed == cfg.model.family, (typed, cfg.model.family)
     setattr(getattr(cfg, section), name, typed)
 
 
 def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
     """`[optim.labels]` (a table, or JSON text) or `optim.labels.LABEL[.KEY]=VALUE`: merged into the rows
-    already stated, label by label and key by key (a recipe's rows over its base's); an empty row
-    (`optim.labels.gate={}`) or table (`optim.labels={}`) takes the stated rows back."""
+    already stated, label by label and key by key (a recipe's rows over its base's), unless a new rule
+    does not take the keys stated before (it starts the row over); an empty row (`optim.labels.gate={}`)
+    or table (`optim.labels={}`) takes the stated rows back."""
     path = key.split(".")[2:]
     if len(path) > 2:
         raise _unknown_key(key, all_keys())
@@ -58,7 +57,10 @@ def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
         value = {part: value}
     rows, stated = dict(cfg.optim.labels), parse_rows("optim.labels", value)
     for label, row in stated.items():  # an empty row states nothing: the label's derived row again
-        rows[label] = {**rows.get(label, {}), **row} if row else {}
+        before = rows.get(label, {})
+        if "rule" in row and not set(before) <= set(RULE_KEYS[row["rule"]]):
+            before = {}  # another rule starts the row over: the keys stated before were the old rule's
+        rows[label] = {**before, **row} if row else {}
     cfg.optim.labels = {label: row for label, row in rows.items() if row} if stated or path else {}
 
 
@@ -70,21 +72,43 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
         if isinstance(value, dict):
             if key not in sections():
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
-            for sub, subval in sorted(value.items(), key=lambda kv: kv[0] != "family"):  # family first
+            if key == "model" and "family" in value:
+                _switch_family(cfg, value, origin)
+            for sub, subval in value.items():
                 set_value(cfg, f"{key}.{sub}", subval)
         else:
             set_value(cfg, key, value)
 
 
+def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
+    """`model.family` naming another family starts that family's model from its defaults (it inherits
+    nothing of the model before), so the same table or command line must give model keys beside it."""
+    family = coerce("model.family", model["family"], field_types(type(cfg.model))["family"])
+    if family == cfg.model.family:
+        return
+    if len(model) == 1 and cfg.model != type(cfg.model)():
+        raise ConfigError(
+            f"model.family={family} ({origin}) gives no {family} model: the {cfg.model.family} model it "
+            f"replaces is not inherited, so {family}'s defaults would train; give its model.* keys too"
+        )
+    cfg.model = MODEL_FAMILIES[family]()
+
+
 def parse_overrides(cfg: Config, overrides: list[str]) -> None:
-    """Apply command-line `key=value` overrides (`model.family` first: it starts the model over); their
-    keys join the keys the user fixed (`cfg.fixed`)."""
-    for item in sorted(overrides, key=lambda o: not o.strip().startswith("model.family=")):
+    """Apply command-line `key=value` overrides (`model.family` first, with the model keys given beside
+    it: `_switch_family`); their keys join the keys the user fixed (`cfg.fixed`)."""
+    pairs = []
+    for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key=value")
-        set_value(cfg, key.strip(), value.strip())
-        cfg.fixed |= {key.strip()}
+        pairs.append((key.strip(), value.strip()))
+    model = {k.partition(".")[2]: v for k, v in pairs if k.startswith("model.")}
+    if "family" in model:
+        _switch_family(cfg, model, "the command line")
+    for key, value in pairs:
+        set_value(cfg, key, value)
+        cfg.fixed |= {key}
 
 
 def table_keys(table: dict[str, Any]) -> set[str]:

@@ -270,9 +270,11 @@ def label_table(o: Any, head_dim: int) -> dict[str, LabelRow]:
 
 
 def check_shadowed(o: Any, head_dim: int, fixed: frozenset[str]) -> None:
-    """Refuse a flat ``[optim]`` field the user set (``fixed``) that stated rows make do nothing: it
-    changes derived rows but none of the table's (each field is changed once and both tables compared,
-    so derived_rows stays the one owner of which field feeds which row)."""
+    """Refuse a flat ``[optim]`` field the user set (``fixed``) that a stated row shadows: it feeds a
+    label's derived row but not that label's row in the table. Any one shadowed label refuses it, whether
+    or not the model has that label's parameters (the field would act on some parameters and not on
+    others the user meant). Each field is changed once and both tables compared, so derived_rows stays
+    the one owner of which field feeds which row."""
     if not o.labels:
         return
     derived, table = derived_rows(o, head_dim), label_table(o, head_dim)
@@ -283,13 +285,14 @@ def check_shadowed(o: Any, head_dim: int, fixed: frozenset[str]) -> None:
         other = dataclasses.replace(o, **{name: _another(o, name)})
         fed = [lab for lab, row in derived_rows(other, head_dim).items() if row != derived[lab]]
         try:
-            moved = label_table(other, head_dim) != table
+            moved = label_table(other, head_dim)
         except ConfigError:
-            moved = True  # it makes a stated row invalid: it does something
-        if fed and not moved:
+            continue  # it makes a stated row invalid: it does something
+        shadowed = [lab for lab in fed if moved[lab] == table[lab]]
+        if shadowed:
             raise ConfigError(
-                f"{key} has no effect: optim.labels states the rows it feeds ({', '.join(fed)}); set the "
-                f"key there, or take a row back with optim.labels.{fed[0]}={{}}"
+                f"{key} does not reach the rows optim.labels states ({', '.join(shadowed)}); set the key "
+                f"there, or take a row back with optim.labels.{shadowed[0]}={{}}"
             )
 
 

@@ -66,9 +66,9 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: list[str] | None 
     t = cfg.train
     if t.time_budget_s == 0 and t.budget_min_steps > 0 and "train.budget_min_steps" not in cfg.fixed:
         t.budget_min_steps = 0  # the recipe's host fit serves its budget: `train.time_budget_s=0` ends both
-    warmdown = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed  # a user's warm-down (> 0)
-    if warmdown == {"train.warmdown_steps"} and t.warmdown_steps > 0 and not t.stages:
-        t.warmdown_frac = 0.0  # in steps replaces the recipe's share (the share would win)
+    warmdown = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed  # a user's warm-down
+    if warmdown == {"train.warmdown_steps"} and not t.stages:
+        t.warmdown_frac = 0.0  # in steps (0 included: none) replaces the recipe's share (it would win)
     elif warmdown == {"train.warmdown_frac"} and t.warmdown_frac > 0:
         t.warmdown_steps = 0  # as a share replaces the recipe's steps
     validate(cfg)

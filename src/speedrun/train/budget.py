@@ -6,8 +6,9 @@ intervals, and planned again at each log point while the LR is constant; a new p
 only when it differs by more than `HYSTERESIS`. The plan is final when the warm-down starts (config.json
 is rewritten with it, budget 0, so a resume continues exactly); in the warm-down it may only be cut, when
 the rest would overrun the budget by more than `HYSTERESIS` (the LR falls faster, never rises). Every plan
-keeps the steps done plus the warm-down: `train.warmdown_steps`, or with `train.warmdown_frac` that share
-of the plan itself, so a slow host's short run gets a short warm-down instead of overrunning its budget.
+keeps the steps done and the LR's warm-up (`train.warmup_steps`), then the warm-down: `train.warmdown_steps`,
+or with `train.warmdown_frac` that share of the plan itself, so a slow host's short run gets a short
+warm-down instead of overrunning its budget.
 A budget that cannot act (`train.steps` ends before its first plan plus the warm-down) is refused when
 the user set it, else skipped with a log line, as is a recipe's budget when the user fixed `train.steps`."""
 
@@ -90,6 +91,7 @@ class Budget:
     def __init__(self, cfg: Config, steps: int | None = None):
         t = cfg.train
         self.budget_s, self.cap, self.untimed = t.time_budget_s, t.steps, t.timing_warmup_steps
+        self.warmup = t.warmup_steps  # the LR's warm-up: a plan holds it and then its warm-down
         self.tail = functools.partial(schedule_tail, cfg)  # steps of the warm-down of an N-step plan
         self.steps = steps if steps is not None else t.steps
         self.planned = steps is not None
@@ -107,14 +109,15 @@ class Budget:
         step_s = statistics.median(self.recent)
         if self.final(done):
             return self._end_sooner(done, timed_s, timed_steps, step_s)
+        start = max(done, self.warmup)  # the warm-down starts after both
         plan = plan_steps(
-            self.budget_s, timed_s, timed_steps, self.untimed, step_s, done, self.tail, self.cap
+            self.budget_s, timed_s, timed_steps, self.untimed, step_s, start, self.tail, self.cap
         )
         settled = self.planned and abs(plan - self.steps) <= HYSTERESIS * self.steps
-        if settled and self.steps >= done + self.tail(self.steps):
+        if settled and self.steps >= start + self.tail(self.steps):
             return None
         before, self.steps, self.planned = self.steps, plan, True
-        self.floored = plan <= floor_steps(done, self.tail)  # budget spent: the warm-down runs in full
+        self.floored = plan <= floor_steps(start, self.tail)  # budget spent: the warm-down runs in full
         was = f"{before}, the most" if before == self.cap else before
         return (
             f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "

@@ -265,7 +265,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         fp8 = bool(getattr(model, "fp8_mlps", ()))  # looked up once, not per step
         for step in range(start_step, t.steps + 1):  # t.steps: the most; rcfg.train.steps: the end
             sched = schedule_at(step, rcfg)
-            apply_schedule(sched, optimizer, model)
+            lr = apply_schedule(sched, optimizer, model)  # (least, most) multiplier applied
             if step == rcfg.train.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 # track 3's Tail-EMA blend where the recipe has one; weights or gradients written inside
@@ -296,7 +296,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 continue
             # ---- log point: the host waits for the device here, and only here ----
             timed_before = clock.timed_s, clock.timed_steps
-            stop = progress.log_point(done, loss, sched.lr, signals.received)
+            stop = progress.log_point(done, loss, lr, signals.received)
             if budget is not None:
                 interval = (clock.timed_s - timed_before[0], clock.timed_steps - timed_before[1])
                 budget = follow_budget(budget, cfg, rcfg, done, interval, clock, ctx, run)

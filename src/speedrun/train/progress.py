@@ -91,10 +91,14 @@ class Progress:
         t = self.cfg.train
         return forced or done % t.log_every == 0 or done in (self.first_step, self.untimed_until, t.steps)
 
-    def log_point(self, done: int, last_loss: torch.Tensor, lr: float, stop: int | None) -> int | None:
+    def log_point(
+        self, done: int, last_loss: torch.Tensor, lr: tuple[float, float], stop: int | None
+    ) -> int | None:
         """Wait for the device, read the losses (raise if training diverged), report the interval since
-        the previous log point; return the stop signal any rank received."""
+        the previous log point; return the stop signal any rank received. `lr`: the least and most LR
+        multiplier the last step applied (apply_schedule's); metrics keep the most, `lr_min` the least."""
         t, clock, steps = self.cfg.train, self.clock, self._steps
+        (lr_min, lr), lr_text = lr, f"{lr[1]:.3f}" if lr[0] == lr[1] else f"{lr[0]:.3g}..{lr[1]:.3f}"
         seconds = clock.stop(steps, timed=done - 1 >= self.untimed_until, through=done)
         train_loss, mean_loss, stop = log_point_values(last_loss, self._loss_sum, stop, self.ctx)
         if not math.isfinite(mean_loss):  # raised before any checkpoint: never save poisoned weights
@@ -114,10 +118,11 @@ class Progress:
         utilization = mfu(per_token, tok_s / self.ctx.world_size, self.peak_flops)
         self.run.metric(
             {"step": done, "train_loss": train_loss, "tokens": tokens_through(done, self.cfg),
-             "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000}
+             "time_s": clock.timed_s, "lr": lr, "step_ms": step_s * 1000, "data_wait_ms": wait_s * 1000,
+             **({"lr_min": lr_min} if lr_min != lr else {})}
         )  # fmt: skip
         self.run.log(
-            f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{lr:.3f} | "
+            f"step {done:>5}/{t.steps} | loss {train_loss:.4f} | lr x{lr_text} | "
             f"{step_s * 1000:6.0f} ms | {tok_s:,.0f} tok/s | MFU {format_mfu(utilization)} | "
             f"eta {format_duration(eta_s, unknown=done == self.first_step)}"
         )

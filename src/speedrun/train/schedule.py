@@ -140,18 +140,24 @@ def grad_scale(step_tokens: int, cfg: TrainConfig) -> float:
     return (step_tokens / n if n > 0 else 1.0) * cfg.grad_scale_mul
 
 
-def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> None:
+def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> tuple[float, float]:
     """Write `values` into the param groups and the model. Each group carries its peak `initial_lr`
-    and a `kind` ("adam" or "muon"); only Muon groups have a scheduled momentum."""
+    and a `kind` ("adam" or "muon"); only Muon groups have a scheduled momentum. Returns the least and
+    the most LR multiplier applied (group LR over its peak): PowerCool caps each group apart, so these,
+    not `values.lr`, are what the log reports."""
+    applied = []
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * values.lr
         if "power_c" in group:  # optim.power_cool_c
             group["lr"] = min(group["lr"], group["power_c"] * values.power_cool)
+        if group["initial_lr"] > 0:
+            applied.append(group["lr"] / group["initial_lr"])
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
         if "frozen" in group:
             group["frozen"] = values.frozen
     apply_to_model(values, model)
+    return (min(applied), max(applied)) if applied else (values.lr, values.lr)
 
 
 def apply_to_model(values: StepSchedule, model: torch.nn.Module) -> None:
