@@ -31,8 +31,7 @@ from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.host_fit import fit_to_host
 from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
-from speedrun.train.precision import effective_config
-from speedrun.train.precision import resolve as resolve_precision
+from speedrun.train.precision import decide as decide_precision
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
 from speedrun.train.rundir import RunDir, default_run_dir
@@ -190,8 +189,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     notes: list[str] = []  # for the log, once it exists
     settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs
     ctx = distributed.setup(t.device, t.dist_timeout_s)
-    precision = resolve_precision(cfg, ctx.device)
-    rcfg = effective_config(cfg, precision)  # what the model, the step and validation compute with
+    # decided once per run (config.json); rcfg: what the model, the step and validation compute with
+    precision, rcfg = decide_precision(cfg, ctx.device, resume)
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:

@@ -3,8 +3,11 @@
 A CPU without bf16 instructions emulates it ~100x slower than fp32, so `train.dtype="auto"` is bf16
 only where bf16 matmuls are fast, and a recipe's pinned `bf16` falls back to fp32 (with its bf16
 parameters, and a log line) on such a CPU; a `bf16` the user gave (`cfg.fixed`) is kept, logged as
-slow. `fast_bf16` reads the CPU flags and torch's CPU capability, confirmed by a sub-second matmul
-probe, cached per process."""
+slow. `fast_bf16` reads the CPU flags and torch's own checks (a robust probe only where they are silent).
+
+Decided once per run: a new run writes its choice into config.json (`decide`), and every `--resume`
+keeps it, whatever the host it continues on says (a run moved to a host without fast bf16 would
+otherwise train half in bf16, half in fp32); each start records the precision it ran in."""
 
 from __future__ import annotations
 
@@ -33,9 +36,14 @@ class Precision:
         return f"precision {self.dtype} ({self.reason})"
 
 
-def resolve(cfg: Config, device: torch.device) -> Precision:
-    """The precision `cfg` runs in on `device` (see the module doc)."""
+def resolve(cfg: Config, device: torch.device, resumed: bool = False) -> Precision:
+    """The precision `cfg` runs in on `device` (see the module doc); `resumed`: the run's saved choice."""
     asked = cfg.train.dtype
+    if resumed and asked != "auto":  # decided at the run's first start (a run from before: decided again)
+        fast, why = fast_bf16(device.type) if asked == "bf16" else (True, "")
+        return Precision(
+            asked, f"train.dtype={asked} as the run started" + ("" if fast else f", slow here: {why}")
+        )
     if asked == "fp32":
         return Precision("fp32", "train.dtype=fp32")
     fast, why = fast_bf16(device.type)
@@ -46,6 +54,16 @@ def resolve(cfg: Config, device: torch.device) -> Precision:
     if "train.dtype" in cfg.fixed:  # the user asked for bf16: kept (principle 15), slow as it may be
         return Precision("bf16", f"train.dtype=bf16 as given, though slow here: {why}")
     return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
+
+
+def decide(cfg: Config, device: torch.device, resumed: bool) -> tuple[Precision, Config]:
+    """The run's precision and the config it computes with; a new run writes the choice into `cfg` (its
+    config.json: dtype and the storage a fallback changed), so every later start keeps it."""
+    precision = resolve(cfg, device, resumed)
+    rcfg = effective_config(cfg, precision)
+    if not resumed:
+        cfg.train.dtype, cfg.model = precision.dtype, rcfg.model  # rcfg's model may now be cfg's own
+    return precision, rcfg
 
 
 def effective_config(cfg: Config, precision: Precision) -> Config:

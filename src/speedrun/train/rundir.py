@@ -48,7 +48,8 @@ SUMMARY_KEYS = (
     "data_source",  # the data folder's meta.json source (data.source is only a label beside data.dir)
     "flops_per_token",  # training FLOPs per token, the count MFU uses: compare's FLOPs axis
     "timed_steps",  # steps inside the timed clock, over every start of the run
-    "starts",  # each start (the first, every --resume): {step, world_size, device_name, timing_warmup_steps}
+    "starts",  # each start (first, every --resume): {step, world_size, device_name, timing_warmup_steps,
+    # precision: the dtype it computed in, the run's first choice kept (train/precision.py)}
     "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)
     "extension_steps",  # the stages' extension (train.stages ext=N), the last steps of train.steps
     "eval_writes",  # validations that wrote a weight or gradient (verify: no backward at evaluation, #205)
