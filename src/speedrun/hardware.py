@@ -90,8 +90,8 @@ def kernel_fingerprint() -> dict[str, str]:
 
 PROBE_SIZE = 256  # the probe's square matmul: big enough to use the kernels, small enough to repeat
 PROBE_CHUNK_S = 0.01  # seconds of one timed chunk of calls (a slow arm: one call)
-PROBE_ARM_S = 0.25  # seconds each arm runs in all, in at least PROBE_ROUNDS interleaved chunks
-PROBE_ROUNDS = 5
+PROBE_ARM_S = 0.2  # seconds each arm runs in all, in at least PROBE_ROUNDS interleaved chunks
+PROBE_ROUNDS = 20  # chunks per arm: a busy host leaves some of them unslowed
 PROBE_SPREAD = 3.0  # an arm's median chunk this much slower than its fastest: a busy host, measure again
 FAST = 1.25  # speedup from which bf16 is chosen: a margin over parity that the fastest chunks do not cross
 

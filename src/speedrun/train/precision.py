@@ -58,11 +58,14 @@ def resolve(cfg: Config, device: torch.device, resumed: bool = False) -> Precisi
 
 def decide(cfg: Config, device: torch.device, resumed: bool) -> tuple[Precision, Config]:
     """The run's precision and the config it computes with; a new run writes the choice into `cfg` (its
-    config.json: dtype and the storage a fallback changed), so every later start keeps it."""
+    config.json: dtype, the storage a fallback changed, Muon's iteration dtype), so every later start
+    keeps it."""
     precision = resolve(cfg, device, resumed)
     rcfg = effective_config(cfg, precision)
     if not resumed:
         cfg.train.dtype, cfg.model = precision.dtype, rcfg.model  # rcfg's model may now be cfg's own
+        if cfg.optim.muon_ns_dtype == "auto":  # Muon's iterations: the same rule, decided once too
+            cfg.optim.muon_ns_dtype = "bf16" if fast_bf16(device.type)[0] else "fp32"  # (rcfg's optim too)
     return precision, rcfg
 
 
