@@ -110,3 +110,25 @@ def test_a_resume_keeps_the_precision_the_run_started_with(text_data, tmp_path, 
     assert [(s["step"], s["precision"]) for s in starts] == [(0, "fp32"), (3, "fp32")]
     log = (out / "log.txt").read_text()
     assert "precision fp32 (train.dtype=fp32 as the run started)" in log
+
+
+def test_stored_numbers_are_bit_for_bit_only_on_the_kernels_that_made_them(monkeypatch):
+    """An AMD and an Intel AVX-512 host share the capability string but sum in other orders (#35: five
+    failures on AMD); an ISA limit picks other kernels too. Each is another fingerprint."""
+    from tests.stored import same_kernels
+
+    def host(vendor: str, model: str) -> dict:
+        info = {"vendor_id": vendor, "model name": model}
+        monkeypatch.setattr(
+            hardware, "cpuinfo", lambda *keys: next((info[k] for k in keys if k in info), None)
+        )
+        monkeypatch.setattr(hardware.torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+        return hardware.kernel_fingerprint()
+
+    intel = host("GenuineIntel", "Intel(R) Xeon(R) Platinum 8488C")
+    assert same_kernels(intel) and not same_kernels(None)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not same_kernels(intel)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    amd = host("AuthenticAMD", "AMD EPYC 9R14 96-Core Processor")
+    assert amd["capability"] == intel["capability"] and not same_kernels(intel) and same_kernels(amd)
