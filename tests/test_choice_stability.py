@@ -93,7 +93,7 @@ def test_host_fit_plans_again_when_the_shrunk_step_misses_its_prediction(monkeyp
 
 def test_a_resume_keeps_the_precision_the_run_started_with(text_data, tmp_path, monkeypatch):
     """Started on a host without fast bf16 (auto: fp32), resumed on one with it: the run stays fp32
-    (config.json holds the choice), and each start records what it computed in."""
+    (config.json's `decided` holds the choice, Muon's too), and each start records what it computed in."""
     auto = [o for o in TINY if o != "train.dtype=fp32"]
     args = [f"data.dir={text_data}", *auto, "train.steps=6", "train.warmdown_steps=2"]
     args += ["train.checkpoint_every=3", "train.checkpoint_keep=0", "train.val_every=3"]
@@ -101,7 +101,9 @@ def test_a_resume_keeps_the_precision_the_run_started_with(text_data, tmp_path, 
     out = tmp_path / "run"
     assert main(["train", "--out", str(out), *args]) == 0
     saved = json.loads((out / "config.json").read_text())
-    assert (saved["train"]["dtype"], saved["optim"]["muon_ns_dtype"]) == ("fp32", "fp32")
+    assert (
+        saved["decided"] == {"dtype": "fp32", "muon_ns_dtype": "fp32"} and saved["train"]["dtype"] == "auto"
+    )
     for path in list_checkpoints(out)[1:]:  # as if stopped after step 3, then moved to a bf16 host
         shutil.rmtree(path)
     monkeypatch.setattr(prec, "fast_bf16", lambda _type: (True, "a host with fast bf16"))
@@ -109,7 +111,8 @@ def test_a_resume_keeps_the_precision_the_run_started_with(text_data, tmp_path, 
     starts = json.loads((out / "summary.json").read_text())["starts"]
     assert [(s["step"], s["precision"]) for s in starts] == [(0, "fp32"), (3, "fp32")]
     log = (out / "log.txt").read_text()
-    assert "precision fp32 (train.dtype=fp32 as the run started)" in log
+    assert "precision fp32 (train.dtype=auto: fp32 as the run started)" in log
+    assert json.loads((out / "config.json").read_text())["decided"] == saved["decided"]
 
 
 def test_stored_numbers_are_bit_for_bit_only_on_the_kernels_that_made_them(monkeypatch):

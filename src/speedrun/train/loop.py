@@ -34,7 +34,7 @@ from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_opt
 from speedrun.train.precision import decide as decide_precision
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
-from speedrun.train.rundir import RunDir, default_run_dir
+from speedrun.train.rundir import RunDir, default_run_dir, saved_decisions
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages
@@ -189,13 +189,14 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     notes: list[str] = []  # for the log, once it exists
     settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs
     ctx = distributed.setup(t.device, t.dist_timeout_s)
-    # decided once per run (config.json); rcfg: what the model, the step and validation compute with
-    precision, rcfg = decide_precision(cfg, ctx.device, resume)
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:
         # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
+        # decided once per run (config.json's `decided`); rcfg: what the model, step and validation use
+        saved = saved_decisions(run.path) if resume else None
+        precision, rcfg, run.decided = decide_precision(cfg, ctx.device, saved)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         for note in notes:

@@ -5,9 +5,9 @@ only where bf16 matmuls are fast, and a recipe's pinned `bf16` falls back to fp3
 parameters, and a log line) on such a CPU; a `bf16` the user gave (`cfg.fixed`) is kept, logged as
 slow. `fast_bf16` reads the CPU flags and torch's own checks (a robust probe only where they are silent).
 
-Decided once per run: a new run writes its choice into config.json (`decide`), and every `--resume`
-keeps it, whatever the host it continues on says (a run moved to a host without fast bf16 would
-otherwise train half in bf16, half in fp32); each start records the precision it ran in."""
+Decided once per run: a new run records its choice in config.json (`decide`: the `decided` entry),
+and every `--resume` keeps it, whatever the host it continues on says (a run moved to a host without
+fast bf16 would otherwise train half in bf16, half in fp32); each start records its precision."""
 
 from __future__ import annotations
 
@@ -36,14 +36,9 @@ class Precision:
         return f"precision {self.dtype} ({self.reason})"
 
 
-def resolve(cfg: Config, device: torch.device, resumed: bool = False) -> Precision:
-    """The precision `cfg` runs in on `device` (see the module doc); `resumed`: the run's saved choice."""
+def resolve(cfg: Config, device: torch.device) -> Precision:
+    """The precision `cfg` runs in on `device` (see the module doc)."""
     asked = cfg.train.dtype
-    if resumed and asked != "auto":  # decided at the run's first start (a run from before: decided again)
-        fast, why = fast_bf16(device.type) if asked == "bf16" else (True, "")
-        return Precision(
-            asked, f"train.dtype={asked} as the run started" + ("" if fast else f", slow here: {why}")
-        )
     if asked == "fp32":
         return Precision("fp32", "train.dtype=fp32")
     fast, why = fast_bf16(device.type)
@@ -56,17 +51,26 @@ def resolve(cfg: Config, device: torch.device, resumed: bool = False) -> Precisi
     return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
 
 
-def decide(cfg: Config, device: torch.device, resumed: bool) -> tuple[Precision, Config]:
-    """The run's precision and the config it computes with; a new run writes the choice into `cfg` (its
-    config.json: dtype, the storage a fallback changed, Muon's iteration dtype), so every later start
-    keeps it."""
-    precision = resolve(cfg, device, resumed)
+def decide(
+    cfg: Config, device: torch.device, saved: dict[str, str] | None
+) -> tuple[Precision, Config, dict[str, str]]:
+    """The run's precision, the config it computes with, and the choices to record (config.json's
+    `decided`: the dtype and Muon's iteration dtype). `saved`: what the run's first start recorded,
+    kept whatever this host runs fast; None: decided here."""
+    if saved is None:
+        precision = resolve(cfg, device)
+        ns = cfg.optim.muon_ns_dtype
+        if ns == "auto":  # Muon's iterations: the same rule (train/optimizers.muon_ns_dtype)
+            ns = "bf16" if fast_bf16(device.type)[0] else "fp32"
+    else:
+        dtype, ns = saved["dtype"], saved["muon_ns_dtype"]
+        fast, why = fast_bf16(device.type) if dtype == "bf16" else (True, "")
+        slow = "" if fast else f", though slow here: {why}"
+        precision = Precision(dtype, f"train.dtype={cfg.train.dtype}: {dtype} as the run started{slow}")
+        precision = dataclasses.replace(precision, fell_back=dtype == "fp32" and cfg.train.dtype == "bf16")
     rcfg = effective_config(cfg, precision)
-    if not resumed:
-        cfg.train.dtype, cfg.model = precision.dtype, rcfg.model  # rcfg's model may now be cfg's own
-        if cfg.optim.muon_ns_dtype == "auto":  # Muon's iterations: the same rule, decided once too
-            cfg.optim.muon_ns_dtype = "bf16" if fast_bf16(device.type)[0] else "fp32"  # (rcfg's optim too)
-    return precision, rcfg
+    rcfg = dataclasses.replace(rcfg, optim=dataclasses.replace(rcfg.optim, muon_ns_dtype=ns))
+    return precision, rcfg, {"dtype": precision.dtype, "muon_ns_dtype": ns}
 
 
 def effective_config(cfg: Config, precision: Precision) -> Config:
