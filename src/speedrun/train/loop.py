@@ -197,6 +197,10 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         # decided once per run (config.json's `decided`); rcfg: what the model, step and validation use
         saved = saved_decisions(run.path) if resume else None
         precision, rcfg, run.decided = decide_precision(cfg, ctx.device, saved)
+        if ctx.distributed and saved is None:  # rank 0's choice on every process (a probe may differ)
+            agreed = {k: "bf16" if rank0_int(v == "bf16", ctx) else "fp32" for k, v in run.decided.items()}
+            if agreed != run.decided:
+                precision, rcfg, run.decided = decide_precision(cfg, ctx.device, agreed)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         for note in notes:
