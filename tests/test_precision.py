@@ -27,42 +27,54 @@ def fresh_probe():
     hardware.fast_bf16.cache_clear()
 
 
-def _slow_cpu(monkeypatch, flags: set[str], capability: str = "AVX2", speedup: float = 0.01) -> None:
+def _slow_cpu(
+    monkeypatch, flags: set[str] | None, capability: str = "AVX2", speedup: float = 0.01, arch: str = "x86_64"
+) -> None:
     monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
     monkeypatch.setattr(hardware.torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(hardware, "bf16_speedup_probe", lambda: speedup)
+    monkeypatch.setattr(hardware.platform, "machine", lambda: arch)
+    monkeypatch.setattr(hardware, "onednn_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "bf16_speedup_probe", lambda: (speedup, 1.0))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
 
 
 @pytest.mark.parametrize(
-    ("flags", "capability", "speedup"),
+    ("flags", "capability", "speedup", "env"),
     [
-        ({"avx2", "fma"}, "AVX2", 5.0),  # AVX2-only: no bf16 instructions, whatever a probe says
-        ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", 5.0),  # ATEN_CPU_CAPABILITY=avx2 on a BF16 host
-        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", 0.02),  # ONEDNN_MAX_CPU_ISA=AVX2: probe says slow
-        (None, "AVX512", 0.5),  # flags unreadable: the probe decides
-        ({"avx512f", "avx512_bf16"}, "AVX512", 0.3),  # bf16 flags: only a clear slowdown is emulation
+        ({"avx2", "fma"}, "AVX2", 5.0, None),  # AVX2-only: no bf16 instructions, whatever a probe says
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX2", 5.0, None),  # ATEN_CPU_CAPABILITY=avx2 on a BF16 host
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", 0.02, "AVX2"),  # oneDNN limited: the probe says slow
+        (None, "AVX512", 0.5, None),  # flags unreadable: the probe decides
+        (None, "AVX512", 1.1, None),  # ... and bf16 needs a clear margin over parity
     ],
 )
 def test_a_cpu_without_fast_bf16_never_gets_bf16_autocast_under_auto(
-    monkeypatch, fresh_probe, flags, capability, speedup
+    monkeypatch, fresh_probe, flags, capability, speedup, env
 ):
     _slow_cpu(monkeypatch, flags, capability, speedup)
+    if env:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", env)
     chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
     assert chosen.dtype == "fp32" and chosen.autocast is None and "auto" in chosen.reason
 
 
-def test_a_cpu_with_bf16_instructions_that_measures_fast_gets_bf16(monkeypatch, fresh_probe):
-    _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=3.5)
+def test_bf16_instructions_and_torchs_own_check_decide_without_a_probe(monkeypatch, fresh_probe):
+    """AVX512-BF16 or AMX, ATen's AVX512 kernels and oneDNN's bf16 support: bf16, whatever a busy
+    host's probe would measure (the probe is not even run); oneDNN saying no: fp32."""
+    _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=0.01)
+    monkeypatch.setattr(hardware, "bf16_speedup_probe", lambda: pytest.fail("probed"))
     chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
-    assert chosen.dtype == "bf16" and chosen.autocast is torch.bfloat16 and "3.5x faster" in chosen.reason
+    assert chosen.dtype == "bf16" and chosen.autocast is torch.bfloat16 and "amx_bf16" in chosen.reason
+    hardware.fast_bf16.cache_clear()
+    monkeypatch.setattr(hardware, "onednn_bf16", lambda: False)
+    assert precision.resolve(load_recipe("demo"), torch.device("cpu")).dtype == "fp32"
 
 
-def test_a_noisy_probe_on_a_cpu_with_bf16_instructions_does_not_flip_the_precision(monkeypatch, fresh_probe):
-    """A busy core halved one timing (native bf16 measured 0.7x fp32): the same command must not train in
-    fp32 on one run and bf16 on the next; emulation measures 10-100x slower, far below the line."""
-    _slow_cpu(monkeypatch, {"avx512f", "avx512_bf16", "amx_bf16"}, "AVX512", speedup=0.7)
-    assert precision.resolve(load_recipe("demo"), torch.device("cpu")).dtype == "bf16"
+def test_where_the_flags_are_silent_a_clearly_faster_probe_gets_bf16(monkeypatch, fresh_probe):
+    _slow_cpu(monkeypatch, {"asimd", "bf16"}, "DEFAULT", speedup=3.5, arch="aarch64")  # ARM FEAT_BF16
+    chosen = precision.resolve(load_recipe("demo"), torch.device("cpu"))
+    assert chosen.dtype == "bf16" and "3.50x fp32's rate" in chosen.reason
 
 
 def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypatch, fresh_probe):
@@ -252,7 +264,7 @@ def test_a_slow_host_trains_a_smaller_model_recorded_in_the_config(text_data, tm
     assert saved["train"]["global_batch_tokens"] == 8 * 64 and saved["model"]["n_embd"] == 64
     assert saved["train"]["budget_min_steps"] == 0  # spent: a resume keeps these sizes
     log = (out / "log.txt").read_text().splitlines()
-    fit = next(line for line in log if line.startswith("host fit: "))
+    fit = next(line for line in log if line.startswith(("host fit: train.", "host fit: model.")))  # the plan
     # the batch halved several times (TINY's width is already the floor): named once, its final value
     assert fit.startswith("host fit: train.global_batch_tokens=512 ("), fit
 

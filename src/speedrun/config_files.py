@@ -146,6 +146,9 @@ RUN_ID = "run_id"
 #: config.json's entry of the keys the user fixed (Config.fixed), so a resumed run's automatic choices
 #: leave the same keys alone. A list of dotted keys; absent in runs made before it (nothing fixed).
 FIXED = "fixed_by_user"
+#: config.json's entry of the choices a run's first start made from the hardware (train/precision.py:
+#: {"dtype", "muon_ns_dtype"}), which every --resume keeps. Not a setting: absent in runs made before it.
+DECIDED = "decided"
 
 
 def config_from_dict(data: dict[str, Any], origin: str) -> Config:
@@ -158,7 +161,7 @@ def config_from_dict(data: dict[str, Any], origin: str) -> Config:
     elif isinstance(data.get("model"), dict) and "family" not in data["model"]:  # gpt2024, pre-split
         data = {**data, "model": legacy_gpt2024_table(data["model"])}
     cfg = Config()
-    apply_table(cfg, {k: v for k, v in data.items() if k not in (RUN_ID, FIXED)}, origin)
+    apply_table(cfg, {k: v for k, v in data.items() if k not in (RUN_ID, FIXED, DECIDED)}, origin)
     fixed = data.get(FIXED, [])
     if not isinstance(fixed, list) or not all(isinstance(k, str) for k in fixed):
         raise ConfigError(f"{origin}: {FIXED} must be a list of config keys, got {fixed!r}")

@@ -143,10 +143,21 @@ def main() -> None:
     if "REF_COMMIT" not in os.environ:
         dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True).stdout
         assert not dirty.strip(), "make the references from committed code"
-    refs = {  # the CPU capability picks the fp32 kernels: other kernels round differently
-        "commit": commit, "torch": torch.__version__, "recipes": {},
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-    }  # fmt: skip
+    import importlib.util
+
+    # this script's tree's hardware.py (torch only): the pre-split code on the path has no fingerprint
+    spec = importlib.util.spec_from_file_location(
+        "hw", Path(__file__).parents[2] / "src/speedrun/hardware.py"
+    )
+    hardware = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hardware)
+    # the kernels pick the fp32 summation order: bit for bit only on the same ones (tests/stored.py)
+    refs = {
+        "commit": commit,
+        "torch": torch.__version__,
+        "recipes": {},
+        "kernels": hardware.kernel_fingerprint(),
+    }
     for name in RECIPES:
         cfg = load_recipe(name, overrides(name))
         build = lambda cfg: GPT(cfg.model)  # noqa: E731

@@ -5,7 +5,9 @@ work on 1 or 8 processes, so one command chooses one model) and every process ta
 compile (`train.compile=auto`) only when `COMPILE_GAIN` faster than eager; size (`train.budget_min_steps`):
 when fewer than `budget_min_steps / HYSTERESIS` steps fit, halve the batch (to 8 sequences), then the
 width (to 64), never a key the user fixed (`cfg.fixed`). Timings are medians of `REPEATS` passes, redone
-when they spread more than `SPREAD`. The choices go into config.json and one log line each."""
+when they spread more than `SPREAD`; a plan to shrink is timed again before it is committed (`confirm`:
+never on a transient, never on a prediction the shrunk step misses). The choices go into config.json and
+one log line each (with the numbers behind them)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ MIN_ROWS, MIN_WIDTH = 8, 64  # the smallest batch (sequences) and width the fit 
 REPEATS = 3  # timed passes per probe, after a first untimed one
 SPREAD = 1.3  # slowest / fastest pass above this: the load changed, so the probe measures again (once)
 HYSTERESIS = 1.5  # shrink only when fewer than budget_min_steps / this fit the budget
+MISS = 1.5  # a shrunk step this much slower than predicted: the load changed, the fit is planned again
 COMPILE_GAIN = 0.9  # compiled is chosen when its step takes less than this fraction of the eager one
 
 
@@ -104,6 +107,39 @@ def shrinks_needed(
     return n, first, seconds
 
 
+def shrunk(rcfg: Config, n: int) -> Config:
+    """A copy of `rcfg` after `n` shrinks."""
+    trial = copy.deepcopy(rcfg)
+    for _ in range(n):
+        shrink(trial)
+    return trial
+
+
+def confirm(
+    rcfg: Config,
+    step_s: Callable[[Config], float],
+    plan: tuple[int, float, float],
+    log: Callable[[str], None],
+) -> tuple[int, float, float]:
+    """Check a plan to shrink before it is committed: the recipe's size and the shrunk step timed again.
+    The recipe's size fits now: the first time was a transient, keep the size. The shrunk step is more
+    than MISS slower than predicted: plan once more from the new times. Else the plan stands."""
+    n, first, seconds = plan
+    t = rcfg.train
+    again, check = step_s(rcfg), step_s(shrunk(rcfg, n))
+    if t.time_budget_s / again >= t.budget_min_steps / HYSTERESIS:
+        log(f"host fit: the recipe's size measured {first * 1000:.0f}, then {again * 1000:.0f} ms/step: a "
+            "transient, so nothing shrinks")  # fmt: skip
+        return 0, again, again
+    if check <= MISS * seconds:
+        return plan
+    log(
+        f"host fit: the shrunk step measured {check * 1000:.0f} ms, predicted {seconds * 1000:.0f} (over "
+        f"{MISS:g}x off: the load changed); planned again from the recipe's {again * 1000:.0f} ms/step"
+    )
+    return shrinks_needed(rcfg, step_s, again)
+
+
 def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> tuple[int, int]:
     """Rank 0's probe: (the shrinks needed, 1 if compiled wins else 0), each logged with its numbers."""
     t, choose_compile = rcfg.train, rcfg.train.compile == "auto"
@@ -123,7 +159,10 @@ def measure(rcfg: Config, device: torch.device, log: Callable[[str], None]) -> t
                 f"{1 - COMPILE_GAIN:.0%} faster)")  # fmt: skip
         if t.budget_min_steps <= 0:
             return 0, use_compiled
-        n, first, seconds = shrinks_needed(rcfg, lambda c: ratio * probe_steps(c, device)[0], at_size)
+        step_s = lambda c: ratio * probe_steps(c, device)[0]  # noqa: E731
+        n, first, seconds = shrinks_needed(rcfg, step_s, at_size)
+        if n:
+            n, first, seconds = confirm(rcfg, step_s, (n, first, seconds), log)
     mode, budget, least = ("compiled" if use_compiled else "eager"), t.time_budget_s, t.budget_min_steps
     trial = copy.deepcopy(rcfg)
     changes = {str(c).split("=")[0]: str(c) for c in (shrink(trial) for _ in range(n))}  # a key once

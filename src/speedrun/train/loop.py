@@ -31,11 +31,10 @@ from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.host_fit import fit_to_host
 from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
-from speedrun.train.precision import effective_config
-from speedrun.train.precision import resolve as resolve_precision
+from speedrun.train.precision import decide as decide_precision
 from speedrun.train.progress import Progress
 from speedrun.train.run_data import load_data, open_loader
-from speedrun.train.rundir import RunDir, default_run_dir
+from speedrun.train.rundir import RunDir, default_run_dir, saved_decisions
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages
@@ -190,13 +189,18 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
     notes: list[str] = []  # for the log, once it exists
     settle_budget(cfg, notes.append)  # a budget that cannot act is refused here, before anything runs
     ctx = distributed.setup(t.device, t.dist_timeout_s)
-    precision = resolve_precision(cfg, ctx.device)
-    rcfg = effective_config(cfg, precision)  # what the model, the step and validation compute with
     run = loader = tracker = None
     signals = StopSignals(announce=ctx.is_main)
     try:
         # ---- set-up ----
         run = RunDir(out_dir or default_run_dir(cfg.recipe), enabled=ctx.is_main, resume=resume)
+        # decided once per run (config.json's `decided`); rcfg: what the model, step and validation use
+        saved = saved_decisions(run.path) if resume else None
+        precision, rcfg, run.decided = decide_precision(cfg, ctx.device, saved)
+        if ctx.distributed and saved is None:  # rank 0's choice on every process (a probe may differ)
+            agreed = {k: "bf16" if rank0_int(v == "bf16", ctx) else "fp32" for k, v in run.decided.items()}
+            if agreed != run.decided:
+                precision, rcfg, run.decided = decide_precision(cfg, ctx.device, agreed)
         run.write_config(cfg)
         run.log(environment_report(), console=False)
         for note in notes:

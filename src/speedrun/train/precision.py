@@ -3,8 +3,11 @@
 A CPU without bf16 instructions emulates it ~100x slower than fp32, so `train.dtype="auto"` is bf16
 only where bf16 matmuls are fast, and a recipe's pinned `bf16` falls back to fp32 (with its bf16
 parameters, and a log line) on such a CPU; a `bf16` the user gave (`cfg.fixed`) is kept, logged as
-slow. `fast_bf16` reads the CPU flags and torch's CPU capability, confirmed by a sub-second matmul
-probe, cached per process."""
+slow. `fast_bf16` reads the CPU flags and torch's own checks (a robust probe only where they are silent).
+
+Decided once per run: a new run records its choice in config.json (`decide`: the `decided` entry),
+and every `--resume` keeps it, whatever the host it continues on says (a run moved to a host without
+fast bf16 would otherwise train half in bf16, half in fp32); each start records its precision."""
 
 from __future__ import annotations
 
@@ -46,6 +49,28 @@ def resolve(cfg: Config, device: torch.device) -> Precision:
     if "train.dtype" in cfg.fixed:  # the user asked for bf16: kept (principle 15), slow as it may be
         return Precision("bf16", f"train.dtype=bf16 as given, though slow here: {why}")
     return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
+
+
+def decide(
+    cfg: Config, device: torch.device, saved: dict[str, str] | None
+) -> tuple[Precision, Config, dict[str, str]]:
+    """The run's precision, the config it computes with, and the choices to record (config.json's
+    `decided`: the dtype and Muon's iteration dtype). `saved`: what the run's first start recorded,
+    kept whatever this host runs fast; None: decided here."""
+    if saved is None:
+        precision = resolve(cfg, device)
+        ns = cfg.optim.muon_ns_dtype
+        if ns == "auto":  # Muon's iterations: the same rule (train/optimizers.muon_ns_dtype)
+            ns = "bf16" if fast_bf16(device.type)[0] else "fp32"
+    else:
+        dtype, ns = saved["dtype"], saved["muon_ns_dtype"]
+        fast, why = fast_bf16(device.type) if dtype == "bf16" else (True, "")
+        slow = "" if fast else f", though slow here: {why}"
+        precision = Precision(dtype, f"train.dtype={cfg.train.dtype}: {dtype} as the run started{slow}")
+        precision = dataclasses.replace(precision, fell_back=dtype == "fp32" and cfg.train.dtype == "bf16")
+    rcfg = effective_config(cfg, precision)
+    rcfg = dataclasses.replace(rcfg, optim=dataclasses.replace(rcfg.optim, muon_ns_dtype=ns))
+    return precision, rcfg, {"dtype": precision.dtype, "muon_ns_dtype": ns}
 
 
 def effective_config(cfg: Config, precision: Precision) -> Config:

@@ -72,7 +72,7 @@ class Progress:
         self.untimed_until = start_step + cfg.train.timing_warmup_steps  # warm up again after a resume
         clock.starts.append(  # what this start adds to the run's history (summary.json: `verify`)
             {"step": start_step, "world_size": ctx.world_size, "device_name": hardware_name(ctx.device),
-             "timing_warmup_steps": cfg.train.timing_warmup_steps}
+             "timing_warmup_steps": cfg.train.timing_warmup_steps, "precision": precision.dtype}
         )  # fmt: skip
         self.val_loss: float | None = None
         self.val_bpb: float | None = None

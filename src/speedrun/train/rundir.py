@@ -17,7 +17,7 @@ from typing import Any
 
 from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
 from speedrun.config import Config
-from speedrun.config_files import FIXED, RUN_ID
+from speedrun.config_files import DECIDED, FIXED, RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
 
@@ -49,7 +49,8 @@ SUMMARY_KEYS = (
     "flops_per_token",  # training FLOPs per token at the last step's windows (model/flops.py)
     "train_flops",  # Σ over steps of tokens × that step's count: compare/verify/ablate's FLOPs axis
     "timed_steps",  # steps inside the timed clock, over every start of the run
-    "starts",  # each start (the first, every --resume): {step, world_size, device_name, timing_warmup_steps}
+    "starts",  # each start (first, every --resume): {step, world_size, device_name, timing_warmup_steps,
+    # precision: the dtype it computed in, the run's first choice kept (train/precision.py)}
     "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)
     "extension_steps",  # the stages' extension (train.stages ext=N), the last steps of train.steps
     "eval_writes",  # validations that wrote a weight or gradient (verify: no backward at evaluation, #205)
@@ -136,6 +137,25 @@ def saved_run_id(path: Path) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def saved_decisions(path: Path) -> dict[str, str] | None:
+    """The hardware choices a run's first start recorded in its config.json (None: a run from before
+    they were recorded, decided again); a value edited out of range is one ConfigError."""
+    try:
+        value = json.loads(read_regular(Path(path) / "config.json")).get(DECIDED)
+    except (OSError, ValueError, AttributeError, SpeedrunError):
+        return None
+    if value is None:
+        return None
+    if not isinstance(value, dict) or any(
+        value.get(k) not in ("bf16", "fp32") for k in ("dtype", "muon_ns_dtype")
+    ):
+        raise ConfigError(
+            f'{path}/config.json: {DECIDED} must be {{"dtype": "bf16"|"fp32", "muon_ns_dtype": '
+            f'"bf16"|"fp32"}} as the run wrote it, got {value!r} (edited?)'
+        )
+    return value
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive flock on the run directory for as long as the returned fd stays open."""
     fd = open_regular(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # a link here must not be truncated
@@ -193,6 +213,7 @@ class RunDir:
         self._lock_fd = self._log = self._metrics = None
         self._held: list[int] = []  # other locks the run holds until close (keep)
         self._broken = False  # after a failed write, logging stops so the first error is the one shown
+        self.decided: dict[str, str] | None = None  # the first start's hardware choices (config.json)
         self.run_id = saved_run_id(self.path) if resume else uuid.uuid4().hex  # see config.RUN_ID
         if not enabled:
             return
@@ -239,6 +260,8 @@ class RunDir:
             return
         saved = {RUN_ID: self.run_id, **cfg.to_dict()} if self.run_id else cfg.to_dict()
         saved[FIXED] = sorted(cfg.fixed)
+        if self.decided is not None:
+            saved[DECIDED] = self.decided
         write_atomic(self.path / "config.json", (json.dumps(saved, indent=2) + "\n").encode())
 
     def truncate_metrics(self, step: int) -> None:
