@@ -36,6 +36,19 @@ def test_micro_batch_is_derived_when_the_recipes_does_not_divide_over_the_proces
         micro_batch_tokens(three, 2)
 
 
+@pytest.mark.parametrize("recipe", ["stages-2025-12", "banks-2026-01", "xsa-2026-04", "record-2026-07"])
+def test_a_recipe_with_its_own_validation_rows_keeps_its_micro_batch_on_1_and_8_processes(recipe):
+    """The 2025-26 records validate in train.val_seq_len rows (262,144 tokens; 10,485,760 = 5 rounds of 8
+    ranks), so their 49,152-token training micro-batch need not divide val_tokens: as the records run."""
+    from speedrun.train.run_data import val_micro_batch_tokens
+
+    cfg = load_recipe(recipe)
+    assert cfg.train.val_seq_len and cfg.train.val_tokens % cfg.train.micro_batch_tokens  # the case
+    for world in (1, 8):
+        assert micro_batch_tokens(cfg, world) == cfg.train.micro_batch_tokens == 49152
+        assert val_micro_batch_tokens(cfg, world, 49152) == cfg.train.val_seq_len
+
+
 def test_damaged_validation_data_fails_before_the_first_step(text_data, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(text_data, data)

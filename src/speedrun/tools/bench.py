@@ -35,7 +35,7 @@ from speedrun.train.memory import estimate_memory, estimate_peak_bytes
 from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.precision import effective_config
 from speedrun.train.precision import resolve as resolve_precision
-from speedrun.train.run_data import RunData, open_loader
+from speedrun.train.run_data import RunData, micro_batch_tokens, open_loader
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import stage_bounds, stage_values
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
@@ -110,9 +110,7 @@ def synthetic_loader(cfg: Config, ctx: DistContext, folder: Path) -> TokenLoader
     vocab = cfg.model.vocab_size
     eot = cfg.model.eot_id if cfg.model.eot_id < vocab else vocab - 1  # BPE vocabularies end with it
     shard = _synthetic_shard(cfg, folder, eot)
-    # the recipe's micro-batch as it is: `micro_batch_tokens` also fits it to train.val_tokens, which a
-    # bench never reads (record-2026-07's 10,485,760 are no multiple of its 49,152)
-    data = RunData([shard], [], cfg.train.micro_batch_tokens, None, None, eot)
+    data = RunData([shard], [], micro_batch_tokens(cfg, ctx.world_size), None, None, eot)  # the run's rule
     return open_loader(cfg, data, ctx)
 
 

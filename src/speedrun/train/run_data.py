@@ -67,14 +67,17 @@ def micro_batch_tokens(cfg: Config, world_size: int) -> int:
             f"data.loader=documents: the {chunks} rows of a step (train.global_batch_tokens / "
             f"train.micro_batch_tokens) cannot be split over {world_size} processes"
         )
+    # validation reads micro-batches of this size only without its own row (train.val_seq_len: the
+    # 2025-26 records validate 262,144-token rows, and 10,485,760 is no multiple of their 49,152)
+    val_tokens = 0 if t.val_seq_len else t.val_tokens
     per_round = world_size * t.micro_batch_tokens
-    if t.global_batch_tokens % per_round == 0 and t.val_tokens % per_round == 0:
+    if t.global_batch_tokens % per_round == 0 and val_tokens % per_round == 0:
         return t.micro_batch_tokens
     sequences = t.global_batch_tokens // t.seq_len
     for per_micro in range(t.micro_batch_tokens // t.seq_len, 0, -1):
         if sequences % (world_size * per_micro) == 0 and t.global_batch_tokens % t.seq_len == 0:
             micro = per_micro * t.seq_len
-            if t.val_tokens % (world_size * micro) == 0:
+            if val_tokens % (world_size * micro) == 0:
                 return micro
     raise ConfigError(
         f"train.global_batch_tokens ({t.global_batch_tokens}) cannot be split over {world_size} processes "
