@@ -41,9 +41,10 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         f"train.global_batch_tokens={SEQ * MICRO}",
         "train.steps=10",
         "train.warmup_steps=0",
-        "train.warmdown_steps=0",
         "train.dtype=fp32",
     ]
+    if not base.train.warmdown_frac:  # a warm-down in steps (600 > 10): none; a share scales itself
+        out.append("train.warmdown_steps=0")
     if m.window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08 sees)
         out += ["model.window=192", "model.window_warmup_start=64"]
     if m.family == "gpt2026":

@@ -18,6 +18,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train import host_fit
 from speedrun.train import precision as prec
 from speedrun.train.checkpoint import list_checkpoints
+from speedrun.train.flops import step_flops_at
 from tests.conftest import TINY
 
 
@@ -52,7 +53,7 @@ def test_a_probe_under_bursts_of_load_decides_as_on_a_quiet_host(monkeypatch, fr
 
 def _flops(cfg) -> float:
     with torch.device("meta"):
-        return build_model(cfg.model).flops_per_token(cfg.train.seq_len) * cfg.train.global_batch_tokens
+        return step_flops_at(build_model(cfg.model), cfg, 0) * cfg.train.global_batch_tokens
 
 
 def _fit(monkeypatch, base_s: float, load: dict[int, float], busy: float) -> tuple[int, list[str]]:

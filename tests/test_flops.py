@@ -16,12 +16,11 @@ from speedrun.model.flops import (
     StepWindows,
     config_model,
     matmul_params,
-    run_flops,
     step_flops,
-    step_flops_at,
 )
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe
+from speedrun.train.flops import run_flops, step_flops_at
 from speedrun.train.schedule import StepSchedule, tokens_through
 
 

@@ -220,7 +220,7 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
 
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
     from speedrun.model.families import build_model
-    from speedrun.model.flops import step_flops_at
+    from speedrun.train.flops import step_flops_at
     from speedrun.train.host_fit import shrink, shrinks_needed
 
     def _flops_per_step(c):  # a host whose step time is proportional to the step's FLOPs

@@ -20,6 +20,7 @@ from speedrun.model.gpt2026 import windows
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.summary import model_summary
 from speedrun.recipes import load_recipe
+from speedrun.train.flops import first_and_last
 from speedrun.train.optimizers import model_rules
 
 BASE = "banks-2026-01"
@@ -196,7 +197,7 @@ def test_parameter_count_flops_and_the_optimizers_qk_blocks():
     assert len(layers) == L and all(lay.width == H * (Dqk + D) / 2 for lay in layers)
     cfg = load_recipe(BASE)
     cfg.model = tiny(Dqk)
-    assert model_summary(narrow, cfg).count(f"(Q/K {Dqk}, #344)") == 1
+    assert model_summary(narrow, cfg, first_and_last(narrow, cfg)).count(f"(Q/K {Dqk}, #344)") == 1
     cfg.optim.muon_qk_block_heads = 2
     qkv = [e for e in model_rules(narrow, cfg) if e.label.name == "qkv"]
     assert qkv and all(block_rows(e) == (2 * Dqk,) * (2 * H // 2) + (H * D,) for e in qkv)

@@ -135,6 +135,7 @@ def _model_summary(cfg: Config) -> str:
     from speedrun.config_labels import format_table
     from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
+    from speedrun.train.flops import first_and_last
     from speedrun.train.optimizers import model_rules, run_rules
 
     with torch.device("meta"):  # counts and shapes only: no memory, no init time
@@ -143,7 +144,11 @@ def _model_summary(cfg: Config) -> str:
     for e in model_rules(model, cfg):  # refuses a label without a row, a row without a parameter
         tensors, numbers = params.get(e.label.name, (0, 0))
         params[e.label.name] = (tensors + 1, numbers + e.param.numel())
-    return model_summary(model, cfg) + "\n" + format_table(cfg.optim, run_rules(cfg), params)
+    return (
+        model_summary(model, cfg, first_and_last(model, cfg))
+        + "\n"
+        + format_table(cfg.optim, run_rules(cfg), params)
+    )
 
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:

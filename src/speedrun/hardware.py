@@ -157,6 +157,14 @@ def onednn_bf16() -> bool:
     return bool(check is not None and torch.backends.mkldnn.is_available() and check())
 
 
+def bf16_is_probed(device_type: str) -> bool:
+    """Whether `fast_bf16` measures (a CPU whose flags and torch's checks are silent): only then may two
+    processes decide differently."""
+    if device_type != "cpu":
+        return False
+    return _library_says(cpu_flags(), torch.backends.cpu.get_cpu_capability())[0] is None
+
+
 @functools.cache
 def fast_bf16(device_type: str) -> tuple[bool, str]:
     """Whether bf16 matmuls are fast on this device type ('cuda' or 'cpu'), and the evidence in words:

@@ -121,34 +121,6 @@ def step_flops(
     return 6 * matmul_params(model) + attention_flops(layers, windows, seq_len, doc_lens)
 
 
-def step_flops_at(model: nn.Module, cfg: Any, step: int) -> float:
-    """The count at 0-based optimizer step `step` of the run `cfg` describes (its schedule's windows)."""
-    from speedrun.model.families import family_of
-    from speedrun.train.schedule import schedule_at
-
-    windows = family_of(cfg.model).step_windows(cfg.model, schedule_at(step, cfg))
-    return step_flops(model, windows, seq_len=cfg.train.seq_len)
-
-
-def run_flops(model: nn.Module, cfg: Any, steps: int) -> float:
-    """A run's training FLOPs over its first `steps` optimizer steps: Σ tokens × the count at that step's
-    windows (the schedule, so a resumed run and an old run folder's config give the same total)."""
-    from speedrun.model.families import family_of
-    from speedrun.train.schedule import schedule_at, tokens_through
-
-    family = family_of(cfg.model)
-    n6 = 6 * matmul_params(model)
-    layers = family.attention_layers(model)
-    cache: dict[StepWindows, float] = {}
-    total = 0.0
-    for s in range(steps):
-        w = family.step_windows(cfg.model, schedule_at(s, cfg))
-        if w not in cache:
-            cache[w] = n6 + attention_flops(layers, w, cfg.train.seq_len)
-        total += (tokens_through(s + 1, cfg) - tokens_through(s, cfg)) * cache[w]
-    return total
-
-
 def config_model(cfg: Any) -> nn.Module:
     """The model `cfg` describes, on the meta device (shapes only: for counting)."""
     from speedrun.model.families import build_model
@@ -166,7 +138,5 @@ __all__ = [
     "keys_seen",
     "matmul_params",
     "mean_context",
-    "run_flops",
     "step_flops",
-    "step_flops_at",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from speedrun.model.flops import FORMULA, step_flops_at
+from speedrun.model.flops import FORMULA
 from speedrun.model.labels import labelled
 from speedrun.model.layout import embedding_rows, padded_vocab
 
@@ -35,9 +35,9 @@ def _attention_line(model: nn.Module) -> str | None:
     return "  ".join(parts)
 
 
-def model_summary(model: nn.Module, cfg: Any) -> str:
-    """Total parameters (the `params:` line tools parse), counts per label, FLOPs per token at the first
-    and the last step's windows (model/flops.py) for the run `cfg` describes."""
+def model_summary(model: nn.Module, cfg: Any, flops: tuple[int, int]) -> str:
+    """Total parameters (the `params:` line tools parse), counts per label, and `flops`: FLOPs per token at
+    the first and the last step's windows of the run `cfg` describes (train/flops.first_and_last)."""
     by_label: dict[str, list[int]] = {}
     for _, p, lab in labelled(model):
         by_label.setdefault(lab.name if lab else "unlabelled", []).append(p.numel())
@@ -56,7 +56,7 @@ def model_summary(model: nn.Module, cfg: Any) -> str:
     for name, sizes in by_label.items():
         lines.append(f"  {name:<11} {sum(sizes):>13,d} params in {len(sizes)} tensors")
     lines.append(f"  {'total':<11} {total:>13,d} params")  # grouped; the `params:` line stays plain
-    first, last = (round(step_flops_at(model, run_cfg, s)) for s in (0, max(0, run_cfg.train.steps - 1)))
+    first, last = flops
     lines.append(
         f"flops_per_token: {first} ({first:,d} at the first step's windows, {last:,d} at the last's; "
         f"training, seq_len {run_cfg.train.seq_len})"

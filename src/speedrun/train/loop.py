@@ -21,6 +21,7 @@ from speedrun.config_files import check_resume, config_from_dict
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
+from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.train import distributed
@@ -28,6 +29,7 @@ from speedrun.train.budget import Budget, settle_budget
 from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from speedrun.train.environment import environment_report
 from speedrun.train.evaluate import audited, evaluate
+from speedrun.train.flops import first_and_last
 from speedrun.train.host_fit import fit_to_host
 from speedrun.train.memory import check_fits
 from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
@@ -197,8 +199,10 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         # decided once per run (config.json's `decided`); rcfg: what the model, step and validation use
         saved = saved_decisions(run.path) if resume else None
         precision, rcfg, run.decided = decide_precision(cfg, ctx.device, saved)
-        if ctx.distributed and saved is None:  # rank 0's choice on every process (a probe may differ)
-            agreed = {k: "bf16" if rank0_int(v == "bf16", ctx) else "fp32" for k, v in run.decided.items()}
+        if ctx.distributed and saved is None and bf16_is_probed(ctx.device.type):  # a probe may differ
+            keys = sorted(run.decided)  # rank 0's choices on every process, in one collective
+            bits = rank0_int(sum(1 << i for i, k in enumerate(keys) if run.decided[k] == "bf16"), ctx)
+            agreed = {k: "bf16" if bits >> i & 1 else "fp32" for i, k in enumerate(keys)}
             if agreed != run.decided:
                 precision, rcfg, run.decided = decide_precision(cfg, ctx.device, agreed)
         run.write_config(cfg)
@@ -217,7 +221,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/memory.py)")
         model, train_model = build_model(rcfg, ctx)
         compiled = is_compiled(train_model)  # not `is not model`: DDP wraps it too
-        run.log(model_summary(model, rcfg))
+        run.log(model_summary(model, rcfg, first_and_last(model, rcfg)))
         run.log(precision.describe())
         optimizer = build_optimizer(model, rcfg)
         if optimizer.describe():

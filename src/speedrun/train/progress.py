@@ -14,10 +14,10 @@ from speedrun.config import Config
 from speedrun.config_stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
-from speedrun.model.flops import run_flops, step_flops_at
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
 from speedrun.train.environment import peak_memory_bytes
+from speedrun.train.flops import run_flops, step_flops_at
 from speedrun.train.precision import Precision
 from speedrun.train.rundir import RunDir
 from speedrun.train.schedule import tokens_through
