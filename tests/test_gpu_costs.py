@@ -46,7 +46,9 @@ def test_muon_adds_bf16_updates_to_fp32_weights_with_same_dtype_lists():
     before = [w.detach().clone() for w in ws]
     for w, g in zip(ws, grads, strict=True):
         w.grad = g.clone()
-    muon = Muon(ws, lr=0.1, momentum=0.0, nesterov=False, shape_scale="ratio")
+    muon = Muon(  # bf16 iterations pinned: "auto" takes fp32 on a CPU without fast bf16 (AVX2)
+        ws, lr=0.1, momentum=0.0, nesterov=False, shape_scale="ratio", ns_dtype=torch.bfloat16
+    )
     spy = _ForeachDtypes()
     with spy:
         muon.step()

@@ -209,6 +209,7 @@ def test_seed_optimizer_is_orthogonal_nesterov_on_the_whole_fused_qkv():
     muon = Muon(
         [p], lr=o.muon_lr, shape_scale=o.muon_shape_scale, momentum_form=o.muon_momentum_form,
         ns_form=o.muon_ns_form, scale_in_update_dtype=o.muon_scale_in_bf16,
+        ns_dtype=torch.bfloat16,  # the record's bf16 iterations ("auto": fp32 without fast bf16, AVX2)
     )  # fmt: skip
     ref, buf = p.detach().clone(), torch.zeros_like(p)
     for _ in range(3):
@@ -297,7 +298,10 @@ def test_distributed_muon_scales_the_bf16_update_in_bf16():
     p = torch.nn.Parameter(torch.randn(48, 96, generator=gen))
     g = torch.randn(48, 96, generator=gen)
     start = p.detach().clone()
-    opt = Muon([p], lr=0.01, shape_scale="max_dim", momentum=0.0, nesterov=False, scale_in_update_dtype=True)
+    opt = Muon(  # the record's bf16 iterations, pinned: "auto" takes fp32 on a CPU without fast bf16 (AVX2)
+        [p], lr=0.01, shape_scale="max_dim", momentum=0.0, nesterov=False, scale_in_update_dtype=True,
+        ns_dtype=torch.bfloat16,
+    )  # fmt: skip
     p.grad = g.clone()
     opt.step()
     update = newton_schulz(g) * math.sqrt(96)  # bf16 × float → rounded to bf16, as the record
