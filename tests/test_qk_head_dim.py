@@ -98,7 +98,7 @@ def test_layer_loss_and_every_gradient_are_344s(paired, key_offset):
     T, window = 96, 40
     cu = torch.tensor([0, 30, 77, 96, 96], dtype=torch.int32)
     x = torch.randn(1, T, H * D, requires_grad=True)
-    out, _ = windows._varlen_layer(attn, x, None, cu_seqlens=cu, window=window, max_seqlen=T)
+    out, _ = attn(x, windows.Packed(cu, window, T, T))
     g = torch.randn_like(out)
     (out * g).sum().backward()
 

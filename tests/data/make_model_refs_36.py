@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 
 import torch
+from tests.recipe_matrix import EOT, SEQ, batch, build, shrunk
 
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.schedule import apply_schedule, schedule_at
-from tests.recipe_matrix import EOT, SEQ, batch, build, shrunk
 
 RECIPES = ["xsa-2026-04", "record-2026-07", "banks-2026-01", "stages-2025-12", "medium-2025-12", "demo-2026"]
 FP32 = ["model.block_dtype=fp32", "model.mlp_fp8=false", "model.embed_dtype=fp32", "model.fp8_head=false"]
@@ -89,7 +89,8 @@ def main() -> None:
         assert a.keys() == b.keys(), (name, a.keys() ^ b.keys())
         diff = [k for k in a if not torch.equal(a[k], b[k])]
         bad += len(diff)
-        print(f"{name}: {len(a) - len(diff)}/{len(a)} tensors equal" + (f"; differ: {diff[:6]}" if diff else ""))
+        tail = f"; differ: {diff[:6]}" if diff else ""
+        print(f"{name}: {len(a) - len(diff)}/{len(a)} tensors equal{tail}")
     sys.exit(1 if bad else 0)
 
 

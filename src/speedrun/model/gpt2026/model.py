@@ -3,8 +3,8 @@
 Each part comes from its own module (embeddings, attention, gates, connections, mlp, head, windows) and
 exists only where a spec asks for it: no switch is read in the forward. Parameter names are those of the
 gpt2024 GPT's 2025 recipes, so their checkpoints load unchanged. The decode interface (kv_cache.py) is
-the same as the gpt2024 GPT's: `mask_specs`, `hidden(idx, start, attend_fns, prev)`, `logits`, and per
-block `attn.project/attended_keys/output/paired/scale`.
+the same as the gpt2024 GPT's: `mask_specs`, `hidden(idx, contexts, start, prev)`, `logits`, and per
+block `attn.paired`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from torch import nn
 
 from speedrun.config_model import Gpt2026Config, attention_scale, qk_width
 from speedrun.data.tokenizers import gpt2_tokenizer
-from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend, document_ids
+from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
+from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
 from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
@@ -64,14 +65,14 @@ class Block(nn.Module):
                 else (None, None)
             )
 
-    def forward(self, x, x0, mask, other_v, attend_fn, bigram, attn_in=None, mu=None, dyn=None, x02=None):
+    def forward(self, x, x0, ctx, other_v, bigram, attn_in=None, mu=None, dyn=None, x02=None):
         """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
         that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
         (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows); `dyn`: #85's gates
         of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows); `x02`: the
         second embedding, normed (the medium record)."""
         if self.sublayer:
-            return self._sublayer(x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn)
+            return self._sublayer(x, x0, ctx, other_v, bigram, attn_in, mu, dyn)
         if x02 is not None:  # the medium record: x0 weights (x0's, the second embedding's) as a pair
             x = self.lambdas[0] * x + self.x0_lambda[0] * x0 + self.x0_lambda[1] * x02
         else:
@@ -81,19 +82,16 @@ class Block(nn.Module):
         raw_v = None
         if self.attn is not None:
             h = self.norm1(attn_in if attn_in is not None else x)
-            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            y, raw_v = self.attn(h, ctx, other_v)
             x = x + y
         return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
 
-    def _sublayer(self, x, x0, mask, other_v, attend_fn, bigram, attn_in, mu, dyn):
+    def _sublayer(self, x, x0, ctx, other_v, bigram, attn_in, mu, dyn):
         """#77's form: the attention reads the stream (or attn_in) before x0 and the bigram are added."""
         raw_v = None
         if self.attn is not None:
             h = self.norm1(attn_in if attn_in is not None else x)
-            if attend_fn:
-                y, raw_v = attend_fn(self.attn, h, other_v, dyn) if dyn else attend_fn(self.attn, h, other_v)
-            else:
-                y, raw_v = self.attn(h, mask, other_v, dyn)
+            y, raw_v = self.attn(h, ctx, other_v, dyn)
             if mu is not None:
                 x = mu[8] * x + mu[9] * y + mu[10] * x0
                 x = x + mu[11] * bigram if bigram is not None else x
@@ -270,12 +268,16 @@ class GPT2026(nn.Module):
             specs = [built[id(m)] for m in specs]
         return [m if s.attention else None for m, s in zip(specs, self.specs, strict=True)]
 
+    def layer_contexts(self, idx: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> list:
+        """Per layer, how its attention is called in the forward (model/contexts.py): packed documents
+        (varlen kernels) where `cu_seqlens` bounds them, else its mask."""
+        if cu_seqlens is not None:
+            return windows.contexts(self, idx, cu_seqlens)
+        return [Masked(m, idx, self.cfg.eot_id) for m in self.layer_masks(idx)]
+
     def forward(self, idx, targets=None, cu_seqlens=None, reduction: str = "mean") -> torch.Tensor:
         """Token ids (B, T) → loss (mean/sum scalar, or (B, T) with 'none'), or fp32 logits."""
-        if cu_seqlens is not None:
-            hidden = self.hidden(idx, attend_fns=windows.attend_fns(self, idx, cu_seqlens))
-        else:
-            hidden = self.hidden(idx, self.layer_masks(idx))
+        hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
         logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
@@ -287,16 +289,16 @@ class GPT2026(nn.Module):
             out = out + prefix.prefix_loss(z, targets, self.prefix_table, self.prefix_weight)
         return out
 
-    def hidden(self, idx, masks=None, start: int = 0, attend_fns=None, prev=None) -> torch.Tensor:
+    def hidden(self, idx, contexts=None, start: int = 0, prev=None) -> torch.Tensor:
         """Embeddings and the present layers up to the final norm, for tokens at positions start.. ;
-        cached decoding passes `attend_fns`, start and the token before idx (`prev`, for smear/bigram)."""
+        `contexts`: per layer, how its attention is called (model/contexts.py); cached decoding passes
+        start and the token before idx (`prev`, for smear/bigram)."""
         x = self.wte(idx)
         if self.smear is not None:
             x = self.smear(x, self.wte(prev) if prev is not None else None)
         x = x0 = self.embed_norm(x)
         x02 = self.embed_norm(self.embed2(idx)) if self.embed2 is not None else None
-        masks = masks or [None] * self.cfg.n_layer
-        attend_fns = attend_fns or [None] * self.cfg.n_layer
+        contexts = contexts or [Masked(None, idx, self.cfg.eot_id)] * self.cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         bigram = self.bigram(idx, prev, start) if self.bigram is not None else None
         first = self.walk[0].index
@@ -321,8 +323,6 @@ class GPT2026(nn.Module):
             if gates:  # #85: this layer's gates, the bigram rows unscaled
                 kinds = ("x0", "bigram", "xsa", "attn", "dc1", "dc2")
                 dyn = {k: gates[(k, s.index)] for k in kinds if (k, s.index) in gates}
-                if "dc1" in dyn and attend_fns[s.index] is None:  # the dense path's documents (DC)
-                    dyn["docs"] = document_ids(idx, self.cfg.eot_id)
                 b = bigram if s.index != first else None
             else:
                 b = self.bigram.lambdas[s.index] * bigram if bigram is not None else None
@@ -332,9 +332,9 @@ class GPT2026(nn.Module):
             if s.mudd:  # #81: the last layer, from MUDD's coefficients of its input
                 x_in, attn_in = x, attn_in if attn_in is not None else x
                 x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
-                x, _ = block(x, c0, masks[s.index], other_v, attend_fns[s.index], bigram, attn_in, mu, dyn)
+                x, _ = block(x, c0, contexts[s.index], other_v, bigram, attn_in, mu, dyn)
             else:
-                x, _ = block(x, x0, masks[s.index], other_v, attend_fns[s.index], b, attn_in, None, dyn, x02)
+                x, _ = block(x, x0, contexts[s.index], other_v, b, attn_in, None, dyn, x02)
             if s.keep_output:
                 outputs[s.index] = x
         if self.mudd is not None:  # #81: before the final norm, with the backout in its bias
