@@ -17,6 +17,7 @@ import torch
 from tests.recipe_matrix import EOT, SEQ, batch, build, shrunk
 
 from speedrun.model.kv_cache import KVCache, forward_cached
+from speedrun.model.labels import labelled
 from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.schedule import apply_schedule, schedule_at
 
@@ -55,6 +56,8 @@ def results(name: str) -> dict[str, object]:
         out[f"{path}/grads"] = grads(model)
     optimizer.step()
     out["step/params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out["labels"] = {n: repr(lab) for n, _, lab in labelled(model)}  # labels unchanged too
+    out["buffers"] = {n: b.clone() for n, b in model.named_buffers()}
     model.eval()
     idx = x[:, :40]
     with torch.no_grad():
@@ -74,23 +77,29 @@ def flat(tree: dict, prefix: str = "") -> dict[str, torch.Tensor]:
     return items
 
 
+def same(a: object, b: object) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
 def main() -> None:
     mode, path = sys.argv[1], sys.argv[2]
     torch.use_deterministic_algorithms(True)
     got = {case: flat(results(case)) for case in CASES}
     if mode == "save":
         torch.save(got, path)
-        print(f"saved {sum(len(v) for v in got.values())} tensors to {path}")
+        print(f"saved {sum(len(v) for v in got.values())} results to {path}")
         return
     want = torch.load(path)
     bad = 0
     for name in CASES:
         a, b = want[name], got[name]
         assert a.keys() == b.keys(), (name, a.keys() ^ b.keys())
-        diff = [k for k in a if not torch.equal(a[k], b[k])]
+        diff = [
+            k for k in a if not (torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k])
+        ]
         bad += len(diff)
         tail = f"; differ: {diff[:6]}" if diff else ""
-        print(f"{name}: {len(a) - len(diff)}/{len(a)} tensors equal{tail}")
+        print(f"{name}: {len(a) - len(diff)}/{len(a)} equal{tail}")
     sys.exit(1 if bad else 0)
 
 

@@ -93,7 +93,11 @@ class Attention(nn.Module):
         gate: int,
         weights_mix: bool,
         qk_dim: int = 0,
+        ve_gate: nn.Module | None = None,
+        xsa_label: str | None = "scalar",
     ):
+        """`ve_gate`: #55's value-embedding gate of the layer; `xsa_label`: #82's α's label, None where
+        #85's gate network gives α per token."""
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
         self.qk_dim = qk_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
@@ -105,10 +109,10 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.scale = scale  # YaRN (#31) rewrites it at each long-window growth
         self.gate = AttentionGate(gate, n_head) if gate else None  # #28
-        self.ve_gate = None  # #55: set by the model on the value-embedding layers (after every block)
         self.paired = spec.paired  # #58
         self.key_offset = spec.key_offset  # #49
-        self.xsa = GatedXSA(n_head) if spec.xsa else None  # #82
+        self.xsa = GatedXSA(n_head, xsa_label) if spec.xsa and xsa_label else None  # #82
+        self.ve_gate = ve_gate  # #55 (registered after the rest, as the records build it)
         self.weights_mix = weights_mix  # #47/#48: λ0 scales the QKV weight, λ1 the output's
         self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0] if weights_mix else [0.5, 0.5])), "scalar")
 

@@ -12,100 +12,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config, attention_scale, qk_width
+from speedrun.config_model import Gpt2026Config, qk_width
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, windows
-from speedrun.model.gpt2026.attention import Attention
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
-from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
+from speedrun.model.gpt2026.block import Layer, block_for
+from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear, bigram_share
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate, skip_gate_of
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
-from speedrun.model.gpt2026.mlp import mlp
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
-from speedrun.model.gpt2026.specs import LayerSpec, build_specs
+from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label, labelled
 from speedrun.model.layers import CastedLinear, Norm, Rotary, scaled_uniform_
 
 #: the block matrices #57 stores in bf16 (model.block_dtype)
 BLOCK_MATRICES = frozenset(("qkv", "attn_out", "mlp_in", "mlp_out"))
-
-
-class Block(nn.Module):
-    """One layer: the x0 mix (with #62's bigram share), attention, MLP, each where its spec has it."""
-
-    def __init__(self, spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary):
-        super().__init__()
-        d = cfg.n_embd
-        self.norm1 = Norm(d, "rmsnorm") if spec.attention else None
-        weights_mix = cfg.value_mix == "weights"
-        self.attn = (
-            Attention(
-                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn_gate, weights_mix, cfg.qk_head_dim
-            )
-            if spec.attention
-            else None
-        )
-        self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
-        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
-        self.sublayer = cfg.residual_form == "sublayer"  # #77
-        if self.sublayer:  # the MUDD layer's lambdas come from MUDD (#81): it has none of its own
-            self.lambdas = self.x0_lambda = self.post_lambdas = None
-            if spec.present and not spec.mudd:
-                self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
-                gated = cfg.mudd_gate_layer > 0  # #85: the x0 share comes from the gate network
-                self.x0_lambda = (
-                    label(nn.Parameter(torch.zeros(1)), "lambda") if spec.attention and not gated else None
-                )
-        else:
-            self.lambdas, self.x0_lambda = (
-                connections.x0_lambdas(cfg.resid_lambda_init, cfg.x0_lambda_apart, cfg.embed2)
-                if spec.present
-                else (None, None)
-            )
-
-    def forward(self, x, x0, ctx, other_v, bigram, attn_in=None, mu=None, dyn=None, x02=None):
-        """(new residual stream, the attention's unmixed v or None); `attn_in`: an earlier layer's output
-        that the attention reads instead of the stream (#77); `mu`: #81's coefficients of the MUDD layer
-        (x0 is then the stream entering layer 0, and bigram the unscaled bigram rows); `dyn`: #85's gates
-        of this layer ({"x0", "bigram", "xsa", "attn"}: per token; bigram then the unscaled rows); `x02`: the
-        second embedding, normed (the medium record)."""
-        if self.sublayer:
-            return self._sublayer(x, x0, ctx, other_v, bigram, attn_in, mu, dyn)
-        if x02 is not None:  # the medium record: x0 weights (x0's, the second embedding's) as a pair
-            x = self.lambdas[0] * x + self.x0_lambda[0] * x0 + self.x0_lambda[1] * x02
-        else:
-            x = self.lambdas[0] * x + (self.x0_lambda if self.x0_lambda is not None else self.lambdas[1]) * x0
-        if bigram is not None:
-            x = x + bigram
-        raw_v = None
-        if self.attn is not None:
-            h = self.norm1(attn_in if attn_in is not None else x)
-            y, raw_v = self.attn(h, ctx, other_v)
-            x = x + y
-        return (x + self.mlp(self.norm2(x)) if self.mlp is not None else x), raw_v
-
-    def _sublayer(self, x, x0, ctx, other_v, bigram, attn_in, mu, dyn):
-        """#77's form: the attention reads the stream (or attn_in) before x0 and the bigram are added."""
-        raw_v = None
-        if self.attn is not None:
-            h = self.norm1(attn_in if attn_in is not None else x)
-            y, raw_v = self.attn(h, ctx, other_v, dyn)
-            if mu is not None:
-                x = mu[8] * x + mu[9] * y + mu[10] * x0
-                x = x + mu[11] * bigram if bigram is not None else x
-            elif dyn is not None and "x0" in dyn:  # #85, in HEAD's order
-                x = self.lambdas[0] * x + self.post_lambdas[0] * y + x0 * dyn["x0"]
-                x = x + bigram * dyn["bigram"] if bigram is not None else x
-            else:
-                inject = x0 * self.x0_lambda[0]  # 0-dim: a bf16 stream stays bf16
-                inject = inject + bigram if bigram is not None else inject
-                x = self.lambdas[0] * x + self.post_lambdas[0] * y + inject
-        if self.mlp is not None:
-            r, p = (mu[12], mu[13]) if mu is not None else (self.lambdas[1], self.post_lambdas[1])
-            x = r * x + p * self.mlp(self.norm2(x))
-        return x, raw_v
 
 
 class GPT2026(nn.Module):
@@ -123,18 +46,18 @@ class GPT2026(nn.Module):
         self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.embed2 else None  # medium
         self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
         bigram_dim = cfg.bigram_dim or d  # #89's script: 192
-        self.bigram = BigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, d) if cfg.bigram_rows else None
-        if cfg.bigram_rows and cfg.bigram_sign_rows:  # #83
-            self.bigram = SignedBigramEmbed(cfg.bigram_rows, bigram_dim, cfg.n_layer, cfg.bigram_sign_rows, d)
+        share = bigram_share(cfg.residual_form, cfg.mudd_gate_layer > 0)
+        self.bigram = None
+        if cfg.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
+            signs = (cfg.bigram_sign_rows,) if cfg.bigram_sign_rows else ()
+            kind = SignedBigramEmbed if signs else BigramEmbed
+            if signs:  # the unsigned table main built first and dropped: a seed keeps its model
+                nn.init.normal_(torch.empty(cfg.bigram_rows, bigram_dim))
+            self.bigram = kind(cfg.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.rope_precision)  # #344: on Q/K's dims
-        self.blocks = nn.ModuleList(Block(s, cfg, rotary) for s in self.specs)
-        for s, block in zip(self.specs, self.blocks, strict=True):  # #55 (built after every block, as #55)
-            if cfg.ve_gate and s.value_embed is not None and s.attention and not s.mudd:  # #81: MUDD's
-                # #70: paired layers keep x[:12]; #89's script: they read cat(x[:6], ve[:6]) too
-                ve_dims = 0 if s.paired and not cfg.ve_gate_paired_ve_dims else cfg.ve_gate_ve_dims
-                block.attn.ve_gate = gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
+        self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
@@ -145,20 +68,8 @@ class GPT2026(nn.Module):
         )
         self.skip_gate = gates.skip_gates(cfg.skip_gate, len(cfg.skips)) if cfg.skip_gate else None  # #55
         self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
-        if cfg.residual_form == "sublayer":  # #77: bigram shares from 0.05, trained with the lambdas
-            if self.bigram is not None:
-                label(self.bigram.lambdas, "lambda").data.fill_(0.05)
-            for block in self.blocks:
-                if block.attn is not None and block.attn.xsa is not None:
-                    label(block.attn.xsa.alpha, "lambda")
         self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd_gate_layer else None  # #85
-        if self.mudd_gate is not None:  # its gates replace the static XSA α and bigram shares
-            for block in self.blocks:
-                if block.attn is not None:
-                    block.attn.xsa = None
-            if self.bigram is not None:
-                self.bigram.lambdas = None
         self.head_spec = head.HeadSpec(
             cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
             cfg.fp8_head,
@@ -332,9 +243,9 @@ class GPT2026(nn.Module):
             if s.mudd:  # #81: the last layer, from MUDD's coefficients of its input
                 x_in, attn_in = x, attn_in if attn_in is not None else x
                 x, other_v, mu = self.mudd.enter_last(x, c0, outputs[self.cfg.mudd_sources[0]], other_v)
-                x, _ = block(x, c0, contexts[s.index], other_v, bigram, attn_in, mu, dyn)
+                x = block(Layer(x, c0, contexts[s.index], other_v, bigram, attn_in, dyn, mu))
             else:
-                x, _ = block(x, x0, contexts[s.index], other_v, b, attn_in, None, dyn, x02)
+                x = block(Layer(x, x0, contexts[s.index], other_v, b, attn_in, dyn, None, x02))
             if s.keep_output:
                 outputs[s.index] = x
         if self.mudd is not None:  # #81: before the final norm, with the backout in its bias
