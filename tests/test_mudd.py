@@ -93,7 +93,7 @@ def record_attention_82(b, h, mask, other_v):
 
     a = b.attn
     if a.xsa is None:
-        return a(h, mask, other_v)[0]
+        return a(h, Masked(mask), other_v)[0]
     q, k, v, _ = a.project(h, other_v)
     y = attend(q, a.attended_keys(k), v, mask, a.scale)
     y = record_82_xsa(y.transpose(1, 2), v.transpose(1, 2), a.xsa.alpha).transpose(1, 2)
