@@ -134,14 +134,13 @@ class GPT2026(nn.Module):
         """Embeddings and the present layers up to the final norm, for tokens at positions start.. ;
         `contexts`: per layer, how its attention is called (model/contexts.py; the forward's: plain
         causal); cached decoding passes start and the token before idx (`prev`, for smear/bigram)."""
-        st = stream.enter(
-            self, idx, contexts or [Masked(None, idx, self.eot_id)] * len(self.blocks), start, prev
-        )
+        contexts = contexts or [Masked(None, idx, self.eot_id)] * len(self.blocks)
+        x, st = stream.enter(self, idx, contexts, start, prev)
         for s in self.walk:
-            st.x = self.blocks[s.index](stream.layer_input(self, s, st))
+            x = self.blocks[s.index](stream.layer_input(self, s, st, x))
             if s.keep_output:
-                st.outputs[s.index] = st.x
-        return self.norm_f(stream.leave(self, st))
+                st.outputs[s.index] = x
+        return self.norm_f(stream.leave(self, st, x))
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final hidden states → fp32 logits over the padded vocab, softcapped."""

@@ -19,14 +19,15 @@ from speedrun.model.gpt2026.specs import LayerSpec
 DYN = ("x0", "bigram", "xsa", "attn", "dc1", "dc2")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stream:
-    """The residual stream `x` and what later layers read: x0 (the normed embedding; #89's script: with
-    layer 0's bigram share), c0 (the stream entering the first layer, #81), the second embedding (medium),
-    the value-embedding rows, the unscaled bigram rows, #85's gates so far, the outputs kept, the
-    attention contexts, and the last layer's input (#81)."""
+    """What later layers read besides the residual stream, which stays a local of the loop (compiled
+    graphs lose attribute writes on objects made inside them, so nothing here is reassigned): x0 (the
+    normed embedding; #89's script: with layer 0's bigram share), c0 (the stream entering the first
+    layer, #81), the second embedding (medium), the value-embedding rows, the unscaled bigram rows, #85's
+    gates so far, the attention contexts; `outputs` keeps the layers' outputs later layers read and the
+    last layer's input (#81, key "last")."""
 
-    x: Tensor
     x0: Tensor
     c0: Tensor
     x02: Tensor | None
@@ -34,11 +35,12 @@ class Stream:
     bigram: Tensor | None
     gates: dict
     contexts: list
-    outputs: dict[int, Tensor] = field(default_factory=dict)
-    x_in: Tensor | None = None
+    outputs: dict = field(default_factory=dict)
 
 
-def enter(model: torch.nn.Module, idx: Tensor, contexts: list, start: int, prev: Tensor | None) -> Stream:
+def enter(
+    model: torch.nn.Module, idx: Tensor, contexts: list, start: int, prev: Tensor | None
+) -> tuple[Tensor, Stream]:
     """Embeddings (smeared, #34), normed; the bigram rows and #85's pre gate; #77's first bigram share."""
     x = model.wte(idx)
     if model.smear is not None:
@@ -52,15 +54,15 @@ def enter(model: torch.nn.Module, idx: Tensor, contexts: list, start: int, prev:
     if model.bigram_first and bigram is not None:  # #77: the first share goes in now
         x = x + bigram * (gates[("bigram", first)] if gates else model.bigram.lambdas[first])
         x0 = x if model.cfg.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
-    return Stream(x, x0, x, x02, tables, bigram, gates, contexts)
+    return x, Stream(x0, x, x02, tables, bigram, dict(gates), contexts)
 
 
-def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream) -> Layer:
+def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream, x: Tensor) -> Layer:
     """Layer s's input: the stream with its skip added, its gates (#85, the post gate computed at its
     layer), value rows, bigram term and attention input; the MUDD layer's recombined by MUDD (#81)."""
     if model.mudd_gate is not None and s.index == model.cfg.mudd_gate_layer:  # #85: the post gate
-        st.gates = st.gates | model.mudd_gate(st.x, 1)
-    x, gates = st.x, st.gates
+        st.gates.update(model.mudd_gate(x, 1))
+    gates = st.gates
     if s.skip_from is not None:
         scale = connections.skip_scale(model.skip_weights[s.skip_weight], model.cfg.skip_gate_form)
         if model.skip_gate is not None:  # #55 (the medium record: one gate per skip)
@@ -79,15 +81,14 @@ def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream) -> Layer:
     ctx = st.contexts[s.index]
     if not s.mudd:
         return Layer(x, st.x0, ctx, other_v, b, attn_in, dyn, None, st.x02)
-    st.x_in, attn_in = x, attn_in if attn_in is not None else x  # #81: from MUDD's coefficients of x
+    st.outputs["last"], attn_in = x, attn_in if attn_in is not None else x  # #81: MUDD's coefficients of x
     x, other_v, mu = model.mudd.enter_last(x, st.c0, st.outputs[model.cfg.mudd_sources[0]], other_v)
     return Layer(x, st.c0, ctx, other_v, b, attn_in, dyn, mu)
 
 
-def leave(model: torch.nn.Module, st: Stream) -> Tensor:
-    """The last layer's output with #81's recombination (the backout in its bias) or #40's backout."""
-    x = st.x
+def leave(model: torch.nn.Module, st: Stream, x: Tensor) -> Tensor:
+    """The last layer's output x with #81's recombination (the backout in its bias) or #40's backout."""
     if model.mudd is not None:
         h, skip = (st.outputs[j] for j in model.cfg.mudd_sources)
-        x = model.mudd.final(x, [st.c0, h, st.x_in, st.tables[0], skip])
+        x = model.mudd.final(x, [st.c0, h, st.outputs["last"], st.tables[0], skip])
     return model.backout(x, st.outputs) if model.backout is not None else x
