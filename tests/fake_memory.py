@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from speedrun.config import Config
-from speedrun.model import self_attention
+from speedrun.model import contexts
 from speedrun.model.families import build_model
 from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
@@ -112,7 +112,7 @@ def _rms_norm_like(x, normalized_shape, weight=None, eps=None):
 @contextmanager
 def _cuda_like_kernels():
     """Attention and RMSNorm with the memory contracts of their CUDA kernels."""
-    with mock.patch.object(self_attention, "attend", _flex_like_attend):
+    with mock.patch.object(contexts, "attend", _flex_like_attend):
         with mock.patch.object(F, "rms_norm", _rms_norm_like):
             yield
 

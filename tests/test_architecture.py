@@ -158,7 +158,7 @@ def test_x0_shortcut_starts_as_identity_and_mixes_the_embedding():
     block = shortcut.blocks[2]
     mixed = 0.5 * seen[2][0] + 2.0 * x0
     with torch.no_grad():
-        expected = mixed + block.attn(block.norm1(mixed), None)[0]
+        expected = mixed + block.attn(block.norm1(mixed))[0]
         expected = expected + block.mlp(block.norm2(expected))
     torch.testing.assert_close(seen[2][1], expected)
 

@@ -92,7 +92,7 @@ def test_bf16_blocks_step_as_fp32_blocks_through_the_mantissa_buffer():
     """model.block_dtype=bf16 (#57/#65: attn_bank and mlp_bank in bf16): after optimizer steps on the same
     gradients, each bf16 block matrix is the top half of the fp32 twin's (the buffer holds the rest, as
     #65's _cautious_wd_and_update_inplace), and every other parameter is bit for bit the twin's."""
-    from speedrun.model.gpt2026.model import BLOCK_MATRICES
+    from speedrun.model.gpt2026.init import BLOCK_MATRICES
     from speedrun.model.labels import label_of
     from speedrun.train.optimizers import build_optimizer
     from speedrun.train.schedule import apply_schedule

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
+from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import connections
 from speedrun.recipes import load_recipe
@@ -92,7 +93,7 @@ def record_attention_82(b, h, mask, other_v):
 
     a = b.attn
     if a.xsa is None:
-        return a(h, mask, other_v)[0]
+        return a(h, Masked(mask), other_v)[0]
     q, k, v, _ = a.project(h, other_v)
     y = attend(q, a.attended_keys(k), v, mask, a.scale)
     y = record_82_xsa(y.transpose(1, 2), v.transpose(1, 2), a.xsa.alpha).transpose(1, 2)
@@ -184,7 +185,7 @@ def record_hidden_sublayer(model, idx):
         else:
             inject = x0 * b.x0_lambda + (x0_bigram * lam[i] if i else 0)
             j = cfg.value_embeds[i]
-            y = b.attn(b.norm1(cache.get(H_SRC, x)), masks[i], tables[j] if j >= 0 else None)[0]
+            y = b.attn(b.norm1(cache.get(H_SRC, x)), Masked(masks[i]), tables[j] if j >= 0 else None)[0]
             x = b.lambdas[0] * x + b.post_lambdas[0] * y + inject
         x = b.lambdas[1] * x + b.post_lambdas[1] * b.mlp(b.norm2(x))
         cache[i] = x
@@ -206,7 +207,7 @@ def _close(got, want, tol, name):
 
 
 def _ours(model, idx):
-    return model.hidden(idx, model.layer_masks(idx))
+    return model.hidden(idx, model.layer_contexts(idx))
 
 
 # --- tests ------------------------------------------------------------------------------------------------

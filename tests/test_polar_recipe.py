@@ -293,7 +293,7 @@ def test_training_cross_entropy_is_in_bf16_and_validation_in_fp32():
     idx = torch.randint(0, cfg.model.eot_id, (1, 64), generator=gen)
     targets = torch.randint(0, cfg.model.eot_id, (1, 64), generator=gen)
     with torch.no_grad():
-        h = model.hidden(idx, model.layer_masks(idx))
+        h = model.hidden(idx, model.layer_contexts(idx))
         logits = 30 * torch.sigmoid(F.linear(h, model.lm_head.weight) / 7.5)
         assert logits.dtype == torch.bfloat16
         want_train = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))

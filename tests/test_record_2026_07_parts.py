@@ -140,7 +140,7 @@ def test_prefix_loss_and_gradients_are_the_records_in_the_model():
     idx = torch.randint(0, 50257, (1, 64), generator=torch.Generator().manual_seed(3))
     targets = torch.randint(256, 50257, (1, 64), generator=torch.Generator().manual_seed(4))
     loss = model(idx, targets)
-    hidden = model.hidden(idx, model.layer_masks(idx)).detach().requires_grad_(True)
+    hidden = model.hidden(idx, model.layer_contexts(idx)).detach().requires_grad_(True)
     head_w = model.lm_head.weight.detach().clone().requires_grad_(True)
     logits = 23 * torch.sigmoid((F.linear(hidden, head_w) + 5) / 7.5)  # #54's cap, fp32
     prefix_targets = model.prefix_table[targets[0]]
@@ -508,7 +508,7 @@ def test_model_masks_validation_only():
     torch.testing.assert_close(model(idx, idx, cu), plain(idx, idx, cu), rtol=0, atol=0)
     model.eval(), plain.eval()
     with torch.no_grad():
-        hidden = plain.hidden(idx, attend_fns=None, masks=plain.layer_masks(idx))
+        hidden = plain.hidden(idx, plain.layer_contexts(idx))
         logits = plain.capped_logits(hidden).float()
         shifts = torch.arange(8, dtype=torch.uint8)
         dropped = (model.canonical_mask[idx[0], :, None] >> shifts & 1).view(64, -1).bool()

@@ -98,7 +98,7 @@ def test_the_model_trains_on_the_mtp_loss_and_validates_on_plain_cross_entropy()
     y = torch.roll(x, -1, 1)
     write_weights(model.mtp_weights, (1.0, 0.5, 0.2))
     model.train()
-    logits = model.capped_logits(model.hidden(x, model.layer_masks(x))).float()
+    logits = model.capped_logits(model.hidden(x, model.layer_contexts(x))).float()
     torch.testing.assert_close(
         model(x, y), record_mtp_loss(logits[0], y[0], torch.tensor([1.0, 0.5, 0.2])) / 64, rtol=1e-5, atol=0
     )

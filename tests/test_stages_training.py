@@ -238,7 +238,7 @@ def test_yarn_attention_equals_record_31(history):
     T, H, D = 400, 2, 16
     attn = model.blocks[0].attn
     h = torch.randn(1, T, 32, generator=torch.Generator().manual_seed(5))
-    got, _ = windows.attend_fns(model, idx, cu)[0](attn, h, None)
+    got, _ = attn(h, windows.contexts(model, idx, cu)[0])
 
     cos, sin = record31_tables(D, 512, list(history))
     q, k, v = F.linear(h, attn.c_attn.weight).view(1, T, 3 * H, D).chunk(3, dim=-2)

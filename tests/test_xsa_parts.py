@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from speedrun.errors import ConfigError
+from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 
@@ -53,7 +54,7 @@ def record_77_hidden(model, idx):
         x = b.lambdas[0] * x + (b.x0_lambda if b.x0_lambda is not None else b.lambdas[1]) * x0
         attn_in = x_backout if x_backout is not None else x
         ve = tables[s.value_embed] if s.value_embed is not None else None
-        x = x + b.attn(b.norm1(attn_in), masks[i], ve)[0]
+        x = x + b.attn(b.norm1(attn_in), Masked(masks[i]), ve)[0]
         x = x + b.mlp(b.norm2(x))
         if i == model.cfg.backout_layer:
             x_backout = x
@@ -72,7 +73,7 @@ def test_cached_layer_input_is_the_records_loop_loss_and_every_gradient():
     model = _small(attn_inputs=[-1, -1, -1, 2, 2])
     assert [s.attn_input for s in model.specs] == [None, None, None, 2, 2]
     idx, tgt = _batch()
-    ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)
+    ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_contexts(i)), idx, tgt)
     ref = _loss_and_grads(model, record_77_hidden, idx, tgt)
     torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
     assert ours[1].keys() == ref[1].keys()
@@ -80,7 +81,7 @@ def test_cached_layer_input_is_the_records_loop_loss_and_every_gradient():
         torch.testing.assert_close(ours[1][n], ref[1][n], rtol=0, atol=0, msg=n)
     plain = _small()  # without #77: the attention reads the stream, and the loss differs
     assert not torch.equal(
-        _loss_and_grads(plain, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)[0], ref[0]
+        _loss_and_grads(plain, lambda m, i: m.hidden(i, m.layer_contexts(i)), idx, tgt)[0], ref[0]
     )
 
 
@@ -198,7 +199,7 @@ def test_gated_xsa_in_the_model_is_82s_loss_and_every_gradient():
         float(b.attn.xsa.alpha.detach().abs().sum()) > 0 for b in model.blocks if b.attn.xsa is not None
     )
     idx, tgt = _batch()
-    ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_masks(i)), idx, tgt)
+    ours = _loss_and_grads(model, lambda m, i: m.hidden(i, m.layer_contexts(i)), idx, tgt)
     ref = _loss_and_grads(model, record_82_hidden, idx, tgt)
     torch.testing.assert_close(ours[0], ref[0], rtol=0, atol=0)
     assert ours[1].keys() == ref[1].keys()

@@ -23,8 +23,8 @@ from speedrun.model.attention import (
     layer_specs,
 )
 from speedrun.model.cgi import cgi_signs
+from speedrun.model.contexts import CAUSAL, Context, Masked
 from speedrun.model.fp8 import fp8_linear
-from speedrun.model.kv_cache import AttendFn  # an attention call other than the module's own
 from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
 from speedrun.model.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
@@ -48,19 +48,17 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: AttentionMask = None,
+        ctx: Context | None = CAUSAL,
         x0: torch.Tensor | None = None,
         other_v: torch.Tensor | None = None,
-        attend_fn: AttendFn | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns the new residual stream and the attention's unmixed v (None without attention).
-        `attend_fn(attn, x, other_v)` replaces the attention call (cached decoding)."""
+        """Returns the new residual stream and the attention's unmixed v (None without attention);
+        `ctx`: how the attention is called (model/contexts.py)."""
         if self.lambdas is not None:
             x = self.lambdas[0] * x + self.lambdas[1] * x0
         raw_v = None
         if self.attn is not None:
-            h = self.norm1(x)
-            y, raw_v = attend_fn(self.attn, h, other_v) if attend_fn else self.attn(h, mask, other_v)
+            y, raw_v = self.attn(self.norm1(x), ctx, other_v)
             x = x + y
         return x + self.mlp(self.norm2(x)), raw_v
 
@@ -174,6 +172,10 @@ class GPT(nn.Module):
             mask if block.attn is not None else None for mask, block in zip(specs, self.blocks, strict=True)
         ]
 
+    def layer_contexts(self, idx: torch.Tensor) -> list[Context]:
+        """Per layer, how its attention is called in the forward (model/contexts.py): under its mask."""
+        return [Masked(m) for m in self.layer_masks(idx)]
+
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
         """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
         return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
@@ -183,7 +185,7 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) → loss (a scalar for 'mean'/'sum', (B, T) for 'none'), or fp32 logits."""
         B, T = idx.shape
-        hidden = self.hidden(idx, self.layer_masks(idx))
+        hidden = self.hidden(idx, self.layer_contexts(idx))
         if targets is None:
             return self.logits(hidden)
         logits = self.capped_logits(hidden).float()
@@ -193,13 +195,12 @@ class GPT(nn.Module):
     def hidden(
         self,
         idx: torch.Tensor,
-        masks: list[AttentionMask] | None = None,
+        contexts: list[Context | None] | None = None,
         start: int = 0,
-        attend_fns: list[AttendFn | None] | None = None,
         prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Embeddings and blocks up to the final norm for tokens at positions start..; cached decoding passes
-        per-layer `attend_fns` and `prev` (the shared decode interface; unused here), the forward masks."""
+        """Embeddings and blocks up to the final norm for tokens at positions start..; `contexts`: per layer,
+        how its attention is called (None: plain causal); `prev`: the shared decode interface, unused here."""
         cfg = self.cfg
         x = self.wte(idx)
         if self.wpe is not None:
@@ -207,8 +208,7 @@ class GPT(nn.Module):
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x0 = x
-        masks = masks or [None] * cfg.n_layer
-        attend_fns = attend_fns or [None] * cfg.n_layer
+        contexts = contexts or [CAUSAL] * cfg.n_layer
         tables = [emb(idx) for emb in self.value_embeds] if self.value_embeds is not None else None
         outputs: dict[int, torch.Tensor] = {}
         v_first = None
@@ -217,7 +217,7 @@ class GPT(nn.Module):
                 x = x + self.skip_weights[i - (cfg.n_layer - cfg.n_layer // 2)] * outputs[src]
             j = self.ve_layout[i]
             other_v = v_first if tables is None else (tables[j] if j is not None else None)
-            x, raw_v = block(x, masks[i], x0, other_v, attend_fns[i])
+            x, raw_v = block(x, contexts[i], x0, other_v)
             if cfg.value_residual and v_first is None:
                 v_first = raw_v
             if i in self.kept_outputs:

@@ -1,11 +1,11 @@
 """Cached decoding: `forward_cached(model, idx, cache)` gives the logits of the new positions `idx`
-(B, n) after the tokens in `cache`, through the GPT's own `hidden`, `logits` and attention
-`project`/`output`; only the attention call differs (cached keys and values, under the forward's
-masks from `attention.layer_specs`, cut to the new rows)."""
+(B, n) after the tokens in `cache`, through the GPT's own `hidden` and `logits`; only each layer's
+attention context differs (`Cached`: cached keys and values, under the forward's masks from the model's
+`mask_specs`, cut to the new rows). Nothing here knows a model family."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -13,14 +13,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from speedrun.model.attention import MaskSpec, document_ids, spec_dense_mask
+from speedrun.model.contexts import near_keys
 
-#: What decoding needs of a model, whatever its family (gpt2024 or gpt2026): `cfg.n_layer`,
-#: `cfg.max_seq_len`, `cfg.vocab_size`; `mask_specs(tokens)`; `hidden(idx, start=, attend_fns=, prev=)`;
-#: `logits(hidden)`; and per block an `attn` (or None) with `project`, `attended_keys`, `output`,
-#: `paired` and `scale`.
+#: What decoding needs of a model, whatever its family: `cfg.n_layer`, `cfg.max_seq_len`,
+#: `cfg.vocab_size`, `cfg.eot_id`; `mask_specs(tokens)`; `hidden(idx, contexts, start=, prev=)` (one
+#: model/contexts.py context per layer); `logits(hidden)`; per block an `attn` (or None) with `paired`.
 Model = torch.nn.Module
-#: (attention module, normed input, other v) → (output, unmixed v)
-AttendFn = Callable[[torch.nn.Module, Tensor, Tensor | None], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -36,35 +34,32 @@ class KVCache:
         return 0 if self.tokens is None else self.tokens.size(1)
 
 
-def _attend_cached(
-    attn: torch.nn.Module,
-    layer: int,
-    x: Tensor,
-    other_v: Tensor | None,
-    mask: Tensor,
-    cache: KVCache,
-    start: int,
-    dyn=None,
-    eot_id: int = -1,
-) -> tuple[Tensor, Tensor]:
-    """Attention.forward for new positions, with earlier keys/values from the cache."""
-    q, k, v, raw_v = attn.project(x, other_v, start)
-    if layer in cache.keys:
-        k = torch.cat([cache.keys[layer], k], dim=2)
-        v = torch.cat([cache.values[layer], v], dim=2)
-    cache.keys[layer], cache.values[layer] = k, v  # as projected: #49's offset reads the key before
-    y = F.scaled_dot_product_attention(q, attn.attended_keys(k), v, attn_mask=mask, scale=attn.scale)
-    if dyn is not None:  # gpt2026's #85 per-token gates (XSA among them, and DC's weights)
-        if "dc1" in dyn:  # the correction's rows of the new positions, over every cached key
-            from speedrun.model.gpt2026.dc import DC_WINDOW, dc_valid
+@dataclass
+class Cached:
+    """Decoding's attention context (model/contexts.py) for layer `layer`: new positions start.. attend
+    to the cached keys and values and their own under `mask`; `docs` (B, T): every position's document."""
 
-            docs = document_ids(cache.tokens, eot_id)
-            valid = dc_valid(docs[:, start:], docs, start, DC_WINDOW)
-            y = attn.dc(y, q, attn.attended_keys(k), v, x, dyn, valid)
-        return attn.output(y, x, v[:, :, -q.size(2) :], dyn), raw_v
-    if getattr(attn, "xsa", None) is not None:  # gpt2026's #82 XSA reads the new positions' values
-        return attn.output(y, x, v[:, :, -q.size(2) :]), raw_v
-    return attn.output(y, x), raw_v
+    cache: KVCache
+    layer: int
+    mask: Tensor
+    start: int
+    docs: Tensor
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The cached keys/values with the new ones after them, stored as projected (#49's offset reads
+        the key before, so the attended keys are derived again from these)."""
+        c = self.cache
+        if self.layer in c.keys:
+            k = torch.cat([c.keys[self.layer], k], dim=2)
+            v = torch.cat([c.values[self.layer], v], dim=2)
+        c.keys[self.layer], c.values[self.layer] = k, v
+        return k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None, kernel: str = "auto") -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
+
+    def near(self, window: int) -> Tensor:
+        return near_keys(self.docs[:, self.start :], self.docs, self.start, window)
 
 
 @torch.no_grad()
@@ -81,16 +76,11 @@ def forward_cached(model: Model, idx: Tensor, cache: KVCache) -> Tensor:
         (id(s), p): spec_dense_mask(s, start * (1 + p), end * (1 + p), 0, end * (1 + p), device)
         for s, p in zip(specs, paired, strict=True)
     }
-
-    def cached(i: int) -> AttendFn:
-        mask = built[(id(specs[i]), paired[i])]
-        return lambda attn, x, other_v, dyn=None: _attend_cached(
-            attn, i, x, other_v, mask, cache, start, dyn, cfg.eot_id
-        )
-
+    docs = document_ids(cache.tokens, cfg.eot_id)
+    masks = [built[(id(s), p)] for s, p in zip(specs, paired, strict=True)]
+    contexts = [Cached(cache, i, mask, start, docs) for i, mask in enumerate(masks)]
     prev = cache.tokens[:, start - 1 : start] if start > 0 else None  # smear's look-back (#34)
-    hidden = model.hidden(idx, start=start, attend_fns=[cached(i) for i in range(cfg.n_layer)], prev=prev)
-    return model.logits(hidden)
+    return model.logits(model.hidden(idx, contexts, start=start, prev=prev))
 
 
 def pick_next(

@@ -1,6 +1,6 @@
 """The attention of a block: projections (fused or separate QKV), value mixing (value residual, value
-embeddings), QK-norm, rotary, the attention call and the output projection. `project`,
-`attended_keys` and `output` are shared by the forward and cached decoding."""
+embeddings), QK-norm, rotary, the attention call and the output projection. How it is
+called (the forward's mask, a KV cache) comes from its context (model/contexts.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speedrun.config import ModelConfig
-from speedrun.model.attention import AttentionMask, attend
+from speedrun.model.contexts import CAUSAL, Context
 from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear, Rotary, make_rotary
 
@@ -57,11 +57,13 @@ class Attention(nn.Module):
         return v if other is None else v + self.lambdas[1] * other
 
     def forward(
-        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None
+        self, x: torch.Tensor, ctx: Context = CAUSAL, other_v: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual)."""
-        q, k, v, raw_v = self.project(x, other_v)
-        return self.output(attend(q, self.attended_keys(k), v, mask, self.scale, self.sdpa_kernel), x), raw_v
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v (B, T, H, D) for the value residual),
+        called as `ctx` says (the forward's mask or a KV cache: model/contexts.py)."""
+        q, k, v, raw_v = self.project(x, other_v, ctx.start)
+        k, v = ctx.keys_values(k, v)
+        return self.output(ctx.attend(q, self.attended_keys(k), v, self.scale, self.sdpa_kernel), x), raw_v
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
         """The keys (B, H, T, D) of every position so far as the attention reads them (gpt2026's #49 shifts

@@ -3,7 +3,8 @@ into v (#45's layouts, #55's gate), QK-norm, half-truncated rotary (YaRN-updated
 key offset on long layers (#49), the attention call and the output projection with #28's gate. With #344's
 `model.qk_head_dim` Q and K are narrower than V (96 vs 128): the fused weight has 2·H·96 + C rows, QK-norm,
 rotary and the key offset act on the 96 dims, and V, the attention output and the projection keep 128.
-`project`, `attended_keys` and `output` are the decode interface (model/kv_cache.py, varlen windows)."""
+The layer is written once, in `forward`; how it is called (the forward's mask, packed documents, a KV
+cache) comes from its context (model/contexts.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.model.attention import AttentionMask, MaskSpec, attend
-from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked, dc_valid
+from speedrun.model.attention import MaskSpec
+from speedrun.model.contexts import CAUSAL, Context
+from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked
 from speedrun.model.gpt2026.gates import AttentionGate
 from speedrun.model.gpt2026.mudd import xsa_per_token
 from speedrun.model.gpt2026.specs import LayerSpec
@@ -91,7 +93,11 @@ class Attention(nn.Module):
         gate: int,
         weights_mix: bool,
         qk_dim: int = 0,
+        ve_gate: nn.Module | None = None,
+        xsa_label: str | None = "scalar",
     ):
+        """`ve_gate`: #55's value-embedding gate of the layer; `xsa_label`: #82's α's label, None where
+        #85's gate network gives α per token."""
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
         self.qk_dim = qk_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
@@ -103,30 +109,27 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.scale = scale  # YaRN (#31) rewrites it at each long-window growth
         self.gate = AttentionGate(gate, n_head) if gate else None  # #28
-        self.ve_gate = None  # #55: set by the model on the value-embedding layers (after every block)
         self.paired = spec.paired  # #58
         self.key_offset = spec.key_offset  # #49
-        self.xsa = GatedXSA(n_head) if spec.xsa else None  # #82
+        self.xsa = GatedXSA(n_head, xsa_label) if spec.xsa and xsa_label else None  # #82
+        self.ve_gate = ve_gate  # #55 (registered after the rest, as the records build it)
         self.weights_mix = weights_mix  # #47/#48: λ0 scales the QKV weight, λ1 the output's
         self.lambdas = label(nn.Parameter(torch.tensor([0.5, 1.0] if weights_mix else [0.5, 0.5])), "scalar")
 
     def forward(
-        self, x: torch.Tensor, mask: AttentionMask = None, other_v: torch.Tensor | None = None, dyn=None
+        self, x: torch.Tensor, ctx: Context = CAUSAL, other_v: torch.Tensor | None = None, dyn=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, C) → (output (B, T, C), this layer's unmixed v); `dyn`: #85's per-token gates (and
-        its DC weights with the tokens' documents, "docs")."""
-        q, k, v, raw_v = self.project(x, other_v)
+        """x (B, T, C) → (output (B, T, C), this layer's unmixed v), called as `ctx` says (the forward's
+        mask, packed documents, a KV cache: model/contexts.py); `dyn`: #85's per-token gates of the layer
+        (XSA α, output gate, DC weights)."""
+        q, k, v, raw_v = self.project(x, other_v, ctx.start)
+        k, v = ctx.keys_values(k, v)
         k = self.attended_keys(k)
-        y = attend(q, k, v, mask, self.scale)
-        if dyn and "dc1" in dyn:
-            y = self.dc(y, q, k, v, x, dyn, dc_valid(dyn["docs"], dyn["docs"], 0, DC_WINDOW))
-        return self.output(y, x, v, dyn), raw_v
-
-    def dc(self, y, q, k, v, x, dyn, valid: torch.Tensor) -> torch.Tensor:
-        """#85's DC correction of y (B, H, Tq, D) from q, the attended k and v (valid: `dc.dc_valid`),
-        with the weights the gate network gave (dyn "dc1", "dc2"), w1 RMS-normed over the heads."""
-        w1, w2 = dc_gate(dyn["dc1"], dyn["dc2"], x)
-        return dc_masked(y, q, k, v, w1, w2, self.scale, valid)
+        y = ctx.attend(q, k, v, self.scale)
+        if dyn and "dc1" in dyn:  # #85: the correction's rows of the queries, over the keys near them
+            w1, w2 = dc_gate(dyn["dc1"], dyn["dc2"], x)
+            y = dc_masked(y, q, k, v, w1, w2, self.scale, ctx.near(DC_WINDOW))
+        return self.output(y, x, v[:, :, -q.size(2) :], dyn), raw_v
 
     def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
         """The keys (B, H, T, D) as attended: #49 shifts the stationary dims one token on its layers."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from speedrun.model.gpt2026.embeddings import BigramEmbed, bigram_hash
+from speedrun.model.gpt2026.embeddings import SHARE, BigramEmbed, bigram_hash
 
 
 def sign_index(
@@ -30,8 +30,10 @@ def sign_index(
 class SignedBigramEmbed(BigramEmbed):
     """#62's bigram embedding whose rows are multiplied by #83's ±1 sign rows."""
 
-    def __init__(self, rows: int, dim: int, n_layer: int, sign_rows: int, width: int | None = None):
-        super().__init__(rows, dim, n_layer, width)
+    def __init__(
+        self, rows: int, dim: int, n_layer: int, sign_rows: int, width: int | None = None, share=SHARE
+    ):
+        super().__init__(rows, dim, n_layer, width, share)
         # drawn after the table, as the record's __init__ (bigram_embed, then its sign table)
         self.register_buffer("sign_table", torch.randn(sign_rows, dim).sign().to(torch.bfloat16))
 

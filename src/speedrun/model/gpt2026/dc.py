@@ -45,20 +45,13 @@ def dc_correction(
     return (y.float() + corr).to(y.dtype)
 
 
-def dc_valid(doc_q: Tensor, doc_k: Tensor, start: int, window: int) -> Tensor:
-    """doc_q (B, Tq) of positions start.., doc_k (B, Tk) of positions 0.. → (B, Tq, Tk): s in
-    (t − window, t] of t's document."""
-    pos_q = torch.arange(start, start + doc_q.size(1), device=doc_q.device)
-    rel = pos_q[:, None] - torch.arange(doc_k.size(1), device=doc_q.device)[None, :]
-    return (rel >= 0) & (rel < window) & (doc_q[:, :, None] == doc_k[:, None, :])
-
-
 def dc_masked(
     y: Tensor, q: Tensor, k: Tensor, v: Tensor, w1: Tensor, w2: Tensor, scale: float, valid: Tensor
 ) -> Tensor:
     """`dc_correction` on the attention's (B, H, T, D) layout: y, q (B, H, Tq, D) of the new positions,
     k, v (B, H, Tk, D) of every position, w1, w2 (B, Tq, H) from `dc_gate`, valid (B, Tq, Tk)
-    (`dc_valid`) → y plus the correction, in y's dtype (probabilities in fp32)."""
+    (the context's `near`, model/contexts.py) → y plus the correction, in y's dtype (probabilities in
+    fp32)."""
     scores = torch.einsum("bhtd,bhsd->bhts", q.float(), k.float()) * scale
     probs = scores.masked_fill(~valid[:, None], float("-inf")).softmax(dim=-1)
     mixed = torch.einsum("bth,bhts->bts", w1.float(), probs)

@@ -80,6 +80,9 @@ def bigram_hash(
     return torch.cat([seq[:, :1], h], dim=1) if start == 0 else h
 
 
+SHARE = (0.1, "scalar")  # #62's bigram λ per layer: its start and label
+
+
 class BigramEmbed(nn.Module):
     def __init__(
         self,
@@ -87,14 +90,16 @@ class BigramEmbed(nn.Module):
         dim: int,
         n_layer: int,
         width: int | None = None,
+        share: tuple[float, str] | None = SHARE,
     ):
-        """`width`: the stream's width where the rows are narrower (#89's script: 192 of 768)."""
+        """`width`: the stream's width where the rows are narrower (#89's script: 192 of 768); `share`: each
+        layer's λ_i (its start and label; `bigram_share`), None where #85's gates give them per token."""
         super().__init__()
         self.rows = rows
         self.pad = (width or dim) - dim  # #89's script: rows of 192 dims added to x[..., :192]
         self.embed = nn.Embedding(rows, dim)
         label(self.embed.weight, "bigram")
-        self.lambdas = label(nn.Parameter(torch.full((n_layer,), 0.1)), "scalar")  # #77 on: 0.05, "lambda"
+        self.lambdas = label(nn.Parameter(torch.full((n_layer,), share[0])), share[1]) if share else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -108,3 +113,9 @@ class BigramEmbed(nn.Module):
     def widen(self, rows: torch.Tensor) -> torch.Tensor:
         """Narrow rows (B, T, dim) zero-padded to the stream's width: x + pad(b) is x[..., :dim] += b."""
         return torch.nn.functional.pad(rows, (0, self.pad)) if self.pad else rows
+
+
+def bigram_share(residual_form: str, gated: bool) -> tuple[float, str] | None:
+    """The layers' bigram λ: from 0.1 (#62), from 0.05 and trained with the lambdas in #77's form, none
+    under #85's gate network (its gates are the shares)."""
+    return None if gated else (0.05, "lambda") if residual_form == "sublayer" else SHARE

@@ -1,9 +1,10 @@
 """Which keys each gpt2026 layer sees: documents (always), and its window, long (L) or short (S).
 
 Two ways in: packed documents with `cu_seqlens` and Python-int windows set per stage (#29 on, varlen:
-`attend_fns`), or #26's document mask with a 0-d tensor window that grows every step (`mask_specs`, which
-cached decoding also uses for varlen models, with the varlen semantics). #58's paired layers see their
-documents doubled. The stage hook `apply_schedule` writes a step's windows, YaRN and MTP weights."""
+the `Packed` contexts), or #26's document mask with a 0-d tensor window that grows every step
+(`mask_specs`, which cached decoding also uses for varlen models, with the varlen semantics). #58's
+paired layers see their documents doubled. The stage hook `apply_schedule` writes a step's windows,
+YaRN and MTP weights."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from torch import Tensor
 from speedrun.config_model import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
+from speedrun.model.contexts import near_keys
 from speedrun.model.gpt2026.attention import paired_spec
-from speedrun.model.gpt2026.dc import DC_WINDOW, dc_correction, dc_gate
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.yarn import rotary_tables, yarn_after
 
@@ -85,39 +86,46 @@ def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
         attn.scale = scale
 
 
-def _varlen_layer(
-    attn, h: Tensor, other_v: Tensor | None, dyn=None, *, cu_seqlens: Tensor, window: int, max_seqlen: int
-):
-    """One attention layer over packed documents: (1, T, C) in → (output (1, T, C), unmixed v)."""
-    q, k, v, raw_v = attn.project(h, other_v)  # (1, H, T, D); paired heads (#58): (1, H/2, 2T, D)
-    if attn.paired:
-        cu_seqlens, max_seqlen = 2 * cu_seqlens, 2 * max_seqlen
-    k = attn.attended_keys(k)
-    q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # packed (T, H, D)
-    y = varlen_attention(q, k, v, cu_seqlens, window, attn.scale, max_seqlen)
-    if dyn and "dc1" in dyn:  # #85's DC correction over the packed documents, as the record's kernel
-        w1, w2 = dc_gate(dyn["dc1"][0], dyn["dc2"][0], h)
-        y = dc_correction(y, q, k, v, w1, w2, attn.scale, DC_WINDOW, cu_seqlens)
-    return attn.output(y.transpose(0, 1)[None], h, v.transpose(0, 1)[None], dyn), raw_v
+@dataclass(frozen=True)
+class Packed:
+    """The variable-length kernels' attention context (model/contexts.py): one row (1, T) of packed
+    documents bounded by `cu_seqlens`, seen through `window` tokens back (0 = none); a paired layer's
+    (#58) bounds and `max_seqlen` come doubled."""
+
+    cu_seqlens: Tensor
+    window: int
+    max_seqlen: int
+    length: int  # positions in the row (T; 2T on a paired layer)
+    start: int = 0
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None, kernel: str = "auto") -> Tensor:
+        """(1, H, T, D) in and out; the kernels take the packed (T, H, D)."""
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))
+        y = varlen_attention(q, k, v, self.cu_seqlens, self.window, scale, self.max_seqlen)
+        return y.transpose(0, 1)[None]
+
+    def near(self, window: int) -> Tensor:
+        """(1, T, T): keys in (t − window, t] of t's document (bounds from `cu_seqlens`)."""
+        pos = torch.arange(self.length, device=self.cu_seqlens.device)
+        docs = torch.bucketize(pos, self.cu_seqlens[1:].to(pos.dtype), right=True)[None]
+        return near_keys(docs, docs, 0, window)
 
 
-def attend_fns(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list:
-    """Per layer, its varlen attention call (None without attention)."""
+def contexts(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list[Packed | None]:
+    """Per layer, its varlen attention context (None without attention)."""
     assert idx.size(0) == 1, "varlen batches are one packed row"
     w: VarlenWindows = model.varlen_windows
     T = idx.size(1)
     max_seqlen = min(T, w.max_doc_len) if model.training and w.max_doc_len > 0 else T
+    window = {"L": w.long, "S": w.short}
     return [
-        functools.partial(
-            _varlen_layer,
-            cu_seqlens=cu_seqlens,
-            window=w.long if s.window == "L" else w.short,
-            max_seqlen=max_seqlen,
-        )
-        if s.attention
-        else None
+        (Packed(2 * cu_seqlens, window[s.window], 2 * max_seqlen, 2 * T) if s.paired
+         else Packed(cu_seqlens, window[s.window], max_seqlen, T)) if s.attention else None
         for s in model.specs
-    ]
+    ]  # fmt: skip
 
 
 def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:

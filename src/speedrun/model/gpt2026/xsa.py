@@ -18,9 +18,9 @@ from speedrun.model.labels import label
 
 
 class GatedXSA(nn.Module):
-    def __init__(self, n_head: int):
+    def __init__(self, n_head: int, label_name: str = "scalar"):
         super().__init__()
-        self.alpha = label(nn.Parameter(torch.zeros(n_head)), "scalar")  # #82: zero (#77's form: lambda)
+        self.alpha = label(nn.Parameter(torch.zeros(n_head)), label_name)  # #82: zero (#77's form: lambda)
 
     def forward(self, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """y, v (B, H, T, D) → y without tanh(α_h) of its component along v̂ (#82's normalize form)."""

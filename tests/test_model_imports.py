@@ -1,0 +1,49 @@
+"""The model's shared parts know no family: the decoder, the attention contexts, masks and layers import
+neither model/gpt2026/ nor the gpt2024 GPT's own modules (read from their source with ast, lazy imports
+inside functions included), so a family's attention reaches decoding only through the context interface."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+MODEL = Path(__file__).resolve().parent.parent / "src" / "speedrun" / "model"
+SHARED = ["kv_cache.py", "contexts.py", "attention.py", "attention_tiers.py", "layers.py", "labels.py"]
+SHARED += ["flex.py", "yarn.py", "fp8.py"]
+FAMILY = ("speedrun.model.gpt2026", "speedrun.model.gpt", "speedrun.model.self_attention")
+
+
+def imported(path: Path) -> set[str]:
+    """Every module an `import` or `from … import` anywhere in the file names (relative ones resolved)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x / from .gpt2026 import y, inside speedrun.model
+                base = "speedrun.model" + (f".{base}" if base else "")
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def family_imports(names: set[str]) -> set[str]:
+    return {n for n in names if any(n == f or n.startswith(f + ".") for f in FAMILY)}
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_shared_model_parts_import_no_family(name: str):
+    assert not family_imports(imported(MODEL / name)), name
+
+
+def test_the_rule_sees_a_lazy_family_import(tmp_path: Path):
+    """The check fails on what the decoder did before: a gpt2026 import inside a function."""
+    old = tmp_path / "old.py"
+    old.write_text("def f():\n    from speedrun.model.gpt2026.dc import dc_valid\n    from . import gpt\n")
+    assert family_imports(imported(old)) == {
+        "speedrun.model.gpt2026.dc",
+        "speedrun.model.gpt2026.dc.dc_valid",
+        "speedrun.model.gpt",
+    }
