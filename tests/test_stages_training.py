@@ -310,7 +310,7 @@ def test_the_documented_stage_plan_is_todays_record():
     momentum = (0.85, 0.95, 300, 50)
     plan = parse_stages(t["stages"], t["steps"], t["warmdown_frac"], t["final_lr_frac"], momentum)
     no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
-    assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp), split_stage=-1)
+    assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp))
     assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
 
 
