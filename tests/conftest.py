@@ -39,6 +39,15 @@ TINY = [
     "train.time_budget_s=0",  # exactly train.steps, whatever the host (the demo fits a time budget)
     "train.budget_min_steps=0",
 ]
+# optim.name=adamw recipes: one AdamW reads no Muon/Adam-group LRs, and refuses them given (issue 35)
+TINY_ADAMW = [o for o in TINY if not o.startswith("optim.")]
+
+
+def tiny_for(recipe: str) -> list[str]:
+    """TINY for the recipe's optimizer."""
+    from speedrun.recipes import load_recipe
+
+    return TINY_ADAMW if load_recipe(recipe).optim.name == "adamw" else TINY
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,5 @@ STAGES_2026_07 = StagePlan(
     extension_steps=15,
     cooldown_frac=0.60,
     lr_floor=0.15,
-    split_stage=2,
     val_long_window=20,
 )

@@ -16,7 +16,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import checkpoint as ckpt
 from tests import two_processes
-from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
+from tests.conftest import TINY, TINY_ADAMW, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 
 # fp32 on CPU: a resumed run must reproduce the uninterrupted one bit for bit.
 RESUMABLE = [
@@ -155,7 +155,7 @@ def test_retention_keeps_the_newest(tmp_path):
 
 
 def test_tied_weights_round_trip(tmp_path):
-    cfg = load_recipe("gpt2-baseline", [*TINY, "model.vocab_size=512"])
+    cfg = load_recipe("gpt2-baseline", [*TINY_ADAMW, "model.vocab_size=512"])
     model = build_model(cfg.model)
     path = ckpt.save_checkpoint(tmp_path, 1, model, {"step": 1}, cfg.to_dict(), keep=1)
     fresh = build_model(cfg.model)

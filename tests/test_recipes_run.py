@@ -7,7 +7,7 @@ import pytest
 
 from speedrun.recipes import load_recipe
 from speedrun.train.loop import train
-from tests.conftest import TINY
+from tests.conftest import tiny_for
 
 FOUNDATION = ["demo", "demo-adamw", "gpt2-baseline", "muon-2024-10", "untied-2024-11"]
 
@@ -16,7 +16,7 @@ FOUNDATION = ["demo", "demo-adamw", "gpt2-baseline", "muon-2024-10", "untied-202
 @pytest.mark.parametrize("recipe", FOUNDATION)
 def test_recipe_trains_a_few_steps(recipe, text_data, tmp_path):
     overrides = [
-        *TINY,
+        *tiny_for(recipe),
         f"data.dir={text_data}",
         "data.source=text:unused",
         "train.steps=6",

@@ -191,17 +191,16 @@ def test_a_rule_change_starts_the_row_over(capsys):
     assert kept["lr"] == 0.008  # the same rule merges as before
 
 
-def test_stage_values_untie_after_the_records_split_step():
+@pytest.mark.parametrize("recipe", ["record-2026-07", "xsa-2026-04", "banks-2026-01"])
+def test_the_untie_follows_the_records_split_step(recipe):
     """The record runs `copy_lm_state_to_embed` after step split_step = boundaries[2][0] | 1 (an Adam
-    step), so that step still trains tied, as our optimizer does (the recipes' optim.tie_until =
-    split_step + 1): StageValues.untied turned true one step early."""
-    from speedrun.train.stages import stage_bounds, stage_values
-    from tests.record_stages import STAGES_2026_07 as plan
+    step), so that step still trains tied: optim.tie_until (what unties, optim/sharded.py) is
+    split_step + 1. (StageValues.untied, read by tests only, turned true one step early; deleted.)"""
+    from speedrun.config_stages import stage_plan
+    from speedrun.train.stages import stage_bounds
 
-    split = stage_bounds(plan)[2][0] | 1  # the record's split_step
-    assert split == 847  # round(1270 · 2/3) | 1
-    got = [stage_values(s, plan).untied for s in (split - 1, split, split + 1)]
-    assert got == [False, False, True], (split, got)
+    cfg = load_recipe(recipe)
+    assert cfg.optim.tie_until == (stage_bounds(stage_plan(cfg))[2][0] | 1) + 1
 
 
 def test_resume_names_the_setting_it_cannot_change_first(text_data, tmp_path):

@@ -219,6 +219,13 @@ def _validate_model_switches(m: ModelConfig) -> None:
         raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
 
+# the optim keys optim.name=adamw reads (train/optimizers.py, the loop's clip and Tail-EMA readout)
+ADAMW_READS = frozenset(
+    {"name", "lr", "weight_decay", "betas", "eps", "grad_clip", "labels"}
+    | {"tail_ema_tau", "tail_ema_start", "tail_ema_end", "tail_ema_lambda"}
+)
+
+
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
@@ -230,7 +237,19 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
         )
-    adamw_only = sorted({"optim.lr", "optim.weight_decay"} & cfg.fixed)  # only AdamW reads them
+    given = sorted(k for k in cfg.fixed if k.startswith("optim."))
+    unread = [k for k in given if k.removeprefix("optim.").split(".")[0] not in ADAMW_READS]
+    if o.name == "adamw" and unread:  # one AdamW for every parameter: the Muon/NorMuon keys feed nothing
+        raise ConfigError(
+            f"{unread[0]} has no effect under optim.name=adamw (it reads optim.lr, weight_decay, betas, eps, "
+            "grad_clip, labels and tail_ema_*)"
+        )
+    adamw_only = [k for k in given if k in ("optim.lr", "optim.weight_decay")]  # only AdamW reads them
+    if "optim.betas" in given and o.name == "normuon":
+        raise ConfigError(
+            "optim.betas has no effect under optim.name=normuon (its Adam rows take optim.embed_betas, "
+            "value_embed_betas, scalar_betas and x0_betas)"
+        )
     if adamw_only and o.name != "adamw":
         raise ConfigError(
             f"{adamw_only[0]} has no effect under optim.name={o.name} (only adamw reads it; the Adam groups "

@@ -48,7 +48,6 @@ class StagePlan:
     # #46–#53: a stage starts at the first step with s/N >= its start fraction (int(3·s/N)), and the MTP
     # weights interpolate in s/N over its nominal fraction; else rounded starts and step-wise weights
     fraction_bounds: bool = False
-    split_stage: int = -1  # untie embedding and head at the first odd step of this stage (-1: never)
     val_long_window: int = 0  # long window (blocks) of the final validation; 0 = the last stage's
     val_short_window: int = 0  # short window (blocks) of the final validation; 0 = the last stage's
     val_yarn_window: int = 0  # #35: the final validation's YaRN rescales to this, not to its long window

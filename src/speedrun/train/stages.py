@@ -21,7 +21,6 @@ class StageValues:
     lr: float
     muon_momentum: float
     mtp_weights: tuple[float, ...]
-    untied: bool
     prefix_weight: float | None = None  # #88; None: the stage sets none (the model keeps its own)
 
 
@@ -83,14 +82,6 @@ def momentum_warmup_cooldown(step: int, plan: StagePlan) -> float:
     return hi
 
 
-def split_step(plan: StagePlan) -> int:
-    """The last step with embedding and head tied: the split stage's first odd step (Adam steps on odd
-    steps only), after which the record's `copy_lm_state_to_embed` unties them; past the run when never."""
-    if plan.split_stage < 0:
-        return plan.total_steps + 1
-    return stage_bounds(plan)[plan.split_stage][0] | 1
-
-
 def stage_values(step: int, plan: StagePlan) -> StageValues:
     """Everything the stage plan sets for `step`; `step == total_steps` is the final validation."""
     i, t = stage_at(step, plan)
@@ -110,7 +101,6 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
         lr=stage_lr(step, plan),
         muon_momentum=momentum_warmup_cooldown(step, plan),
         mtp_weights=tuple(a + (b - a) * mtp_t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
-        untied=step > split_step(plan),  # from the step after the split (optim.tie_until = split + 1)
         prefix_weight=s.prefix[0] + (s.prefix[1] - s.prefix[0]) * mtp_t if s.prefix else None,  # as mtp
     )
 
