@@ -161,7 +161,7 @@ def _refuse_ignored_options(args: argparse.Namespace) -> None:
 
 def _resume(args: argparse.Namespace) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
-    from speedrun.config import validate
+    from speedrun.config_checks import validate
     from speedrun.config_files import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config
     from speedrun.train.rundir import refuse_checkpoint_folder
 

@@ -1,17 +1,17 @@
-"""Cross-field rules of a run configuration, and a memory bound on the model it describes."""
+"""Cross-field rules of a run configuration, and a memory bound on the model it describes; `validate`
+is the one entry (config.py defines the fields and imports nothing of this, so the layer has no circle)."""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
 
+from speedrun.config import Config, ModelConfig, check_fields
+from speedrun.config_labels import check_shadowed
+from speedrun.config_model import check as check_gpt2026
 from speedrun.config_stages import check_stages
 from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from speedrun.config import Config, ModelConfig
 
 
 def _check_document_loader(cfg: Config) -> None:
@@ -91,9 +91,7 @@ def cross_field_checks(cfg: Config) -> None:
     _check_document_loader(cfg)
     check_stages(cfg)
     if m.family == "gpt2026":
-        from speedrun.config_model import check
-
-        check(m)
+        check_gpt2026(m)
         gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m, k)]
         if gpt2_tables and cfg.data.tokenizer != "gpt2":  # #88's and #350's tables are GPT-2 BPE ids
             raise ConfigError(
@@ -331,3 +329,10 @@ def _validate_normuon(cfg: Config) -> None:
                 f"optim.tie_until ({o.tie_until}) must be a multiple of optim.adam_every ({o.adam_every}): "
                 "the untie step must be one where Adam steps"
             )
+
+
+def validate(cfg: Config) -> None:
+    """Every field against its declared type and range first, then the cross-field rules."""
+    check_fields(cfg)
+    cross_field_checks(cfg)
+    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

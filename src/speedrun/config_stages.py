@@ -8,13 +8,11 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from speedrun.config import Config
 from speedrun.config_types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from speedrun.config import Config
 
 MAX_BLOCKS = (MAX_SEQ_LEN - 1) // BLOCK_SIZE  # a window is blocks·128 + 1 int32 positions (model/varlen.py)
 
