@@ -19,7 +19,7 @@ PACKAGE = Path(speedrun.__file__).parent
 CONFIG_LAYER = {
     "speedrun.config", "speedrun.config_checks", "speedrun.config_files", "speedrun.config_types",
     "speedrun.config_stages", "speedrun.config_labels", "speedrun.recipes", "speedrun.errors",
-    "speedrun.printable",
+    "speedrun.printable", "speedrun.config_families",
 }  # fmt: skip
 FORBIDDEN = ("torch", "speedrun.train", "speedrun.model")
 
