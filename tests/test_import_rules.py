@@ -19,7 +19,7 @@ KNOWN_LAZY_CYCLES = {
     # model/flops.py reads the step schedule (train/) and the family record; the model rewrite (issue 36,
     # model/ part) moves the FLOPs count into the family record
     frozenset({"speedrun.model.families", "speedrun.model.flops", "speedrun.train.schedule"}),
-    # sources.check_source names the hub's own source syntax; hub reads files with sources' reader
+    # sources opens the hub's documents when prepare asks; hub reads the files with sources' readers
     frozenset({"speedrun.data.hub", "speedrun.data.sources"}),
 }
 

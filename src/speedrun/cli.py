@@ -204,7 +204,7 @@ PREPARE_OPTIONS = {
 
 def _check_prepare_options(args: argparse.Namespace) -> None:
     """ConfigError naming the first option given that this source (or tokenizer) would not use."""
-    from speedrun.data.sources import parse_fineweb_source
+    from speedrun.config_data import parse_fineweb_source
 
     kind = "hellaswag" if args.source == "hellaswag" else "text"
     kind = "fineweb10B" if parse_fineweb_source(args.source) is not None else kind

@@ -7,6 +7,7 @@ import math
 import os
 
 from speedrun.config import Config, ModelConfig, check_fields
+from speedrun.config_data import check_source, parse_bpe_size
 from speedrun.config_families import config_family
 from speedrun.config_labels import check_shadowed
 from speedrun.config_stages import check_stages
@@ -74,15 +75,11 @@ def cross_field_checks(cfg: Config) -> None:
     if (m.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
     if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
-        from speedrun.data.sources import check_source
-
         try:
             check_source(cfg.data.source)
         except ConfigError as e:
             raise ConfigError(f"data.source: {e}") from None
     if cfg.data.tokenizer != "gpt2":
-        from speedrun.data.tokenizers import parse_bpe_size
-
         try:
             parse_bpe_size(cfg.data.tokenizer)
         except ConfigError as e:
