@@ -202,12 +202,12 @@ def test_bench_counts_are_bounded(capsys):
 
 def test_one_seed_gives_no_between_seed_sd(monkeypatch):
     """An sd needs two samples: one seed's between-seed sd is not measured, not 0."""
-    from speedrun.tools import compare, noise
+    from speedrun.tools import noise, results
     from speedrun.tools.ablate import Arm
 
     losses = {Path("r1"): 3.50, Path("r2"): 3.52}
     monkeypatch.setattr(
-        compare, "load_run", lambda p: compare.Run(p, "demo", {}, final_val_loss=losses[p], status="finished")
+        results, "load_run", lambda p: results.Run(p, "demo", {}, final_val_loss=losses[p], status="finished")
     )
     cfg = SimpleNamespace(train=SimpleNamespace(seed=1))
     text = noise.report([Arm("noise", None, [(cfg, Path("r1")), (cfg, Path("r2"))])], None)

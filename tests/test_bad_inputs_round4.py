@@ -81,7 +81,7 @@ def test_a_report_never_replaces_a_runs_own_file(tmp_path, command):
             assert f"is the run {run}'s own {target.split('/')[0]}" in r.stderr
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == files
     assert not (run / "summary.json").exists() and not any((run / "checkpoints" / "step_000003").iterdir())
-    from speedrun.tools.compare import check_report
+    from speedrun.tools.results import check_report
 
     check_report(run / "verify.json", "--json")  # a report beside the run's files is the user's to write
 
@@ -96,7 +96,7 @@ def test_a_report_never_replaces_a_data_folders_file(text_data, tmp_path):
         r = run_speedrun("compare", "RUN", "--plot", str(data / name))
         assert r.returncode == 2 and f"is the data folder {data}'s {name}; choose another name" in r.stderr
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before
-    from speedrun.tools.compare import check_report
+    from speedrun.tools.results import check_report
 
     (tmp_path / "meta.json").write_text('{"project": "mine"}')  # a user's meta.json: no data folder
     check_report(tmp_path / ".cache" / "report.json", "--json")

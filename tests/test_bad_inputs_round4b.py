@@ -27,7 +27,7 @@ def _one_error_line(capsys) -> str:
 def test_a_stopped_run_reports_the_steps_it_trained(text_data, tmp_path, monkeypatch):
     """Stopped by SIGTERM after 8 of 20 steps: summary.json (which compare, verify and ablate read) said
     20 steps (`train.steps`) and derived its tokens/s from the whole plan."""
-    from speedrun.tools.compare import load_run
+    from speedrun.tools.results import load_run
     from speedrun.train import loop
     from speedrun.train.signals import RunInterrupted
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.errors import ConfigError
-from speedrun.tools.compare import below_target_test
+from speedrun.tools.stats import below_target_test
 from tests.conftest import TINY, run_speedrun
 from tests.test_bad_inputs_more import FAST, one_line
 

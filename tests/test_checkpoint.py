@@ -205,7 +205,7 @@ def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_pr
     # summary.json keeps every start (carried in the checkpoint), so `verify` sees the change of hardware
     kept = json.loads((resumed / "summary.json").read_text())["starts"]
     assert [(s["step"], s["world_size"]) for s in kept] == [(0, 2), (6, 1)]
-    from speedrun.tools.compare import load_runs
+    from speedrun.tools.results import load_runs
     from speedrun.tools.verify import verify
 
     (hardware,) = [v for v in verify(load_runs([resumed]), 1, 9.0) if v.rule == "hardware"]

@@ -205,7 +205,7 @@ def _numeric_fields():
 @pytest.mark.parametrize("key, typ", list(_numeric_fields()))
 def test_every_numeric_field_is_range_checked(key, typ):
     """The mechanism, not a list: every int/float field (a new one too) refuses -1, and floats refuse nan."""
-    from speedrun.config import validate
+    from speedrun.config_checks import validate
 
     for bad in (-1, float("nan")) if typ is float else (-1,):
         cfg = load_recipe("demo")

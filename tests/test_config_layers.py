@@ -19,9 +19,9 @@ PACKAGE = Path(speedrun.__file__).parent
 CONFIG_LAYER = {
     "speedrun.config", "speedrun.config_checks", "speedrun.config_files", "speedrun.config_types",
     "speedrun.config_stages", "speedrun.config_labels", "speedrun.recipes", "speedrun.errors",
-    "speedrun.printable",
+    "speedrun.printable", "speedrun.config_families", "speedrun.config_data",
 }  # fmt: skip
-FORBIDDEN = ("torch", "speedrun.train", "speedrun.model")
+FORBIDDEN = ("torch", "tiktoken", "speedrun.train", "speedrun.model", "speedrun.data")
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -265,3 +265,38 @@ def test_dry_run_prints_the_config_and_then_says_in_one_line_that_the_model_need
         "speedrun: error: the model summary of --dry-run needs torch, which cannot be imported "
         "(torch is blocked in this test)"
     ]
+
+
+BLOCK_DATA = """
+import sys
+class _NoData:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("tiktoken", "speedrun.data") or name.startswith(("tiktoken.", "speedrun.data.")):
+            raise ImportError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _NoData())
+"""
+
+
+def test_the_demo_recipes_load_and_check_where_tiktoken_and_the_data_package_cannot_be_imported():
+    """Issue 36: the config checks imported speedrun.data (and with it tiktoken) to check data.source and
+    data.tokenizer; the names' rules live in config_data.py now."""
+    script = BLOCK_DATA + textwrap.dedent(
+        """
+        from speedrun.config_checks import validate
+        from speedrun.recipes import load_recipe
+        for name in ("demo", "demo-2026", "record-2026-07"):
+            cfg = load_recipe(name)
+            cfg.data.tokenizer = "bpe:4096"  # the BPE name's rule runs too
+            validate(cfg)
+        assert not [m for m in sys.modules if m.split(".")[0] == "tiktoken" or m.startswith("speedrun.data")]
+        print("ok")
+        """
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

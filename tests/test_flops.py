@@ -120,8 +120,8 @@ def test_known_document_lengths_equal_the_pairs_the_mask_allows(window):
 def test_an_old_gpt2026_run_folder_without_a_count_works_in_the_flops_tools(tmp_path):
     """tools/flops.py goes through the family record: an old gpt2026 run (no count in summary.json)
     gets its count from config.json, not from the 2024 class (which raised AttributeError)."""
-    from speedrun.tools.compare import load_run
     from speedrun.tools.flops import train_flops
+    from speedrun.tools.results import load_run
 
     cfg = load_recipe("demo-2026", ["train.steps=3"])
     run = tmp_path / "old"

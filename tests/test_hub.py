@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from speedrun.cli import main
+from speedrun.config_data import HubSource, parse_hf_source
 from speedrun.data import pipeline
-from speedrun.data.hub import HubSource, glob_to_regex, parse_hf_source
+from speedrun.data.hub import glob_to_regex
 from speedrun.data.meta import load_meta
 from speedrun.data.prepare import prepare
 from speedrun.data.sources import iter_documents

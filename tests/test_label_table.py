@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from speedrun.cli import main
-from speedrun.config import validate
+from speedrun.config_checks import validate
 from speedrun.config_files import set_value
 from speedrun.config_labels import derived_rows, format_table, label_table
 from speedrun.model.families import build_model

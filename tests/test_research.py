@@ -13,9 +13,11 @@ import torch
 from speedrun.cli import main
 from speedrun.model.generate import prompt_ids, sample_during_training
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
-from speedrun.tools.compare import below_target_test, load_run, make_groups
+from speedrun.tools.compare import make_groups
 from speedrun.tools.evaluate import evaluate_loss
+from speedrun.tools.results import load_run
 from speedrun.tools.runs import load_model, run_tokenizer
+from speedrun.tools.stats import below_target_test
 from tests.conftest import TINY, read_metrics
 
 SEEDS = (1, 2, 3)

@@ -16,7 +16,7 @@ import torch
 from speedrun.cli import main
 from speedrun.config_files import flatten
 from speedrun.recipes import load_recipe
-from speedrun.tools.compare import load_runs
+from speedrun.tools.results import load_runs
 from speedrun.tools.verify import TRACK3_FIXED, verify
 from speedrun.train.optimizers import build_optimizer
 from tests.conftest import TINY, read_metrics

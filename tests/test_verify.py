@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from speedrun.cli import main
-from speedrun.tools.compare import load_runs
+from speedrun.tools.results import load_runs
 from speedrun.tools.verify import verify
 from speedrun.train.environment import DIFF_END, DIFF_START, code_version
 from speedrun.train.tracking import hardware_name

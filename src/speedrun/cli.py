@@ -166,7 +166,7 @@ def _refuse_ignored_options(args: argparse.Namespace) -> None:
 
 def _resume(args: argparse.Namespace) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
-    from speedrun.config import validate
+    from speedrun.config_checks import validate
     from speedrun.config_files import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config
     from speedrun.train.rundir import refuse_checkpoint_folder
 
@@ -209,7 +209,7 @@ PREPARE_OPTIONS = {
 
 def _check_prepare_options(args: argparse.Namespace) -> None:
     """ConfigError naming the first option given that this source (or tokenizer) would not use."""
-    from speedrun.data.sources import parse_fineweb_source
+    from speedrun.config_data import parse_fineweb_source
 
     kind = "hellaswag" if args.source == "hellaswag" else "text"
     kind = "fineweb10B" if parse_fineweb_source(args.source) is not None else kind

@@ -1,7 +1,7 @@
 """Typed run configuration: recipes are TOML data validated against these dataclasses; unknown keys and
 wrong types are ConfigErrors. A field's type is its whole contract: a string choice is a `Literal`, a
 number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types alias) says otherwise;
-`validate` checks every field so before the cross-field rules (config_checks.py)."""
+`check_fields` checks every field so; config_checks.validate adds the cross-field rules."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from speedrun.config_checks import cross_field_checks
-from speedrun.config_labels import check_shadowed, parse_rows
+from speedrun.config_labels import parse_rows
 from speedrun.config_model import Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
@@ -386,10 +385,3 @@ def all_keys() -> list[str]:
 
 def sections() -> dict[str, type]:
     return {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-
-
-def validate(cfg: Config) -> None:
-    """Every field against its declared type and range first, then the cross-field rules."""
-    check_fields(cfg)
-    cross_field_checks(cfg)
-    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

@@ -1,17 +1,17 @@
-"""Cross-field rules of a run configuration, and a memory bound on the model it describes."""
+"""Cross-field rules of a run configuration, and a memory bound on the model it describes; `validate`
+is the one entry (config.py defines the fields and imports nothing of this, so the layer has no circle)."""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
 
+from speedrun.config import Config, ModelConfig, check_fields
+from speedrun.config_data import check_source, parse_bpe_size
+from speedrun.config_families import config_family
+from speedrun.config_labels import check_shadowed
 from speedrun.config_stages import check_stages
-from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from speedrun.config import Config, ModelConfig
 
 
 def _check_document_loader(cfg: Config) -> None:
@@ -75,33 +75,18 @@ def cross_field_checks(cfg: Config) -> None:
     if (m.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
     if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
-        from speedrun.data.sources import check_source
-
         try:
             check_source(cfg.data.source)
         except ConfigError as e:
             raise ConfigError(f"data.source: {e}") from None
     if cfg.data.tokenizer != "gpt2":
-        from speedrun.data.tokenizers import parse_bpe_size
-
         try:
             parse_bpe_size(cfg.data.tokenizer)
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
     check_stages(cfg)
-    if m.family == "gpt2026":
-        from speedrun.config_model import check
-
-        check(m)
-        gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m, k)]
-        if gpt2_tables and cfg.data.tokenizer != "gpt2":  # #88's and #350's tables are GPT-2 BPE ids
-            raise ConfigError(
-                f"model.{gpt2_tables[0]} reads tables of GPT-2 token ids: it needs data.tokenizer = gpt2, "
-                f"got {cfg.data.tokenizer}"
-            )
-    else:
-        _validate_model_switches(m)
+    config_family(m).check(cfg)
     _validate_normuon(cfg)
     if t.budget_min_steps > 0 and t.time_budget_s <= 0:
         raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
@@ -141,11 +126,7 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    if m.family == "gpt2026":
-        n_tables = len({j for j in m.value_embeds if j >= 0})
-    else:
-        tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
-        n_tables = tables[m.value_embeds]
+    n_tables = config_family(m).value_tables(m)
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
     embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
@@ -155,68 +136,6 @@ def _check_memory(m: ModelConfig) -> None:
             f"vocab_size={m.vocab_size} make {weights / 2**30:,.1f} GiB of fp32 weights, more than "
             f"this machine's {memory / 2**30:,.1f} GiB of memory"
         )
-
-
-def _validate_model_switches(m: ModelConfig) -> None:
-    """Checks of the gpt2024 family's switches (model/gpt.py, model/attention.py); gpt2026 has its own
-    (config_model.check)."""
-    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
-        raise ConfigError(
-            "model.window, model.window_unit and model.window_warmup_start must not be negative"
-        )
-    if m.window_warmup != "none" and m.window <= 0:
-        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
-    if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
-        raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
-    if m.window_warmup != "none" and m.window_unit > m.window:  # the first window is one unit
-        raise ConfigError(
-            f"model.window_unit ({m.window_unit}) must not exceed model.window ({m.window}): "
-            "the window grows in whole units up to model.window"
-        )
-    if m.window_warmup == "floor" and m.window_warmup_start > m.window:
-        raise ConfigError(
-            f"model.window_warmup_start ({m.window_warmup_start}) must not exceed model.window ({m.window})"
-        )
-    if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
-        raise ConfigError(
-            f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
-        )
-    if "S" in m.window_pattern and m.window <= 0:
-        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
-    text = m.no_attention_layers  # Sub3Min: attention-free 7
-    try:
-        layers = {int(s) for s in text.split(",") if s.strip()}
-    except ValueError:
-        raise ConfigError(
-            f"model.no_attention_layers: expected comma-separated layer numbers, got {text!r}"
-        ) from None
-    if any(not 0 <= i < m.n_layer for i in layers):
-        raise ConfigError(f"model.no_attention_layers {text!r}: layers are 0..{m.n_layer - 1}")
-    if m.unet and m.n_layer < 2:
-        raise ConfigError("model.unet needs at least 2 layers")
-    if m.value_embeds == "unet" and m.n_layer % 2:
-        raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
-    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
-        raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
-    if m.value_embeds != "none" and m.value_residual:
-        raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
-    if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
-        raise ConfigError(
-            "model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4"
-        )
-    if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
-        raise ConfigError(
-            "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
-        )
-    if m.attn_scale < 0 or m.logit_softcap < 0:
-        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
-    if m.cgi_gain_alpha and (m.norm != "rmsnorm-gain" or m.no_attention_layers or m.n_embd % m.n_head):
-        raise ConfigError(
-            "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain and attention in "
-            "every layer"
-        )
-    if m.head_bias and (m.tie_embeddings or m.fp8_head):
-        raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
 
 
 # the optim keys optim.name=adamw reads (train/optimizers.py, the loop's clip and Tail-EMA readout)
@@ -229,10 +148,7 @@ ADAMW_READS = frozenset(
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m = cfg.optim, cfg.model
-    gated = m.family == "gpt2026"  # the gates and smear are gpt2026's parts
-    smear, attn_gate, ve_gate, skip_gate = (
-        (m.smear, m.attn_gate, m.ve_gate, m.skip_gate) if gated else (0,) * 4
-    )
+    smear, attn_gate, ve_gate, skip_gate, x0_apart = config_family(m).gates(m)
     if o.adam_weight_decay and o.name == "adamw":
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"
@@ -329,7 +245,7 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user):
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
-    if o.x0_lr < 0 or (o.x0_lr and not (gated and m.x0_lambda_apart) and "optim.x0_lr" in user):
+    if o.x0_lr < 0 or (o.x0_lr and not x0_apart and "optim.x0_lr" in user):
         raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
     if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
         raise ConfigError(
@@ -350,3 +266,10 @@ def _validate_normuon(cfg: Config) -> None:
                 f"optim.tie_until ({o.tie_until}) must be a multiple of optim.adam_every ({o.adam_every}): "
                 "the untie step must be one where Adam steps"
             )
+
+
+def validate(cfg: Config) -> None:
+    """Every field against its declared type and range first, then the cross-field rules."""
+    check_fields(cfg)
+    cross_field_checks(cfg)
+    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

@@ -8,13 +8,12 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from speedrun.config import Config
+from speedrun.config_families import config_family
 from speedrun.config_types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
-
-if TYPE_CHECKING:
-    from speedrun.config import Config
 
 MAX_BLOCKS = (MAX_SEQ_LEN - 1) // BLOCK_SIZE  # a window is blocks·128 + 1 int32 positions (model/varlen.py)
 
@@ -249,18 +248,12 @@ def _default(section: Any, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(section) if f.name == name)
 
 
-def _yarn_mtp(cfg: Config) -> tuple[bool, int]:
-    """model.yarn and model.mtp: parts of the gpt2026 family (off in gpt2024, which has neither)."""
-    m = cfg.model
-    return (m.yarn, m.mtp) if m.family == "gpt2026" else (False, 0)
-
-
 def check_stages(cfg: Config) -> None:
     """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d = cfg.model, cfg.train, cfg.data
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
-    yarn, mtp = _yarn_mtp(cfg)
+    yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -319,7 +312,7 @@ def check_stages(cfg: Config) -> None:
 def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
     t, d = cfg.train, cfg.data
-    yarn, mtp = _yarn_mtp(cfg)
+    yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
     if d.max_doc_len != _default(type(d), "max_doc_len"):
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "

@@ -8,36 +8,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from speedrun.config_data import HubSource
 from speedrun.data.sources import TEXT_SUFFIXES, iter_file
-from speedrun.errors import ConfigError, DataError, first_line
+from speedrun.errors import DataError, first_line
 
 CONVERTED_REVISION = "refs/convert/parquet"
-_SPEC = re.compile(r"hf:([A-Za-z0-9][\w.-]*/[\w.-]+)(?::([^@:/\s]+))?(?:@([\w.-]+))?")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class HubSource:
-    """A dataset repo, its config (None: the default or the only one) and split (default train)."""
-
-    repo_id: str
-    config: str | None = None
-    split: str = "train"
-
-
-def parse_hf_source(source: str) -> HubSource:
-    """`hf:OWNER/NAME[:CONFIG][@SPLIT]` -> HubSource (ConfigError when malformed)."""
-    m = _SPEC.fullmatch(source)
-    if not m:
-        raise ConfigError(
-            f"source {source!r}: expected hf:OWNER/NAME[:CONFIG][@SPLIT], "
-            "e.g. hf:HuggingFaceFW/fineweb-edu:sample-10BT"
-        )
-    return HubSource(m.group(1), m.group(2), m.group(3) or "train")
 
 
 def _where(endpoint: str | None) -> str:

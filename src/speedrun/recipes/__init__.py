@@ -6,7 +6,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from speedrun.config import Config, validate
+from speedrun.config import Config
+from speedrun.config_checks import validate
 from speedrun.config_files import apply_table, parse_overrides, read_toml, table_keys
 from speedrun.errors import ConfigError
 

@@ -173,7 +173,7 @@ def _found(folder: Path) -> str:
 def as_chosen_by(first: Path, cfg: Config, switch: str | None) -> Config:
     """`cfg` with the automatic choices the run in `first` made (AUTOMATIC), except the keys the arm's
     `switch` sets (the --set values were the first run's too: it kept them, or they set its budget)."""
-    from speedrun.config import validate
+    from speedrun.config_checks import validate
     from speedrun.config_files import flatten, read_run_config, set_value
 
     chosen, out = flatten(read_run_config(first, DataError).to_dict()), copy.deepcopy(cfg)
@@ -254,8 +254,9 @@ class Row:
 
 def results(arms: list[Arm]) -> list[Row]:
     """One row per arm from its runs' files (compare's reader; only finished runs count)."""
-    from speedrun.tools.compare import Group, load_run
+    from speedrun.tools.compare import Group
     from speedrun.tools.flops import train_flops
+    from speedrun.tools.results import load_run
     from speedrun.tools.stats import mean_sd, welch_test
 
     groups = [Group(arm.label, [load_run(folder) for _, folder in arm.runs]) for arm in arms]

@@ -202,7 +202,7 @@ def _time_stage(cfg, plan, number, first, length, model, train_model, timed, loa
     steps in order (wrapping inside a short stage), each scheduled and fed as the loop does."""
     device = timed.device
     accum, dtype, clip = loader.accumulation_steps, autocast_dtype(cfg), cfg.optim.grad_clip
-    fp8 = bool(getattr(model, "fp8_mlps", ()))
+    after_step = family_of(model.cfg).after_step
     graphs = torch._dynamo.utils.counters["stats"]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -228,8 +228,7 @@ def _time_stage(cfg, plan, number, first, length, model, train_model, timed, loa
         graphs_at.append(graphs["unique_graphs"])
         wait_for_device(device)
         start = time.perf_counter()
-        if fp8:  # as the loop
-            model.refresh_fp8(step - 1)
+        after_step(model, step - 1)  # as the loop
         loss = train_step(train_model, timed, next_batch, accum, dtype, clip, sched.grad_scale)
         wait_for_device(device)
         if i >= warmup:

@@ -217,7 +217,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from speedrun.tools import compare
+    from speedrun.tools import compare, results, stats
 
     if not math.isfinite(args.target):
         raise ConfigError(f"--target must be a finite val loss, got {args.target}")
@@ -225,12 +225,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"--x {args.x} chooses --plot's axis: add --plot FILE.png")
     if args.plot is not None:
         # before the work: a link, FIFO or run file at --plot, or a missing extra, is said now
-        compare.check_report(args.plot, "--plot")
-        compare.research_module("matplotlib", "compare --plot")
-    runs = compare.load_runs(args.runs)
-    print(compare.format_table(runs, compare.make_groups(runs, args.target), args.target))
+        results.check_report(args.plot, "--plot")
+        stats.research_module("matplotlib", "compare --plot")
+    loaded = results.load_runs(args.runs)
+    print(compare.format_table(loaded, compare.make_groups(loaded, args.target), args.target))
     if args.plot is not None:
-        print(f"plot: {compare.plot_runs(runs, args.plot, args.target, args.x)}")
+        print(f"plot: {compare.plot_runs(loaded, args.plot, args.target, args.x)}")
     return 0
 
 
@@ -285,7 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from speedrun.atomic import write_atomic
     from speedrun.recipes import load_recipe
     from speedrun.tools.bench import format_bench, parse_stages_option, run_bench
-    from speedrun.tools.compare import check_report
+    from speedrun.tools.results import check_report
     from speedrun.tools.runs import resolve_device
 
     if args.json is not None:

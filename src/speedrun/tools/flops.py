@@ -9,7 +9,8 @@ Tokens to target are the tokens trained at the first validation at or below the 
 from __future__ import annotations
 
 from speedrun.errors import ConfigError
-from speedrun.tools.compare import Run
+from speedrun.tools.results import Run
+from speedrun.tools.stats import mean_sd
 
 
 def train_flops(run: Run) -> float | None:
@@ -49,8 +50,6 @@ def format_flops(value: float | None) -> str:
 def cost(runs: list[Run], target: float) -> dict:
     """verify's cost report: the mean training FLOPs of the finished runs, and the mean tokens to the
     target of those that reached it (and how many did)."""
-    from speedrun.tools.stats import mean_sd
-
     done = [r for r in runs if r.finished]
     reached = [t for r in done if (t := tokens_to_target(r, target)) is not None]
     return {

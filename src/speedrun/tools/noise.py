@@ -55,7 +55,7 @@ def _needed(effect: float, sd: float) -> str:
 
 def report(arms, effect: float | None) -> str:
     """Per seed its repeats; then the within-seed and between-seed spreads and the runs an effect needs."""
-    from speedrun.tools.compare import load_run
+    from speedrun.tools.results import load_run
     from speedrun.tools.stats import mean_sd, noise_components
 
     groups = []

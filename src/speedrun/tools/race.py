@@ -289,7 +289,7 @@ def steady_step_s(folder: Path, warmup_steps: int) -> float | None:
 
 
 def read_result(leg: Leg) -> Result:
-    from speedrun.tools.compare import load_run
+    from speedrun.tools.results import load_run
 
     run = load_run(leg.folder)
     if not run.finished or run.train_time_s is None or run.train_time_s <= 0:

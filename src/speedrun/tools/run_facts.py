@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.errors import DataError
-from speedrun.tools.compare import Run, run_names
+from speedrun.tools.results import Run, run_names
 from speedrun.train.environment import DIFF_END, DIFF_START
 from speedrun.train.rundir import SUMMARY_FILE
 

@@ -1,14 +1,37 @@
 """Statistics of the research commands: mean, sd and Welch's t-test (`ablate`, `verify --baseline`),
 paired time ratios (`race`), seed noise and power (`noise`); the record rules' one-sample test is
-compare's `below_target_test`."""
+`below_target_test` (compare, verify)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from dataclasses import dataclass
+from types import ModuleType
 
-from speedrun.tools.compare import research_module
+from speedrun.errors import SpeedrunError
+
+
+def research_module(name: str, command: str) -> ModuleType:
+    """Import a package of the `research` extra, or say in one line which command needs it and how to
+    install it (they are not in the base install)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        package = name.split(".")[0]
+        raise SpeedrunError(
+            f"`speedrun {command}` needs {package}: pip install 'speedrun[research]'"
+        ) from None
+
+
+def below_target_test(losses: list[float], target: float) -> tuple[float, float]:
+    """(t, p) of the one-sided one-sample t-test H1: mean < target (scipy.stats.ttest_1samp)."""
+    stats = research_module("scipy.stats", "compare")
+    with warnings.catch_warnings():  # equal losses: scipy warns of precision loss and returns nan
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_1samp(losses, target, alternative="less")
+    return float(result.statistic), float(result.pvalue)
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:

@@ -270,7 +270,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         # ---- the steps ----
         signals.install()
-        fp8 = bool(getattr(model, "fp8_mlps", ()))  # looked up once, not per step
+        after_step = families.family_of(model.cfg).after_step  # looked up once, not per step
         for step in range(start_step, t.steps + 1):  # t.steps: the most; rcfg.train.steps: the end
             sched = schedule_at(step, rcfg)
             lr = apply_schedule(sched, optimizer, model)  # (least, most) multiplier applied
@@ -287,8 +287,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 break
 
             clock.start()
-            if fp8:  # #84/#89: FP8 copies of the weights this step trains with
-                model.refresh_fp8(step - 1)
+            after_step(model, step - 1)  # the family's refresh (#84/#89: FP8 copies this step trains with)
             with compile_errors(compiled):
                 loss = train_step(
                     train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale

@@ -22,7 +22,7 @@ from speedrun.config import Config
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
-from speedrun.model.layout import attention_layers, padded_vocab, value_embed_layout
+from speedrun.model.layout import padded_vocab
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.train.optimizers import model_rules
 
@@ -91,22 +91,6 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
     return state, 2 * _nbytes(matrices)  # the stacked gradients and the gathered new weights
 
 
-def _layer_facts(m) -> tuple[list[bool], list[bool], list[int | None], set[int], list[bool], bool]:
-    """Per layer attention, MLP and value-embedding table; the layers a skip enters; per layer whether
-    v is mixed (a separate tensor); whether the x0 shortcut is there: of either family's config."""
-    L = m.n_layer
-    if m.family == "gpt2026":
-        attn, mlp = [i in m.attention_layers for i in range(L)], [i in m.mlp_layers for i in range(L)]
-        layout = [j if j >= 0 else None for j in m.value_embeds] or [None] * L
-        mixed = [m.value_mix == "lambdas" or j is not None for j in layout]
-        return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
-    n_skip = L // 2 if m.unet else 0
-    skipped = {i for i in range(L) if i >= L - n_skip > 0}
-    mixes, layout = m.value_residual or m.value_embeds != "none", value_embed_layout(m)
-    mixed = [mixes and (m.value_mix == "lambdas" or j is not None or m.value_residual) for j in layout]
-    return attention_layers(m), [True] * L, layout, skipped, mixed, m.x0_shortcut
-
-
 def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     """(bytes saved for backward per token by the layers, bytes per logit at the backward's start)."""
     m, d = cfg.model, cfg.model.n_embd
@@ -114,7 +98,7 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     r = 2 if bf16_stream else 4  # the residual stream: the embedding's dtype
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
-    attn, mlp, layout, skipped, mixes, x0 = _layer_facts(m)
+    attn, mlp, layout, skipped, mixes, x0 = family_of(m).layer_facts(m)
     saves, fp8_mlp = family_of(m).compiled_saves, getattr(m, "mlp_fp8", False)
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
     parts = zip(attn, mlp, strict=True)

@@ -11,6 +11,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.config_stages import stage_plan
+from speedrun.model.families import family_of
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import stage_at, stage_bounds
 from speedrun.train.step import train_step
@@ -73,15 +74,14 @@ def warm_up(
     if val_steps:  # a graph per stage for training and for validation: more than dynamo's default 8
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, 2 * (len(steps) + len(val_steps)))
-    fp8 = bool(getattr(model, "fp8_mlps", ()))  # #84/#89: looked up once, not per step
+    after_step = family_of(model.cfg).after_step  # #84/#89's FP8 copies: looked up once, not per step
     for step in steps:
         sched = schedule_at(step, cfg)
         apply_schedule(sched, optimizer, model)
         if val_steps:
             loader_at(loader, step)
         clip, scale = cfg.optim.grad_clip, sched.grad_scale
-        if fp8:  # as the loop
-            model.refresh_fp8(step - 1)
+        after_step(model, step - 1)  # as the loop
         train_step(train_model, optimizer, loader.next_batch, accumulation_steps, dtype, clip, scale)
     for step in val_steps:
         apply_schedule(schedule_at(step, cfg), optimizer, model)

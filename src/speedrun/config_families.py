@@ -1,0 +1,128 @@
+"""The families' config-side record, torch-free: what the config layer needs of a family (its own model
+checks, which stage features it has, the memory bound's table count, the gates the optimizer rows see),
+keyed by `model.family`. model/families.py holds the model side and needs none of this; a rule that is
+one family's lives here, never as an `if family ==` elsewhere (tests/test_import_rules.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from speedrun.config import Config
+from speedrun.config_model import check as check_gpt2026_model
+from speedrun.config_types import MAX_SEQ_LEN
+from speedrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConfigFamily:
+    """One family's config-side facts (`m`: its model config)."""
+
+    check: Callable[[Config], None]  # the family's own model rules, after the shared cross-field ones
+    stage_features: Callable[[Any], tuple[bool, int]]  # (model.yarn, model.mtp) a stage plan reads
+    value_tables: Callable[[Any], int]  # value-embedding tables (the fp32 weights' bound)
+    # the parts with optimizer rows of their own: (smear, attn_gate, ve_gate, skip_gate, x0_lambda_apart)
+    gates: Callable[[Any], tuple[int, int, int, int, bool]]
+    era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
+
+
+def _check_gpt2026(cfg: Config) -> None:
+    m = cfg.model
+    check_gpt2026_model(m)
+    gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m, k)]
+    if gpt2_tables and cfg.data.tokenizer != "gpt2":  # #88's and #350's tables are GPT-2 BPE ids
+        raise ConfigError(
+            f"model.{gpt2_tables[0]} reads tables of GPT-2 token ids: it needs data.tokenizer = gpt2, "
+            f"got {cfg.data.tokenizer}"
+        )
+
+
+def _check_gpt2024(cfg: Config) -> None:
+    """Checks of the gpt2024 family's switches (model/gpt.py, model/attention.py)."""
+    m = cfg.model
+    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
+        raise ConfigError(
+            "model.window, model.window_unit and model.window_warmup_start must not be negative"
+        )
+    if m.window_warmup != "none" and m.window <= 0:
+        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
+    if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
+        raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
+    if m.window_warmup != "none" and m.window_unit > m.window:  # the first window is one unit
+        raise ConfigError(
+            f"model.window_unit ({m.window_unit}) must not exceed model.window ({m.window}): "
+            "the window grows in whole units up to model.window"
+        )
+    if m.window_warmup == "floor" and m.window_warmup_start > m.window:
+        raise ConfigError(
+            f"model.window_warmup_start ({m.window_warmup_start}) must not exceed model.window ({m.window})"
+        )
+    if m.window_pattern and (len(m.window_pattern) != m.n_layer or set(m.window_pattern) - set("LS")):
+        raise ConfigError(
+            f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
+        )
+    if "S" in m.window_pattern and m.window <= 0:
+        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
+    text = m.no_attention_layers  # Sub3Min: attention-free 7
+    try:
+        layers = {int(s) for s in text.split(",") if s.strip()}
+    except ValueError:
+        raise ConfigError(
+            f"model.no_attention_layers: expected comma-separated layer numbers, got {text!r}"
+        ) from None
+    if any(not 0 <= i < m.n_layer for i in layers):
+        raise ConfigError(f"model.no_attention_layers {text!r}: layers are 0..{m.n_layer - 1}")
+    if m.unet and m.n_layer < 2:
+        raise ConfigError("model.unet needs at least 2 layers")
+    if m.value_embeds == "unet" and m.n_layer % 2:
+        raise ConfigError(f"model.value_embeds=unet needs an even model.n_layer, got {m.n_layer}")
+    if m.value_embeds == "ends" and not 1 <= m.value_embed_tables <= m.n_layer // 2:
+        raise ConfigError(f"model.value_embed_tables must be between 1 and n_layer/2 ({m.n_layer // 2})")
+    if m.value_embeds != "none" and m.value_residual:
+        raise ConfigError("model.value_residual and model.value_embeds both mix into v; choose one")
+    if m.rope_half_truncated and (m.positional != "rotary" or (m.n_embd // m.n_head) % 4):
+        raise ConfigError(
+            "model.rope_half_truncated needs positional=rotary and a head dimension divisible by 4"
+        )
+    if m.tie_embeddings and (not m.pad_embeddings or m.embed_dtype != "fp32"):
+        raise ConfigError(
+            "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
+        )
+    if m.attn_scale < 0 or m.logit_softcap < 0:
+        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
+    if m.cgi_gain_alpha and (m.norm != "rmsnorm-gain" or m.no_attention_layers or m.n_embd % m.n_head):
+        raise ConfigError(
+            "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain and attention in "
+            "every layer"
+        )
+    if m.head_bias and (m.tie_embeddings or m.fp8_head):
+        raise ConfigError("model.head_bias needs model.tie_embeddings=false and model.fp8_head=false")
+
+
+FAMILIES: dict[str, ConfigFamily] = {
+    "gpt2024": ConfigFamily(
+        check=_check_gpt2024,
+        stage_features=lambda m: (False, 0),  # neither YaRN nor MTP
+        value_tables=lambda m: {
+            "none": 0,
+            "per-layer": m.n_layer,
+            "unet": m.n_layer // 2,
+            "ends": m.value_embed_tables,
+        }[m.value_embeds],  # fmt: skip
+        gates=lambda m: (0, 0, 0, 0, False),  # the gates and smear are gpt2026's parts
+        era=0,
+    ),
+    "gpt2026": ConfigFamily(
+        check=_check_gpt2026,
+        stage_features=lambda m: (m.yarn, m.mtp),
+        value_tables=lambda m: len({j for j in m.value_embeds if j >= 0}),
+        gates=lambda m: (m.smear, m.attn_gate, m.ve_gate, m.skip_gate, m.x0_lambda_apart),
+        era=1,
+    ),
+}
+
+
+def config_family(m: Any) -> ConfigFamily:
+    """The config-side record of model config `m`'s family."""
+    return FAMILIES[m.family]
