@@ -16,9 +16,6 @@ PACKAGE = Path(speedrun.__file__).parent
 
 #: cycles closed only through a function-level import, each with why it is not closed yet
 KNOWN_LAZY_CYCLES = {
-    # model/flops.py reads the step schedule (train/) and the family record; the model rewrite (issue 36,
-    # model/ part) moves the FLOPs count into the family record
-    frozenset({"speedrun.model.families", "speedrun.model.flops", "speedrun.train.schedule"}),
     # sources opens the hub's documents when prepare asks; hub reads the files with sources' readers
     frozenset({"speedrun.data.hub", "speedrun.data.sources"}),
 }

@@ -235,10 +235,9 @@ def test_a_run_from_an_older_version_still_joins_its_group(seed_runs, tmp_path):
 def test_compare_reports_and_plots_the_flops_axis(seed_runs, tmp_path, capsys, monkeypatch):
     from matplotlib.axes import Axes
 
-    from speedrun.model.flops import config_model
     from speedrun.recipes import load_recipe
     from speedrun.tools.flops import flops_per_token, train_flops
-    from speedrun.train.flops import run_flops
+    from speedrun.train.flops import config_model, run_flops
 
     cfg = load_recipe("demo", [*TINY, *FAST])
     total = run_flops(config_model(cfg), cfg, 12)  # Σ tokens × each step's count

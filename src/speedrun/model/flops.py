@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import torch
 from torch import nn
 
 from speedrun.model.labels import MATMULS, labelled
@@ -100,43 +98,12 @@ def attention_flops(
     return total
 
 
-def step_flops(
-    model: nn.Module,
-    windows: StepWindows | None = None,
-    doc_lens: Sequence[int] | None = None,
-    seq_len: int | None = None,
-) -> float:
-    """Training FLOPs per token of `model` at a step's `windows` (None: the windows of the model's
-    config, `model.window` long and its short rule) over rows of `seq_len` tokens (default: the
-    documents' total), with the documents' lengths where known. `bench` calls it per stage."""
-    from speedrun.model.families import family_of
-
-    family = family_of(model.cfg)
-    if windows is None:
-        windows = family.step_windows(model.cfg, None)
-    if seq_len is None:
-        assert doc_lens, "step_flops needs seq_len or the documents' lengths"
-        seq_len = sum(doc_lens)
-    layers = family.attention_layers(model)
-    return 6 * matmul_params(model) + attention_flops(layers, windows, seq_len, doc_lens)
-
-
-def config_model(cfg: Any) -> nn.Module:
-    """The model `cfg` describes, on the meta device (shapes only: for counting)."""
-    from speedrun.model.families import build_model
-
-    with torch.device("meta"):
-        return build_model(cfg.model)
-
-
 __all__ = [
     "FORMULA",
     "AttentionLayer",
     "StepWindows",
     "attention_flops",
-    "config_model",
     "keys_seen",
     "matmul_params",
     "mean_context",
-    "step_flops",
 ]

@@ -26,10 +26,11 @@ from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
 from speedrun.errors import ConfigError
 from speedrun.model.families import family_of
-from speedrun.model.flops import FORMULA, step_flops
+from speedrun.model.flops import FORMULA
 from speedrun.tools.anchors import Anchor, find_anchor, load_anchors
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.environment import peak_memory_bytes
+from speedrun.train.flops import step_flops
 from speedrun.train.loop import build_model
 from speedrun.train.memory import estimate_memory, estimate_peak_bytes
 from speedrun.train.optimizers import RunOptimizer, build_optimizer

@@ -17,8 +17,7 @@ def train_flops(run: Run) -> float | None:
     """The run's training FLOPs; None when neither recorded nor derivable."""
     if run.train_flops is None and run.steps:
         from speedrun.config_files import read_run_config
-        from speedrun.model.flops import config_model
-        from speedrun.train.flops import run_flops
+        from speedrun.train.flops import config_model, run_flops
 
         try:
             cfg = read_run_config(run.path)

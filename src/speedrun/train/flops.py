@@ -3,13 +3,40 @@ step's windows, and summed over a run's steps. Here, not in model/, because the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-from speedrun.model.families import family_of
-from speedrun.model.flops import StepWindows, attention_flops, matmul_params, step_flops
+from speedrun.model.families import build_model, family_of
+from speedrun.model.flops import StepWindows, attention_flops, matmul_params
 from speedrun.train.schedule import schedule_at, tokens_through
+
+
+def step_flops(
+    model: nn.Module,
+    windows: StepWindows | None = None,
+    doc_lens: Sequence[int] | None = None,
+    seq_len: int | None = None,
+) -> float:
+    """Training FLOPs per token of `model` at a step's `windows` (None: the windows of the model's
+    config, `model.window` long and its short rule) over rows of `seq_len` tokens (default: the
+    documents' total), with the documents' lengths where known. `bench` calls it per stage."""
+    family = family_of(model.cfg)
+    if windows is None:
+        windows = family.step_windows(model.cfg, None)
+    if seq_len is None:
+        assert doc_lens, "step_flops needs seq_len or the documents' lengths"
+        seq_len = sum(doc_lens)
+    layers = family.attention_layers(model)
+    return 6 * matmul_params(model) + attention_flops(layers, windows, seq_len, doc_lens)
+
+
+def config_model(cfg: Any) -> nn.Module:
+    """The model `cfg` describes, on the meta device (shapes only: for counting)."""
+    with torch.device("meta"):
+        return build_model(cfg.model)
 
 
 def step_flops_at(model: nn.Module, cfg: Any, step: int) -> float:
@@ -39,4 +66,4 @@ def first_and_last(model: nn.Module, cfg: Any) -> tuple[int, int]:
     return tuple(round(step_flops_at(model, cfg, s)) for s in (0, max(0, cfg.train.steps - 1)))
 
 
-__all__ = ["first_and_last", "run_flops", "step_flops_at"]
+__all__ = ["config_model", "first_and_last", "run_flops", "step_flops", "step_flops_at"]
