@@ -225,3 +225,18 @@ def test_adamws_own_keys_are_refused_under_muon_and_normuon(recipe, key, capsys)
     and normuon they were accepted and did nothing."""
     refused(capsys, ["train", "--dry-run", "--recipe", recipe, key], key.split("=")[0], "has no effect")
     assert load_recipe("gpt2-baseline", [key]).optim.name == "adamw"  # where they act, kept
+
+
+def test_the_logged_lr_range_appears_only_where_groups_really_differ():
+    """Without PowerCool every group takes the schedule's multiplier: the log shows one value, not a
+    range made of (peak x m) / peak rounding (the demo's warm-down printed `lr x0.0538..0.054`)."""
+    from speedrun.model.families import build_model
+    from speedrun.train.optimizers import build_optimizer
+    from speedrun.train.schedule import apply_schedule, schedule_at
+
+    cfg = load_recipe("demo", ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "train.steps=124"])
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg)
+    for step in range(cfg.train.steps):
+        values = schedule_at(step, cfg)
+        assert apply_schedule(values, opt, model) == (values.lr, values.lr), step

@@ -148,10 +148,12 @@ def apply_schedule(values: StepSchedule, optimizer, model: torch.nn.Module) -> t
     applied = []
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * values.lr
-        if "power_c" in group:  # optim.power_cool_c
-            group["lr"] = min(group["lr"], group["power_c"] * values.power_cool)
+        multiplier = values.lr  # as given: (peak x m) / peak need not round back to m
+        if "power_c" in group and group["power_c"] * values.power_cool < group["lr"]:  # optim.power_cool_c
+            group["lr"] = group["power_c"] * values.power_cool
+            multiplier = group["lr"] / group["initial_lr"]
         if group["initial_lr"] > 0:
-            applied.append(group["lr"] / group["initial_lr"])
+            applied.append(multiplier)
         if group["kind"] == "muon":
             group["momentum"] = values.muon_momentum
         if "frozen" in group:
