@@ -49,7 +49,7 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out += ["model.window=192", "model.window_warmup_start=64"]
     if m.family == "gpt2026":
         out += _gpt2026_layers(m, n_layer)
-        if m.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
+        if m.stream.backout_layer:  # #40's layer 8 of 12: about 2/3 of the depth
             out.append(f"model.backout_layer={max(1, 2 * n_layer // 3)}")
     else:
         if m.window_pattern:
@@ -86,20 +86,20 @@ def _gpt2026_layers(m, L: int) -> list[str]:
     out = [f"model.attention_layers={attn}", f"model.mlp_layers={mlp}", f"model.windows={','.join(windows)}"]
     out += [f"model.value_embeds={ve}" if m.value_embeds else "model.value_embeds=[]"]
     out += [f"model.skips={skips}" if m.skips else "model.skips=[]"]
-    if m.key_offset_layers:
+    if m.attn.key_offset_layers:
         out.append(f"model.key_offset_layers={[i for i in attn if windows[i] == 'L']}")
     paired = []
-    if m.paired_layers:
-        offset = m.key_offset_layers and windows  # #58: a paired layer has no #49 key offset
+    if m.attn.paired_layers:
+        offset = m.attn.key_offset_layers and windows  # #58: a paired layer has no #49 key offset
         paired = [i for i in attn if not offset or windows[i] == "S"][:1]
         out.append(f"model.paired_layers={paired}")
-    if m.xsa_layers:  # #82: the unpaired attention layers
+    if m.attn.xsa_layers:  # #82: the unpaired attention layers
         out.append(f"model.xsa_layers={[i for i in attn if i not in paired]}")
     if m.attn_inputs:  # #77: the last layer attends to the output of the (shrunk) backout layer
         out.append(f"model.attn_inputs={[-1] * (L - 1) + [max(0, min(L - 2, 2 * L // 3))]}")
-    if m.bigram_dim:  # #89's script: 192 of 768 dims
+    if m.embed.bigram_dim:  # #89's script: 192 of 768 dims
         out.append("model.bigram_dim=16")
-    if m.mudd_sources:  # #81: two sources below the last two layers (the record's [7, 3] of 11)
+    if m.mudd.sources:  # #81: two sources below the last two layers (the record's [7, 3] of 11)
         out.append(f"model.mudd_sources={[L - 3, L - 4]}" if L >= 4 else "model.mudd_sources=[]")
     return out
 

@@ -57,7 +57,7 @@ def test_schedules_at_every_step():
 
 def test_recipe_constants_are_the_records():
     cfg = load_recipe(RECIPE)
-    assert cfg.model.softcap_divisor == 7.5 * 768**0.5
+    assert cfg.model.head.softcap_divisor == 7.5 * 768**0.5
     assert cfg.optim.head_lr == 0.008 * 27.5 and cfg.optim.embed_lr == 0.008 * 75
     assert cfg.optim.scalar_lr == 0.008 * 5 and cfg.optim.muon_lr == 0.05
     assert cfg.train.global_batch_tokens == 8 * 48 * 1024 and cfg.train.val_seq_len == 4 * 64 * 1024

@@ -22,9 +22,9 @@ def test_it_resolves_to_the_2026_composition_with_the_demos_data_batch_and_budge
     cfg, demo = load_recipe(RECIPE), load_recipe("demo")
     m = cfg.model
     assert m.family == "gpt2026" and (m.n_layer, m.n_head, m.n_embd, m.vocab_size) == (4, 4, 256, 4096)
-    assert m.xsa_layers and m.paired_layers and m.key_offset_layers and m.skips and m.backout_layer
-    assert m.attn_inputs and m.bigram_rows and m.bigram_sign_rows and m.smear and m.ve_gate
-    assert m.value_embed_init_std == 0.01 and m.ve_gate_ve_dims == 6
+    assert m.attn.xsa_layers and m.attn.paired_layers and m.attn.key_offset_layers and m.skips and m.stream.backout_layer
+    assert m.attn_inputs and m.embed.bigram_rows and m.embed.bigram_sign_rows and m.embed.smear and m.values.gate
+    assert m.init.value_embed_std == 0.01 and m.values.ve_dims == 6
     keys = ("time_budget_s", "budget_min_steps", "steps", "global_batch_tokens")
     keys += ("warmdown_steps", "warmdown_frac")
     for key in keys:
@@ -55,7 +55,7 @@ def test_a_cpu_without_fast_bf16_trains_it_in_fp32_with_nothing_in_bf16(monkeypa
     chosen = precision.resolve(cfg, torch.device("cpu"))
     assert chosen.dtype == "fp32" and chosen.autocast is None
     m = precision.effective_config(cfg, chosen).model
-    assert (m.embed_dtype, m.block_dtype, m.softcap_in_bf16, m.ce_bf16, m.fp8_head, m.mlp_fp8) == (
+    assert (m.embed_dtype, m.block_dtype, m.head.softcap_in_bf16, m.head.ce_bf16, m.head.fp8, m.mlp.fp8) == (
         "fp32",
         "fp32",
         False,

@@ -76,7 +76,7 @@ def test_an_old_2025_config_json_loads_as_gpt2026(text_data):
     assert "family" not in json.loads((OLD / "config.json").read_text())["model"]
     assert cfg.model.family == "gpt2026"
     assert (cfg.model.attention_layers, cfg.model.windows) == ([0, 1, 3], ["L", "S", "S", "L"])
-    assert (cfg.model.skips, cfg.model.key_offset_layers) == ([[0, 3]], [0, 3])
+    assert (cfg.model.skips, cfg.model.attn.key_offset_layers) == ([[0, 3]], [0, 3])
 
 
 def test_the_old_run_trains_to_the_same_losses_bit_for_bit(new_run):

@@ -69,9 +69,9 @@ def test_a_staged_recipe_counts_each_stage_at_its_windows_and_documents():
     cfg = load_recipe("record-2026-07")
     model = config_model(cfg)
     m, T = cfg.model, cfg.train.seq_len
-    width = m.n_head * ((m.qk_head_dim or m.n_embd // m.n_head) + m.n_embd // m.n_head) / 2
+    width = m.n_head * ((m.attn.qk_head_dim or m.n_embd // m.n_head) + m.n_embd // m.n_head) / 2
     kinds = [w for i, w in enumerate(m.windows or ["L"] * m.n_layer) if i in m.attention_layers]
-    paired = [i in m.paired_layers for i in m.attention_layers]  # #58: each document twice, interleaved
+    paired = [i in m.attn.paired_layers for i in m.attention_layers]  # #58: each document twice, interleaved
     n6 = 6 * matmul_params(model)  # checked against hand counts above
     stages = {0: (1, 3, 896), cfg.train.steps - 1: (6, 13, 2048)}  # the recipe's first and last stage
     for step, (short, long, doc) in stages.items():

@@ -123,7 +123,7 @@ def record_hidden(model, idx, h_src=H_SRC, s_src=S_SRC, attn_src=H_SRC, skip_src
         for i in range(1, n)
     ]
     skip_w = model.skip_weights[0]
-    skip_gate_out = connections.skip_scale(skip_w, cfg.skip_gate_form) * model.skip_gate(x0)
+    skip_gate_out = connections.skip_scale(skip_w, cfg.stream.skip_gate_form) * model.skip_gate(x0)
     cache = {0: x}
     B, T, C = x.shape
     Hd = cfg.n_head
@@ -180,7 +180,7 @@ def record_hidden_sublayer(model, idx):
     cache = {0: x}
     for i, b in enumerate(blocks):
         if b.attn is None:
-            skip = connections.skip_scale(model.skip_weights[0], cfg.skip_gate_form) * model.skip_gate(x0)
+            skip = connections.skip_scale(model.skip_weights[0], cfg.stream.skip_gate_form) * model.skip_gate(x0)
             x = x + skip * cache[S_SRC]
         else:
             inject = x0 * b.x0_lambda + (x0_bigram * lam[i] if i else 0)
@@ -282,7 +282,7 @@ def test_init_is_the_records():
 
 
 def test_labels_train_mudd_in_its_own_adam_rows():
-    from speedrun.config_labels import MUDD_LR_MUL
+    from speedrun.config_gpt2026.mudd import LR_MUL as MUDD_LR_MUL
     from speedrun.optim.rules import adam_groups, label_rules, param_rules
 
     cfg = load_recipe(BASE, [])

@@ -280,7 +280,7 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
 
 
 def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
-    from speedrun.config_labels import MUDD_GATE_LR_MUL
+    from speedrun.config_gpt2026.mudd import GATE_LR_MUL as MUDD_GATE_LR_MUL
     from speedrun.model.kv_cache import KVCache, forward_cached
     from speedrun.optim.rules import adam_groups, label_rules, param_rules
 

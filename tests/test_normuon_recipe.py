@@ -82,7 +82,7 @@ def test_schedule_at_chosen_steps_is_the_records(step):
     for old, new in zip(windows[:-1], windows[1:], strict=True):
         rec.apply_yarn(old, new)
         scale *= 0.2 * math.log(new / old) + 1
-    freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn_scale)
+    freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn.scale)
     torch.testing.assert_close(freqs, rec.angular_freq, rtol=1e-6, atol=0, msg=str(step))
     assert got_scale == pytest.approx(scale, rel=1e-12), step
 

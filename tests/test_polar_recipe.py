@@ -76,7 +76,7 @@ def test_schedule_at_chosen_steps_is_the_records(step):
     for old, new in zip(windows[:-1], windows[1:], strict=True):
         rec.apply_yarn(old, new)
         scale *= 0.2 * math.log(new / old) + 1
-    freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn_scale)
+    freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn.scale)
     torch.testing.assert_close(freqs, rec.angular_freq, rtol=1e-6, atol=0, msg=str(step))
     assert got_scale == pytest.approx(scale, rel=1e-12), step
 
@@ -216,7 +216,7 @@ def test_skip_sources_leave_out_the_absent_layer():
         return [s.skip_from for s in build_specs(cfg)]
 
     def initial_weights(cfg):
-        return skip_weights(len(cfg.skips), cfg.skip_gate_form).detach()
+        return skip_weights(len(cfg.skips), cfg.stream.skip_gate_form).detach()
 
     cfg = load_recipe(RECIPE).model
     assert skip_sources(cfg) == [None] * 6 + [5, 4, 3, 2, 1, None]

@@ -205,7 +205,7 @@ def test_parameter_count_flops_and_the_optimizers_qk_blocks():
 
 
 def test_bad_widths_are_refused_in_one_line():
-    from speedrun.config_model import check
+    from speedrun.config_gpt2026 import check
 
     for bad in (-4, 30):
         with pytest.raises(ConfigError, match="qk_head_dim"):

@@ -276,6 +276,6 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
             bad.append(f"{name}: {(got - want).norm() / want.norm():.2e}")
     assert not bad, bad
     labels = {record_82_label(n) for n in ours if "mlp.c_" not in n and "attn.c_" not in n}
-    mudd = set(RECORD_81_ADAM) if cfg.model.mudd_sources else set()
+    mudd = set(RECORD_81_ADAM) if cfg.model.mudd.sources else set()
     # every row is exercised (shrunk with MUDD, the one value-embedding layer with a gate is MUDD's own)
     assert labels | ({"ve_gate_bank"} if mudd else set()) == set(RECORD_82_ADAM) | mudd

@@ -131,7 +131,7 @@ NO_MUDD = ["model.mudd_sources=[]", "model.backout_layer=7"]
 def tiny(recipe: str, heads: int = 4, dim: int = 64, T: int = 1024, vocab: int = 120, **extra):
     apart = NO_MUDD if load_recipe(recipe).model.mudd_sources else []
     cfg = load_recipe(recipe, ["model.block_dtype=fp32", "model.mlp_fp8=false", *apart])
-    narrow = {"bigram_dim": 16} if cfg.model.bigram_dim else {}  # 192 of 768 → 16 of 64
+    narrow = {"bigram_dim": 16} if cfg.model.embed.bigram_dim else {}  # 192 of 768 → 16 of 64
     cfg.model = dataclasses.replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1, **narrow, **extra,
@@ -231,9 +231,9 @@ def test_init_statistics_are_the_scripts():
         assert b.attn.xsa is None or not b.attn.xsa.alpha.any()
     assert [i for i, b in enumerate(m.blocks) if b.attn is not None and b.attn.xsa is not None] == list(XSA)
     assert torch.equal(m.bigram.lambdas.detach(), torch.full((11,), 0.05))
-    assert m.smear.lamb.tolist() == [0.0] and not m.smear.gate.weight.any()
+    assert m.embed.smear.lamb.tolist() == [0.0] and not m.embed.smear.gate.weight.any()
     assert m.backout.lamb.tolist() == [0.5] and m.skip_weights.tolist() == [-1.5]
-    assert not m.skip_gate.proj.weight.any()
+    assert not m.stream.skip_gate.proj.weight.any()
 
 
 def test_cached_decoding_equals_the_forward():
@@ -288,7 +288,7 @@ def test_compiled_by_inductor_without_breaks_or_recompiles_like_eager(recipe, fp
     counters.clear()
     fp32 = ["model.embed_dtype=fp32", "model.block_dtype=fp32", "model.ce_bf16=false", "model.fp8_head=false"]
     cfg = shrunk(recipe, *fp32, f"model.mlp_fp8={str(fp8).lower()}", n_layer=2)
-    assert cfg.model.xsa_layers and cfg.model.paired_layers and cfg.model.attn_inputs
+    assert cfg.model.attn.xsa_layers and cfg.model.attn.paired_layers and cfg.model.attn_inputs
     model, _ = build(cfg)
     randomize(model)
     eager, _ = build(cfg)
@@ -338,7 +338,7 @@ def test_the_shrunk_recipe_trains_through_the_loop(text_data, tmp_path):
             "train.val_seq_len=512", "train.val_tokens=2048", "train.steps=8", f"train.stages={plan}",
             "optim.tie_until=4", "train.log_every=1"]  # fmt: skip
     cfg = load_recipe("record-2026-07", over)
-    assert cfg.model.mlp_fp8 and cfg.model.residual_form == "sublayer" and cfg.model.block_dtype == "bf16"
+    assert cfg.model.mlp.fp8 and cfg.model.stream.residual_form == "sublayer" and cfg.model.block_dtype == "bf16"
     loop.train(cfg, tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in lines if "train_loss" in r]

@@ -51,8 +51,8 @@ def _head_only(name: str) -> GPT:
         cfg = ModelConfig(
             vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, positional="rotary",
             norm="rmsnorm", activation="relu2", bias=False, fused_qkv=False, init="torch",
-            logit_softcap=m.logit_softcap, softcap_form=m.softcap_form,
-            softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
+            logit_softcap=m.head.softcap, softcap_form=m.softcap_form,
+            softcap_in_bf16=m.head.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
         )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg).eval()
@@ -69,22 +69,22 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
         cfg, "softcap_offset", 0
     ):  # #54/#65: 23 * torch.sigmoid((logits + 5) / 7.5), bf16
         logits = (
-            2 * cfg.logit_softcap * torch.sigmoid((logits + cfg.softcap_offset) / cfg.softcap_divisor)
+            2 * cfg.head.softcap * torch.sigmoid((logits + cfg.head.softcap_offset) / cfg.head.softcap_divisor)
         ).float()
     elif cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
-        logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
+        logits = (2 * cfg.head.softcap * torch.sigmoid(logits / (cfg.head.softcap / 2))).float()
     elif cap_first:
-        logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
+        logits = (cfg.head.softcap * torch.tanh(logits / cfg.head.softcap)).float()
     elif cfg.softcap_form == "algebraic":  # track 3: 15 * logits * (logits.square() + 15**2).rsqrt()
         logits = logits.float()
-        logits = cfg.logit_softcap * logits * (logits.square() + cfg.logit_softcap**2).rsqrt()
+        logits = cfg.head.softcap * logits * (logits.square() + cfg.head.softcap**2).rsqrt()
     elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5); demo-2026: #65's offset
-        divisor = getattr(cfg, "softcap_divisor", 0) or cfg.logit_softcap / 2
+        divisor = getattr(cfg, "softcap_divisor", 0) or cfg.head.softcap / 2
         offset = getattr(cfg, "softcap_offset", 0)
-        logits = 2 * cfg.logit_softcap * torch.sigmoid((logits.float() + offset) / divisor)
+        logits = 2 * cfg.head.softcap * torch.sigmoid((logits.float() + offset) / divisor)
     else:
         logits = logits.float()
-        logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+        logits = cfg.head.softcap * torch.tanh(logits / cfg.head.softcap)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
     loss.backward()
     return loss.detach(), h.grad

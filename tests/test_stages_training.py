@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config_gpt2026 import Gpt2026Config
 from speedrun.config_stages import parse_stages, stage_plan
 from speedrun.errors import ConfigError
 from speedrun.model.attention_tiers import varlen_attention

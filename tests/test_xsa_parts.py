@@ -56,7 +56,7 @@ def record_77_hidden(model, idx):
         ve = tables[s.value_embed] if s.value_embed is not None else None
         x = x + b.attn(b.norm1(attn_in), Masked(masks[i]), ve)[0]
         x = x + b.mlp(b.norm2(x))
-        if i == model.cfg.backout_layer:
+        if i == model.cfg.stream.backout_layer:
             x_backout = x
     return model.norm_f(x - model.backout.lamb * x_backout)
 
@@ -189,7 +189,7 @@ def record_82_hidden(model, idx):
             a.xsa = xsa
         x = x + b.mlp(b.norm2(x))
         outputs[i] = x
-    return model.norm_f(x - model.backout.lamb * outputs[model.cfg.backout_layer])
+    return model.norm_f(x - model.backout.lamb * outputs[model.cfg.stream.backout_layer])
 
 
 def test_gated_xsa_in_the_model_is_82s_loss_and_every_gradient():
@@ -231,12 +231,12 @@ def test_gated_xsa_starts_as_a_no_op_and_decodes_as_the_forward():
 
 
 def test_xsa_on_a_paired_layer_is_one_config_error():
-    from speedrun.config_model import check
+    from speedrun.config_gpt2026 import check
 
     cfg = load_recipe(BASE, [])
     with pytest.raises(ConfigError, match="xsa_layers"):
         m = cfg.model
-        layer = min(set(m.attention_layers) - set(m.key_offset_layers))
+        layer = min(set(m.attention_layers) - set(m.attn.key_offset_layers))
         check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[layer]))
     check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[]))  # the same model without XSA is fine
 

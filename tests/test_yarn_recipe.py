@@ -103,7 +103,7 @@ def test_schedules_at_every_step():
         assert (v.batch_tokens, v.max_doc_len) == (2048 * 24 * 8, 128 * 16), step
         if got.yarn != seen:
             seen = got.yarn
-            freqs, scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn_scale)
+            freqs, scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn.scale)
         torch.testing.assert_close(freqs, rec.angular_freq, rtol=1e-6, atol=0, msg=str(step))
         assert scale == pytest.approx(rec.attn_scales[ws], rel=1e-12), step
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.config import Config
-from speedrun.config_model import check as check_gpt2026_model
+from speedrun.config_gpt2026 import check as check_gpt2026_model
 from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -30,10 +30,10 @@ class ConfigFamily:
 def _check_gpt2026(cfg: Config) -> None:
     m = cfg.model
     check_gpt2026_model(m)
-    gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m, k)]
+    gpt2_tables = [k for k in ("prefix_loss_weight", "canonical_val_mask") if getattr(m.head, k)]
     if gpt2_tables and cfg.data.tokenizer != "gpt2":  # #88's and #350's tables are GPT-2 BPE ids
         raise ConfigError(
-            f"model.{gpt2_tables[0]} reads tables of GPT-2 token ids: it needs data.tokenizer = gpt2, "
+            f"model.head.{gpt2_tables[0]} reads tables of GPT-2 token ids: it needs data.tokenizer = gpt2, "
             f"got {cfg.data.tokenizer}"
         )
 
@@ -115,9 +115,9 @@ FAMILIES: dict[str, ConfigFamily] = {
     ),
     "gpt2026": ConfigFamily(
         check=_check_gpt2026,
-        stage_features=lambda m: (m.yarn, m.mtp),
+        stage_features=lambda m: (m.yarn, m.head.mtp),
         value_tables=lambda m: len({j for j in m.value_embeds if j >= 0}),
-        gates=lambda m: (m.smear, m.attn_gate, m.ve_gate, m.skip_gate, m.x0_lambda_apart),
+        gates=lambda m: (m.embed.smear, m.attn.gate, m.values.gate, m.stream.skip_gate, m.stream.x0_lambda_apart),
         era=1,
     ),
 }

@@ -4,6 +4,7 @@ fields, types and checks) lives in config.py; this module only fills one in, wit
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import tomllib
@@ -12,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from speedrun.atomic import read_regular
-from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
+from speedrun.config import MODEL_FAMILIES, Config, all_keys, canonical_key, field_types, key_type, sections
 from speedrun.config_labels import RULE_KEYS, parse_rows
-from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
+from speedrun.config_gpt2026 import legacy_gpt2024_table, legacy_model_table
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 
@@ -33,16 +34,31 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
     if key == "optim.labels" or key.startswith("optim.labels."):
         _set_label_rows(cfg, key, value)
         return
+    key = canonical_key(cfg.model, key)
     section, _, name = key.partition(".")
-    if section not in sections() or name not in field_types(type(getattr(cfg, section))):
-        other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and name in field_types(cls)]
+    typ = key_type(type(getattr(cfg, section)), name) if section in sections() else None
+    if typ is None or dataclasses.is_dataclass(typ):
+        other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and key_type(cls, name)]
         if section == "model" and other:
             raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
         raise _unknown_key(key, all_keys())
-    typed = coerce(key, value, field_types(type(getattr(cfg, section)))[name])
+    typed = coerce(key, value, typ)
     if key == "model.family":  # a switch comes first, with its model keys (_switch_family)
         assert typed == cfg.model.family, (typed, cfg.model.family)
-    setattr(getattr(cfg, section), name, typed)
+    obj, (*parts, last) = getattr(cfg, section), name.split(".")
+    _set_path(obj, parts, last, typed)
+
+
+def _set_path(obj: Any, parts: list[str], name: str, value: Any) -> None:
+    """Set `obj.parts....name`; a part table is frozen, so setting its field replaces the part."""
+    if not parts:
+        setattr(obj, name, value)
+        return
+    part = getattr(obj, parts[0])
+    if not parts[1:]:
+        setattr(obj, parts[0], dataclasses.replace(part, **{name: value}))
+        return
+    _set_path(part, parts[1:], name, value)  # pragma: no cover - parts are one level deep today
 
 
 def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
@@ -74,10 +90,22 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
             if key == "model" and "family" in value:
                 _switch_family(cfg, value, origin)
-            for sub, subval in value.items():
+            for sub, subval in _dotted(value):
                 set_value(cfg, f"{key}.{sub}", subval)
         else:
             set_value(cfg, key, value)
+
+
+def _dotted(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A section's (key, value) pairs, a part table's as `part.field` (`[model.mudd]`); `optim.labels`
+    rows are values, not tables of keys."""
+    out = []
+    for key, value in table.items():
+        if isinstance(value, dict) and f"{prefix}{key}" != "labels":
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
@@ -108,7 +136,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
         _switch_family(cfg, model, "the command line")
     for key, value in pairs:
         set_value(cfg, key, value)
-        cfg.fixed |= {key}
+        cfg.fixed |= {canonical_key(cfg.model, key)}
 
 
 def table_keys(table: dict[str, Any]) -> set[str]:
@@ -116,7 +144,7 @@ def table_keys(table: dict[str, Any]) -> set[str]:
     keys: set[str] = set()
     for key, value in table.items():
         if isinstance(value, dict):
-            keys |= {f"{key}.{sub}" for sub in value}
+            keys |= {f"{key}.{sub}" for sub, _ in _dotted(value)}
         elif key != "base":
             keys.add(key)
     return keys

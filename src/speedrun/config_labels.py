@@ -33,6 +33,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from speedrun.config_gpt2026 import mudd
 from speedrun.config_types import Beta, PosFloat, coerce
 from speedrun.errors import ConfigError
 
@@ -60,10 +61,6 @@ LABELS = (
     "mudd_gate_bias",  # their output biases and scale (no weight decay)
     "embed2",  # the medium record's second token embedding (2025-12-31)
 )
-#: #81: MUDD's MLPs train at this share of the Adam LR (`embed_lr`, the records' 0.008), betas (0.9, 0.99)
-MUDD_LR_MUL = 0.25
-#: #85: its gate network's MLPs, biases and scale at this share, betas (0.9, 0.99)
-MUDD_GATE_LR_MUL = 0.1
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 MATRIX_RULES = ("muon", "normuon")
@@ -226,11 +223,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
         "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
         "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),
-        "mudd": adam("mudd", o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), wd),  # #81's param_table (lr_mul 0.25)
-        "mudd_bias": adam("mudd_bias", o.embed_lr * MUDD_LR_MUL, (0.9, 0.99), 0.0),
-        "mudd_gate": adam("mudd_gate", o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), wd),  # #85's (lr_mul 0.1)
-        "mudd_gate_bias": adam("mudd_gate_bias", o.embed_lr * MUDD_GATE_LR_MUL, (0.9, 0.99), 0.0),
-    }
+    } | mudd.label_rows(adam, o.embed_lr, wd)  # a part's rows, declared beside it
     return {label: rows[label] for label in LABELS}
 
 

@@ -42,7 +42,7 @@ def overrides(name: str) -> list[str]:
         out.append("model.no_attention_layers=0,2")
     if load_recipe(name).optim.tie_until:  # untie inside the 3 steps; pause the scalars one step
         out += ["optim.tie_until=2", "optim.scalar_freeze_steps=1"]
-    if m.mtp > 1:  # #53: MTP weights that change at the stage start
+    if m.head.mtp > 1:  # #53: MTP weights that change at the stage start
         tokens = SEQ * MICRO
         out.append(
             f"train.stages=tokens={tokens} windows=1/1 frac=1/2 mtp=1,0.5,0.25>1,0.5,0; "

@@ -99,7 +99,7 @@ def _gpt2024() -> Family:
 
 
 def _gpt2026() -> Family:
-    from speedrun.config_model import Gpt2026Config, qk_width
+    from speedrun.config_gpt2026 import Gpt2026Config, qk_width
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 
@@ -122,7 +122,7 @@ def _gpt2026() -> Family:
         L = m.n_layer
         attn, mlp = [i in m.attention_layers for i in range(L)], [i in m.mlp_layers for i in range(L)]
         layout = [j if j >= 0 else None for j in m.value_embeds] or [None] * L
-        mixed = [m.value_mix == "lambdas" or j is not None for j in layout]
+        mixed = [m.values.mix == "lambdas" or j is not None for j in layout]
         return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
 
     def after_step(model: nn.Module, step: int) -> None:

@@ -11,12 +11,14 @@ fast bf16 would otherwise train half in bf16, half in fp32); each start records 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from speedrun.config import Config
+from speedrun.config import Config, canonical_key, key_type
+from speedrun.config_files import set_value
 from speedrun.hardware import fast_bf16
 
 
@@ -80,7 +82,11 @@ def effective_config(cfg: Config, precision: Precision) -> Config:
     train = dataclasses.replace(cfg.train, dtype=precision.dtype)
     model = cfg.model
     if precision.dtype == "fp32" and cfg.train.dtype != "fp32":  # each family's bf16 storage fields
-        fields = {f.name for f in dataclasses.fields(model)} - {k.removeprefix("model.") for k in cfg.fixed}
-        storage = {"bf16_model": False, "embed_dtype": "fp32", "block_dtype": "fp32"}
-        model = dataclasses.replace(model, **{k: v for k, v in storage.items() if k in fields})
+        holder = dataclasses.replace(cfg, model=copy.deepcopy(cfg.model))
+        storage = {"model.bf16_model": False, "model.embed_dtype": "fp32", "model.block_dtype": "fp32"}
+        for key, value in storage.items():
+            key = canonical_key(model, key)
+            if key_type(type(model), key.removeprefix("model.")) is not None and key not in cfg.fixed:
+                set_value(holder, key, value)
+        model = holder.model
     return dataclasses.replace(cfg, train=train, model=model)

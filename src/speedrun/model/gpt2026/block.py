@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from speedrun.config_model import Gpt2026Config, attention_scale
+from speedrun.config_gpt2026 import Gpt2026Config, attention_scale
 from speedrun.model.contexts import Context
 from speedrun.model.gpt2026 import connections, gates
 from speedrun.model.gpt2026.attention import Attention
@@ -51,17 +51,17 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.n_embd
         self.norm1 = Norm(d, "rmsnorm") if spec.attention else None
-        gated = cfg.mudd_gate_layer > 0  # #85: the gate network gives XSA's α
+        gated = cfg.mudd.gate_layer > 0  # #85: the gate network gives XSA's α
         self.attn = (
             Attention(
-                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn_gate, cfg.value_mix == "weights",
-                cfg.qk_head_dim, value_gate(spec, cfg), None if gated else xsa_label(cfg),
+                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn.gate, cfg.values.mix == "weights",
+                cfg.attn.qk_head_dim, value_gate(spec, cfg), None if gated else xsa_label(cfg),
             )
             if spec.attention
             else None
         )  # fmt: skip
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
-        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp_fc_transposed, cfg.mlp_fp8) if spec.mlp else None
+        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp.fc_transposed, cfg.mlp.fp8) if spec.mlp else None
         self.lambdas = self.x0_lambda = self.post_lambdas = None
 
     def attend(self, st: Layer, x: Tensor) -> Tensor:
@@ -73,15 +73,15 @@ class Block(nn.Module):
 def value_gate(spec: LayerSpec, cfg: Gpt2026Config) -> nn.Module | None:
     """#55's value-embedding gate of a layer with a value embedding (#70: paired layers keep x[:12]; #89's
     script: they read cat(x[:6], ve[:6]) too); #81's MUDD layer has MUDD's instead."""
-    if not (cfg.ve_gate and spec.value_embed is not None and spec.attention and not spec.mudd):
+    if not (cfg.values.gate and spec.value_embed is not None and spec.attention and not spec.mudd):
         return None
-    ve_dims = 0 if spec.paired and not cfg.ve_gate_paired_ve_dims else cfg.ve_gate_ve_dims
-    return gates.ValueEmbedGate(cfg.ve_gate, cfg.n_head, ve_dims)
+    ve_dims = 0 if spec.paired and not cfg.values.paired_ve_dims else cfg.values.ve_dims
+    return gates.ValueEmbedGate(cfg.values.gate, cfg.n_head, ve_dims)
 
 
 def xsa_label(cfg: Gpt2026Config) -> str:
     """#82's α is a "scalar"; #77's form trains it with the lambdas."""
-    return "lambda" if cfg.residual_form == "sublayer" else "scalar"
+    return "lambda" if cfg.stream.residual_form == "sublayer" else "scalar"
 
 
 class X0Block(Block):
@@ -90,7 +90,7 @@ class X0Block(Block):
     def __init__(self, spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary):
         super().__init__(spec, cfg, rotary)
         self.lambdas, self.x0_lambda = connections.x0_lambdas(
-            cfg.resid_lambda_init, cfg.x0_lambda_apart, cfg.embed2
+            cfg.stream.resid_lambda_init, cfg.stream.x0_lambda_apart, cfg.stream.embed2
         )
 
     def mix(self, st: Layer) -> Tensor:
@@ -119,8 +119,8 @@ class SublayerBlock(Block):
 
     def __init__(self, spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary):
         super().__init__(spec, cfg, rotary)
-        self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.resid_lambda_init)
-        if spec.attention and not cfg.mudd_gate_layer:  # #85: the x0 share comes from the gate network
+        self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.stream.resid_lambda_init)
+        if spec.attention and not cfg.mudd.gate_layer:  # #85: the x0 share comes from the gate network
             self.x0_lambda = label(nn.Parameter(torch.zeros(1)), "lambda")
 
     def after_attention(self, st: Layer, y: Tensor) -> Tensor:
@@ -161,8 +161,8 @@ def block_for(spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary) -> Block:
     """The layer's block in its residual form (an absent layer: a bare Block, never called)."""
     if not spec.present:
         return Block(spec, cfg, rotary)
-    if cfg.residual_form != "sublayer":
-        return (PairBlock if cfg.embed2 else X0Block)(spec, cfg, rotary)
+    if cfg.stream.residual_form != "sublayer":
+        return (PairBlock if cfg.stream.embed2 else X0Block)(spec, cfg, rotary)
     if spec.mudd:
         return MuddBlock(spec, cfg, rotary)
-    return (GatedBlock if cfg.mudd_gate_layer else SublayerBlock)(spec, cfg, rotary)
+    return (GatedBlock if cfg.mudd.gate_layer else SublayerBlock)(spec, cfg, rotary)

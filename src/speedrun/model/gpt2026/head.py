@@ -91,19 +91,19 @@ def write_weights(buffer: torch.Tensor, weights: tuple[float, ...]) -> None:
 def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
     """The loss's buffers on `model` (not saved), None where absent: #53's MTP weights, #88's prefix
     table and weight, #350's canonical-token mask (built once here, before the clock)."""
-    if cfg.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens
-        model.register_buffer("mtp_weights", torch.eye(cfg.mtp)[0], persistent=False)
+    if cfg.head.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens
+        model.register_buffer("mtp_weights", torch.eye(cfg.head.mtp)[0], persistent=False)
     else:
         model.mtp_weights = None
-    if cfg.prefix_loss_weight > 0:  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
+    if cfg.head.prefix_loss_weight > 0:  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
         table = prefix.gpt2_prefix_table(vocab)
         model.register_buffer(
             "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False
         )
-        model.register_buffer("prefix_weight", torch.tensor(cfg.prefix_loss_weight), persistent=False)
+        model.register_buffer("prefix_weight", torch.tensor(cfg.head.prefix_loss_weight), persistent=False)
     else:
         model.prefix_weight = None
-    if cfg.canonical_val_mask:  # #350: built once here, before the clock; not saved
+    if cfg.head.canonical_val_mask:  # #350: built once here, before the clock; not saved
         ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
         model.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
     else:

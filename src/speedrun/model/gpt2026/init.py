@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config_gpt2026 import Gpt2026Config
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
@@ -27,34 +27,34 @@ def init_weights(model: nn.Module, cfg: Gpt2026Config) -> None:
     qkv = {id(b.attn.c_attn) for b in model.blocks if b.attn is not None}
     for module in model.modules():
         if isinstance(module, CastedLinear):
-            gain = cfg.qkv_init_gain if id(module) in qkv else 0.5
+            gain = cfg.init.qkv_gain if id(module) in qkv else 0.5
             scaled_uniform_(module.weight, module.in_features, gain)
-    if cfg.value_embed_zero_init:
+    if cfg.init.value_embed_zero:
         for emb in model.value_embeds or []:
             nn.init.zeros_(emb.weight)
-    if cfg.value_embed_init_std:  # #70: N(0, 0.01²)
+    if cfg.init.value_embed_std:  # #70: N(0, 0.01²)
         for emb in model.value_embeds or []:
-            nn.init.normal_(emb.weight, mean=0.0, std=cfg.value_embed_init_std)
+            nn.init.normal_(emb.weight, mean=0.0, std=cfg.init.value_embed_std)
     for block in model.blocks:
         for part in (block.attn, block.mlp):
             if part is not None:
                 nn.init.zeros_(part.c_proj.weight)
-        if block.attn is not None and cfg.attn_out_init_gain:  # #82: vo_bank uniform, O as V
+        if block.attn is not None and cfg.init.attn_out_gain:  # #82: vo_bank uniform, O as V
             w = block.attn.c_proj.weight
-            scaled_uniform_(w, w.size(1), cfg.attn_out_init_gain)
-    if cfg.mimetic_vo_beta:  # #64
+            scaled_uniform_(w, w.size(1), cfg.init.attn_out_gain)
+    if cfg.init.mimetic_vo_beta:  # #64
         d = cfg.n_embd
         for block in model.blocks:
             if block.attn is not None:
                 attn = block.attn
-                mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, cfg.mimetic_vo_beta)
+                mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, cfg.init.mimetic_vo_beta)
     for part in model.modules():
         if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
             part.reset_parameters()  # zero
-    if cfg.zero_init_head:
+    if cfg.head.zero_init:
         nn.init.zeros_(model.lm_head.weight)
-    elif cfg.head_init_std > 0:
-        nn.init.normal_(model.lm_head.weight, mean=0.0, std=cfg.head_init_std)
+    elif cfg.head.init_std > 0:
+        nn.init.normal_(model.lm_head.weight, mean=0.0, std=cfg.head.init_std)
 
 
 def cast_storage(model: nn.Module, cfg: Gpt2026Config) -> None:

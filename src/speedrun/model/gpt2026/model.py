@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config, qk_width
+from speedrun.config_gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, stream, windows
@@ -35,25 +35,25 @@ class GPT2026(nn.Module):
         self.specs = build_specs(cfg)
         self.walk = [s for s in self.specs if s.present]
         self.eot_id = cfg.eot_id
-        self.bigram_first = cfg.residual_form == "sublayer"  # #77: layer 0's bigram share enters before it
+        self.bigram_first = cfg.stream.residual_form == "sublayer"  # #77: layer 0's bigram share enters before it
         d, m = cfg.n_embd, max(1, cfg.pad_vocab_to)
         vocab = (cfg.vocab_size + m - 1) // m * m
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
         self.wte = embeddings.token_embedding(rows, d)
-        self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.embed2 else None  # medium
-        self.smear = Smear(cfg.smear) if cfg.smear else None  # #34
-        bigram_dim = cfg.bigram_dim or d  # #89's script: 192
-        share = bigram_share(cfg.residual_form, cfg.mudd_gate_layer > 0)
+        self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
+        self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
+        bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
+        share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
         self.bigram = None
-        if cfg.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
-            signs = (cfg.bigram_sign_rows,) if cfg.bigram_sign_rows else ()
+        if cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
+            signs = (cfg.embed.bigram_sign_rows,) if cfg.embed.bigram_sign_rows else ()
             kind = SignedBigramEmbed if signs else BigramEmbed
             if signs:  # the unsigned table main built first and dropped: a seed keeps its model
-                nn.init.normal_(torch.empty(cfg.bigram_rows, bigram_dim))
-            self.bigram = kind(cfg.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
+                nn.init.normal_(torch.empty(cfg.embed.bigram_rows, bigram_dim))
+            self.bigram = kind(cfg.embed.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
         self.embed_norm = Norm(d, "rmsnorm")
-        rows_rotary = cfg.max_seq_len * (2 if cfg.paired_layers else 1)  # #58: positions 2t, 2t + 1
-        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.rope_precision)  # #344: on Q/K's dims
+        rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
+        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: on Q/K's dims
         self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
@@ -61,15 +61,15 @@ class GPT2026(nn.Module):
         tables = len({s.value_embed for s in self.specs if s.value_embed is not None})
         self.value_embeds = embeddings.value_embeddings(tables, rows, d)
         self.skip_weights = (
-            connections.skip_weights(len(cfg.skips), cfg.skip_gate_form) if cfg.skips else None
+            connections.skip_weights(len(cfg.skips), cfg.stream.skip_gate_form) if cfg.skips else None
         )
-        self.skip_gate = gates.skip_gates(cfg.skip_gate, len(cfg.skips)) if cfg.skip_gate else None  # #55
-        self.backout = connections.Backout(cfg.backout_layer) if cfg.backout_layer else None  # #40
-        self.mudd = Mudd(d, cfg.n_head, cfg.resid_lambda_init) if cfg.mudd_sources else None  # #81
-        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd_gate_layer else None  # #85
+        self.skip_gate = gates.skip_gates(cfg.stream.skip_gate, len(cfg.skips)) if cfg.stream.skip_gate else None  # #55
+        self.backout = connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None  # #40
+        self.mudd = Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init) if cfg.mudd.sources else None  # #81
+        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
         self.head_spec = head.HeadSpec(
-            cfg.logit_softcap, cfg.softcap_divisor, cfg.softcap_offset, cfg.softcap_in_bf16, cfg.ce_bf16,
-            cfg.fp8_head,
+            cfg.head.softcap, cfg.head.softcap_divisor, cfg.head.softcap_offset, cfg.head.softcap_in_bf16, cfg.head.ce_bf16,
+            cfg.head.fp8,
         )  # fmt: skip
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.window)

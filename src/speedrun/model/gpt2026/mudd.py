@@ -177,13 +177,13 @@ def xsa_per_token(y: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor) -> torc
 def gate_layouts(cfg) -> tuple[list, list]:
     """The pre and post column groups of a Gpt2026Config with `mudd_gate_layer` g: each layer's gates
     in the MLP before it (pre: layers < g), the skip in the post one."""
-    g, last = cfg.mudd_gate_layer, cfg.n_layer - 1
-    xsa, attn = sorted(cfg.xsa_layers), sorted(cfg.mudd_gate_attn_layers)
+    g, last = cfg.mudd.gate_layer, cfg.n_layer - 1
+    xsa, attn = sorted(cfg.attn.xsa_layers), sorted(cfg.mudd.gate_attn_layers)
     inject = [i for i in sorted(cfg.attention_layers) if i != last]
     return tuple(
         gate_columns(
             cfg.n_head, *([i for i in group if (i < g) == pre] for group in (xsa, attn, inject)),
-            skip=not pre and bool(cfg.skips), dc=[] if pre else sorted(cfg.dc_layers),
+            skip=not pre and bool(cfg.skips), dc=[] if pre else sorted(cfg.mudd.dc_layers),
         )
         for pre in (True, False)
     )  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config_gpt2026 import Gpt2026Config
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,10 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
     for j, (src, dst) in enumerate(cfg.skips):
         if present[src]:
             skip_from[dst] = (src, j)
-    kept = {src for src, _ in skip_from.values()} | ({cfg.backout_layer} if cfg.backout_layer else set())
+    kept = {src for src, _ in skip_from.values()} | ({cfg.stream.backout_layer} if cfg.stream.backout_layer else set())
     attn_inputs = cfg.attn_inputs or [-1] * L
     kept |= {j for i, j in enumerate(attn_inputs) if j >= 0 and i in attn}
-    kept |= set(cfg.mudd_sources)  # #81
+    kept |= set(cfg.mudd.sources)  # #81
     windows = cfg.windows or ["L"] * L
     value_embeds = cfg.value_embeds or [-1] * L
     return [
@@ -57,14 +57,14 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             mlp=i in mlp,
             window=windows[i],
             value_embed=value_embeds[i] if value_embeds[i] >= 0 else None,
-            key_offset=i in cfg.key_offset_layers,
-            paired=i in cfg.paired_layers,
-            xsa=i in cfg.xsa_layers,
+            key_offset=i in cfg.attn.key_offset_layers,
+            paired=i in cfg.attn.paired_layers,
+            xsa=i in cfg.attn.xsa_layers,
             skip_from=skip_from.get(i, (None, None))[0],
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,
             attn_input=attn_inputs[i] if attn_inputs[i] >= 0 and i in attn else None,
-            mudd=bool(cfg.mudd_sources) and i == L - 1,
+            mudd=bool(cfg.mudd.sources) and i == L - 1,
         )
         for i in range(L)
     ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from speedrun.config_model import attention_scale, qk_width
+from speedrun.config_gpt2026 import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.contexts import near_keys
