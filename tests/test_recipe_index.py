@@ -69,7 +69,7 @@ def test_recipes_name_is_a_human_summary_and_json_the_resolved_config(capsys):
         out.startswith("record-2026-07 (gpt2026): record #89 of 2026-07-17, 1.23 min 8xH100\n")
         and "adds over xsa-2026-04: " in out
     )
-    assert "model.mlp_fp8" in out and "still differs from its script: " in out
+    assert "model.mlp.fp8" in out and "still differs from its script: " in out
     assert "speedrun train --recipe demo-2026" in out and "ReLU²" not in out
     for name in ("banks-2026-01", "demo"):
         assert main(["recipes", name, "--json"]) == 0

@@ -371,8 +371,9 @@ def canonical_key(model: Any, key: str) -> str:
     config.json files and recipes written before the parts) → its table's (`model.mudd.sources`). The one
     place the converter applies (set_value, overrides, the keys a user fixed)."""
     section, _, name = key.partition(".")
-    if section == "model" and isinstance(model, Gpt2026Config) and name in FLAT:
-        return "model." + ".".join(FLAT[name])
+    flat = getattr(model, "FLAT_KEYS", {})  # a family with part tables says how flat keys map
+    if section == "model" and name in flat:
+        return "model." + ".".join(flat[name])
     return key
 
 

@@ -123,6 +123,7 @@ def _part_class(module: Any) -> type:
 
 #: `model.mudd_sources` → ("mudd", "sources"): the one converter of flat keys (config_files applies it)
 FLAT: dict[str, tuple[str, str]] = _flat_map()
+Gpt2026Config.FLAT_KEYS = FLAT  # what config.canonical_key reads of any family's config class
 
 
 def nest(model: dict[str, Any]) -> dict[str, Any]:
