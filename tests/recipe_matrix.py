@@ -8,11 +8,15 @@ losses must agree.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
+from speedrun.config_gpt2026 import Gpt2026Config
+from speedrun.config_gpt2026 import replace as replace_model
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.evaluate import row_cu_seqlens
@@ -22,6 +26,13 @@ from speedrun.train.step import autocast_dtype, train_step
 
 STEPS, SEQ, MICRO = 3, 256, 2  # optimizer steps; tokens per sequence; sequences per step
 VOCAB, EOT = 512, 511
+
+
+def replace(obj, **changes):
+    """dataclasses.replace; a gpt2026 model config also takes its flat keys (config_gpt2026.replace)."""
+    if isinstance(obj, Gpt2026Config):
+        return replace_model(obj, **changes)
+    return dataclasses.replace(obj, **changes)
 
 
 def shrink(name: str, n_layer: int = 4) -> list[str]:

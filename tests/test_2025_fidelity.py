@@ -5,7 +5,6 @@ scale of the gradients the optimizers see (the records back-propagate each rank'
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -15,6 +14,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.step import train_step
+from tests.recipe_matrix import replace
 
 DIM = 768  # every 2025 record's model_dim
 
@@ -40,7 +40,7 @@ def test_attention_and_value_embedding_init_at_full_width_is_the_records(recipe)
     assert cfg.model.n_embd == DIM
     # full width and depth; a small vocabulary (no init depends on it) keeps the tables small
     torch.manual_seed(0)
-    model = build_model(dataclasses.replace(cfg.model, vocab_size=128, max_seq_len=1024, fp8_head=False))
+    model = build_model(replace(cfg.model, vocab_size=128, max_seq_len=1024, fp8_head=False))
     attn = [b.attn for b in model.blocks if b.attn is not None]
     assert attn
     for i, a in enumerate(attn):

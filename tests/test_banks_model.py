@@ -4,7 +4,6 @@ interleaved rotary pairs as a permutation of ours, bf16 block storage through th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
 
 # ------------------------------------------------------------------ #65's interleaved rotary pairs
@@ -186,7 +186,7 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
 
     heads, dim, T, vocab = 4, 64, 1024, 120
     cfg = load_recipe(RECIPE, ["model.block_dtype=fp32"])
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip

@@ -257,4 +257,9 @@ def test_the_recipes_softcap_is_65s_eval_line():
     """#65 evaluates `23 * torch.sigmoid((logits + 5) / 7.5)` on the bf16 head output (the function is
     checked bit for bit in tests/test_banks_switches.py; the dtype order in tests/test_softcap_dtype.py)."""
     m = load_recipe(RECIPE).model
-    assert (2 * m.head.softcap, m.head.softcap_offset, m.head.softcap_divisor, m.head.softcap_in_bf16) == (23, 5, 7.5, True)
+    assert (2 * m.head.softcap, m.head.softcap_offset, m.head.softcap_divisor, m.head.softcap_in_bf16) == (
+        23,
+        5,
+        7.5,
+        True,
+    )

@@ -12,7 +12,6 @@ built yet (docs/roadmap.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -29,6 +28,7 @@ from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
 from speedrun.train.optimizers import build_table_optimizer, model_rules
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_stages_recipe import (
     BLOCK,
     EXT,
@@ -203,7 +203,7 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
         "model.paired_layers=[0, 2, 5, 9]",
     ]
     cfg = load_recipe(BASE, GATED + later_switches * later)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
@@ -270,14 +270,14 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
 def test_untied_value_embeddings_are_the_63_layout():
     """#63: `ve = [ve[0], ve[1]] + [None] * (num_layers - 5) + [ve[2], ve[3], ve[4]]`."""
     cfg = load_recipe(BASE, ["model.value_embeds=[0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4]"])
-    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     layout = [s.value_embed for s in model.specs]
     assert layout == [0, 1] + [None] * 6 + [2, 3, 4] and len(model.value_embeds) == 5
 
 
 def test_cached_decoding_with_bigram_table_and_paired_heads_equals_the_forward():
     cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=4, n_head=4, n_embd=64, vocab_size=100, max_seq_len=64, embed_dtype="fp32",
         fp8_head=False, eot_id=99, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
         mlp_layers=[0, 1, 2, 3], value_embeds=[-1, -1, -1, 0], backout_layer=2, skips=[[1, 2]],
@@ -306,7 +306,7 @@ def test_the_gates_rows_are_the_records():
     """#55: the value-embedding gates with the attention gates in NorMuon (`is_gate = 'gate' in label`:
     one statistic per head), the skip gate in the main Adam at its own LR (label skip_gate)."""
     cfg = load_recipe(BASE, GATED)
-    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     assert cfg.optim.normuon_gate_row_stats
     rows = {r.name: r for r in build_rows(model_rules(model, cfg), 1)}
     ve_gates = [n for n in rows if ".ve_gate." in n]
@@ -314,7 +314,7 @@ def test_the_gates_rows_are_the_records():
     assert all((rows[n].rule, rows[n].gate_rows, rows[n].lr_mul) == ("normuon", True, 1.0) for n in ve_gates)
     assert (rows["skip_gate.proj.weight"].rule, rows["skip_gate.proj.weight"].label) == ("adam", "skip_gate")
     cfg = load_recipe(BASE, GATED + ["model.bigram_rows=1000"])
-    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     rows = {r.name: r for r in build_rows(model_rules(model, cfg), 8)}
     assert (rows["bigram.embed.weight"].label, rows["bigram.embed.weight"].sharded) == ("value_embed", True)
     assert rows["bigram.lambdas"].label == "scalar"  # #62: in the record's scalars (their own Adam)
@@ -358,7 +358,7 @@ def record_65_label(name: str) -> str:
 def test_the_adam_table_is_the_65_records():
     """#56: the attention and value-embedding gates leave NorMuon for Adam; #57/#65: per-label betas."""
     cfg = load_recipe(BASE, GATED + ADAM_65)
-    cfg.model = dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256)
+    cfg.model = replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256)
     model = build_model(cfg.model)
     opt = build_table_optimizer(model, cfg)
     seen = set()

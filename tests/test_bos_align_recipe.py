@@ -4,7 +4,6 @@ of every step on the record's 8 ranks, and the fp32 forward loss and gradients o
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import schedule_at
 from tests import two_processes
 from tests.conftest import read_metrics, run_speedrun
-from tests.recipe_matrix import shrink
+from tests.recipe_matrix import replace, shrink
 from tests.test_bos_loader import BOS, make_shards, record26_generator
 
 RECIPE = "bos-align-2025-07"
@@ -168,7 +167,7 @@ def record_forward(w, input_seq, target_seq, sw_blocks, L, heads, dim, bos):
 def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
     L, heads, dim, vocab, T, window = 12, 2, 64, 120, 512, 384
     m = load_recipe(RECIPE).model
-    cfg = dataclasses.replace(
+    cfg = replace(
         m, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, window=window,
         embed_dtype="fp32", fp8_head=False, softcap_divisor=7.5 * dim**0.5, attention="sdpa",
     )  # fmt: skip

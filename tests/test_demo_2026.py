@@ -22,8 +22,16 @@ def test_it_resolves_to_the_2026_composition_with_the_demos_data_batch_and_budge
     cfg, demo = load_recipe(RECIPE), load_recipe("demo")
     m = cfg.model
     assert m.family == "gpt2026" and (m.n_layer, m.n_head, m.n_embd, m.vocab_size) == (4, 4, 256, 4096)
-    assert m.attn.xsa_layers and m.attn.paired_layers and m.attn.key_offset_layers and m.skips and m.stream.backout_layer
-    assert m.attn_inputs and m.embed.bigram_rows and m.embed.bigram_sign_rows and m.embed.smear and m.values.gate
+    assert (
+        m.attn.xsa_layers
+        and m.attn.paired_layers
+        and m.attn.key_offset_layers
+        and m.skips
+        and m.stream.backout_layer
+    )
+    assert (
+        m.attn_inputs and m.embed.bigram_rows and m.embed.bigram_sign_rows and m.embed.smear and m.values.gate
+    )
     assert m.init.value_embed_std == 0.01 and m.values.ve_dims == 6
     keys = ("time_budget_s", "budget_min_steps", "steps", "global_batch_tokens")
     keys += ("warmdown_steps", "warmdown_frac")

@@ -94,7 +94,7 @@ def test_a_family_is_picked_first_and_a_new_family_inherits_no_model_table():
     base, cfg = load_recipe("record-2025-01"), load_recipe("bos-align-2025-07")
     assert (base.model.family, cfg.model.family) == ("gpt2024", "gpt2026")
     assert cfg.optim.muon_momentum_warmup_steps == base.optim.muon_momentum_warmup_steps > 0  # inherited
-    assert cfg.model.head.mtp == Gpt2026Config().mtp and cfg.model.n_layer == 12
+    assert cfg.model.head.mtp == Gpt2026Config().head.mtp and cfg.model.n_layer == 12
     overrides = ["model.n_layer=2", "model.attention=sdpa", "model.family=gpt2026", "model.mlp_layers=[0,1]"]
     demo = load_recipe("demo", overrides)
     assert demo.model.n_layer == 2 and isinstance(demo.model, Gpt2026Config)

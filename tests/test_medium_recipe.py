@@ -10,7 +10,6 @@ lambdas' own Adam LR, the second embedding with the value embeddings); the memor
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_stages_recipe import record_key_shift, record_mtp_loss
 
 RECIPE = "medium-2025-12"
@@ -223,7 +223,7 @@ def record_18_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
 def tiny_medium(heads: int = 2, dim: int = 64, T: int = 1024, vocab: int = 120):
     """The recipe's model at 2 heads of 32, vocab 120, fp32, every parameter moved off its init."""
     cfg = load_recipe(RECIPE)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
@@ -280,7 +280,7 @@ def test_initial_values_are_the_18_models():
     """#18's GPT.__init__: resid lambdas 1.05, x0 lambdas (2 per layer) 0, skip λ −1.5 (three), the
     gates zero, the second embedding N(0, 1) (nn.Embedding's default), the value embeddings zero."""
     cfg = load_recipe(RECIPE)
-    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     for block in model.blocks:
         assert block.lambdas.tolist() == pytest.approx([1.05]) and block.x0_lambda.tolist() == [0.0, 0.0]
     assert model.skip_weights.tolist() == [-1.5] * 3

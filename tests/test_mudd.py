@@ -5,7 +5,6 @@ weights: fp32 loss and every gradient, the init, and that a wrong source is caug
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -18,6 +17,7 @@ from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import connections
 from speedrun.recipes import load_recipe
+from tests.recipe_matrix import replace
 
 BASE = "banks-2026-01"
 L, H_SRC, S_SRC = 6, 3, 1  # the record's 11 layers, sources [7, 3], shrunk: layer 2 is its layer 6
@@ -37,7 +37,7 @@ def _cfg(mudd=True, **model):
         x0_lambda_apart=False,
         mudd_sources=[H_SRC, S_SRC] if mudd else [],
     )  # fmt: skip
-    return dataclasses.replace(cfg.model, **(fields | model))
+    return replace(cfg.model, **(fields | model))
 
 
 def _model(mudd=True, seed=0, **model):
@@ -180,7 +180,9 @@ def record_hidden_sublayer(model, idx):
     cache = {0: x}
     for i, b in enumerate(blocks):
         if b.attn is None:
-            skip = connections.skip_scale(model.skip_weights[0], cfg.stream.skip_gate_form) * model.skip_gate(x0)
+            skip = connections.skip_scale(model.skip_weights[0], cfg.stream.skip_gate_form) * model.skip_gate(
+                x0
+            )
             x = x + skip * cache[S_SRC]
         else:
             inject = x0 * b.x0_lambda + (x0_bigram * lam[i] if i else 0)
@@ -313,7 +315,7 @@ def test_mudd_trains_a_step_through_the_run_optimizer():
     from speedrun.train.optimizers import build_optimizer
 
     # the sublayer form labels x0's weights `lambda`: banks-2026-01's stated x0 row is taken back
-    cfg = dataclasses.replace(load_recipe(BASE, ["optim.labels.x0={}"]), model=_cfg())
+    cfg = replace(load_recipe(BASE, ["optim.labels.x0={}"]), model=_cfg())
     model = _model()
     opt = build_optimizer(model, cfg)
     idx, tgt = _batch()

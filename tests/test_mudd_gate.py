@@ -5,7 +5,6 @@ identical tiny weights, with #81's MUDD from tests/test_mudd.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.recipe_matrix import replace  # fmt: skip
 from tests.test_mudd import (
     BASE,
     H_SRC,
@@ -29,7 +29,7 @@ from tests.test_mudd import (
     _model,
     _ours,
     record_forward_mudd,
-)  # fmt: skip
+)
 
 MUDD_ON = [
     "model.residual_form=sublayer",
@@ -176,8 +176,8 @@ def test_gate_network_trains_a_step_through_the_run_optimizer():
     from speedrun.train.optimizers import build_optimizer
 
     cfg = load_recipe(BASE, [])
-    optim = dataclasses.replace(cfg.optim, skip_gate_lr=0.0)  # #85: no skip gate of its own
-    cfg = dataclasses.replace(cfg, model=_cfg(**GATED, dc_layers=[5]), optim=optim)
+    optim = replace(cfg.optim, skip_gate_lr=0.0)  # #85: no skip gate of its own
+    cfg = replace(cfg, model=_cfg(**GATED, dc_layers=[5]), optim=optim)
     model = _model(**GATED, dc_layers=[5])
     opt = build_optimizer(model, cfg)
     idx, tgt = _batch()
@@ -256,7 +256,7 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
     its bias (W2 zero): attention gates 0.25, bigram shares 0.05, the skip 0.5, x0 shares and α 0."""
     from speedrun.model.gpt2026.mudd import MuddGate, gate_layouts
 
-    cfg = dataclasses.replace(
+    cfg = replace(
         load_recipe(BASE, []).model, xsa_layers=[1, 3, 4, 7], mudd_gate_layer=4, mudd_gate_attn_layers=[3, 10]
     )
     layouts = gate_layouts(cfg)
@@ -305,7 +305,7 @@ def test_gate_network_under_varlen_attention_equals_the_masked_attention():
     from speedrun.train.evaluate import row_cu_seqlens
 
     dense = _model(**GATED)
-    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen = build_model(replace(dense.cfg, attention="varlen"))
     varlen.load_state_dict(dense.state_dict())
     idx, tgt = _batch()
     cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
@@ -435,7 +435,7 @@ def test_dc_decodes_as_the_forward_and_varlen_equals_dense():
         parts += [forward_cached(dense, idx[:, t : t + 1], cache) for t in range(40, 64)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
     dense.train()
-    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen = build_model(replace(dense.cfg, attention="varlen"))
     varlen.load_state_dict(dense.state_dict())
     cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
     out = []

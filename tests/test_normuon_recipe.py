@@ -7,7 +7,6 @@ two, #39), and each new part (backout, NorMuon's column statistics) against its 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -20,6 +19,7 @@ from speedrun.model.families import build_model
 from speedrun.model.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_polar_recipe import record_polar_express, record_rotary
 from tests.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 
@@ -149,7 +149,7 @@ def record_forward(
 
 def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
     cfg = load_recipe(RECIPE)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
@@ -204,7 +204,7 @@ def test_backout_is_its_formula():
     torch.testing.assert_close(backout(x, {8: h}), x - 0.5 * h)
     cfg, model, idx, _, _ = _model_and_batch(L=12)
     idx = idx[:64]
-    plain = build_model(dataclasses.replace(cfg.model, backout_layer=0))
+    plain = build_model(replace(cfg.model, backout_layer=0))
     plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("backout.")})
     with torch.no_grad():
         model.backout.lamb.zero_()

@@ -6,7 +6,6 @@ window mask of FA3's semantics, as tests/test_yarn_recipe.py), its Polar Express
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -20,6 +19,7 @@ from speedrun.model.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 
 RECIPE = "polar-2025-09"
@@ -137,7 +137,7 @@ def record_forward(
 
 def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
     cfg = load_recipe(RECIPE)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip

@@ -7,7 +7,6 @@ Ours rotates half-split pairs; #65's interleaved pairs are ours with each head's
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -30,11 +29,11 @@ EPS = 1.1920928955078125e-7  # the kernel's rms eps (fp32's)
 def tiny(qk: int, **fields):
     """A 4-layer gpt2026 model config of banks-2026-01's parts (paired heads, key offset on long layers,
     λ-scaled weights) with 4 heads of V width 32 and Q/K width `qk`."""
-    from tests.recipe_matrix import shrink
+    from tests.recipe_matrix import replace, shrink
 
     cfg = load_recipe(BASE, [*shrink(BASE), "model.n_head=4", "model.n_embd=128", "model.block_dtype=fp32"])
     base = dict(qk_head_dim=qk, embed_dtype="fp32", fp8_head=False, vocab_size=120, eot_id=119)
-    return dataclasses.replace(cfg.model, **(base | fields))
+    return replace(cfg.model, **(base | fields))
 
 
 def record_344_attention(x, qk_w, v_w, o_w, lambdas, cu, bm_size, paired, key_offset, H, scale, freq):

@@ -5,8 +5,6 @@ forward (vs its bf16 twin and the record's scale formulas), #85's DC correction,
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +15,7 @@ from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed, sign_index
 from speedrun.model.gpt2026.embeddings import bigram_hash
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.recipes import load_recipe
+from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
 
@@ -25,7 +24,7 @@ def tiny(overrides: list[str], **shape):
     cfg = load_recipe(BASE, overrides)
     fields = dict(n_head=2, n_embd=64, vocab_size=120, max_seq_len=256, embed_dtype="fp32", fp8_head=False)
     fields.update(shape)
-    return dataclasses.replace(cfg.model, **fields)
+    return replace(cfg.model, **fields)
 
 
 # ---- #83: the bigram sign trick ----------------------------------------------------------------------
@@ -276,7 +275,7 @@ def test_model_with_fp8_mlp_trains_near_its_twin_and_evaluates_as_it(real_scaled
     twin_cfg = tiny([], max_seq_len=64)
     torch.manual_seed(0)
     twin = build_model(twin_cfg).train()
-    model = build_model(dataclasses.replace(twin_cfg, mlp_fp8=True)).train()
+    model = build_model(replace(twin_cfg, mlp_fp8=True)).train()
     assert sum(type(b.mlp).__name__ == "Fp8MLP" for b in model.blocks if b.mlp is not None) > 0
     weights = {n: p.detach() + 0.02 * torch.randn_like(p) for n, p in twin.named_parameters()}
     twin.load_state_dict(weights, strict=False)
@@ -497,7 +496,7 @@ def test_model_masks_validation_only():
     cfg = tiny(["model.canonical_val_mask=true"], vocab_size=600, max_seq_len=64, n_embd=32, ce_bf16=False)
     torch.manual_seed(0)
     model = build_model(cfg)
-    plain = build_model(dataclasses.replace(cfg, canonical_val_mask=False))
+    plain = build_model(replace(cfg, canonical_val_mask=False))
     assert "canonical_mask" not in model.state_dict() and model.canonical_mask.shape == (640, 80)
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.1)
@@ -551,7 +550,7 @@ def test_prefix_weight_follows_the_records_stages_at_every_step():
         BASE, [f"train.stages={stages}", "train.steps=1285", "train.stage_bounds=round", "model.mtp=0",
                "model.prefix_loss_weight=0.25"],
     )  # fmt: skip
-    cfg.model = dataclasses.replace(cfg.model, n_head=2, n_embd=32, vocab_size=120, max_seq_len=256)
+    cfg.model = replace(cfg.model, n_head=2, n_embd=32, vocab_size=120, max_seq_len=256)
     model = build_model(cfg.model)
     ref = record_88_prefix_weights(1270, 15, [1 / 3] * 3, [0.25, 0.25, 0, 0], [0.25, 0.0, 0, 0])
     ours = []

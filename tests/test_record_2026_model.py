@@ -9,7 +9,6 @@ loop as #82) and with the MLP in bf16/fp32 (its FP8 forward: test_record_2026_07
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 from tests.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.test_record_2026 import RECORDS, STAGES, RecordSchedule
 from tests.test_stages_recipe import BLOCK, record_key_shift, record_mtp_loss
@@ -132,7 +132,7 @@ def tiny(recipe: str, heads: int = 4, dim: int = 64, T: int = 1024, vocab: int =
     apart = NO_MUDD if load_recipe(recipe).model.mudd_sources else []
     cfg = load_recipe(recipe, ["model.block_dtype=fp32", "model.mlp_fp8=false", *apart])
     narrow = {"bigram_dim": 16} if cfg.model.embed.bigram_dim else {}  # 192 of 768 → 16 of 64
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1, **narrow, **extra,
     )  # fmt: skip
@@ -242,7 +242,7 @@ def test_cached_decoding_equals_the_forward():
     from speedrun.model.kv_cache import KVCache, forward_cached
 
     cfg = tiny("record-2026-07", T=64, vocab=100)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=4, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
         mlp_layers=[0, 1, 2, 3], value_embeds=[-1, 0, -1, 0], backout_layer=2, skips=[[1, 2]],
         key_offset_layers=[0, 3], paired_layers=[1], xsa_layers=[0, 3], attn_inputs=[-1, -1, -1, 2],
@@ -260,7 +260,7 @@ def test_cached_decoding_equals_the_forward():
         parts = [forward_cached(model, idx[:, :25], cache)]
         parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
         torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
-        model.cfg = dataclasses.replace(model.cfg, bigram_in_x0=False)
+        model.cfg = replace(model.cfg, bigram_in_x0=False)
         assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
 
 
@@ -338,7 +338,9 @@ def test_the_shrunk_recipe_trains_through_the_loop(text_data, tmp_path):
             "train.val_seq_len=512", "train.val_tokens=2048", "train.steps=8", f"train.stages={plan}",
             "optim.tie_until=4", "train.log_every=1"]  # fmt: skip
     cfg = load_recipe("record-2026-07", over)
-    assert cfg.model.mlp.fp8 and cfg.model.stream.residual_form == "sublayer" and cfg.model.block_dtype == "bf16"
+    assert (
+        cfg.model.mlp.fp8 and cfg.model.stream.residual_form == "sublayer" and cfg.model.block_dtype == "bf16"
+    )
     loop.train(cfg, tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["train_loss"] for r in lines if "train_loss" in r]

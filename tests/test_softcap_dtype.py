@@ -9,8 +9,6 @@ loss, #37: tests/test_polar_recipe.py).
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +17,7 @@ from speedrun.config import ModelConfig
 from speedrun.model.families import build_model
 from speedrun.model.gpt import GPT
 from speedrun.recipes import load_recipe, recipe_names
+from tests.recipe_matrix import replace
 
 BF16_SOFTCAP_RECIPES = (
     "shortcuts-2024-11",
@@ -40,7 +39,7 @@ BF16_SOFTCAP_RECIPES = (
 def _head_only(name: str) -> GPT:
     m = load_recipe(name).model
     if m.family == "gpt2026":  # the recipe's head on one plain layer
-        cfg = dataclasses.replace(
+        cfg = replace(
             m, vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, attention_layers=[0],
             mlp_layers=[0], windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
             backout_layer=0, fp8_head=False, embed_dtype="fp32", attention="varlen", window=0,
@@ -51,13 +50,18 @@ def _head_only(name: str) -> GPT:
         cfg = ModelConfig(
             vocab_size=512, n_layer=1, n_head=2, n_embd=64, max_seq_len=64, positional="rotary",
             norm="rmsnorm", activation="relu2", bias=False, fused_qkv=False, init="torch",
-            logit_softcap=m.head.softcap, softcap_form=m.softcap_form,
-            softcap_in_bf16=m.head.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
+            logit_softcap=m.logit_softcap, softcap_form=m.softcap_form,
+            softcap_in_bf16=m.softcap_in_bf16, logits_vocab_only=m.logits_vocab_only,
         )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits of a few tens: the cap binds
     return model
+
+
+def _head(cfg):
+    """Where a model config keeps its head's settings: gpt2026's [model.head], gpt2024's flat fields."""
+    return getattr(cfg, "head", cfg)
 
 
 def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: bool):
@@ -66,25 +70,27 @@ def _record_loss(model: GPT, h: torch.Tensor, targets: torch.Tensor, cap_first: 
     logits = F.linear(h, model.lm_head.weight.to(torch.bfloat16))
     cfg = model.cfg
     if cap_first and getattr(
-        cfg, "softcap_offset", 0
+        _head(cfg), "softcap_offset", 0
     ):  # #54/#65: 23 * torch.sigmoid((logits + 5) / 7.5), bf16
         logits = (
-            2 * cfg.head.softcap * torch.sigmoid((logits + cfg.head.softcap_offset) / cfg.head.softcap_divisor)
+            2
+            * cfg.logit_softcap
+            * torch.sigmoid((logits + _head(cfg).softcap_offset) / _head(cfg).softcap_divisor)
         ).float()
     elif cap_first and cfg.softcap_form == "sigmoid":  # #32 on: 30 * torch.sigmoid(logits / 7.5), bf16
-        logits = (2 * cfg.head.softcap * torch.sigmoid(logits / (cfg.head.softcap / 2))).float()
+        logits = (2 * cfg.logit_softcap * torch.sigmoid(logits / (cfg.logit_softcap / 2))).float()
     elif cap_first:
-        logits = (cfg.head.softcap * torch.tanh(logits / cfg.head.softcap)).float()
+        logits = (cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)).float()
     elif cfg.softcap_form == "algebraic":  # track 3: 15 * logits * (logits.square() + 15**2).rsqrt()
         logits = logits.float()
-        logits = cfg.head.softcap * logits * (logits.square() + cfg.head.softcap**2).rsqrt()
+        logits = cfg.logit_softcap * logits * (logits.square() + cfg.logit_softcap**2).rsqrt()
     elif cfg.softcap_form == "sigmoid":  # Sub3Min: 30 * sigmoid(z.float() / 7.5); demo-2026: #65's offset
-        divisor = getattr(cfg, "softcap_divisor", 0) or cfg.head.softcap / 2
-        offset = getattr(cfg, "softcap_offset", 0)
-        logits = 2 * cfg.head.softcap * torch.sigmoid((logits.float() + offset) / divisor)
+        divisor = getattr(_head(cfg), "softcap_divisor", 0) or cfg.logit_softcap / 2
+        offset = getattr(_head(cfg), "softcap_offset", 0)
+        logits = 2 * cfg.logit_softcap * torch.sigmoid((logits.float() + offset) / divisor)
     else:
         logits = logits.float()
-        logits = cfg.head.softcap * torch.tanh(logits / cfg.head.softcap)
+        logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
     loss.backward()
     return loss.detach(), h.grad

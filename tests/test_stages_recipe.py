@@ -9,7 +9,6 @@ switch on its own: tests/test_stages_switches.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.recipe_matrix import replace
 
 RECIPE = "stages-2025-12"
 
@@ -223,7 +223,7 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
 
     heads, dim, T, vocab = 2, 64, 1024, 120
     cfg = load_recipe(RECIPE)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
@@ -270,7 +270,7 @@ def test_initial_scalars_are_the_53_models():
     """#53's GPT.__init__: resid lambdas 1.1 (#45), x0 lambdas 0, sa lambdas (0.5, 1.0), skip λ −1.5, smear
     λ 0, backout λ 0.5; value embeddings on layers 0, 1 (tables 1, 2) and 8, 9, 10 (tables 0, 1, 2)."""
     cfg = load_recipe(RECIPE)
-    model = build_model(dataclasses.replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
+    model = build_model(replace(cfg.model, n_head=2, n_embd=64, vocab_size=120, max_seq_len=256))
     for i, block in enumerate(model.blocks):
         assert (block.lambdas.tolist(), block.x0_lambda.tolist()) == (pytest.approx([1.1]), [0.0]), i
         assert block.attn is None if i == 6 else block.attn.lambdas.tolist() == [0.5, 1.0], i

@@ -5,7 +5,6 @@ each bad new switch. The recipe against #53's code is tests/test_stages_recipe.p
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -21,6 +20,7 @@ from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import stage_values
+from tests.recipe_matrix import replace
 from tests.test_stages_recipe import (
     BS,
     EXT,
@@ -46,7 +46,7 @@ def test_key_offset_is_the_records_shift():
 
 def _small(overrides=(), L=4, T=64, vocab=100, **model):
     cfg = load_recipe(BASE, list(overrides))
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
         mlp_layers=[0, 1, 2, 3], value_embeds=[0, -1, -1, 0], skips=[[1, 2], [0, 3]],

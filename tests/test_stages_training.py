@@ -6,7 +6,6 @@ compile across a stage change."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -32,6 +31,7 @@ from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
 from speedrun.train.stages import stage_values
 from tests.conftest import TINY, read_metrics
+from tests.recipe_matrix import replace
 from tests.record_stages import STAGES_2026_07
 from tests.test_warmup import assert_timed_steps_never_compile
 
@@ -309,8 +309,8 @@ def test_the_documented_stage_plan_is_todays_record():
     t = tomllib.loads(block)["train"]
     momentum = (0.85, 0.95, 300, 50)
     plan = parse_stages(t["stages"], t["steps"], t["warmdown_frac"], t["final_lr_frac"], momentum)
-    no_mtp = [dataclasses.replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
-    assert plan == dataclasses.replace(STAGES_2026_07, stages=tuple(no_mtp))
+    no_mtp = [replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
+    assert plan == replace(STAGES_2026_07, stages=tuple(no_mtp))
     assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.recipe_matrix import replace
 from tests.two_processes import SHARED
 
 BASE = "banks-2026-01"
@@ -38,7 +38,7 @@ def record_64_mimetic_vo_init(attn_bank, model_dim, num_heads, head_dim, beta=0.
 
 
 def _small(cfg):
-    return dataclasses.replace(cfg.model, n_head=4, n_embd=128, vocab_size=120, max_seq_len=256)
+    return replace(cfg.model, n_head=4, n_embd=128, vocab_size=120, max_seq_len=256)
 
 
 def test_mimetic_vo_init_is_64s():

@@ -4,7 +4,6 @@ against the record's loop), and #82's gated XSA (its formula, and #86's rewrite 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -14,13 +13,14 @@ from speedrun.errors import ConfigError
 from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
 
 
 def _small(L=5, vocab=100, T=64, **model):
     cfg = load_recipe(BASE, [])
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
         fp8_head=False, eot_id=vocab - 1, windows=["S", "L", "S", "S", "L"][:L],
         attention_layers=list(range(L)), mlp_layers=list(range(L)), value_embeds=[0, -1, -1, -1, 0][:L],
@@ -237,8 +237,8 @@ def test_xsa_on_a_paired_layer_is_one_config_error():
     with pytest.raises(ConfigError, match="xsa_layers"):
         m = cfg.model
         layer = min(set(m.attention_layers) - set(m.attn.key_offset_layers))
-        check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[layer]))
-    check(dataclasses.replace(m, paired_layers=[layer], xsa_layers=[]))  # the same model without XSA is fine
+        check(replace(m, paired_layers=[layer], xsa_layers=[layer]))
+    check(replace(m, paired_layers=[layer], xsa_layers=[]))  # the same model without XSA is fine
 
 
 def test_both_parts_under_varlen_attention_equal_the_masked_attention_loss_and_gradients():
@@ -246,7 +246,7 @@ def test_both_parts_under_varlen_attention_equal_the_masked_attention_loss_and_g
     from speedrun.train.evaluate import row_cu_seqlens
 
     dense = _small(xsa_layers=[1, 3, 4], attn_inputs=[-1, -1, -1, 2, 2])
-    varlen = build_model(dataclasses.replace(dense.cfg, attention="varlen"))
+    varlen = build_model(replace(dense.cfg, attention="varlen"))
     varlen.load_state_dict(dense.state_dict())
     idx, tgt = _batch()
     cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())

@@ -6,7 +6,6 @@ steps of its Muon and DistAdam, and 1 vs 2 processes training the recipe shrunk.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from itertools import accumulate
@@ -26,7 +25,7 @@ from speedrun.train.optimizers import build_optimizer
 from speedrun.train.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
 from tests import two_processes
-from tests.recipe_matrix import shrink
+from tests.recipe_matrix import replace, shrink
 from tests.test_bos_align_optimizer import record_adam_step
 from tests.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
 from tests.test_bos_loader import BOS, make_shards
@@ -261,7 +260,7 @@ def record_forward(w, input_seq, target_seq, seqlens, ws, yarn: RecordYarn, L, h
 def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
     L, heads, dim, vocab, T, step = 12, 2, 64, 120, 1024, 557  # step 557: windows 3/7 blocks, YaRN 3 → 7
     cfg = load_recipe(RECIPE)
-    cfg.model = dataclasses.replace(
+    cfg.model = replace(
         cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip

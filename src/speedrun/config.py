@@ -410,7 +410,11 @@ def dotted_fields(cls: type, prefix: str) -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
         typ = field_types(cls)[f.name]
-        out += dotted_fields(typ, f"{prefix}.{f.name}") if dataclasses.is_dataclass(typ) else [f"{prefix}.{f.name}"]
+        out += (
+            dotted_fields(typ, f"{prefix}.{f.name}")
+            if dataclasses.is_dataclass(typ)
+            else [f"{prefix}.{f.name}"]
+        )
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from speedrun.config import Config
 from speedrun.config_gpt2026 import check as check_gpt2026_model
+from speedrun.config_gpt2026 import qk_width
 from speedrun.config_types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -25,6 +26,8 @@ class ConfigFamily:
     # the parts with optimizer rows of their own: (smear, attn_gate, ve_gate, skip_gate, x0_lambda_apart)
     gates: Callable[[Any], tuple[int, int, int, int, bool]]
     era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
+    qk_head_dim: Callable[[Any], int]  # Q/K dims per head (#344's narrower Q/K; #80's Q/K blocks)
+    fp8_mlp: Callable[[Any], bool]  # the MLPs train in FP8 (#84/#89: the memory bound's saved tensors)
 
 
 def _check_gpt2026(cfg: Config) -> None:
@@ -112,13 +115,23 @@ FAMILIES: dict[str, ConfigFamily] = {
         }[m.value_embeds],  # fmt: skip
         gates=lambda m: (0, 0, 0, 0, False),  # the gates and smear are gpt2026's parts
         era=0,
+        qk_head_dim=lambda m: m.n_embd // m.n_head,
+        fp8_mlp=lambda m: False,
     ),
     "gpt2026": ConfigFamily(
         check=_check_gpt2026,
         stage_features=lambda m: (m.yarn, m.head.mtp),
         value_tables=lambda m: len({j for j in m.value_embeds if j >= 0}),
-        gates=lambda m: (m.embed.smear, m.attn.gate, m.values.gate, m.stream.skip_gate, m.stream.x0_lambda_apart),
+        gates=lambda m: (
+            m.embed.smear,
+            m.attn.gate,
+            m.values.gate,
+            m.stream.skip_gate,
+            m.stream.x0_lambda_apart,
+        ),
         era=1,
+        qk_head_dim=qk_width,
+        fp8_mlp=lambda m: m.mlp.fp8,
     ),
 }
 

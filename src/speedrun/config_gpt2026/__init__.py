@@ -138,6 +138,16 @@ def nest(model: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def replace(m: Gpt2026Config, **changes: Any) -> Gpt2026Config:
+    """`dataclasses.replace` that also takes the flat keys of before the parts (`mudd_sources=[7, 3]`,
+    through `FLAT`) and merges them into the part they belong to: for code that edits a model by name."""
+    flat = {k: v for k, v in changes.items() if k in FLAT}
+    top = {k: v for k, v in changes.items() if k not in flat}
+    for part, fields in nest(flat).items():
+        top[part] = dataclasses.replace(top.get(part, getattr(m, part)), **fields)
+    return dataclasses.replace(m, **top)
+
+
 def check(m: Gpt2026Config) -> None:
     """Each part's own check, then the rules between parts: per-layer lists of n_layer entries, layer
     indices in range, and what a part needs of the others."""
@@ -178,7 +188,10 @@ def check(m: Gpt2026Config) -> None:
             "model.embed.bigram_in_x0 needs model.embed.bigram_rows and model.stream.residual_form = 'sublayer'"
         )
     if "S" in m.windows and m.attention != "varlen" and m.attn.window <= 0:
-        raise ConfigError("model.windows with short (S) layers needs model.attn.window > 0 or attention=varlen")
+        raise ConfigError(
+            "model.windows with short (S) layers needs model.attn.window > 0 or attention=varlen"
+        )
+
 
 def _layers(text: str) -> set[int]:
     return {int(s) for s in text.split(",") if s.strip()}
@@ -320,6 +333,4 @@ def from_model_config(m) -> Gpt2026Config:
         head_init_std=m.head_init_std,
         mtp=m.mtp,
     )
-    tables = nest(flat)
-    parts = {k: _part_class(PARTS[k])(**v) for k, v in tables.items() if k in PARTS}
-    return Gpt2026Config(**{**tables, **parts})
+    return replace(Gpt2026Config(), **flat)

@@ -34,4 +34,6 @@ def check(p: EmbedConfig, m: Any) -> None:
     if p.bigram_rows and not 2 <= p.bigram_rows <= 2**31:
         raise ConfigError("model.embed.bigram_rows (#62) must be 2..2^31 hash buckets")
     if p.smear > m.n_embd:
-        raise ConfigError(f"model.embed.smear ({p.smear}) must not exceed model.n_embd ({m.n_embd}) input dims")
+        raise ConfigError(
+            f"model.embed.smear ({p.smear}) must not exceed model.n_embd ({m.n_embd}) input dims"
+        )

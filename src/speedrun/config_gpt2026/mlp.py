@@ -18,4 +18,6 @@ class MlpConfig:
 
 def check(p: MlpConfig, m: Any) -> None:
     if p.fp8 and p.fc_transposed:
-        raise ConfigError("model.mlp.fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp.fc_transposed")
+        raise ConfigError(
+            "model.mlp.fp8 (#84/#89) keeps the up-projection (hidden, dim): drop model.mlp.fc_transposed"
+        )

@@ -29,11 +29,17 @@ class StreamConfig:
 
 def check(p: StreamConfig, m: Any) -> None:
     if p.residual_form == "sublayer" and p.x0_lambda_apart:
-        raise ConfigError("model.stream.residual_form = 'sublayer' has its own x0 lambdas: drop x0_lambda_apart")
+        raise ConfigError(
+            "model.stream.residual_form = 'sublayer' has its own x0 lambdas: drop x0_lambda_apart"
+        )
     if p.skip_gate > m.n_embd or (p.skip_gate and not m.skips):  # #55
-        raise ConfigError("model.stream.skip_gate (#55) must be 0..model.n_embd input dims and needs model.skips")
+        raise ConfigError(
+            "model.stream.skip_gate (#55) must be 0..model.n_embd input dims and needs model.skips"
+        )
     if p.embed2 and (not p.x0_lambda_apart or p.residual_form != "x0-first"):
-        raise ConfigError("model.stream.embed2 needs model.stream.x0_lambda_apart=true (its weight joins the x0 pair)")
+        raise ConfigError(
+            "model.stream.embed2 needs model.stream.x0_lambda_apart=true (its weight joins the x0 pair)"
+        )
     if not 0 <= p.backout_layer < m.n_layer:
         raise ConfigError(
             f"model.stream.backout_layer ({p.backout_layer}) must be below model.n_layer ({m.n_layer})"

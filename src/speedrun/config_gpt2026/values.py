@@ -28,6 +28,8 @@ def check(p: ValuesConfig, m: Any) -> None:
     if p.paired_ve_dims and not p.ve_dims:
         raise ConfigError("model.values.paired_ve_dims needs model.values.ve_dims")
     if p.gate > m.n_embd or (p.gate and max(m.value_embeds, default=-1) < 0):  # #55
-        raise ConfigError("model.values.gate (#55) must be 0..model.n_embd input dims and needs model.value_embeds")
+        raise ConfigError(
+            "model.values.gate (#55) must be 0..model.n_embd input dims and needs model.value_embeds"
+        )
     if p.ve_dims and not 0 < p.ve_dims < p.gate:
         raise ConfigError(f"model.values.ve_dims (#70) must be 1..model.values.gate - 1, got {p.ve_dims}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from speedrun.config_families import config_family
 from speedrun.model.flops import FORMULA
 from speedrun.model.labels import labelled
 from speedrun.model.layout import embedding_rows, padded_vocab
@@ -48,7 +49,11 @@ def model_summary(model: nn.Module, cfg: Any, flops: tuple[int, int]) -> str:
         f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
         f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  "
         f"head_dim: {cfg.n_embd // cfg.n_head}"
-        + (f" (Q/K {cfg.qk_head_dim}, #344)" if getattr(cfg, "qk_head_dim", 0) else ""),
+        + (
+            f" (Q/K {qk}, #344)"
+            if (qk := config_family(cfg).qk_head_dim(cfg)) != cfg.n_embd // cfg.n_head
+            else ""
+        ),
     ]
     attention = _attention_line(model)
     if attention:

@@ -35,7 +35,9 @@ class GPT2026(nn.Module):
         self.specs = build_specs(cfg)
         self.walk = [s for s in self.specs if s.present]
         self.eot_id = cfg.eot_id
-        self.bigram_first = cfg.stream.residual_form == "sublayer"  # #77: layer 0's bigram share enters before it
+        self.bigram_first = (
+            cfg.stream.residual_form == "sublayer"
+        )  # #77: layer 0's bigram share enters before it
         d, m = cfg.n_embd, max(1, cfg.pad_vocab_to)
         vocab = (cfg.vocab_size + m - 1) // m * m
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
@@ -53,7 +55,9 @@ class GPT2026(nn.Module):
             self.bigram = kind(cfg.embed.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
-        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: on Q/K's dims
+        rotary = Rotary(
+            qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision
+        )  # #344: on Q/K's dims
         self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
@@ -63,8 +67,12 @@ class GPT2026(nn.Module):
         self.skip_weights = (
             connections.skip_weights(len(cfg.skips), cfg.stream.skip_gate_form) if cfg.skips else None
         )
-        self.skip_gate = gates.skip_gates(cfg.stream.skip_gate, len(cfg.skips)) if cfg.stream.skip_gate else None  # #55
-        self.backout = connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None  # #40
+        self.skip_gate = (
+            gates.skip_gates(cfg.stream.skip_gate, len(cfg.skips)) if cfg.stream.skip_gate else None
+        )  # #55
+        self.backout = (
+            connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None
+        )  # #40
         self.mudd = Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init) if cfg.mudd.sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
         self.head_spec = head.HeadSpec(

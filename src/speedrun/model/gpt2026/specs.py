@@ -44,7 +44,9 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
     for j, (src, dst) in enumerate(cfg.skips):
         if present[src]:
             skip_from[dst] = (src, j)
-    kept = {src for src, _ in skip_from.values()} | ({cfg.stream.backout_layer} if cfg.stream.backout_layer else set())
+    kept = {src for src, _ in skip_from.values()} | (
+        {cfg.stream.backout_layer} if cfg.stream.backout_layer else set()
+    )
     attn_inputs = cfg.attn_inputs or [-1] * L
     kept |= {j for i, j in enumerate(attn_inputs) if j >= 0 and i in attn}
     kept |= set(cfg.mudd.sources)  # #81
