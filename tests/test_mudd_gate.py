@@ -323,17 +323,17 @@ def test_gate_network_under_varlen_attention_equals_the_masked_attention():
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["model.mudd_gate_layer=4"], "model.mudd_sources"),
+        (["model.mudd_gate_layer=4"], "model.mudd.sources"),
         ([*MUDD_ON, "model.mudd_gate_layer=10"], "a present layer 1..9 (4), got 10"),
-        ([*MUDD_ON, "model.mudd_gate_layer=4"], "model.attn_gate=0"),
-        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0"], "model.skip_gate=0"),
+        ([*MUDD_ON, "model.mudd_gate_layer=4"], "model.attn.gate=0"),
+        ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0"], "model.stream.skip_gate=0"),
         ([*MUDD_ON, "model.mudd_gate_layer=7", "model.attn_gate=0", "model.skip_gate=0"], "into a layer >="),
         ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
           "model.mudd_gate_attn_layers=[6]"], "distinct attention layers"),
         ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
-          "model.dc_layers=[3]"], "model.dc_layers [3]: distinct unpaired attention layers >="),
+          "model.dc_layers=[3]"], "model.mudd.dc_layers [3]: distinct unpaired attention layers >="),
         ([*MUDD_ON, "model.mudd_gate_layer=4", "model.attn_gate=0", "model.skip_gate=0",
-          "model.dc_layers=[9]"], "model.dc_layers [9]: distinct unpaired"),  # paired
+          "model.dc_layers=[9]"], "model.mudd.dc_layers [9]: distinct unpaired"),  # paired
     ],
 )  # fmt: skip
 def test_a_bad_gate_setting_is_one_config_error_naming_it(overrides, words):

@@ -341,7 +341,7 @@ NOT_NORMUON = ["optim.name=muon", "optim.adam_every=1"]
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["model.backout_layer=12"], "model.backout_layer (12) must be below model.n_layer (12)"),
+        (["model.backout_layer=12"], "model.stream.backout_layer (12) must be below model.n_layer (12)"),
         (["train.stages=", "model.yarn=false"], "train.cooldown_start places the stages' cool-down"),
         (NOT_NORMUON, "mlp_fc_lr_mul and normuon_square_stats need optim.name=normuon"),
         (["optim.mlp_fc_lr_mul=0"], "optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"),

@@ -265,7 +265,7 @@ def test_polar_express_is_the_records(shape):
 @pytest.mark.parametrize(
     "override, words",
     [
-        ("model.smear=769", "model.smear (769) must not exceed model.n_embd (768)"),
+        ("model.smear=769", "model.embed.smear (769) must not exceed model.n_embd (768)"),
         ("model.skips=[[0, 12]]", "model.skips [[0, 12]]: [src, dst] pairs, 0 <= src < dst < 12"),
         (
             "train.stages=tokens=8 windows=1/3 frac=1; tokens=8 windows=1/3 ext=0 val=2/20 yarn=21",

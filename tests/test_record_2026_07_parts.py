@@ -289,7 +289,7 @@ def test_model_with_fp8_mlp_trains_near_its_twin_and_evaluates_as_it(real_scaled
     model.eval(), twin.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(idx, idx, cu), twin(idx, idx, cu), rtol=0, atol=0)
-    with pytest.raises(ConfigError, match="mlp_fp8"):
+    with pytest.raises(ConfigError, match="model.mlp.fp8"):
         load_recipe(BASE, ["model.mlp_fp8=true", "model.mlp_fc_transposed=true"])
 
 

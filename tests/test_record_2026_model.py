@@ -129,7 +129,7 @@ NO_MUDD = ["model.mudd_sources=[]", "model.backout_layer=7"]
 
 
 def tiny(recipe: str, heads: int = 4, dim: int = 64, T: int = 1024, vocab: int = 120, **extra):
-    apart = NO_MUDD if load_recipe(recipe).model.mudd_sources else []
+    apart = NO_MUDD if load_recipe(recipe).model.mudd.sources else []
     cfg = load_recipe(recipe, ["model.block_dtype=fp32", "model.mlp_fp8=false", *apart])
     narrow = {"bigram_dim": 16} if cfg.model.embed.bigram_dim else {}  # 192 of 768 → 16 of 64
     cfg.model = replace(
@@ -231,9 +231,9 @@ def test_init_statistics_are_the_scripts():
         assert b.attn.xsa is None or not b.attn.xsa.alpha.any()
     assert [i for i, b in enumerate(m.blocks) if b.attn is not None and b.attn.xsa is not None] == list(XSA)
     assert torch.equal(m.bigram.lambdas.detach(), torch.full((11,), 0.05))
-    assert m.embed.smear.lamb.tolist() == [0.0] and not m.embed.smear.gate.weight.any()
+    assert m.smear.lamb.tolist() == [0.0] and not m.smear.gate.weight.any()
     assert m.backout.lamb.tolist() == [0.5] and m.skip_weights.tolist() == [-1.5]
-    assert not m.stream.skip_gate.proj.weight.any()
+    assert not m.skip_gate.proj.weight.any()
 
 
 def test_cached_decoding_equals_the_forward():

@@ -67,10 +67,10 @@ def test_mimetic_vo_init_is_64s():
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        (["model.mimetic_vo_beta=-0.1"], "model.mimetic_vo_beta must be >= 0"),
-        (["model.mimetic_vo_beta=2"], "model.mimetic_vo_beta (#64) must be 0..1"),
-        (["model.ve_gate_ve_dims=12"], "model.ve_gate_ve_dims (#70) must be 1..model.ve_gate - 1"),
-        (["model.value_embed_init_std=0.01"], "model.value_embed_init_std (#70) needs"),
+        (["model.mimetic_vo_beta=-0.1"], "model.init.mimetic_vo_beta must be >= 0"),
+        (["model.mimetic_vo_beta=2"], "model.init.mimetic_vo_beta (#64) must be 0..1"),
+        (["model.ve_gate_ve_dims=12"], "model.values.ve_dims (#70) must be 1..model.values.gate - 1"),
+        (["model.value_embed_init_std=0.01"], "model.init.value_embed_std (#70) needs"),
     ],
 )
 def test_a_bad_switch_is_one_config_error_naming_it(overrides, words):

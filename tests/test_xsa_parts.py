@@ -92,8 +92,11 @@ def test_cached_layer_input_is_the_records_loop_loss_and_every_gradient():
         (["model.attn_inputs=[-1,-1,-1,-1,-1,-1,-1,-1,8,7,7]"], "an earlier present layer"),  # itself
         (["model.attn_inputs=[-1,-1,-1,-1,-1,-1,3,-1,7,7,7]"], "(on an attention layer)"),  # 6 has none
         (["model.attn_inputs=[-2,-1,-1,-1,-1,-1,-1,-1,7,7,7]"], "model.attn_inputs must be >= -1"),
-        (["model.xsa_layers=6"], "model.xsa_layers [6] (#82) must be attention layers without paired heads"),
-        (["model.xsa_layers=11"], "model.xsa_layers [11]: distinct layers 0..10"),
+        (
+            ["model.xsa_layers=6"],
+            "model.attn.xsa_layers [6] (#82) must be attention layers without paired heads",
+        ),
+        (["model.xsa_layers=11"], "model.attn.xsa_layers [11]: distinct layers 0..10"),
     ],
 )
 def test_a_bad_part_is_one_config_error_naming_it(overrides, words):

@@ -452,7 +452,7 @@ def test_a_forward_without_cu_seqlens_masks_as_the_varlen_call():
     [
         ("model.mlp_layers=[1,12]", "model.mlp_layers [1, 12]: distinct layers 0..11"),
         ("model.mlp_layers=first", "model.mlp_layers: expected an integer"),
-        ("model.attn_gate=769", "model.attn_gate (769) must not exceed model.n_embd (768)"),
+        ("model.attn_gate=769", "model.attn.gate (769) must not exceed model.n_embd (768)"),
         ("model.window_pattern=LS", "model.window_pattern is a gpt2024 key; this model is gpt2026"),
     ],
 )
