@@ -378,19 +378,19 @@ def test_the_adam_table_is_the_65_records():
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        (["model.logit_softcap=0", "model.softcap_offset=5"], "model.softcap_offset"),
+        (["model.logit_softcap=0", "model.softcap_offset=5"], "model.head.softcap_offset"),
         (
             ["model.ve_gate=12", "model.value_embeds=[]", "model.value_embed_zero_init=false"],
-            "model.ve_gate (#55)",
+            "model.values.gate (#55)",
         ),
-        (["model.skip_gate=800"], "model.skip_gate (#55)"),
+        (["model.skip_gate=800"], "model.stream.skip_gate (#55)"),
         (["model.skip_gate=12"], "model.skip_gate and optim.skip_gate_lr"),
         (["optim.skip_gate_lr=0.0004"], "model.skip_gate and optim.skip_gate_lr"),
-        (["model.bigram_rows=1"], "model.bigram_rows (#62)"),
+        (["model.bigram_rows=1"], "model.embed.bigram_rows (#62)"),
         (["optim.gate_lr=0.008", "model.attn_gate=0"], "optim.gate_lr (#56"),
-        (["model.paired_layers=3"], "model.paired_layers [3] must name layers"),  # a key-offset layer
-        (["model.paired_layers=6"], "model.paired_layers [6] must name layers"),  # no attention
-        (["model.paired_layers=0,x"], "model.paired_layers: expected an integer"),
+        (["model.paired_layers=3"], "model.attn.paired_layers [3] must name layers"),  # a key-offset layer
+        (["model.paired_layers=6"], "model.attn.paired_layers [6] must name layers"),  # no attention
+        (["model.paired_layers=0,x"], "model.attn.paired_layers: expected an integer"),
         (["model.paired_layers=0", "model.n_head=3", "model.n_embd=768"], "needs an even model.n_head"),
     ],
 )

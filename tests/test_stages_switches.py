@@ -141,7 +141,7 @@ def test_the_schedule_writes_the_stage_mtp_weights_into_the_model():
         ),
         (
             ["model.key_offset_layers=[7]"],
-            "model.key_offset_layers must be attention layers",
+            "model.attn.key_offset_layers must be attention layers",
         ),
         (
             ["model.mtp=3", "train.steps=1920", "train.stages=" + PLAN_53.replace("1,0.5>1,0", "1,0.5>1")],

@@ -162,7 +162,7 @@ def tiny_model(**model) -> torch.nn.Module:
     base = dict(vocab_size=64, n_layer=2, n_head=2, n_embd=32, max_seq_len=512, eot_id=0, windows=["L", "S"],
                 attention_layers=[0, 1], mlp_layers=[0, 1], embed_dtype="fp32", fp8_head=False)  # fmt: skip
     torch.manual_seed(0)
-    m = build_model(Gpt2026Config(**{**base, **model}))
+    m = build_model(replace(Gpt2026Config(), **{**base, **model}))
     with torch.no_grad():  # zero-initialized projections and head: give them values
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.05)
