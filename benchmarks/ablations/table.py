@@ -37,6 +37,16 @@ NAMES = {
     "model.smear": "smear gate (#34)",
     "model.mtp": "multi-token prediction (#53)",
 }
+#: the same switches by their part keys (config_gpt2026: `model.attn.xsa_layers`, ...)
+NAMES |= {
+    "model.stream.backout_layer": NAMES["model.backout_layer"],
+    "model.init.mimetic_vo_beta": NAMES["model.mimetic_vo_beta"],
+    "model.attn.xsa_layers": NAMES["model.xsa_layers"],
+    "model.attn.paired_layers": NAMES["model.paired_layers"],
+    "model.embed.bigram_rows": NAMES["model.bigram_rows"],
+    "model.embed.smear": NAMES["model.smear"],
+    "model.head.mtp": NAMES["model.mtp"],
+}
 
 
 def read(folder: Path) -> dict[str, dict[int, dict]]:

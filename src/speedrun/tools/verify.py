@@ -209,7 +209,8 @@ def evaluation(facts: list[Facts]) -> Outcome | None:
 def masked(facts: list[Facts]) -> str:
     """The report's note on #350's canonical-token mask: allowed (eval-side masking only changes which
     tokens the model may predict at validation, from the tokenizer alone)."""
-    on = [f.name for f in facts if f.run.config.get("model.canonical_val_mask")]
+    keys = ("model.head.canonical_val_mask", "model.canonical_val_mask")  # a config read raw keeps flat keys
+    on = [f.name for f in facts if any(f.run.config.get(k) for k in keys)]
     if not on:
         return ""
     who = "every run" if len(on) == len(facts) else ", ".join(on)
