@@ -91,3 +91,16 @@ def test_dry_run_prints_the_part_tables():
     assert proc.returncode == 0, proc.stderr
     model = json.loads(proc.stdout[: proc.stdout.index("\nparams:")])["model"]
     assert model["mudd"]["sources"] == [6, 2] and "mudd_sources" not in model
+
+
+def test_a_bf16_fallback_resets_a_parts_storage_field_unless_the_user_fixed_it():
+    """train/precision.effective_config: `model.embed.dtype` lives in a part now; the fallback still
+    reaches it (by its flat name, through the converter) and still leaves a fixed one alone."""
+    from speedrun.train.precision import Precision, effective_config
+
+    fp32 = Precision("fp32", "this host runs bf16 slowly")
+    cfg = load_recipe("demo-2026", ["train.dtype=bf16"])
+    set_value(cfg, "model.embed_dtype", "bf16")  # as a bundled recipe sets it: not fixed
+    assert effective_config(cfg, fp32).model.embed.dtype == "fp32" and cfg.model.embed.dtype == "bf16"
+    fixed = load_recipe("demo-2026", ["train.dtype=bf16", "model.embed_dtype=bf16"])
+    assert effective_config(fixed, fp32).model.embed.dtype == "bf16"
