@@ -6,13 +6,12 @@ number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+from speedrun.config_gpt2026 import Gpt2026Config
 from speedrun.config_labels import parse_rows
-from speedrun.config_gpt2026 import FLAT, Gpt2026Config
 from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
@@ -24,7 +23,11 @@ from speedrun.config_types import (  # noqa: F401  (Range and the aliases are pa
     Range,
     Seed,
     SeqLen,
+    canonical_key,
     coerce,
+    dotted_fields,
+    field_types,
+    key_type,
     strip_annotation,
 )
 
@@ -344,44 +347,13 @@ class Config:
         return out
 
 
-@functools.cache
-def field_types(cls: type) -> dict[str, Any]:
-    """Resolved annotations of a config section; cached, as resolving them costs about 1 ms a call
-    and every override and recipe value asks (loading a recipe took 0.2 s before)."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}  # not a part's ClassVar FLAT
-
-
 #: model config class per family: `model.family` picks one when a table or override sets it
 MODEL_FAMILIES: dict[str, type] = {"gpt2024": ModelConfig, "gpt2026": Gpt2026Config}
-
-
-def key_type(cls: type, path: str) -> Any | None:
-    """The declared type of dotted `path` inside section class `cls` (`attn.scale` reaches into a part
-    table: a nested dataclass), or None when there is no such field."""
-    head, _, rest = path.partition(".")
-    typ = field_types(cls).get(head)
-    if not rest or typ is None:
-        return typ
-    return key_type(typ, rest) if dataclasses.is_dataclass(typ) else None
-
-
-def canonical_key(model: Any, key: str) -> str:
-    """A dotted key as this config spells it: a gpt2026 model's flat part key (`model.mudd_sources`, from
-    config.json files and recipes written before the parts) → its table's (`model.mudd.sources`). The one
-    place the converter applies (set_value, overrides, the keys a user fixed)."""
-    section, _, name = key.partition(".")
-    flat = getattr(model, "FLAT_KEYS", {})  # a family with part tables says how flat keys map
-    if section == "model" and name in flat:
-        return "model." + ".".join(flat[name])
-    return key
 
 
 def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
-    if section == "model" and name in FLAT:
-        name = ".".join(FLAT[name]) if key_type(ModelConfig, name) is None else name
     classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
     for cls in classes:
         typ = key_type(cls, name) if cls is not None else None
@@ -403,19 +375,6 @@ def _check_object(prefix: str, obj: Any) -> None:
             _check_object(f"{prefix}.{name}", getattr(obj, name))
         else:
             coerce(f"{prefix}.{name}", getattr(obj, name), typ)
-
-
-def dotted_fields(cls: type, prefix: str) -> list[str]:
-    """The dotted keys of section class `cls`, a part table's fields as `prefix.part.field`."""
-    out = []
-    for f in dataclasses.fields(cls):
-        typ = field_types(cls)[f.name]
-        out += (
-            dotted_fields(typ, f"{prefix}.{f.name}")
-            if dataclasses.is_dataclass(typ)
-            else [f"{prefix}.{f.name}"]
-        )
-    return out
 
 
 def all_keys() -> list[str]:

@@ -14,8 +14,8 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, canonical_key, field_types, key_type, sections
-from speedrun.config_labels import RULE_KEYS, parse_rows
 from speedrun.config_gpt2026 import legacy_gpt2024_table, legacy_model_table
+from speedrun.config_labels import RULE_KEYS, parse_rows
 from speedrun.config_types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 

@@ -185,7 +185,8 @@ def check(m: Gpt2026Config) -> None:
         module.check(getattr(m, name), m)
     if m.embed.bigram_in_x0 and not (m.embed.bigram_rows and m.stream.residual_form == "sublayer"):
         raise ConfigError(
-            "model.embed.bigram_in_x0 needs model.embed.bigram_rows and model.stream.residual_form = 'sublayer'"
+            "model.embed.bigram_in_x0 needs model.embed.bigram_rows and "
+            "model.stream.residual_form = 'sublayer'"
         )
     if "S" in m.windows and m.attention != "varlen" and m.attn.window <= 0:
         raise ConfigError(

@@ -57,7 +57,8 @@ def _check_mudd(p: MuddConfig, m: Any) -> None:
          f"[h, s]: two distinct present layers below {L - 2} (record [7, 3]), got {p.sources}"),
         (m.stream.residual_form == "sublayer", "model.stream.residual_form='sublayer' (#77's residual form)"),
         (last in m.attention_layers and last in m.mlp_layers and last - 1 in present
-         and last not in m.attn.paired_layers, "an unpaired attention and an MLP on the last layer, one before"),
+         and last not in m.attn.paired_layers,
+         "an unpaired attention and an MLP on the last layer, one before"),
         (tables[last] >= 0 and 0 in tables, "a value embedding on the last layer, and table 0"),
         (m.values.mix == "weights", "model.values.mix='weights' (v + the mix, #47/#48)"),
         (m.n_head % 2 == 0, "an even model.n_head (its value-embedding gate has one lane per half)"),

@@ -75,9 +75,9 @@ class GPT2026(nn.Module):
         )  # #40
         self.mudd = Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init) if cfg.mudd.sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
+        h = cfg.head
         self.head_spec = head.HeadSpec(
-            cfg.head.softcap, cfg.head.softcap_divisor, cfg.head.softcap_offset, cfg.head.softcap_in_bf16, cfg.head.ce_bf16,
-            cfg.head.fp8,
+            h.softcap, h.softcap_divisor, h.softcap_offset, h.softcap_in_bf16, h.ce_bf16, h.fp8
         )  # fmt: skip
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.window)
