@@ -106,6 +106,26 @@ def test_an_old_run_folder_resumes_and_samples(new_run, text_data, tmp_path):
     assert proc.stdout.strip()
 
 
+def test_a_run_folder_written_before_the_part_tables_resumes(new_run, tmp_path):
+    """Issue 36: a gpt2026 run whose config.json (the run's and its checkpoint's) has the flat part keys
+    of before the tables (`mudd_sources`, `logit_softcap`, ...) resumes to the same losses."""
+    from speedrun.config_gpt2026 import FLAT, PARTS
+
+    run = tmp_path / "flat"
+    shutil.copytree(new_run, run)
+    for path in ckpt.list_checkpoints(run)[1:]:
+        shutil.rmtree(path)
+    config = json.loads((run / "config.json").read_text())
+    model, old_name = dict(config["model"]), {where: key for key, where in FLAT.items()}
+    for part in PARTS:
+        model |= {old_name[(part, k)]: v for k, v in model.pop(part).items()}
+    write_old_config(run, {**{k: v for k, v in config.items() if k != "run_id"}, "model": model})
+    assert "mudd_sources" in json.loads((run / "config.json").read_text())["model"]
+    proc = run_speedrun("train", "--resume", str(run))
+    assert proc.returncode == 0, proc.stderr
+    assert train_losses(read_metrics(run)) == train_losses(read_metrics(new_run))
+
+
 def test_a_pre_split_gpt2024_config_json_loads_unchanged():
     """record-2025-01's config.json as the pre-split code wrote it (every 2025–26 switch, off): gpt2024,
     the same config as the recipe loads today; a 2025–26 switch turned on there is one clear refusal."""
