@@ -104,3 +104,9 @@ def test_a_bf16_fallback_resets_a_parts_storage_field_unless_the_user_fixed_it()
     assert effective_config(cfg, fp32).model.embed.dtype == "fp32" and cfg.model.embed.dtype == "bf16"
     fixed = load_recipe("demo-2026", ["train.dtype=bf16", "model.embed_dtype=bf16"])
     assert effective_config(fixed, fp32).model.embed.dtype == "bf16"
+
+
+def test_a_part_key_on_a_gpt2024_model_names_its_family_flat_or_dotted():
+    for key in ("model.mudd_sources", "model.mudd.sources"):
+        with pytest.raises(ConfigError, match=f"^{key} is a gpt2026 key; this model is gpt2024"):
+            load_recipe("demo", [f"{key}=[1,2]"])

@@ -38,7 +38,11 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
     section, _, name = key.partition(".")
     typ = key_type(type(getattr(cfg, section)), name) if section in sections() else None
     if typ is None or dataclasses.is_dataclass(typ):
-        other = [f for f, cls in MODEL_FAMILIES.items() if f != cfg.model.family and key_type(cls, name)]
+        other = [
+            f
+            for f, cls in MODEL_FAMILIES.items()
+            if f != cfg.model.family and key_type(cls, canonical_key(cls, key).partition(".")[2])
+        ]
         if section == "model" and other:
             raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
         raise _unknown_key(key, all_keys())

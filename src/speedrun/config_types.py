@@ -184,7 +184,7 @@ def key_type(cls: type, path: str) -> Any | None:
     return key_type(typ, rest) if dataclasses.is_dataclass(typ) else None
 
 
-def canonical_key(model: Any, key: str) -> str:
+def canonical_key(model: Any, key: str) -> str:  # `model`: a model config or its class
     """A dotted key as this config spells it: a gpt2026 model's flat part key (`model.mudd_sources`, from
     config.json files and recipes written before the parts) → its table's (`model.mudd.sources`). The one
     place the converter applies (set_value, overrides, the keys a user fixed)."""
