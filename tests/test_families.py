@@ -7,7 +7,7 @@ so every host compares within fp32 rounding: other kernels sum matmuls in anothe
 AVX2 kernels loss equal, gradient norms within 2e-3 relative on tiny scalars and 1e-5 elsewhere,
 parameters after 3 steps within 3e-5; on an AMD AVX-512 host gradient norms within 3e-5). Each
 reference holds its shrunk config as that commit's config.json held it, so loading it also exercises
-the converter of old run folders (config_model.legacy_model_table)."""
+the converter of old run folders (config_gpt2026.legacy_model_table)."""
 
 from __future__ import annotations
 

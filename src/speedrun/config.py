@@ -38,7 +38,7 @@ NSCoefficient = Annotated[float, Range(-100, 100)]  # a Newton–Schulz polynomi
 class ModelConfig:
     """Shape and architecture switches of the gpt2024 family's GPT (see model/gpt.py)."""
 
-    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config_model.Gpt2026Config
+    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config_gpt2026.Gpt2026Config
     family: Literal["gpt2024", "gpt2026"] = "gpt2024"
     vocab_size: PosInt = 50257
     pad_vocab_to: PosInt = 128  # round embedding/head rows up to a multiple of this (1 = no padding)
