@@ -38,6 +38,7 @@ class GPT2026(nn.Module):
         self.bigram_first = (
             cfg.stream.residual_form == "sublayer"
         )  # #77: layer 0's bigram share enters before it
+        self.bigram_in_x0 = cfg.embed.bigram_in_x0  # #89's script: x0 carries layer 0's share too
         d, m = cfg.n_embd, max(1, cfg.pad_vocab_to)
         vocab = (cfg.vocab_size + m - 1) // m * m
         rows = vocab if cfg.pad_embeddings else cfg.vocab_size
@@ -73,7 +74,9 @@ class GPT2026(nn.Module):
         self.backout = (
             connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None
         )  # #40
-        self.mudd = Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init) if cfg.mudd.sources else None  # #81
+        self.mudd = (
+            Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init, cfg.mudd.sources) if cfg.mudd.sources else None
+        )  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
         h = cfg.head
         self.head_spec = head.HeadSpec(

@@ -50,13 +50,14 @@ def bias_init(resid_init: float) -> torch.Tensor:
 class Mudd(nn.Module):
     """The two coefficient MLPs, stacked as the record's `mudd_w1`, `mudd_w2`, `mudd_b2`."""
 
-    def __init__(self, dim: int, n_head: int, resid_init: float):
+    def __init__(self, dim: int, n_head: int, resid_init: float, sources: list[int]):
         super().__init__()
         self.n_head = n_head
         self.w1 = label(nn.Parameter(torch.empty(2, HIDDEN, dim)), "mudd")
         self.w2 = label(nn.Parameter(torch.zeros(2, LAYER_COEFS, HIDDEN)), "mudd")
         self.b2 = label(nn.Parameter(bias_init(resid_init)), "mudd_bias")
         self.resid_init = resid_init
+        self.sources = tuple(sources)  # [h, s]: the layers whose outputs it recombines (model.mudd.sources)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

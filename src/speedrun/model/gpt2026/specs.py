@@ -29,6 +29,8 @@ class LayerSpec:
     keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
     attn_input: int | None = None  # #77: the earlier layer whose output this layer's attention reads
     mudd: bool = False  # #81: the last layer, whose input MUDD recombines (and whose lambdas it gives)
+    post_gate: bool = False  # #85: the MUDD gate network's post MLP reads this layer's input
+    skip_form: str = "weight"  # how its skip weight scales (#32: sigmoid), model.stream.skip_gate_form
 
     @property
     def present(self) -> bool:
@@ -67,6 +69,8 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             keep_output=i in kept,
             attn_input=attn_inputs[i] if attn_inputs[i] >= 0 and i in attn else None,
             mudd=bool(cfg.mudd.sources) and i == L - 1,
+            post_gate=cfg.mudd.gate_layer > 0 and i == cfg.mudd.gate_layer,
+            skip_form=cfg.stream.skip_gate_form,
         )
         for i in range(L)
     ]

@@ -53,18 +53,18 @@ def enter(
     first = model.walk[0].index
     if model.bigram_first and bigram is not None:  # #77: the first share goes in now
         x = x + bigram * (gates[("bigram", first)] if gates else model.bigram.lambdas[first])
-        x0 = x if model.cfg.embed.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
+        x0 = x if model.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
     return x, Stream(x0, x, x02, tables, bigram, dict(gates), contexts)
 
 
 def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream, x: Tensor) -> Layer:
     """Layer s's input: the stream with its skip added, its gates (#85, the post gate computed at its
     layer), value rows, bigram term and attention input; the MUDD layer's recombined by MUDD (#81)."""
-    if model.mudd_gate is not None and s.index == model.cfg.mudd.gate_layer:  # #85: the post gate
+    if s.post_gate:  # #85: the post gate
         st.gates.update(model.mudd_gate(x, 1))
     gates = st.gates
     if s.skip_from is not None:
-        scale = connections.skip_scale(model.skip_weights[s.skip_weight], model.cfg.stream.skip_gate_form)
+        scale = connections.skip_scale(model.skip_weights[s.skip_weight], s.skip_form)
         if model.skip_gate is not None:  # #55 (the medium record: one gate per skip)
             scale = scale * skip_gate_of(model.skip_gate, s.skip_weight)(st.x0)
         scale = scale * gates[("skip", -1)] if gates else scale
@@ -82,13 +82,13 @@ def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream, x: Tensor) -> 
     if not s.mudd:
         return Layer(x, st.x0, ctx, other_v, b, attn_in, dyn, None, st.x02)
     st.outputs["last"], attn_in = x, attn_in if attn_in is not None else x  # #81: MUDD's coefficients of x
-    x, other_v, mu = model.mudd.enter_last(x, st.c0, st.outputs[model.cfg.mudd.sources[0]], other_v)
+    x, other_v, mu = model.mudd.enter_last(x, st.c0, st.outputs[model.mudd.sources[0]], other_v)
     return Layer(x, st.c0, ctx, other_v, b, attn_in, dyn, mu)
 
 
 def leave(model: torch.nn.Module, st: Stream, x: Tensor) -> Tensor:
     """The last layer's output x with #81's recombination (the backout in its bias) or #40's backout."""
     if model.mudd is not None:
-        h, skip = (st.outputs[j] for j in model.cfg.mudd.sources)
+        h, skip = (st.outputs[j] for j in model.mudd.sources)
         x = model.mudd.final(x, [st.c0, h, st.outputs["last"], st.tables[0], skip])
     return model.backout(x, st.outputs) if model.backout is not None else x
