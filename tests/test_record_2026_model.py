@@ -260,7 +260,7 @@ def test_cached_decoding_equals_the_forward():
         parts = [forward_cached(model, idx[:, :25], cache)]
         parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
         torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
-        model.cfg = replace(model.cfg, bigram_in_x0=False)
+        model.bigram_in_x0 = False  # decided at construction from model.embed.bigram_in_x0
         assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
 
 
