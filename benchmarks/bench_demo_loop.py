@@ -33,7 +33,7 @@ def _plain(steps: int, warmup: int, optimizer: str) -> dict:
 
     from speedrun.model.families import build_model
     from speedrun.recipes import load_recipe
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.step import train_step
 
     cfg = load_recipe("demo", [f"optim.name={optimizer}"])

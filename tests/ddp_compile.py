@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
-from speedrun.train.optimizers import build_optimizer
+from speedrun.optim.build import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import train_step
 from tests.recipe_matrix import EOT, SEQ, shrunk

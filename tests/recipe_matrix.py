@@ -15,12 +15,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
-from speedrun.config_gpt2026 import Gpt2026Config
-from speedrun.config_gpt2026 import replace as replace_model
+from speedrun.config.gpt2026 import Gpt2026Config
+from speedrun.config.gpt2026 import replace as replace_model
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.evaluate import row_cu_seqlens
-from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
+from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 
@@ -29,7 +29,7 @@ VOCAB, EOT = 512, 511
 
 
 def replace(obj, **changes):
-    """dataclasses.replace; a gpt2026 model config also takes its flat keys (config_gpt2026.replace)."""
+    """dataclasses.replace; a gpt2026 model config also takes its flat keys (config.gpt2026.replace)."""
     if isinstance(obj, Gpt2026Config):
         return replace_model(obj, **changes)
     return dataclasses.replace(obj, **changes)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from speedrun.config import all_keys
-from speedrun.config_files import config_from_dict, flatten, read_run_config, set_value
-from speedrun.config_gpt2026 import FLAT, PARTS, Gpt2026Config, nest
+from speedrun.config.files import config_from_dict, flatten, read_run_config, set_value
+from speedrun.config.gpt2026 import FLAT, PARTS, Gpt2026Config, nest
 from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from tests.conftest import run_speedrun
@@ -96,7 +96,7 @@ def test_dry_run_prints_the_part_tables():
 def test_a_bf16_fallback_resets_a_parts_storage_field_unless_the_user_fixed_it():
     """train/precision.effective_config: `model.embed.dtype` lives in a part now; the fallback still
     reaches it (by its flat name, through the converter) and still leaves a fixed one alone."""
-    from speedrun.train.precision import Precision, effective_config
+    from speedrun.train.plan.precision import Precision, effective_config
 
     fp32 = Precision("fp32", "this host runs bf16 slowly")
     cfg = load_recipe("demo-2026", ["train.dtype=bf16"])

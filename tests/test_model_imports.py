@@ -12,7 +12,7 @@ import pytest
 MODEL = Path(__file__).resolve().parent.parent / "src" / "speedrun" / "model"
 SHARED = ["kv_cache.py", "contexts.py", "attention.py", "attention_tiers.py", "layers.py", "labels.py"]
 SHARED += ["flex.py", "yarn.py", "fp8.py"]
-FAMILY = ("speedrun.model.gpt2026", "speedrun.model.gpt", "speedrun.model.self_attention")
+FAMILY = ("speedrun.model.gpt2026", "speedrun.model.gpt2024.model", "speedrun.model.gpt2024.attention")
 
 
 def imported(path: Path) -> set[str]:
@@ -45,5 +45,5 @@ def test_the_rule_sees_a_lazy_family_import(tmp_path: Path):
     assert family_imports(imported(old)) == {
         "speedrun.model.gpt2026.dc",
         "speedrun.model.gpt2026.dc.dc_valid",
-        "speedrun.model.gpt",
+        "speedrun.model.gpt2024.model",
     }

@@ -4,7 +4,7 @@ A one-switch change must work (ablate, race), and a key the user gives must eith
 import pytest
 
 from speedrun.config import canonical_key
-from speedrun.config_files import flatten
+from speedrun.config.files import flatten
 from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import lr_multiplier

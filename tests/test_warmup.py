@@ -15,7 +15,7 @@ from speedrun.data.shards import write_shard
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import loop
-from speedrun.train.optimizers import build_optimizer
+from speedrun.optim.build import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import train_step
 from speedrun.train.warmup import warm_up

@@ -37,7 +37,7 @@ NAMES = {
     "model.smear": "smear gate (#34)",
     "model.mtp": "multi-token prediction (#53)",
 }
-#: the same switches by their part keys (config_gpt2026: `model.attn.xsa_layers`, ...)
+#: the same switches by their part keys (config.gpt2026: `model.attn.xsa_layers`, ...)
 NAMES |= {
     "model.stream.backout_layer": NAMES["model.backout_layer"],
     "model.init.mimetic_vo_beta": NAMES["model.mimetic_vo_beta"],

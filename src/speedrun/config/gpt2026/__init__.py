@@ -14,16 +14,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from speedrun.config_gpt2026 import attn, embed, head, init, mlp, mudd, stream, values
-from speedrun.config_gpt2026.attn import AttnConfig, attention_scale, qk_width  # noqa: F401
-from speedrun.config_gpt2026.embed import EmbedConfig
-from speedrun.config_gpt2026.head import HeadConfig
-from speedrun.config_gpt2026.init import InitConfig
-from speedrun.config_gpt2026.mlp import MlpConfig
-from speedrun.config_gpt2026.mudd import MuddConfig
-from speedrun.config_gpt2026.stream import StreamConfig
-from speedrun.config_gpt2026.values import ValuesConfig
-from speedrun.config_types import PosInt, Range, SeqLen
+from speedrun.config.gpt2026 import attn, embed, head, init, mlp, mudd, stream, values
+from speedrun.config.gpt2026.attn import AttnConfig, attention_scale, qk_width  # noqa: F401
+from speedrun.config.gpt2026.embed import EmbedConfig
+from speedrun.config.gpt2026.head import HeadConfig
+from speedrun.config.gpt2026.init import InitConfig
+from speedrun.config.gpt2026.mlp import MlpConfig
+from speedrun.config.gpt2026.mudd import MuddConfig
+from speedrun.config.gpt2026.stream import StreamConfig
+from speedrun.config.gpt2026.values import ValuesConfig
+from speedrun.config.types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
 TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#77), -1 none

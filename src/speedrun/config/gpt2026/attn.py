@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from speedrun.config_types import PosInt
+from speedrun.config.types import PosInt
 from speedrun.errors import ConfigError
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from speedrun.config import Config, canonical_key, key_type
-from speedrun.config_files import set_value
+from speedrun.config.files import set_value
 from speedrun.hardware import fast_bf16
 
 

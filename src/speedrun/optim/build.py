@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
-from speedrun.config_families import config_family
+from speedrun.config.families import config_family
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.ema_nesterov import EmaNesterov
