@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.tools import bench
 from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
 from speedrun.train.plan.memory import estimate_memory
-from speedrun.optim.build import build_optimizer
 from speedrun.train.plan.precision import effective_config
 from speedrun.train.plan.precision import resolve as resolve_precision
 from speedrun.train.schedule import apply_schedule, schedule_at

@@ -18,9 +18,9 @@ from speedrun.config import Config
 from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.config.gpt2026 import replace as replace_model
 from speedrun.model.families import build_model
+from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.evaluate import row_cu_seqlens
-from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.model.families import build_model
+from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.recipes import load_recipe
 
 ALPHA, PAIR_FROM, SHRINK = 0.125, 6, 0.50

@@ -17,9 +17,9 @@ from speedrun.config.checks import validate
 from speedrun.config.files import set_value
 from speedrun.config.labels import derived_rows, format_table, label_table
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer, model_rules, run_rules
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe, recipe_names
-from speedrun.optim.build import build_optimizer, model_rules, run_rules
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from tests.recipe_matrix import STEPS, batch, rows, shrink

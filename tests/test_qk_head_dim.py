@@ -18,9 +18,9 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import windows
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.summary import model_summary
+from speedrun.optim.build import model_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.flops import first_and_last
-from speedrun.optim.build import model_rules
 
 BASE = "banks-2026-01"
 EPS = 1.1920928955078125e-7  # the kernel's rms eps (fp32's)

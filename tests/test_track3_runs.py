@@ -15,10 +15,10 @@ import torch
 
 from speedrun.cli import main
 from speedrun.config.files import flatten
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.tools.results import load_runs
 from speedrun.tools.verify import TRACK3_FIXED, verify
-from speedrun.optim.build import build_optimizer
 from tests.conftest import TINY, read_metrics
 
 pytestmark = pytest.mark.xdist_group("track3_runs")

@@ -135,8 +135,8 @@ def _model_summary(cfg: Config) -> str:
     from speedrun.config.labels import format_table
     from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
-    from speedrun.train.flops import first_and_last
     from speedrun.optim.build import model_rules, run_rules
+    from speedrun.train.flops import first_and_last
 
     with torch.device("meta"):  # counts and shapes only: no memory, no init time
         model = build_model(cfg.model)

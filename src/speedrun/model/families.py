@@ -70,8 +70,8 @@ def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
 
 def _gpt2024() -> Family:
     from speedrun.config import ModelConfig
-    from speedrun.model.gpt2024.model import GPT
     from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
+    from speedrun.model.gpt2024.model import GPT
 
     def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
         assert values.stage is None, "config checks: train.stages needs the gpt2026 family"

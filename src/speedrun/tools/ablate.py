@@ -220,8 +220,8 @@ def _train_one(
 ) -> None:
     """Train, resume or reuse one run; `first`: the run whose automatic choices every later run takes."""
     from speedrun.config.files import read_run_config
-    from speedrun.train.run.checkpoint import list_checkpoints
     from speedrun.train.loop import train
+    from speedrun.train.run.checkpoint import list_checkpoints
 
     if first is not None:
         cfg = as_chosen_by(first, cfg, arm.switch)

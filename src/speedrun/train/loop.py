@@ -24,25 +24,25 @@ from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
 from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
 from speedrun.model.summary import model_summary
+from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train import distributed
-from speedrun.train.plan.budget import Budget, settle_budget
-from speedrun.train.run.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from speedrun.train.run.environment import environment_report
 from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.flops import first_and_last
+from speedrun.train.plan.budget import Budget, settle_budget
 from speedrun.train.plan.host_fit import fit_to_host
 from speedrun.train.plan.memory import check_fits
-from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.plan.precision import decide as decide_precision
-from speedrun.train.progress import Progress
 from speedrun.train.plan.run_data import load_data, open_loader
+from speedrun.train.progress import Progress
+from speedrun.train.run.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from speedrun.train.run.environment import environment_report
 from speedrun.train.run.rundir import RunDir, default_run_dir, saved_decisions
+from speedrun.train.run.tracking import Tracker
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
-from speedrun.train.run.tracking import Tracker
 from speedrun.train.warmup import is_compiled, warm_up
 
 

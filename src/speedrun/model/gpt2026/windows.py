@@ -17,9 +17,9 @@ from torch import Tensor
 
 from speedrun.config.gpt2026 import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
-from speedrun.model.gpt2026.attention_tiers import varlen_attention
 from speedrun.model.contexts import near_keys
 from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 
