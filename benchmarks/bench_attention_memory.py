@@ -1,6 +1,6 @@
 """Peak host memory of the CPU attention tiers at a long sequence with a short window.
 
-The blocked tier (model/attention_tiers.py) gives each block of queries only the keys it can see, so
+The blocked tier (model/gpt2026/attention_tiers.py) gives each block of queries only the keys it can see, so
 its memory grows with T·window; the dense reference builds a T × T mask and T × T scores. Each variant
 runs in a fresh process and reports how far its peak resident memory (ru_maxrss) rose above the
 level after its inputs were allocated.
@@ -21,7 +21,7 @@ import time
 def measure(variant: str, T: int, window: int, heads: int, dim: int, backward: bool) -> dict:
     import torch
 
-    from speedrun.model import attention_tiers as tiers
+    from speedrun.model.gpt2026 import attention_tiers as tiers
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(T, heads, dim, requires_grad=backward) for _ in range(3))

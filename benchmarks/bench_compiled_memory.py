@@ -1,4 +1,4 @@
-"""The memory guard's compiled estimate (train/memory.py) against a count of what the compiled varlen
+"""The memory guard's compiled estimate (train/plan/memory.py) against a count of what the compiled varlen
 step of each 2026 recipe keeps at its backward's start: inductor's min-cut partition traced on fake
 tensors (tests/fake_compiled_memory.py), at the recipe's own micro-batch, one process. A minute or two
 per recipe on a small CPU (the trace, not the size, costs).
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds 
 from tests.fake_compiled_memory import compiled_saved_bytes  # noqa: E402
 
 from speedrun.recipes import load_recipe  # noqa: E402
-from speedrun.train.memory import estimate_memory  # noqa: E402
+from speedrun.train.plan.memory import estimate_memory  # noqa: E402
 
 RECIPES = ["record-2026-07", "stages-2025-12", "banks-2026-01", "xsa-2026-04", "medium-2025-12"]
 MiB = 2**20

@@ -32,8 +32,8 @@ def _plain(steps: int, warmup: int, optimizer: str) -> dict:
     import torch
 
     from speedrun.model.families import build_model
+    from speedrun.optim.build import build_optimizer
     from speedrun.recipes import load_recipe
-    from speedrun.train.optimizers import build_optimizer
     from speedrun.train.step import train_step
 
     cfg = load_recipe("demo", [f"optim.name={optimizer}"])

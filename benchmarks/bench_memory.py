@@ -1,4 +1,4 @@
-"""The memory guard's estimate (train/memory.py) against a fake-tensor measurement of the same step
+"""The memory guard's estimate (train/plan/memory.py) against a fake-tensor measurement of the same step
 (tests/fake_memory.py), every bundled recipe at full size: the training step's peak (the start of the
 backward) and a validation forward's, eager; then the compiled estimate (the larger of the two) per
 GPU of an 8-GPU run and, where a record's log gives one, the record's `torch.cuda.max_memory_allocated`.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds 
 from tests.fake_memory import fake_peak_bytes  # noqa: E402
 
 from speedrun.recipes import load_recipe, recipe_names  # noqa: E402
-from speedrun.train.memory import estimate_memory  # noqa: E402
+from speedrun.train.plan.memory import estimate_memory  # noqa: E402
 
 GiB = 2**30
 #: `peak memory allocated` at the end of a record's log (records/track_1_short/<dir>/*.txt), 8xH100

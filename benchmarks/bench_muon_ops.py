@@ -20,9 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from speedrun.model.families import build_model
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.build import model_rules
 from speedrun.optim.rules import muon_parts
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import model_rules
 
 
 def cuda_launches(name: str, args: tuple) -> int:

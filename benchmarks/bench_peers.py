@@ -212,7 +212,7 @@ def speedrun_curve(run_dir: Path) -> list[dict]:
     """(step, tokens, seconds, checkpoint) of every checkpoint. Seconds: the run's own time_s, plus its
     first `train.timing_warmup_steps` steps, which it trains but leaves off its clock (time_s 0), counted
     at its median step time: as LitGPT's first iterations are counted (`litgpt_seconds`)."""
-    from speedrun.train.checkpoint import checkpoint_step, list_checkpoints
+    from speedrun.train.run.checkpoint import checkpoint_step, list_checkpoints
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in records if "time_s" in r and "train_loss" in r}

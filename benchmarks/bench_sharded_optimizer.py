@@ -23,10 +23,10 @@ import torch
 
 from bench_muon_ops import OpCounter
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer, build_table_optimizer, model_rules
 from speedrun.optim.rules import muon_parts
 from speedrun.optim.sharded import Collectives
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer, build_table_optimizer, model_rules
 
 
 class CountingCollectives(Collectives):

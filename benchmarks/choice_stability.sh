@@ -16,8 +16,8 @@ choose() {
 import torch
 from speedrun import hardware
 from speedrun.recipes import load_recipe
-from speedrun.train import host_fit
-from speedrun.train.precision import decide
+from speedrun.train.plan import host_fit
+from speedrun.train.plan.precision import decide
 
 cfg = load_recipe("demo", ["train.compile=off"])  # the demo's budget and size fit, eager (no compile time)
 precision, rcfg, decided = decide(cfg, torch.device("cpu"), None)

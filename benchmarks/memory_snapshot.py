@@ -4,7 +4,7 @@ the step `speedrun bench` times (the run's model, optimizer, loader and schedule
 first step), with `torch.cuda.memory._record_memory_history` on and `_dump_snapshot`
 called from a hook on the loss, which autograd runs first in the backward. Writes OUT/snapshot.pickle
 (open it at https://pytorch.org/memory_viz) and OUT/snapshot.json: allocated and reserved bytes at that
-point, the step's peak, and the memory guard's estimate of it (train/memory.py), with their ratio.
+point, the step's peak, and the memory guard's estimate of it (train/plan/memory.py), with their ratio.
 On a CPU it runs the same step and says "no CUDA: no snapshot" (the kit's test runs it so).
 
     python benchmarks/memory_snapshot.py --recipe R [--stage N] --out DIR [key=value ...]
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.tools import bench
 from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
-from speedrun.train.memory import estimate_memory
-from speedrun.train.optimizers import build_optimizer
-from speedrun.train.precision import effective_config
-from speedrun.train.precision import resolve as resolve_precision
+from speedrun.train.plan.memory import estimate_memory
+from speedrun.train.plan.precision import effective_config
+from speedrun.train.plan.precision import resolve as resolve_precision
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from speedrun.train.warmup import is_compiled, loader_at

@@ -14,7 +14,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
 from speedrun.config import Config
-from speedrun.train.optimizers import RunOptimizer
+from speedrun.optim.build import RunOptimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from tests.recipe_matrix import MICRO, batch, build, shrunk

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
+from speedrun.optim.build import build_optimizer
 from speedrun.train.distributed import DistContext
 from speedrun.train.loop import build_model
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import train_step
 from tests.recipe_matrix import EOT, SEQ, shrunk

@@ -7,7 +7,7 @@ caching allocator would be asked for. The CUDA path is mirrored where it differs
 stand-in with FlexAttention's memory contract (output and log-sum-exp saved with q, k, v; dq, dk, dv
 in the backward), as FlexAttention has no fake CPU path here, and RMSNorm one with the fused CUDA
 kernel's (input and an fp32 rstd saved; the CPU composite saves an fp32 copy of its input).
-Compiled runs are not measured (that needs the compiler's own buffers); train/memory.py states how
+Compiled runs are not measured (that needs the compiler's own buffers); train/plan/memory.py states how
 they differ.
 """
 
@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 from speedrun.config import Config
 from speedrun.model import contexts
 from speedrun.model.families import build_model
-from speedrun.train.optimizers import build_optimizer
+from speedrun.optim.build import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast, autocast_dtype, train_step
 

@@ -14,9 +14,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
 from speedrun.model.families import build_model
+from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.evaluate import row_cu_seqlens
-from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 

@@ -1,6 +1,6 @@
 """Today's record stage plan, written from its code: the reference the stage tests compare with."""
 
-from speedrun.config_stages import Stage, StagePlan
+from speedrun.config.stages import Stage, StagePlan
 
 #: Today's record (train_gpt.py @ f411b3d3): 8 → 16 → 24 sequences of 2,048 per step, max document
 #: 896 → 2,048, windows (1,3) → (3,7) → (5,11) → extension (6,13), 20 long blocks at the last validation.

@@ -87,7 +87,7 @@ def test_one_adam_step_is_the_records_on_its_eight_ranks_summed_losses_in_fp64(a
     loss. Our step (any micro-batch split: the process count only averages like it) must give the
     same Adam update. The model and the record's arithmetic in fp64 (our Adam computes in fp32); Adam's
     eps is #38 on's 1e-8 here, where it shows most."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
     from tests.test_bos_align_optimizer import record_adam_step, record_params

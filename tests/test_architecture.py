@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from speedrun.config import ModelConfig, OptimConfig
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.layout import value_embed_layout
+from speedrun.model.gpt2024.model import GPT
 from speedrun.model.labels import labelled
 from speedrun.model.layers import Rotary, rotary_frequencies, softcap
-from speedrun.model.layout import value_embed_layout
 from speedrun.optim.rules import MUON_GROUPS, label_rules, param_rules
 from speedrun.recipes import load_recipe
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.model import attention_tiers as tiers
+from speedrun.model.gpt2026 import attention_tiers as tiers
 
 
 def packed_cu(T: int, lengths: list[int], max_docs: int = 16) -> torch.Tensor:
@@ -106,7 +106,7 @@ def test_cpu_gets_the_blocked_tier_and_a_missing_fa3_build_logs_one_line(monkeyp
 @pytest.mark.parametrize("tier", ["flex", "fa3"])
 def test_cuda_tiers_match_the_dense_reference_with_gradients(tier):
     if tier == "fa3" and tiers.load_fa3() is None:
-        pytest.skip("no cached FA3 build (fetch it ahead, see model/attention_tiers.py)")
+        pytest.skip("no cached FA3 build (fetch it ahead, see model/gpt2026/attention_tiers.py)")
     torch.manual_seed(0)
     T = 2048
     cu = packed_cu(T, [100, 29, 571, 1, 799]).cuda()

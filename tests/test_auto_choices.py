@@ -52,7 +52,7 @@ def test_a_step_count_below_the_budgets_plan_plus_warmdown_trains_exactly_those_
 
 def test_explicit_batch_and_width_are_kept_under_a_slow_probe(text_data, tmp_path, monkeypatch):
     """A probe that finds the host far too slow shrinks what the recipe chose, never what was given."""
-    from speedrun.train import host_fit
+    from speedrun.train.plan import host_fit
 
     def probe(cfg, device, with_compiled=False):  # ~15 steps in 150 s, compiled or not
         return 10.0, 10.0 if with_compiled else float("inf")
@@ -149,7 +149,7 @@ def test_the_public_muon_iterates_in_the_dtype_the_device_runs_fast(monkeypatch)
 
 
 def test_a_given_bf16_is_kept_where_auto_would_fall_back(monkeypatch):
-    from speedrun.train import precision
+    from speedrun.train.plan import precision
 
     monkeypatch.setattr(precision, "fast_bf16", lambda _type: (False, "no bf16 here"))
     cpu = torch.device("cpu")

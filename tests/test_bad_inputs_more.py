@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from speedrun.config import Config
-from speedrun.config_data import parse_fineweb_source
+from speedrun.config.data import parse_fineweb_source
 from speedrun.errors import ConfigError
 from tests.conftest import TINY, run_speedrun
 

@@ -13,7 +13,7 @@ import pytest
 
 from speedrun import atomic
 from speedrun.errors import SpeedrunError
-from speedrun.train.checkpoint import list_checkpoints
+from speedrun.train.run.checkpoint import list_checkpoints
 from tests.conftest import run_speedrun, speedrun_command, wait_for_metrics
 from tests.test_bad_inputs_more import FAST, one_line
 
@@ -185,7 +185,7 @@ def test_meta_json_counts_must_agree_with_the_shard_headers(data_copy, tmp_path)
 def test_the_newest_checkpoint_is_chosen_by_step_number(finished, tmp_path):
     """Name sort put `step_6` after `step_000008` and `step_1000000` before `step_999999`; then
     checkpoint_keep deleted the newest."""
-    from speedrun.train.checkpoint import list_checkpoints as listed
+    from speedrun.train.run.checkpoint import list_checkpoints as listed
 
     root = tmp_path / "run" / "checkpoints"
     for name in ("step_999999", "step_6", "step_1000000", "step_000008"):

@@ -110,7 +110,7 @@ def test_a_checkpoint_we_may_not_read_is_not_called_damaged(finished, monkeypatc
 
     from speedrun.errors import SpeedrunError
     from speedrun.tools.runs import load_model
-    from speedrun.train import checkpoint
+    from speedrun.train.run import checkpoint
 
     def denied(path):
         raise PermissionError(13, "Permission denied", str(path))

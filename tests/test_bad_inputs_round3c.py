@@ -119,7 +119,7 @@ def test_read_weights_reads_what_safetensors_own_opener_reads(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from speedrun.train.checkpoint import read_weights
+    from speedrun.train.run.checkpoint import read_weights
 
     tensors = {"w": torch.randn(3, 5), "b": torch.arange(4, dtype=torch.bfloat16)}
     save_file(tensors, tmp_path / "m.safetensors", metadata={"step": "12"})
@@ -196,7 +196,7 @@ def test_seeds_repeat_the_steps_the_first_runs_time_budget_fixed(text_data, tmp_
     """`--seeds` with a time budget: each run measured its own step time and fixed its own step count,
     so `compare` put the repeats in groups of one (no t-test). Later seeds now repeat the first run's
     resolved config. (Measured step times differ from run to run; here the budget rule says so.)"""
-    import speedrun.train.budget as budget
+    import speedrun.train.plan.budget as budget
 
     counts = iter([6, 7, 8])
     monkeypatch.setattr(budget, "plan_steps", lambda *args: next(counts))

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from speedrun.config_stages import parse_stages
-from speedrun.config_types import FP32_MAX, MAX_SEQ_LEN
+from speedrun.config.stages import parse_stages
+from speedrun.config.types import FP32_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 from tests.conftest import TINY, run_speedrun
 
@@ -160,7 +160,7 @@ def test_an_extension_stage_without_steps_is_described_as_such():
 def test_a_blank_stage_plan_in_a_recipe_file_is_no_plan(tmp_path):
     """`stages = "  "` in a recipe file (an override strips it; a file does not) is unset, as stage_plan
     reads it; the config check took it for a plan and failed its assert (a traceback)."""
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.recipes import load_recipe
 
     recipe = tmp_path / "blank.toml"

@@ -106,9 +106,9 @@ def checkpoint(tmp_path) -> Path:
     """A checkpoint of a tiny untrained model (save_checkpoint as the loop calls it)."""
     import torch
 
-    from speedrun.model.gpt import GPT
+    from speedrun.model.gpt2024.model import GPT
     from speedrun.recipes import load_recipe
-    from speedrun.train.checkpoint import save_checkpoint
+    from speedrun.train.run.checkpoint import save_checkpoint
 
     cfg = load_recipe("demo", TINY)
     return save_checkpoint(

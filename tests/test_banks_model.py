@@ -94,7 +94,7 @@ def test_bf16_blocks_step_as_fp32_blocks_through_the_mantissa_buffer():
     #65's _cautious_wd_and_update_inplace), and every other parameter is bit for bit the twin's."""
     from speedrun.model.gpt2026.init import BLOCK_MATRICES
     from speedrun.model.labels import label_of
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
 

@@ -174,7 +174,7 @@ def test_eight_steps_equal_record_65s_normuon_and_adam(beta2):
     c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam on odd steps with the param_table's
     betas, LR and decay multipliers, the gradients kept over even steps; the embedding tied to the head
     until copy_lm_state_to_embed. Shrunk: 10 steps, untie after step 3, fp32."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
 

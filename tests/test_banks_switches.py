@@ -25,9 +25,9 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026.embeddings import bigram_hash
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
+from speedrun.optim.build import build_table_optimizer, model_rules
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_table_optimizer, model_rules
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.test_stages_recipe import (
     BLOCK,

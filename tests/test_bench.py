@@ -79,7 +79,7 @@ def test_bench_times_each_stage_as_train_runs_it_through_the_varlen_path(monkeyp
     and the model holds the stage's windows; an anchor row gives the time-per-token ratio."""
     import torch
 
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.data.bos_loader import cu_seqlens, record_max_docs
     from speedrun.recipes import load_recipe
     from speedrun.tools.anchors import Anchor
@@ -127,7 +127,7 @@ def test_bench_times_each_stage_as_train_runs_it_through_the_varlen_path(monkeyp
 def test_the_anchor_table_matches_the_recipes_it_names():
     """Every shipped anchor names a bundled recipe and a stage of it with the same tokens per step, so
     its ratio compares like with like; record-2026-07 has its three 1x H100 stages (PR #350)."""
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.recipes import load_recipe
     from speedrun.tools.anchors import find_anchor, load_anchors
     from speedrun.train.stages import stage_bounds

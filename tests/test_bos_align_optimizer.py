@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from speedrun.model.families import build_model
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.model import GPT
+from speedrun.optim.build import build_optimizer, sharded_optimizer
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer, sharded_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from tests.recipe_matrix import shrink
 from tests.test_bos_align_recipe import record_lr

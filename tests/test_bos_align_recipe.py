@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train import distributed
-from speedrun.train.run_data import RunData, open_loader
+from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import schedule_at
 from tests import two_processes
 from tests.conftest import read_metrics, run_speedrun

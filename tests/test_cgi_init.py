@@ -1,4 +1,5 @@
-"""#46's CGI gain init (model.cgi_gain_alpha, model/cgi.py) against the record's `headmean_antithetic_pair`
+"""#46's CGI gain init (model.cgi_gain_alpha, model/gpt2024/cgi.py) against the record's
+`headmean_antithetic_pair`
 and its init loop (records/track_3_optimization/results/20260619_cwd_rowfloor_tailema/
 train_gpt_cwd_SOTA.py), written here from its code: the same signs for the same seed and RNG state, and
 the gains 1 ∓ α·s that a built model holds."""
@@ -10,8 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from speedrun.model.cgi import cgi_signs
 from speedrun.model.families import build_model
+from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.recipes import load_recipe
 
 ALPHA, PAIR_FROM, SHRINK = 0.125, 6, 0.50

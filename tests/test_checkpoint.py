@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from speedrun.errors import DataError, SpeedrunError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
-from speedrun.train import checkpoint as ckpt
+from speedrun.train.run import checkpoint as ckpt
 from tests import two_processes
 from tests.conftest import TINY, TINY_ADAMW, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 

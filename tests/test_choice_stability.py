@@ -15,10 +15,10 @@ from speedrun import hardware
 from speedrun.cli import main
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
-from speedrun.train import host_fit
-from speedrun.train import precision as prec
-from speedrun.train.checkpoint import list_checkpoints
 from speedrun.train.flops import step_flops_at
+from speedrun.train.plan import host_fit
+from speedrun.train.plan import precision as prec
+from speedrun.train.run.checkpoint import list_checkpoints
 from tests.conftest import TINY
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from speedrun.config import Config
-from speedrun.config_files import parse_overrides
+from speedrun.config.files import parse_overrides
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe, recipe_names
@@ -205,7 +205,7 @@ def _numeric_fields():
 @pytest.mark.parametrize("key, typ", list(_numeric_fields()))
 def test_every_numeric_field_is_range_checked(key, typ):
     """The mechanism, not a list: every int/float field (a new one too) refuses -1, and floats refuse nan."""
-    from speedrun.config_checks import validate
+    from speedrun.config.checks import validate
 
     for bad in (-1, float("nan")) if typ is float else (-1,):
         cfg = load_recipe("demo")
@@ -241,7 +241,7 @@ def test_unreadable_recipe_files_are_one_line(tmp_path):
     folder.mkdir()
     with pytest.raises(ConfigError, match="recipe file not found|is a directory"):
         load_recipe(str(folder))
-    from speedrun.config_files import read_toml
+    from speedrun.config.files import read_toml
 
     with pytest.raises(ConfigError, match="is a directory"):
         read_toml(folder)

@@ -17,9 +17,9 @@ import speedrun
 PACKAGE = Path(speedrun.__file__).parent
 #: The config layer: what loading, checking and printing a recipe runs (docs/architecture.md).
 CONFIG_LAYER = {
-    "speedrun.config", "speedrun.config_checks", "speedrun.config_files", "speedrun.config_types",
-    "speedrun.config_stages", "speedrun.config_labels", "speedrun.recipes", "speedrun.errors",
-    "speedrun.printable", "speedrun.config_families", "speedrun.config_data",
+    "speedrun.config", "speedrun.config.checks", "speedrun.config.files", "speedrun.config.types",
+    "speedrun.config.stages", "speedrun.config.labels", "speedrun.recipes", "speedrun.errors",
+    "speedrun.printable", "speedrun.config.families", "speedrun.config.data", "speedrun.config.gpt2026",
 }  # fmt: skip
 FORBIDDEN = ("torch", "tiktoken", "speedrun.train", "speedrun.model", "speedrun.data")
 
@@ -66,7 +66,8 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module → the modules it imports (of the package: only those that exist; outside it: the top
-    name, e.g. torch). Importing a.b.c also runs a/__init__ and a/b/__init__, so those are edges too."""
+    name, e.g. torch). Importing a.b.c also runs a/__init__ and a/b/__init__, so those are edges too
+    (except the module's own packages)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
@@ -79,7 +80,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             edges.update(
                 ".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in files
             )
-        graph[module] = edges - {module}
+        own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+        graph[module] = edges - own  # its own packages are imported before it, not by it
     return graph
 
 
@@ -136,20 +138,21 @@ def test_the_graph_walk_finds_a_cycle_and_a_forbidden_import(tmp_path):
     torch import reached through a helper are both found; a TYPE_CHECKING import is not an edge."""
     pkg = tmp_path / "speedrun"
     (pkg / "train").mkdir(parents=True)
+    (pkg / "config").mkdir()
     files = {
         "__init__.py": "",
-        "config.py": "from speedrun.config_checks import check\n",
-        "config_checks.py": "def check():\n    from speedrun.train import stages\n",
+        "config/__init__.py": "from speedrun.config.checks import check\n",
+        "config/checks.py": "def check():\n    from speedrun.train import stages\n",
         "train/__init__.py": "",
         "train/stages.py": "from ..config import x\nfrom . import helper\n",
         "train/helper.py": "import torch.nn\n",
-        "config_types.py": "import typing\nif typing.TYPE_CHECKING:\n    from speedrun import config\n",
+        "config/types.py": "import typing\nif typing.TYPE_CHECKING:\n    from speedrun import config\n",
     }
     for name, text in files.items():
         (pkg / name).write_text(text)
     graph = import_graph(pkg)
-    assert {"speedrun.config", "speedrun.config_checks", "speedrun.train.stages"} in cycles(graph)
-    assert "speedrun.config" not in graph["speedrun.config_types"]
+    assert {"speedrun.config", "speedrun.config.checks", "speedrun.train.stages"} in cycles(graph)
+    assert "speedrun.config" not in graph["speedrun.config.types"]
     assert "torch" in reachable(graph, {"speedrun.config"})
 
 
@@ -225,12 +228,12 @@ def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():
         """
         import runpy
         from speedrun.recipes import load_recipe, recipe_names
-        import speedrun.config_stages, speedrun.config_files, speedrun.printable
+        import speedrun.config.stages, speedrun.config.files, speedrun.printable
         names = recipe_names()
         for name in names:
             cfg = load_recipe(name)
             if cfg.train.stages:
-                assert speedrun.config_stages.stage_plan(cfg) is not None
+                assert speedrun.config.stages.stage_plan(cfg) is not None
         assert "torch" not in sys.modules
         print(len(names))
         sys.argv = ["speedrun", "recipes", "stages-2025-12", "--json"]
@@ -238,7 +241,7 @@ def test_every_recipe_loads_checks_and_prints_where_torch_cannot_be_imported():
             runpy.run_module("speedrun", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             assert not e.code, e.code
-        from speedrun.config_labels import format_table, label_table
+        from speedrun.config.labels import format_table, label_table
         cfg = load_recipe("stages-2025-12")
         print(format_table(cfg.optim, label_table(cfg.optim, cfg.model.n_embd // cfg.model.n_head)))
         assert "torch" not in sys.modules
@@ -279,10 +282,10 @@ sys.meta_path.insert(0, _NoData())
 
 def test_the_demo_recipes_load_and_check_where_tiktoken_and_the_data_package_cannot_be_imported():
     """Issue 36: the config checks imported speedrun.data (and with it tiktoken) to check data.source and
-    data.tokenizer; the names' rules live in config_data.py now."""
+    data.tokenizer; the names' rules live in config/data.py now."""
     script = BLOCK_DATA + textwrap.dedent(
         """
-        from speedrun.config_checks import validate
+        from speedrun.config.checks import validate
         from speedrun.recipes import load_recipe
         for name in ("demo", "demo-2026", "record-2026-07"):
             cfg = load_recipe(name)

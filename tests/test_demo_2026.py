@@ -48,7 +48,7 @@ def test_dry_run_prints_its_parameter_count(capsys):
 def test_a_cpu_without_fast_bf16_trains_it_in_fp32_with_nothing_in_bf16(monkeypatch):
     """The demo's mechanism (precision.resolve on train.dtype=auto): on an AVX2-only host every matrix,
     embedding and the head's softcap and cross-entropy stay fp32 (emulated bf16 is ~100x slower)."""
-    from speedrun.train import precision
+    from speedrun.train.plan import precision
 
     monkeypatch.setattr(precision, "fast_bf16", lambda _type: (False, "no bf16 here"))
     cfg = load_recipe(RECIPE)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer
 from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 
 

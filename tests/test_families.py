@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.config_files import config_from_dict
+from speedrun.config.files import config_from_dict
 from speedrun.model.families import build_model
 from tests.data.make_family_refs import RECIPES, init_values, run
 from tests.stored import agree, same_kernels
@@ -88,7 +88,7 @@ def test_a_family_is_picked_first_and_a_new_family_inherits_no_model_table():
     line still applies first, so the keys given before it are kept."""
     import dataclasses
 
-    from speedrun.config_model import Gpt2026Config
+    from speedrun.config.gpt2026 import Gpt2026Config
     from speedrun.recipes import load_recipe
 
     base, cfg = load_recipe("record-2025-01"), load_recipe("bos-align-2025-07")

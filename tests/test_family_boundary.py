@@ -1,5 +1,5 @@
 """A family's rules live in its record (issue 36): model/families.py (the model side) and
-config_families.py (the config side, torch-free); nowhere else does code branch on a family's name."""
+config/families.py (the config side, torch-free); nowhere else does code branch on a family's name."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from speedrun.model import families
 from tests.conftest import TINY
 
 PACKAGE = Path(speedrun.__file__).parent
-RECORDS = {PACKAGE / "model" / "families.py", PACKAGE / "config_families.py"}
+RECORDS = {PACKAGE / "model" / "families.py", PACKAGE / "config/families.py"}
 #: a comparison with a family's name, either way round, or a membership test of the family field
 BRANCH = re.compile(
     r"""family\s*(==|!=)\s*["']|["']gpt20\d\d["']\s*(==|!=)|\.family\s+(not\s+)?in\b|isinstance\([^)]*Gpt2026Config"""
@@ -47,7 +47,7 @@ def test_the_pattern_finds_each_form_of_a_family_branch(tmp_path):
 
 def test_no_family_branch_outside_the_family_records():
     found = family_branches()
-    assert not found, "move the rule into the family record (model/families.py, config_families.py): " + (
+    assert not found, "move the rule into the family record (model/families.py, config/families.py): " + (
         "; ".join(found)
     )
 
@@ -76,7 +76,7 @@ def test_the_loop_calls_the_family_after_step_hook_before_every_step(text_data, 
 def test_the_warm_up_calls_the_family_after_step_hook_as_the_loop(tmp_path, monkeypatch):
     from speedrun.data.loader import TokenLoader
     from speedrun.data.shards import write_shard
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.warmup import warm_up, warmup_steps
     from tests.test_warmup import small_cfg
 

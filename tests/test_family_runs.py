@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.config_files import config_from_dict, flatten
+from speedrun.config.files import config_from_dict, flatten
 from speedrun.recipes import load_recipe
-from speedrun.train import checkpoint as ckpt
+from speedrun.train.run import checkpoint as ckpt
 from tests.conftest import read_metrics, run_speedrun
 from tests.stored import agree  # stored without a kernel fingerprint: never bit for bit
 
@@ -109,7 +109,7 @@ def test_an_old_run_folder_resumes_and_samples(new_run, text_data, tmp_path):
 def test_a_pre_split_gpt2024_config_json_loads_unchanged():
     """record-2025-01's config.json as the pre-split code wrote it (every 2025–26 switch, off): gpt2024,
     the same config as the recipe loads today; a 2025–26 switch turned on there is one clear refusal."""
-    from speedrun.config_files import changed_keys
+    from speedrun.config.files import changed_keys
     from speedrun.errors import ConfigError
     from speedrun.recipes import load_recipe
 

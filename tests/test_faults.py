@@ -18,8 +18,8 @@ import torch
 
 from speedrun.cli import main
 from speedrun.recipes import load_recipe
-from speedrun.train import checkpoint as ckpt
-from speedrun.train import rundir
+from speedrun.train.run import checkpoint as ckpt
+from speedrun.train.run import rundir
 from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
 from tests.test_checkpoint import losses
 

@@ -13,7 +13,7 @@ from speedrun.config import ModelConfig
 from speedrun.model.attention import mask_rule
 from speedrun.model.families import family_of
 from speedrun.model.flops import StepWindows, matmul_params
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.model import GPT
 from speedrun.recipes import load_recipe
 from speedrun.train.flops import config_model, run_flops, step_flops, step_flops_at
 from speedrun.train.schedule import StepSchedule, tokens_through

@@ -21,7 +21,7 @@ def test_attention_layers_share_one_rotary_table():
     assert len(tables) == 1 and sum(b.attn is not None for b in model.blocks) == 3
     assert not any("rotary" in k for k in model.state_dict())  # checkpoints unchanged: not persistent
     rebuilt = build_model(cfg.model)  # each layer building its own table gives the same values
-    from speedrun.model.gpt import make_rotary
+    from speedrun.model.gpt2024.model import make_rotary
 
     torch.testing.assert_close(rebuilt.blocks[0].attn.rotary.cos, make_rotary(cfg.model).cos, rtol=0, atol=0)
 

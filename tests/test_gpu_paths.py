@@ -27,10 +27,10 @@ def test_full_size_record_2025_01_compiled_20_steps_finite_falling_loss_no_recom
     momentum schedules moving; the loss stays finite and falls, and nothing compiles after step 1."""
     from torch._dynamo.utils import counters
 
+    from speedrun.optim.build import build_optimizer
     from speedrun.tools.bench import synthetic_tokens
     from speedrun.train.distributed import DistContext
     from speedrun.train.loop import build_model
-    from speedrun.train.optimizers import build_optimizer
     from speedrun.train.schedule import apply_schedule, schedule_at
     from speedrun.train.step import autocast_dtype, train_step
 

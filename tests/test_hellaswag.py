@@ -157,7 +157,7 @@ def test_only_gpt2_tokenized_models_are_scored(tmp_path):
 
 def test_eval_hellaswag_command_on_a_gpt2_checkpoint(tmp_path, capsys):
     from speedrun.cli import main
-    from speedrun.train.checkpoint import save_checkpoint
+    from speedrun.train.run.checkpoint import save_checkpoint
 
     small = ["model.vocab_size=50257", "model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
     cfg = load_recipe("demo", ["data.tokenizer=gpt2", "train.dtype=fp32", *small])

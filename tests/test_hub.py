@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from speedrun.cli import main
-from speedrun.config_data import HubSource, parse_hf_source
+from speedrun.config.data import HubSource, parse_hf_source
 from speedrun.data import pipeline
 from speedrun.data.hub import glob_to_regex
 from speedrun.data.meta import load_meta

@@ -6,7 +6,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.model.families import build_model
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.model import GPT
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
 from speedrun.recipes import load_recipe
 from tests.recipe_cover import recipe_cover
@@ -217,7 +217,7 @@ def test_sample_decodes_a_staged_yarn_checkpoint_as_the_run_validated_it(text_da
     from speedrun.model.generate import prompt_ids
     from speedrun.tools.runs import find_checkpoint
     from speedrun.train import loop
-    from speedrun.train.checkpoint import read_weights
+    from speedrun.train.run.checkpoint import read_weights
     from tests.test_stages_training import staged
 
     tokenizer = tokenizer_for_data(text_data, load_meta(text_data))

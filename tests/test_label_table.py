@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from speedrun.cli import main
-from speedrun.config_checks import validate
-from speedrun.config_files import set_value
-from speedrun.config_labels import derived_rows, format_table, label_table
+from speedrun.config.checks import validate
+from speedrun.config.files import set_value
+from speedrun.config.labels import derived_rows, format_table, label_table
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer, model_rules, run_rules
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe, recipe_names
-from speedrun.train.optimizers import build_optimizer, model_rules, run_rules
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from tests.recipe_matrix import STEPS, batch, rows, shrink
@@ -281,7 +281,7 @@ def test_a_stated_row_under_muon_gets_an_adam_group_of_its_own():
 
 def test_a_stated_table_survives_config_json():
     """A run's config.json keeps the stated rows; reading it back gives the same table, nothing changed."""
-    from speedrun.config_files import changed_keys, config_from_dict
+    from speedrun.config.files import changed_keys, config_from_dict
 
     cfg = load_recipe("banks-2026-01", ["optim.labels.mlp_out.lr_mul=3"])
     back = config_from_dict(json.loads(json.dumps(cfg.to_dict())), "config.json")

@@ -16,10 +16,10 @@ from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.labels import LABELS, label_of, labelled
 from speedrun.model.layers import MLP
+from speedrun.optim.build import build_optimizer, model_rules
 from speedrun.optim.rules import LabelError, label_rules, param_rules
 from speedrun.recipes import load_recipe
-from speedrun.train.memory import _optimizer_bytes
-from speedrun.train.optimizers import build_optimizer, model_rules
+from speedrun.train.plan.memory import _optimizer_bytes
 from tests.conftest import TINY, run_speedrun
 
 RECIPES = sorted(p.stem for p in (Path(__file__).parent.parent / "src/speedrun/recipes").glob("*.toml"))

@@ -12,7 +12,7 @@ from speedrun.cli import main
 from speedrun.data.shards import open_shard, write_shard
 from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
-from speedrun.train.run_data import micro_batch_tokens
+from speedrun.train.plan.run_data import micro_batch_tokens
 from speedrun.train.timing import StepClock
 from tests import two_processes
 from tests.conftest import TINY, read_metrics
@@ -40,7 +40,7 @@ def test_micro_batch_is_derived_when_the_recipes_does_not_divide_over_the_proces
 def test_a_recipe_with_its_own_validation_rows_keeps_its_micro_batch_on_1_and_8_processes(recipe):
     """The 2025-26 records validate in train.val_seq_len rows (262,144 tokens; 10,485,760 = 5 rounds of 8
     ranks), so their 49,152-token training micro-batch need not divide val_tokens: as the records run."""
-    from speedrun.train.run_data import val_micro_batch_tokens
+    from speedrun.train.plan.run_data import val_micro_batch_tokens
 
     cfg = load_recipe(recipe)
     assert cfg.train.val_seq_len and cfg.train.val_tokens % cfg.train.micro_batch_tokens  # the case

@@ -315,7 +315,7 @@ def test_the_memory_guards_estimate_for_8xh100_is_near_the_records_peak():
     """The compiled estimate per GPU of an 8-GPU run against `peak memory allocated: 57397 MiB` at the
     end of both #18 logs (8xH100 80 GB): above it, as our compiled PyTorch keeps more than the record's
     kernels (docs/benchmarks.md, "Memory: estimate vs records": 1.24x), and the guard lets it start."""
-    from speedrun.train.memory import estimate_memory, guarded_bytes
+    from speedrun.train.plan.memory import estimate_memory, guarded_bytes
 
     cfg = load_recipe(RECIPE, ["train.dtype=bf16"])
     estimate = estimate_memory(cfg, 8, compiled=True).total

@@ -1,4 +1,4 @@
-"""The memory guard (train/memory.py): its estimate against a fake-tensor measurement of full-size
+"""The memory guard (train/plan/memory.py): its estimate against a fake-tensor measurement of full-size
 recipes (tests/fake_memory.py), and the one-line refusal naming the setting that fits."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from speedrun.errors import SpeedrunError
 from speedrun.recipes import load_recipe
-from speedrun.train import memory
-from speedrun.train.memory import check_fits, estimate_memory, estimate_peak_bytes, guarded_bytes
+from speedrun.train.plan import memory
+from speedrun.train.plan.memory import check_fits, estimate_memory, estimate_peak_bytes, guarded_bytes
 from tests.fake_compiled_memory import compiled_saved_bytes
 from tests.fake_memory import fake_peak_bytes
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from speedrun.config import ModelConfig
 from speedrun.model.attention import MaskSpec, attend, document_ids, spec_dense_mask
 from speedrun.model.families import build_model
+from speedrun.optim.build import model_rules
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import model_rules
 
 TINY = dict(n_layer=2, n_head=2, n_embd=64, max_seq_len=64)
 SHRINK = [f"model.{k}={v}" for k, v in TINY.items()] + ["train.seq_len=32", "train.micro_batch_tokens=64"]

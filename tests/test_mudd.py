@@ -282,7 +282,7 @@ def test_init_is_the_records():
 
 
 def test_labels_train_mudd_in_its_own_adam_rows():
-    from speedrun.config_labels import MUDD_LR_MUL
+    from speedrun.config.labels import MUDD_LR_MUL
     from speedrun.optim.rules import adam_groups, label_rules, param_rules
 
     cfg = load_recipe(BASE, [])
@@ -310,7 +310,7 @@ def test_labels_train_mudd_in_its_own_adam_rows():
 
 
 def test_mudd_trains_a_step_through_the_run_optimizer():
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
 
     # the sublayer form labels x0's weights `lambda`: banks-2026-01's stated x0 row is taken back
     cfg = dataclasses.replace(load_recipe(BASE, ["optim.labels.x0={}"]), model=_cfg())

@@ -173,7 +173,7 @@ def record_hidden_gated(model, idx, g=G, h_src=H_SRC, s_src=S_SRC, dc=False):
 
 
 def test_gate_network_trains_a_step_through_the_run_optimizer():
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
 
     cfg = load_recipe(BASE, [])
     optim = dataclasses.replace(cfg.optim, skip_gate_lr=0.0)  # #85: no skip gate of its own
@@ -280,7 +280,7 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
 
 
 def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
-    from speedrun.config_labels import MUDD_GATE_LR_MUL
+    from speedrun.config.labels import MUDD_GATE_LR_MUL
     from speedrun.model.kv_cache import KVCache, forward_cached
     from speedrun.optim.rules import adam_groups, label_rules, param_rules
 
@@ -344,7 +344,7 @@ def test_a_bad_gate_setting_is_one_config_error_naming_it(overrides, words):
 def test_memory_guard_estimates_the_full_size_model_with_both():
     """The memory estimate reads the new labels' Adam rows (a 1-element σ included) for 1 and 8 GPUs; the
     gate network and MUDD add their weights, gradients and fp32 Adam state (a few MB)."""
-    from speedrun.train.memory import estimate_peak_bytes
+    from speedrun.train.plan.memory import estimate_peak_bytes
 
     over = [*MUDD_ON, f"model.attn_inputs=[{'-1,' * 8}7,7,7]", "model.xsa_layers=[1,3,4,7]"]
     gated = [*over, "model.mudd_gate_layer=4", "model.mudd_gate_attn_layers=[3,10]", "model.attn_gate=0"]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
-from speedrun.model.yarn import yarn_after
+from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.test_polar_recipe import record_polar_express, record_rotary
@@ -263,7 +263,7 @@ def record_normuon_step(params, state, lr, momentum):
 def test_six_steps_equal_record_42s_optimizers():
     """NorMuon (lr 0.03, c_fc x2, beta2 0.95; gates among its matrices) every step; DistAdam (lr 0.008 x
     lr_mul, betas 0.65/0.95, eps 1e-8) on odd steps on the gradients of two steps (#39), fp32."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
     from tests.test_bos_align_optimizer import record_adam_step

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from speedrun.train import checkpoint as ckpt
+from speedrun.train.run import checkpoint as ckpt
 from tests import two_processes
 from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command
 

@@ -15,8 +15,8 @@ import torch
 from speedrun.config import OptimConfig
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from tests.conftest import TINY, TINY_ADAMW
 
 # acts outside the optimizer: the loop clips the gradients before the step (train/loop.py)

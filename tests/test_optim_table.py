@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from speedrun.model.families import build_model
+from speedrun.optim.build import RunOptimizer, build_optimizer
 from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import Row
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import RunOptimizer, build_optimizer
 from speedrun.train.schedule import StepSchedule, apply_schedule, schedule_at
 from tests.test_bos_align_recipe import record_window
 

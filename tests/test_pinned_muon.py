@@ -273,9 +273,9 @@ def test_tail_ema_follows_the_record():
 def test_the_recipe_groups_matrices_by_label_and_its_state_round_trips():
     """track3-2026-06: attention outputs through the trust gate, q/k/v blended, the MLP plain; a saved
     state loaded into a new optimizer continues bit for bit."""
-    from speedrun.model.gpt import GPT
+    from speedrun.model.gpt2024.model import GPT
+    from speedrun.optim.build import build_optimizer
     from speedrun.recipes import load_recipe
-    from speedrun.train.optimizers import build_optimizer
 
     cfg = load_recipe("track3-2026-06", ["model.n_layer=2", "model.n_embd=64", "model.n_head=2",
                                          "model.vocab_size=128", "optim.muon_ns_dtype=fp32"])  # fmt: skip

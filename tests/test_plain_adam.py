@@ -12,9 +12,9 @@ import torch
 
 from speedrun.model.families import build_model
 from speedrun.model.labels import label_of
+from speedrun.optim.build import build_optimizer
 from speedrun.optim.plain_adam import PlainAdam
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
-from speedrun.model.yarn import yarn_after
+from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
@@ -317,7 +317,7 @@ def record_muon_step(params, state, lr, momentum):
 def test_three_steps_equal_record_38s_optimizer():
     """Muon (lr 0.06, Polar Express; the attention gates and the smear gate among its matrices, #38's
     gate_params) and DistAdam (lr 0.008 x lr_mul, eps 1e-8), fp32, against #38's code."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
     from tests.test_bos_align_optimizer import record_adam_step

@@ -11,8 +11,8 @@ import torch
 
 from speedrun.model.families import build_model
 from speedrun.model.labels import label_of
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 
 #: #46's FINAL_SCHEDULE_STEPS, FINAL_LR_POWER and (initial LR, power_c) per group

@@ -14,9 +14,9 @@ import torch
 
 from speedrun import hardware
 from speedrun.recipes import load_recipe
-from speedrun.train import precision
-from speedrun.train.budget import PROBE_STEPS, plan_steps
-from speedrun.train.checkpoint import list_checkpoints
+from speedrun.train.plan import precision
+from speedrun.train.plan.budget import PROBE_STEPS, plan_steps
+from speedrun.train.run.checkpoint import list_checkpoints
 from tests.conftest import TINY, read_metrics, run_speedrun
 
 
@@ -123,7 +123,7 @@ def test_the_choice_on_this_machine_matches_a_measurement(fresh_probe):
 def test_printed_mfu_never_exceeds_100_percent(text_data, tmp_path, monkeypatch):
     """A probe that underestimates the peak (here a cached 1 FLOP/s) prints no MFU rather than one above
     100 %, and is not raised to the rate reached (which printed 100 % on every line, #34)."""
-    from speedrun.train import tracking
+    from speedrun.train.run import tracking
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     key = tracking._machine_key(torch.device("cpu"), torch.float32)
@@ -221,7 +221,7 @@ def test_a_budget_with_a_schedule_that_depends_on_the_step_count_is_refused():
 def test_host_fit_shrinks_until_the_minimum_steps_fit_and_no_further():
     from speedrun.model.families import build_model
     from speedrun.train.flops import step_flops_at
-    from speedrun.train.host_fit import shrink, shrinks_needed
+    from speedrun.train.plan.host_fit import shrink, shrinks_needed
 
     def _flops_per_step(c):  # a host whose step time is proportional to the step's FLOPs
         with torch.device("meta"):
@@ -270,7 +270,7 @@ def test_a_slow_host_trains_a_smaller_model_recorded_in_the_config(text_data, tm
 
 
 def test_compile_is_chosen_only_where_it_measures_clearly_faster(monkeypatch):
-    from speedrun.train import host_fit
+    from speedrun.train.plan import host_fit
 
     cfg = load_recipe("demo", ["train.budget_min_steps=0"])  # compile=auto, no size fit
     for eager_s, compiled_s, expect in ((1.0, 0.5, 1), (1.0, 0.95, 0), (0.5, 1.0, 0)):
@@ -288,7 +288,7 @@ def test_compile_is_chosen_only_where_it_measures_clearly_faster(monkeypatch):
 
 
 def test_muon_iterates_in_fp32_only_where_bf16_is_slow(monkeypatch):
-    from speedrun.train import optimizers
+    from speedrun.optim import build as optimizers
 
     cpu = torch.device("cpu")
     for fast, want in ((False, torch.float32), (True, torch.bfloat16)):

@@ -19,9 +19,9 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import windows
 from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.summary import model_summary
+from speedrun.optim.build import model_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.flops import first_and_last
-from speedrun.train.optimizers import model_rules
 
 BASE = "banks-2026-01"
 EPS = 1.1920928955078125e-7  # the kernel's rms eps (fp32's)
@@ -205,7 +205,7 @@ def test_parameter_count_flops_and_the_optimizers_qk_blocks():
 
 
 def test_bad_widths_are_refused_in_one_line():
-    from speedrun.config_model import check
+    from speedrun.config.gpt2026 import check
 
     for bad in (-4, 30):
         with pytest.raises(ConfigError, match="qk_head_dim"):

@@ -66,7 +66,9 @@ def test_every_linked_file_exists():
 
 
 def test_the_demo_output_names_its_cpu_and_commit():
-    before, block = re.search(r"((?:[^\n]+\n)+)\n```\n((?:compile|host fit): .*?)```", README, flags=re.S).groups()
+    before, block = re.search(
+        r"((?:[^\n]+\n)+)\n```\n((?:compile|host fit): .*?)```", README, flags=re.S
+    ).groups()
     assert re.search(r"\b(AVX2|AVX512-BF16|AMX|EPYC|Xeon)\b", before), "name the CPU the run came from"
     commits = re.findall(r"commit `([0-9a-f]{7,40})`", before)
     assert commits, "name the commit the run came from"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from speedrun.cli import main
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.recipes.index import ERAS, entry, index_lines, provenance
 from speedrun.train.stages import stage_values

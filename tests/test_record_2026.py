@@ -200,7 +200,7 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
     shape multiplier), vo_bank's V and O, c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam
     on odd steps with #82's param_table rows (its new λ rows: betas 0.9/0.95, resid x5), gradients kept
     over even steps; tie → untie. Shrunk (4 layers, 4 heads: two pairs), 10 steps, untie after step 3."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
     from tests.test_banks_recipe import record_adam_, record_normuon_matrix_

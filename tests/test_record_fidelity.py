@@ -16,8 +16,8 @@ from speedrun.model.attention import MaskSpec, build_block_mask, mask_rule, spec
 from speedrun.model.families import build_model
 from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, softcap
 from speedrun.optim import Muon, muon_split, newton_schulz
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.step import autocast_dtype
 
 NS_ABC = (3.4445, -4.7750, 2.0315)

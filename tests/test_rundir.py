@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from speedrun.errors import ConfigError, DataError, SpeedrunError
-from speedrun.train import rundir
-from speedrun.train.rundir import RunDir, read_records, write_summary
+from speedrun.train.run import rundir
+from speedrun.train.run.rundir import RunDir, read_records, write_summary
 
 
 def test_lock_refuses_a_second_writer_and_is_released_on_close(tmp_path):

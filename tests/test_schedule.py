@@ -5,7 +5,7 @@ import math
 import pytest
 
 from speedrun.config import OptimConfig, TrainConfig
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.recipes import load_recipe, recipe_names
 from speedrun.train.schedule import lr_multiplier, muon_momentum, schedule_at
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speedrun.cli import main
-from speedrun.config_labels import derived_rows
+from speedrun.config.labels import derived_rows
 from speedrun.recipes import load_recipe
 
 LABELLED = ("demo-2026", "banks-2026-01", "xsa-2026-04")
@@ -73,7 +73,7 @@ def test_a_budget_plan_keeps_the_warm_up_and_then_the_warm_down():
     warm-down after it (the reference: the schedule's own lr_multiplier at the plan's steps)."""
     import dataclasses
 
-    from speedrun.train.budget import Budget
+    from speedrun.train.plan.budget import Budget
     from speedrun.train.schedule import lr_multiplier
 
     cfg = load_recipe("demo", ["train.warmup_steps=50", "train.timing_warmup_steps=4"])
@@ -131,7 +131,7 @@ def _numeric_keys(cfg) -> list[tuple[str, int]]:
     import typing
 
     from speedrun.config import field_types, sections
-    from speedrun.config_types import strip_annotation
+    from speedrun.config.types import strip_annotation
 
     out = []
     for section in sections():
@@ -151,7 +151,7 @@ def test_every_numeric_field_at_its_edges_sets_up_or_is_refused_in_one_line(reci
 
     from speedrun.errors import ConfigError
     from speedrun.model.families import build_model
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule, schedule_at
     from tests.recipe_matrix import shrink
 
@@ -196,7 +196,7 @@ def test_the_untie_follows_the_records_split_step(recipe):
     """The record runs `copy_lm_state_to_embed` after step split_step = boundaries[2][0] | 1 (an Adam
     step), so that step still trains tied: optim.tie_until (what unties, optim/sharded.py) is
     split_step + 1. (StageValues.untied, read by tests only, turned true one step early; deleted.)"""
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.train.stages import stage_bounds
 
     cfg = load_recipe(recipe)
@@ -221,7 +221,7 @@ def test_resume_names_the_setting_it_cannot_change_first(text_data, tmp_path):
     ("recipe", "key"), [("demo", "optim.lr=0.1"), ("demo-2026", "optim.weight_decay=0.1")]
 )
 def test_adamws_own_keys_are_refused_under_muon_and_normuon(recipe, key, capsys):
-    """Only the adamw optimizer reads optim.lr and optim.weight_decay (train/optimizers.py): under muon
+    """Only the adamw optimizer reads optim.lr and optim.weight_decay (optim/build.py): under muon
     and normuon they were accepted and did nothing."""
     refused(capsys, ["train", "--dry-run", "--recipe", recipe, key], key.split("=")[0], "has no effect")
     assert load_recipe("gpt2-baseline", [key]).optim.name == "adamw"  # where they act, kept
@@ -231,7 +231,7 @@ def test_the_logged_lr_range_appears_only_where_groups_really_differ():
     """Without PowerCool every group takes the schedule's multiplier: the log shows one value, not a
     range made of (peak x m) / peak rounding (the demo's warm-down printed `lr x0.0538..0.054`)."""
     from speedrun.model.families import build_model
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule, schedule_at
 
     cfg = load_recipe("demo", ["model.n_layer=2", "model.n_embd=64", "model.n_head=2", "train.steps=124"])

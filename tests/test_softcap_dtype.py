@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from speedrun.config import ModelConfig
 from speedrun.model.families import build_model
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.model import GPT
 from speedrun.recipes import load_recipe, recipe_names
 
 BF16_SOFTCAP_RECIPES = (

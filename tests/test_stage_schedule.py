@@ -8,7 +8,7 @@ from itertools import accumulate, pairwise
 
 import pytest
 
-from speedrun.config_stages import Stage, StagePlan
+from speedrun.config.stages import Stage, StagePlan
 from speedrun.train.stages import stage_values
 from tests.record_stages import STAGES_2026_07
 

@@ -356,7 +356,7 @@ def test_eight_steps_equal_record_53s_optimizers():
     gradients dropped) from a transition for `transition_steps`; the embedding tied to the head until the
     untie step, then continuing from the head's weights and Adam state (copy_lm_to_embed). Shrunk: 10
     steps, the second stage from step 5, untie at 4, pause 2 steps; fp32."""
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.recipe_matrix import shrink
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.recipes import load_recipe
 from tests.conftest import run_speedrun
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.config_stages import parse_stages
+from speedrun.config.stages import parse_stages
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026.attention import offset_keys

@@ -19,17 +19,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedrun.config_model import Gpt2026Config
-from speedrun.config_stages import parse_stages, stage_plan
+from speedrun.config.gpt2026 import Gpt2026Config
+from speedrun.config.stages import parse_stages, stage_plan
 from speedrun.errors import ConfigError
-from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import windows
+from speedrun.model.gpt2026.attention_tiers import varlen_attention
 from speedrun.recipes import load_recipe
 from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.runs import load_model
-from speedrun.train import checkpoint as ckpt
 from speedrun.train import loop
+from speedrun.train.run import checkpoint as ckpt
 from speedrun.train.stages import stage_values
 from tests.conftest import TINY, read_metrics
 from tests.record_stages import STAGES_2026_07

@@ -4,7 +4,7 @@ and the summed gradients are divided by the number of micro-batches after the la
 import pytest
 import torch
 
-from speedrun.train.optimizers import RunOptimizer
+from speedrun.optim.build import RunOptimizer
 from speedrun.train.step import train_step
 
 

@@ -188,7 +188,7 @@ def test_cu_seqlens_are_sized_as_78s_with_data_max_docs_0():
     """data.max_docs = 0 takes #78's sizes (64, 96, 128 for the three stages' 16K, 32K, 48K tokens per
     rank); #53–#72 (and banks-2026-01) used tokens // 300 rounded up to 128, the recipes' 256 holding
     the same boundaries."""
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.data.bos_loader import record_max_docs
 
     for local in [*TRAIN_MAX_NUM_DOCS_78, 256, 8192, 8192 + 300 * 128, 65536, 4 * 64 * 1024]:

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import Config
-from speedrun.model.gpt import GPT
+from speedrun.model.gpt2024.model import GPT
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, lr_multiplier, muon_momentum, schedule_at
 
 TOKENS = 2**19  # the script sums its loss over the step's 8·64·1024 tokens

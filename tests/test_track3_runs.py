@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from speedrun.cli import main
-from speedrun.config_files import flatten
+from speedrun.config.files import flatten
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.tools.results import load_runs
 from speedrun.tools.verify import TRACK3_FIXED, verify
-from speedrun.train.optimizers import build_optimizer
 from tests.conftest import TINY, read_metrics
 
 pytestmark = pytest.mark.xdist_group("track3_runs")
@@ -85,7 +85,7 @@ def test_tail_ema_readout_is_what_validation_sees(runs):
     """After the tail starts, `readout()` (which the loop wraps around validation) evaluates the blend,
     not the weights, and puts the weights back; the step count and EMA travel in the optimizer state."""
     cfg = load_recipe("track3-2026-06", [*TINY, *FAST, *TAIL])
-    from speedrun.model.gpt import GPT
+    from speedrun.model.gpt2024.model import GPT
 
     torch.manual_seed(0)
     model = GPT(cfg.model)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from speedrun.errors import ConfigError
-from speedrun.train.tracking import Tracker, datasheet_peak, format_mfu, measured_matmul_peak, mfu
+from speedrun.train.run.tracking import Tracker, datasheet_peak, format_mfu, measured_matmul_peak, mfu
 
 
 def test_scalars_are_readable_with_tensorboards_reader(tmp_path):
@@ -62,7 +62,7 @@ def test_mfu_is_never_above_100_percent():
 def test_the_probe_is_a_median_of_one_thread_calls_for_at_least_its_budget(monkeypatch):
     """A short best-of probe under-measured the peak (the demo printed MFU 92.6-100 %): the probe repeats
     one-thread calls for at least its budget and takes their median, times the run's threads."""
-    from speedrun.train import tracking
+    from speedrun.train.run import tracking
 
     rates = itertools.chain([1e12], itertools.cycle([2e9, 9e9, 2e9, 1e9, 2e9]))  # sizing, a spike, a dip
     seen = []

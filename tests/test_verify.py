@@ -13,8 +13,8 @@ import pytest
 from speedrun.cli import main
 from speedrun.tools.results import load_runs
 from speedrun.tools.verify import verify
-from speedrun.train.environment import DIFF_END, DIFF_START, code_version
-from speedrun.train.tracking import hardware_name
+from speedrun.train.run.environment import DIFF_END, DIFF_START, code_version
+from speedrun.train.run.tracking import hardware_name
 from tests.conftest import TINY, read_metrics
 
 SEEDS = (1, 2, 3)

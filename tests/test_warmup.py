@@ -13,9 +13,9 @@ from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
 from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
 from speedrun.model.families import build_model
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train import loop
-from speedrun.train.optimizers import build_optimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import train_step
 from speedrun.train.warmup import warm_up

@@ -231,7 +231,7 @@ def test_gated_xsa_starts_as_a_no_op_and_decodes_as_the_forward():
 
 
 def test_xsa_on_a_paired_layer_is_one_config_error():
-    from speedrun.config_model import check
+    from speedrun.config.gpt2026 import check
 
     cfg = load_recipe(BASE, [])
     with pytest.raises(ConfigError, match="xsa_layers"):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from speedrun.model.yarn import half_truncated_freqs, rotary_tables, yarn_after, yarn_update
+from speedrun.model.gpt2026.yarn import half_truncated_freqs, rotary_tables, yarn_after, yarn_update
 
 
 class RecordYarn:

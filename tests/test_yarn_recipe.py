@@ -19,11 +19,11 @@ import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
-from speedrun.model.yarn import yarn_after
+from speedrun.model.gpt2026.yarn import yarn_after
+from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train.evaluate import row_cu_seqlens
-from speedrun.train.optimizers import build_optimizer
-from speedrun.train.run_data import RunData, open_loader
+from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
 from tests import two_processes
 from tests.recipe_matrix import shrink

@@ -99,7 +99,7 @@ def more_trials(data: Path, work: Path) -> None:
     ckpt = run / "checkpoints" / "step_000004"
 
     def checkpoint_intact(code: int, out: str, err: str) -> str | None:
-        from speedrun.train.checkpoint import verify_checkpoint
+        from speedrun.train.run.checkpoint import verify_checkpoint
 
         problem = verify_checkpoint(ckpt)
         return None if problem is None else f"the checkpoint is now damaged: {problem}"

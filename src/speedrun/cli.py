@@ -111,7 +111,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
-        from speedrun.train.budget import settle_budget
+        from speedrun.train.plan.budget import settle_budget
 
         settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
@@ -132,11 +132,11 @@ def _model_summary(cfg: Config) -> str:
         raise SpeedrunError(
             f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
         ) from None
-    from speedrun.config_labels import format_table
+    from speedrun.config.labels import format_table
     from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
+    from speedrun.optim.build import model_rules, run_rules
     from speedrun.train.flops import first_and_last
-    from speedrun.train.optimizers import model_rules, run_rules
 
     with torch.device("meta"):  # counts and shapes only: no memory, no init time
         model = build_model(cfg.model)
@@ -166,9 +166,9 @@ def _refuse_ignored_options(args: argparse.Namespace) -> None:
 
 def _resume(args: argparse.Namespace) -> int:
     """Continue RUN_DIR with its saved config; only settings that do not change the computation may change."""
-    from speedrun.config_checks import validate
-    from speedrun.config_files import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config
-    from speedrun.train.rundir import refuse_checkpoint_folder
+    from speedrun.config.checks import validate
+    from speedrun.config.files import RESUMABLE_CHANGES, check_resume, parse_overrides, read_run_config
+    from speedrun.train.run.rundir import refuse_checkpoint_folder
 
     _refuse_ignored_options(args)
     run_dir = args.resume
@@ -187,7 +187,7 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"resume: {key} changed from {before!r} to {after!r}")
     validate(cfg)
     if args.dry_run:
-        from speedrun.train.budget import settle_budget
+        from speedrun.train.plan.budget import settle_budget
 
         settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
         print(_dumps(cfg.to_dict()))
@@ -209,7 +209,7 @@ PREPARE_OPTIONS = {
 
 def _check_prepare_options(args: argparse.Namespace) -> None:
     """ConfigError naming the first option given that this source (or tokenizer) would not use."""
-    from speedrun.config_data import parse_fineweb_source
+    from speedrun.config.data import parse_fineweb_source
 
     kind = "hellaswag" if args.source == "hellaswag" else "text"
     kind = "fineweb10B" if parse_fineweb_source(args.source) is not None else kind

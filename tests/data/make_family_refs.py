@@ -96,7 +96,7 @@ def run(cfg, build: Callable) -> dict:
     """The values of one shrunk recipe `cfg` (a Config) with the model `build(cfg)`."""
     from tests.recipe_matrix import rows
 
-    from speedrun.train.optimizers import build_optimizer
+    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule, schedule_at
     from speedrun.train.step import train_step
 
@@ -133,7 +133,7 @@ def main() -> None:
     """Run from a clean checkout of the pre-split commit (or an export of it, naming it in REF_COMMIT)."""
     import os
 
-    from speedrun.model.gpt import GPT
+    from speedrun.model.gpt2024.model import GPT
     from speedrun.recipes import load_recipe
 
     commit = (

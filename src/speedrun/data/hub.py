@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from speedrun.config_data import HubSource
+from speedrun.config.data import HubSource
 from speedrun.data.sources import TEXT_SUFFIXES, iter_file
 from speedrun.errors import DataError, first_line
 

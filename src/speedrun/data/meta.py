@@ -27,7 +27,7 @@ META_VERSION = 1
 
 def default_data_dir(source: str, tokenizer: str) -> Path:
     """`data/<source-slug>` for gpt2, `data/<source-slug>-bpe<N>` for bpe:N (relative to the cwd)."""
-    from speedrun.config_data import parse_bpe_size
+    from speedrun.config.data import parse_bpe_size
 
     if tokenizer == "gpt2":
         return Path("data") / source_slug(source)

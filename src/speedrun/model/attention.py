@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from speedrun.config import ModelConfig
-from speedrun.config_types import BLOCK_SIZE
+from speedrun.config.types import BLOCK_SIZE
 
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
     from torch.nn.attention.flex_attention import BlockMask, flex_attention

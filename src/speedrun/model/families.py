@@ -1,5 +1,5 @@
 """The model families behind one small registry (torchtitan's ModelSpec idea, without parallelism):
-gpt2024 (llm.c → record-2025-01, one switch per technique: model/gpt.py) and gpt2026 (records #26 on,
+gpt2024 (llm.c → record-2025-01, one switch per technique: model/gpt2024/) and gpt2026 (records #26 on,
 per-layer specs: model/gpt2026/). Callers use `build_model` and `apply_schedule`, never a class."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from speedrun.model.flops import AttentionLayer, StepWindows
 
 @dataclass(frozen=True)
 class CompiledSaves:
-    """What a compiled step keeps for its backward beyond train/memory.py's common count (the norms'
+    """What a compiled step keeps for its backward beyond train/plan/memory.py's common count (the norms'
     inputs, QKV, attention output, MLP pre-activation, the head's output and one logit gradient): the
     family's facts, read from inductor's min-cut partition (tests/fake_compiled_memory.py)."""
 
@@ -41,13 +41,13 @@ class Family:
     # and the model's attention layers
     step_windows: Callable[[Any, Any], StepWindows]
     attention_layers: Callable[[nn.Module], list[AttentionLayer]]
-    # train/memory.py's per-layer facts: attention, MLP, value-embedding table, the layers a skip enters,
+    # train/plan/memory.py's per-layer facts: attention, MLP, value-embedding table, the layers a skip enters,
     # whether v is mixed (a separate tensor), whether the x0 shortcut is there
     layer_facts: Callable[[Any], LayerFacts]
     # after optimizer step `step` (-1 before the first): what the family refreshes (#84/#89: gpt2026's FP8
     # weight copies); the loop, the warm-up and the bench call it before every step
     after_step: Callable[[nn.Module, int], None]
-    # what a compiled step keeps beyond train/memory.py's common count (gpt2024: that count; its H100
+    # what a compiled step keeps beyond train/plan/memory.py's common count (gpt2024: that count; its H100
     # peaks were 1.09-1.16x it)
     compiled_saves: CompiledSaves = CompiledSaves()
 
@@ -70,8 +70,8 @@ def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
 
 def _gpt2024() -> Family:
     from speedrun.config import ModelConfig
-    from speedrun.model.gpt import GPT
-    from speedrun.model.layout import attention_layers, value_embed_layout
+    from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
+    from speedrun.model.gpt2024.model import GPT
 
     def apply(model: nn.Module, values: Any) -> None:  # the growing window (stages are gpt2026's)
         assert values.stage is None, "config checks: train.stages needs the gpt2026 family"
@@ -99,7 +99,7 @@ def _gpt2024() -> Family:
 
 
 def _gpt2026() -> Family:
-    from speedrun.config_model import Gpt2026Config, qk_width
+    from speedrun.config.gpt2026 import Gpt2026Config, qk_width
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 

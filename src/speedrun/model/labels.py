@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from speedrun.config_labels import LABELS  # the vocabulary: what a part may declare (each has a row)
+from speedrun.config.labels import LABELS  # the vocabulary: what a part may declare (each has a row)
 
 _ATTR = "_speedrun_label"
 

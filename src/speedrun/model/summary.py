@@ -8,7 +8,7 @@ from torch import nn
 
 from speedrun.model.flops import FORMULA
 from speedrun.model.labels import labelled
-from speedrun.model.layout import embedding_rows, padded_vocab
+from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
 def _attention_line(model: nn.Module) -> str | None:

@@ -2,10 +2,10 @@
 
 Where the recipe's label table meets the model: a model part declares what a parameter is
 (``model/labels.py``), ``label_rules`` says how the recipe trains that kind of parameter (its
-``[optim.labels]`` rows over the rows derived from the flat ``[optim]`` fields, config_labels.py),
+``[optim.labels]`` rows over the rows derived from the flat ``[optim]`` fields, config/labels.py),
 ``adam_groups`` gives each Adam group its hyperparameters, and ``param_rules`` joins the two, refusing a
 parameter without a label or a label without a row, and a stated row no parameter uses. The builders
-(train/optimizers.py), the memory estimate (train/memory.py) and the table (optim/table.py) read these
+(optim/build.py), the memory estimate (train/plan/memory.py) and the table (optim/table.py) read these
 rows and never a parameter's name.
 
 A rule's ``group`` is the param group it joins: ``matrix`` for the orthogonalized matrices, else the
@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
-from speedrun.config_labels import LabelRow, label_table
+from speedrun.config.labels import LabelRow, label_table
 from speedrun.errors import ConfigError
 from speedrun.model.labels import Label, labelled
 from speedrun.optim.cautious_adam import AdamLabel
@@ -31,7 +31,7 @@ MUON_GROUPS = ("embed", "head", "matrix", "scalar")
 #: after the others in this order
 ALWAYS_ADAM = ("embed", "head", "value_embed", "scalar")
 FIRST_ADAM = ("x0", "smear_gate", "skip_gate", "gate")
-LabelRule = LabelRow  # the row a label's parameters are trained by (config_labels.py)
+LabelRule = LabelRow  # the row a label's parameters are trained by (config/labels.py)
 
 
 class LabelError(ConfigError, ValueError):

@@ -7,8 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 from speedrun.config import Config
-from speedrun.config_checks import validate
-from speedrun.config_files import apply_table, parse_overrides, read_toml, table_keys
+from speedrun.config.checks import validate
+from speedrun.config.files import apply_table, parse_overrides, read_toml, table_keys
 from speedrun.errors import ConfigError
 
 DEFAULT_RECIPE = "demo"

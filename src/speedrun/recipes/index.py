@@ -9,8 +9,8 @@ import textwrap
 from dataclasses import dataclass
 
 from speedrun.config import Config
-from speedrun.config_families import config_family
-from speedrun.config_files import read_toml
+from speedrun.config.families import config_family
+from speedrun.config.files import read_toml
 from speedrun.recipes import _recipe_dir, load_recipe, recipe_names
 
 #: The eras, in the order the index shows them.
@@ -66,7 +66,7 @@ def param_count(cfg: Config) -> int | None:
 
 def _tokens(cfg: Config) -> int:
     """Tokens trained: the stages' batches over their steps, else steps x the global batch."""
-    from speedrun.config_stages import stage_plan
+    from speedrun.config.stages import stage_plan
     from speedrun.train.stages import stage_bounds
 
     plan = stage_plan(cfg)

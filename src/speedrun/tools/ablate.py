@@ -28,8 +28,9 @@ REPORTING = (
     "description", "train.log_every", "train.val_every", "train.checkpoint_every", "train.checkpoint_at_end",
     "train.checkpoint_keep", "train.sample_every", "train.dist_timeout_s", "train.wandb_project",
 )  # fmt: skip
-#: what a time budget and the host fit choose (train/budget.py, train/host_fit.py): the baseline's first
-#: run chooses them once and every other run takes its values, so an arm differs by its switch alone
+#: what a time budget and the host fit choose (train/plan/budget.py, train/plan/host_fit.py): the
+#: baseline's first run chooses them once and every other run takes its values, so an arm differs by
+#: its switch alone
 AUTOMATIC = (
     "train.steps", "train.time_budget_s", "train.budget_min_steps", "train.compile",
     "train.global_batch_tokens", "train.micro_batch_tokens", "model.n_embd",
@@ -117,7 +118,7 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
 
 
 def _changed(base: Config, variant: Config) -> list[str]:
-    from speedrun.config_files import flatten
+    from speedrun.config.files import flatten
 
     a, b = flatten(base.to_dict()), flatten(variant.to_dict())
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
@@ -126,7 +127,7 @@ def _changed(base: Config, variant: Config) -> list[str]:
 def is_arms_run(folder: Path, cfg: Config) -> bool:
     """Whether the run in `folder` was made from `cfg` (its config.json hashes as the folder's name says).
     A time budget or host fit writes what it resolved into config.json, so such a run is taken as is."""
-    from speedrun.config_files import read_run_config
+    from speedrun.config.files import read_run_config
 
     if cfg.train.time_budget_s > 0 or cfg.train.budget_min_steps > 0:
         return True
@@ -148,8 +149,8 @@ def state(folder: Path, cfg: Config) -> str:
 
 
 def _found(folder: Path) -> str:
-    from speedrun.train.checkpoint import list_checkpoints
-    from speedrun.train.rundir import SUMMARY_FILE, check_new
+    from speedrun.train.run.checkpoint import list_checkpoints
+    from speedrun.train.run.rundir import SUMMARY_FILE, check_new
 
     if not folder.exists():
         return "new"
@@ -173,8 +174,8 @@ def _found(folder: Path) -> str:
 def as_chosen_by(first: Path, cfg: Config, switch: str | None) -> Config:
     """`cfg` with the automatic choices the run in `first` made (AUTOMATIC), except the keys the arm's
     `switch` sets (the --set values were the first run's too: it kept them, or they set its budget)."""
-    from speedrun.config_checks import validate
-    from speedrun.config_files import flatten, read_run_config, set_value
+    from speedrun.config.checks import validate
+    from speedrun.config.files import flatten, read_run_config, set_value
 
     chosen, out = flatten(read_run_config(first, DataError).to_dict()), copy.deepcopy(cfg)
     own = {part.partition("=")[0].strip() for part in split_switch(switch)} if switch else set()
@@ -219,9 +220,9 @@ def _train_one(
     arm: Arm, cfg: Config, folder: Path, tag: str, found: str, first: Path | None, say: bool
 ) -> None:
     """Train, resume or reuse one run; `first`: the run whose automatic choices every later run takes."""
-    from speedrun.config_files import read_run_config
-    from speedrun.train.checkpoint import list_checkpoints
+    from speedrun.config.files import read_run_config
     from speedrun.train.loop import train
+    from speedrun.train.run.checkpoint import list_checkpoints
 
     if first is not None:
         cfg = as_chosen_by(first, cfg, arm.switch)

@@ -20,28 +20,28 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.loader import TokenLoader
 from speedrun.data.shards import write_shard
 from speedrun.errors import ConfigError
 from speedrun.model.families import family_of
 from speedrun.model.flops import FORMULA
+from speedrun.optim.build import RunOptimizer, build_optimizer
 from speedrun.tools.anchors import Anchor, find_anchor, load_anchors
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
-from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.flops import step_flops
 from speedrun.train.loop import build_model
-from speedrun.train.memory import estimate_memory, estimate_peak_bytes
-from speedrun.train.optimizers import RunOptimizer, build_optimizer
-from speedrun.train.precision import effective_config
-from speedrun.train.precision import resolve as resolve_precision
-from speedrun.train.run_data import RunData, micro_batch_tokens, open_loader
+from speedrun.train.plan.memory import estimate_memory, estimate_peak_bytes
+from speedrun.train.plan.precision import effective_config
+from speedrun.train.plan.precision import resolve as resolve_precision
+from speedrun.train.plan.run_data import RunData, micro_batch_tokens, open_loader
+from speedrun.train.run.environment import peak_memory_bytes
+from speedrun.train.run.tracking import datasheet_peak, device_name, format_mfu, mfu, probe_matmul_peak
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import stage_bounds, stage_values
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import wait_for_device
-from speedrun.train.tracking import datasheet_peak, device_name, format_mfu, mfu, probe_matmul_peak
 from speedrun.train.warmup import is_compiled, loader_at
 
 

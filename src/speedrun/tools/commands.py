@@ -249,7 +249,7 @@ def parse_seeds(text: str) -> list[int]:
 def train_seeds(args: argparse.Namespace) -> int:
     """One run per seed into OUT-seedS (OUT defaults to runs/<recipe>-<time>), then a compare hint."""
     from speedrun.recipes import DEFAULT_RECIPE, load_recipe
-    from speedrun.train.rundir import default_run_dir
+    from speedrun.train.run.rundir import default_run_dir
 
     seeds = parse_seeds(args.seeds)
     if any(o.strip().startswith("train.seed=") for o in args.overrides):
@@ -265,9 +265,9 @@ def train_seeds(args: argparse.Namespace) -> int:
         for s, d in zip(seeds, dirs, strict=True):
             print(f"seed {s}: {d}")
         return 0
-    from speedrun.config_files import read_run_config
+    from speedrun.config.files import read_run_config
     from speedrun.train.loop import train
-    from speedrun.train.rundir import check_new
+    from speedrun.train.run.rundir import check_new
 
     for out in dirs:  # before the first run: a taken folder would otherwise fail only after it
         check_new(out)

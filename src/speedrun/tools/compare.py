@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.atomic import write_atomic
-from speedrun.config_files import FIXED, RESUMABLE_CHANGES, RUN_ID
+from speedrun.config.files import FIXED, RESUMABLE_CHANGES, RUN_ID
 from speedrun.errors import DataError
 from speedrun.tools.alike import LOSS_FACTS, SPEED_FACTS, differences, setting
 from speedrun.tools.flops import flops_per_token, format_flops, tokens_to_target, train_flops

@@ -16,7 +16,7 @@ from speedrun.tools.stats import mean_sd
 def train_flops(run: Run) -> float | None:
     """The run's training FLOPs; None when neither recorded nor derivable."""
     if run.train_flops is None and run.steps:
-        from speedrun.config_files import read_run_config
+        from speedrun.config.files import read_run_config
         from speedrun.train.flops import config_model, run_flops
 
         try:

@@ -171,7 +171,7 @@ def this_host(cfg: Config) -> str:
     more), on the device `train.device` names or the one `auto` picks."""
     import torch
 
-    from speedrun.train.tracking import hardware_name
+    from speedrun.train.run.tracking import hardware_name
 
     device = cfg.train.device
     if device == "auto":
@@ -279,7 +279,7 @@ class Result:
 def steady_step_s(folder: Path, warmup_steps: int) -> float | None:
     """Seconds per step between the first log point after the untimed warm-up's first timed interval
     and the last one: training time without the first steps, where compilation and caches warm up."""
-    from speedrun.train.rundir import read_records
+    from speedrun.train.run.rundir import read_records
 
     records, _ = read_records(folder / "metrics.jsonl")
     timed = [r for _, r in records if "train_loss" in r and r["step"] > warmup_steps and "time_s" in r]

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedrun.atomic import TEMP_NAME_EXTRA, check_name_fits, check_replaceable, read_regular
-from speedrun.config_files import config_from_dict, flatten
+from speedrun.config.files import config_from_dict, flatten
 from speedrun.errors import ConfigError, DataError
 from speedrun.printable import printable
-from speedrun.train.rundir import RUN_FILES, read_records, saved_run_id
+from speedrun.train.run.rundir import RUN_FILES, read_records, saved_run_id
 
 
 @dataclass

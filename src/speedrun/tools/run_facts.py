@@ -11,8 +11,8 @@ from pathlib import Path
 
 from speedrun.errors import DataError
 from speedrun.tools.results import Run, run_names
-from speedrun.train.environment import DIFF_END, DIFF_START
-from speedrun.train.rundir import SUMMARY_FILE
+from speedrun.train.run.environment import DIFF_END, DIFF_START
+from speedrun.train.run.rundir import SUMMARY_FILE
 
 WARMUP = "timing_warmup_steps"
 

@@ -10,21 +10,21 @@ import torch
 from safetensors import SafetensorError
 
 from speedrun.config import Config
-from speedrun.config_files import read_run_config
+from speedrun.config.files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError, first_line
 from speedrun.model.families import build_model
-from speedrun.train.checkpoint import (
+from speedrun.train.plan.precision import effective_config
+from speedrun.train.plan.precision import resolve as resolve_precision
+from speedrun.train.run.checkpoint import (
     damaged_message,
     list_checkpoints,
     read_weights,
     trained_tokenizer_hash,
     verify_checkpoint,
 )
-from speedrun.train.precision import effective_config
-from speedrun.train.precision import resolve as resolve_precision
-from speedrun.train.rundir import MANIFEST
+from speedrun.train.run.rundir import MANIFEST
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.step import autocast, autocast_dtype
 

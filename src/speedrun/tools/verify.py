@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from speedrun.config_files import flatten
+from speedrun.config.files import flatten
 from speedrun.errors import ConfigError
 from speedrun.tools.alike import verify_alike
 from speedrun.tools.compare import Group, group_key
@@ -22,7 +22,7 @@ from speedrun.tools.flops import cost, cost_line
 from speedrun.tools.results import Run, check_report, load_runs
 from speedrun.tools.run_facts import Facts, Start, read_facts
 from speedrun.tools.stats import below_target_test, mean_sd, welch_test
-from speedrun.train.environment import INDUCTOR_ENV_PREFIX
+from speedrun.train.run.environment import INDUCTOR_ENV_PREFIX
 
 ALPHA = 0.01  # track 1: the one-sided t-test's p must be below this
 TRACK3_MARGIN = 0.004  # track 3: (target - mean) * sqrt(n) must reach this

@@ -17,32 +17,32 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
-from speedrun.config_files import check_resume, config_from_dict
-from speedrun.config_stages import stage_plan
+from speedrun.config.files import check_resume, config_from_dict
+from speedrun.config.stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
 from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
 from speedrun.model.summary import model_summary
+from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.train import distributed
-from speedrun.train.budget import Budget, settle_budget
-from speedrun.train.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from speedrun.train.environment import environment_report
 from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.flops import first_and_last
-from speedrun.train.host_fit import fit_to_host
-from speedrun.train.memory import check_fits
-from speedrun.train.optimizers import RunOptimizer, build_optimizer, sharded_optimizer
-from speedrun.train.precision import decide as decide_precision
+from speedrun.train.plan.budget import Budget, settle_budget
+from speedrun.train.plan.host_fit import fit_to_host
+from speedrun.train.plan.memory import check_fits
+from speedrun.train.plan.precision import decide as decide_precision
+from speedrun.train.plan.run_data import load_data, open_loader
 from speedrun.train.progress import Progress
-from speedrun.train.run_data import load_data, open_loader
-from speedrun.train.rundir import RunDir, default_run_dir, saved_decisions
+from speedrun.train.run.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from speedrun.train.run.environment import environment_report
+from speedrun.train.run.rundir import RunDir, default_run_dir, saved_decisions
+from speedrun.train.run.tracking import Tracker
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages
 from speedrun.train.step import autocast_dtype, autocast_label, train_step
 from speedrun.train.timing import StepClock
-from speedrun.train.tracking import Tracker
 from speedrun.train.warmup import is_compiled, warm_up
 
 
@@ -166,7 +166,7 @@ def follow_budget(
     ctx: distributed.DistContext,
     run: RunDir,
 ) -> Budget:
-    """Plan a time-budgeted run's step count again after a log point (rank 0's plan, train/budget.py), in
+    """Plan a time-budgeted run's step count again after a log point (rank 0's plan, train/plan/budget.py), in
     `rcfg`; once final (the warm-down began) it is saved in config.json with the budget spent."""
     line = budget.observe(done, *interval, clock.timed_s, clock.timed_steps)
     steps = rank0_int(budget.steps, ctx) if ctx.distributed else budget.steps
@@ -218,7 +218,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.write_config(cfg)
         if ctx.device.type == "cuda":  # the memory guard: one line naming what fits, before any allocation
             need = check_fits(rcfg, ctx.world_size, compiles(rcfg, ctx.device), ctx.device)
-            run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/memory.py)")
+            run.log(f"memory: estimated peak {need / 2**30:,.1f} GiB per process (train/plan/memory.py)")
         model, train_model = build_model(rcfg, ctx)
         compiled = is_compiled(train_model)  # not `is not model`: DDP wraps it too
         run.log(model_summary(model, rcfg, first_and_last(model, rcfg)))

@@ -11,19 +11,19 @@ from typing import Any
 import torch
 
 from speedrun.config import Config
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.data.loader import TokenLoader
 from speedrun.errors import SpeedrunError
 from speedrun.model.generate import DEFAULT_SAMPLE_PROMPTS, sample_during_training
 from speedrun.train import distributed
-from speedrun.train.environment import peak_memory_bytes
 from speedrun.train.flops import run_flops, step_flops_at
-from speedrun.train.precision import Precision
-from speedrun.train.rundir import RunDir
+from speedrun.train.plan.precision import Precision
+from speedrun.train.run.environment import peak_memory_bytes
+from speedrun.train.run.rundir import RunDir
+from speedrun.train.run.tracking import Tracker, format_mfu, hardware_name, matmul_peak, mfu
 from speedrun.train.schedule import tokens_through
 from speedrun.train.signals import STOP_SIGNALS
 from speedrun.train.timing import StepClock, format_duration
-from speedrun.train.tracking import Tracker, format_mfu, hardware_name, matmul_peak, mfu
 
 
 def log_point_values(

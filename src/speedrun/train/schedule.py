@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
-from speedrun.config_stages import StagePlan, stage_plan
+from speedrun.config.stages import StagePlan, stage_plan
 from speedrun.model import families
 from speedrun.optim.normuon import momentum_at
 from speedrun.train.stages import StageValues, long_window_history, stage_bounds, stage_values

@@ -1,12 +1,12 @@
 """Training stages (records #46 on) as pure functions of the step (`stage_values`): batch, longest
 document, windows, LR multiplier and MTP weights per stage, then extension steps at the final values.
-The plan itself is config_stages.py's."""
+The plan itself is config/stages.py's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedrun.config_stages import StagePlan, boundary
+from speedrun.config.stages import StagePlan, boundary
 
 
 @dataclass(frozen=True)

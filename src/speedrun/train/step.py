@@ -11,14 +11,14 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from speedrun.config import Config
-from speedrun.train.optimizers import RunOptimizer
+from speedrun.optim.build import RunOptimizer
 
 Batch = tuple[Tensor, ...]  # inputs, targets (and cu_seqlens with model.attention=varlen)
 
 
 def autocast_dtype(cfg: Config) -> torch.dtype | None:
     """The autocast dtype of the recipe's forward passes (None = full precision); `cfg` is a run's
-    effective config, its `train.dtype` resolved for the device by train/precision.py."""
+    effective config, its `train.dtype` resolved for the device by train/plan/precision.py."""
     assert cfg.train.dtype != "auto", "train.dtype=auto must be resolved first (precision.effective_config)"
     return torch.bfloat16 if cfg.train.dtype == "bf16" else None
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from speedrun.config import Config
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.model.families import family_of
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import stage_at, stage_bounds

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from speedrun.config_model import Gpt2026Config, attention_scale
+from speedrun.config.gpt2026 import Gpt2026Config, attention_scale
 from speedrun.model.contexts import Context
 from speedrun.model.gpt2026 import connections, gates
 from speedrun.model.gpt2026.attention import Attention

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speedrun.config_model import Gpt2026Config, qk_width
+from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, stream, windows

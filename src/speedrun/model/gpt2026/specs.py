@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedrun.config_model import Gpt2026Config
+from speedrun.config.gpt2026 import Gpt2026Config
 
 
 @dataclass(frozen=True)

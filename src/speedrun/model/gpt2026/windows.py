@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from speedrun.config_model import attention_scale, qk_width
+from speedrun.config.gpt2026 import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
-from speedrun.model.attention_tiers import varlen_attention
 from speedrun.model.contexts import near_keys
 from speedrun.model.gpt2026.attention import paired_spec
+from speedrun.model.gpt2026.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.head import write_weights
-from speedrun.model.yarn import rotary_tables, yarn_after
+from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 
 # The windows of the variable-length attention path (#29 on, gpt2026): a batch row packs documents,
 # their bounds come as `cu_seqlens` from the document loader, and every attention layer calls

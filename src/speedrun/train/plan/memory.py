@@ -22,9 +22,9 @@ from speedrun.config import Config
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
-from speedrun.model.layout import padded_vocab
+from speedrun.model.vocab import padded_vocab
+from speedrun.optim.build import model_rules
 from speedrun.optim.table import build_banks, build_rows
-from speedrun.train.optimizers import model_rules
 
 GiB = 2**30
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
 from speedrun.config import Config
-from speedrun.config_files import DECIDED, FIXED, RUN_ID
+from speedrun.config.files import DECIDED, FIXED, RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
 from speedrun.printable import ESCAPE
 
-CHECKPOINT_DIR = "checkpoints"  # checkpoints/step_NNNNNN/ inside a run (train/checkpoint.py writes them)
+CHECKPOINT_DIR = "checkpoints"  # checkpoints/step_NNNNNN/ inside a run (train/run/checkpoint.py writes them)
 STEP_DIR = re.compile(r"step_(\d+)")
 MANIFEST = "manifest.json"  # what every checkpoint folder holds
 LOCK_FILE = ".speedrun.lock"  # flock()ed by the process training in the folder; harmless when left over
@@ -50,7 +50,7 @@ SUMMARY_KEYS = (
     "train_flops",  # Σ over steps of tokens × that step's count: compare/verify/ablate's FLOPs axis
     "timed_steps",  # steps inside the timed clock, over every start of the run
     "starts",  # each start (first, every --resume): {step, world_size, device_name, timing_warmup_steps,
-    # precision: the dtype it computed in, the run's first choice kept (train/precision.py)}
+    # precision: the dtype it computed in, the run's first choice kept (train/plan/precision.py)}
     "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)
     "extension_steps",  # the stages' extension (train.stages ext=N), the last steps of train.steps
     "eval_writes",  # validations that wrote a weight or gradient (verify: no backward at evaluation, #205)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from speedrun.config_types import PosInt, Range, SeqLen
+from speedrun.config.types import PosInt, Range, SeqLen
 from speedrun.errors import ConfigError
 
 TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#77), -1 none

@@ -1,7 +1,7 @@
 """Typed run configuration: recipes are TOML data validated against these dataclasses; unknown keys and
 wrong types are ConfigErrors. A field's type is its whole contract: a string choice is a `Literal`, a
 number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types alias) says otherwise;
-`check_fields` checks every field so; config_checks.validate adds the cross-field rules."""
+`check_fields` checks every field so; config.checks.validate adds the cross-field rules."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from speedrun.config_labels import parse_rows
-from speedrun.config_model import Gpt2026Config
-from speedrun.config_types import (  # noqa: F401  (Range and the aliases are part of this module's API)
+from speedrun.config.gpt2026 import Gpt2026Config
+from speedrun.config.labels import parse_rows
+from speedrun.config.types import (  # noqa: F401  (Range and the aliases are part of this module's API)
     DEFAULT_RANGE,
     MAX_SEQ_LEN,
     Beta,
@@ -33,9 +33,9 @@ NSCoefficient = Annotated[float, Range(-100, 100)]  # a Newton–Schulz polynomi
 
 @dataclass
 class ModelConfig:
-    """Shape and architecture switches of the gpt2024 family's GPT (see model/gpt.py)."""
+    """Shape and architecture switches of the gpt2024 family's GPT (see model/gpt2024/model.py)."""
 
-    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config_model.Gpt2026Config
+    # the model family (model/families.py): gpt2024 = this class; gpt2026 = config.gpt2026.Gpt2026Config
     family: Literal["gpt2024", "gpt2026"] = "gpt2024"
     vocab_size: PosInt = 50257
     pad_vocab_to: PosInt = 128  # round embedding/head rows up to a multiple of this (1 = no padding)
@@ -60,7 +60,8 @@ class ModelConfig:
     mlp_fc_init_ramp: float = (
         0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
     )
-    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel (model/cgi.py)
+    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel
+    # (model/gpt2024/cgi.py)
     cgi_gain_alpha: float = 0.0
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
     # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear
@@ -72,7 +73,7 @@ class ModelConfig:
     softcap_in_bf16: bool = False
     document_mask: bool = False  # attention never crosses end-of-text boundaries
     eot_id: int = 50256  # token that starts every document (used by document_mask)
-    # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt.py); every default = off ---
+    # --- 2024-11 … 2025-01 records (model/attention.py, model/gpt2024/model.py); every default = off ---
     # auto (FlexAttention on CUDA when a doc mask/window is needed) | sdpa | flex (varlen: gpt2026)
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     window: int = 0  # sliding window in tokens (final value when warmed up); 0 = unlimited
@@ -176,7 +177,7 @@ class OptimConfig:
     muon_ns_form: Literal["fused", "2024-10-10", "2024-10-14", "2024-11-10", "2026-06"] = "fused"
     muon_split_qkv: bool = True  # orthogonalize a fused QKV as three matrices (false: the 2024-10-04 seed)
     # precision of the Newton–Schulz / Polar Express iterations: auto = bf16 (the records) where the device
-    # runs bf16 fast, else fp32 (train/precision.py)
+    # runs bf16 fast, else fp32 (train/plan/precision.py)
     muon_ns_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     muon_scale_in_bf16: bool = False  # multiply the bf16 update by its shape scale in bf16 (10-17 … 12-04)
     # momentum cools down from muon_momentum to muon_momentum_start over the last N steps (#39: 50)
@@ -244,7 +245,7 @@ class OptimConfig:
     # MuonH (track 3 result #5): each Muon matrix steps lr·‖W‖ along U/‖U‖ and is put back on its sphere
     muon_hyperball: bool = False
     # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
-    # (config_labels.py); a label without one keeps the row derived from the fields above
+    # (config/labels.py); a label without one keeps the row derived from the fields above
     labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)
 
 
@@ -274,7 +275,7 @@ class TrainConfig:
     timing_warmup_steps: int = 10  # first steps (compile, allocator warm-up) not timed
     # auto: bf16 autocast where the device runs bf16 fast (GPUs; CPUs with AVX512-BF16/AMX/ARM BF16), else
     # fp32 | bf16: the records' bf16 autocast (fp32 on a CPU without fast bf16, logged) | fp32: no autocast
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # train/precision.py
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # train/plan/precision.py
     compile: Literal["auto", "on", "off"] = "auto"  # auto (on for CUDA only) | on | off
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
     # process-group timeout: a rank fails instead of hanging when a peer dies; long enough for rank 0
@@ -287,7 +288,7 @@ class TrainConfig:
     sample_every: int = 0  # log a few fixed-prompt greedy samples every N steps (0 = never)
     wandb_project: str = ""  # also log to this Weights & Biases project (needs wandb; "" = off)
     # train about this many seconds (timed steps): the step count is planned from measured step times while
-    # the LR is constant, then saved in config.json; train.steps is the most it may be (train/budget.py)
+    # the LR is constant, then saved in config.json; train.steps is the most it may be (train/plan/budget.py)
     time_budget_s: float = 0.0
     # with a time budget on CPU, where fewer than this / 1.5 steps fit: halve the batch, then the width,
     # until this many fit (host_fit.py); keys the user gave are kept

@@ -33,7 +33,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from speedrun.config_types import Beta, PosFloat, coerce
+from speedrun.config.types import Beta, PosFloat, coerce
 from speedrun.errors import ConfigError
 
 #: The vocabulary: what a model part may declare (model/labels.py); each has a derived row here.

@@ -1,5 +1,6 @@
 """Cross-field rules of a run configuration, and a memory bound on the model it describes; `validate`
-is the one entry (config.py defines the fields and imports nothing of this, so the layer has no circle)."""
+is the one entry (config/__init__.py defines the fields and imports nothing of this, so the layer has no
+circle)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import math
 import os
 
 from speedrun.config import Config, ModelConfig, check_fields
-from speedrun.config_data import check_source, parse_bpe_size
-from speedrun.config_families import config_family
-from speedrun.config_labels import check_shadowed
-from speedrun.config_stages import check_stages
+from speedrun.config.data import check_source, parse_bpe_size
+from speedrun.config.families import config_family
+from speedrun.config.labels import check_shadowed
+from speedrun.config.stages import check_stages
 from speedrun.errors import ConfigError
 
 
@@ -138,7 +139,7 @@ def _check_memory(m: ModelConfig) -> None:
         )
 
 
-# the optim keys optim.name=adamw reads (train/optimizers.py, the loop's clip and Tail-EMA readout)
+# the optim keys optim.name=adamw reads (optim/build.py, the loop's clip and Tail-EMA readout)
 ADAMW_READS = frozenset(
     {"name", "lr", "weight_decay", "betas", "eps", "grad_clip", "labels"}
     | {"tail_ema_tau", "tail_ema_start", "tail_ema_end", "tail_ema_lambda"}

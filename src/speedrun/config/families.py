@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.config import Config
-from speedrun.config_model import check as check_gpt2026_model
-from speedrun.config_types import MAX_SEQ_LEN
+from speedrun.config.gpt2026 import check as check_gpt2026_model
+from speedrun.config.types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def _check_gpt2026(cfg: Config) -> None:
 
 
 def _check_gpt2024(cfg: Config) -> None:
-    """Checks of the gpt2024 family's switches (model/gpt.py, model/attention.py)."""
+    """Checks of the gpt2024 family's switches (model/gpt2024/model.py, model/attention.py)."""
     m = cfg.model
     if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """Reading and changing a config: dotted keys and `key=value` overrides, recipe TOML tables, a run's
 `config.json`, and the resume rule (which settings a resumed run may change). What a config *is* (its
-fields, types and checks) lives in config.py; this module only fills one in, with the same checks."""
+fields, types and checks) lives in config/__init__.py; this module only fills one in, with the same checks."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, field_types, sections
-from speedrun.config_labels import RULE_KEYS, parse_rows
-from speedrun.config_model import legacy_gpt2024_table, legacy_model_table
-from speedrun.config_types import coerce
+from speedrun.config.gpt2026 import legacy_gpt2024_table, legacy_model_table
+from speedrun.config.labels import RULE_KEYS, parse_rows
+from speedrun.config.types import coerce
 from speedrun.errors import ConfigError, SpeedrunError
 
 
@@ -146,7 +146,7 @@ RUN_ID = "run_id"
 #: config.json's entry of the keys the user fixed (Config.fixed), so a resumed run's automatic choices
 #: leave the same keys alone. A list of dotted keys; absent in runs made before it (nothing fixed).
 FIXED = "fixed_by_user"
-#: config.json's entry of the choices a run's first start made from the hardware (train/precision.py:
+#: config.json's entry of the choices a run's first start made from the hardware (train/plan/precision.py:
 #: {"dtype", "muon_ns_dtype"}), which every --resume keeps. Not a setting: absent in runs made before it.
 DECIDED = "decided"
 
@@ -181,7 +181,7 @@ def check_resume(
     """The resume rule: a run continues only with changes to RESUMABLE_CHANGES. Returns those changes;
     raises `refuse(key, before, after)` (the caller's message) for the first other one."""
     changes = changed_keys(old, new)
-    # a checkpoint made before a time budget fixed the step count (train/budget.py) continues under it:
+    # a checkpoint made before a time budget fixed the step count (train/plan/budget.py) continues under it:
     # no step before the fix depended on the count
     fixed = (
         old.train.time_budget_s > 0 and new.train.time_budget_s == 0 and new.train.steps <= old.train.steps

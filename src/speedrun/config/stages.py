@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.config import Config
-from speedrun.config_families import config_family
-from speedrun.config_types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
+from speedrun.config.families import config_family
+from speedrun.config.types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
 MAX_BLOCKS = (MAX_SEQ_LEN - 1) // BLOCK_SIZE  # a window is blocks·128 + 1 int32 positions (model/varlen.py)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from speedrun.config import Config
-from speedrun.config_stages import stage_plan
+from speedrun.config.stages import stage_plan
 from speedrun.data.bos_loader import DocumentLoader
 from speedrun.data.folder_lock import hold_for_training
 from speedrun.data.loader import TokenLoader, val_batches
@@ -31,7 +31,7 @@ from speedrun.data.prepare import prepare
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import ConfigError
 from speedrun.train import distributed
-from speedrun.train.rundir import RunDir
+from speedrun.train.run.rundir import RunDir
 from speedrun.train.stages import stage_values
 
 AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` can prepare it itself

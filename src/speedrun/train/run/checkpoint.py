@@ -21,7 +21,7 @@ from safetensors.torch import load, save_file
 
 from speedrun.atomic import file_mode, write_atomic
 from speedrun.errors import DataError, SpeedrunError, first_line
-from speedrun.train.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
+from speedrun.train.run.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
 FILES = ("model.safetensors", "state.pt", "config.json")
 MANIFEST_FORMAT = "speedrun-checkpoint"
