@@ -63,10 +63,11 @@ def cli(value: object) -> str:
     return str(value)
 
 
-# rows whose switch every bundled recipe turns on: turned off beside the sub-key
+# rows whose switch every bundled recipe turns on (or another rule names first): settings beside the sub-key
 OFF = {
     "muon_ns_steps": ["optim.muon_backend=svd"],
     "muon_momentum_start": ["optim.muon_momentum_warmup_steps=0", "optim.muon_momentum_cooldown_steps=0"],
+    "window_warmup": ["train.time_budget_s=0"],  # else the budget's own rule names it first (demo)
 }
 
 

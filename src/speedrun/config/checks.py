@@ -78,7 +78,6 @@ def cross_field_checks(cfg: Config) -> None:
         except ConfigError as e:
             raise ConfigError(f"data.tokenizer: {e}") from None
     _check_document_loader(cfg)
-    check_subkeys(cfg)
     check_stages(cfg)
     config_family(m).check(cfg)
     _validate_normuon(cfg)
@@ -90,6 +89,7 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
             "train.time_budget_s needs train.schedule=trapezoid, no train.stages and model.window_warmup=none"
         )
+    check_subkeys(cfg)  # after the rules that say more about a switch than that it is off
     _check_memory(m)
 
 
