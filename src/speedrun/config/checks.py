@@ -93,16 +93,20 @@ def cross_field_checks(cfg: Config) -> None:
     _check_memory(m)
 
 
+def _value(cfg: Config, key: str) -> object:
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
 def _switch_on(cfg: Config, switch: str) -> bool:
     """Whether `switch` (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY", "S1 or S2") is on."""
     for alt in switch.split(" or "):
         key, _, values = alt.removeprefix("!").partition("=")
-        value = getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
-        on = (
-            str(value) in values.split("|")
-            if values
-            else bool(value.strip() if isinstance(value, str) else value)
-        )
+        value = _value(cfg, key)
+        if values:
+            on = str(value) in values.split("|")
+        else:
+            on = bool(value.strip() if isinstance(value, str) else value)  # a blank train.stages is unset
         if on != alt.startswith("!"):
             return True
     return False
@@ -128,15 +132,13 @@ def check_subkeys(cfg: Config) -> None:
             if value == getattr(type(obj)(), name):
                 continue
             for switch in switches:
-                keys = [alt.removeprefix("!").partition("=")[0] for alt in switch.split(" or ")]
+                alts = switch.split(" or ")
+                keys = [alt.removeprefix("!").partition("=")[0] for alt in alts]
                 if _switch_on(cfg, switch) or (key not in cfg.fixed and cfg.fixed & set(keys)):
                     continue
-                now = ", ".join(
-                    f"{k}={_shown(getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1]))}" for k in keys
-                )
+                now = ", ".join(f"{k}={_shown(_value(cfg, k))}" for k in keys)
                 wanted = " or ".join(
-                    f"{a[1:]} off" if a.startswith("!") else a if "=" in a else f"{a} on"
-                    for a in switch.split(" or ")
+                    f"{a[1:]} off" if a.startswith("!") else a if "=" in a else f"{a} on" for a in alts
                 )
                 raise ConfigError(
                     f"{key}={_shown(value)} has no effect while {now} (it needs {wanted}); set {keys[0]} or "
