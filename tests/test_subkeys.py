@@ -1,7 +1,8 @@
 """Issue 35's remainder, "every setting acts or is refused": a sub-key given while the switch it belongs
 to is off (config/subkeys.py NEEDS, checked by config.checks.check_subkeys). Every row of the table is
 walked; a brute-force walk over the optimizer keys finds the keys that change nothing, which must be in
-the table or named below with where they act. Failed before the table: every row was accepted, rc 0."""
+the table or named below with where they act. Before the table (5b3362e) 42 of the 67 rows were
+accepted with rc 0 and read by nothing; the rest were refused by the scattered rules the table replaced."""
 
 from __future__ import annotations
 
