@@ -1,4 +1,5 @@
-"""#46's CGI gain init (model.cgi_gain_alpha, model/gpt2024/cgi.py) against the record's `headmean_antithetic_pair`
+"""#46's CGI gain init (model.cgi_gain_alpha, model/gpt2024/cgi.py) against the record's
+`headmean_antithetic_pair`
 and its init loop (records/track_3_optimization/results/20260619_cwd_rowfloor_tailema/
 train_gpt_cwd_SOTA.py), written here from its code: the same signs for the same seed and RNG state, and
 the gains 1 ∓ α·s that a built model holds."""

@@ -19,7 +19,7 @@ PACKAGE = Path(speedrun.__file__).parent
 CONFIG_LAYER = {
     "speedrun.config", "speedrun.config.checks", "speedrun.config.files", "speedrun.config.types",
     "speedrun.config.stages", "speedrun.config.labels", "speedrun.recipes", "speedrun.errors",
-    "speedrun.printable", "speedrun.config.families", "speedrun.config.data",
+    "speedrun.printable", "speedrun.config.families", "speedrun.config.data", "speedrun.config.gpt2026",
 }  # fmt: skip
 FORBIDDEN = ("torch", "tiktoken", "speedrun.train", "speedrun.model", "speedrun.data")
 
@@ -66,7 +66,8 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module → the modules it imports (of the package: only those that exist; outside it: the top
-    name, e.g. torch). Importing a.b.c also runs a/__init__ and a/b/__init__, so those are edges too."""
+    name, e.g. torch). Importing a.b.c also runs a/__init__ and a/b/__init__, so those are edges too
+    (except the module's own packages)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
@@ -79,7 +80,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             edges.update(
                 ".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in files
             )
-        graph[module] = edges - {module}
+        own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+        graph[module] = edges - own  # its own packages are imported before it, not by it
     return graph
 
 
@@ -136,6 +138,7 @@ def test_the_graph_walk_finds_a_cycle_and_a_forbidden_import(tmp_path):
     torch import reached through a helper are both found; a TYPE_CHECKING import is not an edge."""
     pkg = tmp_path / "speedrun"
     (pkg / "train").mkdir(parents=True)
+    (pkg / "config").mkdir()
     files = {
         "__init__.py": "",
         "config/__init__.py": "from speedrun.config.checks import check\n",

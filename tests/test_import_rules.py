@@ -77,9 +77,8 @@ def _named(found: list[set[str]]) -> str:
 
 def test_the_walker_separates_top_level_from_function_level_imports():
     top, both = graphs()
-    assert (
-        "speedrun.config.files" in top["speedrun.config"] or "speedrun.config" in top["speedrun.config.files"]
-    )
+    assert "speedrun.config.labels" in top["speedrun.config.files"]
+    assert "speedrun.config" not in top["speedrun.config.files"]  # its own package is imported before it
     # a lazy import (compare's data.meta in check_report's body) is function-level only
     assert "speedrun.data.meta" in both["speedrun.tools.results"]
     assert "speedrun.data.meta" not in top["speedrun.tools.results"]
@@ -98,3 +97,17 @@ def test_function_level_imports_close_no_new_cycle():
     assert not new, f"import cycles through function-level imports: {_named(new)}"
     stale = [set(c) for c in KNOWN_LAZY_CYCLES - found]
     assert not stale, f"closed, remove from KNOWN_LAZY_CYCLES: {_named(stale)}"
+
+
+def test_what_is_decided_before_step_0_and_what_a_run_writes_never_import_the_loop():
+    """train/plan/ (budget, host fit, memory, precision, run data) and train/run/ (run folder, checkpoints,
+    tracking) sit below the loop: they never import it, lazily or not, so a tool can plan or read a run
+    without the loop (issue 36's train/ split)."""
+    _, both = graphs()
+    loop = {"speedrun.train.loop", "speedrun.train.warmup", "speedrun.tools", "speedrun.cli"}
+    below = [m for m in both if m.startswith(("speedrun.train.plan", "speedrun.train.run"))]
+    assert len(below) >= 10, below
+    bad = {m: sorted(n for n in both[m] if any(n == x or n.startswith(x + ".") for x in loop)) for m in below}
+    assert not any(bad.values()), bad
+    written = [m for m in below if m.startswith("speedrun.train.run")]
+    assert not any(n.startswith("speedrun.train.plan") for m in written for n in both[m])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 MODEL = Path(__file__).resolve().parent.parent / "src" / "speedrun" / "model"
-SHARED = ["kv_cache.py", "contexts.py", "attention.py", "attention_tiers.py", "layers.py", "labels.py"]
-SHARED += ["flex.py", "yarn.py", "fp8.py"]
-FAMILY = ("speedrun.model.gpt2026", "speedrun.model.gpt2024.model", "speedrun.model.gpt2024.attention")
+#: every module directly in model/ is shared, except the family record that builds either family
+SHARED = sorted(p.name for p in MODEL.glob("*.py") if p.name not in ("families.py", "__init__.py"))
+FAMILY = ("speedrun.model.gpt2026", "speedrun.model.gpt2024")
 
 
 def imported(path: Path) -> set[str]:
@@ -41,9 +41,23 @@ def test_shared_model_parts_import_no_family(name: str):
 def test_the_rule_sees_a_lazy_family_import(tmp_path: Path):
     """The check fails on what the decoder did before: a gpt2026 import inside a function."""
     old = tmp_path / "old.py"
-    old.write_text("def f():\n    from speedrun.model.gpt2026.dc import dc_valid\n    from . import gpt\n")
+    old.write_text(
+        "def f():\n    from speedrun.model.gpt2026.dc import dc_valid\n    from . import gpt2024\n"
+    )
     assert family_imports(imported(old)) == {
         "speedrun.model.gpt2026.dc",
         "speedrun.model.gpt2026.dc.dc_valid",
-        "speedrun.model.gpt2024.model",
+        "speedrun.model.gpt2024",
     }
+
+
+@pytest.mark.parametrize(("family", "other"), [("gpt2024", "gpt2026"), ("gpt2026", "gpt2024")])
+def test_the_families_never_import_each_other(family: str, other: str):
+    """model/gpt2024/ and model/gpt2026/ share only the parts in model/ (issue 36)."""
+    files = sorted((MODEL / family).rglob("*.py"))
+    assert files, family
+    for path in files:
+        names = imported(path)
+        assert not {
+            n for n in names if n == f"speedrun.model.{other}" or n.startswith(f"speedrun.model.{other}.")
+        }, path

@@ -335,15 +335,18 @@ def test_six_steps_equal_record_42s_optimizers():
         assert (got - want).norm() <= 1e-5 * want.norm() + 1e-8, name
 
 
-NOT_NORMUON = ["optim.name=muon", "optim.adam_every=1"]
+NOT_NORMUON = ["optim.name=muon", "optim.adam_every=1", "optim.mlp_fc_lr_mul=3"]
 
 
 @pytest.mark.parametrize(
     "overrides, words",
     [
         (["model.backout_layer=12"], "model.stream.backout_layer (12) must be below model.n_layer (12)"),
-        (["train.stages=", "model.yarn=false"], "train.cooldown_start places the stages' cool-down"),
-        (NOT_NORMUON, "mlp_fc_lr_mul and normuon_square_stats need optim.name=normuon"),
+        (
+            ["train.stages=", "model.yarn=false", "train.cooldown_start=fraction"],
+            "train.cooldown_start=fraction has no effect while train.stages=''",
+        ),
+        (NOT_NORMUON, "optim.mlp_fc_lr_mul=3.0 has no effect while optim.name=muon"),
         (["optim.mlp_fc_lr_mul=0"], "optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"),
         (["optim.normuon_square_stats=col"], "optim.normuon_square_stats"),
     ],

@@ -315,8 +315,14 @@ def test_the_recipe_groups_matrices_by_label_and_its_state_round_trips():
     "overrides, fragment",
     [
         (["model.fused_qkv=true"], "need optim.name=muon and model.fused_qkv=false"),
-        (["optim.muon_uw_floor=0"], "optim.muon_row_floor needs optim.muon_uw_floor > 0"),
-        (["optim.muon_radius_pin=false"], "muon_post_pin_cwd needs optim.muon_radius_pin=true"),
+        (
+            ["optim.muon_uw_floor=0", "optim.muon_row_floor=true"],
+            "optim.muon_row_floor=true has no effect while optim.muon_uw_floor=0.0",
+        ),
+        (
+            ["optim.muon_radius_pin=false", "optim.muon_post_pin_cwd=0.01"],
+            "optim.muon_post_pin_cwd=0.01 has no effect while optim.muon_radius_pin=false",
+        ),
         (
             ["optim.tail_ema_end=100"],
             "optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end",

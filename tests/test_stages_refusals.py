@@ -79,16 +79,16 @@ def test_every_bundled_staged_recipe_passes_the_new_rules():
 
 
 @pytest.mark.parametrize(
-    "recipe",
+    "recipe, key, why",
     [
-        "demo",  # the token loader cuts no documents
-        "bos-align-2025-07",  # #26's documents stream whole (data.doc_rule=stream)
+        ("demo", "data.loader", "data.loader=tokens (it needs data.loader=documents)"),  # cuts none
+        # #26's documents stream whole
+        ("bos-align-2025-07", "data.doc_rule", "data.doc_rule=stream (it needs data.doc_rule=packed)"),
     ],
 )
-def test_a_document_cut_no_loader_makes_is_refused(recipe):
+def test_a_document_cut_no_loader_makes_is_refused(recipe, key, why):
     proc = run_speedrun("train", "--recipe", recipe, "--dry-run", "data.max_doc_len=512")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "speedrun: error: data.max_doc_len (512) cuts documents only with data.loader=documents and "
-        "data.doc_rule=packed"
+        f"speedrun: error: data.max_doc_len=512 has no effect while {why}; set {key} or drop data.max_doc_len"
     ]

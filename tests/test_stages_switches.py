@@ -137,7 +137,7 @@ def test_the_schedule_writes_the_stage_mtp_weights_into_the_model():
         ),
         (
             ["train.stages=", "model.yarn=false", "train.cooldown_start=int", "train.stage_bounds=fraction"],
-            "train.stage_bounds places",
+            "train.stage_bounds=fraction has no effect while train.stages=''",
         ),
         (
             ["model.key_offset_layers=[7]"],

@@ -1,7 +1,7 @@
 """Typed run configuration: recipes are TOML data validated against these dataclasses; unknown keys and
 wrong types are ConfigErrors. A field's type is its whole contract: a string choice is a `Literal`, a
 number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types alias) says otherwise;
-`check_fields` checks every field so; config_checks.validate adds the cross-field rules."""
+`check_fields` checks every field so; config.checks.validate adds the cross-field rules."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ class ModelConfig:
     mlp_fc_init_ramp: float = (
         0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
     )
-    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel (model/gpt2024/cgi.py)
+    # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel
+    # (model/gpt2024/cgi.py)
     cgi_gain_alpha: float = 0.0
     # gpt2: normal 0.02, residual projections scaled | torch: PyTorch default
     # | scaled-uniform: uniform, std 0.5/sqrt(fan_in) (Sub3Min) | fan-in-normal (track 3): every linear

@@ -1,16 +1,18 @@
 """Cross-field rules of a run configuration, and a memory bound on the model it describes; `validate`
-is the one entry (config/__init__.py defines the fields and imports nothing of this, so the layer has no circle)."""
+is the one entry (config/__init__.py defines the fields and imports nothing of this, so the layer has no
+circle)."""
 
 from __future__ import annotations
 
 import math
 import os
 
-from speedrun.config import Config, ModelConfig, check_fields
+from speedrun.config import Config, ModelConfig, check_fields, sections
 from speedrun.config.data import check_source, parse_bpe_size
 from speedrun.config.families import config_family
 from speedrun.config.labels import check_shadowed
 from speedrun.config.stages import check_stages
+from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
 
 
@@ -21,17 +23,8 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError(
             f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
         )
-    if d.max_doc_len and (d.loader != "documents" or d.doc_rule != "packed"):  # else read by nothing
-        raise ConfigError(
-            f"data.max_doc_len ({d.max_doc_len}) cuts documents only with data.loader=documents and "
-            "data.doc_rule=packed"
-        )
     if d.loader != "documents":
         return
-    if d.rank_cursors or d.end_margin or d.repeat_first_batch or d.align_to_bos:
-        raise ConfigError(
-            "data.loader=documents aligns to BOS itself; the token loader's data-order switches do not apply"
-        )
     if t.seq_len != t.micro_batch_tokens:
         raise ConfigError(
             f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
@@ -88,8 +81,6 @@ def cross_field_checks(cfg: Config) -> None:
     check_stages(cfg)
     config_family(m).check(cfg)
     _validate_normuon(cfg)
-    if t.budget_min_steps > 0 and t.time_budget_s <= 0:
-        raise ConfigError("train.budget_min_steps needs train.time_budget_s (the time the steps must fit)")
     given = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed
     if t.warmdown_steps > 0 and t.warmdown_frac > 0 and len(given) == 2:
         raise ConfigError("give train.warmdown_steps or train.warmdown_frac, not both (the share would win)")
@@ -98,7 +89,61 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
             "train.time_budget_s needs train.schedule=trapezoid, no train.stages and model.window_warmup=none"
         )
+    check_subkeys(cfg)  # after the rules that say more about a switch than that it is off
     _check_memory(m)
+
+
+def _value(cfg: Config, key: str) -> object:
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _switch_on(cfg: Config, switch: str) -> bool:
+    """Whether `switch` (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY", "S1 or S2") is on."""
+    for alt in switch.split(" or "):
+        key, _, values = alt.removeprefix("!").partition("=")
+        value = _value(cfg, key)
+        if values:
+            on = str(value) in values.split("|")
+        else:
+            on = bool(value.strip() if isinstance(value, str) else value)  # a blank train.stages is unset
+        if on != alt.startswith("!"):
+            return True
+    return False
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value if value.strip() else repr(value)
+    return str(list(value) if isinstance(value, tuple) else value)
+
+
+def check_subkeys(cfg: Config) -> None:
+    """A sub-key (config/subkeys.py) away from its default while a switch it needs is off is read by
+    nothing: refused, naming both. A default is fine (recipes and config.json state them), and so is a
+    recipe's value when the user turned the switch off and left the sub-key alone (one switch takes a part
+    out: ablate, a derived recipe file)."""
+    for section in sections():
+        obj = getattr(cfg, section)
+        for name, switches in NEEDS.get(type(obj), {}).items():
+            key, value = f"{section}.{name}", getattr(obj, name)
+            if value == getattr(type(obj)(), name):
+                continue
+            for switch in switches:
+                alts = switch.split(" or ")
+                keys = [alt.removeprefix("!").partition("=")[0] for alt in alts]
+                if _switch_on(cfg, switch) or (key not in cfg.fixed and cfg.fixed & set(keys)):
+                    continue
+                now = ", ".join(f"{k}={_shown(_value(cfg, k))}" for k in keys)
+                wanted = " or ".join(
+                    f"{a[1:]} off" if a.startswith("!") else a if "=" in a else f"{a} on" for a in alts
+                )
+                raise ConfigError(
+                    f"{key}={_shown(value)} has no effect while {now} (it needs {wanted}); set {keys[0]} or "
+                    f"drop {key}"
+                )
 
 
 def _physical_memory() -> int | None:
@@ -182,9 +227,6 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.muon_hyperball (MuonH) keeps ‖W‖ itself: it takes no optim.muon_radius_pin or "
             "muon_weight_decay"
         )
-    if (o.muon_row_floor and not o.muon_uw_floor) or (o.muon_post_pin_cwd and not o.muon_radius_pin):
-        raise ConfigError("optim.muon_row_floor needs optim.muon_uw_floor > 0, and muon_post_pin_cwd needs "
-                          "optim.muon_radius_pin=true")  # fmt: skip
     if o.ema_nesterov_step < 0 or (
         o.ema_nesterov_step and (o.name != "muon" or not 0 <= o.ema_nesterov_start < o.ema_nesterov_end)
     ):
@@ -204,23 +246,7 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
-    if o.name != "normuon":
-        if o.smear_gate_lr or o.skip_gate_lr or o.gate_lr or o.normuon_gate_row_stats or o.attn_lr_mul != 1:
-            raise ConfigError(
-                "optim.smear_gate_lr, skip_gate_lr, gate_lr, normuon_gate_row_stats and attn_lr_mul need "
-                "optim.name=normuon"
-            )
-        if o.x0_lr or o.gate_lr_mul != 1:
-            raise ConfigError("optim.x0_lr and optim.gate_lr_mul need optim.name=normuon")
-        if o.adam_every != 1 or o.tie_until or o.muon_qk_block_heads or o.scalar_freeze_steps:
-            raise ConfigError(
-                "optim.adam_every, tie_until, muon_qk_block_heads and scalar_freeze_steps "
-                "need optim.name=normuon"
-            )
-        if o.mlp_proj_lr_mul != 1.0 or o.mlp_fc_lr_mul != 1.0 or o.normuon_square_stats != "rows":
-            raise ConfigError(
-                "optim.mlp_proj_lr_mul, mlp_fc_lr_mul and normuon_square_stats need optim.name=normuon"
-            )
+    if o.name != "normuon":  # its keys: config/subkeys.py
         return
     if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or min(o.mlp_proj_lr_mul, o.mlp_fc_lr_mul) <= 0:
         raise ConfigError(

@@ -48,16 +48,14 @@ def _check_gpt2024(cfg: Config) -> None:
         raise ConfigError(
             "model.window, model.window_unit and model.window_warmup_start must not be negative"
         )
-    if m.window_warmup != "none" and m.window <= 0:
-        raise ConfigError(f"model.window_warmup={m.window_warmup} needs model.window > 0 (the final window)")
     if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
         raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
-    if m.window_warmup != "none" and m.window_unit > m.window:  # the first window is one unit
+    if m.window_warmup != "none" and 0 < m.window < m.window_unit:  # the first window is one unit
         raise ConfigError(
             f"model.window_unit ({m.window_unit}) must not exceed model.window ({m.window}): "
             "the window grows in whole units up to model.window"
         )
-    if m.window_warmup == "floor" and m.window_warmup_start > m.window:
+    if m.window_warmup == "floor" and 0 < m.window < m.window_warmup_start:
         raise ConfigError(
             f"model.window_warmup_start ({m.window_warmup_start}) must not exceed model.window ({m.window})"
         )
@@ -65,8 +63,6 @@ def _check_gpt2024(cfg: Config) -> None:
         raise ConfigError(
             f"model.window_pattern {m.window_pattern!r} must have one L or S per layer ({m.n_layer} layers)"
         )
-    if "S" in m.window_pattern and m.window <= 0:
-        raise ConfigError("model.window_pattern with short (S) layers needs model.window > 0")
     text = m.no_attention_layers  # Sub3Min: attention-free 7
     try:
         layers = {int(s) for s in text.split(",") if s.strip()}

@@ -272,10 +272,6 @@ def check_stages(cfg: Config) -> None:
             "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
-        if t.cooldown_start != "int":
-            raise ConfigError("train.cooldown_start places the stages' cool-down: it needs train.stages")
-        if t.stage_bounds != "round":
-            raise ConfigError("train.stage_bounds places the stages' starts: it needs train.stages")
         if mtp > 1:
             raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
         return

@@ -1,5 +1,5 @@
 """The model families behind one small registry (torchtitan's ModelSpec idea, without parallelism):
-gpt2024 (llm.c → record-2025-01, one switch per technique: model/gpt2024/model.py) and gpt2026 (records #26 on,
+gpt2024 (llm.c → record-2025-01, one switch per technique: model/gpt2024/) and gpt2026 (records #26 on,
 per-layer specs: model/gpt2026/). Callers use `build_model` and `apply_schedule`, never a class."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from torch import nn
 
 from speedrun.config.families import config_family
 from speedrun.model.flops import FORMULA
-from speedrun.model.gpt2024.layout import embedding_rows, padded_vocab
 from speedrun.model.labels import labelled
+from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
 def _attention_line(model: nn.Module) -> str | None:

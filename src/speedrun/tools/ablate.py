@@ -28,8 +28,9 @@ REPORTING = (
     "description", "train.log_every", "train.val_every", "train.checkpoint_every", "train.checkpoint_at_end",
     "train.checkpoint_keep", "train.sample_every", "train.dist_timeout_s", "train.wandb_project",
 )  # fmt: skip
-#: what a time budget and the host fit choose (train/plan/budget.py, train/plan/host_fit.py): the baseline's first
-#: run chooses them once and every other run takes its values, so an arm differs by its switch alone
+#: what a time budget and the host fit choose (train/plan/budget.py, train/plan/host_fit.py): the
+#: baseline's first run chooses them once and every other run takes its values, so an arm differs by
+#: its switch alone
 AUTOMATIC = (
     "train.steps", "train.time_budget_s", "train.budget_min_steps", "train.compile",
     "train.global_batch_tokens", "train.micro_batch_tokens", "model.n_embd",

@@ -1,20 +1,8 @@
-"""Which layer has what, and how many rows the embeddings and head have: pure functions of the model
-config, shared by the model, its summary and the memory estimate."""
+"""Which layer of a gpt2024 model has what: pure functions of its config."""
 
 from __future__ import annotations
 
 from speedrun.config import ModelConfig
-
-
-def padded_vocab(cfg: ModelConfig) -> int:
-    """Head rows: vocab rounded up to `pad_vocab_to` (a multiple of 128 makes matmuls faster)."""
-    m = max(1, cfg.pad_vocab_to)
-    return (cfg.vocab_size + m - 1) // m * m
-
-
-def embedding_rows(cfg: ModelConfig) -> int:
-    """Token/value embedding rows: padded like the head, or exactly the vocab (Sub3Min)."""
-    return padded_vocab(cfg) if cfg.pad_embeddings else cfg.vocab_size
 
 
 def _kept(cfg: ModelConfig, dropped_layers: str) -> list[bool]:

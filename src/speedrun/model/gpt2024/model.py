@@ -26,10 +26,11 @@ from speedrun.model.contexts import CAUSAL, Context, Masked
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.gpt2024.attention import Attention
 from speedrun.model.gpt2024.cgi import cgi_signs
-from speedrun.model.gpt2024.layout import attention_layers, embedding_rows, padded_vocab, value_embed_layout
+from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
 from speedrun.model.gpt2024.unet import initial_weights, skip_sources
 from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
+from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
 class Block(nn.Module):

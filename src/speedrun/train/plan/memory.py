@@ -22,8 +22,8 @@ from speedrun.config import Config
 from speedrun.config.families import config_family
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model, family_of
-from speedrun.model.gpt2024.layout import padded_vocab
 from speedrun.model.labels import MATMULS, labelled
+from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
 from speedrun.optim.table import build_banks, build_rows
 

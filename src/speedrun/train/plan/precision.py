@@ -62,7 +62,7 @@ def decide(
     if saved is None:
         precision = resolve(cfg, device)
         ns = cfg.optim.muon_ns_dtype
-        if ns == "auto":  # Muon's iterations: the same rule (train/optimizers.muon_ns_dtype)
+        if ns == "auto":  # Muon's iterations: the same rule (optim/build.muon_ns_dtype)
             ns = "bf16" if fast_bf16(device.type)[0] else "fp32"
     else:
         dtype, ns = saved["dtype"], saved["muon_ns_dtype"]
