@@ -126,7 +126,7 @@ def _gpt2026() -> Family:
         return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
 
     def after_step(model: nn.Module, step: int) -> None:
-        model.refresh_fp8(step)  # no FP8 MLP (model.mlp_fp8 off): nothing to refresh
+        model.refresh_fp8(step)  # no FP8 part (model.mlp.fp8 off): nothing to refresh
 
     # the partition of the varlen step (docs/benchmarks.md): the estimate sits 0-9 % above the count, and
     # the count of record-2026-07 is 39,877 MiB against #89's 1xH100 log, 39,736: no margin on top

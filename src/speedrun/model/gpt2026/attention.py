@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun.config.gpt2026.attn import AttnConfig
 from speedrun.model.attention import MaskSpec
 from speedrun.model.contexts import CAUSAL, Context
 from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked
@@ -90,17 +91,17 @@ class Attention(nn.Module):
         n_head: int,
         rotary: Rotary,
         scale: float,
-        gate: int,
+        part: AttnConfig,
         weights_mix: bool,
-        qk_dim: int = 0,
         ve_gate: nn.Module | None = None,
         xsa_label: str | None = "scalar",
     ):
-        """`ve_gate`: #55's value-embedding gate of the layer; `xsa_label`: #82's α's label, None where
-        #85's gate network gives α per token."""
+        """`part`: the model's `[model.attn]` table (a technique inside the attention reads its own field
+        there); `ve_gate`: #55's value-embedding gate of the layer; `xsa_label`: #82's α's label, None
+        where #85's gate network gives α per token."""
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
-        self.qk_dim = qk_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
+        self.qk_dim = part.qk_head_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
         qk = n_head * self.qk_dim
         self.c_attn = CastedLinear(dim, 2 * qk + dim, bias=False)
         label(self.c_attn.weight, "qkv", blocks=(qk, qk, dim))
@@ -108,7 +109,7 @@ class Attention(nn.Module):
         label(self.c_proj.weight, "attn_out")
         self.rotary = rotary
         self.scale = scale  # YaRN (#31) rewrites it at each long-window growth
-        self.gate = AttentionGate(gate, n_head) if gate else None  # #28
+        self.gate = AttentionGate(part.gate, n_head) if part.gate else None  # #28
         self.paired = spec.paired  # #58
         self.key_offset = spec.key_offset  # #49
         self.xsa = GatedXSA(n_head, xsa_label) if spec.xsa and xsa_label else None  # #82

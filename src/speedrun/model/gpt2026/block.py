@@ -54,8 +54,8 @@ class Block(nn.Module):
         gated = cfg.mudd.gate_layer > 0  # #85: the gate network gives XSA's α
         self.attn = (
             Attention(
-                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn.gate, cfg.values.mix == "weights",
-                cfg.attn.qk_head_dim, value_gate(spec, cfg), None if gated else xsa_label(cfg),
+                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn, cfg.values.mix == "weights",
+                value_gate(spec, cfg), None if gated else xsa_label(cfg),
             )
             if spec.attention
             else None

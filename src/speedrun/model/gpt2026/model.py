@@ -96,13 +96,14 @@ class GPT2026(nn.Module):
             self.attn_window.fill_(tokens)
 
     @property
-    def fp8_mlps(self) -> list[nn.Module]:
-        """#84/#89: the MLPs that train from FP8 weight copies (none unless model.mlp_fp8)."""
-        return [b.mlp for b in self.blocks if hasattr(b.mlp, "refresh_fp8")]
+    def fp8_parts(self) -> list[nn.Module]:
+        """The parts that train from FP8 weight copies (#84/#89's MLPs): any module of the blocks with a
+        `refresh_fp8`, so a new FP8 part needs no entry here or in the family's after-step hook."""
+        return [m for m in self.blocks.modules() if hasattr(m, "refresh_fp8")]
 
     def refresh_fp8(self, step: int) -> None:
-        """#84/#89: every FP8 MLP's weight copies after optimizer step `step` (−1 before the first)."""
-        for part in self.fp8_mlps:
+        """Every FP8 part's weight copies after optimizer step `step` (−1 before the first)."""
+        for part in self.fp8_parts:
             part.refresh_fp8(step)
 
     def mask_specs(self, tokens: torch.Tensor):
