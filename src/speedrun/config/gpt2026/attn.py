@@ -17,6 +17,7 @@ class AttnConfig:
     qk_head_dim: int = 0  # #344: Q/K width per head (96; V keeps n_embd/n_head); 0 = the same as V
     rope_precision: Literal["auto", "fp32", "bf16", "bf16-angles"] = "auto"  # #32: bf16
     gate: int = 0  # #28: input dims of the per-head output gate (12); 0 none
+    fp8_qkv: bool = False  # #344: the packed Q/K/V projection in FP8 in training (model/gpt2026/fp8_qkv.py)
     key_offset_layers: list[int] = field(default_factory=list)  # #49
     paired_layers: list[int] = field(default_factory=list)  # #58
     xsa_layers: list[int] = field(default_factory=list)  # #82: gated XSA (unpaired attention layers)

@@ -18,6 +18,7 @@ from speedrun.config.gpt2026.attn import AttnConfig
 from speedrun.model.attention import MaskSpec
 from speedrun.model.contexts import CAUSAL, Context
 from speedrun.model.gpt2026.dc import DC_WINDOW, dc_gate, dc_masked
+from speedrun.model.gpt2026.fp8_qkv import Fp8QKV, PlainQKV
 from speedrun.model.gpt2026.gates import AttentionGate
 from speedrun.model.gpt2026.mudd import xsa_per_token
 from speedrun.model.gpt2026.specs import LayerSpec
@@ -103,7 +104,7 @@ class Attention(nn.Module):
         self.n_head, self.head_dim = n_head, dim // n_head
         self.qk_dim = part.qk_head_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
         qk = n_head * self.qk_dim
-        self.c_attn = CastedLinear(dim, 2 * qk + dim, bias=False)
+        self.c_attn = (Fp8QKV if part.fp8_qkv else PlainQKV)(dim, 2 * qk + dim)  # #344
         label(self.c_attn.weight, "qkv", blocks=(qk, qk, dim))
         self.c_proj = CastedLinear(dim, dim, bias=False)
         label(self.c_proj.weight, "attn_out")
@@ -142,10 +143,9 @@ class Attention(nn.Module):
         """q, k (B, H, T, Dqk), v (B, H, T, D) of positions start.. (paired: (B, H/2, 2T, ·)) and the
         unmixed v."""
         B, T, C = x.shape
-        w = self.c_attn.weight
-        w = (self.lambdas[0] * w).type_as(x) if self.weights_mix else w.to(x.dtype)
         qk = self.n_head * self.qk_dim
-        q, k, v = F.linear(x, w).split((qk, qk, C), dim=-1)
+        lam = self.lambdas[0] if self.weights_mix else None  # #47/#48: λ0 scales the QKV weight
+        q, k, v = self.c_attn.project(x, lam).split((qk, qk, C), dim=-1)
         q, k = q.view(B, T, self.n_head, self.qk_dim), k.view(B, T, self.n_head, self.qk_dim)
         v = v.view(B, T, self.n_head, self.head_dim)
         raw_v = v
