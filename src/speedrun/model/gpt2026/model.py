@@ -24,6 +24,7 @@ from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label
 from speedrun.model.layers import CastedLinear, Norm, Rotary
+from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
 class GPT2026(nn.Module):
@@ -39,9 +40,7 @@ class GPT2026(nn.Module):
             cfg.stream.residual_form == "sublayer"
         )  # #77: layer 0's bigram share enters before it
         self.bigram_in_x0 = cfg.embed.bigram_in_x0  # #89's script: x0 carries layer 0's share too
-        d, m = cfg.n_embd, max(1, cfg.pad_vocab_to)
-        vocab = (cfg.vocab_size + m - 1) // m * m
-        rows = vocab if cfg.pad_embeddings else cfg.vocab_size
+        d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
         self.wte = embeddings.token_embedding(rows, d)
         self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
         self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
