@@ -25,7 +25,7 @@ def _plan_with(old: str, new: str) -> str:
         # the loader cuts documents at each stage's doc=N (train/run_data.open_loader): this one is unread
         ("data.max_doc_len=1024", "data.max_doc_len (1024) has no effect under train.stages"),
         # the plan's yarn=13 rescales a YaRN the model does not have
-        ("model.yarn=false", "yarn=13 rescales YaRN for the final validation: it needs model.yarn=true"),
+        ("model.yarn=false", "yarn=13 rescales YaRN for the final validation: it needs model.attn.yarn=true"),
         # every weight 0: the training loss is 0 and nothing learns
         (
             f"train.stages={_plan_with('mtp=1,0.5>1,0', 'mtp=0,0,0')}",
@@ -38,7 +38,7 @@ def _plan_with(old: str, new: str) -> str:
         # weights for a model without multi-token prediction (model.mtp=0 reads none of them)
         (
             f"train.stages={_plan_with('mtp=1,0.5,0.25>1,0.5,0', 'mtp=0.5').replace(' mtp=1,0.5>1,0', '')}",
-            "stage 1: mtp= weighs predicted tokens only with model.mtp >= 2 (model.mtp is 0)",
+            "stage 1: mtp= weighs predicted tokens only with model.head.mtp >= 2 (model.head.mtp is 0)",
         ),
         # 4 rows of 49,152: the stages still train 131,072 … 393,216 tokens a step, not 196,608
         ("train.global_batch_tokens=196608", "train.global_batch_tokens (196,608) is no step's batch"),
@@ -46,7 +46,7 @@ def _plan_with(old: str, new: str) -> str:
     ],
 )
 def test_a_setting_the_plan_leaves_without_effect_is_one_line_exit_2(override, words):
-    extra = ["model.mtp=0"] if "model.mtp is 0" in words else []  # the recipe's model.mtp is 3
+    extra = ["model.head.mtp=0"] if "model.head.mtp is 0" in words else []  # the recipe's model.mtp is 3
     proc = run_speedrun("train", "--recipe", RECIPE, "--dry-run", override, *extra)
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""

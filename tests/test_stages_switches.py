@@ -130,10 +130,10 @@ def test_the_schedule_writes_the_stage_mtp_weights_into_the_model():
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["model.mtp=2", f"train.stages={PLAN_53}", "train.steps=1920"], "model.mtp must be at least 3"),
+        (["model.mtp=2", f"train.stages={PLAN_53}", "train.steps=1920"], "model.head.mtp must be at least 3"),
         (
             ["model.mtp=3", "train.stages=", "model.yarn=false", "train.cooldown_start=int"],
-            "model.mtp takes its weights from train.stages",
+            "model.head.mtp takes its weights from train.stages",
         ),
         (
             ["train.stages=", "model.yarn=false", "train.cooldown_start=int", "train.stage_bounds=fraction"],

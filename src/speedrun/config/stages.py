@@ -264,23 +264,23 @@ def check_stages(cfg: Config) -> None:
             )
     if yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
-            "model.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
-            "rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
+            "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
+            "model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
     if yarn and m.attn_scale <= 0:
         raise ConfigError(
-            "model.yarn needs model.attn_scale > 0 (the scale it starts from; the records: 0.1)"
+            "model.attn.yarn needs model.attn.scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
         if mtp > 1:
-            raise ConfigError("model.mtp takes its weights from train.stages (mtp=): it needs train.stages")
+            raise ConfigError("model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages")
         return
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
     weights = max(len(s.mtp_start) for s in plan.stages)
     if weights > max(1, mtp):
         raise ConfigError(
-            f"train.stages weighs {weights} predicted tokens (mtp=): model.mtp must be at least {weights}"
+            f"train.stages weighs {weights} predicted tokens (mtp=): model.head.mtp must be at least {weights}"
         )
     if m.attention != "varlen":
         raise ConfigError(
@@ -288,7 +288,7 @@ def check_stages(cfg: Config) -> None:
         )
     if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
         raise ConfigError(
-            "train.stages sets the windows and the LR itself: model.window, train.warmup_steps, "
+            "train.stages sets the windows and the LR itself: model.attn.window, train.warmup_steps, "
             "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
             "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
         )
@@ -317,13 +317,13 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     if plan.val_yarn_window and not yarn:
         raise ConfigError(
             f"train.stages: yarn={plan.val_yarn_window} rescales YaRN for the final validation: it needs "
-            "model.yarn=true"
+            "model.attn.yarn=true"
         )
     for i, s in enumerate(plan.stages):
         if mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
             raise ConfigError(
-                f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.mtp >= 2 "
-                f"(model.mtp is {mtp})"
+                f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.head.mtp >= 2 "
+                f"(model.head.mtp is {mtp})"
             )
         if not any(s.mtp_start) or not any(s.mtp_end):
             raise ConfigError(
