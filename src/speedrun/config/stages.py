@@ -264,8 +264,8 @@ def check_stages(cfg: Config) -> None:
             )
     if yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
-            "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true with "
-            "model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
+            "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true "
+            "with model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
     if yarn and m.attn_scale <= 0:
         raise ConfigError(
@@ -273,14 +273,17 @@ def check_stages(cfg: Config) -> None:
         )
     if not staged:
         if mtp > 1:
-            raise ConfigError("model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages")
+            raise ConfigError(
+                "model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages"
+            )
         return
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
     weights = max(len(s.mtp_start) for s in plan.stages)
     if weights > max(1, mtp):
         raise ConfigError(
-            f"train.stages weighs {weights} predicted tokens (mtp=): model.head.mtp must be at least {weights}"
+            f"train.stages weighs {weights} predicted tokens (mtp=): model.head.mtp must be at least "
+            f"{weights}"
         )
     if m.attention != "varlen":
         raise ConfigError(
