@@ -289,12 +289,13 @@ def test_bf16_embeddings_keep_fp32_master_weights_elsewhere():
         ("model.no_attention_layers=a", "comma-separated layer numbers"),
         ("model.value_residual=true", "choose one"),
         ("model.attention=cudnn", "not one of auto, sdpa, flex"),
-        ("model.window=0", "needs model.window > 0"),
+        # the user turns the window off and states a pattern for it (the recipe's own pattern stays quiet)
+        ("model.window=0 model.window_pattern=LSSSLSSLSSSL", "has no effect while model.window=0"),
     ],
 )
 def test_bad_switches_name_the_key(override, fragment):
     with pytest.raises(ConfigError) as info:
-        load_recipe("record-2025-01", [override])
+        load_recipe("record-2025-01", override.split())
     assert fragment in str(info.value)
 
 
