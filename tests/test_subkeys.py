@@ -22,6 +22,7 @@ from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_schedule, schedule_at
 from tests.conftest import TINY
+from tests.test_optim_keys_act import cli
 
 # where a row's switch is looked for off: the gpt2024 recipes, Muon and NorMuon first (under adamw a
 # user's Muon key meets the adamw rule first)
@@ -54,14 +55,6 @@ def other(value: object, hint: object) -> object:
     if isinstance(value, tuple):
         return tuple(other(v, float) for v in value)
     raise AssertionError(f"no other value for {value!r}")
-
-
-def cli(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return "[" + ",".join(repr(v) for v in value) + "]"
-    return str(value)
 
 
 # rows whose switch every bundled recipe turns on (or another rule names first): settings beside the sub-key
