@@ -107,12 +107,14 @@ class Gpt2026Config:
 
 
 def _flat_map() -> dict[str, tuple[str, str]]:
-    """Old flat key (without `model.`) → (part, field), from each part's fields and its `FLAT` renames."""
+    """Old flat key (without `model.`) → (part, field), from each part's fields and its `FLAT` renames; a
+    field the part maps to None came after the parts, so no old file has a flat name for it."""
     out = {}
     for part, module in PARTS.items():
         cls = _part_class(module)
         for f in dataclasses.fields(cls):
-            out[cls.FLAT.get(f.name, f.name)] = (part, f.name)
+            if name := cls.FLAT.get(f.name, f.name):
+                out[name] = (part, f.name)
     return out
 
 

@@ -30,8 +30,9 @@ class AttnConfig:
     window_warmup_start: int = 64
     window_unit: PosInt = 128
 
-    #: the flat `model.*` names of the fields before the parts (old config.json files and recipes)
-    FLAT: ClassVar[dict[str, str]] = {"scale": "attn_scale", "gate": "attn_gate"}
+    #: the flat `model.*` names of the fields before the parts (old config.json files and recipes); None:
+    #: a field added after them, which has none
+    FLAT: ClassVar[dict[str, str | None]] = {"scale": "attn_scale", "gate": "attn_gate", "fp8_qkv": None}
 
 
 def check(a: AttnConfig, m: Any) -> None:
