@@ -86,19 +86,48 @@ def test_cpu_gets_the_blocked_tier_and_a_missing_fa3_build_logs_one_line(monkeyp
 
     fake.get_kernel = no_build
     monkeypatch.setitem(sys.modules, "kernels", fake)
-    tiers.load_fa3.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert tiers.load_fa3() is None
-            assert tiers.load_fa3() is None
-        lines = [r.getMessage() for r in caplog.records]
-        assert lines == ["attention: FA3 unavailable (kernels-community/flash-attn3 has no build variant "
-                         "torch213-cxx11-cu126-aarch64-linux); using the next tier"]  # fmt: skip
-        import huggingface_hub.constants as hub
+    monkeypatch.setattr(tiers, "_fa3", [])
+    with caplog.at_level(logging.WARNING):
+        assert tiers.load_fa3() is None
+        assert tiers.load_fa3() is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["attention: FA3 unavailable (kernels-community/flash-attn3 has no build variant "
+                     "torch213-cxx11-cu126-aarch64-linux); using the next tier"]  # fmt: skip
+    import huggingface_hub.constants as hub
 
-        assert hub.HF_HUB_OFFLINE in (False, True)  # restored, whatever it was
-    finally:
-        tiers.load_fa3.cache_clear()
+    assert hub.HF_HUB_OFFLINE in (False, True)  # restored, whatever it was
+
+
+def test_the_fa3_lookup_is_resolved_before_compile_and_a_constant_inside_it(monkeypatch):
+    """The first CUDA lease: dynamo traced load_fa3's `from kernels import ...` inside the compiled step
+    and failed (fullgraph). GPT2026 resolves it when built on a CUDA host; a compiled graph reads the
+    answer and never imports."""
+    fake = types.ModuleType("kernels")
+    calls = []
+
+    def no_build(repo, version):
+        calls.append(repo)
+        raise FileNotFoundError("no build")
+
+    fake.get_kernel = no_build
+    monkeypatch.setitem(sys.modules, "kernels", fake)
+    monkeypatch.setattr(tiers, "_fa3", [])
+    cuda = types.SimpleNamespace(type="cuda")  # choose_tier reads the device's type only
+    pick = torch.compile(lambda x: x + len(tiers.choose_tier("auto", cuda, 256)),
+                         backend="eager", fullgraph=True)  # fmt: skip
+    with pytest.raises(Exception, match="runs once before compile"):
+        pick(torch.zeros(2))  # unresolved inside a graph: a programmer error, not a silent import
+    torch._dynamo.reset()
+    from speedrun.model.gpt2026.model import GPT2026
+    from speedrun.recipes import load_recipe
+    from tests.recipe_matrix import shrink
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        GPT2026(load_recipe("banks-2026-01", shrink("banks-2026-01")).model)  # built on a "CUDA host": resolves the lookup
+    assert calls == [tiers.FA3_REPO] and tiers._fa3 == [None]
+    assert pick(torch.zeros(2)).tolist() == [4.0, 4.0]  # "flex": FA3 unavailable, T a multiple of 128
+    assert calls == [tiers.FA3_REPO]  # compiled without a second lookup
 
 
 @pytest.mark.gpu

@@ -11,7 +11,6 @@ only change the tensors passed in."""
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -94,9 +93,22 @@ def flex_varlen(
     return out[0].transpose(0, 1)
 
 
-@functools.cache
+_fa3: list = []  # [FA3's function or None], once resolved
+
+
 def load_fa3():
-    """FlashAttention-3's varlen function from the local kernel cache, or None (logged once)."""
+    """FlashAttention-3's varlen function from the local kernel cache, or None (logged once).
+
+    Resolved eagerly, the first time it is asked outside torch.compile: dynamo cannot trace the import
+    (a compiled step would fail), so GPT2026 asks when it is built on a CUDA host; inside a compiled
+    graph the answer is a constant."""
+    if not _fa3:
+        assert not torch.compiler.is_compiling(), "load_fa3() runs once before compile (GPT2026.__init__)"
+        _fa3.append(_import_fa3())
+    return _fa3[0]
+
+
+def _import_fa3():
     try:
         import huggingface_hub.constants as hub
         from kernels import get_kernel

@@ -16,6 +16,7 @@ from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, stream, windows
+from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear, bigram_share
@@ -59,6 +60,8 @@ class GPT2026(nn.Module):
             qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision
         )  # #344: on Q/K's dims
         self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
+        if torch.cuda.is_available():  # the FA3 kernel lookup, an import dynamo cannot trace: before compile
+            load_fa3()
         self.norm_f = Norm(d, "rmsnorm")
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
