@@ -150,3 +150,30 @@ def test_cuda_tiers_match_the_dense_reference_with_gradients(tier):
         torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
         for g, r in zip(grads, ref_grads, strict=True):
             torch.testing.assert_close(g.float(), r.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_the_cuda_tiers_forward_traces_in_one_graph_on_the_cpu(monkeypatch):
+    """What the first CUDA lease could not check: a whole gpt2026 varlen forward through the CUDA
+    branch (FA3 looked up, absent; the flex tier builds its block mask from cu_seqlens inside the graph)
+    traced by dynamo with fullgraph, as training compiles it, equal to the CPU's blocked tier."""
+    from speedrun.model.families import build_model
+    from speedrun.recipes import load_recipe
+    from speedrun.train.schedule import apply_to_model, schedule_at
+    from tests.recipe_matrix import shrink
+
+    recipe = "record-2026-07"
+    cfg = load_recipe(recipe, [*shrink(recipe), "model.max_seq_len=512", "model.embed_dtype=fp32"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    apply_to_model(schedule_at(cfg.train.steps, cfg), model)
+    idx = torch.randint(0, cfg.model.eot_id, (1, 512), generator=torch.Generator().manual_seed(2))
+    idx[0, [0, 40, 200]] = cfg.model.eot_id
+    cu = packed_cu(512, [40, 160])
+    with torch.no_grad():
+        want = model(idx, cu_seqlens=cu)  # the blocked tier
+        monkeypatch.setattr(tiers, "_fa3", [None])
+        monkeypatch.setattr(tiers, "on_cuda", lambda device: True)
+        assert tiers.choose_tier("auto", idx.device, 512) == "flex"
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="eager", fullgraph=True, dynamic=False)(idx, cu_seqlens=cu)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

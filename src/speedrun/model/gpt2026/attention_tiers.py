@@ -140,11 +140,16 @@ def fa3_varlen(
     return out[0] if isinstance(out, tuple) else out
 
 
+def on_cuda(device: torch.device) -> bool:
+    """The tiers' one device test (tests trace the CUDA branches on the CPU by replacing it)."""
+    return device.type == "cuda"
+
+
 def choose_tier(setting: str, device: torch.device, T: int) -> str:
     """auto: fa3 on CUDA when it loads, else flex on CUDA, else blocked. A named tier that cannot run
     here falls to the next one."""
     assert setting in TIERS, setting
-    cuda = device.type == "cuda"
+    cuda = on_cuda(device)
     if setting in ("auto", "fa3") and cuda and load_fa3() is not None:
         return "fa3"
     if setting in ("auto", "fa3", "flex") and cuda and T % attention.BLOCK_SIZE == 0:
