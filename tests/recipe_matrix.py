@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
+from speedrun.config.families import model_facts
 from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.config.gpt2026 import replace as replace_model
 from speedrun.model.families import build_model
@@ -56,7 +57,7 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
     ]
     if not base.train.warmdown_frac:  # a warm-down in steps (600 > 10): none; a share scales itself
         out.append("train.warmdown_steps=0")
-    if m.window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08 sees)
+    if model_facts(m).window > 0:  # a window that bites inside 256 tokens (an odd multiple of 64, as 12-08)
         out += ["model.window=192", "model.window_warmup_start=64"]
     if m.family == "gpt2026":
         out += _gpt2026_layers(m, n_layer)

@@ -124,7 +124,7 @@ def test_the_fa3_lookup_is_resolved_before_compile_and_a_constant_inside_it(monk
 
     with monkeypatch.context() as m:
         m.setattr(torch.cuda, "is_available", lambda: True)
-        GPT2026(load_recipe("banks-2026-01", shrink("banks-2026-01")).model)  # built on a "CUDA host": resolves the lookup
+        GPT2026(load_recipe("banks-2026-01", shrink("banks-2026-01")).model)  # a "CUDA host": resolves it
     assert calls == [tiers.FA3_REPO] and tiers._fa3 == [None]
     assert pick(torch.zeros(2)).tolist() == [4.0, 4.0]  # "flex": FA3 unavailable, T a multiple of 128
     assert calls == [tiers.FA3_REPO]  # compiled without a second lookup

@@ -63,7 +63,7 @@ def test_a_cpu_without_fast_bf16_trains_it_in_fp32_with_nothing_in_bf16(monkeypa
     chosen = precision.resolve(cfg, torch.device("cpu"))
     assert chosen.dtype == "fp32" and chosen.autocast is None
     m = precision.effective_config(cfg, chosen).model
-    assert (m.embed_dtype, m.block_dtype, m.head.softcap_in_bf16, m.head.ce_bf16, m.head.fp8, m.mlp.fp8) == (
+    assert (m.embed.dtype, m.block_dtype, m.head.softcap_in_bf16, m.head.ce_bf16, m.head.fp8, m.mlp.fp8) == (
         "fp32",
         "fp32",
         False,

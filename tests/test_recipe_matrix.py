@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speedrun.config.families import model_facts
 from speedrun.model import attention
 from speedrun.recipes import recipe_names
 from tests.recipe_cover import recipe_cover
@@ -53,7 +54,7 @@ def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recip
     model setting and attention layout of every recipe, not one recipe per distinct model."""
     torch._dynamo.reset()  # every recipe's GPT.forward is the same code object
     cfg = compile_config(recipe)
-    if cfg.model.sdpa_kernel != "auto":
+    if getattr(cfg.model, "sdpa_kernel", "auto") != "auto":  # a gpt2024 switch
         math_only = [torch.nn.attention.SDPBackend.MATH]
         monkeypatch.setattr(attention, "_on_cuda", lambda t: True)
         monkeypatch.setattr(attention, "sdpa_kernel", lambda _: torch.nn.attention.sdpa_kernel(math_only))
@@ -66,7 +67,7 @@ def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recip
     loss, want = compiled(x, y), ref(x, y)
     loss.backward()
     want.backward()
-    bf16 = cfg.model.bf16_model  # bf16 parameters: the two paths round differently
+    bf16 = model_facts(cfg.model).bf16_model  # bf16 parameters: the two paths round differently
     torch.testing.assert_close(loss, want, rtol=1e-2 if bf16 else 1e-5, atol=0)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         tol = dict(rtol=5e-2, atol=1e-3) if bf16 or p.dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-5)

@@ -9,7 +9,7 @@ import os
 
 from speedrun.config import Config, ModelConfig, check_fields, sections
 from speedrun.config.data import check_source, parse_bpe_size
-from speedrun.config.families import config_family
+from speedrun.config.families import config_family, model_facts
 from speedrun.config.labels import check_shadowed
 from speedrun.config.stages import check_stages
 from speedrun.config.subkeys import NEEDS
@@ -37,10 +37,10 @@ def _check_document_loader(cfg: Config) -> None:
 def cross_field_checks(cfg: Config) -> None:
     """Rules between fields that do not depend on the world size (each field's own range is checked
     first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
-    m, t = cfg.model, cfg.train
+    m, f, t = cfg.model, model_facts(cfg.model), cfg.train
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    if m.positional == "rotary" and (m.n_embd // m.n_head) % 2:
+    if f.positional == "rotary" and (m.n_embd // m.n_head) % 2:
         raise ConfigError("rotary embeddings need an even head dimension")
     if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name != "normuon":  # #57
         raise ConfigError("model.block_dtype=bf16 needs optim.name=normuon (its mantissa buffer keeps fp32)")
@@ -61,11 +61,11 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError(
             f"train.warmup_steps + the warm-down ({t.warmup_steps + warmdown}) exceed train.steps ({t.steps})"
         )
-    if m.tie_embeddings and m.zero_init_head:
+    if f.tie_embeddings and f.zero_init_head:
         raise ConfigError(
             "model.zero_init_head needs model.tie_embeddings=false (a zero embedding cannot learn)"
         )
-    if (m.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
+    if (f.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
     if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
         try:
@@ -84,7 +84,7 @@ def cross_field_checks(cfg: Config) -> None:
     given = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed
     if t.warmdown_steps > 0 and t.warmdown_frac > 0 and len(given) == 2:
         raise ConfigError("give train.warmdown_steps or train.warmdown_frac, not both (the share would win)")
-    budget_safe = t.schedule == "trapezoid" and not t.stages and m.window_warmup == "none"
+    budget_safe = t.schedule == "trapezoid" and not t.stages and f.window_warmup == "none"
     if t.time_budget_s > 0 and not budget_safe:
         raise ConfigError(  # their values at early steps depend on the step count the budget fixes later
             "train.time_budget_s needs train.schedule=trapezoid, no train.stages and model.window_warmup=none"
@@ -159,13 +159,12 @@ def _check_memory(m: ModelConfig) -> None:
     memory = _physical_memory()
     if memory is None:
         return
-    head_dim = m.n_embd // m.n_head
-    per_position = m.n_embd if m.positional == "learned" else m.n_layer * head_dim  # rotary: cos+sin
+    f = model_facts(m)
+    head_dim, learned = m.n_embd // m.n_head, f.positional == "learned"
+    per_position = m.n_embd if learned else m.n_layer * head_dim  # rotary: cos+sin
     positions = 4 * m.max_seq_len * per_position
     if positions > memory:
-        whose = (
-            "" if m.positional == "learned" else f" and model.n_layer={m.n_layer} (a rotary table per layer)"
-        )
+        whose = "" if learned else f" and model.n_layer={m.n_layer} (a rotary table per layer)"
         raise ConfigError(
             f"model.max_seq_len={m.max_seq_len}{whose} need {positions / 2**30:,.1f} GiB of position tables, "
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
@@ -173,7 +172,7 @@ def _check_memory(m: ModelConfig) -> None:
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
     n_tables = config_family(m).value_tables(m)
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if m.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
+    embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
     if weights > memory:
         raise ConfigError(
@@ -192,7 +191,7 @@ ADAMW_READS = frozenset(
 
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
-    o, m = cfg.optim, cfg.model
+    o, m, f = cfg.optim, cfg.model, model_facts(cfg.model)
     smear, attn_gate, ve_gate, skip_gate, x0_apart = config_family(m).gates(m)
     if o.adam_weight_decay and o.name == "adamw":
         raise ConfigError(
@@ -217,7 +216,7 @@ def _validate_normuon(cfg: Config) -> None:
             "take optim.embed_lr, head_lr, scalar_lr and adam_weight_decay, the matrices optim.muon_lr)"
         )
     pinned = o.muon_soap or o.muon_radius_pin or o.muon_uw_floor or o.muon_post_pin_cwd or o.muon_hyperball
-    if pinned and (o.name != "muon" or m.fused_qkv):
+    if pinned and (o.name != "muon" or f.fused_qkv):
         raise ConfigError(
             "optim.muon_soap, muon_radius_pin, muon_uw_floor, muon_post_pin_cwd and muon_hyperball need "
             "optim.name=muon and model.fused_qkv=false"
@@ -253,7 +252,7 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul and "
             "mlp_fc_lr_mul > 0"
         )
-    if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (m.fused_qkv and not o.muon_split_qkv)):
+    if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (f.fused_qkv and not o.muon_split_qkv)):
         raise ConfigError(
             f"optim.muon_qk_block_heads ({o.muon_qk_block_heads}) must divide model.n_head ({m.n_head}) "
             "and needs optim.muon_split_qkv=true"
@@ -282,7 +281,7 @@ def _validate_normuon(cfg: Config) -> None:
     if (skip_gate > 0 and o.skip_gate_lr <= 0) or lone_lr or o.skip_gate_lr < 0:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
-        if m.tie_embeddings or m.zero_init_head or not m.pad_embeddings or m.embed_dtype != "fp32":
+        if f.tie_embeddings or f.zero_init_head or not f.pad_embeddings or f.embed_dtype != "fp32":
             raise ConfigError(
                 "optim.tie_until needs model.tie_embeddings=false, zero_init_head=false, pad_embeddings=true "
                 "and embed_dtype=fp32 (the optimizer ties two separate matrices of one shape)"

@@ -6,7 +6,7 @@ one family's lives here, never as an `if family ==` elsewhere (tests/test_import
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from speedrun.config import Config
@@ -14,6 +14,57 @@ from speedrun.config.gpt2026 import check as check_gpt2026_model
 from speedrun.config.gpt2026 import qk_width
 from speedrun.config.types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What shared code (checks, stage plans, schedules, memory bounds, summaries, run data) reads of
+    any family's model config, by the gpt2024 switches' names: gpt2024 answers with its fields, gpt2026
+    with its parts' or with what it fixes. A family config carries no stand-ins for the other's."""
+
+    tie_embeddings: bool
+    fused_qkv: bool
+    bf16_model: bool
+    logits_vocab_only: bool
+    positional: str
+    qk_norm: bool
+    rope_half_truncated: bool
+    rope_precision: str
+    attn_scale: float
+    document_mask: bool
+    window: int  # tokens (0: none)
+    window_granularity: str
+    window_warmup: str
+    window_warmup_start: int
+    window_unit: int
+    window_block_list: bool
+    window_pattern: str  # per layer L or S ("": all long)
+    yarn: bool
+    embed_dtype: str
+    pad_embeddings: bool
+    zero_init_head: bool
+    logit_softcap: float
+    softcap_in_bf16: bool
+    fp8_head: bool
+
+
+def _gpt2024_facts(m: Any) -> ModelFacts:
+    return ModelFacts(
+        **{f.name: getattr(m, f.name) for f in fields(ModelFacts) if f.name != "yarn"}, yarn=False
+    )
+
+
+def _gpt2026_facts(m: Any) -> ModelFacts:
+    a, h = m.attn, m.head
+    return ModelFacts(
+        tie_embeddings=False, fused_qkv=True, bf16_model=False, logits_vocab_only=False, positional="rotary",
+        qk_norm=True, rope_half_truncated=True, rope_precision=a.rope_precision, attn_scale=a.scale,
+        document_mask=True, window=a.window, window_granularity=a.window_granularity,
+        window_warmup=a.window_warmup, window_warmup_start=a.window_warmup_start, window_unit=a.window_unit,
+        window_block_list=False, window_pattern="".join(m.windows), yarn=a.yarn, embed_dtype=m.embed.dtype,
+        pad_embeddings=m.embed.pad, zero_init_head=h.zero_init, logit_softcap=h.softcap,
+        softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -28,6 +79,7 @@ class ConfigFamily:
     era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
     qk_head_dim: Callable[[Any], int]  # Q/K dims per head (#344's narrower Q/K; #80's Q/K blocks)
     fp8_mlp: Callable[[Any], bool]  # the MLPs train in FP8 (#84/#89: the memory bound's saved tensors)
+    facts: Callable[[Any], ModelFacts]  # what shared code reads of the model config
 
 
 def _check_gpt2026(cfg: Config) -> None:
@@ -113,10 +165,11 @@ FAMILIES: dict[str, ConfigFamily] = {
         era=0,
         qk_head_dim=lambda m: m.n_embd // m.n_head,
         fp8_mlp=lambda m: False,
+        facts=_gpt2024_facts,
     ),
     "gpt2026": ConfigFamily(
         check=_check_gpt2026,
-        stage_features=lambda m: (m.yarn, m.head.mtp),
+        stage_features=lambda m: (m.attn.yarn, m.head.mtp),
         value_tables=lambda m: len({j for j in m.value_embeds if j >= 0}),
         gates=lambda m: (
             m.embed.smear,
@@ -128,6 +181,7 @@ FAMILIES: dict[str, ConfigFamily] = {
         era=1,
         qk_head_dim=qk_width,
         fp8_mlp=lambda m: m.mlp.fp8,
+        facts=_gpt2026_facts,
     ),
 }
 
@@ -135,3 +189,8 @@ FAMILIES: dict[str, ConfigFamily] = {
 def config_family(m: Any) -> ConfigFamily:
     """The config-side record of model config `m`'s family."""
     return FAMILIES[m.family]
+
+
+def model_facts(m: Any) -> ModelFacts:
+    """What shared code reads of model config `m`, whichever its family."""
+    return FAMILIES[m.family].facts(m)

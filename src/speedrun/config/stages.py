@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.config import Config
-from speedrun.config.families import config_family
+from speedrun.config.families import config_family, model_facts
 from speedrun.config.types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -251,23 +251,23 @@ def _default(section: Any, name: str) -> Any:
 def check_stages(cfg: Config) -> None:
     """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
-    m, t, d = cfg.model, cfg.train, cfg.data
+    m, t, d, f = cfg.model, cfg.train, cfg.data, model_facts(cfg.model)
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
     yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
-        if m.window_warmup != "none" or m.window_granularity != "token" or m.window_block_list:
+        if f.window_warmup != "none" or f.window_granularity != "token" or f.window_block_list:
             raise ConfigError(
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if yarn and not (staged and m.rope_half_truncated and m.rope_precision in ("auto", "fp32", "bf16")):
+    if yarn and not (staged and f.rope_half_truncated and f.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true "
             "with model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
-    if yarn and m.attn_scale <= 0:
+    if yarn and f.attn_scale <= 0:
         raise ConfigError(
             "model.attn.yarn needs model.attn.scale > 0 (the scale it starts from; the records: 0.1)"
         )
@@ -289,7 +289,7 @@ def check_stages(cfg: Config) -> None:
         raise ConfigError(
             "train.stages needs model.attention=varlen (stage windows are varlen windows: gpt2026)"
         )
-    if m.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
+    if f.window or t.warmup_steps or t.warmdown_steps or t.time_budget_s or t.schedule != "trapezoid":
         raise ConfigError(
             "train.stages sets the windows and the LR itself: model.attn.window, train.warmup_steps, "
             "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "

@@ -23,7 +23,7 @@ PLAIN_MUON += ("!optim.muon_post_pin_cwd", "!optim.muon_hyperball")
 NEWTON_SCHULZ = "optim.muon_backend=newton_schulz"  # optim/orthogonalize.orthogonalize
 
 NEEDS: dict[type, dict[str, tuple[str, ...]]] = {
-    ModelConfig: {  # model/gpt2024/, model/attention.layer_specs, model/layers.py, train/schedule.py
+    ModelConfig: {  # model/gpt2024/ (its layer_specs, make_norm, make_rotary), train/schedule.py
         "window_granularity": ("model.window",),
         "window_block_list": ("model.window",),
         "window_pattern": ("model.window",),

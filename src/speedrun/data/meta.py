@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from speedrun.atomic import write_atomic
+from speedrun.config.families import model_facts
 from speedrun.data.shards import read_header
 from speedrun.data.sources import source_slug
 from speedrun.errors import DataError
@@ -152,7 +153,7 @@ def check_fits(meta: dict, cfg: Config, data_dir: Path) -> None:
         raise DataError(
             f"{data_dir} has vocab size {meta['vocab_size']} but model.vocab_size is {m.vocab_size}"
         )
-    if (m.document_mask or m.attention == "varlen") and meta["eot_id"] != m.eot_id:
+    if (model_facts(m).document_mask or m.attention == "varlen") and meta["eot_id"] != m.eot_id:
         raise DataError(f"{data_dir} marks documents with token {meta['eot_id']}, model.eot_id is {m.eot_id}")
 
 

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
-from speedrun.config import ModelConfig
 from speedrun.config.types import BLOCK_SIZE
 
 try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
@@ -96,20 +95,6 @@ def spec_dense_mask(
         q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_size, spec.block_window, spec.block_list
     )
     return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
-
-
-def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
-    """Per layer, the MaskSpec of a (B, T) token sequence (None: all plain causal): the one place a recipe's
-    masking switches become masks, for the forward and cached decoding. `window`: the model's 0-d tensor."""
-    if not (cfg.document_mask or cfg.window > 0):
-        return None
-    block_window = cfg.window_granularity == "block"
-    docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
-    w = window if cfg.window > 0 else None
-    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
-    pattern = cfg.window_pattern or "L" * cfg.n_layer
-    short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
-    return [long if kind == "L" else short for kind in pattern]
 
 
 def _dense_attend(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | None) -> Tensor:

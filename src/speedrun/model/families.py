@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedrun.config.families import model_facts
 from speedrun.model.flops import AttentionLayer, StepWindows
 
 
@@ -61,10 +62,11 @@ def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
     layers' half of it, by the mask's own rule."""
     from speedrun.model.attention import short_window
 
-    if model_cfg.window <= 0:
+    facts = model_facts(model_cfg)
+    if facts.window <= 0:
         return StepWindows()
-    long = values.window if values is not None and values.window > 0 else model_cfg.window
-    block = model_cfg.window_granularity == "block"
+    long = values.window if values is not None and values.window > 0 else facts.window
+    block = facts.window_granularity == "block"
     return StepWindows(int(short_window(torch.tensor(long), block)), long)
 
 
@@ -109,7 +111,7 @@ def _gpt2026() -> Family:
             short, long = windows.blocks_to_tokens(v.short_window), windows.blocks_to_tokens(v.long_window)
             return StepWindows(short, long, v.max_doc_len)
         if model_cfg.attention == "varlen":  # no stage: what the model starts with
-            w = windows.initial_windows(model_cfg.window)
+            w = windows.initial_windows(model_cfg.attn.window)
             return StepWindows(w.short, w.long)
         return _tensor_rule_windows(model_cfg, values)
 

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedrun.config import ModelConfig
 from speedrun.model.labels import label, label_linear
 
 
@@ -163,17 +162,3 @@ def softcap(
         z = logits + offset if offset else logits  # no add when 0: older records' op order exactly
         return 2 * cap * torch.sigmoid(z / (divisor or cap / 2))
     return cap * torch.tanh(logits / cap)
-
-
-def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
-    """The recipe's norm (kind defaults to cfg.norm) with its RMSNorm epsilon and precision."""
-    return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
-
-
-def make_rotary(cfg: ModelConfig) -> Rotary | None:
-    """The recipe's rotary tables, or None for learned positions. One per model, shared by its layers
-    (per layer, the fp32 tables of a 65,536-token recipe would be 0.37 GB of copies)."""
-    if cfg.positional != "rotary":
-        return None
-    head_dim = cfg.n_embd // cfg.n_head
-    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)

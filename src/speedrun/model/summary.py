@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from speedrun.config.families import config_family
+from speedrun.config.families import config_family, model_facts
 from speedrun.model.flops import FORMULA
 from speedrun.model.labels import labelled
 from speedrun.model.vocab import embedding_rows, padded_vocab
@@ -14,22 +14,18 @@ from speedrun.model.vocab import embedding_rows, padded_vocab
 
 def _attention_line(model: nn.Module) -> str | None:
     """One line on masking and windows, or None for plain causal attention."""
-    cfg = model.cfg
-    if not (cfg.document_mask or cfg.window > 0):
+    cfg, f = model.cfg, model_facts(model.cfg)
+    if not (f.document_mask or f.window > 0):
         return None
     parts = [
         f"attention: backend {cfg.attention}",
-        "document mask" if cfg.document_mask else "no document mask",
+        "document mask" if f.document_mask else "no document mask",
     ]
-    if cfg.window > 0:
-        warmup = (
-            f", {cfg.window_warmup} warmup in steps of {cfg.window_unit}"
-            if cfg.window_warmup != "none"
-            else ""
-        )
-        parts.append(f"window {cfg.window} ({cfg.window_granularity}{warmup})")
-    if cfg.window_pattern:
-        parts.append(f"layer windows {cfg.window_pattern}")
+    if f.window > 0:
+        warmup = f", {f.window_warmup} warmup in steps of {f.window_unit}" * (f.window_warmup != "none")
+        parts.append(f"window {f.window} ({f.window_granularity}{warmup})")
+    if f.window_pattern:
+        parts.append(f"layer windows {f.window_pattern}")
     n_attn = sum(block.attn is not None for block in model.blocks)
     if n_attn < cfg.n_layer:
         parts.append(f"{n_attn} of {cfg.n_layer} layers with attention")

@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError
 
 from speedrun.config import Config
+from speedrun.config.families import model_facts
 from speedrun.config.files import read_run_config
 from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
@@ -86,7 +87,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
         raise DataError(f"{ckpt}: the weights do not fit the model described by its config.json")
     model = build_model(cfg.model)
     missing = set(model.load_state_dict(weights, strict=False).missing_keys)
-    tied = {"lm_head.weight", "wte.weight"} if cfg.model.tie_embeddings else set()
+    tied = {"lm_head.weight", "wte.weight"} if model_facts(cfg.model).tie_embeddings else set()
     if missing - tied:
         raise DataError(f"{ckpt}: weights missing from the checkpoint: {', '.join(sorted(missing - tied))}")
     saved_step = str(metadata.get("step", ""))  # save_checkpoint writes it (and the manifest its hash)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from speedrun.config import Config, ModelConfig, OptimConfig, TrainConfig
+from speedrun.config import Config, OptimConfig, TrainConfig
+from speedrun.config.families import model_facts
 from speedrun.config.stages import StagePlan, stage_plan
 from speedrun.model import families
 from speedrun.optim.normuon import momentum_at
@@ -71,17 +73,18 @@ def muon_momentum(step: int, cfg: OptimConfig, total_steps: int = 0) -> float:
     return (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum
 
 
-def window_tokens(step: int, total_steps: int, cfg: ModelConfig) -> int:
-    """Sliding window (tokens) at `step` of `total_steps` (0: none); W = cfg.window, s0 =
-    cfg.window_warmup_start, u = cfg.window_unit, integer arithmetic, full window at step N.
+def window_tokens(step: int, total_steps: int, model_cfg: Any) -> int:
+    """Sliding window (tokens) at `step` of `total_steps` (0: none); W = window, s0 = window_warmup_start,
+    u = window_unit (the model's facts), integer arithmetic, full window at step N.
     none: W (2024-11-19: 1024). floor (2024-11-24 … 12-08): u·floor((s0 + (W − s0)·step/N) / u).
     ceil (Sub3Min): u·max(1, ceil((W − s0)·step/N / u))."""
-    W = cfg.window
-    if W <= 0 or cfg.window_warmup == "none":
+    f = model_facts(model_cfg)
+    W = f.window
+    if W <= 0 or f.window_warmup == "none":
         return max(0, W)
-    s0, u, n = cfg.window_warmup_start, cfg.window_unit, max(1, total_steps)
+    s0, u, n = f.window_warmup_start, f.window_unit, max(1, total_steps)
     step = min(max(0, step), n)
-    if cfg.window_warmup == "floor":
+    if f.window_warmup == "floor":
         units = (s0 * n + (W - s0) * step) // (u * n)
     else:
         units = -(-((W - s0) * step) // (u * n))  # ceil division
@@ -112,7 +115,7 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
     plan = stage_plan(cfg)
     if plan is not None:
         v = stage_values(step, plan)
-        yarn = long_window_history(step, plan) if cfg.model.yarn else ()
+        yarn = long_window_history(step, plan) if model_facts(cfg.model).yarn else ()
         frozen = frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: stage_transition(s, plan))
         scale = grad_scale(v.batch_tokens, cfg.train)
         return StepSchedule(v.lr, v.muon_momentum, 0, stage=v, yarn=yarn, frozen=frozen, grad_scale=scale)

@@ -72,39 +72,6 @@ class Gpt2026Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     init: InitConfig = field(default_factory=InitConfig)
 
-    # what shared code reads of any family's config (the 2024 switches this family does not have)
-    tie_embeddings = False
-    fused_qkv = True
-    bf16_model = False
-    logits_vocab_only = False
-    positional = "rotary"
-    softcap_form = "sigmoid"
-    sdpa_kernel = "auto"
-    rope_half_truncated = True
-    document_mask = True
-    window_block_list = False
-
-    @property
-    def window_pattern(self) -> str:
-        return "".join(self.windows)
-
-    # the names shared code (schedules, stage plans, summaries, memory) reads of either family's config;
-    # in this family they live in a part
-    window = property(lambda self: self.attn.window)
-    window_granularity = property(lambda self: self.attn.window_granularity)
-    window_warmup = property(lambda self: self.attn.window_warmup)
-    window_warmup_start = property(lambda self: self.attn.window_warmup_start)
-    window_unit = property(lambda self: self.attn.window_unit)
-    yarn = property(lambda self: self.attn.yarn)
-    embed_dtype = property(lambda self: self.embed.dtype)
-    pad_embeddings = property(lambda self: self.embed.pad)
-    attn_scale = property(lambda self: self.attn.scale)
-    rope_precision = property(lambda self: self.attn.rope_precision)
-    logit_softcap = property(lambda self: self.head.softcap)
-    softcap_in_bf16 = property(lambda self: self.head.softcap_in_bf16)
-    fp8_head = property(lambda self: self.head.fp8)
-    zero_init_head = property(lambda self: self.head.zero_init)
-
 
 def _flat_map() -> dict[str, tuple[str, str]]:
     """Old flat key (without `model.`) → (part, field), from each part's fields and its `FLAT` renames; a

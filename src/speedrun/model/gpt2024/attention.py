@@ -13,7 +13,16 @@ from torch import nn
 from speedrun.config import ModelConfig
 from speedrun.model.contexts import CAUSAL, Context
 from speedrun.model.labels import label, label_linear
-from speedrun.model.layers import CastedLinear, Rotary, make_rotary
+from speedrun.model.layers import CastedLinear, Rotary
+
+
+def make_rotary(cfg: ModelConfig) -> Rotary | None:
+    """The recipe's rotary tables, or None for learned positions. One per model, shared by its layers
+    (per layer, the fp32 tables of a 65,536-token recipe would be 0.37 GB of copies)."""
+    if cfg.positional != "rotary":
+        return None
+    head_dim = cfg.n_embd // cfg.n_head
+    return Rotary(head_dim, cfg.max_seq_len, 10000.0, cfg.rope_half_truncated, cfg.rope_precision)
 
 
 class Attention(nn.Module):

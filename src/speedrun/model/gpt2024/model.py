@@ -8,29 +8,51 @@ MLP-only layers and the sigmoid softcap (Sub3Min). Records #26 on: model/gpt2026
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import (
+    BLOCK_SIZE,
     AttentionMask,
     MaskSpec,
     build_block_mask,
     choose_backend,
-    layer_specs,
+    document_ids,
+    short_window,
 )
 from speedrun.model.contexts import CAUSAL, Context, Masked
 from speedrun.model.fp8 import fp8_linear
-from speedrun.model.gpt2024.attention import Attention
+from speedrun.model.gpt2024.attention import Attention, make_rotary
 from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
 from speedrun.model.gpt2024.unet import initial_weights, skip_sources
 from speedrun.model.labels import label, label_linear
-from speedrun.model.layers import MLP, CastedLinear, Rotary, make_norm, make_rotary, scaled_uniform_, softcap
+from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
 from speedrun.model.vocab import embedding_rows, padded_vocab
+
+
+def make_norm(cfg: ModelConfig, kind: str | None = None) -> Norm:
+    """The recipe's norm (kind defaults to cfg.norm) with its RMSNorm epsilon and precision."""
+    return Norm(cfg.n_embd, kind or cfg.norm, cfg.norm_eps, cfg.norm_fp32)
+
+
+def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list[MaskSpec] | None:
+    """Per layer, the MaskSpec of a (B, T) token sequence (None: all plain causal): the one place a recipe's
+    masking switches become masks, for the forward and cached decoding. `window`: the model's 0-d tensor."""
+    if not (cfg.document_mask or cfg.window > 0):
+        return None
+    block_window = cfg.window_granularity == "block"
+    docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
+    w = window if cfg.window > 0 else None
+    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
+    pattern = cfg.window_pattern or "L" * cfg.n_layer
+    short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
+    return [long if kind == "L" else short for kind in pattern]
 
 
 class Block(nn.Module):
@@ -178,7 +200,7 @@ class GPT(nn.Module):
         return [Masked(m) for m in self.layer_masks(idx)]
 
     def mask_specs(self, tokens: torch.Tensor) -> list[MaskSpec] | None:
-        """Per layer, the mask of a (B, T) token sequence (None: plain causal); see attention.layer_specs."""
+        """Per layer, the mask of a (B, T) token sequence (None: plain causal); see layer_specs."""
         return layer_specs(self.cfg, tokens, self.attn_window if self.cfg.window > 0 else None)
 
     def forward(

@@ -60,7 +60,7 @@ def init_weights(model: nn.Module, cfg: Gpt2026Config) -> None:
 def cast_storage(model: nn.Module, cfg: Gpt2026Config) -> None:
     """bf16 embeddings (lookups need no fp32 master copy) and #57's bf16 block matrices (the optimizer
     keeps their low mantissa bits, optim/normuon.py), where the config asks."""
-    if cfg.embed_dtype == "bf16":
+    if cfg.embed.dtype == "bf16":
         for emb in [
             model.wte,
             *([model.embed2] if model.embed2 is not None else []),

@@ -85,16 +85,17 @@ class GPT2026(nn.Module):
             h.softcap, h.softcap_divisor, h.softcap_offset, h.softcap_in_bf16, h.ce_bf16, h.fp8
         )  # fmt: skip
         head.register_buffers(self, cfg, vocab)
-        self.varlen_windows = windows.initial_windows(cfg.window)
-        if cfg.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
-            self.register_buffer("attn_window", torch.tensor(cfg.window, dtype=torch.int32), persistent=False)
+        self.varlen_windows = windows.initial_windows(cfg.attn.window)
+        if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
+            window = torch.tensor(cfg.attn.window, dtype=torch.int32)
+            self.register_buffer("attn_window", window, persistent=False)
         init_weights(self, cfg)
         cast_storage(self, cfg)
 
     def set_attention_window(self, tokens: int) -> None:
         """#26's window (tokens) for the next forwards: an in-place write, no recompile."""
-        if self.cfg.window > 0:
-            assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
+        if self.cfg.attn.window > 0:
+            assert 1 <= tokens <= self.cfg.attn.window, f"window {tokens} is outside 1..model.attn.window"
             self.attn_window.fill_(tokens)
 
     @property

@@ -29,7 +29,7 @@ from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 # (model/gpt2026/windows.py). This module holds the window state a stage sets, and YaRN's updates.
 #
 # Windows are Python ints (the varlen kernels take them so), set per stage by `set_stage`: a layer marked
-# L in `model.window_pattern` takes the long window, S the short one. A stage gives them in 128-token
+# L in `model.windows` takes the long window, S the short one. A stage gives them in 128-token
 # blocks as the records do, and the records pass `window_size=(blocks·128, 0)` to FA3, which sees keys
 # up to blocks·128 tokens back inclusive: `blocks·128 + 1` in our rule (a key is visible while q − k <
 # window). Without stages the windows are `model.window` (long) and half of it (short).
@@ -53,7 +53,7 @@ def windows_of(short: int, long: int, max_doc_len: int) -> VarlenWindows:
 
 
 def initial_windows(window: int) -> VarlenWindows:
-    """Before any stage: `model.window` for long layers and half of it for short ones."""
+    """Before any stage: `model.attn.window` for long layers and half of it for short ones."""
     return windows_of(max(1, window // 2) if window > 0 else 0, max(0, window), 0)
 
 
@@ -74,7 +74,7 @@ def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, y
 def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
     """Rewrite the model's shared rotary table (in place: compiled graphs keep reading it) and every
     layer's attention scale for a long window that went through `windows` (tokens), as #31: the scale
-    starts at `model.attn_scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
+    starts at `model.attn.scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
     rotary = attns[0].rotary
     freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg), layout="half")
@@ -141,9 +141,9 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
 
         long, short = spec(w.long), spec(w.short)
     else:  # #26: the 0-d window tensor, block-granular
-        block = cfg.window_granularity == "block"
-        window = model.attn_window if cfg.window > 0 else None
-        long = MaskSpec(docs, window, block, BLOCK_SIZE, cfg.window)
+        block = cfg.attn.window_granularity == "block"
+        window = model.attn_window if cfg.attn.window > 0 else None
+        long = MaskSpec(docs, window, block, BLOCK_SIZE, cfg.attn.window)
         short = dataclasses.replace(long, window=short_window(window, block)) if window is not None else long
     base = [long if s.window == "L" else short for s in model.specs]
     if not any(s.paired for s in model.specs):

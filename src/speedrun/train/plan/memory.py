@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from speedrun.config import Config
-from speedrun.config.families import config_family
+from speedrun.config.families import config_family, model_facts
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
@@ -94,8 +94,8 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
 
 def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     """(bytes saved for backward per token by the layers, bytes per logit at the backward's start)."""
-    m, d = cfg.model, cfg.model.n_embd
-    bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
+    m, f, d = cfg.model, model_facts(cfg.model), cfg.model.n_embd
+    bf16_stream = f.embed_dtype == "bf16" or f.bf16_model
     r = 2 if bf16_stream else 4  # the residual stream: the embedding's dtype
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
@@ -121,25 +121,25 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
         total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
         if has_attention:
             v_mixed = mixes[i]
-            rotated = m.positional == "rotary" or getattr(m, "qk_norm", True)
+            rotated = f.positional == "rotary" or f.qk_norm
             # QKV; mixed v; rotated (or normed) q, k; attention output and its (B, T, C) copy; lse
             total += a * d * (3 + int(v_mixed) + 2 * int(rotated) + 2) + 4 * m.n_head
-    total += r * d if not m.fp8_head else d  # the head's input (FP8: its e4m3 copy)
-    head = 2 if (a == 2 or m.fp8_head) else 4
+    total += r * d if not f.fp8_head else d  # the head's input (FP8: its e4m3 copy)
+    head = 2 if (a == 2 or f.fp8_head) else 4
     if compiled:  # the head's output saved, its gradients, and the FP8 backward's e5m2 copy
-        return total, head * (1 + saves.logit_gradients) + (1 if m.fp8_head else 0)
-    capped = (head if m.softcap_in_bf16 else 4) if m.logit_softcap > 0 else 0
+        return total, head * (1 + saves.logit_gradients) + (1 if f.fp8_head else 0)
+    capped = (head if f.softcap_in_bf16 else 4) if f.logit_softcap > 0 else 0
     return total, capped + 4 + 4 + 4  # softcap output, log-softmax, and two gradients of the loss
 
 
 def _validation_bytes(cfg: Config, compiled: bool) -> int:
     """Bytes of one validation forward beyond weights and state: eager, the fp32 logits' softcap
     intermediates or logits and log-softmax; compiled, the head's output; plus a layer's activations."""
-    m, t = cfg.model, cfg.train
+    m, f, t = cfg.model, model_facts(cfg.model), cfg.train
     tokens = t.val_seq_len or t.micro_batch_tokens
-    bf16_stream = m.embed_dtype == "bf16" or m.bf16_model
+    bf16_stream = f.embed_dtype == "bf16" or f.bf16_model
     a = 2 if bf16_stream or (t.dtype == "bf16" and t.val_autocast) else 4
-    per_logit = a if compiled else (12 if m.logit_softcap > 0 and not m.softcap_in_bf16 else 8)
+    per_logit = a if compiled else (12 if f.logit_softcap > 0 and not f.softcap_in_bf16 else 8)
     layer = a * m.mlp_ratio * m.n_embd * (1 if compiled else 2) + 4 * 3 * m.n_embd
     return tokens * (padded_vocab(m) * per_logit + layer)
 
@@ -148,7 +148,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     """The peak of one training step of `cfg` (its effective config: `train.dtype` resolved) on each
     of `world_size` processes, compiled or eager, on CUDA (FlexAttention, fused RMSNorm)."""
     assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
-    t = cfg.train
+    t, f = cfg.train, model_facts(cfg.model)
     model = _meta_model(cfg)
     params = list({id(p): p for p in model.parameters()}.values())
     weights = _nbytes(params) + _nbytes(model.buffers())
@@ -158,11 +158,11 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
     per_token, per_logit = _activation_bytes(cfg, compiled)
     activations = per_token * t.micro_batch_tokens
-    a_bf16 = cfg.model.embed_dtype == "bf16" or cfg.model.bf16_model or t.dtype == "bf16"
+    a_bf16 = f.embed_dtype == "bf16" or f.bf16_model or t.dtype == "bf16"
     if not compiled and a_bf16:  # eager saves the bf16 copy of every fp32 block weight it multiplied
         matrices = [p for _, p, lab in labelled(model) if lab.name in MATMULS and p.dtype == torch.float32]
         activations += sum(p.numel() * 2 for p in matrices)
-    vocab = cfg.model.vocab_size if cfg.model.logits_vocab_only else padded_vocab(cfg.model)
+    vocab = cfg.model.vocab_size if f.logits_vocab_only else padded_vocab(cfg.model)
     logits = per_logit * t.micro_batch_tokens * vocab
     return MemoryEstimate(
         weights=weights,
