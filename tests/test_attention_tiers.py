@@ -177,3 +177,41 @@ def test_the_cuda_tiers_forward_traces_in_one_graph_on_the_cpu(monkeypatch):
         torch._dynamo.reset()
         got = torch.compile(model, backend="eager", fullgraph=True, dynamic=False)(idx, cu_seqlens=cu)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cuda_tiers_training_step_compiles_in_one_graph_on_the_cpu(monkeypatch):
+    """The same CUDA branch with gradients, as `speedrun train` and `bench` compile a step (fullgraph,
+    aot_eager: FlexAttention's own op trains through its reference on the CPU): the loss and every
+    gradient equal the blocked tier's eager step."""
+    from speedrun.model.families import build_model
+    from speedrun.recipes import load_recipe
+    from speedrun.train.schedule import apply_to_model, schedule_at
+    from tests.recipe_matrix import shrink
+
+    recipe = "record-2026-07"
+    cfg = load_recipe(recipe, [*shrink(recipe), "model.max_seq_len=512", "model.embed_dtype=fp32"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    apply_to_model(schedule_at(0, cfg), model)
+    idx = torch.randint(0, cfg.model.eot_id, (1, 512), generator=torch.Generator().manual_seed(2))
+    idx[0, [0, 40, 200]] = cfg.model.eot_id
+    targets = torch.roll(idx, -1, 1)
+    cu = packed_cu(512, [40, 160])
+    model(idx, targets, cu_seqlens=cu).backward()  # the blocked tier
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    want_loss = model(idx, targets, cu_seqlens=cu).detach()
+    model.zero_grad(set_to_none=True)
+    monkeypatch.setattr(tiers, "_fa3", [None])
+    monkeypatch.setattr(tiers, "on_cuda", lambda device: True)
+    flex_calls, flex = [], tiers.flex_varlen
+    monkeypatch.setattr(tiers, "flex_varlen", lambda *a: flex_calls.append(a[-2]) or flex(*a))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=False)
+    loss = compiled(idx, targets, cu_seqlens=cu)
+    loss.backward()
+    assert flex_calls, "the step did not take the CUDA flex tier"
+    torch.testing.assert_close(loss.detach(), want_loss, rtol=1e-5, atol=1e-5)
+    got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for n, g in got.items():
+        torch.testing.assert_close(g, want[n], rtol=1e-3, atol=1e-5, msg=n)

@@ -125,13 +125,6 @@ def canonical_mask(ranks: dict[bytes, int], vocab_size: int) -> Tensor:
     return torch.from_numpy(packed)
 
 
-def gpt2_canonical_mask(vocab_size: int) -> Tensor:
-    """#350's mask over the GPT-2 vocabulary (padded to vocab_size)."""
-    from speedrun.data.tokenizers import gpt2_tokenizer
-
-    return canonical_mask(gpt2_tokenizer().encoding._mergeable_ranks, vocab_size)
-
-
 def mask_logits(logits: Tensor, idx: Tensor, packed: Tensor) -> Tensor:
     """Capped logits (B, T, V) after the tokens idx (B, T): the pairs the tokenizer never emits set to
     −60 (V = the mask's vocabulary)."""
