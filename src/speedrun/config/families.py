@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from speedrun.config import Config
+from speedrun.config.gpt2026 import FIXED_2025, qk_width
 from speedrun.config.gpt2026 import check as check_gpt2026_model
-from speedrun.config.gpt2026 import qk_width
 from speedrun.config.types import MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -54,16 +54,19 @@ def _gpt2024_facts(m: Any) -> ModelFacts:
     )
 
 
+#: the facts gpt2026 fixes (tie_embeddings=False, fused_qkv=True, ...): the 2025 switches it has no field for
+_GPT2026_FIXED = {f.name: FIXED_2025[f.name] for f in fields(ModelFacts) if f.name in FIXED_2025}
+
+
 def _gpt2026_facts(m: Any) -> ModelFacts:
     a, h = m.attn, m.head
     return ModelFacts(
-        tie_embeddings=False, fused_qkv=True, bf16_model=False, logits_vocab_only=False, positional="rotary",
-        qk_norm=True, rope_half_truncated=True, rope_precision=a.rope_precision, attn_scale=a.scale,
-        document_mask=True, window=a.window, window_granularity=a.window_granularity,
-        window_warmup=a.window_warmup, window_warmup_start=a.window_warmup_start, window_unit=a.window_unit,
-        window_block_list=False, window_pattern="".join(m.windows), yarn=a.yarn, embed_dtype=m.embed.dtype,
-        pad_embeddings=m.embed.pad, zero_init_head=h.zero_init, logit_softcap=h.softcap,
-        softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8,
+        **_GPT2026_FIXED, rope_precision=a.rope_precision, attn_scale=a.scale, window=a.window,
+        window_granularity=a.window_granularity, window_warmup=a.window_warmup,
+        window_warmup_start=a.window_warmup_start, window_unit=a.window_unit,
+        window_pattern="".join(m.windows),
+        yarn=a.yarn, embed_dtype=m.embed.dtype, pad_embeddings=m.embed.pad, zero_init_head=h.zero_init,
+        logit_softcap=h.softcap, softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8,
     )  # fmt: skip
 
 

@@ -22,7 +22,9 @@ def _attention_line(model: nn.Module) -> str | None:
         "document mask" if f.document_mask else "no document mask",
     ]
     if f.window > 0:
-        warmup = f", {f.window_warmup} warmup in steps of {f.window_unit}" * (f.window_warmup != "none")
+        warmup = ""
+        if f.window_warmup != "none":
+            warmup = f", {f.window_warmup} warmup in steps of {f.window_unit}"
         parts.append(f"window {f.window} ({f.window_granularity}{warmup})")
     if f.window_pattern:
         parts.append(f"layer windows {f.window_pattern}")

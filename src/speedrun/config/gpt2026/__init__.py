@@ -168,8 +168,9 @@ def _layers(text: str) -> set[int]:
 
 
 #: what every 2025 recipe's gpt2024 model has (and gpt2026 fixes): a config.json without `family` whose
-#: model has all of these and whose data come from the document loader (#26 on) is a gpt2026 model
-_FIXED_2025 = {
+#: model has all of these and whose data come from the document loader (#26 on) is a gpt2026 model; what
+#: shared code reads of them comes from here too (config/families.py, gpt2026's facts)
+FIXED_2025 = {
     "positional": "rotary", "norm": "rmsnorm", "activation": "relu2", "bias": False, "fused_qkv": True,
     "qk_norm": True, "embed_norm": True, "tie_embeddings": False, "zero_init_proj": True,
     "init": "scaled-uniform", "softcap_form": "sigmoid", "document_mask": True, "unet": True,
@@ -207,7 +208,7 @@ def legacy_model_table(data: dict) -> dict | None:
     model, loader = data.get("model"), (data.get("data") or {}).get("loader")
     if not isinstance(model, dict) or "family" in model or loader != "documents":
         return None
-    if any(model.get(k, v) != v for k, v in _FIXED_2025.items()) or model.get("value_embeds") in (
+    if any(model.get(k, v) != v for k, v in FIXED_2025.items()) or model.get("value_embeds") in (
         None,
         "none",
     ):
