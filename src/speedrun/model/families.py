@@ -92,7 +92,6 @@ def _gpt2024() -> Family:
 
 
 def _gpt2026() -> Family:
-    from speedrun.config.gpt2026 import qk_width
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 
@@ -108,7 +107,7 @@ def _gpt2026() -> Family:
 
     def layers(model: nn.Module) -> list[AttentionLayer]:
         cfg = model.cfg
-        width = cfg.n_head * (qk_width(cfg) + cfg.n_embd // cfg.n_head) / 2
+        width = cfg.n_head * (model_facts(cfg).qk_head_dim + cfg.n_embd // cfg.n_head) / 2
         return [AttentionLayer(s.window, width, s.paired) for s in model.specs if s.attention]
 
     def layer_facts(m: Any) -> LayerFacts:
