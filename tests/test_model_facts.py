@@ -9,9 +9,10 @@ import pytest
 
 from speedrun.config import ModelConfig
 from speedrun.config.families import ModelFacts, model_facts
-from speedrun.config.gpt2026 import Gpt2026Config, replace
+from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.model.gpt2024.layout import value_embed_layout
 from speedrun.recipes import load_recipe, recipe_names
+from tests.recipe_matrix import replace
 
 
 def test_the_gpt2026_config_carries_no_gpt2024_switch_it_does_not_own():

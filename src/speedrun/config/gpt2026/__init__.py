@@ -10,8 +10,7 @@ keys of the config before the parts (`model.mudd_sources`) to their tables (`mod
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
@@ -80,7 +79,7 @@ def _flat_map() -> dict[str, tuple[str, str]]:
     out = {}
     for part in PARTS:
         cls = type(getattr(Gpt2026Config(), part))
-        for f in dataclasses.fields(cls):
+        for f in fields(cls):
             if name := cls.FLAT.get(f.name, f.name):
                 out[name] = (part, f.name)
     return out
@@ -89,16 +88,6 @@ def _flat_map() -> dict[str, tuple[str, str]]:
 #: `model.mudd_sources` → ("mudd", "sources"): the one converter of flat keys (config_files applies it)
 FLAT: dict[str, tuple[str, str]] = _flat_map()
 Gpt2026Config.FLAT_KEYS = FLAT  # what config.canonical_key reads of any family's config class
-
-
-def replace(m: Gpt2026Config, **changes: Any) -> Gpt2026Config:
-    """`dataclasses.replace` that also takes the flat keys of before the parts (`mudd_sources=[7, 3]`,
-    through `FLAT`) and merges them into the part they belong to: for code that edits a model by name."""
-    top = {k: v for k, v in changes.items() if k not in FLAT}
-    for key in changes.keys() & FLAT.keys():
-        part, name = FLAT[key]
-        top[part] = dataclasses.replace(top.get(part, getattr(m, part)), **{name: changes[key]})
-    return dataclasses.replace(m, **top)
 
 
 def check(m: Gpt2026Config) -> None:
@@ -196,10 +185,9 @@ def legacy_model_table(data: dict) -> dict | None:
     if not fixed or model.get("value_embeds") in (None, "none"):
         return None
     try:
-        new = from_model_config(SimpleNamespace(**model))
+        return from_model_config(SimpleNamespace(**model))
     except (AttributeError, KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"model: a pre-split 2025 model section that cannot be converted ({e})") from None
-    return dataclasses.asdict(new)
 
 
 def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
@@ -226,9 +214,10 @@ _KEPT_2025 = (
 )  # fmt: skip
 
 
-def from_model_config(m: SimpleNamespace) -> Gpt2026Config:
+def from_model_config(m: SimpleNamespace) -> dict[str, Any]:
     """A 2025 recipe's pre-split model section (gpt2024 switches, read as attributes) → the same model
-    as a Gpt2026Config. Assumes what every 2025 recipe has (`legacy_model_table` checks it first)."""
+    as a gpt2026 `model` table, its part fields by their flat names (`FLAT`). Assumes what every 2025
+    recipe has (`legacy_model_table` checks it first)."""
     L = m.n_layer
     no_attn, no_mlp = _layers(m.no_attention_layers), _layers(m.no_mlp_layers)
     attn = [i for i in range(L) if i not in no_attn]
@@ -238,8 +227,8 @@ def from_model_config(m: SimpleNamespace) -> Gpt2026Config:
         skips = [[int(a), int(b)] for a, b in (p.split(">") for p in m.skips.split(",") if p.strip())]
     else:  # U-Net: weight j feeds decoder layer L - L//2 + j from encoder layer L//2 - 1 - j
         skips = [[L - 1 - dst, dst] for dst in range(L - L // 2, L)]
-    return replace(
-        Gpt2026Config(),
+    return dict(
+        family="gpt2026",
         **{k: getattr(m, k) for k in _KEPT_2025},
         attention_layers=attn,
         mlp_layers=mlp,
