@@ -16,8 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from speedrun.config import Config
 from speedrun.config.families import model_facts
-from speedrun.config.gpt2026 import Gpt2026Config
-from speedrun.config.gpt2026 import replace as replace_model
+from speedrun.config.gpt2026 import FLAT, Gpt2026Config
 from speedrun.model.families import build_model
 from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.recipes import load_recipe, recipe_names
@@ -30,9 +29,14 @@ VOCAB, EOT = 512, 511
 
 
 def replace(obj, **changes):
-    """dataclasses.replace; a gpt2026 model config also takes its flat keys (config.gpt2026.replace)."""
+    """dataclasses.replace; a gpt2026 model config also takes the flat keys of before its parts
+    (`mudd_sources=[7, 3]`, through `FLAT`) and merges them into the part they belong to."""
     if isinstance(obj, Gpt2026Config):
-        return replace_model(obj, **changes)
+        top = {k: v for k, v in changes.items() if k not in FLAT}
+        for key in changes.keys() & FLAT.keys():
+            part, name = FLAT[key]
+            top[part] = dataclasses.replace(top.get(part, getattr(obj, part)), **{name: changes[key]})
+        changes = top
     return dataclasses.replace(obj, **changes)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from speedrun.config import all_keys
 from speedrun.config.files import config_from_dict, flatten, read_run_config, set_value
-from speedrun.config.gpt2026 import FLAT, PARTS, Gpt2026Config, nest
+from speedrun.config.gpt2026 import FLAT, PARTS, Gpt2026Config
 from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from tests.conftest import run_speedrun
@@ -42,6 +42,18 @@ def test_an_old_flat_config_json_loads_to_the_nested_recipe(tmp_path):
     for key, value in old["model"].items():
         dotted = "model." + ".".join(FLAT[key]) if key in FLAT else f"model.{key}"
         assert new[dotted] == value, key
+
+
+def nest(model: dict) -> dict:
+    """A `model` table with flat part keys (an old config.json or recipe) as one with part tables."""
+    out: dict = {}
+    for key, value in model.items():
+        if key in FLAT and not isinstance(value, dict):
+            part, name = FLAT[key]
+            out.setdefault(part, {})[name] = value
+        else:
+            out[key] = value
+    return out
 
 
 def test_every_old_flat_key_maps_to_a_distinct_part_field_and_nest_is_its_inverse():

@@ -9,8 +9,10 @@ import pytest
 
 from speedrun.config import ModelConfig
 from speedrun.config.families import ModelFacts, model_facts
-from speedrun.config.gpt2026 import Gpt2026Config, replace
+from speedrun.config.gpt2026 import Gpt2026Config
+from speedrun.model.gpt2024.layout import value_embed_layout
 from speedrun.recipes import load_recipe, recipe_names
+from tests.recipe_matrix import replace
 
 
 def test_the_gpt2026_config_carries_no_gpt2024_switch_it_does_not_own():
@@ -23,8 +25,17 @@ def test_the_gpt2026_config_carries_no_gpt2024_switch_it_does_not_own():
 def test_gpt2024_facts_are_its_fields():
     m = load_recipe("record-2025-01").model
     facts = model_facts(m)
+    switches = {f.name for f in dataclasses.fields(ModelConfig)}
     for f in dataclasses.fields(ModelFacts):
-        assert getattr(facts, f.name) == (getattr(m, f.name) if f.name != "yarn" else False), f.name
+        if f.name in switches:
+            assert getattr(facts, f.name) == getattr(m, f.name), f.name
+    none = dict(yarn=False, mtp=0, gates=(0, 0, 0, 0, False), fp8_mlp=False, era=0)  # gpt2026's parts
+    assert {k: getattr(facts, k) for k in none} == none
+    for name in recipe_names():  # the tables the model's own layout uses
+        m = load_recipe(name).model
+        if m.family == "gpt2024":
+            tables = len({j for j in value_embed_layout(m) if j is not None})
+            assert (model_facts(m).value_tables, model_facts(m).qk_head_dim) == (tables, m.n_embd // m.n_head)
 
 
 @pytest.mark.parametrize("name", [r for r in recipe_names() if load_recipe(r).model.family == "gpt2026"])

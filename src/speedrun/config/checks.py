@@ -170,7 +170,7 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    n_tables = config_family(m).value_tables(m)
+    n_tables = f.value_tables
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
     embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
@@ -192,7 +192,7 @@ ADAMW_READS = frozenset(
 def _validate_normuon(cfg: Config) -> None:
     """Checks of the 2025–26 optimizer switches (optim/sharded.py)."""
     o, m, f = cfg.optim, cfg.model, model_facts(cfg.model)
-    smear, attn_gate, ve_gate, skip_gate, x0_apart = config_family(m).gates(m)
+    smear, attn_gate, ve_gate, skip_gate, x0_apart = f.gates
     if o.adam_weight_decay and o.name == "adamw":
         raise ConfigError(
             "optim.adam_weight_decay needs optim.name=muon or normuon (adamw: optim.weight_decay)"

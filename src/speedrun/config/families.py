@@ -1,7 +1,7 @@
 """The families' config-side record, torch-free: what the config layer needs of a family (its own model
-checks, which stage features it has, the memory bound's table count, the gates the optimizer rows see),
-keyed by `model.family`. model/families.py holds the model side and needs none of this; a rule that is
-one family's lives here, never as an `if family ==` elsewhere (tests/test_import_rules.py)."""
+checks, and its facts: what shared code reads, which stage features it has, the memory bound's table
+count, the gates the optimizer rows see), keyed by `model.family`. model/families.py holds the model side;
+a rule that is one family's lives here, never as an `if family ==` elsewhere (tests/test_import_rules.py)."""
 
 from __future__ import annotations
 
@@ -46,12 +46,24 @@ class ModelFacts:
     logit_softcap: float
     softcap_in_bf16: bool
     fp8_head: bool
+    # what the families differ in beyond the gpt2024 switches
+    mtp: int  # #53's extra heads (a stage plan reads them with yarn)
+    value_tables: int  # value-embedding tables (the fp32 weights' bound)
+    # the parts with optimizer rows of their own: (smear, attn_gate, ve_gate, skip_gate, x0_lambda_apart)
+    gates: tuple[int, int, int, int, bool]
+    qk_head_dim: int  # Q/K dims per head (#344's narrower Q/K; #80's Q/K blocks)
+    fp8_mlp: bool  # the MLPs train in FP8 (#84/#89: the memory bound's saved tensors)
+    era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
 
 
 def _gpt2024_facts(m: Any) -> ModelFacts:
-    return ModelFacts(
-        **{f.name: getattr(m, f.name) for f in fields(ModelFacts) if f.name != "yarn"}, yarn=False
-    )
+    tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
+    not_switches = dict(
+        yarn=False, mtp=0, value_tables=tables[m.value_embeds], gates=(0, 0, 0, 0, False),
+        qk_head_dim=m.n_embd // m.n_head, fp8_mlp=False, era=0,
+    )  # fmt: skip
+    named = {f.name: getattr(m, f.name) for f in fields(ModelFacts) if f.name not in not_switches}
+    return ModelFacts(**named, **not_switches)
 
 
 #: the facts gpt2026 fixes (tie_embeddings=False, fused_qkv=True, ...): the 2025 switches it has no field for
@@ -59,29 +71,25 @@ _GPT2026_FIXED = {f.name: FIXED_2025[f.name] for f in fields(ModelFacts) if f.na
 
 
 def _gpt2026_facts(m: Any) -> ModelFacts:
-    a, h = m.attn, m.head
+    a, h, st = m.attn, m.head, m.stream
     return ModelFacts(
         **_GPT2026_FIXED, rope_precision=a.rope_precision, attn_scale=a.scale, window=a.window,
         window_granularity=a.window_granularity, window_warmup=a.window_warmup,
         window_warmup_start=a.window_warmup_start, window_unit=a.window_unit,
         window_pattern="".join(m.windows),
         yarn=a.yarn, embed_dtype=m.embed.dtype, pad_embeddings=m.embed.pad, zero_init_head=h.zero_init,
-        logit_softcap=h.softcap, softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8,
+        logit_softcap=h.softcap, softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8, mtp=h.mtp,
+        value_tables=len({j for j in m.value_embeds if j >= 0}),
+        gates=(m.embed.smear, a.gate, m.values.gate, st.skip_gate, st.x0_lambda_apart),
+        qk_head_dim=qk_width(m), fp8_mlp=m.mlp.fp8, era=1,
     )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ConfigFamily:
-    """One family's config-side facts (`m`: its model config)."""
+    """One family's config-side record (`m`: its model config)."""
 
     check: Callable[[Config], None]  # the family's own model rules, after the shared cross-field ones
-    stage_features: Callable[[Any], tuple[bool, int]]  # (model.yarn, model.mtp) a stage plan reads
-    value_tables: Callable[[Any], int]  # value-embedding tables (the fp32 weights' bound)
-    # the parts with optimizer rows of their own: (smear, attn_gate, ve_gate, skip_gate, x0_lambda_apart)
-    gates: Callable[[Any], tuple[int, int, int, int, bool]]
-    era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
-    qk_head_dim: Callable[[Any], int]  # Q/K dims per head (#344's narrower Q/K; #80's Q/K blocks)
-    fp8_mlp: Callable[[Any], bool]  # the MLPs train in FP8 (#84/#89: the memory bound's saved tensors)
     facts: Callable[[Any], ModelFacts]  # what shared code reads of the model config
 
 
@@ -155,37 +163,8 @@ def _check_gpt2024(cfg: Config) -> None:
 
 
 FAMILIES: dict[str, ConfigFamily] = {
-    "gpt2024": ConfigFamily(
-        check=_check_gpt2024,
-        stage_features=lambda m: (False, 0),  # neither YaRN nor MTP
-        value_tables=lambda m: {
-            "none": 0,
-            "per-layer": m.n_layer,
-            "unet": m.n_layer // 2,
-            "ends": m.value_embed_tables,
-        }[m.value_embeds],  # fmt: skip
-        gates=lambda m: (0, 0, 0, 0, False),  # the gates and smear are gpt2026's parts
-        era=0,
-        qk_head_dim=lambda m: m.n_embd // m.n_head,
-        fp8_mlp=lambda m: False,
-        facts=_gpt2024_facts,
-    ),
-    "gpt2026": ConfigFamily(
-        check=_check_gpt2026,
-        stage_features=lambda m: (m.attn.yarn, m.head.mtp),
-        value_tables=lambda m: len({j for j in m.value_embeds if j >= 0}),
-        gates=lambda m: (
-            m.embed.smear,
-            m.attn.gate,
-            m.values.gate,
-            m.stream.skip_gate,
-            m.stream.x0_lambda_apart,
-        ),
-        era=1,
-        qk_head_dim=qk_width,
-        fp8_mlp=lambda m: m.mlp.fp8,
-        facts=_gpt2026_facts,
-    ),
+    "gpt2024": ConfigFamily(_check_gpt2024, _gpt2024_facts),
+    "gpt2026": ConfigFamily(_check_gpt2026, _gpt2026_facts),
 }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedrun.config import Config
-from speedrun.config.families import config_family, model_facts
+from speedrun.config.families import model_facts
 from speedrun.config.types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 
@@ -253,7 +253,7 @@ def check_stages(cfg: Config) -> None:
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d, f = cfg.model, cfg.train, cfg.data, model_facts(cfg.model)
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
-    yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
+    yarn, mtp = f.yarn, f.mtp
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -310,8 +310,8 @@ def check_stages(cfg: Config) -> None:
 
 def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
-    t, d = cfg.train, cfg.data
-    yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
+    t, d, f = cfg.train, cfg.data, model_facts(cfg.model)
+    yarn, mtp = f.yarn, f.mtp
     if d.max_doc_len != _default(type(d), "max_doc_len"):
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "

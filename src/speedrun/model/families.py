@@ -34,8 +34,6 @@ LayerFacts = tuple[list[bool], list[bool], list[int | None], set[int], list[bool
 class Family:
     """What the rest of the package needs of a family."""
 
-    name: str
-    config_cls: type
     build: Callable[[Any], nn.Module]  # the family's model config → the model
     apply_schedule: Callable[[nn.Module, Any], None]  # a step's StepSchedule → the model
     # the FLOPs count's inputs (model/flops.py): a step's windows from its schedule (None: the config's),
@@ -47,14 +45,10 @@ class Family:
     layer_facts: Callable[[Any], LayerFacts]
     # after optimizer step `step` (-1 before the first): what the family refreshes (#84/#89: gpt2026's FP8
     # weight copies); the loop, the warm-up and the bench call it before every step
-    after_step: Callable[[nn.Module, int], None]
+    after_step: Callable[[nn.Module, int], None] = lambda model, step: None  # gpt2024 keeps no copies
     # what a compiled step keeps beyond train/plan/memory.py's common count (gpt2024: that count; its H100
     # peaks were 1.09-1.16x it)
     compiled_saves: CompiledSaves = CompiledSaves()
-
-
-def _nothing_after_step(model: nn.Module, step: int) -> None:
-    """gpt2024 keeps no copies of its weights."""
 
 
 def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
@@ -71,7 +65,6 @@ def _tensor_rule_windows(model_cfg: Any, values: Any) -> StepWindows:
 
 
 def _gpt2024() -> Family:
-    from speedrun.config import ModelConfig
     from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
     from speedrun.model.gpt2024.model import GPT
 
@@ -95,13 +88,10 @@ def _gpt2024() -> Family:
         mixed = [mixes and (m.value_mix == "lambdas" or j is not None or m.value_residual) for j in layout]
         return attention_layers(m), [True] * L, layout, skipped, mixed, m.x0_shortcut
 
-    return Family(
-        "gpt2024", ModelConfig, GPT, apply, _tensor_rule_windows, layers, layer_facts, _nothing_after_step
-    )
+    return Family(GPT, apply, _tensor_rule_windows, layers, layer_facts)
 
 
 def _gpt2026() -> Family:
-    from speedrun.config.gpt2026 import Gpt2026Config, qk_width
     from speedrun.model.gpt2026 import windows
     from speedrun.model.gpt2026.model import GPT2026
 
@@ -117,7 +107,7 @@ def _gpt2026() -> Family:
 
     def layers(model: nn.Module) -> list[AttentionLayer]:
         cfg = model.cfg
-        width = cfg.n_head * (qk_width(cfg) + cfg.n_embd // cfg.n_head) / 2
+        width = cfg.n_head * (model_facts(cfg).qk_head_dim + cfg.n_embd // cfg.n_head) / 2
         return [AttentionLayer(s.window, width, s.paired) for s in model.specs if s.attention]
 
     def layer_facts(m: Any) -> LayerFacts:
@@ -127,15 +117,12 @@ def _gpt2026() -> Family:
         mixed = [m.values.mix == "lambdas" or j is not None for j in layout]
         return attn, mlp, layout, {dst for _, dst in m.skips}, mixed, True
 
-    def after_step(model: nn.Module, step: int) -> None:
-        model.refresh_fp8(step)  # no FP8 part (model.mlp.fp8 off): nothing to refresh
-
     # the partition of the varlen step (docs/benchmarks.md): the estimate sits 0-9 % above the count, and
     # the count of record-2026-07 is 39,877 MiB against #89's 1xH100 log, 39,736: no margin on top
     saves = CompiledSaves(mlp_post=True, matmul_input_copies=True, logit_gradients=2, cuda_margin=1.0)
-    apply = windows.apply_schedule
+    # after_step: the FP8 parts' weight copies (none without model.mlp.fp8 or model.attn.fp8_qkv)
     return Family(
-        "gpt2026", Gpt2026Config, GPT2026, apply, step_windows, layers, layer_facts, after_step, saves
+        GPT2026, windows.apply_schedule, step_windows, layers, layer_facts, GPT2026.refresh_fp8, saves
     )
 
 

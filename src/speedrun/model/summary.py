@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from speedrun.config.families import config_family, model_facts
+from speedrun.config.families import model_facts
 from speedrun.model.flops import FORMULA
 from speedrun.model.labels import labelled
 from speedrun.model.vocab import embedding_rows, padded_vocab
@@ -47,11 +47,7 @@ def model_summary(model: nn.Module, cfg: Any, flops: tuple[int, int]) -> str:
         f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
         f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  "
         f"head_dim: {cfg.n_embd // cfg.n_head}"
-        + (
-            f" (Q/K {qk}, #344)"
-            if (qk := config_family(cfg).qk_head_dim(cfg)) != cfg.n_embd // cfg.n_head
-            else ""
-        ),
+        + (f" (Q/K {qk}, #344)" if (qk := model_facts(cfg).qk_head_dim) != cfg.n_embd // cfg.n_head else ""),
     ]
     attention = _attention_line(model)
     if attention:

@@ -9,7 +9,7 @@ import textwrap
 from dataclasses import dataclass
 
 from speedrun.config import Config
-from speedrun.config.families import config_family
+from speedrun.config.families import model_facts
 from speedrun.config.files import read_toml
 from speedrun.recipes import _recipe_dir, load_recipe, recipe_names
 
@@ -92,7 +92,7 @@ def entry(name: str) -> Entry:
     if prov.get("hardware") == "CPU":
         era, record = 3, "-"
     else:
-        era = 2 if track != 1 else config_family(cfg.model).era
+        era = 2 if track != 1 else model_facts(cfg.model).era
         record = ("" if track == 1 else f"t{track} ") + (f"#{prov['record']}" if "record" in prov else "base")
     budget = "<=" if cfg.train.time_budget_s > 0 else ""
     time = f"{prov['time']} {prov.get('hardware', '')}".strip() if "time" in prov else "-"

@@ -10,8 +10,8 @@ keys of the config before the parts (`model.mudd_sources`) to their tables (`mod
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from speedrun.config.gpt2026 import attn, embed, head, init, mlp, mudd, stream, values
@@ -77,44 +77,17 @@ def _flat_map() -> dict[str, tuple[str, str]]:
     """Old flat key (without `model.`) → (part, field), from each part's fields and its `FLAT` renames; a
     field the part maps to None came after the parts, so no old file has a flat name for it."""
     out = {}
-    for part, module in PARTS.items():
-        cls = _part_class(module)
-        for f in dataclasses.fields(cls):
+    for part in PARTS:
+        cls = type(getattr(Gpt2026Config(), part))
+        for f in fields(cls):
             if name := cls.FLAT.get(f.name, f.name):
                 out[name] = (part, f.name)
     return out
 
 
-def _part_class(module: Any) -> type:
-    (cls,) = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
-    return cls
-
-
 #: `model.mudd_sources` → ("mudd", "sources"): the one converter of flat keys (config_files applies it)
 FLAT: dict[str, tuple[str, str]] = _flat_map()
 Gpt2026Config.FLAT_KEYS = FLAT  # what config.canonical_key reads of any family's config class
-
-
-def nest(model: dict[str, Any]) -> dict[str, Any]:
-    """A `model` table with flat part keys (an old config.json or recipe) as one with part tables."""
-    out: dict[str, Any] = {}
-    for key, value in model.items():
-        if key in FLAT and not isinstance(value, dict):
-            part, name = FLAT[key]
-            out.setdefault(part, {})[name] = value
-        else:
-            out[key] = value
-    return out
-
-
-def replace(m: Gpt2026Config, **changes: Any) -> Gpt2026Config:
-    """`dataclasses.replace` that also takes the flat keys of before the parts (`mudd_sources=[7, 3]`,
-    through `FLAT`) and merges them into the part they belong to: for code that edits a model by name."""
-    flat = {k: v for k, v in changes.items() if k in FLAT}
-    top = {k: v for k, v in changes.items() if k not in flat}
-    for part, fields in nest(flat).items():
-        top[part] = dataclasses.replace(top.get(part, getattr(m, part)), **fields)
-    return dataclasses.replace(m, **top)
 
 
 def check(m: Gpt2026Config) -> None:
@@ -208,26 +181,13 @@ def legacy_model_table(data: dict) -> dict | None:
     model, loader = data.get("model"), (data.get("data") or {}).get("loader")
     if not isinstance(model, dict) or "family" in model or loader != "documents":
         return None
-    if any(model.get(k, v) != v for k, v in FIXED_2025.items()) or model.get("value_embeds") in (
-        None,
-        "none",
-    ):
+    fixed = all(model.get(k, v) == v for k, v in FIXED_2025.items())
+    if not fixed or model.get("value_embeds") in (None, "none"):
         return None
     try:
-        new = from_model_config(_Fields(model))
-    except (KeyError, ValueError, TypeError) as e:
+        return from_model_config(SimpleNamespace(**model))
+    except (AttributeError, KeyError, ValueError, TypeError) as e:
         raise ConfigError(f"model: a pre-split 2025 model section that cannot be converted ({e})") from None
-    return dataclasses.asdict(new)
-
-
-class _Fields:
-    """A dict read as attributes (from_model_config reads a ModelConfig's)."""
-
-    def __init__(self, d: dict):
-        self._d = d
-
-    def __getattr__(self, name: str):
-        return self._d[name]
 
 
 def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
@@ -243,65 +203,40 @@ def _value_embed_layout(kind: str, k: int, L: int) -> list[int]:
     return layouts[kind]
 
 
-def from_model_config(m) -> Gpt2026Config:
+#: the gpt2024 switches a 2025 recipe's gpt2026 model keeps as they are, under their flat names (`FLAT`)
+_KEPT_2025 = (
+    "vocab_size", "pad_vocab_to", "n_layer", "n_head", "n_embd", "mlp_ratio", "max_seq_len", "eot_id",
+    "pad_embeddings", "embed_dtype", "attention", "window", "window_granularity", "window_warmup",
+    "window_warmup_start", "window_unit", "attn_scale", "yarn", "rope_precision", "attn_gate", "ve_gate",
+    "skip_gate", "resid_lambda_init", "x0_lambda_apart", "backout_layer", "smear", "bigram_rows",
+    "mlp_fc_transposed", "logit_softcap", "softcap_divisor", "softcap_offset", "softcap_in_bf16", "ce_bf16",
+    "fp8_head", "zero_init_head", "head_init_std", "mtp",
+)  # fmt: skip
+
+
+def from_model_config(m: SimpleNamespace) -> dict[str, Any]:
     """A 2025 recipe's pre-split model section (gpt2024 switches, read as attributes) → the same model
-    as a Gpt2026Config. Assumes what every 2025 recipe has (`legacy_model_table` checks it first)."""
+    as a gpt2026 `model` table, its part fields by their flat names (`FLAT`). Assumes what every 2025
+    recipe has (`legacy_model_table` checks it first)."""
     L = m.n_layer
     no_attn, no_mlp = _layers(m.no_attention_layers), _layers(m.no_mlp_layers)
     attn = [i for i in range(L) if i not in no_attn]
     mlp = [i for i in range(L) if i not in no_mlp]
     windows = list(m.window_pattern or "L" * L)
-    ve = _value_embed_layout(m.value_embeds, m.value_embed_tables, L)
     if m.skips:
         skips = [[int(a), int(b)] for a, b in (p.split(">") for p in m.skips.split(",") if p.strip())]
     else:  # U-Net: weight j feeds decoder layer L - L//2 + j from encoder layer L//2 - 1 - j
         skips = [[L - 1 - dst, dst] for dst in range(L - L // 2, L)]
-    flat = dict(
-        vocab_size=m.vocab_size,
-        pad_vocab_to=m.pad_vocab_to,
-        n_layer=L,
-        n_head=m.n_head,
-        n_embd=m.n_embd,
-        mlp_ratio=m.mlp_ratio,
-        max_seq_len=m.max_seq_len,
-        eot_id=m.eot_id,
-        pad_embeddings=m.pad_embeddings,
-        embed_dtype=m.embed_dtype,
+    return dict(
+        family="gpt2026",
+        **{k: getattr(m, k) for k in _KEPT_2025},
         attention_layers=attn,
         mlp_layers=mlp,
         windows=windows,
-        value_embeds=ve,
+        value_embeds=_value_embed_layout(m.value_embeds, m.value_embed_tables, L),
         skips=skips,
         key_offset_layers=[i for i in attn if m.key_offset and windows[i] == "L"],
         paired_layers=sorted(_layers(m.paired_heads)),
-        attention=m.attention,
-        window=m.window,
-        window_granularity=m.window_granularity,
-        window_warmup=m.window_warmup,
-        window_warmup_start=m.window_warmup_start,
-        window_unit=m.window_unit,
-        attn_scale=m.attn_scale,
-        yarn=m.yarn,
-        rope_precision=m.rope_precision,
-        attn_gate=m.attn_gate,
-        ve_gate=m.ve_gate,
         value_mix="weights" if m.value_mix == "weights" else "lambdas",
         skip_gate_form=m.unet_gate,
-        skip_gate=m.skip_gate,
-        resid_lambda_init=m.resid_lambda_init,
-        x0_lambda_apart=m.x0_lambda_apart,
-        backout_layer=m.backout_layer,
-        smear=m.smear,
-        bigram_rows=m.bigram_rows,
-        mlp_fc_transposed=m.mlp_fc_transposed,
-        logit_softcap=m.logit_softcap,
-        softcap_divisor=m.softcap_divisor,
-        softcap_offset=m.softcap_offset,
-        softcap_in_bf16=m.softcap_in_bf16,
-        ce_bf16=m.ce_bf16,
-        fp8_head=m.fp8_head,
-        zero_init_head=m.zero_init_head,
-        head_init_std=m.head_init_std,
-        mtp=m.mtp,
     )
-    return replace(Gpt2026Config(), **flat)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from speedrun.config import Config
-from speedrun.config.families import config_family, model_facts
+from speedrun.config.families import model_facts
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import build_model, family_of
 from speedrun.model.labels import MATMULS, labelled
@@ -100,7 +100,7 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
     hidden = m.mlp_ratio * d
     attn, mlp, layout, skipped, mixes, x0 = family_of(m).layer_facts(m)
-    saves, fp8_mlp = family_of(m).compiled_saves, config_family(m).fp8_mlp(m)
+    saves, fp8_mlp = family_of(m).compiled_saves, f.fp8_mlp
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
     parts = zip(attn, mlp, strict=True)
     for i, (has_attention, has_mlp) in enumerate(parts):
