@@ -27,14 +27,13 @@ hyperparameters it must then repeat or leave out.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from speedrun.config.gpt2026 import mudd
-from speedrun.config.types import Beta, PosFloat, coerce
+from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types
 from speedrun.errors import ConfigError
 
 #: The vocabulary: what a model part may declare (model/labels.py); each has a derived row here.
@@ -82,30 +81,19 @@ RULE_KEYS = {
     "muon": ("rule", "split"),
     "normuon": ("rule", "split", "lr_mul", "gate_rows", "qk_rows"),
 }
-KEY_TYPES: dict[str, Any] = {
-    "rule": Literal["adam", "muon", "normuon"],
-    "group": str,
-    "lr": float,
-    "betas": tuple[Beta, Beta],
-    "wd": float,
-    "eps": PosFloat,
-    "lr_mul": float,
-    "split": bool,
-    "gate_rows": bool,
-    "qk_rows": int,
-}
 
 
 @dataclass(frozen=True)
 class LabelRow:
     """How every parameter with one label is trained (one row of the table)."""
 
-    rule: str  # "muon" | "normuon" (orthogonalized) | "adam"; under optim.name=adamw only the group counts
+    # "muon" | "normuon" (orthogonalized) | "adam"; under optim.name=adamw only the group counts
+    rule: Literal["adam", "muon", "normuon"]
     group: str  # "matrix", or the Adam group (named after the label that owns it) whose schedule it shares
     lr: float = 0.0  # adam: the group's peak LR
-    betas: tuple[float, float] = (0.0, 0.0)  # adam
+    betas: tuple[Beta, Beta] = (0.0, 0.0)  # adam
     wd: float = 0.0  # adam: decoupled (muon) or cautious (normuon) weight decay, multiplier included
-    eps: float = 0.0  # adam
+    eps: PosFloat = 0.0  # adam (a stated eps must be > 0)
     lr_mul: float = 1.0  # normuon: LR multiplier on top of muon_lr and the bank's shape multiplier
     split: bool = True  # orthogonalize the label's declared blocks apart (false: the 2024-10-04 seed)
     gate_rows: bool = False  # normuon: one second-moment statistic per row (#48's attention gates)
@@ -114,6 +102,10 @@ class LabelRow:
     def keys(self) -> dict[str, Any]:
         """The row as ``[optim.labels]`` states it: the keys of its rule."""
         return {k: getattr(self, k) for k in RULE_KEYS[self.rule]}
+
+
+#: A stated row's keys and their types (those of the row's fields)
+KEY_TYPES: dict[str, Any] = field_types(LabelRow)
 
 
 def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
@@ -129,7 +121,7 @@ def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
         row = _json(f"{key}.{label}", row)
         if label not in LABELS:
             raise ConfigError(
-                f"{key}: unknown label {label!r}{_hint(label, LABELS)} (labels: {', '.join(LABELS)})"
+                f"{key}: unknown label {label!r}{did_you_mean(label, LABELS)} (labels: {', '.join(LABELS)})"
             )
         if not isinstance(row, dict):
             raise ConfigError(
@@ -138,9 +130,8 @@ def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
         out[label] = {}
         for k, v in row.items():
             if k not in KEY_TYPES:
-                raise ConfigError(
-                    f"{key}.{label}: unknown key {k!r}{_hint(k, KEY_TYPES)} (keys: {', '.join(KEY_TYPES)})"
-                )
+                hint = did_you_mean(k, KEY_TYPES)
+                raise ConfigError(f"{key}.{label}: unknown key {k!r}{hint} (keys: {', '.join(KEY_TYPES)})")
             out[label][k] = coerce(f"{key}.{label}.{k}", v, KEY_TYPES[k])
         group = out[label].get("group")
         if group is not None and group not in LABELS:
@@ -158,11 +149,6 @@ def _json(key: str, value: Any) -> Any:
         return json.loads(value)
     except ValueError:
         raise ConfigError(f"{key}: {value!r} is not a table (write it as JSON)") from None
-
-
-def _hint(word: str, known: Any) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:

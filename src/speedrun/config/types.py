@@ -4,9 +4,9 @@ converts and checks one TOML / command-line value against a field's type."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +72,12 @@ class Parser:
     parse: Callable[[str, Any], Any]
 
 
+def did_you_mean(word: str, known: Any) -> str:
+    """The " (did you mean X?)" of an unknown key's refusal, when one of `known` is close."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
     """(the plain type, its Range) of a possibly Annotated type."""
     if typing.get_origin(typ) is Annotated:
@@ -93,11 +99,6 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
         return value
-    if origin in (typing.Union, types.UnionType):  # Optional[...]
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return coerce(key, value, args[0])
     if origin is tuple:
         args = typing.get_args(typ)
         if isinstance(value, str):
@@ -145,25 +146,13 @@ def _parse_list(key: str, text: str) -> list:
 
 
 def _number(key: str, value: Any, typ: type) -> int | float:
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
-    if typ is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
+    """An int field takes an int or its text (`1_000` too), a float field any number or its text."""
+    if not isinstance(value, bool) and isinstance(value, (int, str) if typ is int else (int, float, str)):
         try:
-            return float(value)
+            return int(value.replace("_", "")) if isinstance(value, str) and typ is int else typ(value)
         except ValueError:
             pass
-    raise ConfigError(f"{key}: expected a number, got {value!r}")
+    raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
 
 
 @functools.cache
