@@ -226,16 +226,15 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.muon_hyperball (MuonH) keeps ‖W‖ itself: it takes no optim.muon_radius_pin or "
             "muon_weight_decay"
         )
-    if o.ema_nesterov_step < 0 or (
-        o.ema_nesterov_step and (o.name != "muon" or not 0 <= o.ema_nesterov_start < o.ema_nesterov_end)
-    ):
+    # (every number here is >= 0 already: check_fields ran first)
+    if o.ema_nesterov_step and (o.name != "muon" or not o.ema_nesterov_start < o.ema_nesterov_end):
         raise ConfigError(
-            "optim.ema_nesterov_step (#46: 0.3) must be >= 0; it needs optim.name=muon and "
+            "optim.ema_nesterov_step (#46: 0.3): it needs optim.name=muon and "
             "0 <= optim.ema_nesterov_start < optim.ema_nesterov_end"
         )
-    if o.power_cool_end < 0 or (o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) <= 0)):
+    if o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) == 0):
         raise ConfigError(
-            "optim.power_cool_end (#46: 2900) must be >= 0; it needs optim.name=muon and optim.power_cool_c, "
+            "optim.power_cool_end (#46: 2900) needs optim.name=muon and optim.power_cool_c, "
             "four coefficients > 0 (embed, head, matrix, scalar)"
         )
     if not o.scalar_bias_correction and (o.name != "muon" or o.adam_weight_decay):
@@ -247,10 +246,9 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":  # its keys: config/subkeys.py
         return
-    if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or min(o.mlp_proj_lr_mul, o.mlp_fc_lr_mul) <= 0:
+    if 0 in (o.attn_lr_mul, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul):
         raise ConfigError(
-            "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul and "
-            "mlp_fc_lr_mul > 0"
+            "optim.name=normuon needs optim.attn_lr_mul, optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"
         )
     if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (f.fused_qkv and not o.muon_split_qkv)):
         raise ConfigError(
@@ -259,26 +257,22 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
-    if o.attn_lr_mul <= 0:
-        raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
     # an LR for a part the model lacks is refused when the user gave it; a recipe's stays quiet when a
     # switch removes the part (as its stated label rows do), so one switch can take a part out (ablate)
     user = cfg.fixed
-    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not smear and "optim.smear_gate_lr" in user):
-        raise ConfigError(
-            "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
-        )
-    if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user):
-        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
-    if o.x0_lr < 0 or (o.x0_lr and not x0_apart and "optim.x0_lr" in user):
-        raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
-    if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
+    if o.smear_gate_lr and not smear and "optim.smear_gate_lr" in user:
+        raise ConfigError("optim.smear_gate_lr (#52: Adam trains the smear gate) needs model.smear")
+    if o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user:
+        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) needs model.attn_gate")
+    if o.x0_lr and not x0_apart and "optim.x0_lr" in user:
+        raise ConfigError("optim.x0_lr needs model.x0_lambda_apart=true (#52's x0 group)")
+    if o.gate_lr_mul == 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
         raise ConfigError(
             "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
             "with optim.gate_lr=0)"
         )
-    lone_lr = o.skip_gate_lr > 0 and not skip_gate and "optim.skip_gate_lr" in user
-    if (skip_gate > 0 and o.skip_gate_lr <= 0) or lone_lr or o.skip_gate_lr < 0:
+    lone_lr = o.skip_gate_lr and not skip_gate and "optim.skip_gate_lr" in user
+    if (skip_gate and not o.skip_gate_lr) or lone_lr:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if f.tie_embeddings or f.zero_init_head or not f.pad_embeddings or f.embed_dtype != "fp32":
