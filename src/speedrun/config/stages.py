@@ -8,9 +8,8 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from speedrun.config import Config
+from speedrun.config import Config, DataConfig, TrainConfig
 from speedrun.config.families import config_family, model_facts
 from speedrun.config.types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
@@ -120,6 +119,12 @@ def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
     return {"mtp_start": ends[0], "mtp_end": ends[1]}
 
 
+def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
+    """Windows in blocks: `S/L` → (S, L), `L` alone → (0, L)."""
+    short, sep, long = text.rpartition("/")
+    return int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+
+
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
     windows, 0 where not given)."""
@@ -140,11 +145,7 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     required = {"tokens", "windows", "ext" if last else "frac"}
     if missing := sorted(required - set(fields)):
         raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
-    short, sep, long = fields["windows"].partition("/")
-    windows = (
-        int(_number("windows", short, int, entry)),
-        int(_number("windows", long, int, entry)) if sep else -1,
-    )
+    windows = _blocks("windows", fields["windows"], entry)
     if not 1 <= windows[0] <= windows[1]:
         raise ConfigError(
             f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
@@ -166,15 +167,13 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
-    val_short, sep, val_long = fields.get("val", "0").rpartition("/")
-    val = int(_number("val", val_long, int, entry))
-    short_val = int(_number("val", val_short, int, entry)) if sep else 0
+    short_val, val = _blocks("val", fields.get("val", "0"), entry)
     yarn = int(_number("yarn", fields.get("yarn", "0"), int, entry))
     if val and val < windows[1]:
         raise ConfigError(
             f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
         )
-    if sep and not 1 <= short_val <= val:
+    if "/" in fields.get("val", "") and not 1 <= short_val <= val:
         raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
     if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
@@ -243,11 +242,6 @@ def parse_stages(
 # What a plan needs of the rest of the config, and what it makes unable to act (issue 27)
 
 
-def _default(section: Any, name: str) -> Any:
-    """The declared default of one field of a config section (what a recipe that never set it has)."""
-    return next(f.default for f in dataclasses.fields(section) if f.name == name)
-
-
 def check_stages(cfg: Config) -> None:
     """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
@@ -312,7 +306,7 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
     t, d = cfg.train, cfg.data
     yarn, mtp = config_family(cfg.model).stage_features(cfg.model)
-    if d.max_doc_len != _default(type(d), "max_doc_len"):
+    if d.max_doc_len != DataConfig().max_doc_len:  # a recipe's or the user's
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
             "sets the longest document"
@@ -335,7 +329,7 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
             )
     tokens = sorted({s.batch_tokens for s in plan.stages})
     batch = t.global_batch_tokens
-    if batch != _default(type(t), "global_batch_tokens") and batch not in tokens:
+    if batch != TrainConfig().global_batch_tokens and batch not in tokens:
         raise ConfigError(
             f"train.global_batch_tokens ({batch:,}) is no step's batch under train.stages (tokens per step: "
             f"{', '.join(f'{n:,}' for n in tokens)}): give one of them, which train.micro_batch_tokens "
