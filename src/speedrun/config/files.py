@@ -81,18 +81,18 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
             if key == "model" and "family" in value:
                 _switch_family(cfg, value, origin)
-            for sub, subval in _dotted(value):
-                set_value(cfg, f"{key}.{sub}", subval)
+            for sub, subval in _dotted(value, f"{key}."):
+                set_value(cfg, sub, subval)
         else:
             set_value(cfg, key, value)
 
 
 def _dotted(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """A section's (key, value) pairs, a part table's as `part.field` (`[model.mudd]`); `optim.labels`
-    rows are values, not tables of keys."""
+    """A table's (dotted key, value) pairs, a part table's as `section.part.field` (`[model.mudd]`);
+    `optim.labels` rows are values, not tables of keys."""
     out = []
     for key, value in table.items():
-        if isinstance(value, dict) and f"{prefix}{key}" != "labels":
+        if isinstance(value, dict) and f"{prefix}{key}" != "optim.labels":
             out += _dotted(value, f"{prefix}{key}.")
         else:
             out.append((f"{prefix}{key}", value))
@@ -132,13 +132,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
 
 def table_keys(table: dict[str, Any]) -> set[str]:
     """The dotted keys a recipe table sets (its `base` is a reference, not a setting)."""
-    keys: set[str] = set()
-    for key, value in table.items():
-        if isinstance(value, dict):
-            keys |= {f"{key}.{sub}" for sub, _ in _dotted(value)}
-        elif key != "base":
-            keys.add(key)
-    return keys
+    return {key for key, _ in _dotted(table) if key != "base"}
 
 
 # Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
