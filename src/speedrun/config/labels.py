@@ -163,24 +163,18 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     the skip gate (#55) and each embedding in Adam groups of their own, the bigram table (#62) with the
     value embeddings, the sublayer lambdas and XSA gates (#74–#82) at the scalars' settings in groups of
     their own; the smear and skip gates without decay, the attention gates with it."""
-    if o.name != "normuon":
-        matrix = LabelRow("muon", "matrix", split=o.muon_split_qkv)
 
-        def adam(group: str, lr: float) -> LabelRow:
-            return LabelRow("adam", group, lr, tuple(o.betas), o.adam_weight_decay, o.eps)
+    def adam(group: str, lr: float, betas: Any = o.betas, wd: float = o.adam_weight_decay) -> LabelRow:
+        return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
 
-        rows = dict.fromkeys(MATRIX_LABELS, matrix)
+    if o.name != "normuon":  # (Muon's one Adam: optim.betas and adam_weight_decay)
+        rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
-    def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRow:
-        return LabelRow(
-            "normuon", "matrix", lr_mul=lr_mul, split=o.muon_split_qkv, gate_rows=gate_rows, qk_rows=qk_rows
-        )
-
-    def adam(group: str, lr: float, betas: Any, wd: float) -> LabelRow:
-        return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
+    def normuon(lr_mul: float = 1.0, **cut: Any) -> LabelRow:  # cut: gate_rows, qk_rows
+        return LabelRow("normuon", "matrix", lr_mul=lr_mul, split=o.muon_split_qkv, **cut)
 
     wd, gate_betas = o.adam_weight_decay, o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas
     value_embed = adam(
