@@ -81,22 +81,10 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
                 raise ConfigError(f"{origin}: unknown config section '{key}'")
             if key == "model" and "family" in value:
                 _switch_family(cfg, value, origin)
-            for sub, subval in _dotted(value, f"{key}."):
+            for sub, subval in flatten(value, f"{key}.", rows=False).items():
                 set_value(cfg, sub, subval)
         else:
             set_value(cfg, key, value)
-
-
-def _dotted(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """A table's (dotted key, value) pairs, a part table's as `section.part.field` (`[model.mudd]`);
-    `optim.labels` rows are values, not tables of keys."""
-    out = []
-    for key, value in table.items():
-        if isinstance(value, dict) and f"{prefix}{key}" != "optim.labels":
-            out += _dotted(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
 
 
 def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
@@ -132,7 +120,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
 
 def table_keys(table: dict[str, Any]) -> set[str]:
     """The dotted keys a recipe table sets (its `base` is a reference, not a setting)."""
-    return {key for key, _ in _dotted(table) if key != "base"}
+    return {key for key in flatten(table, rows=False) if key != "base"}
 
 
 # Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
@@ -218,11 +206,13 @@ def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> C
         raise error(f"{path} is unusable ({e})") from None
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "", rows: bool = True) -> dict[str, Any]:
+    """{dotted key: value} of a nested table, a part table's as `section.part.field` (`[model.mudd]`);
+    `rows=False` keeps `optim.labels` whole, as a recipe states it (its rows are values, not keys)."""
     out: dict[str, Any] = {}
     for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and (rows or f"{prefix}{key}" != "optim.labels"):
+            out.update(flatten(value, f"{prefix}{key}.", rows))
         else:
             out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
     return out

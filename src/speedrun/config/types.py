@@ -187,11 +187,8 @@ def canonical_key(model: Any, key: str) -> str:  # `model`: a model config or it
 def dotted_fields(cls: type, prefix: str) -> list[str]:
     """The dotted keys of section class `cls`, a part table's fields as `prefix.part.field`."""
     out = []
-    for f in dataclasses.fields(cls):
-        typ = field_types(cls)[f.name]
+    for name, typ in field_types(cls).items():
         out += (
-            dotted_fields(typ, f"{prefix}.{f.name}")
-            if dataclasses.is_dataclass(typ)
-            else [f"{prefix}.{f.name}"]
+            dotted_fields(typ, f"{prefix}.{name}") if dataclasses.is_dataclass(typ) else [f"{prefix}.{name}"]
         )
     return out
