@@ -4,7 +4,6 @@ in) the rest of the config; train/stages.py turns a StagePlan into every step's 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -128,8 +127,8 @@ def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
     windows, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "ext" if last else "frac"} | (
-        {"val", "yarn"} if last else set()
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix"} | (
+        {"ext", "val", "yarn"} if last else {"frac"}
     )
     fields: dict[str, str] = {}
     for item in text.split():
@@ -151,19 +150,18 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
             f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
             f"got {fields['windows']!r}"
         )
+    weights: dict[str, tuple[float, ...]] = _mtp(fields["mtp"], entry) if "mtp" in fields else {}
+    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
+        start, _, end = fields["prefix"].partition(">")
+        weights["prefix"] = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
     stage = Stage(
         batch_tokens=int(_number("tokens", fields["tokens"], int, entry)),
         max_doc_len=int(_number("doc", fields.get("doc", "0"), int, entry)),
         windows=windows,
         lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
         duration=0.0 if last else _number("frac", fields["frac"], float, entry),
+        **weights,
     )
-    if "mtp" in fields:
-        stage = dataclasses.replace(stage, **_mtp(fields["mtp"], entry))
-    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
-        start, _, end = fields["prefix"].partition(">")
-        weights = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
-        stage = dataclasses.replace(stage, prefix=weights)
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
