@@ -19,10 +19,6 @@ from speedrun.errors import ConfigError
 def _check_document_loader(cfg: Config) -> None:
     """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
     d, t = cfg.data, cfg.train
-    if t.val_seq_len > cfg.model.max_seq_len:
-        raise ConfigError(
-            f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
-        )
     if d.loader != "documents":
         return
     if t.seq_len != t.micro_batch_tokens:
@@ -44,18 +40,16 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError("rotary embeddings need an even head dimension")
     if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name != "normuon":  # #57
         raise ConfigError("model.block_dtype=bf16 needs optim.name=normuon (its mantissa buffer keeps fp32)")
-    if t.seq_len > m.max_seq_len:
-        raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
-    if t.micro_batch_tokens % t.seq_len:
-        raise ConfigError(
-            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of "
-            f"train.seq_len ({t.seq_len})"
-        )
-    if t.global_batch_tokens % t.micro_batch_tokens:
-        raise ConfigError(
-            f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
-            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
-        )
+    for name in ("seq_len", "val_seq_len"):
+        if getattr(t, name) > m.max_seq_len:
+            raise ConfigError(
+                f"train.{name} ({getattr(t, name)}) exceeds model.max_seq_len ({m.max_seq_len})"
+            )
+    for big, small in (("micro_batch_tokens", "seq_len"), ("global_batch_tokens", "micro_batch_tokens")):
+        if getattr(t, big) % getattr(t, small):
+            raise ConfigError(
+                f"train.{big} ({getattr(t, big)}) must be a multiple of train.{small} ({getattr(t, small)})"
+            )
     warmdown = math.ceil(t.warmdown_span())  # the one the schedule uses
     if t.warmup_steps + warmdown > t.steps and t.schedule == "trapezoid":
         raise ConfigError(
