@@ -62,7 +62,6 @@ LABELS = (
 )
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
-MATRIX_RULES = ("muon", "normuon")
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
 SCALAR_LIKE = (
     "scalar",
@@ -286,7 +285,7 @@ def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> Lab
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
     matrix_rule = "normuon" if o.name == "normuon" else "muon"
-    if rule in MATRIX_RULES and rule != matrix_rule:
+    if rule not in ("adam", matrix_rule):
         raise ConfigError(
             f"optim.labels.{label}.rule: {rule} needs optim.name = {rule} (this optimizer runs {matrix_rule})"
         )
@@ -304,13 +303,8 @@ def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> Lab
         base = LabelRow("adam", label, eps=o.eps)
     elif rule != base.rule:
         base = LabelRow(rule, "matrix", split=o.muon_split_qkv)
-    if rule == "adam":
-        own = any(k in keys for k in HYPER)
-        return dataclasses.replace(
-            base,
-            group=keys.get("group", label if own else base.group),
-            **{k: keys[k] for k in HYPER if k in keys},
-        )
+    if rule == "adam" and "group" not in keys and any(k in keys for k in HYPER):
+        keys = {**keys, "group": label}  # its own hyperparameters: a group of its own
     if keys.get("qk_rows") and label != "qkv":
         raise ConfigError(f"optim.labels.{label}.qk_rows: only a qkv has Q and K rows to cut")
     return dataclasses.replace(base, **{k: v for k, v in keys.items() if k != "rule"})
