@@ -350,12 +350,8 @@ def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
     classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
-    for cls in classes:
-        typ = key_type(cls, name) if cls is not None else None
-        if typ is not None:
-            typ, _ = strip_annotation(typ)
-            return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
-    return None
+    typ, _ = strip_annotation(next((key_type(c, name) for c in classes if c and key_type(c, name)), None))
+    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
 
 
 def check_fields(cfg: Config) -> None:

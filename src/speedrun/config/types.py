@@ -38,13 +38,8 @@ class Range:
         low_ok = value > self.lo if self.lo_open else value >= self.lo
         high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         if not (low_ok and high_ok):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value}")
-
-    def describe(self) -> str:
-        low = f"{'>' if self.lo_open else '>='} {self.lo:,}"
-        if self.hi is None:
-            return low
-        return f"{low} and {'<' if self.hi_open else '<='} {self.hi:,}"
+            high = "" if self.hi is None else f" and {'<' if self.hi_open else '<='} {self.hi:,}"
+            raise ConfigError(f"{key} must be {'>' if self.lo_open else '>='} {self.lo:,}{high}, got {value}")
 
 
 FP32_MAX = 3.4028234663852886e38  # the largest finite float32
