@@ -30,9 +30,11 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
 
 
-def cross_field_checks(cfg: Config) -> None:
-    """Rules between fields that do not depend on the world size (each field's own range is checked
-    first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
+def validate(cfg: Config) -> None:
+    """Every field against its declared type and range first (config.check_fields, so nothing below
+    divides by zero or compares with nan), then the rules between fields that do not depend on the
+    world size, and last that the stated label rows leave no flat optim field the user gave without effect."""
+    check_fields(cfg)
     m, f, t = cfg.model, model_facts(cfg.model), cfg.train
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
@@ -85,6 +87,7 @@ def cross_field_checks(cfg: Config) -> None:
         )
     check_subkeys(cfg)  # after the rules that say more about a switch than that it is off
     _check_memory(m)
+    check_shadowed(cfg.optim, m.n_embd // m.n_head, cfg.fixed)
 
 
 def _value(cfg: Config, key: str) -> object:
@@ -279,10 +282,3 @@ def _validate_normuon(cfg: Config) -> None:
                 f"optim.tie_until ({o.tie_until}) must be a multiple of optim.adam_every ({o.adam_every}): "
                 "the untie step must be one where Adam steps"
             )
-
-
-def validate(cfg: Config) -> None:
-    """Every field against its declared type and range first, then the cross-field rules."""
-    check_fields(cfg)
-    cross_field_checks(cfg)
-    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits
