@@ -91,11 +91,8 @@ def stage_plan(cfg: Config) -> StagePlan | None:
 
 def _number(key: str, text: str, kind: type, entry: int) -> float:
     try:
-        if kind is float and "/" in text:
-            a, b = text.split("/", 1)
-            value = float(a) / float(b)
-        else:
-            value = kind(text)
+        a, sep, b = text.partition("/")  # a float may be a fraction (frac=1/3)
+        value = float(a) / float(b) if kind is float and sep else kind(text)
     except (ValueError, ZeroDivisionError):
         raise ConfigError(f"train.stages: stage {entry + 1}: {key}={text!r} is not a valid number") from None
     if not math.isfinite(value) or value < 0:  # a fraction too (1e400/1e400 is nan, -1/2 negative)
