@@ -29,12 +29,11 @@ class Range:
             raise ConfigError(f"{key} must be a finite number, got {value}")
         # Values reach torch as fp32 (learning rates, scales) or int64 (steps, windows): beyond those
         # they failed deep inside the first step ("value cannot be converted ... without overflow").
-        limit = FP32_MAX if isinstance(value, float) else INT64_MAX
+        limit, form = (FP32_MAX, ".4g") if isinstance(value, float) else (INT64_MAX, ",")
         if value > limit:  # (no field takes negative numbers: they fail the lower bound below)
-            shown = (
-                f"{limit:.4g}, got {value:.4g}" if isinstance(value, float) else f"{limit:,}, got {value:,}"
+            raise ConfigError(
+                f"{key} must be at most {limit:{form}}, got {value:{form}} (what torch can hold)"
             )
-            raise ConfigError(f"{key} must be at most {shown} (what torch can hold)")
         low_ok = value > self.lo if self.lo_open else value >= self.lo
         high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         if not (low_ok and high_ok):
