@@ -27,13 +27,12 @@ hyperparameters it must then repeat or leave out.
 from __future__ import annotations
 
 import dataclasses
-import json
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from speedrun.config.gpt2026 import mudd
-from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types
+from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types, from_json
 from speedrun.errors import ConfigError
 
 #: The vocabulary: what a model part may declare (model/labels.py); each has a derived row here.
@@ -144,10 +143,7 @@ def _json(key: str, value: Any) -> Any:
     """A table given as text on the command line (JSON); anything else as it is."""
     if not (isinstance(value, str) and value.lstrip().startswith("{")):
         return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise ConfigError(f"{key}: {value!r} is not a table (write it as JSON)") from None
+    return from_json(key, value, "a table (write it as JSON)")
 
 
 def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:

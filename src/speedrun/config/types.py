@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import typing
 from collections.abc import Callable
@@ -128,15 +129,18 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
 
 def _parse_list(key: str, text: str) -> list:
     """A command-line list: JSON (`[[3, 6]]`, `["L", "S"]`) or comma-separated items (`0,2`, `L,S`)."""
-    import json
-
     text = text.strip()
     if text.startswith("["):
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise ConfigError(f"{key}: {text!r} is not a list (write it as JSON, e.g. [0, 2])") from None
+        return from_json(key, text, "a list (write it as JSON, e.g. [0, 2])")
     return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def from_json(key: str, text: str, what: str) -> Any:
+    """A list or table given as JSON text on the command line (`[0, 2]`, `{"lr": 0.3}`)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"{key}: {text!r} is not {what}") from None
 
 
 def _number(key: str, value: Any, typ: type) -> int | float:
