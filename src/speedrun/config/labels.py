@@ -97,10 +97,6 @@ class LabelRow:
     gate_rows: bool = False  # normuon: one second-moment statistic per row (#48's attention gates)
     qk_rows: int = 0  # normuon: a qkv's Q and K cut into blocks of this many rows (#80: a head pair)
 
-    def keys(self) -> dict[str, Any]:
-        """The row as ``[optim.labels]`` states it: the keys of its rule."""
-        return {k: getattr(self, k) for k in RULE_KEYS[self.rule]}
-
 
 #: A stated row's keys and their types (those of the row's fields)
 KEY_TYPES: dict[str, Any] = field_types(LabelRow)
