@@ -72,19 +72,15 @@ def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
 
 
 def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
-    """Apply a nested TOML table ({'model': {'n_layer': 4}, ...}) onto cfg."""
+    """Apply a nested TOML table ({'model': {'n_layer': 4}, ...}) onto cfg, `model.family` first."""
+    table = {key: value for key, value in table.items() if key != "base"}
     for key, value in table.items():
-        if key == "base":
-            continue
-        if isinstance(value, dict):
-            if key not in sections():
-                raise ConfigError(f"{origin}: unknown config section '{key}'")
-            if key == "model" and "family" in value:
-                _switch_family(cfg, value, origin)
-            for sub, subval in flatten(value, f"{key}.", rows=False).items():
-                set_value(cfg, sub, subval)
-        else:
-            set_value(cfg, key, value)
+        if isinstance(value, dict) and key not in sections():
+            raise ConfigError(f"{origin}: unknown config section '{key}'")
+    if isinstance(table.get("model"), dict) and "family" in table["model"]:
+        _switch_family(cfg, table["model"], origin)
+    for key, value in flatten(table, rows=False).items():
+        set_value(cfg, key, value)
 
 
 def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
