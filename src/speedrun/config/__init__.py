@@ -370,11 +370,8 @@ def _check_object(prefix: str, obj: Any) -> None:
 
 def all_keys() -> list[str]:
     """Every dotted key a recipe or override may set."""
-    keys = ["recipe", "description"]
-    for section, cls in sections().items():
-        keys += dotted_fields(cls, section)
-    keys += [k for k in dotted_fields(Gpt2026Config, "model") if k not in keys]
-    return keys
+    keys = ["recipe", "description"] + [k for s, cls in sections().items() for k in dotted_fields(cls, s)]
+    return keys + [k for k in dotted_fields(Gpt2026Config, "model") if k not in keys]
 
 
 def sections() -> dict[str, type]:
