@@ -15,7 +15,6 @@ from speedrun.config.labels import parse_rows
 from speedrun.config.types import (  # noqa: F401  (canonical_key is part of this module's API)
     Beta,
     Fraction,
-    Parser,
     PosFloat,
     PosInt,
     Range,
@@ -243,7 +242,7 @@ class OptimConfig:
     muon_hyperball: bool = False
     # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
     # (config/labels.py); a label without one keeps the row derived from the fields above
-    labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)
+    labels: Annotated[dict[str, dict[str, Any]], parse_rows] = field(default_factory=dict)
 
 
 @dataclass

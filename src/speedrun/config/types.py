@@ -9,7 +9,6 @@ import functools
 import json
 import math
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -60,13 +59,6 @@ SeqLen = Annotated[int, Range(1, MAX_SEQ_LEN)]
 Seed = Annotated[int, Range(0, 2**63 - 1)]  # torch.manual_seed takes a 64-bit seed
 
 
-@dataclass(frozen=True)
-class Parser:
-    """A field whose values one function converts and checks whole (a table: optim.labels)."""
-
-    parse: Callable[[str, Any], Any]
-
-
 def did_you_mean(word: str, known: Any) -> str:
     """The " (did you mean X?)" of an unknown key's refusal, when one of `known` is close."""
     close = difflib.get_close_matches(word, list(known), n=1)
@@ -83,10 +75,10 @@ def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
 
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value or command-line string to the field's type, or raise ConfigError."""
-    if typing.get_origin(typ) is Annotated:
-        parser = next((e for e in typing.get_args(typ)[1:] if isinstance(e, Parser)), None)
+    if typing.get_origin(typ) is Annotated:  # a function beside the type converts and checks values whole
+        parser = next((e for e in typing.get_args(typ)[1:] if callable(e)), None)
         if parser is not None:
-            return parser.parse(key, value)
+            return parser(key, value)
     typ, bounds = strip_annotation(typ)
     origin = typing.get_origin(typ)
     if origin is Literal:
