@@ -336,9 +336,7 @@ class Config:
     fixed: frozenset[str] = field(default_factory=frozenset)
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        del out["fixed"]
-        return out
+        return {key: value for key, value in dataclasses.asdict(self).items() if key != "fixed"}
 
 
 #: model config class per family: `model.family` picks one when a table or override sets it
