@@ -15,7 +15,7 @@ import torch
 from speedrun.cli import main
 from speedrun.config.checks import validate
 from speedrun.config.files import set_value
-from speedrun.config.labels import derived_rows, format_table, label_table
+from speedrun.config.labels import RULE_KEYS, derived_rows, format_table, label_table
 from speedrun.model.families import build_model
 from speedrun.optim.build import build_optimizer, model_rules, run_rules
 from speedrun.optim.table import build_rows
@@ -32,7 +32,9 @@ def _stated_as_derived(cfg, model) -> str:
     """`optim.labels` as JSON: the derived row of every label the model carries, every key written."""
     table = derived_rows(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
     carried = {e.label.name for e in model_rules(model, dataclasses.replace(cfg, optim=_without_table(cfg)))}
-    return json.dumps({lab: table[lab].keys() for lab in sorted(carried)})
+    return json.dumps(
+        {lab: {k: getattr(table[lab], k) for k in RULE_KEYS[table[lab].rule]} for lab in sorted(carried)}
+    )
 
 
 def _without_table(cfg):

@@ -12,12 +12,9 @@ from typing import Annotated, Any, Literal
 
 from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.config.labels import parse_rows
-from speedrun.config.types import (  # noqa: F401  (Range and the aliases are part of this module's API)
-    DEFAULT_RANGE,
-    MAX_SEQ_LEN,
+from speedrun.config.types import (  # noqa: F401  (canonical_key is part of this module's API)
     Beta,
     Fraction,
-    Parser,
     PosFloat,
     PosInt,
     Range,
@@ -60,9 +57,8 @@ class ModelConfig:
     head_bias: bool = False  # the untied head has a bias (track 3), trained with the scalars
     zero_init_proj: bool = False  # zero-init attention and MLP output projections (and their biases)
     zero_init_head: bool = False  # zero-init the (untied) lm_head (and its bias)
-    mlp_fc_init_ramp: float = (
-        0.0  # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
-    )
+    # track 3 #44–#46: layer l's MLP up-projection init × (1 − this·l/(L−1)) (0.3)
+    mlp_fc_init_ramp: float = 0.0
     # track 3 #46's CGI: block l's gains 1 ∓ this·s_l (attention, MLP), s_l ±1 per channel
     # (model/gpt2024/cgi.py)
     cgi_gain_alpha: float = 0.0
@@ -201,16 +197,13 @@ class OptimConfig:
     tie_until: int = 0  # token embedding and head tied by the optimizer for the first N steps (#51/#53)
     muon_qk_block_heads: int = 0  # Q and K orthogonalized per group of this many heads (#80: 2); 0 = whole
     mlp_proj_lr_mul: float = 1.0  # LR multiplier of the MLP output projections (HEAD: 2, see docs/recipes.md)
-    attn_lr_mul: float = (
-        1.0  # LR multiplier of the attention matrices (#48–#53: 2, their (3072, 768) qkvo's shape)
-    )
+    # LR multiplier of the attention matrices (#48–#53: 2, their (3072, 768) qkvo's shape)
+    attn_lr_mul: float = 1.0
     mlp_fc_lr_mul: float = 1.0  # LR multiplier of the MLP up-projections (#42: 2, stored (768, 3072))
     # NorMuon's statistics of a square matrix: one per row (#48 on) | one per column (#41–#47, whose
     # attention matrices are blocks of a wide (768, 3072) parameter)
     normuon_square_stats: Literal["rows", "cols"] = "rows"
-    normuon_gate_row_stats: bool = (
-        False  # #48–#55: the attention gates (heads, 12) get one statistic per head
-    )
+    normuon_gate_row_stats: bool = False  # #48–#55: the attention gates (heads, 12): one statistic per head
     # #56: > 0 = Adam (label gate, replicated, decayed) trains the attention and value-embedding gates
     gate_lr: float = 0.0
     gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
@@ -249,7 +242,7 @@ class OptimConfig:
     muon_hyperball: bool = False
     # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
     # (config/labels.py); a label without one keeps the row derived from the fields above
-    labels: Annotated[dict[str, dict[str, Any]], Parser(parse_rows)] = field(default_factory=dict)
+    labels: Annotated[dict[str, dict[str, Any]], parse_rows] = field(default_factory=dict)
 
 
 @dataclass
@@ -343,9 +336,7 @@ class Config:
     fixed: frozenset[str] = field(default_factory=frozenset)
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        del out["fixed"]
-        return out
+        return {key: value for key, value in dataclasses.asdict(self).items() if key != "fixed"}
 
 
 #: model config class per family: `model.family` picks one when a table or override sets it
@@ -356,12 +347,8 @@ def choices(key: str) -> tuple[str, ...] | None:
     """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
     section, _, name = key.partition(".")
     classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
-    for cls in classes:
-        typ = key_type(cls, name) if cls is not None else None
-        if typ is not None:
-            typ, _ = strip_annotation(typ)
-            return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
-    return None
+    typ, _ = strip_annotation(next((key_type(c, name) for c in classes if c and key_type(c, name)), None))
+    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
 
 
 def check_fields(cfg: Config) -> None:
@@ -380,11 +367,8 @@ def _check_object(prefix: str, obj: Any) -> None:
 
 def all_keys() -> list[str]:
     """Every dotted key a recipe or override may set."""
-    keys = ["recipe", "description"]
-    for section, cls in sections().items():
-        keys += dotted_fields(cls, section)
-    keys += [k for k in dotted_fields(Gpt2026Config, "model") if k not in keys]
-    return keys
+    keys = ["recipe", "description"] + [k for s, cls in sections().items() for k in dotted_fields(cls, s)]
+    return keys + [k for k in dotted_fields(Gpt2026Config, "model") if k not in keys]
 
 
 def sections() -> dict[str, type]:

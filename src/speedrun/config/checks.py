@@ -19,10 +19,6 @@ from speedrun.errors import ConfigError
 def _check_document_loader(cfg: Config) -> None:
     """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
     d, t = cfg.data, cfg.train
-    if t.val_seq_len > cfg.model.max_seq_len:
-        raise ConfigError(
-            f"train.val_seq_len ({t.val_seq_len}) exceeds model.max_seq_len ({cfg.model.max_seq_len})"
-        )
     if d.loader != "documents":
         return
     if t.seq_len != t.micro_batch_tokens:
@@ -34,9 +30,11 @@ def _check_document_loader(cfg: Config) -> None:
         raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
 
 
-def cross_field_checks(cfg: Config) -> None:
-    """Rules between fields that do not depend on the world size (each field's own range is checked
-    first, by config.check_fields, so nothing here divides by zero or compares with nan)."""
+def validate(cfg: Config) -> None:
+    """Every field against its declared type and range first (config.check_fields, so nothing below
+    divides by zero or compares with nan), then the rules between fields that do not depend on the
+    world size, and last that the stated label rows leave no flat optim field the user gave without effect."""
+    check_fields(cfg)
     m, f, t = cfg.model, model_facts(cfg.model), cfg.train
     if m.n_embd % m.n_head:
         raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
@@ -44,18 +42,16 @@ def cross_field_checks(cfg: Config) -> None:
         raise ConfigError("rotary embeddings need an even head dimension")
     if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name != "normuon":  # #57
         raise ConfigError("model.block_dtype=bf16 needs optim.name=normuon (its mantissa buffer keeps fp32)")
-    if t.seq_len > m.max_seq_len:
-        raise ConfigError(f"train.seq_len ({t.seq_len}) exceeds model.max_seq_len ({m.max_seq_len})")
-    if t.micro_batch_tokens % t.seq_len:
-        raise ConfigError(
-            f"train.micro_batch_tokens ({t.micro_batch_tokens}) must be a multiple of "
-            f"train.seq_len ({t.seq_len})"
-        )
-    if t.global_batch_tokens % t.micro_batch_tokens:
-        raise ConfigError(
-            f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of "
-            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
-        )
+    for name in ("seq_len", "val_seq_len"):
+        if getattr(t, name) > m.max_seq_len:
+            raise ConfigError(
+                f"train.{name} ({getattr(t, name)}) exceeds model.max_seq_len ({m.max_seq_len})"
+            )
+    for big, small in (("micro_batch_tokens", "seq_len"), ("global_batch_tokens", "micro_batch_tokens")):
+        if getattr(t, big) % getattr(t, small):
+            raise ConfigError(
+                f"train.{big} ({getattr(t, big)}) must be a multiple of train.{small} ({getattr(t, small)})"
+            )
     warmdown = math.ceil(t.warmdown_span())  # the one the schedule uses
     if t.warmup_steps + warmdown > t.steps and t.schedule == "trapezoid":
         raise ConfigError(
@@ -91,6 +87,7 @@ def cross_field_checks(cfg: Config) -> None:
         )
     check_subkeys(cfg)  # after the rules that say more about a switch than that it is off
     _check_memory(m)
+    check_shadowed(cfg.optim, m.n_embd // m.n_head, cfg.fixed)
 
 
 def _value(cfg: Config, key: str) -> object:
@@ -146,18 +143,12 @@ def check_subkeys(cfg: Config) -> None:
                 )
 
 
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_memory(m: ModelConfig) -> None:
     """Refuse models whose fp32 weights and position tables (estimated within a few %) cannot fit in
     this machine's memory, where the model is built first: one line naming the key, not an allocator crash."""
-    memory = _physical_memory()
-    if memory is None:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a system that does not say: nothing to check against
         return
     f = model_facts(m)
     head_dim, learned = m.n_embd // m.n_head, f.positional == "learned"
@@ -226,16 +217,15 @@ def _validate_normuon(cfg: Config) -> None:
             "optim.muon_hyperball (MuonH) keeps ‖W‖ itself: it takes no optim.muon_radius_pin or "
             "muon_weight_decay"
         )
-    if o.ema_nesterov_step < 0 or (
-        o.ema_nesterov_step and (o.name != "muon" or not 0 <= o.ema_nesterov_start < o.ema_nesterov_end)
-    ):
+    # (every number here is >= 0 already: check_fields ran first)
+    if o.ema_nesterov_step and (o.name != "muon" or not o.ema_nesterov_start < o.ema_nesterov_end):
         raise ConfigError(
-            "optim.ema_nesterov_step (#46: 0.3) must be >= 0; it needs optim.name=muon and "
+            "optim.ema_nesterov_step (#46: 0.3): it needs optim.name=muon and "
             "0 <= optim.ema_nesterov_start < optim.ema_nesterov_end"
         )
-    if o.power_cool_end < 0 or (o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) <= 0)):
+    if o.power_cool_end and (o.name != "muon" or min(o.power_cool_c) == 0):
         raise ConfigError(
-            "optim.power_cool_end (#46: 2900) must be >= 0; it needs optim.name=muon and optim.power_cool_c, "
+            "optim.power_cool_end (#46: 2900) needs optim.name=muon and optim.power_cool_c, "
             "four coefficients > 0 (embed, head, matrix, scalar)"
         )
     if not o.scalar_bias_correction and (o.name != "muon" or o.adam_weight_decay):
@@ -247,10 +237,9 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name != "normuon":  # its keys: config/subkeys.py
         return
-    if o.muon_qk_block_heads < 0 or o.scalar_freeze_steps < 0 or min(o.mlp_proj_lr_mul, o.mlp_fc_lr_mul) <= 0:
+    if 0 in (o.attn_lr_mul, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul):
         raise ConfigError(
-            "optim.muon_qk_block_heads and scalar_freeze_steps must be >= 0, optim.mlp_proj_lr_mul and "
-            "mlp_fc_lr_mul > 0"
+            "optim.name=normuon needs optim.attn_lr_mul, optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"
         )
     if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (f.fused_qkv and not o.muon_split_qkv)):
         raise ConfigError(
@@ -259,26 +248,22 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.grad_clip > 0:
         raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
-    if o.attn_lr_mul <= 0:
-        raise ConfigError(f"optim.attn_lr_mul must be > 0, got {o.attn_lr_mul}")
     # an LR for a part the model lacks is refused when the user gave it; a recipe's stays quiet when a
     # switch removes the part (as its stated label rows do), so one switch can take a part out (ablate)
     user = cfg.fixed
-    if o.smear_gate_lr < 0 or (o.smear_gate_lr and not smear and "optim.smear_gate_lr" in user):
-        raise ConfigError(
-            "optim.smear_gate_lr (#52: Adam trains the smear gate) must be >= 0 and needs model.smear"
-        )
-    if o.gate_lr < 0 or (o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user):
-        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) must be >= 0 and needs model.attn_gate")
-    if o.x0_lr < 0 or (o.x0_lr and not x0_apart and "optim.x0_lr" in user):
-        raise ConfigError("optim.x0_lr must be >= 0 and needs model.x0_lambda_apart=true (#52's x0 group)")
-    if o.gate_lr_mul <= 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
+    if o.smear_gate_lr and not smear and "optim.smear_gate_lr" in user:
+        raise ConfigError("optim.smear_gate_lr (#52: Adam trains the smear gate) needs model.smear")
+    if o.gate_lr and not (attn_gate or ve_gate) and "optim.gate_lr" in user:
+        raise ConfigError("optim.gate_lr (#56: Adam trains the gates) needs model.attn_gate")
+    if o.x0_lr and not x0_apart and "optim.x0_lr" in user:
+        raise ConfigError("optim.x0_lr needs model.x0_lambda_apart=true (#52's x0 group)")
+    if o.gate_lr_mul == 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
         raise ConfigError(
             "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
             "with optim.gate_lr=0)"
         )
-    lone_lr = o.skip_gate_lr > 0 and not skip_gate and "optim.skip_gate_lr" in user
-    if (skip_gate > 0 and o.skip_gate_lr <= 0) or lone_lr or o.skip_gate_lr < 0:
+    lone_lr = o.skip_gate_lr and not skip_gate and "optim.skip_gate_lr" in user
+    if (skip_gate and not o.skip_gate_lr) or lone_lr:
         raise ConfigError("model.skip_gate and optim.skip_gate_lr (#55: its Adam LR, > 0) go together")
     if o.tie_until:
         if f.tie_embeddings or f.zero_init_head or not f.pad_embeddings or f.embed_dtype != "fp32":
@@ -291,10 +276,3 @@ def _validate_normuon(cfg: Config) -> None:
                 f"optim.tie_until ({o.tie_until}) must be a multiple of optim.adam_every ({o.adam_every}): "
                 "the untie step must be one where Adam steps"
             )
-
-
-def validate(cfg: Config) -> None:
-    """Every field against its declared type and range first, then the cross-field rules."""
-    check_fields(cfg)
-    cross_field_checks(cfg)
-    check_shadowed(cfg.optim, cfg.model.n_embd // cfg.model.n_head, cfg.fixed)  # and the table fits

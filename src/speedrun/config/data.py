@@ -75,13 +75,9 @@ def parse_fineweb_source(source: str) -> int | None:
 def check_source(source: str) -> None:
     """ConfigError unless `source` has the form of a known source; nothing is read or downloaded, so a
     recipe's `data.source` is checked with the rest of the config (a typo was "data folder not found")."""
-    if source == "wiki-vital" or parse_fineweb_source(source) is not None:
-        return
-    if source.startswith("text:"):
-        if not source[len("text:") :]:
-            raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
-        return
+    if source == "text:":
+        raise ConfigError("source 'text:PATH' needs a path, e.g. text:corpus.jsonl")
     if source.startswith("hf:"):
         parse_hf_source(source)
-        return
-    raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")
+    elif source != "wiki-vital" and not source.startswith("text:") and parse_fineweb_source(source) is None:
+        raise ConfigError(f"unknown source {source!r}; valid: {', '.join(SOURCES)}")

@@ -5,7 +5,6 @@ fields, types and checks) lives in config/__init__.py; this module only fills on
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import tomllib
 from collections.abc import Callable
@@ -16,14 +15,12 @@ from speedrun.atomic import read_regular
 from speedrun.config import MODEL_FAMILIES, Config, all_keys, canonical_key, field_types, key_type, sections
 from speedrun.config.gpt2026 import legacy_gpt2024_table, legacy_model_table
 from speedrun.config.labels import RULE_KEYS, parse_rows
-from speedrun.config.types import coerce
+from speedrun.config.types import coerce, did_you_mean
 from speedrun.errors import ConfigError, SpeedrunError
 
 
-def _unknown_key(key: str, known: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    return ConfigError(f"unknown config key '{key}'{hint}")
+def _unknown_key(key: str) -> ConfigError:
+    return ConfigError(f"unknown config key '{key}'{did_you_mean(key, all_keys())}")
 
 
 def set_value(cfg: Config, key: str, value: Any) -> None:
@@ -45,24 +42,14 @@ def set_value(cfg: Config, key: str, value: Any) -> None:
         ]
         if section == "model" and other:
             raise ConfigError(f"{key} is a {other[0]} key; this model is {cfg.model.family} (model.family)")
-        raise _unknown_key(key, all_keys())
+        raise _unknown_key(key)
     typed = coerce(key, value, typ)
     if key == "model.family":  # a switch comes first, with its model keys (_switch_family)
         assert typed == cfg.model.family, (typed, cfg.model.family)
-    obj, (*parts, last) = getattr(cfg, section), name.split(".")
-    _set_path(obj, parts, last, typed)
-
-
-def _set_path(obj: Any, parts: list[str], name: str, value: Any) -> None:
-    """Set `obj.parts....name`; a part table is frozen, so setting its field replaces the part."""
-    if not parts:
-        setattr(obj, name, value)
-        return
-    part = getattr(obj, parts[0])
-    if not parts[1:]:
-        setattr(obj, parts[0], dataclasses.replace(part, **{name: value}))
-        return
-    _set_path(part, parts[1:], name, value)  # pragma: no cover - parts are one level deep today
+    obj, (part, _, last) = getattr(cfg, section), name.rpartition(".")
+    if part:  # a part table is frozen: setting its field replaces the part
+        typed = dataclasses.replace(getattr(obj, part), **{last: typed})
+    setattr(obj, part or last, typed)
 
 
 def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
@@ -72,7 +59,7 @@ def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
     or table (`optim.labels={}`) takes the stated rows back."""
     path = key.split(".")[2:]
     if len(path) > 2:
-        raise _unknown_key(key, all_keys())
+        raise _unknown_key(key)
     for part in reversed(path):
         value = {part: value}
     rows, stated = dict(cfg.optim.labels), parse_rows("optim.labels", value)
@@ -85,31 +72,15 @@ def _set_label_rows(cfg: Config, key: str, value: Any) -> None:
 
 
 def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
-    """Apply a nested TOML table ({'model': {'n_layer': 4}, ...}) onto cfg."""
+    """Apply a nested TOML table ({'model': {'n_layer': 4}, ...}) onto cfg, `model.family` first."""
+    table = {key: value for key, value in table.items() if key != "base"}
     for key, value in table.items():
-        if key == "base":
-            continue
-        if isinstance(value, dict):
-            if key not in sections():
-                raise ConfigError(f"{origin}: unknown config section '{key}'")
-            if key == "model" and "family" in value:
-                _switch_family(cfg, value, origin)
-            for sub, subval in _dotted(value):
-                set_value(cfg, f"{key}.{sub}", subval)
-        else:
-            set_value(cfg, key, value)
-
-
-def _dotted(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """A section's (key, value) pairs, a part table's as `part.field` (`[model.mudd]`); `optim.labels`
-    rows are values, not tables of keys."""
-    out = []
-    for key, value in table.items():
-        if isinstance(value, dict) and f"{prefix}{key}" != "labels":
-            out += _dotted(value, f"{prefix}{key}.")
-        else:
-            out.append((f"{prefix}{key}", value))
-    return out
+        if isinstance(value, dict) and key not in sections():
+            raise ConfigError(f"{origin}: unknown config section '{key}'")
+    if isinstance(table.get("model"), dict) and "family" in table["model"]:
+        _switch_family(cfg, table["model"], origin)
+    for key, value in flatten(table, rows=False).items():
+        set_value(cfg, key, value)
 
 
 def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
@@ -145,13 +116,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
 
 def table_keys(table: dict[str, Any]) -> set[str]:
     """The dotted keys a recipe table sets (its `base` is a reference, not a setting)."""
-    keys: set[str] = set()
-    for key, value in table.items():
-        if isinstance(value, dict):
-            keys |= {f"{key}.{sub}" for sub, _ in _dotted(value)}
-        elif key != "base":
-            keys.add(key)
-    return keys
+    return {key for key in flatten(table, rows=False) if key != "base"}
 
 
 # Settings that may differ when a run is resumed: they change how a run is observed, not what it computes.
@@ -237,11 +202,13 @@ def read_run_config(folder: Path, error: type[SpeedrunError] = ConfigError) -> C
         raise error(f"{path} is unusable ({e})") from None
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "", rows: bool = True) -> dict[str, Any]:
+    """{dotted key: value} of a nested table, a part table's as `section.part.field` (`[model.mudd]`);
+    `rows=False` keeps `optim.labels` whole, as a recipe states it (its rows are values, not keys)."""
     out: dict[str, Any] = {}
     for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and (rows or f"{prefix}{key}" != "optim.labels"):
+            out.update(flatten(value, f"{prefix}{key}.", rows))
         else:
             out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
     return out

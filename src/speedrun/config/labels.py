@@ -27,14 +27,12 @@ hyperparameters it must then repeat or leave out.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from speedrun.config.gpt2026 import mudd
-from speedrun.config.types import Beta, PosFloat, coerce
+from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types, from_json
 from speedrun.errors import ConfigError
 
 #: The vocabulary: what a model part may declare (model/labels.py); each has a derived row here.
@@ -63,7 +61,6 @@ LABELS = (
 )
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
-MATRIX_RULES = ("muon", "normuon")
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
 SCALAR_LIKE = (
     "scalar",
@@ -82,38 +79,27 @@ RULE_KEYS = {
     "muon": ("rule", "split"),
     "normuon": ("rule", "split", "lr_mul", "gate_rows", "qk_rows"),
 }
-KEY_TYPES: dict[str, Any] = {
-    "rule": Literal["adam", "muon", "normuon"],
-    "group": str,
-    "lr": float,
-    "betas": tuple[Beta, Beta],
-    "wd": float,
-    "eps": PosFloat,
-    "lr_mul": float,
-    "split": bool,
-    "gate_rows": bool,
-    "qk_rows": int,
-}
 
 
 @dataclass(frozen=True)
 class LabelRow:
     """How every parameter with one label is trained (one row of the table)."""
 
-    rule: str  # "muon" | "normuon" (orthogonalized) | "adam"; under optim.name=adamw only the group counts
+    # "muon" | "normuon" (orthogonalized) | "adam"; under optim.name=adamw only the group counts
+    rule: Literal["adam", "muon", "normuon"]
     group: str  # "matrix", or the Adam group (named after the label that owns it) whose schedule it shares
     lr: float = 0.0  # adam: the group's peak LR
-    betas: tuple[float, float] = (0.0, 0.0)  # adam
+    betas: tuple[Beta, Beta] = (0.0, 0.0)  # adam
     wd: float = 0.0  # adam: decoupled (muon) or cautious (normuon) weight decay, multiplier included
-    eps: float = 0.0  # adam
+    eps: PosFloat = 0.0  # adam (a stated eps must be > 0)
     lr_mul: float = 1.0  # normuon: LR multiplier on top of muon_lr and the bank's shape multiplier
     split: bool = True  # orthogonalize the label's declared blocks apart (false: the 2024-10-04 seed)
     gate_rows: bool = False  # normuon: one second-moment statistic per row (#48's attention gates)
     qk_rows: int = 0  # normuon: a qkv's Q and K cut into blocks of this many rows (#80: a head pair)
 
-    def keys(self) -> dict[str, Any]:
-        """The row as ``[optim.labels]`` states it: the keys of its rule."""
-        return {k: getattr(self, k) for k in RULE_KEYS[self.rule]}
+
+#: A stated row's keys and their types (those of the row's fields)
+KEY_TYPES: dict[str, Any] = field_types(LabelRow)
 
 
 def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
@@ -129,7 +115,7 @@ def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
         row = _json(f"{key}.{label}", row)
         if label not in LABELS:
             raise ConfigError(
-                f"{key}: unknown label {label!r}{_hint(label, LABELS)} (labels: {', '.join(LABELS)})"
+                f"{key}: unknown label {label!r}{did_you_mean(label, LABELS)} (labels: {', '.join(LABELS)})"
             )
         if not isinstance(row, dict):
             raise ConfigError(
@@ -138,9 +124,8 @@ def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
         out[label] = {}
         for k, v in row.items():
             if k not in KEY_TYPES:
-                raise ConfigError(
-                    f"{key}.{label}: unknown key {k!r}{_hint(k, KEY_TYPES)} (keys: {', '.join(KEY_TYPES)})"
-                )
+                hint = did_you_mean(k, KEY_TYPES)
+                raise ConfigError(f"{key}.{label}: unknown key {k!r}{hint} (keys: {', '.join(KEY_TYPES)})")
             out[label][k] = coerce(f"{key}.{label}.{k}", v, KEY_TYPES[k])
         group = out[label].get("group")
         if group is not None and group not in LABELS:
@@ -154,15 +139,7 @@ def _json(key: str, value: Any) -> Any:
     """A table given as text on the command line (JSON); anything else as it is."""
     if not (isinstance(value, str) and value.lstrip().startswith("{")):
         return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise ConfigError(f"{key}: {value!r} is not a table (write it as JSON)") from None
-
-
-def _hint(word: str, known: Any) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return from_json(key, value, "a table (write it as JSON)")
 
 
 def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
@@ -177,24 +154,18 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     the skip gate (#55) and each embedding in Adam groups of their own, the bigram table (#62) with the
     value embeddings, the sublayer lambdas and XSA gates (#74–#82) at the scalars' settings in groups of
     their own; the smear and skip gates without decay, the attention gates with it."""
-    if o.name != "normuon":
-        matrix = LabelRow("muon", "matrix", split=o.muon_split_qkv)
 
-        def adam(group: str, lr: float) -> LabelRow:
-            return LabelRow("adam", group, lr, tuple(o.betas), o.adam_weight_decay, o.eps)
+    def adam(group: str, lr: float, betas: Any = o.betas, wd: float = o.adam_weight_decay) -> LabelRow:
+        return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
 
-        rows = dict.fromkeys(MATRIX_LABELS, matrix)
+    if o.name != "normuon":  # (Muon's one Adam: optim.betas and adam_weight_decay)
+        rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
-    def normuon(lr_mul: float = 1.0, gate_rows: bool = False, qk_rows: int = 0) -> LabelRow:
-        return LabelRow(
-            "normuon", "matrix", lr_mul=lr_mul, split=o.muon_split_qkv, gate_rows=gate_rows, qk_rows=qk_rows
-        )
-
-    def adam(group: str, lr: float, betas: Any, wd: float) -> LabelRow:
-        return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
+    def normuon(lr_mul: float = 1.0, **cut: Any) -> LabelRow:  # cut: gate_rows, qk_rows
+        return LabelRow("normuon", "matrix", lr_mul=lr_mul, split=o.muon_split_qkv, **cut)
 
     wd, gate_betas = o.adam_weight_decay, o.scalar_betas if o.gate_betas == "scalar" else o.embed_betas
     value_embed = adam(
@@ -306,7 +277,7 @@ def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> Lab
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
     matrix_rule = "normuon" if o.name == "normuon" else "muon"
-    if rule in MATRIX_RULES and rule != matrix_rule:
+    if rule not in ("adam", matrix_rule):
         raise ConfigError(
             f"optim.labels.{label}.rule: {rule} needs optim.name = {rule} (this optimizer runs {matrix_rule})"
         )
@@ -324,13 +295,8 @@ def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> Lab
         base = LabelRow("adam", label, eps=o.eps)
     elif rule != base.rule:
         base = LabelRow(rule, "matrix", split=o.muon_split_qkv)
-    if rule == "adam":
-        own = any(k in keys for k in HYPER)
-        return dataclasses.replace(
-            base,
-            group=keys.get("group", label if own else base.group),
-            **{k: keys[k] for k in HYPER if k in keys},
-        )
+    if rule == "adam" and "group" not in keys and any(k in keys for k in HYPER):
+        keys = {**keys, "group": label}  # its own hyperparameters: a group of its own
     if keys.get("qk_rows") and label != "qkv":
         raise ConfigError(f"optim.labels.{label}.qk_rows: only a qkv has Q and K rows to cut")
     return dataclasses.replace(base, **{k: v for k, v in keys.items() if k != "rule"})

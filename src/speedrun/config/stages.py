@@ -4,13 +4,11 @@ in) the rest of the config; train/stages.py turns a StagePlan into every step's 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from speedrun.config import Config
+from speedrun.config import Config, DataConfig, TrainConfig
 from speedrun.config.families import model_facts
 from speedrun.config.types import BLOCK_SIZE, FP32_MAX, INT64_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
@@ -93,11 +91,8 @@ def stage_plan(cfg: Config) -> StagePlan | None:
 
 def _number(key: str, text: str, kind: type, entry: int) -> float:
     try:
-        if kind is float and "/" in text:
-            a, b = text.split("/", 1)
-            value = float(a) / float(b)
-        else:
-            value = kind(text)
+        a, sep, b = text.partition("/")  # a float may be a fraction (frac=1/3)
+        value = float(a) / float(b) if kind is float and sep else kind(text)
     except (ValueError, ZeroDivisionError):
         raise ConfigError(f"train.stages: stage {entry + 1}: {key}={text!r} is not a valid number") from None
     if not math.isfinite(value) or value < 0:  # a fraction too (1e400/1e400 is nan, -1/2 negative)
@@ -120,11 +115,17 @@ def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
     return {"mtp_start": ends[0], "mtp_end": ends[1]}
 
 
+def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
+    """Windows in blocks: `S/L` → (S, L), `L` alone → (0, L)."""
+    short, sep, long = text.rpartition("/")
+    return int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+
+
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
     windows, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "ext" if last else "frac"} | (
-        {"val", "yarn"} if last else set()
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix"} | (
+        {"ext", "val", "yarn"} if last else {"frac"}
     )
     fields: dict[str, str] = {}
     for item in text.split():
@@ -140,41 +141,34 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     required = {"tokens", "windows", "ext" if last else "frac"}
     if missing := sorted(required - set(fields)):
         raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
-    short, sep, long = fields["windows"].partition("/")
-    windows = (
-        int(_number("windows", short, int, entry)),
-        int(_number("windows", long, int, entry)) if sep else -1,
-    )
+    windows = _blocks("windows", fields["windows"], entry)
     if not 1 <= windows[0] <= windows[1]:
         raise ConfigError(
             f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
             f"got {fields['windows']!r}"
         )
+    weights: dict[str, tuple[float, ...]] = _mtp(fields["mtp"], entry) if "mtp" in fields else {}
+    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
+        start, _, end = fields["prefix"].partition(">")
+        weights["prefix"] = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
     stage = Stage(
         batch_tokens=int(_number("tokens", fields["tokens"], int, entry)),
         max_doc_len=int(_number("doc", fields.get("doc", "0"), int, entry)),
         windows=windows,
         lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
         duration=0.0 if last else _number("frac", fields["frac"], float, entry),
+        **weights,
     )
-    if "mtp" in fields:
-        stage = dataclasses.replace(stage, **_mtp(fields["mtp"], entry))
-    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
-        start, _, end = fields["prefix"].partition(">")
-        weights = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
-        stage = dataclasses.replace(stage, prefix=weights)
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
-    val_short, sep, val_long = fields.get("val", "0").rpartition("/")
-    val = int(_number("val", val_long, int, entry))
-    short_val = int(_number("val", val_short, int, entry)) if sep else 0
+    short_val, val = _blocks("val", fields.get("val", "0"), entry)
     yarn = int(_number("yarn", fields.get("yarn", "0"), int, entry))
     if val and val < windows[1]:
         raise ConfigError(
             f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
         )
-    if sep and not 1 <= short_val <= val:
+    if "/" in fields.get("val", "") and not 1 <= short_val <= val:
         raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
     if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
@@ -243,11 +237,6 @@ def parse_stages(
 # What a plan needs of the rest of the config, and what it makes unable to act (issue 27)
 
 
-def _default(section: Any, name: str) -> Any:
-    """The declared default of one field of a config section (what a recipe that never set it has)."""
-    return next(f.default for f in dataclasses.fields(section) if f.name == name)
-
-
 def check_stages(cfg: Config) -> None:
     """What train.stages, model.attention=varlen and model.yarn need of the rest (issue 20); a value the
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
@@ -312,7 +301,7 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
     t, d, f = cfg.train, cfg.data, model_facts(cfg.model)
     yarn, mtp = f.yarn, f.mtp
-    if d.max_doc_len != _default(type(d), "max_doc_len"):
+    if d.max_doc_len != DataConfig().max_doc_len:  # a recipe's or the user's
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
             "sets the longest document"
@@ -335,7 +324,7 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
             )
     tokens = sorted({s.batch_tokens for s in plan.stages})
     batch = t.global_batch_tokens
-    if batch != _default(type(t), "global_batch_tokens") and batch not in tokens:
+    if batch != TrainConfig().global_batch_tokens and batch not in tokens:
         raise ConfigError(
             f"train.global_batch_tokens ({batch:,}) is no step's batch under train.stages (tokens per step: "
             f"{', '.join(f'{n:,}' for n in tokens)}): give one of them, which train.micro_batch_tokens "

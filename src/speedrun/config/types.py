@@ -4,11 +4,11 @@ converts and checks one TOML / command-line value against a field's type."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import json
 import math
-import types
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -29,22 +29,16 @@ class Range:
             raise ConfigError(f"{key} must be a finite number, got {value}")
         # Values reach torch as fp32 (learning rates, scales) or int64 (steps, windows): beyond those
         # they failed deep inside the first step ("value cannot be converted ... without overflow").
-        limit = FP32_MAX if isinstance(value, float) else INT64_MAX
+        limit, form = (FP32_MAX, ".4g") if isinstance(value, float) else (INT64_MAX, ",")
         if value > limit:  # (no field takes negative numbers: they fail the lower bound below)
-            shown = (
-                f"{limit:.4g}, got {value:.4g}" if isinstance(value, float) else f"{limit:,}, got {value:,}"
+            raise ConfigError(
+                f"{key} must be at most {limit:{form}}, got {value:{form}} (what torch can hold)"
             )
-            raise ConfigError(f"{key} must be at most {shown} (what torch can hold)")
         low_ok = value > self.lo if self.lo_open else value >= self.lo
         high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
         if not (low_ok and high_ok):
-            raise ConfigError(f"{key} must be {self.describe()}, got {value}")
-
-    def describe(self) -> str:
-        low = f"{'>' if self.lo_open else '>='} {self.lo:,}"
-        if self.hi is None:
-            return low
-        return f"{low} and {'<' if self.hi_open else '<='} {self.hi:,}"
+            high = "" if self.hi is None else f" and {'<' if self.hi_open else '<='} {self.hi:,}"
+            raise ConfigError(f"{key} must be {'>' if self.lo_open else '>='} {self.lo:,}{high}, got {value}")
 
 
 FP32_MAX = 3.4028234663852886e38  # the largest finite float32
@@ -65,11 +59,10 @@ SeqLen = Annotated[int, Range(1, MAX_SEQ_LEN)]
 Seed = Annotated[int, Range(0, 2**63 - 1)]  # torch.manual_seed takes a 64-bit seed
 
 
-@dataclass(frozen=True)
-class Parser:
-    """A field whose values one function converts and checks whole (a table: optim.labels)."""
-
-    parse: Callable[[str, Any], Any]
+def did_you_mean(word: str, known: Any) -> str:
+    """The " (did you mean X?)" of an unknown key's refusal, when one of `known` is close."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
@@ -82,10 +75,10 @@ def strip_annotation(typ: Any) -> tuple[Any, Range | None]:
 
 def coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a TOML value or command-line string to the field's type, or raise ConfigError."""
-    if typing.get_origin(typ) is Annotated:
-        parser = next((e for e in typing.get_args(typ)[1:] if isinstance(e, Parser)), None)
+    if typing.get_origin(typ) is Annotated:  # a function beside the type converts and checks values whole
+        parser = next((e for e in typing.get_args(typ)[1:] if callable(e)), None)
         if parser is not None:
-            return parser.parse(key, value)
+            return parser(key, value)
     typ, bounds = strip_annotation(typ)
     origin = typing.get_origin(typ)
     if origin is Literal:
@@ -93,11 +86,6 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
         if value not in allowed:
             raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, allowed))}")
         return value
-    if origin in (typing.Union, types.UnionType):  # Optional[...]
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        return coerce(key, value, args[0])
     if origin is tuple:
         args = typing.get_args(typ)
         if isinstance(value, str):
@@ -133,37 +121,28 @@ def coerce(key: str, value: Any, typ: Any) -> Any:
 
 def _parse_list(key: str, text: str) -> list:
     """A command-line list: JSON (`[[3, 6]]`, `["L", "S"]`) or comma-separated items (`0,2`, `L,S`)."""
-    import json
-
     text = text.strip()
     if text.startswith("["):
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise ConfigError(f"{key}: {text!r} is not a list (write it as JSON, e.g. [0, 2])") from None
+        return from_json(key, text, "a list (write it as JSON, e.g. [0, 2])")
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+def from_json(key: str, text: str, what: str) -> Any:
+    """A list or table given as JSON text on the command line (`[0, 2]`, `{"lr": 0.3}`)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"{key}: {text!r} is not {what}") from None
+
+
 def _number(key: str, value: Any, typ: type) -> int | float:
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
-    if typ is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
+    """An int field takes an int or its text (`1_000` too), a float field any number or its text."""
+    if not isinstance(value, bool) and isinstance(value, (int, str) if typ is int else (int, float, str)):
         try:
-            return float(value)
+            return int(value.replace("_", "")) if isinstance(value, str) and typ is int else typ(value)
         except ValueError:
             pass
-    raise ConfigError(f"{key}: expected a number, got {value!r}")
+    raise ConfigError(f"{key}: expected {'an integer' if typ is int else 'a number'}, got {value!r}")
 
 
 @functools.cache
@@ -198,11 +177,8 @@ def canonical_key(model: Any, key: str) -> str:  # `model`: a model config or it
 def dotted_fields(cls: type, prefix: str) -> list[str]:
     """The dotted keys of section class `cls`, a part table's fields as `prefix.part.field`."""
     out = []
-    for f in dataclasses.fields(cls):
-        typ = field_types(cls)[f.name]
+    for name, typ in field_types(cls).items():
         out += (
-            dotted_fields(typ, f"{prefix}.{f.name}")
-            if dataclasses.is_dataclass(typ)
-            else [f"{prefix}.{f.name}"]
+            dotted_fields(typ, f"{prefix}.{name}") if dataclasses.is_dataclass(typ) else [f"{prefix}.{name}"]
         )
     return out
