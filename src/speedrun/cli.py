@@ -100,6 +100,14 @@ def _dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
+def _dry_run(cfg: Config) -> None:
+    """--dry-run's resolved config, after the time budget refused or skipped what a run would."""
+    from speedrun.train.plan.budget import settle_budget
+
+    settle_budget(cfg, lambda line: print(line, file=sys.stderr))
+    print(_dumps(cfg.to_dict()))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.recipes import DEFAULT_RECIPE, load_recipe
 
@@ -111,10 +119,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
-        from speedrun.train.plan.budget import settle_budget
-
-        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
-        print(_dumps(cfg.to_dict()))
+        _dry_run(cfg)
         print(_model_summary(cfg))
         return 0
     from speedrun.train.loop import train
@@ -187,10 +192,7 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"resume: {key} changed from {before!r} to {after!r}")
     validate(cfg)
     if args.dry_run:
-        from speedrun.train.plan.budget import settle_budget
-
-        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
-        print(_dumps(cfg.to_dict()))
+        _dry_run(cfg)
         return 0
     from speedrun.train.loop import train
 
