@@ -132,19 +132,17 @@ def _model_summary(cfg: Config) -> str:
     """--dry-run's model summary: the first thing that needs torch (the config printed before it is
     loaded and checked without it, docs/architecture.md), so a missing torch ends here in one line."""
     try:
-        import torch
+        import torch  # noqa: F401  (whether torch imports at all)
     except ImportError as e:
         raise SpeedrunError(
             f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
         ) from None
     from speedrun.config.labels import format_table
-    from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
     from speedrun.optim.build import model_rules, run_rules
-    from speedrun.train.flops import first_and_last
+    from speedrun.train.flops import config_model, first_and_last
 
-    with torch.device("meta"):  # counts and shapes only: no memory, no init time
-        model = build_model(cfg.model)
+    model = config_model(cfg)  # on the meta device: counts and shapes only, no memory, no init time
     params: dict[str, tuple[int, int]] = {}
     for e in model_rules(model, cfg):  # refuses a label without a row, a row without a parameter
         tensors, numbers = params.get(e.label.name, (0, 0))

@@ -16,6 +16,7 @@ from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError, first_line
 from speedrun.model.families import build_model
+from speedrun.train.flops import config_model
 from speedrun.train.plan.precision import effective_config
 from speedrun.train.plan.precision import resolve as resolve_precision
 from speedrun.train.run.checkpoint import (
@@ -77,8 +78,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
     if problem is not None:
         raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in build_model(cfg.model).state_dict().items()}
+    shapes = {k: v.shape for k, v in config_model(cfg).state_dict().items()}  # on the meta device
     try:
         weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:

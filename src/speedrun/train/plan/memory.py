@@ -21,11 +21,12 @@ import torch
 from speedrun.config import Config
 from speedrun.config.families import config_family, model_facts
 from speedrun.errors import SpeedrunError
-from speedrun.model.families import build_model, family_of
+from speedrun.model.families import family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
 from speedrun.optim.table import build_banks, build_rows
+from speedrun.train.flops import config_model
 
 GiB = 2**30
 
@@ -50,11 +51,6 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return max(self.backward_start, self.optimizer_step, self.validation)
-
-
-def _meta_model(cfg: Config) -> torch.nn.Module:
-    with torch.device("meta"):
-        return build_model(cfg.model)
 
 
 def _nbytes(tensors) -> int:
@@ -149,7 +145,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     of `world_size` processes, compiled or eager, on CUDA (FlexAttention, fused RMSNorm)."""
     assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
     t, f = cfg.train, model_facts(cfg.model)
-    model = _meta_model(cfg)
+    model = config_model(cfg)
     params = list({id(p): p for p in model.parameters()}.values())
     weights = _nbytes(params) + _nbytes(model.buffers())
     grads = _nbytes(params)
