@@ -89,11 +89,11 @@ def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float 
         torch.set_num_threads(1)
     try:
         size = 128
-        while size < 8192 and 2 * size**3 / measured_matmul_peak(device, size, dtype, iters=1) < PROBE_CALL_S:
+        while size < 8192 and 2 * size**3 / measured_matmul_peak(device, size, dtype) < PROBE_CALL_S:
             size *= 2
         rates, start = [], time.perf_counter()
         while time.perf_counter() - start < budget_s or len(rates) < 5:
-            rates.append(measured_matmul_peak(device, size, dtype, iters=1))
+            rates.append(measured_matmul_peak(device, size, dtype))
     finally:
         torch.set_num_threads(threads)
     return statistics.median(rates) * (threads if device.type == "cpu" else 1)
