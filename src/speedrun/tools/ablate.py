@@ -285,13 +285,11 @@ def results(arms: list[Arm]) -> list[Row]:
 
 
 def format_rows(rows: list[Row]) -> str:
-    def fmt(value: float | None, spec: str, unit: str = "") -> str:
-        return "-" if value is None else format(value, spec) + unit
-
     from speedrun.tools.flops import format_flops
+    from speedrun.tools.results import columns, fmt
 
     header = ("arm", "n", "val loss", "sd", "vs baseline", "p (Welch)", "tokens", "FLOPs", "train time")
-    table = [header] + [
+    cells = [
         (
             r.label,
             str(r.n),
@@ -305,10 +303,7 @@ def format_rows(rows: list[Row]) -> str:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
+    return columns([header, *cells])
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:

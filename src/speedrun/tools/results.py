@@ -177,3 +177,14 @@ def run_names(runs: list[Run]) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [printable(f"{r.path.parent.name}/{r.path.name}") for r in runs]
+
+
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    """A table cell: `value` in `spec` (then `unit`), or "-" where it is unknown."""
+    return "-" if value is None else format(value, spec) + unit
+
+
+def columns(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells (the header first) as left-aligned columns two spaces apart (compare, ablate)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
