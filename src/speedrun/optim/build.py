@@ -10,6 +10,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.config.families import config_family
+from speedrun.config.labels import label_table
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.ema_nesterov import EmaNesterov
@@ -20,7 +21,6 @@ from speedrun.optim.rules import (
     Entry,
     LabelRule,
     adam_groups,
-    label_rules,
     muon_parts,
     param_rules,
 )
@@ -127,7 +127,7 @@ def run_rules(cfg: Config) -> dict[str, LabelRule]:
 
 def _table(o, m) -> dict[str, LabelRule]:
     """#80's Q/K blocks are heads of Q/K rows: #344's narrower width where set."""
-    return label_rules(o, config_family(m).qk_head_dim(m))
+    return label_table(o, config_family(m).qk_head_dim(m))
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
