@@ -3,12 +3,12 @@ loading never runs code) and tokenizer, with paths relative to the run so a copi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
+from speedrun.atomic import json_object
 from speedrun.config import Config
 from speedrun.config.families import model_facts
 from speedrun.config.files import read_run_config
@@ -116,10 +116,7 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
         )
     own = data_dir_for(cfg) / "meta.json"
     if data_dir is not None and own.is_file():  # a same-named BPE trained on other text is another vocabulary
-        try:
-            own_hash = json.loads(own.read_text(encoding="utf-8")).get("tokenizer_hash")
-        except (OSError, ValueError, AttributeError):
-            own_hash = None
+        own_hash = json_object(own).get("tokenizer_hash")
         if own_hash is not None and own_hash != tok.hash:
             raise DataError(
                 f"{data_dir} was tokenized with a different {tok.name} vocabulary (hash {tok.hash}) "

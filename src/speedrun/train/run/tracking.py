@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from speedrun.atomic import json_object
 from speedrun.errors import ConfigError
 from speedrun.hardware import cpuinfo, measured_matmul_peak
 from speedrun.printable import printable
@@ -112,12 +113,7 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def _read_peaks() -> dict[str, float]:
-    try:
-        known = json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(known, dict):
-        return {}
+    known = json_object(_cache_file())
     return {k: float(v) for k, v in known.items() if isinstance(v, int | float) and v > 0}
 
 
