@@ -105,12 +105,11 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             raise ConfigError(
                 f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
             )
-        if arm.switch is not None and (changed := _changed(base, variant)):
-            if set(changed) <= set(REPORTING):
-                raise ConfigError(
-                    f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
-                    "their losses, tokens or training time: the variant would repeat the baseline"
-                )
+        if arm.switch is not None and (changed := _changed(base, variant)) and set(changed) <= set(REPORTING):
+            raise ConfigError(
+                f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
+                "their losses, tokens or training time: the variant would repeat the baseline"
+            )
         for seed in seeds:
             cfg = load_recipe(recipe, [*sets, *arm.overrides, f"train.seed={seed}"])
             arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
