@@ -28,7 +28,6 @@ from speedrun.train.run.checkpoint import (
 )
 from speedrun.train.run.rundir import MANIFEST
 from speedrun.train.schedule import apply_to_model, schedule_at
-from speedrun.train.step import autocast, autocast_dtype
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -130,8 +129,3 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
             "the run's vocabulary"
         )
     return tok
-
-
-def autocast_for(cfg: Config, device: torch.device):
-    """The run's compute dtype: the training step's autocast."""
-    return autocast(device, autocast_dtype(cfg))
