@@ -193,10 +193,6 @@ def guarded_bytes(cfg: Config, world: int, compiled: bool) -> int:
     return int(estimate_peak_bytes(cfg, world, compiled) * cuda_margin(cfg, compiled))
 
 
-def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
-    return guarded_bytes(cfg, world, compiled) <= free
-
-
 def _smaller_batches(cfg: Config, world: int):
     """(overrides, config) with smaller forwards, largest first: fewer rows of `seq_len` that still
     divide the batch of a process, then shorter validation rows, then (one row) shorter rows."""
@@ -233,10 +229,10 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need != estimate:
         where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
-    if not compiled and _fits(cfg, world_size, True, free):
+    if not compiled and guarded_bytes(cfg, world_size, True) <= free:
         raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
     for setting, smaller in _smaller_batches(cfg, world_size):
-        if _fits(smaller, world_size, compiled, free):
+        if guarded_bytes(smaller, world_size, compiled) <= free:
             raise _refusal(f"estimated peak memory {where}: run with {setting}")
     raise _refusal(f"estimated peak memory {where}, and no smaller micro-batch fits")
 
