@@ -9,13 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.config import ModelConfig, OptimConfig
+from speedrun.config.labels import label_table
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2024.layout import value_embed_layout
 from speedrun.model.gpt2024.model import GPT
 from speedrun.model.labels import labelled
 from speedrun.model.layers import Rotary, rotary_frequencies, softcap
-from speedrun.optim.rules import MUON_GROUPS, label_rules, param_rules
+from speedrun.optim.rules import MUON_GROUPS, param_rules
 from speedrun.recipes import load_recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -219,7 +220,7 @@ def test_labels_route_new_parameters():
         tiny(value_embeds="unet", value_mix="lambdas", unet=True, x0_shortcut=True, fused_qkv=True)
     )
     roles = {group: [] for group in MUON_GROUPS}
-    for e in param_rules(model, label_rules(OptimConfig(name="muon"), 16)):
+    for e in param_rules(model, label_table(OptimConfig(name="muon"), 16)):
         roles[e.rule.group].append(e.name)
     assert set(roles["embed"]) == {"wte.weight"} | {f"value_embeds.{j}.weight" for j in range(L // 2)}
     assert "skip_weights" in roles["scalar"]

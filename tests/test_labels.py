@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch import nn
 
+from speedrun.config.labels import label_table
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.labels import LABELS, label_of, labelled
 from speedrun.model.layers import MLP
 from speedrun.optim.build import build_optimizer, model_rules
-from speedrun.optim.rules import LabelError, label_rules, param_rules
+from speedrun.optim.rules import LabelError, param_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.plan.memory import _optimizer_bytes
 from tests.conftest import TINY, run_speedrun
@@ -52,7 +53,7 @@ def test_an_unlabelled_matrix_is_refused_in_one_line_naming_it(recipe):
 def test_a_label_without_a_row_is_refused_naming_the_parameter():
     cfg = tiny("stages-2025-12")
     model = build_model(cfg.model)
-    rules = label_rules(cfg.optim, 32)
+    rules = label_table(cfg.optim, 32)
     del rules["smear_gate"]
     with pytest.raises(LabelError, match=r"smear\.gate\.weight has label 'smear_gate'"):
         param_rules(model, rules)
@@ -115,7 +116,7 @@ def test_every_label_of_a_bundled_recipe_has_a_row(recipe):
     entries = model_rules(model, cfg)
     assert len(entries) == len(list(model.parameters()))
     assert {e.label.name for e in entries} <= set(LABELS)
-    assert set(label_rules(cfg.optim, 64)) == set(LABELS)  # every label a part may declare, not only these
+    assert set(label_table(cfg.optim, 64)) == set(LABELS)  # every label a part may declare, not only these
 
 
 def test_a_tied_weight_is_one_embedding():

@@ -294,10 +294,11 @@ def test_the_optimizer_rows_are_the_records():
     """#18's labels and multipliers: attn_gate/value_embed_gate in NorMuon at lr_mul 0.1, embed2 with the
     value embeddings (Adam 0.004 x75, wd x5), x0 lambdas at 0.004 x5 with the main betas, smear and skip
     gates at 0.004 x0.01 without decay, the scalars at 0.008 x5 with (0.9, 0.99)."""
-    from speedrun.optim.rules import adam_groups, label_rules, param_rules
+    from speedrun.config.labels import label_table
+    from speedrun.optim.rules import adam_groups, param_rules
 
     cfg, model = tiny_medium()
-    rules = label_rules(cfg.optim, 32)
+    rules = label_table(cfg.optim, 32)
     entries = param_rules(model, rules)
     by_label = {e.label.name: e.rule for e in entries}
     assert (

@@ -285,11 +285,12 @@ def test_init_is_the_records():
 
 def test_labels_train_mudd_in_its_own_adam_rows():
     from speedrun.config.gpt2026.mudd import LR_MUL as MUDD_LR_MUL
-    from speedrun.optim.rules import adam_groups, label_rules, param_rules
+    from speedrun.config.labels import label_table
+    from speedrun.optim.rules import adam_groups, param_rules
 
     cfg = load_recipe(BASE, [])
     model = build_model(_cfg())
-    rules = label_rules(cfg.optim, 32)
+    rules = label_table(cfg.optim, 32)
     entries = {e.name: e for e in param_rules(model, rules)}
     assert entries["mudd.w1"].rule.group == entries["mudd.w2"].rule.group == "mudd"
     assert entries["mudd.b2"].rule.group == "mudd_bias"

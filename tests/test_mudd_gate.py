@@ -281,8 +281,9 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
 
 def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
     from speedrun.config.gpt2026.mudd import GATE_LR_MUL as MUDD_GATE_LR_MUL
+    from speedrun.config.labels import label_table
     from speedrun.model.kv_cache import KVCache, forward_cached
-    from speedrun.optim.rules import adam_groups, label_rules, param_rules
+    from speedrun.optim.rules import adam_groups, param_rules
 
     model = _model(**GATED).eval()
     idx, _ = _batch()
@@ -293,10 +294,10 @@ def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
         parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
     o = load_recipe(BASE, []).optim
-    entries = {e.name: e for e in param_rules(model, label_rules(o, 32))}
+    entries = {e.name: e for e in param_rules(model, label_table(o, 32))}
     assert entries["mudd_gate.w1"].rule.group == entries["mudd_gate.w2"].rule.group == "mudd_gate"
     assert entries["mudd_gate.b2"].rule.group == entries["mudd_gate.scale"].rule.group == "mudd_gate_bias"
-    groups = adam_groups(label_rules(o, 32), {"mudd_gate", "mudd_gate_bias"})
+    groups = adam_groups(label_table(o, 32), {"mudd_gate", "mudd_gate_bias"})
     assert groups["mudd_gate"].lr == o.embed_lr * MUDD_GATE_LR_MUL
     assert groups["mudd_gate_bias"].weight_decay == 0
 

@@ -83,7 +83,7 @@ def test_a_pinned_bf16_recipe_falls_back_with_its_storage_on_a_slow_cpu(monkeypa
     cfg.train.dtype = "bf16"  # as a recipe that pins it: bf16 autocast + bf16 parameters
     assert cfg.model.bf16_model and cfg.model.embed_dtype == "bf16"
     chosen = precision.resolve(cfg, torch.device("cpu"))
-    assert chosen.fell_back and chosen.dtype == "fp32" and "falls back" in chosen.reason
+    assert chosen.dtype == "fp32" and "falls back" in chosen.reason
     run_cfg = precision.effective_config(cfg, chosen)
     assert (
         run_cfg.train.dtype == "fp32" and not run_cfg.model.bf16_model and run_cfg.model.embed_dtype == "fp32"

@@ -7,6 +7,7 @@ be a symbolic link to a folder (followed, the link kept)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
@@ -96,6 +97,16 @@ def read_regular(path: Path) -> bytes:
             return f.read()
     finally:
         os.close(fd)
+
+
+def json_object(path: Path) -> dict:
+    """The JSON object in the file at `path`; {} where there is none (missing, unreadable, not a regular
+    file, not an object): what a run or data folder may or may not record."""
+    try:
+        value = json.loads(read_regular(path))
+    except (OSError, ValueError, SpeedrunError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def user_folder(path: Path) -> Path:

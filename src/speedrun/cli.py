@@ -100,6 +100,14 @@ def _dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
+def _dry_run(cfg: Config) -> None:
+    """--dry-run's resolved config, after the time budget refused or skipped what a run would."""
+    from speedrun.train.plan.budget import settle_budget
+
+    settle_budget(cfg, lambda line: print(line, file=sys.stderr))
+    print(_dumps(cfg.to_dict()))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedrun.recipes import DEFAULT_RECIPE, load_recipe
 
@@ -111,10 +119,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return train_seeds(args)
     cfg = load_recipe(DEFAULT_RECIPE if args.recipe is None else args.recipe, args.overrides)
     if args.dry_run:
-        from speedrun.train.plan.budget import settle_budget
-
-        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
-        print(_dumps(cfg.to_dict()))
+        _dry_run(cfg)
         print(_model_summary(cfg))
         return 0
     from speedrun.train.loop import train
@@ -127,19 +132,17 @@ def _model_summary(cfg: Config) -> str:
     """--dry-run's model summary: the first thing that needs torch (the config printed before it is
     loaded and checked without it, docs/architecture.md), so a missing torch ends here in one line."""
     try:
-        import torch
+        import torch  # noqa: F401  (whether torch imports at all)
     except ImportError as e:
         raise SpeedrunError(
             f"the model summary of --dry-run needs torch, which cannot be imported ({e})"
         ) from None
     from speedrun.config.labels import format_table
-    from speedrun.model.families import build_model
     from speedrun.model.summary import model_summary
     from speedrun.optim.build import model_rules, run_rules
-    from speedrun.train.flops import first_and_last
+    from speedrun.train.flops import config_model, first_and_last
 
-    with torch.device("meta"):  # counts and shapes only: no memory, no init time
-        model = build_model(cfg.model)
+    model = config_model(cfg)  # on the meta device: counts and shapes only, no memory, no init time
     params: dict[str, tuple[int, int]] = {}
     for e in model_rules(model, cfg):  # refuses a label without a row, a row without a parameter
         tensors, numbers = params.get(e.label.name, (0, 0))
@@ -187,10 +190,7 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"resume: {key} changed from {before!r} to {after!r}")
     validate(cfg)
     if args.dry_run:
-        from speedrun.train.plan.budget import settle_budget
-
-        settle_budget(cfg, lambda line: print(line, file=sys.stderr))  # refused or skipped as a run does
-        print(_dumps(cfg.to_dict()))
+        _dry_run(cfg)
         return 0
     from speedrun.train.loop import train
 

@@ -32,25 +32,19 @@ def cpuinfo(*keys: str) -> str | None:
     return None
 
 
-def measured_matmul_peak(
-    device: torch.device | str = "cpu", size: int = 4096, dtype: torch.dtype = torch.bfloat16, iters: int = 10
-) -> float:
-    """Best FLOP/s of a square `size` matmul in `dtype` on `device`: the reachable peak MFU is measured
-    against (datasheet peaks are rarely reached). A few warm-up calls, then the fastest of `iters`."""
-    device = torch.device(device)
+def measured_matmul_peak(device: torch.device, size: int, dtype: torch.dtype) -> float:
+    """FLOP/s of one square `size` matmul in `dtype` on `device`, after a few warm-up calls: one sample
+    of the reachable peak MFU is measured against (train/run/tracking.py repeats it, takes the median)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
     for _ in range(3):
         a @ b
     sync(device)
-    best = float("inf")
-    for _ in range(iters):
-        start = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    start = time.perf_counter()
+    a @ b
+    sync(device)
+    return 2 * size**3 / (time.perf_counter() - start)
 
 
 def cpu_flags() -> set[str] | None:

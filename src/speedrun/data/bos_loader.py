@@ -4,7 +4,7 @@ batch planned from the cursor (shard, pos) alone, so a step holds the same token
 processes. Rules: `stream` (#26 `find_batch_starts`: `local + 1` tokens from a BOS, next chunk at the
 first BOS after; a shard is left when `pos + 2·G + 1 >= len`) and `packed` (#29 on: whole documents
 cut to `max_doc_len`, the last cut to fill). `cu_seqlens` has a fixed length `max_docs` (padded; extra
-boundaries are counted in `merged_docs`, where the records crash). The next shard's BOS index is built
+boundaries are dropped, merging documents, where the records crash). The next shard's BOS index is built
 in the background, and with `prefetch` the next micro-batch too (#33).
 """
 
@@ -127,7 +127,6 @@ class DocumentLoader(ShardReader):
         self.rank, self.world_size, self.accumulation_steps = rank, world_size, chunks // world_size
         self.max_docs, self.vocab_size, self.loop = max_docs, vocab_size, loop
         self.with_cu_seqlens = with_cu_seqlens  # next_batch() adds cu_seqlens (model.attention=varlen)
-        self.merged_docs = 0  # document boundaries dropped because a chunk had more than max_docs
         self._index: dict[int, Future] = {}
         self._indexer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speedrun-bos-index")
         self._lock = Lock()
@@ -198,15 +197,15 @@ class DocumentLoader(ShardReader):
             max_docs = self._stage(step)[2]
         if self.vocab_size is not None:
             check_token_range(buf, self.vocab_size, self.files[shard])
-        cu, dropped = cu_seqlens(buf[:-1], self.bos_id, max_docs)
+        cu, _ = cu_seqlens(buf[:-1], self.bos_id, max_docs)
         x = torch.from_numpy(buf[:-1].astype(np.int64))
         y = torch.from_numpy(buf[1:].astype(np.int64))
         cu_t = torch.from_numpy(cu)
         if self.device.type == "cuda":
             x, y, cu_t = x.pin_memory(), y.pin_memory(), cu_t.pin_memory()
         if micro + 1 < self.accumulation_steps:
-            return (x, y, cu_t, dropped), (shard, pos, micro + 1, step, epoch)
-        return (x, y, cu_t, dropped), (shard, plan.end, 0, step + 1, epoch)
+            return (x, y, cu_t), (shard, pos, micro + 1, step, epoch)
+        return (x, y, cu_t), (shard, plan.end, 0, step + 1, epoch)
 
     # ------------------------------------------------------------------------------ public
     def next_packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -223,8 +222,7 @@ class DocumentLoader(ShardReader):
         self._shard, self._pos, self._micro, self._step, self._epoch = nxt
         if self._executor is not None:
             self._future = self._executor.submit(self._produce, nxt)
-        x, y, cu, dropped = out
-        self.merged_docs += dropped
+        x, y, cu = out
         if self.device.type == "cpu":
             return x, y, cu
         return (t.to(self.device, non_blocking=True) for t in (x, y, cu))  # type: ignore[return-value]

@@ -4,13 +4,13 @@ repo `kjj0/fineweb10B-gpt2`). The one place that uses the network; each file is 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from speedrun.atomic import json_object
 from speedrun.data.hub import hub_call
 from speedrun.data.meta import META_FILE, write_meta
 from speedrun.data.shards import open_shard
@@ -61,10 +61,7 @@ def download_fineweb(
     data_dir = Path(data_dir)
     meta_path = data_dir / META_FILE
     if meta_path.is_file():
-        try:
-            old_source = str(json.loads(meta_path.read_text()).get("source", ""))
-        except (OSError, ValueError, AttributeError):
-            old_source = ""
+        old_source = str(json_object(meta_path).get("source", ""))
         if not old_source.startswith("fineweb10B"):
             raise DataError(f"{meta_path}: folder holds other prepared data; choose another --data-dir")
         meta_path.unlink()  # the folder is not complete again until the new meta.json is written

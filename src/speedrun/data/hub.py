@@ -87,11 +87,8 @@ def _split_patterns(data_files: object) -> dict[str, list[str]]:
 
 
 def _pick(kind: str, wanted: str | None, have: list[str], src: HubSource) -> str:
-    if wanted is None:
-        if "default" in have or len(have) != 1:
-            wanted = "default"
-        else:
-            wanted = have[0]
+    if wanted is None:  # the only one there is, else "default"
+        wanted = have[0] if len(have) == 1 else "default"
     if wanted not in have:
         owner = f"dataset {src.repo_id}" if kind == "config" else f"config {src.config or 'default'!r}"
         raise DataError(f"{owner} has no {kind} {wanted!r}; available: {', '.join(sorted(have)) or 'none'}")

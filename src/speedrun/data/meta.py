@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speedrun.atomic import write_atomic
+from speedrun.atomic import json_object, write_atomic
 from speedrun.config.families import model_facts
 from speedrun.data.shards import read_header
 from speedrun.data.sources import source_slug
@@ -196,11 +196,7 @@ def is_data_file_name(name: str) -> bool:
 
 def is_prepared_folder(data_dir: Path) -> bool:
     """Whether `data_dir` holds a meta.json of ours (speedrun-shards), not a user's file of that name."""
-    try:
-        meta = json.loads((Path(data_dir) / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == META_FORMAT
+    return json_object(Path(data_dir) / META_FILE).get("format") == META_FORMAT
 
 
 def foreign_entries(data_dir: Path) -> list[str]:

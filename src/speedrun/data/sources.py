@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.metadata
+import itertools
 import json
 import re
 import zlib
@@ -74,17 +75,13 @@ def _lines(path: Path) -> Iterator[str]:
 
 def _iter_txt(path: Path) -> Iterator[str]:
     buf: list[str] = []
-    for line in _lines(path):
-        if _DOC_SEPARATOR.fullmatch(line.rstrip("\n")):
-            doc = "".join(buf).strip("\n")
-            buf = []
-            if doc.strip():
-                yield doc
-        else:
+    for line in itertools.chain(_lines(path), ["<|endoftext|>"]):  # the file's end ends its last document
+        if not _DOC_SEPARATOR.fullmatch(line.rstrip("\n")):
             buf.append(line)
-    doc = "".join(buf).strip("\n")
-    if doc.strip():
-        yield doc
+            continue
+        doc, buf = "".join(buf).strip("\n"), []
+        if doc.strip():
+            yield doc
 
 
 def _iter_jsonl(path: Path) -> Iterator[str]:

@@ -10,6 +10,7 @@ import torch
 
 from speedrun.config import Config
 from speedrun.config.families import model_facts
+from speedrun.config.labels import label_table
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.ema_nesterov import EmaNesterov
@@ -20,7 +21,6 @@ from speedrun.optim.rules import (
     Entry,
     LabelRule,
     adam_groups,
-    label_rules,
     muon_parts,
     param_rules,
 )
@@ -127,7 +127,7 @@ def run_rules(cfg: Config) -> dict[str, LabelRule]:
 
 def _table(o, m) -> dict[str, LabelRule]:
     """#80's Q/K blocks are heads of Q/K rows: #344's narrower width where set."""
-    return label_rules(o, model_facts(m).qk_head_dim)
+    return label_table(o, model_facts(m).qk_head_dim)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
@@ -181,18 +181,10 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         if pinned(o)
         else Muon(
             groups["matrix"],
-            lr=o.muon_lr,
-            momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
-            nesterov=True,
-            backend=o.muon_backend,
-            ns_steps=o.muon_ns_steps,
             shape_scale=o.muon_shape_scale,
-            weight_decay=o.muon_weight_decay,
             momentum_form=o.muon_momentum_form,
-            ns_form=o.muon_ns_form,
             scale_in_update_dtype=o.muon_scale_in_bf16,
-            ns_coefficients=tuple(o.muon_ns_coefficients),
-            ns_dtype=ns_dtype,
+            **muon_settings(o, ns_dtype),
         )
     )
     for group in muon.param_groups if power_c else []:
@@ -222,21 +214,29 @@ def pinned_muon(entries: list[Entry], o: Any, ns_dtype: torch.dtype) -> PinnedMu
             groups.setdefault(gates.get(e.label.name, "none"), []).append(e.param)
     return PinnedMuon(
         [{"params": ps, "gate": gate} for gate, ps in groups.items()],
-        lr=o.muon_lr,
-        momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
         soap=o.muon_soap,
         soap_beta2=o.muon_soap_beta2,
         uw_floor=o.muon_uw_floor,
         row_floor=o.muon_row_floor,
         pin=o.muon_radius_pin,
         cwd=o.muon_post_pin_cwd,
+        hyperball=o.muon_hyperball,
+        **muon_settings(o, ns_dtype),
+    )
+
+
+def muon_settings(o: Any, ns_dtype: torch.dtype) -> dict[str, Any]:
+    """What Muon and #46's PinnedMuon both take from the recipe: step size, momentum (its warm-up's start
+    where it warms up), decay and the orthogonalization."""
+    return dict(
+        lr=o.muon_lr,
+        momentum=o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum,
         weight_decay=o.muon_weight_decay,
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
         ns_form=o.muon_ns_form,
         ns_coefficients=tuple(o.muon_ns_coefficients),
         ns_dtype=ns_dtype,
-        hyperball=o.muon_hyperball,
     )
 
 

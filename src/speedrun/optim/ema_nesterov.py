@@ -23,6 +23,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from speedrun.optim.tail_ema import weights_set_to
+
 
 class EmaNesterov:
     """The buffers of one run's parameters and the step count; the inner optimizers step outside."""
@@ -59,16 +61,8 @@ class EmaNesterov:
         if not self.pending:
             yield
             return
-        stash = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, prev in zip(self.params, self.prev, strict=True):
-                p.copy_(prev)
-        try:
+        with weights_set_to(self.params, self.prev):
             yield
-        finally:
-            with torch.no_grad():
-                for p, s in zip(self.params, stash, strict=True):
-                    p.copy_(s)
 
     def state_dict(self) -> dict:
         return {"prev": self.prev, "buf": self.buf, "steps": self.steps, "pending": self.pending}

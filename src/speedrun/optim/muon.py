@@ -379,23 +379,15 @@ def _output_dtype(backend: str, param: Tensor, ns_dtype: torch.dtype) -> torch.d
 
 def _check_options(group: dict[str, Any], index: int) -> None:
     where = f"param group {index}"
-    if group["backend"] not in BACKENDS:
-        raise ValueError(
-            f"{where}: unknown backend {group['backend']!r}; choose one of {', '.join(BACKENDS)}"
-        )
-    if group["shape_scale"] not in SHAPE_SCALES:
-        raise ValueError(
-            f"{where}: unknown shape_scale {group['shape_scale']!r}; choose one of {', '.join(SHAPE_SCALES)}"
-        )
-    if group.setdefault("momentum_form", "ema") not in MOMENTUM_FORMS:
-        raise ValueError(
-            f"{where}: unknown momentum_form {group['momentum_form']!r}; "
-            f"choose one of {', '.join(MOMENTUM_FORMS)}"
-        )
-    if group.setdefault("ns_form", "fused") not in NS_FORMS:
-        raise ValueError(
-            f"{where}: unknown ns_form {group['ns_form']!r}; choose one of {', '.join(NS_FORMS)}"
-        )
+    choices = {
+        "backend": BACKENDS,
+        "shape_scale": SHAPE_SCALES,
+        "momentum_form": MOMENTUM_FORMS,
+        "ns_form": NS_FORMS,
+    }
+    for key, names in choices.items():
+        if group[key] not in names:
+            raise ValueError(f"{where}: unknown {key} {group[key]!r}; choose one of {', '.join(names)}")
     if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
         raise ValueError(f"{where}: ns_steps must be a positive integer, got {group['ns_steps']!r}")
     if not 0.0 <= group["momentum"] < 1.0:

@@ -1,8 +1,8 @@
 """Which rule trains each parameter label, with which hyperparameters (docs/design.md principle 14).
 
 Where the recipe's label table meets the model: a model part declares what a parameter is
-(``model/labels.py``), ``label_rules`` says how the recipe trains that kind of parameter (its
-``[optim.labels]`` rows over the rows derived from the flat ``[optim]`` fields, config/labels.py),
+(``model/labels.py``), config/labels.py's ``label_table`` says how the recipe trains that kind of
+parameter (its ``[optim.labels]`` rows over the rows derived from the flat ``[optim]`` fields),
 ``adam_groups`` gives each Adam group its hyperparameters, and ``param_rules`` joins the two, refusing a
 parameter without a label or a label without a row, and a stated row no parameter uses. The builders
 (optim/build.py), the memory estimate (train/plan/memory.py) and the table (optim/table.py) read these
@@ -16,11 +16,11 @@ with the value embeddings' settings, #65). The groups' names are those of saved 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from torch import Tensor, nn
 
-from speedrun.config.labels import LabelRow, label_table
+from speedrun.config.labels import LabelRow
 from speedrun.errors import ConfigError
 from speedrun.model.labels import Label, labelled
 from speedrun.optim.cautious_adam import AdamLabel
@@ -45,13 +45,6 @@ class Entry(NamedTuple):
     param: Tensor
     label: Label
     rule: LabelRule
-
-
-def label_rules(o: Any, head_dim: int) -> dict[str, LabelRule]:
-    """Each label's row under the recipe's optimizer ``o`` (an OptimConfig): its ``[optim.labels]`` rows
-    over those derived from its flat fields (config_labels.label_table); ``head_dim`` sizes #80's
-    per-head-pair Q/K blocks."""
-    return label_table(o, head_dim)
 
 
 def adam_groups(rules: dict[str, LabelRule], used: set[str]) -> dict[str, AdamLabel]:

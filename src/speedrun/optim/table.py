@@ -3,7 +3,7 @@ hyperparameters, and whether its update is sharded over the processes or replica
 
 How a parameter gets its row (docs/recipes.md, "The optimizer table"):
 - its label, declared by the model part that creates it, picks the rule, the group and the LR
-  multiplier (optim/rules.label_rules, built from the recipe): NorMuon for the matrices, an Adam group
+  multiplier (config/labels.label_table, built from the recipe): NorMuon for the matrices, an Adam group
   (embed, head, value_embed, scalar, x0, gates: each its own LR, betas and decay) for the rest;
 - the size picks the communication: NorMuon matrices are always sharded (stacked by shape into banks,
   whole matrices per rank); an Adam tensor is sharded along its rows when it is an embedding or head

@@ -45,16 +45,10 @@ class TailEMA:
         if self.ema is None:
             yield False
             return
-        stash = [p.detach().clone() for p in self.params]
-        with torch.no_grad():
-            for p, e in zip(self.params, self.ema, strict=True):
-                p.copy_(((1.0 - self.lam) * p.to(e.dtype) + self.lam * e).to(p.dtype))
-        try:
+        pairs = zip(self.params, self.ema, strict=True)
+        blend = [((1.0 - self.lam) * p.detach().to(e.dtype) + self.lam * e).to(p.dtype) for p, e in pairs]
+        with weights_set_to(self.params, blend):
             yield True
-        finally:
-            with torch.no_grad():
-                for p, s in zip(self.params, stash, strict=True):
-                    p.copy_(s)
 
     def state_dict(self) -> dict[str, object]:
         return {"ema": self.ema}
@@ -63,6 +57,19 @@ class TailEMA:
         ema = state["ema"]
         assert ema is None or len(ema) == len(self.params), "a Tail-EMA state of another model"
         self.ema = None if ema is None else [e.to(p.device) for e, p in zip(ema, self.params, strict=True)]
+
+
+@contextlib.contextmanager
+def weights_set_to(params: list[Tensor], values: list[Tensor]) -> Iterator[None]:
+    """Within the block `params` hold `values` (of their dtypes); they are restored exactly after."""
+    stash = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        torch._foreach_copy_(params, values)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(params, stash)
 
 
 def _work(dtype: torch.dtype) -> torch.dtype:

@@ -105,12 +105,11 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             raise ConfigError(
                 f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
             )
-        if arm.switch is not None and (changed := _changed(base, variant)):
-            if set(changed) <= set(REPORTING):
-                raise ConfigError(
-                    f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
-                    "their losses, tokens or training time: the variant would repeat the baseline"
-                )
+        if arm.switch is not None and (changed := _changed(base, variant)) and set(changed) <= set(REPORTING):
+            raise ConfigError(
+                f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
+                "their losses, tokens or training time: the variant would repeat the baseline"
+            )
         for seed in seeds:
             cfg = load_recipe(recipe, [*sets, *arm.overrides, f"train.seed={seed}"])
             arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
@@ -285,13 +284,11 @@ def results(arms: list[Arm]) -> list[Row]:
 
 
 def format_rows(rows: list[Row]) -> str:
-    def fmt(value: float | None, spec: str, unit: str = "") -> str:
-        return "-" if value is None else format(value, spec) + unit
-
     from speedrun.tools.flops import format_flops
+    from speedrun.tools.results import columns, fmt
 
     header = ("arm", "n", "val loss", "sd", "vs baseline", "p (Welch)", "tokens", "FLOPs", "train time")
-    table = [header] + [
+    cells = [
         (
             r.label,
             str(r.n),
@@ -305,10 +302,7 @@ def format_rows(rows: list[Row]) -> str:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    )
+    return columns([header, *cells])
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:

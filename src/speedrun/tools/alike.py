@@ -5,10 +5,10 @@ under test is refused or flagged. A fact a folder does not record (an older run)
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from speedrun.atomic import json_object
 from speedrun.data.meta import DATA_FINGERPRINT
 from speedrun.errors import DataError
 from speedrun.printable import printable
@@ -41,16 +41,8 @@ def setting(path: Path) -> Setting:
     except OSError:
         text = ""
     lines = text.splitlines()
-    try:
-        summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        summary = summary if isinstance(summary, dict) else {}
-    except (OSError, ValueError):
-        summary = {}
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        tokenizer = config.get("data", {}).get("tokenizer") if isinstance(config, dict) else None
-    except (OSError, ValueError, AttributeError):
-        tokenizer = None
+    summary, data = json_object(path / "summary.json"), json_object(path / "config.json").get("data")
+    tokenizer = data.get("tokenizer") if isinstance(data, dict) else None
     source = summary.get("data_source")
     prints = [m.group(1) for line in lines if (m := _DATA.match(line))]
     dtype = (
@@ -137,11 +129,8 @@ class DataHold:
         folder = data_dir_for(cfg).resolve()
         if folder not in self.fds and (fd := hold_for_training(folder)) is not None:
             self.fds[folder] = fd
-        try:
-            meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            meta = None
-        if not isinstance(meta, dict):
+        meta = json_object(folder / META_FILE)
+        if not meta:
             return {}  # not prepared yet (the first run prepares it) or damaged (the run says why)
         now = meta_fingerprint(meta)
         if self.prints.setdefault(folder, now) != now:

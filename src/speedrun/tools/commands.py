@@ -155,8 +155,9 @@ def _positive(name: str, value: int | None) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from speedrun.tools.runs import autocast_for, load_model, resolve_device, run_tokenizer
+    from speedrun.tools.runs import load_model, resolve_device, run_tokenizer
     from speedrun.tools.sample import run_sample
+    from speedrun.train.step import autocast, autocast_dtype
 
     _positive("-n", args.n)
     _positive("--max-tokens", args.max_tokens)
@@ -175,7 +176,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
             f"speedrun: note: --max-tokens capped at {room} (context {cfg.model.max_seq_len})",
             file=sys.stderr,
         )
-    with autocast_for(cfg, device):
+    with autocast(device, autocast_dtype(cfg)):
         top_k = args.top_k or None
         run_sample(model, tokenizer, args.prompt, args.n, args.max_tokens, args.temperature, top_k, args.seed)
     return 0

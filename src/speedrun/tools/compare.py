@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from speedrun.config.files import FIXED, RESUMABLE_CHANGES, RUN_ID
 from speedrun.errors import DataError
 from speedrun.tools.alike import LOSS_FACTS, SPEED_FACTS, differences, setting
 from speedrun.tools.flops import flops_per_token, format_flops, tokens_to_target, train_flops
-from speedrun.tools.results import Run, run_names
-from speedrun.tools.stats import below_target_test, research_module
+from speedrun.tools.results import Run, columns, fmt, run_names
+from speedrun.tools.stats import below_target_test, mean_sd, research_module
 
 #: Keys that may differ inside a group of repeats.
 NOT_COMPARED = ("train.seed", "data.dir", RUN_ID, FIXED, *RESUMABLE_CHANGES)
@@ -75,18 +74,11 @@ def make_groups(runs: list[Run], target: float) -> list[Group]:
             diff = sorted({k for o in others for k in set(mine) | set(o) if mine.get(k) != o.get(k)})
             label += " [" + ", ".join(f"{k}={json.loads(mine[k]) if k in mine else '-'}" for k in diff) + "]"
         g = Group(label, members)
-        losses = g.losses
-        if losses:
-            g.mean = sum(losses) / len(losses)
-        if len(losses) >= 2:
-            g.std = math.sqrt(sum((x - g.mean) ** 2 for x in losses) / (len(losses) - 1))
-            g.t, g.p = below_target_test(losses, target)
+        g.mean, g.std = mean_sd(g.losses)
+        if g.std is not None:
+            g.t, g.p = below_target_test(g.losses, target)
         groups.append(g)
     return groups
-
-
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
@@ -100,28 +92,23 @@ def format_table(runs: list[Run], groups: list[Group], target: float) -> str:
         (
             name if r.finished else f"{name} ({r.status})",
             r.recipe,
-            _fmt(r.seed, "d"),
-            _fmt(r.steps, "d"),
-            _fmt(r.train_time_s, ".1f") + ("s" if r.train_time_s is not None else ""),
-            _fmt(r.tokens_per_s, ",.0f"),
-            _fmt(r.final_val_loss, ".4f"),
-            _fmt(r.final_val_bpb, ".4f"),
+            fmt(r.seed, "d"),
+            fmt(r.steps, "d"),
+            fmt(r.train_time_s, ".1f", "s"),
+            fmt(r.tokens_per_s, ",.0f"),
+            fmt(r.final_val_loss, ".4f"),
+            fmt(r.final_val_bpb, ".4f"),
             format_flops(train_flops(r)),
-            _fmt(tokens_to_target(r, target), ",d"),
+            fmt(tokens_to_target(r, target), ",d"),
         )
         for name, r in zip(names, runs, strict=True)
     ]
-    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    lines.append("")
+    lines = [columns([header, *rows]), ""]
 
     for g in groups:
         for text in differences({str(r.path): setting(r.path) for r in g.runs}, SPEED_FACTS):
             lines.append(f"note: group {g.label}'s runs differ in {text}: their times do not compare")
-        stats = f"n={g.n}  mean {_fmt(g.mean, '.4f')}  std {_fmt(g.std, '.4f')}"
+        stats = f"n={g.n}  mean {fmt(g.mean, '.4f')}  std {fmt(g.std, '.4f')}"
         if g.p is not None:
             verdict = "below" if g.p < 0.01 else "not shown below"
             stats += f"  t={g.t:.3f}  p={g.p:.3g} (mean < {target}: {verdict} at p<0.01)"

@@ -22,7 +22,7 @@ from speedrun.config import Config
 from speedrun.data.hub import hub_call
 from speedrun.data.tokenizers import Tokenizer
 from speedrun.errors import DataError
-from speedrun.tools.runs import autocast_for
+from speedrun.train.step import autocast, autocast_dtype
 
 REPO_ID = "Rowan/hellaswag"
 PARQUET_FILE = "data/validation-00000-of-00001.parquet"
@@ -161,7 +161,7 @@ def evaluate_hellaswag(
     correct = correct_norm = 0
     for ex in examples:
         tokens, mask, label = example_batch(ex, tokenizer, cfg.model.max_seq_len)
-        with autocast_for(cfg, device):
+        with autocast(device, autocast_dtype(cfg)):
             summed, mean = ending_losses(model, tokens.to(device), mask.to(device))
         correct += int(summed.argmin()) == label
         correct_norm += int(mean.argmin()) == label

@@ -211,7 +211,7 @@ def run_child(cmd: list[str]) -> tuple[int, int | None]:
     child = subprocess.Popen(cmd, start_new_session=True)
     received: list[int] = []
 
-    def forward(signum: int, frame) -> None:
+    def forward(signum: int, _frame: object) -> None:
         received.append(signum)
         child.send_signal(signum)
 

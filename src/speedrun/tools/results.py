@@ -45,7 +45,8 @@ class Run:
         return self.config.get("train.seed")
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """The JSON object in a run folder's file `path`; a DataError naming it if unreadable or no object."""
     try:
         data = json.loads(read_regular(path).decode("utf-8"))
     except (OSError, ValueError) as e:
@@ -82,7 +83,7 @@ def load_run(path: Path) -> Run:
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "metrics.jsonl").is_file():
         raise DataError(f"{path}: not a run directory (needs config.json and metrics.jsonl)")
-    raw = _read_json(path / "config.json")
+    raw = read_json(path / "config.json")
     try:  # through the typed config, so fields added since the run compare as their defaults
         config = flatten(config_from_dict(raw, str(path / "config.json")).to_dict())
     except ConfigError:  # a run from a newer version with keys this one does not know: compare as written
@@ -106,7 +107,7 @@ def load_run(path: Path) -> Run:
     if val:
         run.final_val_loss, run.final_val_bpb = float(val[-1]["val_loss"]), val[-1].get("val_bpb")
     if (path / "summary.json").is_file():  # the loop's own numbers, when it wrote them
-        summary = _read_json(path / "summary.json")
+        summary = read_json(path / "summary.json")
         run.status = str(summary.get("status", "finished"))  # summaries before the field: finished runs
         for key in (
             "steps",
@@ -177,3 +178,14 @@ def run_names(runs: list[Run]) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [printable(f"{r.path.parent.name}/{r.path.name}") for r in runs]
+
+
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    """A table cell: `value` in `spec` (then `unit`), or "-" where it is unknown."""
+    return "-" if value is None else format(value, spec) + unit
+
+
+def columns(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells (the header first) as left-aligned columns two spaces apart (compare, ablate)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)

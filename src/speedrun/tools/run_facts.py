@@ -5,12 +5,11 @@ starts (summary.json's `starts` and `timed_steps`, carried in the checkpoints: t
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from speedrun.errors import DataError
-from speedrun.tools.results import Run, run_names
+from speedrun.tools.results import Run, read_json, run_names
 from speedrun.train.run.environment import DIFF_END, DIFF_START
 from speedrun.train.run.rundir import SUMMARY_FILE
 
@@ -76,25 +75,12 @@ def _hardware(world: object, name: object) -> str | None:
     return f"{world} x {name}" if _int(world) is not None and isinstance(name, str) else None
 
 
-def _read_summary(path: Path, optional: bool = False) -> dict:
-    """summary.json of the run folder `path` as a JSON object ({} when absent and `optional`)."""
-    try:
-        summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # load_run read it already; a file changed since is still one line
-        if optional and isinstance(e, FileNotFoundError):
-            return {}
-        raise DataError(f"{path / SUMMARY_FILE}: unreadable ({e})") from None
-    if not isinstance(summary, dict):
-        raise DataError(f"{path / SUMMARY_FILE}: not a JSON object")
-    return summary
-
-
 def _recorded(run: Run, log_starts: int) -> tuple:
     """(starts, timed steps, data source, timed through, extension steps, eval writes) from summary.json;
     an older folder gets starts only when its log shows one start, and a run without summary.json only
     its config's facts."""
     path = run.path
-    summary = _read_summary(path, optional=True)
+    summary = read_json(path / SUMMARY_FILE) if (path / SUMMARY_FILE).is_file() else {}
     source = summary.get("data_source")
     if source is not None and not isinstance(source, str):
         raise DataError(f"{path / SUMMARY_FILE}: data_source must be a string")
@@ -145,7 +131,7 @@ def _recorded(run: Run, log_starts: int) -> tuple:
 def recorded_hardware(path: Path) -> list[str]:
     """Every hardware kind a finished or stopped run folder's summary.json records: its device line and
     each start's (a run resumed elsewhere has several); "unrecorded hardware" where one is missing."""
-    summary = _read_summary(path)
+    summary = read_json(path / SUMMARY_FILE)
     listed = summary.get("starts")
     pairs = [(summary.get("world_size"), summary.get("device_name"))]  # the last start's, as summary says
     if isinstance(listed, list):

@@ -3,12 +3,12 @@ loading never runs code) and tokenizer, with paths relative to the run so a copi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
+from speedrun.atomic import json_object
 from speedrun.config import Config
 from speedrun.config.families import model_facts
 from speedrun.config.files import read_run_config
@@ -16,6 +16,7 @@ from speedrun.data.meta import data_dir_for, load_meta, tokenizer_for_data
 from speedrun.data.tokenizers import Tokenizer, gpt2_tokenizer
 from speedrun.errors import ConfigError, DataError, first_line
 from speedrun.model.families import build_model
+from speedrun.train.flops import config_model
 from speedrun.train.plan.precision import effective_config
 from speedrun.train.plan.precision import resolve as resolve_precision
 from speedrun.train.run.checkpoint import (
@@ -27,7 +28,6 @@ from speedrun.train.run.checkpoint import (
 )
 from speedrun.train.run.rundir import MANIFEST
 from speedrun.train.schedule import apply_to_model, schedule_at
-from speedrun.train.step import autocast, autocast_dtype
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -77,8 +77,7 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[torch.nn
     if problem is not None:
         raise DataError(damaged_message(ckpt, problem))
     cfg = effective_config(saved, resolve_precision(saved, torch.device(device)))  # as fast as training ran
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in build_model(cfg.model).state_dict().items()}
+    shapes = {k: v.shape for k, v in config_model(cfg).state_dict().items()}  # on the meta device
     try:
         weights, metadata = read_weights(ckpt / "model.safetensors")
     except (OSError, SafetensorError, ValueError) as e:
@@ -116,10 +115,7 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
         )
     own = data_dir_for(cfg) / "meta.json"
     if data_dir is not None and own.is_file():  # a same-named BPE trained on other text is another vocabulary
-        try:
-            own_hash = json.loads(own.read_text(encoding="utf-8")).get("tokenizer_hash")
-        except (OSError, ValueError, AttributeError):
-            own_hash = None
+        own_hash = json_object(own).get("tokenizer_hash")
         if own_hash is not None and own_hash != tok.hash:
             raise DataError(
                 f"{data_dir} was tokenized with a different {tok.name} vocabulary (hash {tok.hash}) "
@@ -133,8 +129,3 @@ def run_tokenizer(cfg: Config, data_dir: Path | None = None, checkpoint: Path | 
             "the run's vocabulary"
         )
     return tok
-
-
-def autocast_for(cfg: Config, device: torch.device):
-    """The run's compute dtype: the training step's autocast."""
-    return autocast(device, autocast_dtype(cfg))

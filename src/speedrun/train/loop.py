@@ -58,10 +58,8 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Mod
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = families.build_model(cfg.model)
-    if compiles(cfg, ctx.device):  # as the records: a graph break fails
-        train_model = torch.compile(model, dynamic=False, fullgraph=True)
-    else:
-        train_model = model
+    # compiled as the records are: a graph break fails
+    train_model = torch.compile(model, dynamic=False, fullgraph=True) if compiles(cfg, ctx.device) else model
     if ctx.distributed and not sharded_optimizer(cfg):  # the 2025–26 optimizer communicates itself
         with warnings.catch_warnings():  # torch >= 2.13 renames broadcast_buffers; 2.11 knows only it
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)

@@ -58,14 +58,13 @@ def muon_momentum(step: int, cfg: OptimConfig, total_steps: int = 0) -> float:
     """Muon momentum, warmed up linearly from `muon_momentum_start` to `muon_momentum` (and, with a
     cooldown, back down over the last steps of `total_steps`: optim/normuon.momentum_at)."""
     if cfg.muon_momentum_cooldown_steps > 0:
-        o = cfg
         return momentum_at(
             step,
             total_steps,
-            o.muon_momentum_warmup_steps,
-            o.muon_momentum_cooldown_steps,
-            o.muon_momentum_start,
-            o.muon_momentum,
+            cfg.muon_momentum_warmup_steps,
+            cfg.muon_momentum_cooldown_steps,
+            cfg.muon_momentum_start,
+            cfg.muon_momentum,
         )
     if cfg.muon_momentum_warmup_steps <= 0:
         return cfg.muon_momentum

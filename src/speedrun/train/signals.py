@@ -41,7 +41,7 @@ class StopSignals:
         self.announce = announce  # rank 0 says at once that the signal was heard
         self._previous: dict[int, Any] = {}
 
-    def _handle(self, signum: int, frame) -> None:
+    def _handle(self, signum: int, _frame: object) -> None:
         if self.received is not None:
             os._exit(128 + signum)
         self.received = signum

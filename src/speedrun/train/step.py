@@ -31,9 +31,7 @@ def autocast_label(cfg: Config) -> str:
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """Autocast on `device` to `dtype`, or nothing when dtype is None."""
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def train_step(

@@ -21,11 +21,12 @@ import torch
 from speedrun.config import Config
 from speedrun.config.families import model_facts
 from speedrun.errors import SpeedrunError
-from speedrun.model.families import build_model, family_of
+from speedrun.model.families import family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
 from speedrun.optim.table import build_banks, build_rows
+from speedrun.train.flops import config_model
 
 GiB = 2**30
 
@@ -50,11 +51,6 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return max(self.backward_start, self.optimizer_step, self.validation)
-
-
-def _meta_model(cfg: Config) -> torch.nn.Module:
-    with torch.device("meta"):
-        return build_model(cfg.model)
 
 
 def _nbytes(tensors) -> int:
@@ -149,7 +145,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     of `world_size` processes, compiled or eager, on CUDA (FlexAttention, fused RMSNorm)."""
     assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
     t, f = cfg.train, model_facts(cfg.model)
-    model = _meta_model(cfg)
+    model = config_model(cfg)
     params = list({id(p): p for p in model.parameters()}.values())
     weights = _nbytes(params) + _nbytes(model.buffers())
     grads = _nbytes(params)
@@ -197,10 +193,6 @@ def guarded_bytes(cfg: Config, world: int, compiled: bool) -> int:
     return int(estimate_peak_bytes(cfg, world, compiled) * cuda_margin(cfg, compiled))
 
 
-def _fits(cfg: Config, world: int, compiled: bool, free: int) -> bool:
-    return guarded_bytes(cfg, world, compiled) <= free
-
-
 def _smaller_batches(cfg: Config, world: int):
     """(overrides, config) with smaller forwards, largest first: fewer rows of `seq_len` that still
     divide the batch of a process, then shorter validation rows, then (one row) shorter rows."""
@@ -237,10 +229,10 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need != estimate:
         where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
-    if not compiled and _fits(cfg, world_size, True, free):
+    if not compiled and guarded_bytes(cfg, world_size, True) <= free:
         raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
     for setting, smaller in _smaller_batches(cfg, world_size):
-        if _fits(smaller, world_size, compiled, free):
+        if guarded_bytes(smaller, world_size, compiled) <= free:
             raise _refusal(f"estimated peak memory {where}: run with {setting}")
     raise _refusal(f"estimated peak memory {where}, and no smaller micro-batch fits")
 

@@ -28,7 +28,6 @@ class Precision:
 
     dtype: str  # "bf16" | "fp32"
     reason: str
-    fell_back: bool = False  # a pinned bf16 recipe runs fp32 on this device
 
     @property
     def autocast(self) -> torch.dtype | None:
@@ -50,7 +49,7 @@ def resolve(cfg: Config, device: torch.device) -> Precision:
         return Precision("fp32", f"train.dtype=auto: {why}")
     if "train.dtype" in cfg.fixed:  # the user asked for bf16: kept (principle 15), slow as it may be
         return Precision("bf16", f"train.dtype=bf16 as given, though slow here: {why}")
-    return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}", fell_back=True)
+    return Precision("fp32", f"train.dtype=bf16 falls back to fp32: {why}")
 
 
 def decide(
@@ -69,7 +68,6 @@ def decide(
         fast, why = fast_bf16(device.type) if dtype == "bf16" else (True, "")
         slow = "" if fast else f", though slow here: {why}"
         precision = Precision(dtype, f"train.dtype={cfg.train.dtype}: {dtype} as the run started{slow}")
-        precision = dataclasses.replace(precision, fell_back=dtype == "fp32" and cfg.train.dtype == "bf16")
     rcfg = effective_config(cfg, precision)
     rcfg = dataclasses.replace(rcfg, optim=dataclasses.replace(rcfg.optim, muon_ns_dtype=ns))
     return precision, rcfg, {"dtype": precision.dtype, "muon_ns_dtype": ns}

@@ -100,17 +100,6 @@ def val_micro_batch_tokens(cfg: Config, world_size: int, micro: int) -> int:
     return t.val_seq_len
 
 
-def check_val_data(val_files: list[Path], cfg: Config, micro: int, ctx: distributed.DistContext) -> None:
-    """Read every validation token once, before step 0: short or damaged val data must not surface
-    only after the whole training run."""
-    row = cfg.train.val_seq_len or cfg.train.seq_len
-    for _ in val_batches(
-        val_files, cfg.train.val_tokens, micro, row, ctx.rank, ctx.world_size,
-        vocab_size=cfg.model.vocab_size,
-    ):  # fmt: skip
-        pass
-
-
 @dataclass
 class RunData:
     """What the loop needs of the data: shards, this world's micro-batch, tokenizer, bytes per token."""
@@ -133,7 +122,12 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
     train_files, val_files = shard_paths(data_dir, "train", meta), shard_paths(data_dir, "val", meta)
     micro = micro_batch_tokens(cfg, ctx.world_size)
     val_micro = val_micro_batch_tokens(cfg, ctx.world_size, micro)
-    check_val_data(val_files, cfg, val_micro, ctx)
+    row = cfg.train.val_seq_len or cfg.train.seq_len
+    for _ in val_batches(
+        val_files, cfg.train.val_tokens, val_micro, row, ctx.rank, ctx.world_size,
+        vocab_size=cfg.model.vocab_size,
+    ):  # fmt: skip
+        pass  # every validation token read once: short or damaged val data fails now, not after training
     tokenizer = tokenizer_for_data(data_dir, meta)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64))
     run.log(

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save_file
 
-from speedrun.atomic import file_mode, write_atomic
+from speedrun.atomic import file_mode, json_object, write_atomic
 from speedrun.errors import DataError, SpeedrunError, first_line
 from speedrun.train.run.rundir import CHECKPOINT_DIR, MANIFEST, STEP_DIR
 
@@ -126,10 +126,7 @@ def save_checkpoint(
 def trained_tokenizer_hash(path: Path) -> str | None:
     """The hash of the vocabulary checkpoint `path` was trained with (None: not recorded or unreadable;
     `verify_checkpoint` reports a damaged manifest)."""
-    try:
-        value = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8")).get("tokenizer_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = json_object(Path(path) / MANIFEST).get("tokenizer_hash")
     return value if isinstance(value, str) else None
 
 

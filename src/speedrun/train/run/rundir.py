@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from speedrun.atomic import check_name_fits, open_regular, read_regular, write_atomic
+from speedrun.atomic import check_name_fits, json_object, open_regular, read_regular, write_atomic
 from speedrun.config import Config
 from speedrun.config.files import DECIDED, FIXED, RUN_ID
 from speedrun.errors import ConfigError, DataError, SpeedrunError
@@ -130,20 +130,14 @@ def _never_started(path: Path, entries: list[str]) -> bool:
 
 def saved_run_id(path: Path) -> str | None:
     """The identity config.json of the run `path` records (None: a run from before run ids)."""
-    try:
-        value = json.loads(read_regular(Path(path) / "config.json")).get(RUN_ID)
-    except (OSError, ValueError, AttributeError, SpeedrunError):
-        return None
+    value = json_object(Path(path) / "config.json").get(RUN_ID)
     return value if isinstance(value, str) and value else None
 
 
 def saved_decisions(path: Path) -> dict[str, str] | None:
     """The hardware choices a run's first start recorded in its config.json (None: a run from before
     they were recorded, decided again); a value edited out of range is one ConfigError."""
-    try:
-        value = json.loads(read_regular(Path(path) / "config.json")).get(DECIDED)
-    except (OSError, ValueError, AttributeError, SpeedrunError):
-        return None
+    value = json_object(Path(path) / "config.json").get(DECIDED)
     if value is None:
         return None
     if not isinstance(value, dict) or any(

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from speedrun.atomic import json_object
 from speedrun.errors import ConfigError
 from speedrun.hardware import cpuinfo, measured_matmul_peak
 from speedrun.printable import printable
@@ -89,11 +90,11 @@ def probe_matmul_peak(device: torch.device, dtype: torch.dtype, budget_s: float 
         torch.set_num_threads(1)
     try:
         size = 128
-        while size < 8192 and 2 * size**3 / measured_matmul_peak(device, size, dtype, iters=1) < PROBE_CALL_S:
+        while size < 8192 and 2 * size**3 / measured_matmul_peak(device, size, dtype) < PROBE_CALL_S:
             size *= 2
         rates, start = [], time.perf_counter()
         while time.perf_counter() - start < budget_s or len(rates) < 5:
-            rates.append(measured_matmul_peak(device, size, dtype, iters=1))
+            rates.append(measured_matmul_peak(device, size, dtype))
     finally:
         torch.set_num_threads(threads)
     return statistics.median(rates) * (threads if device.type == "cpu" else 1)
@@ -112,12 +113,7 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def _read_peaks() -> dict[str, float]:
-    try:
-        known = json.loads(_cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(known, dict):
-        return {}
+    known = json_object(_cache_file())
     return {k: float(v) for k, v in known.items() if isinstance(v, int | float) and v > 0}
 
 
