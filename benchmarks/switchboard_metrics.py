@@ -13,14 +13,33 @@ import sys
 from pathlib import Path
 
 
+def docstring_lines(tree: ast.Module) -> set[int]:
+    """Line numbers of the module's, classes' and functions' docstrings."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                if isinstance(first.value.value, str):
+                    found.update(range(first.lineno, first.end_lineno + 1))
+    return found
+
+
 def count(paths: list[Path]) -> dict[str, int]:
-    """Source lines (non-blank, non-comment), `if` statements, conditional expressions, `if` guards in
-    comprehensions, and `cfg.x` / `m.x` / `config.x` attribute reads."""
-    lines = ifs = conds = reads = 0
+    """Source lines (non-blank, non-comment), code lines (those without the docstrings), `if`
+    statements, conditional expressions, `if` guards in comprehensions, and `cfg.x` / `m.x` /
+    `config.x` attribute reads."""
+    lines = code = ifs = conds = reads = 0
     for p in paths:
         text = p.read_text()
-        lines += sum(1 for s in text.splitlines() if s.strip() and not s.strip().startswith("#"))
-        for node in ast.walk(ast.parse(text)):
+        tree = ast.parse(text)
+        docs = docstring_lines(tree)
+        source = [
+            i for i, s in enumerate(text.splitlines(), 1) if s.strip() and not s.strip().startswith("#")
+        ]
+        lines += len(source)
+        code += sum(1 for i in source if i not in docs)
+        for node in ast.walk(tree):
             ifs += isinstance(node, ast.If)
             conds += isinstance(node, ast.IfExp)
             conds += len(node.ifs) if isinstance(node, ast.comprehension) else 0
@@ -29,7 +48,7 @@ def count(paths: list[Path]) -> dict[str, int]:
                 and isinstance(node.value, ast.Name)
                 and node.value.id in ("cfg", "config", "m", "mc")
             )
-    return {"files": len(paths), "lines": lines, "if": ifs, "cond": conds, "cfg_reads": reads}
+    return {"files": len(paths), "lines": lines, "code": code, "if": ifs, "cond": conds, "cfg_reads": reads}
 
 
 def forward_branches(model: Path) -> int:
@@ -49,12 +68,15 @@ def main(src: Path) -> None:
         "config (all)": sorted(src.glob("config*.py")) + sorted((src / "config").rglob("*.py")),
         "package": sorted(src.rglob("*.py")),
     }
-    print(f"{'where':<16}{'files':>6}{'lines':>8}{'if':>6}{'cond':>6}{'guard share':>13}{'cfg reads':>11}")
+    print(
+        f"{'where':<16}{'files':>6}{'lines':>8}{'code':>7}{'if':>6}{'cond':>6}"
+        f"{'guard share':>13}{'cfg reads':>11}"
+    )
     for name, paths in groups.items():
         c = count(paths)
         share = (c["if"] + c["cond"]) / max(1, c["lines"])
         print(
-            f"{name:<16}{c['files']:>6}{c['lines']:>8}{c['if']:>6}{c['cond']:>6}{share:>12.1%}{c['cfg_reads']:>11}"
+            f"{name:<16}{c['files']:>6}{c['lines']:>8}{c['code']:>7}{c['if']:>6}{c['cond']:>6}{share:>12.1%}{c['cfg_reads']:>11}"
         )
     hub = src / "model" / "gpt2026" / "model.py"
     if hub.exists():
