@@ -137,20 +137,15 @@ class GPT(nn.Module):
                     nn.init.normal_(p, mean=0.0, std=std)
                 elif name.endswith(".bias") and "ln" not in name:
                     nn.init.zeros_(p)
-        elif cfg.tie_embeddings:  # torch default Linear init for the shared matrix (2024-10 records)
-            pass
-        else:
+        elif not cfg.tie_embeddings:  # tied: torch's default Linear init for the shared matrix (2024-10)
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
-        if cfg.init == "fan-in-normal":  # track 3: normal, std sqrt(0.33)/sqrt(fan_in); biases 0
-            for module in self.modules():
-                if isinstance(module, CastedLinear):
-                    nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-        if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
-            for module in self.modules():
-                if isinstance(module, CastedLinear):
-                    scaled_uniform_(module.weight, module.in_features)
+        linears = [m for m in self.modules() if isinstance(m, CastedLinear)]
+        for module in linears if cfg.init == "fan-in-normal" else ():  # track 3: std √0.33/√fan_in, biases 0
+            nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for module in linears if cfg.init == "scaled-uniform" else ():  # Sub3Min: uniform, std 0.5/√fan_in
+            scaled_uniform_(module.weight, module.in_features)
         if cfg.zero_init_proj:  # with their biases (track 3 #46 zeroes every *proj* parameter)
             for block in self.blocks:
                 for proj in (m.c_proj for m in (block.attn, block.mlp) if m is not None):

@@ -95,9 +95,7 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
         model.register_buffer("mtp_weights", torch.eye(cfg.head.mtp)[0], persistent=False)
     else:
         model.mtp_weights = None
-    if (
-        cfg.head.prefix_loss_weight > 0
-    ):  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
+    if cfg.head.prefix_loss_weight > 0:  # #88: the GPT-2 vocabulary's table, ids past the vocab dropped
         table = prefix.gpt2_prefix_table(vocab)
         model.register_buffer(
             "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False

@@ -37,9 +37,8 @@ class GPT2026(nn.Module):
         self.specs = build_specs(cfg)
         self.walk = [s for s in self.specs if s.present]
         self.eot_id = cfg.eot_id
-        self.bigram_first = (
-            cfg.stream.residual_form == "sublayer"
-        )  # #77: layer 0's bigram share enters before it
+        # #77: layer 0's bigram share enters before it
+        self.bigram_first = cfg.stream.residual_form == "sublayer"
         self.bigram_in_x0 = cfg.embed.bigram_in_x0  # #89's script: x0 carries layer 0's share too
         d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
         self.wte = embeddings.token_embedding(rows, d)
@@ -56,9 +55,7 @@ class GPT2026(nn.Module):
             self.bigram = kind(cfg.embed.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
-        rotary = Rotary(
-            qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision
-        )  # #344: on Q/K's dims
+        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: Q/K dims
         self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
         if torch.cuda.is_available():  # the FA3 kernel lookup, an import dynamo cannot trace: before compile
             load_fa3()
@@ -67,19 +64,13 @@ class GPT2026(nn.Module):
         label(self.lm_head.weight, "head")
         tables = len({s.value_embed for s in self.specs if s.value_embed is not None})
         self.value_embeds = embeddings.value_embeddings(tables, rows, d)
-        self.skip_weights = (
-            connections.skip_weights(len(cfg.skips), cfg.stream.skip_gate_form) if cfg.skips else None
-        )
-        self.skip_gate = (
-            gates.skip_gates(cfg.stream.skip_gate, len(cfg.skips)) if cfg.stream.skip_gate else None
-        )  # #55
-        self.backout = (
-            connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None
-        )  # #40
-        self.mudd = (
-            Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init, cfg.mudd.sources) if cfg.mudd.sources else None
-        )  # #81
-        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
+        st, n_skips = cfg.stream, len(cfg.skips)
+        self.skip_weights = connections.skip_weights(n_skips, st.skip_gate_form) if n_skips else None
+        self.skip_gate = gates.skip_gates(st.skip_gate, n_skips) if st.skip_gate else None  # #55
+        self.backout = connections.Backout(st.backout_layer) if st.backout_layer else None  # #40
+        mudd = cfg.mudd
+        self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
+        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
         h = cfg.head
         self.head_spec = head.HeadSpec(
             h.softcap, h.softcap_divisor, h.softcap_offset, h.softcap_in_bf16, h.ce_bf16, h.fp8
