@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import (
-    BLOCK_SIZE,
     AttentionMask,
     MaskSpec,
     build_block_mask,
@@ -49,7 +48,7 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
     block_window = cfg.window_granularity == "block"
     docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
     w = window if cfg.window > 0 else None
-    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
+    long = MaskSpec(docs, w, block_window, cfg.window, cfg.window_block_list)
     pattern = cfg.window_pattern or "L" * cfg.n_layer
     short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
     return [long if kind == "L" else short for kind in pattern]

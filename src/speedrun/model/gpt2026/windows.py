@@ -143,7 +143,7 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
     else:  # #26: the 0-d window tensor, block-granular
         block = cfg.attn.window_granularity == "block"
         window = model.attn_window if cfg.attn.window > 0 else None
-        long = MaskSpec(docs, window, block, BLOCK_SIZE, cfg.attn.window)
+        long = MaskSpec(docs, window, block, cfg.attn.window)
         short = dataclasses.replace(long, window=short_window(window, block)) if window is not None else long
     base = [long if s.window == "L" else short for s in model.specs]
     if not any(s.paired for s in model.specs):
