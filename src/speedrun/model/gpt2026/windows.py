@@ -18,6 +18,7 @@ from torch import Tensor
 from speedrun.config.gpt2026 import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.contexts import near_keys
+from speedrun.model.flops import StepWindows
 from speedrun.model.gpt2026.attention import paired_spec
 from speedrun.model.gpt2026.attention_tiers import varlen_attention
 from speedrun.model.gpt2026.head import write_weights
@@ -35,24 +36,15 @@ from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 # window). Without stages the windows are `model.window` (long) and half of it (short).
 
 
-@dataclass(frozen=True)
-class VarlenWindows:
-    """What the varlen layers use now: windows in tokens (0 = none) and the longest training document
-    (FA3's `max_seqlen`; 0 = the row length)."""
-
-    short: int = 0
-    long: int = 0
-    max_doc_len: int = 0
-
-
 @functools.cache
-def windows_of(short: int, long: int, max_doc_len: int) -> VarlenWindows:
-    """One object per value: compiled graphs guard on the object the forward reads, so a stage that
-    comes back (after the warm-up, after a resume) finds its graph again."""
-    return VarlenWindows(short, long, max_doc_len)
+def windows_of(short: int, long: int, max_doc_len: int) -> StepWindows:
+    """What the varlen layers use now (windows in tokens, 0 = none; the longest training document, FA3's
+    `max_seqlen`, 0 = the row length), one object per value: compiled graphs guard on the object the
+    forward reads, so a stage that comes back (after the warm-up, after a resume) finds its graph again."""
+    return StepWindows(short, long, max_doc_len)
 
 
-def initial_windows(window: int) -> VarlenWindows:
+def initial_windows(window: int) -> StepWindows:
     """Before any stage: `model.attn.window` for long layers and half of it for short ones."""
     return windows_of(max(1, window // 2) if window > 0 else 0, max(0, window), 0)
 
@@ -117,7 +109,7 @@ class Packed:
 def contexts(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list[Packed | None]:
     """Per layer, its varlen attention context (None without attention)."""
     assert idx.size(0) == 1, "varlen batches are one packed row"
-    w: VarlenWindows = model.varlen_windows
+    w: StepWindows = model.varlen_windows
     T = idx.size(1)
     max_seqlen = min(T, w.max_doc_len) if model.training and w.max_doc_len > 0 else T
     window = {"L": w.long, "S": w.short}
@@ -133,7 +125,7 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
     cfg = model.cfg
     docs = document_ids(tokens, cfg.eot_id)
     if cfg.attention == "varlen":
-        w: VarlenWindows = model.varlen_windows
+        w: StepWindows = model.varlen_windows
 
         def spec(window: int) -> MaskSpec:
             t = torch.tensor(window, device=tokens.device) if window > 0 else None
