@@ -69,7 +69,7 @@ def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
     starts at `model.attn.scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
     rotary = attns[0].rotary
-    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg), layout="half")
+    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg))
     cos, sin = rotary_tables(freqs, rotary.cos.size(0))  # on the host; copied to the buffers' device
     with torch.no_grad():
         rotary.cos.copy_(cos)
