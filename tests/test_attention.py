@@ -206,7 +206,7 @@ def test_window_is_a_tensor_input_so_changing_it_does_not_recompile():
 def test_block_structure_is_quadratic_in_blocks_not_tokens():
     T = 65536
     docs = document_ids(make_docs(T, list(range(0, T, 700))), 0)
-    partial, full = block_structure(docs, T, torch.tensor(1792), False)
+    partial, full = block_structure(MaskSpec(docs, torch.tensor(1792)), T)
     assert partial.shape == full.shape == (1, T // BS, T // BS)
     per_row = (partial | full).sum(-1)
     assert per_row.max() <= math.ceil(1792 / BS) + 1  # a 1792-token window touches at most 15 blocks

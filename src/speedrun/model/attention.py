@@ -17,13 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask
 
 from speedrun.config.types import BLOCK_SIZE
-
-try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-except ImportError:  # pragma: no cover - old torch
-    BlockMask, flex_attention = None, None
 from speedrun.model.flex import flex_attend
 
 DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
@@ -166,17 +162,12 @@ def _dense_blocks_to_lists(blocks: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def block_structure(
-    doc_ids: Tensor | None,
-    seq_len: int,
-    window: Tensor | None,
-    block_window: bool = False,
-    device: torch.device | None = None,
-    block_list: bool = False,
+    spec: MaskSpec, seq_len: int, device: torch.device | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk),
-    from each block's first and last document id (ids never decrease), the block distance and the window
-    tensor: O((T/128)²) work, no T×T mask. In full blocks the kernel skips the mask_mod."""
-    bs = BLOCK_SIZE
+    """Which (query block, key block) pairs FlexAttention must visit for `spec`: (partial, full), each
+    (B, nq, nk), from each block's first and last document id (ids never decrease), the block distance and
+    the window tensor: O((T/128)²) work, no T×T mask. In full blocks the kernel skips the mask_mod."""
+    doc_ids, window, bs = spec.doc_ids, spec.window, BLOCK_SIZE
     nb = seq_len // bs
     device = doc_ids.device if doc_ids is not None else device
     blk = torch.arange(nb, device=device, dtype=torch.int32)
@@ -188,13 +179,13 @@ def block_structure(
         single = (low == high)[:, :, None] & (low == high)[:, None, :] & (low[:, :, None] == low[:, None, :])
         any_ok, all_ok = any_ok & overlap, all_ok & single
     if window is not None:
-        if block_window:
+        if spec.block_window:
             inside = dist * bs < window
             any_ok, all_ok = any_ok & inside, all_ok & inside
         else:  # nearest pair: q at its block start, kv at its block end; farthest pair: the reverse
             any_ok = any_ok & (dist * bs - (bs - 1) < window)
             all_ok = all_ok & (dist * bs + (bs - 1) < window)
-            if block_list:  # 12-08: blocks beyond ceil(window / block) are never visited
+            if spec.block_list:  # 12-08: blocks beyond ceil(window / block) are never visited
                 listed = dist < (window + bs - 1) // bs
                 any_ok, all_ok = any_ok & listed, all_ok & listed
     if any_ok.dim() == 2:
@@ -204,10 +195,8 @@ def block_structure(
 
 def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None = None) -> BlockMask:
     """FlexAttention BlockMask for `spec` over a (B, T) sequence; T must be a multiple of the block size."""
-    assert BlockMask is not None and seq_len % BLOCK_SIZE == 0, "flex_usable() decides"
-    partial, full = block_structure(
-        spec.doc_ids, seq_len, spec.window, spec.block_window, device, spec.block_list
-    )
+    assert seq_len % BLOCK_SIZE == 0, "flex_usable() decides"
+    partial, full = block_structure(spec, seq_len, device)
     where = spec.doc_ids.device if spec.doc_ids is not None else device
     assert spec.window is None or where is None or spec.window.device.type == torch.device(where).type, (
         "the window tensor must live on the attention's device: a CPU scalar captured by a CUDA mask_mod "
@@ -234,7 +223,7 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
 def flex_usable(device: torch.device, seq_len: int, needs_grad: bool) -> bool:
     """FlexAttention runs compiled on CUDA; on CPU without gradients (no eager CPU backward kernel), or
     inside a torch.compile trace, whose backend (aot_eager, inductor) provides the backward."""
-    if flex_attention is None or seq_len % BLOCK_SIZE:
+    if seq_len % BLOCK_SIZE:
         return False
     return device.type == "cuda" or not needs_grad or torch.compiler.is_compiling()
 
@@ -282,7 +271,7 @@ def attend(
 ) -> Tensor:
     """Causal attention on (B, H, T, D); `mask`: None (plain causal), a dense boolean mask, a MaskSpec
     (dense SDPA, chunked) or a BlockMask; `kernel` (SDPA_KERNELS or "auto") forces the CUDA SDPA backend."""
-    if BlockMask is not None and isinstance(mask, BlockMask):
+    if isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):
         if isinstance(mask, MaskSpec):

@@ -9,6 +9,6 @@ from speedrun.model.layers import MLP
 def mlp(dim: int, hidden: int, fc_transposed: bool, fp8: bool = False) -> MLP:
     """fp8: #84/#89's FP8 training forward (fp8_mlp.py); the up-projection then stays (hidden, dim). MLP
     labels its weights ("mlp_in", "mlp_out")."""
-    return (
-        Fp8MLP(dim, hidden) if fp8 else MLP(dim, hidden, bias=False, relu2=True, fc_transposed=fc_transposed)
-    )
+    if fp8:
+        return Fp8MLP(dim, hidden)
+    return MLP(dim, hidden, bias=False, relu2=True, fc_transposed=fc_transposed)
