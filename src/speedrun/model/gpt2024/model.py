@@ -31,7 +31,7 @@ from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
 from speedrun.model.gpt2024.unet import initial_weights, skip_sources
 from speedrun.model.labels import label, label_linear
-from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
+from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, embedding, scaled_uniform_, softcap
 from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
@@ -91,24 +91,19 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
-        self.wte = nn.Embedding(rows, cfg.n_embd)
-        label(self.wte.weight, "embed")
-        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
-        if self.wpe is not None:
-            label(self.wpe.weight, "embed")
+        d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
+        self.wte = embedding(rows, d, "embed")
+        self.wpe = embedding(cfg.max_seq_len, d, "embed") if cfg.positional == "learned" else None
         embed_norm = "rmsnorm-gain" if cfg.norm == "rmsnorm-gain" else "rmsnorm"  # track 3: with gains
         self.embed_norm = make_norm(cfg, embed_norm) if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary) for attn in attention_layers(cfg))
         self.ve_layout = value_embed_layout(cfg)
         self.norm_f = make_norm(cfg)
-        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=cfg.head_bias)
+        self.lm_head = CastedLinear(d, vocab, bias=cfg.head_bias)
         label_linear(self.lm_head, "head")  # track 3's bias: a scalar
         n_tables = len({j for j in self.ve_layout if j is not None})
-        self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
-        for emb in self.value_embeds or ():
-            label(emb.weight, "value_embed")
+        self.value_embeds = nn.ModuleList(embedding(rows, d, "value_embed") for _ in range(n_tables)) or None
         self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None
         self.skip_sources = skip_sources(cfg)
         # the layers whose outputs a later skip reads (built once, not per forward)

@@ -15,7 +15,7 @@ from torch import nn
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, stream, windows
+from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, stream, windows
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
@@ -24,7 +24,7 @@ from speedrun.model.gpt2026.init import cast_storage, init_weights
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label
-from speedrun.model.layers import CastedLinear, Norm, Rotary
+from speedrun.model.layers import CastedLinear, Norm, Rotary, embedding
 from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
@@ -41,8 +41,8 @@ class GPT2026(nn.Module):
         self.bigram_first = cfg.stream.residual_form == "sublayer"
         self.bigram_in_x0 = cfg.embed.bigram_in_x0  # #89's script: x0 carries layer 0's share too
         d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
-        self.wte = embeddings.token_embedding(rows, d)
-        self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
+        self.wte = embedding(rows, d, "embed")
+        self.embed2 = embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
         self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
         bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
         share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
@@ -63,7 +63,7 @@ class GPT2026(nn.Module):
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
         tables = len({s.value_embed for s in self.specs if s.value_embed is not None})
-        self.value_embeds = embeddings.value_embeddings(tables, rows, d)
+        self.value_embeds = nn.ModuleList(embedding(rows, d, "value_embed") for _ in range(tables)) or None
         st, n_skips = cfg.stream, len(cfg.skips)
         self.skip_weights = connections.skip_weights(n_skips, st.skip_gate_form) if n_skips else None
         self.skip_gate = gates.skip_gates(st.skip_gate, n_skips) if st.skip_gate else None  # #55
