@@ -4,9 +4,13 @@ them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from speedrun.model.kv_cache import pick_next
 
 
 def packed_docs(cu_seqlens: Tensor, T: int) -> Tensor:
@@ -53,3 +57,14 @@ def xsa_rewritten(y: Tensor, v: Tensor, alpha: Tensor) -> Tensor:
     (y·v)/max(‖v‖², 1e-8)·v, the same value as the normalize form since max(‖v‖, 1e-4)² = max(‖v‖², 1e-8)."""
     share = (y * v).sum(-1, keepdim=True) / v.square().sum(-1, keepdim=True).clamp_min(1e-8)
     return y - torch.tanh(alpha).type_as(y).view(1, -1, 1, 1) * share * v
+
+
+@torch.no_grad()
+def generate_uncached(model: torch.nn.Module, prompt: Tensor, max_new_tokens: int) -> Iterator[Tensor]:
+    """Greedy (B,) next tokens after `prompt` (B, T) from the full forward over the whole sequence at every
+    step: the reference KV-cached decoding (kv_cache.generate) is tested against."""
+    seq = prompt
+    for _ in range(min(max_new_tokens, model.cfg.max_seq_len - prompt.size(1))):
+        nxt = pick_next(model(seq)[:, -1], model.cfg.vocab_size, 0.0, None, None)
+        yield nxt
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
