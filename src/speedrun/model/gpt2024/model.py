@@ -165,10 +165,9 @@ class GPT(nn.Module):
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards (the loop, every step): an in-place write
         to a tensor, no recompile; a no-op without a window."""
-        if self.cfg.window <= 0:
-            return
-        assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
-        self.attn_window.fill_(tokens)
+        if self.cfg.window > 0:
+            assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
+            self.attn_window.fill_(tokens)
 
     def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:
         """Per layer: None (plain causal or no attention), a MaskSpec (dense SDPA) or a FlexAttention

@@ -89,16 +89,13 @@ class GPT2026(nn.Module):
             assert 1 <= tokens <= self.cfg.attn.window, f"window {tokens} is outside 1..model.attn.window"
             self.attn_window.fill_(tokens)
 
-    @property
-    def fp8_parts(self) -> list[nn.Module]:
-        """The parts that train from FP8 weight copies (#84/#89's MLPs): any module of the blocks with a
-        `refresh_fp8`, so a new FP8 part needs no entry here or in the family's after-step hook."""
-        return [m for m in self.blocks.modules() if hasattr(m, "refresh_fp8")]
-
     def refresh_fp8(self, step: int) -> None:
-        """Every FP8 part's weight copies after optimizer step `step` (−1 before the first)."""
-        for part in self.fp8_parts:
-            part.refresh_fp8(step)
+        """Every FP8 part's weight copies after optimizer step `step` (−1 before the first). The parts that
+        train from FP8 copies (#84/#89's MLPs, #344's QKV) are the modules of the blocks with a `refresh_fp8`,
+        so a new FP8 part needs no entry here or in the family's after-step hook."""
+        for part in self.blocks.modules():
+            if hasattr(part, "refresh_fp8"):
+                part.refresh_fp8(step)
 
     def mask_specs(self, tokens: torch.Tensor):
         return windows.mask_specs(self, tokens)

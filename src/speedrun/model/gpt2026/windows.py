@@ -20,7 +20,7 @@ from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_w
 from speedrun.model.contexts import near_keys
 from speedrun.model.flops import StepWindows
 from speedrun.model.gpt2026.attention import paired_spec
-from speedrun.model.gpt2026.attention_tiers import varlen_attention
+from speedrun.model.gpt2026.attention_tiers import doc_ids_from_cu, varlen_attention
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 
@@ -101,8 +101,7 @@ class Packed:
 
     def near(self, window: int) -> Tensor:
         """(1, T, T): keys in (t − window, t] of t's document (bounds from `cu_seqlens`)."""
-        pos = torch.arange(self.length, device=self.cu_seqlens.device)
-        docs = torch.bucketize(pos, self.cu_seqlens[1:].to(pos.dtype), right=True)[None]
+        docs = doc_ids_from_cu(self.cu_seqlens, self.length)[None]
         return near_keys(docs, docs, 0, window)
 
 
