@@ -20,7 +20,7 @@ from torch.nn.attention import sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask
 
 from speedrun.config.types import BLOCK_SIZE
-from speedrun.model.flex import flex_attend
+from speedrun.model.flex import _on_cuda, flex_attend  # its own binding here: tests patch each
 
 DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
 
@@ -245,10 +245,6 @@ def choose_backend(
 SDPA_KERNELS = dict(
     cudnn="CUDNN_ATTENTION", flash="FLASH_ATTENTION", efficient="EFFICIENT_ATTENTION", math="MATH"
 )
-
-
-def _on_cuda(t: Tensor) -> bool:
-    return t.is_cuda
 
 
 def sdpa_context(kernel: str, q: Tensor) -> contextlib.AbstractContextManager:

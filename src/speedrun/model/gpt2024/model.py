@@ -25,7 +25,7 @@ from speedrun.model.attention import (
     short_window,
 )
 from speedrun.model.contexts import CAUSAL, Context, Masked
-from speedrun.model.fp8 import fp8_linear
+from speedrun.model.fp8 import head_logits
 from speedrun.model.gpt2024.attention import Attention, make_rotary
 from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
@@ -57,11 +57,8 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None):
         super().__init__()
-        if has_attention:
-            self.norm1 = make_norm(cfg)
-            self.attn = Attention(cfg, rotary)
-        else:
-            self.norm1 = self.attn = None
+        self.norm1 = make_norm(cfg) if has_attention else None
+        self.attn = Attention(cfg, rotary) if has_attention else None
         self.norm2 = make_norm(cfg)
         relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
         self.mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu)
@@ -243,10 +240,7 @@ class GPT(nn.Module):
     def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits before the final fp32 cast: in the head's dtype where the softcap runs in it."""
         cfg = self.cfg
-        if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
-            logits = fp8_linear(x, self.lm_head.weight)
-        else:
-            logits = self.lm_head(x)
+        logits = head_logits(self.lm_head, x, cfg.fp8_head)  # Sub3Min: FP8 in training only
         if cfg.logits_vocab_only:  # llm.c: the padded rows are in the matmul, not in the softmax
             logits = logits[..., : cfg.vocab_size]
         if cfg.logit_softcap > 0:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.data.tokenizers import gpt2_tokenizer
-from speedrun.model.fp8 import fp8_linear
+from speedrun.model.fp8 import head_logits
 from speedrun.model.gpt2026 import canonical, prefix
 from speedrun.model.layers import CastedLinear, softcap
 
@@ -28,12 +28,9 @@ class HeadSpec:
     fp8: bool
 
 
-def capped_logits(head: CastedLinear, x: torch.Tensor, spec: HeadSpec, training: bool) -> torch.Tensor:
+def capped_logits(head: CastedLinear, x: torch.Tensor, spec: HeadSpec) -> torch.Tensor:
     """Logits (padded vocab) before the final fp32 cast: in the head's dtype where the cap runs in it."""
-    if spec.fp8 and training and torch.is_grad_enabled():
-        logits = fp8_linear(x, head.weight)
-    else:
-        logits = head(x)
+    logits = head_logits(head, x, spec.fp8)
     if spec.cap > 0:
         logits = logits if spec.cap_in_head_dtype else logits.float()
         logits = softcap(logits, spec.cap, "sigmoid", spec.divisor, spec.offset)

@@ -124,7 +124,7 @@ class GPT2026(nn.Module):
         hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
-        logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
+        logits = self.capped_logits(hidden)
         if self.canonical_mask is not None and not self.training:  # #350
             logits = canonical.mask_logits(logits, idx, self.canonical_mask)
         out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
@@ -151,4 +151,4 @@ class GPT2026(nn.Module):
 
     def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
-        return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
+        return head.capped_logits(self.lm_head, x, self.head_spec)
