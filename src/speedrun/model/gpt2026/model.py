@@ -71,10 +71,7 @@ class GPT2026(nn.Module):
         mudd = cfg.mudd
         self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
-        h = cfg.head
-        self.head_spec = head.HeadSpec(
-            h.softcap, h.softcap_divisor, h.softcap_offset, h.softcap_in_bf16, h.ce_bf16, h.fp8
-        )  # fmt: skip
+        self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.attn.window)
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
