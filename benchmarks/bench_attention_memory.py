@@ -16,17 +16,21 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds the dense reference
 
 
 def measure(variant: str, T: int, window: int, heads: int, dim: int, backward: bool) -> dict:
     import torch
+    from tests.model_refs import dense_reference
 
     from speedrun.model.gpt2026 import attention_tiers as tiers
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(T, heads, dim, requires_grad=backward) for _ in range(3))
     cu = torch.tensor([0, T // 3, T // 3 + 100, T], dtype=torch.int32)
-    fn = tiers.blocked_attention if variant == "blocked" else tiers.dense_reference
+    fn = tiers.blocked_attention if variant == "blocked" else dense_reference
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     with torch.set_grad_enabled(backward):

@@ -74,7 +74,7 @@ CASES = [
 
 def spec_for(tokens, window, block_window, docs=True) -> MaskSpec:
     w = torch.tensor(window, dtype=torch.int32, device=tokens.device) if window is not None else None
-    return MaskSpec(document_ids(tokens, 0) if docs else None, w, block_window, BS, max_window=window or 0)
+    return MaskSpec(document_ids(tokens, 0) if docs else None, w, block_window, max_window=window or 0)
 
 
 @pytest.mark.parametrize("T, starts, window, block_window", CASES)
@@ -145,7 +145,7 @@ def test_flex_forward_equals_dense_sdpa(T, starts, window, block_window):
 
 def test_block_mask_without_documents_broadcasts_over_batch():
     T = 384
-    spec = MaskSpec(None, torch.tensor(100, dtype=torch.int32), False, BS, 100)
+    spec = MaskSpec(None, torch.tensor(100, dtype=torch.int32), False, 100)
     q, k, v = (torch.randn(2, 2, T, 8) for _ in range(3))
     with torch.no_grad():
         out = flex_attend(q, k, v, build_block_mask(spec, T), scale=0.3)
@@ -190,7 +190,7 @@ def test_window_is_a_tensor_input_so_changing_it_does_not_recompile():
     docs = document_ids(make_docs(T, [0, 100, 300]), 0)
 
     def lists(docs, window):
-        bm = build_block_mask(MaskSpec(docs, window, False, BS, 1792), T)
+        bm = build_block_mask(MaskSpec(docs, window, False, 1792), T)
         return bm.kv_num_blocks, bm.full_kv_num_blocks
 
     counter = CompileCounter()
@@ -206,7 +206,7 @@ def test_window_is_a_tensor_input_so_changing_it_does_not_recompile():
 def test_block_structure_is_quadratic_in_blocks_not_tokens():
     T = 65536
     docs = document_ids(make_docs(T, list(range(0, T, 700))), 0)
-    partial, full = block_structure(docs, T, torch.tensor(1792), BS, False)
+    partial, full = block_structure(MaskSpec(docs, torch.tensor(1792)), T)
     assert partial.shape == full.shape == (1, T // BS, T // BS)
     per_row = (partial | full).sum(-1)
     assert per_row.max() <= math.ceil(1792 / BS) + 1  # a 1792-token window touches at most 15 blocks

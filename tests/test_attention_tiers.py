@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from speedrun.model.gpt2026 import attention_tiers as tiers
+from tests.model_refs import dense_reference
 
 
 def packed_cu(T: int, lengths: list[int], max_docs: int = 16) -> torch.Tensor:
@@ -58,7 +59,7 @@ def test_blocked_tier_matches_the_dense_reference_with_gradients(T, lengths, win
     qkv = [torch.randn(T, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
     want = reference(*qkv, cu, window, 0.12)
     want_grads = torch.autograd.grad(want.square().sum(), qkv)
-    assert torch.equal(tiers.dense_reference(*qkv, cu, window, 0.12), want)
+    assert torch.equal(dense_reference(*qkv, cu, window, 0.12), want)
     got = tiers.blocked_attention(*qkv, cu, window, 0.12, block=96)  # blocks cross documents and windows
     grads = torch.autograd.grad(got.square().sum(), qkv)
     torch.testing.assert_close(got, want)
@@ -73,7 +74,7 @@ def test_flex_tier_forward_matches_the_dense_reference_on_cpu(T, lengths, window
     q, k, v = (torch.randn(T, 2, 16) for _ in range(3))
     with torch.no_grad():
         got = tiers.flex_varlen(q, k, v, cu, window, 0.12)
-    torch.testing.assert_close(got, tiers.dense_reference(q, k, v, cu, window, 0.12), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got, dense_reference(q, k, v, cu, window, 0.12), atol=2e-5, rtol=2e-5)
 
 
 def test_cpu_gets_the_blocked_tier_and_a_missing_fa3_build_logs_one_line(monkeypatch, caplog):
@@ -145,7 +146,7 @@ def test_cuda_tiers_match_the_dense_reference_with_gradients(tier):
         ]
         got = tiers.varlen_attention(*qkv, cu, window, 0.12, max_seqlen=T, tier=tier)
         grads = torch.autograd.grad(got.float().square().sum(), qkv)
-        ref = tiers.dense_reference(*[t.float() for t in qkv], cu, window, 0.12)
+        ref = dense_reference(*[t.float() for t in qkv], cu, window, 0.12)
         ref_grads = torch.autograd.grad(ref.square().sum(), qkv)
         torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
         for g, r in zip(grads, ref_grads, strict=True):

@@ -82,7 +82,7 @@ def test_flex_attention_at_65536_tokens_with_documents_matches_chunked_dense():
     tokens = torch.randint(1, 50000, (1, T), device="cuda", generator=gen)
     starts = torch.randint(0, T, (40,), device="cuda", generator=gen)
     tokens[0, starts] = 50256
-    spec = MaskSpec(document_ids(tokens, 50256), torch.tensor(1792, device="cuda"), True, 128, 1792)
+    spec = MaskSpec(document_ids(tokens, 50256), torch.tensor(1792, device="cuda"), True, 1792)
     q, k, v = (torch.randn(1, 6, T, 128, device="cuda", generator=gen).bfloat16() for _ in range(3))
     for t in (q, k, v):
         t.requires_grad_()

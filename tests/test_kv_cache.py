@@ -9,6 +9,7 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2024.model import GPT
 from speedrun.model.kv_cache import KVCache, forward_cached, generate
 from speedrun.recipes import load_recipe
+from tests.model_refs import generate_uncached
 from tests.recipe_cover import recipe_cover
 from tests.recipe_matrix import shrunk
 
@@ -104,7 +105,7 @@ def test_greedy_generation_with_and_without_cache_is_identical(case):
     prompt = _tokens(model, 150 if case == "record-2025-01" else 12)  # record: the window bites
     steps = 40 if case == "demo" else 24
     cached = torch.stack(list(generate(model, prompt, steps, temperature=0.0)), dim=1)
-    plain = torch.stack(list(generate(model, prompt, steps, temperature=0.0, use_cache=False)), dim=1)
+    plain = torch.stack(list(generate_uncached(model, prompt, steps)), dim=1)
     assert cached.shape == (2, steps)
     assert torch.equal(cached, plain)
     assert (cached < model.cfg.vocab_size).all()

@@ -387,7 +387,8 @@ def test_dc_on_the_attention_layout_is_the_packed_reference_rows_and_decode_rows
     """dc_masked (B, H, T, D) with dc_valid's documents and window equals dc_correction (tested against the
     record's kernel) on a packed row, and its last rows from the new queries alone (cached decoding)."""
     from speedrun.model.contexts import near_keys as dc_valid
-    from speedrun.model.gpt2026.dc import dc_correction, dc_masked
+    from speedrun.model.gpt2026.dc import dc_masked
+    from tests.model_refs import dc_correction
 
     T, H, D, window = 40, 3, 8, 7
     gen = torch.Generator().manual_seed(0)

@@ -343,7 +343,8 @@ def record_85_dc_correction(base, q, k, v, post_w1, post_w2, scaling, window, se
 
 
 def test_dc_correction_and_its_gradients_are_the_records_kernel():
-    from speedrun.model.gpt2026.dc import dc_correction, dc_gate
+    from speedrun.model.gpt2026.dc import dc_gate
+    from tests.model_refs import dc_correction
 
     T, H, D, window = 40, 3, 8, 7
     gen = torch.Generator().manual_seed(0)

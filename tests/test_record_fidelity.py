@@ -338,9 +338,8 @@ def test_sub3min_block_window_lists_the_same_blocks(sw):
     for rate in (0.004, 0.0005):  # documents of ~2 blocks, and of ~16 (the window binds)
         docs = (torch.rand(128 * 24, generator=gen) < rate).cumsum(0).to(torch.int32)
         want_partial, want_full = _sub3min_blocks(docs, sw)
-        partial, full = attention.block_structure(
-            docs[None], docs.numel(), torch.tensor(sw * 128), block_window=True
-        )
+        spec = attention.MaskSpec(docs[None], torch.tensor(sw * 128), block_window=True)
+        partial, full = attention.block_structure(spec, docs.numel())
         assert torch.equal(partial[0], want_partial) and torch.equal(full[0], want_full)
 
 

@@ -12,13 +12,14 @@ import torch
 
 from speedrun.cli import main
 from speedrun.model.generate import prompt_ids, sample_during_training
-from speedrun.model.kv_cache import KVCache, forward_cached, generate
+from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.tools.compare import make_groups
 from speedrun.tools.evaluate import evaluate_loss
 from speedrun.tools.results import load_run
 from speedrun.tools.runs import load_model, run_tokenizer
 from speedrun.tools.stats import below_target_test
 from tests.conftest import TINY, read_metrics
+from tests.model_refs import generate_uncached
 
 SEEDS = (1, 2, 3)
 FAST = [
@@ -70,7 +71,7 @@ def test_sample_streams_what_uncached_greedy_generation_produces(seed_runs, caps
     model, cfg, _ = load_model(run)
     tok = run_tokenizer(cfg)
     tokens = []
-    for t in generate(model, prompt_ids(tok, "The", "cpu"), 24, temperature=0.0, use_cache=False):
+    for t in generate_uncached(model, prompt_ids(tok, "The", "cpu"), 24):
         if int(t[0]) == tok.eot_id:
             break
         tokens.append(int(t[0]))

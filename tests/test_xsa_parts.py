@@ -146,7 +146,8 @@ def _yv(scale_v=1.0):
 
 @pytest.mark.parametrize("scale_v", [1.0, 1e-5])
 def test_xsa_is_82s_lines_and_86s_rewrite_equals_them_value_and_gradients(scale_v):
-    from speedrun.model.gpt2026.xsa import GatedXSA, rewritten
+    from speedrun.model.gpt2026.xsa import GatedXSA
+    from tests.model_refs import xsa_rewritten as rewritten
 
     xsa = GatedXSA(3).double()  # fp64: the forms' rounding apart, "same math" is then tight
     with torch.no_grad():

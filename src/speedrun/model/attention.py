@@ -17,14 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask
 
 from speedrun.config.types import BLOCK_SIZE
-
-try:  # FlexAttention exists from torch 2.5; without it every mask goes to the dense path
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-except ImportError:  # pragma: no cover - old torch
-    BlockMask, flex_attention = None, None
-from speedrun.model.flex import flex_attend
+from speedrun.model.flex import _on_cuda, flex_attend  # its own binding here: tests patch each
 
 DENSE_CHUNK = 1024  # query rows per dense SDPA call when the sequence is longer than this
 
@@ -41,7 +37,6 @@ def mask_rule(
     doc_q: Tensor | None,
     doc_kv: Tensor | None,
     window: Tensor | int | None,
-    block_size: int = BLOCK_SIZE,
     block_window: bool = False,
     block_list: bool = False,
 ) -> Tensor:
@@ -49,18 +44,17 @@ def mask_rule(
     causal, same document (with doc ids) and `q_idx - kv_idx < window`, or with `block_window` (Sub3Min)
     the distance between their 128-token blocks below `window`. `block_list` (2024-12-08) also skips key
     blocks with `q_block - kv_block >= ceil(window / 128)`, as the record's block listing does."""
-    allowed = q_idx >= kv_idx
+    allowed, bs = q_idx >= kv_idx, BLOCK_SIZE
     if doc_q is not None:
         allowed = allowed & (doc_q == doc_kv)
     if window is not None:
         if block_window:
-            distance = (q_idx // block_size - kv_idx // block_size) * block_size
+            distance = (q_idx // bs - kv_idx // bs) * bs
         else:
             distance = q_idx - kv_idx
         allowed = allowed & (distance < window)
         if block_list:
-            listed = (window + block_size - 1) // block_size
-            allowed = allowed & (q_idx // block_size - kv_idx // block_size < listed)
+            allowed = allowed & (q_idx // bs - kv_idx // bs < (window + bs - 1) // bs)
     return allowed
 
 
@@ -73,7 +67,6 @@ class MaskSpec:
     doc_ids: Tensor | None = None
     window: Tensor | None = None
     block_window: bool = False
-    block_size: int = BLOCK_SIZE
     max_window: int = 0
     block_list: bool = False
 
@@ -91,9 +84,7 @@ def spec_dense_mask(
     doc_q = doc_kv = None
     if spec.doc_ids is not None:
         doc_q, doc_kv = spec.doc_ids[:, q_start:q_end, None], spec.doc_ids[:, None, k_start:k_end]
-    allowed = mask_rule(
-        q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_size, spec.block_window, spec.block_list
-    )
+    allowed = mask_rule(q_idx, kv_idx, doc_q, doc_kv, spec.window, spec.block_window, spec.block_list)
     return (allowed if allowed.dim() == 3 else allowed[None])[:, None]
 
 
@@ -115,7 +106,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, spec: MaskSpec, scale: float | Non
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     lookback = spec.max_window if spec.window is not None and spec.max_window > 0 else None
     if lookback is not None and spec.block_window:
-        lookback += spec.block_size  # a block window reaches back to the start of the oldest block
+        lookback += BLOCK_SIZE  # a block window reaches back to the start of the oldest block
     outs = []
     for a, qc in zip(range(0, n, DENSE_CHUNK), q.split(DENSE_CHUNK, dim=-2), strict=True):
         b = a + qc.size(-2)
@@ -131,7 +122,7 @@ def _window_bites(spec: MaskSpec, start: int, end: int) -> bool:
     """Whether the window hides any causal pair inside positions start..end (reads the window value)."""
     if spec.window is None:
         return False
-    w, bs = int(spec.window), spec.block_size
+    w, bs = int(spec.window), BLOCK_SIZE
     blocks = (end - 1) // bs - start // bs
     if spec.block_window:
         return blocks * bs >= w
@@ -171,36 +162,31 @@ def _dense_blocks_to_lists(blocks: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def block_structure(
-    doc_ids: Tensor | None,
-    seq_len: int,
-    window: Tensor | None,
-    block_size: int = BLOCK_SIZE,
-    block_window: bool = False,
-    device: torch.device | None = None,
-    block_list: bool = False,
+    spec: MaskSpec, seq_len: int, device: torch.device | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Which (query block, key block) pairs FlexAttention must visit: (partial, full), each (B, nq, nk),
-    from each block's first and last document id (ids never decrease), the block distance and the window
-    tensor: O((T/128)²) work, no T×T mask. In full blocks the kernel skips the mask_mod."""
-    nb = seq_len // block_size
+    """Which (query block, key block) pairs FlexAttention must visit for `spec`: (partial, full), each
+    (B, nq, nk), from each block's first and last document id (ids never decrease), the block distance and
+    the window tensor: O((T/128)²) work, no T×T mask. In full blocks the kernel skips the mask_mod."""
+    doc_ids, window, bs = spec.doc_ids, spec.window, BLOCK_SIZE
+    nb = seq_len // bs
     device = doc_ids.device if doc_ids is not None else device
     blk = torch.arange(nb, device=device, dtype=torch.int32)
     dist = blk[:, None] - blk[None, :]  # query block - key block
     any_ok, all_ok = dist >= 0, dist > 0
     if doc_ids is not None:
-        low, high = doc_ids[:, ::block_size], doc_ids[:, block_size - 1 :: block_size]
+        low, high = doc_ids[:, ::bs], doc_ids[:, bs - 1 :: bs]
         overlap = (low[:, :, None] <= high[:, None, :]) & (low[:, None, :] <= high[:, :, None])
         single = (low == high)[:, :, None] & (low == high)[:, None, :] & (low[:, :, None] == low[:, None, :])
         any_ok, all_ok = any_ok & overlap, all_ok & single
     if window is not None:
-        if block_window:
-            inside = dist * block_size < window
+        if spec.block_window:
+            inside = dist * bs < window
             any_ok, all_ok = any_ok & inside, all_ok & inside
         else:  # nearest pair: q at its block start, kv at its block end; farthest pair: the reverse
-            any_ok = any_ok & (dist * block_size - (block_size - 1) < window)
-            all_ok = all_ok & (dist * block_size + (block_size - 1) < window)
-            if block_list:  # 12-08: blocks beyond ceil(window / block) are never visited
-                listed = dist < (window + block_size - 1) // block_size
+            any_ok = any_ok & (dist * bs - (bs - 1) < window)
+            all_ok = all_ok & (dist * bs + (bs - 1) < window)
+            if spec.block_list:  # 12-08: blocks beyond ceil(window / block) are never visited
+                listed = dist < (window + bs - 1) // bs
                 any_ok, all_ok = any_ok & listed, all_ok & listed
     if any_ok.dim() == 2:
         any_ok, all_ok = any_ok[None], all_ok[None]
@@ -209,10 +195,8 @@ def block_structure(
 
 def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None = None) -> BlockMask:
     """FlexAttention BlockMask for `spec` over a (B, T) sequence; T must be a multiple of the block size."""
-    assert BlockMask is not None and seq_len % spec.block_size == 0, "flex_usable() decides"
-    partial, full = block_structure(
-        spec.doc_ids, seq_len, spec.window, spec.block_size, spec.block_window, device, spec.block_list
-    )
+    assert seq_len % BLOCK_SIZE == 0, "flex_usable() decides"
+    partial, full = block_structure(spec, seq_len, device)
     where = spec.doc_ids.device if spec.doc_ids is not None else device
     assert spec.window is None or where is None or spec.window.device.type == torch.device(where).type, (
         "the window tensor must live on the attention's device: a CPU scalar captured by a CUDA mask_mod "
@@ -225,12 +209,10 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         doc_q = docs[b, q_idx] if docs is not None else None
         doc_kv = docs[b, kv_idx] if docs is not None else None
-        return mask_rule(
-            q_idx, kv_idx, doc_q, doc_kv, window, spec.block_size, spec.block_window, spec.block_list
-        )
+        return mask_rule(q_idx, kv_idx, doc_q, doc_kv, window, spec.block_window, spec.block_list)
 
     return BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, spec.block_size, mask_mod, seq_lengths=(seq_len, seq_len)
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE, mask_mod, seq_lengths=(seq_len, seq_len)
     )
 
 
@@ -238,10 +220,10 @@ def build_block_mask(spec: MaskSpec, seq_len: int, device: torch.device | None =
 # Backend choice and the one attention call
 
 
-def flex_usable(device: torch.device, seq_len: int, needs_grad: bool, block_size: int = BLOCK_SIZE) -> bool:
+def flex_usable(device: torch.device, seq_len: int, needs_grad: bool) -> bool:
     """FlexAttention runs compiled on CUDA; on CPU without gradients (no eager CPU backward kernel), or
     inside a torch.compile trace, whose backend (aot_eager, inductor) provides the backward."""
-    if flex_attention is None or seq_len % block_size:
+    if seq_len % BLOCK_SIZE:
         return False
     return device.type == "cuda" or not needs_grad or torch.compiler.is_compiling()
 
@@ -265,10 +247,6 @@ SDPA_KERNELS = dict(
 )
 
 
-def _on_cuda(t: Tensor) -> bool:
-    return t.is_cuda
-
-
 def sdpa_context(kernel: str, q: Tensor) -> contextlib.AbstractContextManager:
     """The SDPA backend a recipe forces (11-03 … 11-24: cuDNN only), applied on CUDA; a no-op for "auto"
     and on CPU, where only the math and CPU-flash kernels exist."""
@@ -289,7 +267,7 @@ def attend(
 ) -> Tensor:
     """Causal attention on (B, H, T, D); `mask`: None (plain causal), a dense boolean mask, a MaskSpec
     (dense SDPA, chunked) or a BlockMask; `kernel` (SDPA_KERNELS or "auto") forces the CUDA SDPA backend."""
-    if BlockMask is not None and isinstance(mask, BlockMask):
+    if isinstance(mask, BlockMask):
         return flex_attend(q, k, v, mask, scale)
     with sdpa_context(kernel, q):
         if isinstance(mask, MaskSpec):
@@ -297,9 +275,9 @@ def attend(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale)
 
 
-def short_window(window: Tensor, block_window: bool, block_size: int = BLOCK_SIZE) -> Tensor:
+def short_window(window: Tensor, block_window: bool) -> Tensor:
     """The "short" window of a long/short layer pattern: half the long one (Sub3Min: half the blocks,
     at least one block), computed on the tensor so the schedule never leaves the device."""
     if block_window:
-        return torch.clamp_min(window // block_size // 2, 1) * block_size
+        return torch.clamp_min(window // BLOCK_SIZE // 2, 1) * BLOCK_SIZE
     return torch.clamp_min(window // 2, 1)

@@ -10,11 +10,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-
-try:  # FlexAttention exists from torch 2.5
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
-except ImportError:  # pragma: no cover - old torch
-    BlockMask, flex_attention = None, None
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 def _on_cuda(t: Tensor) -> bool:

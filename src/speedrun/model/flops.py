@@ -96,14 +96,3 @@ def attention_flops(
             c = mean_context(window, seq_len, windows.max_doc_len, doc_lens)
         total += 12 * layer.width * c
     return total
-
-
-__all__ = [
-    "FORMULA",
-    "AttentionLayer",
-    "StepWindows",
-    "attention_flops",
-    "keys_seen",
-    "matmul_params",
-    "mean_context",
-]

@@ -120,6 +120,11 @@ def _backward(ctx, grad_out: Tensor, *_: Tensor) -> tuple[Tensor | None, ...]:  
 fp8_mm.register_autograd(_backward, setup_context=_setup_context)
 
 
+def head_logits(head: torch.nn.Linear, x: Tensor, fp8: bool) -> Tensor:
+    """The head's matmul: with `fp8` the FP8 one in training with gradients (Sub3Min), else the plain one."""
+    return fp8_linear(x, head.weight) if fp8 and head.training and torch.is_grad_enabled() else head(x)
+
+
 def fp8_linear(x: Tensor, weight: Tensor) -> Tensor:
     """x (..., d) → bf16 (..., V) through the FP8 head matmul with the record's scales."""
     flat = x.reshape(-1, x.size(-1)).to(torch.bfloat16).contiguous()

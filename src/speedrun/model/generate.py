@@ -60,18 +60,12 @@ def sample_during_training(
     tokenizer: Tokenizer,
     prompts: list[str],
     max_tokens: int = 48,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    seed: int = 0,
 ) -> list[str]:
-    """One continuation per prompt (greedy by default, so successive log points are comparable).
-    `model` is the bare GPT (not compiled, not DDP-wrapped); its train/eval mode is restored."""
+    """One greedy continuation per prompt (so successive log points are comparable). `model` is the bare
+    GPT (not compiled, not DDP-wrapped); its train/eval mode is restored."""
     was_training = model.training
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
     try:
-        return [
-            stream_sample(model, tokenizer, p, max_tokens, temperature, top_k, generator) for p in prompts
-        ]
+        return [stream_sample(model, tokenizer, p, max_tokens, 0.0, None, None) for p in prompts]
     finally:
         model.train(was_training)

@@ -109,23 +109,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-    use_cache: bool = True,
 ) -> Iterator[Tensor]:
-    """Yield (B,) next tokens, one step at a time, after `prompt` (B, T). `use_cache=False` runs the full
-    forward over the whole sequence every step (the reference the cache is tested against)."""
-    vocab = model.cfg.vocab_size
+    """Yield (B,) next tokens, one step at a time, after `prompt` (B, T), decoding from the KV cache
+    (tests/model_refs.generate_uncached, the full forward every step, is its reference)."""
     steps = min(max_new_tokens, model.cfg.max_seq_len - prompt.size(1))
-    if use_cache:
-        cache = KVCache()
-        logits = forward_cached(model, prompt, cache)[:, -1]
-        for n in range(steps):
-            nxt = pick_next(logits, vocab, temperature, top_k, generator)
-            yield nxt
-            if n + 1 < steps:
-                logits = forward_cached(model, nxt[:, None], cache)[:, -1]
-        return
-    seq = prompt
-    for _ in range(steps):
-        nxt = pick_next(model(seq)[:, -1], vocab, temperature, top_k, generator)
+    cache = KVCache()
+    logits = forward_cached(model, prompt, cache)[:, -1]
+    for n in range(steps):
+        nxt = pick_next(logits, model.cfg.vocab_size, temperature, top_k, generator)
         yield nxt
-        seq = torch.cat([seq, nxt[:, None]], dim=1)
+        if n + 1 < steps:
+            logits = forward_cached(model, nxt[:, None], cache)[:, -1]

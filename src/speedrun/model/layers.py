@@ -35,6 +35,13 @@ class TransposedLinear(CastedLinear):
         return F.linear(x, self.weight.T.to(x.dtype), bias)
 
 
+def embedding(rows: int, dim: int, name: str) -> nn.Embedding:
+    """A table of `rows` rows labelled `name` ("embed", the medium record's "embed2", "value_embed")."""
+    emb = nn.Embedding(rows, dim)
+    label(emb.weight, name)
+    return emb
+
+
 def scaled_uniform_(weight: torch.Tensor, fan_in: int, gain: float = 0.5) -> torch.Tensor:
     """Uniform init with std `gain / sqrt(fan_in)` (Sub3Min: 0.5 is a bit better than torch's 1/sqrt(3))."""
     bound = math.sqrt(3.0) * gain / math.sqrt(fan_in)

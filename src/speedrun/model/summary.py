@@ -42,12 +42,12 @@ def model_summary(model: nn.Module, cfg: Any, flops: tuple[int, int]) -> str:
         by_label.setdefault(lab.name if lab else "unlabelled", []).append(p.numel())
     total = sum(sum(sizes) for sizes in by_label.values())
     run_cfg, cfg = cfg, model.cfg
+    head_dim, qk = cfg.n_embd // cfg.n_head, model_facts(cfg).qk_head_dim
     lines = [
         f"params: {total}",
         f"vocab: {cfg.vocab_size} (embedding rows {embedding_rows(cfg)}, head rows {padded_vocab(cfg)})",
-        f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  "
-        f"head_dim: {cfg.n_embd // cfg.n_head}"
-        + (f" (Q/K {qk}, #344)" if (qk := model_facts(cfg).qk_head_dim) != cfg.n_embd // cfg.n_head else ""),
+        f"layers: {cfg.n_layer}  heads: {cfg.n_head}  width: {cfg.n_embd}  head_dim: {head_dim}"
+        + (f" (Q/K {qk}, #344)" if qk != head_dim else ""),
     ]
     attention = _attention_line(model)
     if attention:

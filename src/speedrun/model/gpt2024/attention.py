@@ -72,12 +72,7 @@ class Attention(nn.Module):
         called as `ctx` says (the forward's mask or a KV cache: model/contexts.py)."""
         q, k, v, raw_v = self.project(x, other_v, ctx.start)
         k, v = ctx.keys_values(k, v)
-        return self.output(ctx.attend(q, self.attended_keys(k), v, self.scale, self.sdpa_kernel), x), raw_v
-
-    def attended_keys(self, k: torch.Tensor) -> torch.Tensor:
-        """The keys (B, H, T, D) of every position so far as the attention reads them (gpt2026's #49 shifts
-        some; here they are the projected keys)."""
-        return k
+        return self.output(ctx.attend(q, k, v, self.scale, self.sdpa_kernel), x), raw_v
 
     def output(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Attention result (B, H, T, D) of the normed input x (B, T, C) → the layer's output (B, T, C)."""

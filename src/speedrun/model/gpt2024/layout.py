@@ -5,14 +5,10 @@ from __future__ import annotations
 from speedrun.config import ModelConfig
 
 
-def _kept(cfg: ModelConfig, dropped_layers: str) -> list[bool]:
-    dropped = {int(s) for s in dropped_layers.split(",") if s.strip()}
-    return [i not in dropped for i in range(cfg.n_layer)]
-
-
 def attention_layers(cfg: ModelConfig) -> list[bool]:
     """Per layer, whether it has attention (Sub3Min drops it in layer 7)."""
-    return _kept(cfg, cfg.no_attention_layers)
+    dropped = {int(s) for s in cfg.no_attention_layers.split(",") if s.strip()}
+    return [i not in dropped for i in range(cfg.n_layer)]
 
 
 def value_embed_layout(cfg: ModelConfig) -> list[int | None]:

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from speedrun.config import ModelConfig
 from speedrun.model.attention import (
-    BLOCK_SIZE,
     AttentionMask,
     MaskSpec,
     build_block_mask,
@@ -26,13 +25,13 @@ from speedrun.model.attention import (
     short_window,
 )
 from speedrun.model.contexts import CAUSAL, Context, Masked
-from speedrun.model.fp8 import fp8_linear
+from speedrun.model.fp8 import head_logits
 from speedrun.model.gpt2024.attention import Attention, make_rotary
 from speedrun.model.gpt2024.cgi import cgi_signs
 from speedrun.model.gpt2024.layout import attention_layers, value_embed_layout
 from speedrun.model.gpt2024.unet import initial_weights, skip_sources
 from speedrun.model.labels import label, label_linear
-from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, scaled_uniform_, softcap
+from speedrun.model.layers import MLP, CastedLinear, Norm, Rotary, embedding, scaled_uniform_, softcap
 from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
@@ -49,7 +48,7 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
     block_window = cfg.window_granularity == "block"
     docs = document_ids(tokens, cfg.eot_id) if cfg.document_mask else None
     w = window if cfg.window > 0 else None
-    long = MaskSpec(docs, w, block_window, BLOCK_SIZE, cfg.window, cfg.window_block_list)
+    long = MaskSpec(docs, w, block_window, cfg.window, cfg.window_block_list)
     pattern = cfg.window_pattern or "L" * cfg.n_layer
     short = dataclasses.replace(long, window=short_window(window, block_window)) if "S" in pattern else None
     return [long if kind == "L" else short for kind in pattern]
@@ -58,11 +57,8 @@ def layer_specs(cfg: ModelConfig, tokens: Tensor, window: Tensor | None) -> list
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, has_attention: bool = True, rotary: Rotary | None = None):
         super().__init__()
-        if has_attention:
-            self.norm1 = make_norm(cfg)
-            self.attn = Attention(cfg, rotary)
-        else:
-            self.norm1 = self.attn = None
+        self.norm1 = make_norm(cfg) if has_attention else None
+        self.attn = Attention(cfg, rotary) if has_attention else None
         self.norm2 = make_norm(cfg)
         relu2, hidden = cfg.activation == "relu2", cfg.mlp_ratio * cfg.n_embd
         self.mlp = MLP(cfg.n_embd, hidden, cfg.bias, relu2, cfg.gelu)
@@ -92,24 +88,19 @@ class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        vocab, rows = padded_vocab(cfg), embedding_rows(cfg)
-        self.wte = nn.Embedding(rows, cfg.n_embd)
-        label(self.wte.weight, "embed")
-        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd) if cfg.positional == "learned" else None
-        if self.wpe is not None:
-            label(self.wpe.weight, "embed")
+        d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
+        self.wte = embedding(rows, d, "embed")
+        self.wpe = embedding(cfg.max_seq_len, d, "embed") if cfg.positional == "learned" else None
         embed_norm = "rmsnorm-gain" if cfg.norm == "rmsnorm-gain" else "rmsnorm"  # track 3: with gains
         self.embed_norm = make_norm(cfg, embed_norm) if cfg.embed_norm else None
         rotary = make_rotary(cfg)
         self.blocks = nn.ModuleList(Block(cfg, attn, rotary) for attn in attention_layers(cfg))
         self.ve_layout = value_embed_layout(cfg)
         self.norm_f = make_norm(cfg)
-        self.lm_head = CastedLinear(cfg.n_embd, vocab, bias=cfg.head_bias)
+        self.lm_head = CastedLinear(d, vocab, bias=cfg.head_bias)
         label_linear(self.lm_head, "head")  # track 3's bias: a scalar
         n_tables = len({j for j in self.ve_layout if j is not None})
-        self.value_embeds = nn.ModuleList(nn.Embedding(rows, cfg.n_embd) for _ in range(n_tables)) or None
-        for emb in self.value_embeds or ():
-            label(emb.weight, "value_embed")
+        self.value_embeds = nn.ModuleList(embedding(rows, d, "value_embed") for _ in range(n_tables)) or None
         self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None
         self.skip_sources = skip_sources(cfg)
         # the layers whose outputs a later skip reads (built once, not per forward)
@@ -137,20 +128,15 @@ class GPT(nn.Module):
                     nn.init.normal_(p, mean=0.0, std=std)
                 elif name.endswith(".bias") and "ln" not in name:
                     nn.init.zeros_(p)
-        elif cfg.tie_embeddings:  # torch default Linear init for the shared matrix (2024-10 records)
-            pass
-        else:
+        elif not cfg.tie_embeddings:  # tied: torch's default Linear init for the shared matrix (2024-10)
             nn.init.normal_(self.wte.weight, mean=0.0, std=1.0)
-        if cfg.init == "fan-in-normal":  # track 3: normal, std sqrt(0.33)/sqrt(fan_in); biases 0
-            for module in self.modules():
-                if isinstance(module, CastedLinear):
-                    nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
-                    if module.bias is not None:
-                        nn.init.zeros_(module.bias)
-        if cfg.init == "scaled-uniform":  # Sub3Min: every linear uniform with std 0.5/sqrt(fan_in)
-            for module in self.modules():
-                if isinstance(module, CastedLinear):
-                    scaled_uniform_(module.weight, module.in_features)
+        linears = [m for m in self.modules() if isinstance(m, CastedLinear)]
+        for module in linears if cfg.init == "fan-in-normal" else ():  # track 3: std √0.33/√fan_in, biases 0
+            nn.init.normal_(module.weight, mean=0.0, std=0.33**0.5 / module.in_features**0.5)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for module in linears if cfg.init == "scaled-uniform" else ():  # Sub3Min: uniform, std 0.5/√fan_in
+            scaled_uniform_(module.weight, module.in_features)
         if cfg.zero_init_proj:  # with their biases (track 3 #46 zeroes every *proj* parameter)
             for block in self.blocks:
                 for proj in (m.c_proj for m in (block.attn, block.mlp) if m is not None):
@@ -176,10 +162,9 @@ class GPT(nn.Module):
     def set_attention_window(self, tokens: int) -> None:
         """Set the sliding window (tokens) for the next forwards (the loop, every step): an in-place write
         to a tensor, no recompile; a no-op without a window."""
-        if self.cfg.window <= 0:
-            return
-        assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
-        self.attn_window.fill_(tokens)
+        if self.cfg.window > 0:
+            assert 1 <= tokens <= self.cfg.window, f"attention window {tokens} is outside 1..model.window"
+            self.attn_window.fill_(tokens)
 
     def layer_masks(self, idx: torch.Tensor) -> list[AttentionMask]:
         """Per layer: None (plain causal or no attention), a MaskSpec (dense SDPA) or a FlexAttention
@@ -255,10 +240,7 @@ class GPT(nn.Module):
     def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits before the final fp32 cast: in the head's dtype where the softcap runs in it."""
         cfg = self.cfg
-        if cfg.fp8_head and self.training and torch.is_grad_enabled():  # Sub3Min: FP8 in training only
-            logits = fp8_linear(x, self.lm_head.weight)
-        else:
-            logits = self.lm_head(x)
+        logits = head_logits(self.lm_head, x, cfg.fp8_head)  # Sub3Min: FP8 in training only
         if cfg.logits_vocab_only:  # llm.c: the padded rows are in the matmul, not in the softmax
             logits = logits[..., : cfg.vocab_size]
         if cfg.logit_softcap > 0:

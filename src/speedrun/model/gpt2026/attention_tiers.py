@@ -40,19 +40,6 @@ def _visible(q_pos: Tensor, k_pos: Tensor, docs: Tensor, window: int) -> Tensor:
     return allowed
 
 
-def dense_reference(
-    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, window: int, scale: float | None
-) -> Tensor:
-    """The T × T-mask definition every tier is tested against (packed (T, H, D) in and out)."""
-    T = q.size(0)
-    pos = torch.arange(T, device=q.device)
-    mask = _visible(pos, pos, doc_ids_from_cu(cu_seqlens, T), window)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale=scale
-    )
-    return out.transpose(0, 1)
-
-
 def blocked_attention(
     q: Tensor,
     k: Tensor,

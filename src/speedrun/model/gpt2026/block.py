@@ -51,11 +51,12 @@ class Block(nn.Module):
         super().__init__()
         d = cfg.n_embd
         self.norm1 = Norm(d, "rmsnorm") if spec.attention else None
-        gated = cfg.mudd.gate_layer > 0  # #85: the gate network gives XSA's α
+        # #82's α is a "scalar", trained with the lambdas in #77's form; #85's gate network gives it instead
+        xsa = "lambda" if cfg.stream.residual_form == "sublayer" else "scalar"
         self.attn = (
             Attention(
                 spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn, cfg.values.mix == "weights",
-                value_gate(spec, cfg), None if gated else xsa_label(cfg),
+                value_gate(spec, cfg), None if cfg.mudd.gate_layer else xsa,
             )
             if spec.attention
             else None
@@ -77,11 +78,6 @@ def value_gate(spec: LayerSpec, cfg: Gpt2026Config) -> nn.Module | None:
         return None
     ve_dims = 0 if spec.paired and not cfg.values.paired_ve_dims else cfg.values.ve_dims
     return gates.ValueEmbedGate(cfg.values.gate, cfg.n_head, ve_dims)
-
-
-def xsa_label(cfg: Gpt2026Config) -> str:
-    """#82's α is a "scalar"; #77's form trains it with the lambdas."""
-    return "lambda" if cfg.stream.residual_form == "sublayer" else "scalar"
 
 
 class X0Block(Block):

@@ -9,8 +9,8 @@ the document: with P_h[t, s] = softmax_s(scale·q_h[t]·k_h[s]) over s in (t −
     y_h[t] += w2[t, h]·Σ_s a[t, s]·v_h[s]
 
 w1 and w2 are per-token, per-head weights (the record's MUDD gate network produces them; `dc_gate`
-RMS-normalizes w1 over the heads). A reference: dense (T × T) per document row, so O(T²) memory; it is
-what a GPU kernel is tested against, and runs on CPU.
+RMS-normalizes w1 over the heads). Dense over the keys near each query (`near`, model/contexts.py), in
+fp32: what a GPU kernel is tested against; tests/model_refs.dc_correction is the packed-row reference.
 """
 
 from __future__ import annotations
@@ -27,28 +27,10 @@ def dc_gate(w1: Tensor, w2: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
     return F.rms_norm(w1.float(), (w1.size(-1),), eps=1.0e-6).type_as(like), w2.type_as(like)
 
 
-def dc_correction(
-    y: Tensor, q: Tensor, k: Tensor, v: Tensor, w1: Tensor, w2: Tensor, scale: float, window: int,
-    cu_seqlens: Tensor,
-) -> Tensor:  # fmt: skip
-    """y, q, k, v (T, H, D) of one packed row (q, k after norm and rotary, v with its extras), w1, w2
-    (T, H), cu_seqlens (docs + 1,) → y plus the correction, in y's dtype (probabilities in fp32)."""
-    T = q.size(0)
-    pos = torch.arange(T, device=q.device)
-    doc = torch.bucketize(pos, cu_seqlens[1:].to(pos.dtype), right=True)
-    rel = pos[:, None] - pos[None, :]
-    valid = (rel >= 0) & (rel < window) & (doc[:, None] == doc[None, :])
-    scores = torch.einsum("thd,shd->hts", q.float(), k.float()) * scale
-    probs = scores.masked_fill(~valid, float("-inf")).softmax(dim=-1)
-    mixed = torch.einsum("th,hts->ts", w1.float(), probs)
-    corr = torch.einsum("ts,shd->thd", mixed, v.float()) * w2.float()[..., None]
-    return (y.float() + corr).to(y.dtype)
-
-
 def dc_masked(
     y: Tensor, q: Tensor, k: Tensor, v: Tensor, w1: Tensor, w2: Tensor, scale: float, valid: Tensor
 ) -> Tensor:
-    """`dc_correction` on the attention's (B, H, T, D) layout: y, q (B, H, Tq, D) of the new positions,
+    """The correction on the attention's (B, H, T, D) layout: y, q (B, H, Tq, D) of the new positions,
     k, v (B, H, Tk, D) of every position, w1, w2 (B, Tq, H) from `dc_gate`, valid (B, Tq, Tk)
     (the context's `near`, model/contexts.py) → y plus the correction, in y's dtype (probabilities in
     fp32)."""

@@ -1,6 +1,7 @@
-"""What the gpt2026 blocks read besides the residual stream: token embeddings with #34's smear, value
-embeddings (#45's layout, #63's untied tables: one row per token, mixed into v of their layers) and #62's
-bigram hash embedding (λ_i·b added to each layer's input). Each part labels its parameters."""
+"""What the gpt2026 blocks read besides the residual stream: #34's smear of the token embeddings and #62's
+bigram hash embedding (λ_i·b added to each layer's input); the token and value-embedding tables (#45's
+layout, #63's untied tables: one row per token, mixed into v of their layers) are layers.embedding's.
+Each part labels its parameters."""
 
 from __future__ import annotations
 
@@ -9,22 +10,6 @@ from torch import nn
 
 from speedrun.model.labels import label, label_linear
 from speedrun.model.layers import CastedLinear
-
-
-def token_embedding(rows: int, dim: int, name: str = "embed") -> nn.Embedding:
-    """A token table labelled `name`: "embed", or "embed2" for the medium record's second embedding."""
-    emb = nn.Embedding(rows, dim)
-    label(emb.weight, name)
-    return emb
-
-
-def value_embeddings(tables: int, rows: int, dim: int) -> nn.ModuleList | None:
-    """One table per distinct index of the config's `value_embeds` list (None without any)."""
-    embeds = nn.ModuleList(nn.Embedding(rows, dim) for _ in range(tables))
-    for emb in embeds:
-        label(emb.weight, "value_embed")
-    return embeds or None
-
 
 # Smear (record #34, 2025-09-18, PR #130): each token's embedding takes in a gated share of the
 # previous token's, x[t] += λ·sigmoid(W·x[t, :k])·x[t-1] for t >= 1, before the embedding norm. W (1, k)

@@ -10,28 +10,6 @@ from torch import nn
 from speedrun.model.labels import label_linear
 from speedrun.model.layers import CastedLinear
 
-# Sparse attention gate (record #28, 2025-08-23, PR #117): each head's attention output is multiplied by
-# sigmoid(W·x[:k]), x the layer's normed input, W (heads, k) a small matrix (k = 12 in the records,
-# trained by Muon like the other block matrices) that starts at zero, so every gate starts at one half. A
-# head can thus switch itself off where the context says it has nothing to add (a learned no-op).
-
-
-class AttentionGate(nn.Module):
-    def __init__(self, dims: int, n_head: int):
-        super().__init__()
-        self.proj = label_linear(CastedLinear(dims, n_head, bias=False), "gate")
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Zero, as the record (GPT._init_weights calls this again after its own init)."""
-        nn.init.zeros_(self.proj.weight)
-
-    def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """y (B, H, T, D) gated per head and position by x (B, T, C)."""
-        gate = torch.sigmoid(self.proj(x[..., : self.proj.in_features]))  # (B, T, H)
-        return y * gate.transpose(1, 2)[..., None]
-
-
 # Gates on the value embeddings and on the skip (record #55, 2025-12-29, PR #186): where #28's
 # attention gate lets a head switch its output off, these let the context scale what two shortcuts add.
 #
@@ -59,6 +37,19 @@ class ContextGate(nn.Module):
         return 2 * torch.sigmoid(self.proj(x[..., : self.proj.in_features]))
 
 
+# Sparse attention gate (record #28, 2025-08-23, PR #117): each head's attention output is multiplied by
+# sigmoid(W·x[:k]), x the layer's normed input, W (heads, k) a small matrix (k = 12 in the records,
+# trained by Muon like the other block matrices) that starts at zero, so every gate starts at one half. A
+# head can thus switch itself off where the context says it has nothing to add (a learned no-op).
+
+
+class AttentionGate(ContextGate):
+    def forward(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y (B, H, T, D) gated per head and position by x (B, T, C): sigmoid, not ContextGate's 2·sigmoid."""
+        gate = torch.sigmoid(self.proj(x[..., : self.proj.in_features]))  # (B, T, H)
+        return y * gate.transpose(1, 2)[..., None]
+
+
 class ValueEmbedGate(ContextGate):
     """#55: per head, the share of the value embedding added to v. With `ve_dims` (#70, 2026-02-03, PR
     #218: 6, on the unpaired layers) the gate reads x[..., :k − ve_dims] and the embedding's first ve_dims
@@ -77,17 +68,12 @@ class ValueEmbedGate(ContextGate):
         return self(x)[..., None] * ve
 
 
-class SkipGate(ContextGate):
-    """#55: per position, a factor on the skip, read from the normed embedding x0 (B, T, C) → (B, T, 1)."""
-
-    def __init__(self, dims: int):
-        super().__init__(dims, 1, "skip_gate")
-
-
 def skip_gates(dims: int, skips: int) -> nn.Module:
-    """#55's one gate for its one skip; one gate per skip where there are several (the medium record's
-    three, each with its own weight and λ), indexed like the skips."""
-    return SkipGate(dims) if skips == 1 else nn.ModuleList(SkipGate(dims) for _ in range(skips))
+    """#55's one gate for its one skip, a factor per position read from the normed embedding x0 (B, T, C)
+    → (B, T, 1); one gate per skip where there are several (the medium record's three, each with its own
+    weight and λ), indexed like the skips."""
+    made = [ContextGate(dims, 1, "skip_gate") for _ in range(skips)]
+    return made[0] if skips == 1 else nn.ModuleList(made)
 
 
 def skip_gate_of(gate: nn.Module, index: int) -> nn.Module:

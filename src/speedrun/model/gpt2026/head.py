@@ -5,52 +5,37 @@ multi-token prediction weighted by the stage (#53, below)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.data.tokenizers import gpt2_tokenizer
-from speedrun.model.fp8 import fp8_linear
+from speedrun.model.fp8 import head_logits
 from speedrun.model.gpt2026 import canonical, prefix
 from speedrun.model.layers import CastedLinear, softcap
 
 
-@dataclass(frozen=True)
-class HeadSpec:
-    """The head's numerics, read once from the config (the forward reads no config)."""
-
-    cap: float
-    divisor: float
-    offset: float
-    cap_in_head_dtype: bool
-    ce_bf16: bool
-    fp8: bool
-
-
-def capped_logits(head: CastedLinear, x: torch.Tensor, spec: HeadSpec, training: bool) -> torch.Tensor:
-    """Logits (padded vocab) before the final fp32 cast: in the head's dtype where the cap runs in it."""
-    if spec.fp8 and training and torch.is_grad_enabled():
-        logits = fp8_linear(x, head.weight)
-    else:
-        logits = head(x)
-    if spec.cap > 0:
-        logits = logits if spec.cap_in_head_dtype else logits.float()
-        logits = softcap(logits, spec.cap, "sigmoid", spec.divisor, spec.offset)
+def capped_logits(head: CastedLinear, x: torch.Tensor, part: HeadConfig) -> torch.Tensor:
+    """Logits (padded vocab) before the final fp32 cast: in the head's dtype where the cap runs in it;
+    `part`: the head's own `[model.head]` table (frozen), which the model keeps."""
+    logits = head_logits(head, x, part.fp8)
+    if part.softcap > 0:
+        logits = logits if part.softcap_in_bf16 else logits.float()
+        logits = softcap(logits, part.softcap, "sigmoid", part.softcap_divisor, part.softcap_offset)
     return logits
 
 
 def loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
-    spec: HeadSpec,
+    part: HeadConfig,
     training: bool,
     reduction: str,
     mtp_weights: torch.Tensor | None,
 ) -> torch.Tensor:
     """Cross-entropy (mean, sum or per position (B, T)); MTP's weighted sum in training (#53)."""
     B, T = targets.shape
-    logits = logits if spec.ce_bf16 and training else logits.float()
+    logits = logits if part.ce_bf16 and training else logits.float()
     if mtp_weights is not None and training and reduction == "mean":
         return mtp_loss(logits, targets, mtp_weights)
     out = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
@@ -95,9 +80,7 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
         model.register_buffer("mtp_weights", torch.eye(cfg.head.mtp)[0], persistent=False)
     else:
         model.mtp_weights = None
-    if (
-        cfg.head.prefix_loss_weight > 0
-    ):  # #88: the table is the GPT-2 vocabulary's, ids past the vocab dropped
+    if cfg.head.prefix_loss_weight > 0:  # #88: the GPT-2 vocabulary's table, ids past the vocab dropped
         table = prefix.gpt2_prefix_table(vocab)
         model.register_buffer(
             "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False

@@ -8,7 +8,7 @@ from torch import nn
 
 from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
-from speedrun.model.gpt2026.gates import AttentionGate, ContextGate
+from speedrun.model.gpt2026.gates import ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
 from speedrun.model.labels import labelled
 from speedrun.model.layers import CastedLinear, scaled_uniform_
@@ -44,12 +44,10 @@ def init_weights(model: nn.Module, cfg: Gpt2026Config) -> None:
             scaled_uniform_(w, w.size(1), cfg.init.attn_out_gain)
     if cfg.init.mimetic_vo_beta:  # #64
         d = cfg.n_embd
-        for block in model.blocks:
-            if block.attn is not None:
-                attn = block.attn
-                mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, cfg.init.mimetic_vo_beta)
+        for attn in (b.attn for b in model.blocks if b.attn is not None):
+            mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, cfg.init.mimetic_vo_beta)
     for part in model.modules():
-        if isinstance(part, AttentionGate | ContextGate | Smear | BigramEmbed):
+        if isinstance(part, ContextGate | Smear | BigramEmbed):
             part.reset_parameters()  # zero
     if cfg.head.zero_init:
         nn.init.zeros_(model.lm_head.weight)
@@ -61,11 +59,7 @@ def cast_storage(model: nn.Module, cfg: Gpt2026Config) -> None:
     """bf16 embeddings (lookups need no fp32 master copy) and #57's bf16 block matrices (the optimizer
     keeps their low mantissa bits, optim/normuon.py), where the config asks."""
     if cfg.embed.dtype == "bf16":
-        for emb in [
-            model.wte,
-            *([model.embed2] if model.embed2 is not None else []),
-            *(model.value_embeds or []),
-        ]:
+        for emb in (e for e in [model.wte, model.embed2, *(model.value_embeds or [])] if e is not None):
             emb.weight.data = emb.weight.data.to(torch.bfloat16)
     if cfg.block_dtype == "bf16":
         for _, p, lab in labelled(model):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from speedrun.model.gpt2026.fp8_mlp import Fp8MLP
-from speedrun.model.labels import label
 from speedrun.model.layers import MLP
 
 
 def mlp(dim: int, hidden: int, fc_transposed: bool, fp8: bool = False) -> MLP:
-    """fp8: #84/#89's FP8 training forward (fp8_mlp.py); the up-projection then stays (hidden, dim)."""
-    m = Fp8MLP(dim, hidden) if fp8 else MLP(dim, hidden, bias=False, relu2=True, fc_transposed=fc_transposed)
-    label(m.c_fc.weight, "mlp_in")
-    label(m.c_proj.weight, "mlp_out")
-    return m
+    """fp8: #84/#89's FP8 training forward (fp8_mlp.py); the up-projection then stays (hidden, dim). MLP
+    labels its weights ("mlp_in", "mlp_out")."""
+    if fp8:
+        return Fp8MLP(dim, hidden)
+    return MLP(dim, hidden, bias=False, relu2=True, fc_transposed=fc_transposed)

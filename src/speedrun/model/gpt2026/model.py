@@ -15,7 +15,7 @@ from torch import nn
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, embeddings, gates, head, prefix, stream, windows
+from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, stream, windows
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
@@ -24,7 +24,7 @@ from speedrun.model.gpt2026.init import cast_storage, init_weights
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
 from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label
-from speedrun.model.layers import CastedLinear, Norm, Rotary
+from speedrun.model.layers import CastedLinear, Norm, Rotary, embedding
 from speedrun.model.vocab import embedding_rows, padded_vocab
 
 
@@ -37,13 +37,12 @@ class GPT2026(nn.Module):
         self.specs = build_specs(cfg)
         self.walk = [s for s in self.specs if s.present]
         self.eot_id = cfg.eot_id
-        self.bigram_first = (
-            cfg.stream.residual_form == "sublayer"
-        )  # #77: layer 0's bigram share enters before it
+        # #77: layer 0's bigram share enters before it
+        self.bigram_first = cfg.stream.residual_form == "sublayer"
         self.bigram_in_x0 = cfg.embed.bigram_in_x0  # #89's script: x0 carries layer 0's share too
         d, vocab, rows = cfg.n_embd, padded_vocab(cfg), embedding_rows(cfg)
-        self.wte = embeddings.token_embedding(rows, d)
-        self.embed2 = embeddings.token_embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
+        self.wte = embedding(rows, d, "embed")
+        self.embed2 = embedding(rows, d, "embed2") if cfg.stream.embed2 else None  # medium
         self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
         bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
         share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
@@ -56,9 +55,7 @@ class GPT2026(nn.Module):
             self.bigram = kind(cfg.embed.bigram_rows, bigram_dim, cfg.n_layer, *signs, width=d, share=share)
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
-        rotary = Rotary(
-            qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision
-        )  # #344: on Q/K's dims
+        rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: Q/K dims
         self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
         if torch.cuda.is_available():  # the FA3 kernel lookup, an import dynamo cannot trace: before compile
             load_fa3()
@@ -66,24 +63,15 @@ class GPT2026(nn.Module):
         self.lm_head = CastedLinear(d, vocab, bias=False)
         label(self.lm_head.weight, "head")
         tables = len({s.value_embed for s in self.specs if s.value_embed is not None})
-        self.value_embeds = embeddings.value_embeddings(tables, rows, d)
-        self.skip_weights = (
-            connections.skip_weights(len(cfg.skips), cfg.stream.skip_gate_form) if cfg.skips else None
-        )
-        self.skip_gate = (
-            gates.skip_gates(cfg.stream.skip_gate, len(cfg.skips)) if cfg.stream.skip_gate else None
-        )  # #55
-        self.backout = (
-            connections.Backout(cfg.stream.backout_layer) if cfg.stream.backout_layer else None
-        )  # #40
-        self.mudd = (
-            Mudd(d, cfg.n_head, cfg.stream.resid_lambda_init, cfg.mudd.sources) if cfg.mudd.sources else None
-        )  # #81
-        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if cfg.mudd.gate_layer else None  # #85
-        h = cfg.head
-        self.head_spec = head.HeadSpec(
-            h.softcap, h.softcap_divisor, h.softcap_offset, h.softcap_in_bf16, h.ce_bf16, h.fp8
-        )  # fmt: skip
+        self.value_embeds = nn.ModuleList(embedding(rows, d, "value_embed") for _ in range(tables)) or None
+        st, n_skips = cfg.stream, len(cfg.skips)
+        self.skip_weights = connections.skip_weights(n_skips, st.skip_gate_form) if n_skips else None
+        self.skip_gate = gates.skip_gates(st.skip_gate, n_skips) if st.skip_gate else None  # #55
+        self.backout = connections.Backout(st.backout_layer) if st.backout_layer else None  # #40
+        mudd = cfg.mudd
+        self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
+        self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
+        self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.attn.window)
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
@@ -98,16 +86,13 @@ class GPT2026(nn.Module):
             assert 1 <= tokens <= self.cfg.attn.window, f"window {tokens} is outside 1..model.attn.window"
             self.attn_window.fill_(tokens)
 
-    @property
-    def fp8_parts(self) -> list[nn.Module]:
-        """The parts that train from FP8 weight copies (#84/#89's MLPs): any module of the blocks with a
-        `refresh_fp8`, so a new FP8 part needs no entry here or in the family's after-step hook."""
-        return [m for m in self.blocks.modules() if hasattr(m, "refresh_fp8")]
-
     def refresh_fp8(self, step: int) -> None:
-        """Every FP8 part's weight copies after optimizer step `step` (−1 before the first)."""
-        for part in self.fp8_parts:
-            part.refresh_fp8(step)
+        """Every FP8 part's weight copies after optimizer step `step` (−1 before the first). The parts that
+        train from FP8 copies (#84/#89's MLPs, #344's QKV) are the modules of the blocks with a `refresh_fp8`,
+        so a new FP8 part needs no entry here or in the family's after-step hook."""
+        for part in self.blocks.modules():
+            if hasattr(part, "refresh_fp8"):
+                part.refresh_fp8(step)
 
     def mask_specs(self, tokens: torch.Tensor):
         return windows.mask_specs(self, tokens)
@@ -136,7 +121,7 @@ class GPT2026(nn.Module):
         hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
-        logits = head.capped_logits(self.lm_head, hidden, self.head_spec, self.training)
+        logits = self.capped_logits(hidden)
         if self.canonical_mask is not None and not self.training:  # #350
             logits = canonical.mask_logits(logits, idx, self.canonical_mask)
         out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
@@ -163,4 +148,4 @@ class GPT2026(nn.Module):
 
     def capped_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The logits before the final fp32 cast (in the head's dtype where the cap runs in it)."""
-        return head.capped_logits(self.lm_head, x, self.head_spec, self.training)
+        return head.capped_logits(self.lm_head, x, self.head_spec)

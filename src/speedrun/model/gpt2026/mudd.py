@@ -34,6 +34,18 @@ SCALE = 0.1  # `_mudd_scale`: coefficients = (W2·gelu(W1·x) + b)·SCALE
 LAYER_COEFS, FINAL_COEFS = 14, 5
 
 
+def kaiming_rows_(w1: torch.Tensor) -> None:
+    """Each of the stacked W1 (2, HIDDEN, dim) as nn.Linear's default init (kaiming-uniform, a = √5)."""
+    for j in range(w1.size(0)):
+        nn.init.kaiming_uniform_(w1.data[j], a=math.sqrt(5))
+
+
+def two_layer(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor, n: int) -> torch.Tensor:
+    """x (B, T, C) → W2[:n]·gelu(W1·x) + b2[:n] (B, T, n), in x's dtype: the shape of every MUDD MLP."""
+    h = F.gelu(F.linear(x, w1.type_as(x)))
+    return F.linear(h, w2[:n].type_as(x)) + b2[:n].type_as(x)
+
+
 def bias_init(resid_init: float) -> torch.Tensor:
     """The record's b (2, 14) in the pre-scaled domain: the last layer's VE gate lanes at 2, its resid
     lambdas at √resid_init (#77's per-sublayer √1.1), its post lambdas at 1, its bigram share at 0.05, its
@@ -62,16 +74,14 @@ class Mudd(nn.Module):
 
     def reset_parameters(self) -> None:
         """W1 as nn.Linear's default (kaiming-uniform, a = √5), W2 zero, b the record's values."""
-        for j in range(2):
-            nn.init.kaiming_uniform_(self.w1.data[j], a=math.sqrt(5))
+        kaiming_rows_(self.w1)
         nn.init.zeros_(self.w2)
         with torch.no_grad():
             self.b2.copy_(bias_init(self.resid_init))
 
     def coefs(self, x: torch.Tensor, which: int, n: int) -> list[torch.Tensor]:
         """x (B, T, C) → n coefficients (B, T, 1) of MLP `which` (0 the last layer's, 1 the final)."""
-        h = F.gelu(F.linear(x, self.w1[which].type_as(x)))
-        mu = (F.linear(h, self.w2[which, :n].type_as(x)) + self.b2[which, :n].type_as(x)) * SCALE
+        mu = two_layer(x, self.w1[which], self.w2[which], self.b2[which], n) * SCALE
         return list(mu.split(1, dim=-1))
 
     def enter_last(
@@ -141,8 +151,7 @@ class MuddGate(nn.Module):
 
     def reset_parameters(self) -> None:
         """W1 kaiming-uniform (a = √5), W2 zero, σ 0.1, b the record's starting gates divided by 0.1."""
-        for j in range(2):
-            nn.init.kaiming_uniform_(self.w1.data[j], a=math.sqrt(5))
+        kaiming_rows_(self.w1)
         nn.init.zeros_(self.w2)
         with torch.no_grad():
             self.scale.fill_(SCALE)
@@ -156,9 +165,7 @@ class MuddGate(nn.Module):
 
     def forward(self, x: torch.Tensor, which: int) -> dict[tuple[str, int], torch.Tensor]:
         """x (B, T, C) → {(kind, layer): gate (B, T, width)} of MLP `which` (layer −1 for the skip)."""
-        n = self.widths[which]
-        h = F.gelu(F.linear(x, self.w1[which].type_as(x)))
-        g = F.linear(h, self.w2[which, :n].type_as(x)) + self.b2[which, :n].type_as(x)
+        g = two_layer(x, self.w1[which], self.w2[which], self.b2[which], self.widths[which])
         g = g * self.scale.type_as(x)
         out, at = {}, 0
         for kind, layer, width in self.layouts[which]:

@@ -18,8 +18,9 @@ from torch import Tensor
 from speedrun.config.gpt2026 import attention_scale, qk_width
 from speedrun.model.attention import BLOCK_SIZE, MaskSpec, document_ids, short_window
 from speedrun.model.contexts import near_keys
+from speedrun.model.flops import StepWindows
 from speedrun.model.gpt2026.attention import paired_spec
-from speedrun.model.gpt2026.attention_tiers import varlen_attention
+from speedrun.model.gpt2026.attention_tiers import doc_ids_from_cu, varlen_attention
 from speedrun.model.gpt2026.head import write_weights
 from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 
@@ -35,24 +36,15 @@ from speedrun.model.gpt2026.yarn import rotary_tables, yarn_after
 # window). Without stages the windows are `model.window` (long) and half of it (short).
 
 
-@dataclass(frozen=True)
-class VarlenWindows:
-    """What the varlen layers use now: windows in tokens (0 = none) and the longest training document
-    (FA3's `max_seqlen`; 0 = the row length)."""
-
-    short: int = 0
-    long: int = 0
-    max_doc_len: int = 0
-
-
 @functools.cache
-def windows_of(short: int, long: int, max_doc_len: int) -> VarlenWindows:
-    """One object per value: compiled graphs guard on the object the forward reads, so a stage that
-    comes back (after the warm-up, after a resume) finds its graph again."""
-    return VarlenWindows(short, long, max_doc_len)
+def windows_of(short: int, long: int, max_doc_len: int) -> StepWindows:
+    """What the varlen layers use now (windows in tokens, 0 = none; the longest training document, FA3's
+    `max_seqlen`, 0 = the row length), one object per value: compiled graphs guard on the object the
+    forward reads, so a stage that comes back (after the warm-up, after a resume) finds its graph again."""
+    return StepWindows(short, long, max_doc_len)
 
 
-def initial_windows(window: int) -> VarlenWindows:
+def initial_windows(window: int) -> StepWindows:
     """Before any stage: `model.attn.window` for long layers and half of it for short ones."""
     return windows_of(max(1, window // 2) if window > 0 else 0, max(0, window), 0)
 
@@ -77,7 +69,7 @@ def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
     starts at `model.attn.scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
     attns = [b.attn for b in model.blocks if b.attn is not None]
     rotary = attns[0].rotary
-    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg), layout="half")
+    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg))
     cos, sin = rotary_tables(freqs, rotary.cos.size(0))  # on the host; copied to the buffers' device
     with torch.no_grad():
         rotary.cos.copy_(cos)
@@ -109,15 +101,14 @@ class Packed:
 
     def near(self, window: int) -> Tensor:
         """(1, T, T): keys in (t − window, t] of t's document (bounds from `cu_seqlens`)."""
-        pos = torch.arange(self.length, device=self.cu_seqlens.device)
-        docs = torch.bucketize(pos, self.cu_seqlens[1:].to(pos.dtype), right=True)[None]
+        docs = doc_ids_from_cu(self.cu_seqlens, self.length)[None]
         return near_keys(docs, docs, 0, window)
 
 
 def contexts(model: torch.nn.Module, idx: Tensor, cu_seqlens: Tensor) -> list[Packed | None]:
     """Per layer, its varlen attention context (None without attention)."""
     assert idx.size(0) == 1, "varlen batches are one packed row"
-    w: VarlenWindows = model.varlen_windows
+    w: StepWindows = model.varlen_windows
     T = idx.size(1)
     max_seqlen = min(T, w.max_doc_len) if model.training and w.max_doc_len > 0 else T
     window = {"L": w.long, "S": w.short}
@@ -133,7 +124,7 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
     cfg = model.cfg
     docs = document_ids(tokens, cfg.eot_id)
     if cfg.attention == "varlen":
-        w: VarlenWindows = model.varlen_windows
+        w: StepWindows = model.varlen_windows
 
         def spec(window: int) -> MaskSpec:
             t = torch.tensor(window, device=tokens.device) if window > 0 else None
@@ -143,7 +134,7 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
     else:  # #26: the 0-d window tensor, block-granular
         block = cfg.attn.window_granularity == "block"
         window = model.attn_window if cfg.attn.window > 0 else None
-        long = MaskSpec(docs, window, block, BLOCK_SIZE, cfg.attn.window)
+        long = MaskSpec(docs, window, block, cfg.attn.window)
         short = dataclasses.replace(long, window=short_window(window, block)) if window is not None else long
     base = [long if s.window == "L" else short for s in model.specs]
     if not any(s.paired for s in model.specs):

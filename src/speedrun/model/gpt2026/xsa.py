@@ -6,7 +6,8 @@ unpaired attention layer); #85 on 1, 3, 4, 7 with α from its gate network. Pair
 per-token v of the head's own and never get it.
 
 #86 (PR #317) rewrote it without the normalize, (y·v)/max(‖v‖², 1e-8)·v: the same value, as
-max(‖v‖, 1e-4)² = max(‖v‖², 1e-8); `rewritten` is that form, tested equal to this one."""
+max(‖v‖, 1e-4)² = max(‖v‖², 1e-8); tests/model_refs.xsa_rewritten is that form, tested equal to this
+one."""
 
 from __future__ import annotations
 
@@ -27,9 +28,3 @@ class GatedXSA(nn.Module):
         v_hat = F.normalize(v, dim=-1, eps=1e-4)
         along = (y * v_hat).sum(-1, keepdim=True)
         return y - torch.tanh(self.alpha).type_as(y).view(1, -1, 1, 1) * along * v_hat
-
-
-def rewritten(y: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """#86's form of the same map (y, v (B, H, T, D), alpha (H,)): no normalized copy of v."""
-    share = (y * v).sum(-1, keepdim=True) / v.square().sum(-1, keepdim=True).clamp_min(1e-8)
-    return y - torch.tanh(alpha).type_as(y).view(1, -1, 1, 1) * share * v
