@@ -6,7 +6,6 @@ number is finite and >= 0 unless `Annotated[..., Range(...)]` (or a config_types
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -25,7 +24,6 @@ from speedrun.config.types import (  # noqa: F401  (canonical_key is part of thi
     dotted_fields,
     field_types,
     key_type,
-    strip_annotation,
 )
 
 NSCoefficient = Annotated[float, Range(-100, 100)]  # a Newton–Schulz polynomial coefficient
@@ -341,14 +339,6 @@ class Config:
 
 #: model config class per family: `model.family` picks one when a table or override sets it
 MODEL_FAMILIES: dict[str, type] = {"gpt2024": ModelConfig, "gpt2026": Gpt2026Config}
-
-
-def choices(key: str) -> tuple[str, ...] | None:
-    """Allowed values of a string-choice key (from its Literal type), or None for free-form fields."""
-    section, _, name = key.partition(".")
-    classes = MODEL_FAMILIES.values() if section == "model" else [sections().get(section)]
-    typ, _ = strip_annotation(next((key_type(c, name) for c in classes if c and key_type(c, name)), None))
-    return typing.get_args(typ) if typing.get_origin(typ) is Literal else None
 
 
 def check_fields(cfg: Config) -> None:

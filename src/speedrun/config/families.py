@@ -106,11 +106,7 @@ def _check_gpt2026(cfg: Config) -> None:
 
 def _check_gpt2024(cfg: Config) -> None:
     """Checks of the gpt2024 family's switches (model/gpt2024/model.py, model/attention.py)."""
-    m = cfg.model
-    if m.window < 0 or m.window_unit <= 0 or m.window_warmup_start < 0:
-        raise ConfigError(
-            "model.window, model.window_unit and model.window_warmup_start must not be negative"
-        )
+    m = cfg.model  # (its numbers are >= 0 and window_unit >= 1 already: config.check_fields ran first)
     if m.window > MAX_SEQ_LEN:  # positions are int32 (config_types.MAX_SEQ_LEN)
         raise ConfigError(f"model.window must be at most {MAX_SEQ_LEN:,} tokens, got {m.window:,}")
     if m.window_warmup != "none" and 0 < m.window < m.window_unit:  # the first window is one unit
@@ -151,8 +147,6 @@ def _check_gpt2024(cfg: Config) -> None:
         raise ConfigError(
             "model.pad_embeddings=false and model.embed_dtype=bf16 need model.tie_embeddings=false"
         )
-    if m.attn_scale < 0 or m.logit_softcap < 0:
-        raise ConfigError("model.attn_scale and model.logit_softcap must not be negative")
     if m.cgi_gain_alpha and (m.norm != "rmsnorm-gain" or m.no_attention_layers or m.n_embd % m.n_head):
         raise ConfigError(
             "model.cgi_gain_alpha (#46's CGI gain init) needs model.norm=rmsnorm-gain and attention in "

@@ -73,20 +73,16 @@ class Gpt2026Config:
     init: InitConfig = field(default_factory=InitConfig)
 
 
-def _flat_map() -> dict[str, tuple[str, str]]:
-    """Old flat key (without `model.`) → (part, field), from each part's fields and its `FLAT` renames; a
-    field the part maps to None came after the parts, so no old file has a flat name for it."""
-    out = {}
-    for part in PARTS:
-        cls = type(getattr(Gpt2026Config(), part))
-        for f in fields(cls):
-            if name := cls.FLAT.get(f.name, f.name):
-                out[name] = (part, f.name)
-    return out
-
-
-#: `model.mudd_sources` → ("mudd", "sources"): the one converter of flat keys (config_files applies it)
-FLAT: dict[str, tuple[str, str]] = _flat_map()
+#: old flat key (without `model.`) → (part, field), `model.mudd_sources` → ("mudd", "sources"), from each
+#: part's fields and its `FLAT` renames (a field mapped to None came after the parts: no old file names it);
+#: the one converter of flat keys (config_files applies it)
+FLAT: dict[str, tuple[str, str]] = {
+    name: (part.name, f.name)
+    for part in fields(Gpt2026Config)
+    if part.name in PARTS
+    for f in fields(part.default_factory)
+    if (name := part.default_factory.FLAT.get(f.name, f.name))
+}
 Gpt2026Config.FLAT_KEYS = FLAT  # what config.canonical_key reads of any family's config class
 
 

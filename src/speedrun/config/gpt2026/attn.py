@@ -76,5 +76,4 @@ def qk_width(m: Any) -> int:
 def attention_scale(m: Any) -> float:
     """The attention logit scale before YaRN: model.attn.scale, times √(V width / Q/K width) with #344's
     narrower Q/K (0.1·√(128/96)), which keeps the logits' size as the dot products get fewer terms."""
-    a, v = m.attn, m.n_embd // m.n_head
-    return a.scale * math.sqrt(v / a.qk_head_dim) if a.qk_head_dim else a.scale
+    return m.attn.scale * math.sqrt(m.n_embd // m.n_head / qk_width(m))  # (× 1.0 exactly when as wide)
