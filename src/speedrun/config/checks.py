@@ -63,16 +63,13 @@ def validate(cfg: Config) -> None:
         )
     if (f.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
-    if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
+    # the source names the data folder (with data.dir it is only a label); gpt2 is the one named tokenizer
+    named = [("source", check_source)] * (not cfg.data.dir)
+    for name, check in named + [("tokenizer", parse_bpe_size)] * (cfg.data.tokenizer != "gpt2"):
         try:
-            check_source(cfg.data.source)
+            check(getattr(cfg.data, name))
         except ConfigError as e:
-            raise ConfigError(f"data.source: {e}") from None
-    if cfg.data.tokenizer != "gpt2":
-        try:
-            parse_bpe_size(cfg.data.tokenizer)
-        except ConfigError as e:
-            raise ConfigError(f"data.tokenizer: {e}") from None
+            raise ConfigError(f"data.{name}: {e}") from None
     _check_document_loader(cfg)
     check_stages(cfg)
     config_family(m).check(cfg)
@@ -161,9 +158,8 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    n_tables = f.value_tables
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
+    embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + f.value_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
     if weights > memory:
         raise ConfigError(

@@ -242,7 +242,6 @@ def check_stages(cfg: Config) -> None:
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d, f = cfg.model, cfg.train, cfg.data, model_facts(cfg.model)
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
-    yarn, mtp = f.yarn, f.mtp
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -251,17 +250,17 @@ def check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if yarn and not (staged and f.rope_half_truncated and f.rope_precision in ("auto", "fp32", "bf16")):
+    if f.yarn and not (staged and f.rope_half_truncated and f.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true "
             "with model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
-    if yarn and f.attn_scale <= 0:
+    if f.yarn and f.attn_scale <= 0:
         raise ConfigError(
             "model.attn.yarn needs model.attn.scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
-        if mtp > 1:
+        if f.mtp > 1:
             raise ConfigError(
                 "model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages"
             )
@@ -269,7 +268,7 @@ def check_stages(cfg: Config) -> None:
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
     weights = max(len(s.mtp_start) for s in plan.stages)
-    if weights > max(1, mtp):
+    if weights > max(1, f.mtp):
         raise ConfigError(
             f"train.stages weighs {weights} predicted tokens (mtp=): model.head.mtp must be at least "
             f"{weights}"
@@ -300,22 +299,21 @@ def check_stages(cfg: Config) -> None:
 def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
     """Refuse what a plan would silently override or leave without effect (issue 27)."""
     t, d, f = cfg.train, cfg.data, model_facts(cfg.model)
-    yarn, mtp = f.yarn, f.mtp
     if d.max_doc_len != DataConfig().max_doc_len:  # a recipe's or the user's
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
             "sets the longest document"
         )
-    if plan.val_yarn_window and not yarn:
+    if plan.val_yarn_window and not f.yarn:
         raise ConfigError(
             f"train.stages: yarn={plan.val_yarn_window} rescales YaRN for the final validation: it needs "
             "model.attn.yarn=true"
         )
     for i, s in enumerate(plan.stages):
-        if mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
+        if f.mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
             raise ConfigError(
                 f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.head.mtp >= 2 "
-                f"(model.head.mtp is {mtp})"
+                f"(model.head.mtp is {f.mtp})"
             )
         if not any(s.mtp_start) or not any(s.mtp_end):
             raise ConfigError(
