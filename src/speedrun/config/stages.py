@@ -116,9 +116,14 @@ def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
 
 
 def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
-    """Windows in blocks: `S/L` → (S, L), `L` alone → (0, L)."""
+    """Windows in blocks: `S/L` → (S, L) with 1 <= S <= L, `L` alone → (0, L) (not for `windows`)."""
     short, sep, long = text.rpartition("/")
-    return int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+    pair = int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+    if (sep or key == "windows") and not 1 <= pair[0] <= pair[1]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: {key}={text} must be SHORT/LONG blocks, 1 <= SHORT <= LONG"
+        )
+    return pair
 
 
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
@@ -142,11 +147,6 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     if missing := sorted(required - set(fields)):
         raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
     windows = _blocks("windows", fields["windows"], entry)
-    if not 1 <= windows[0] <= windows[1]:
-        raise ConfigError(
-            f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
-            f"got {fields['windows']!r}"
-        )
     weights: dict[str, tuple[float, ...]] = _mtp(fields["mtp"], entry) if "mtp" in fields else {}
     if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
         start, _, end = fields["prefix"].partition(">")
@@ -168,8 +168,6 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
         raise ConfigError(
             f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
         )
-    if "/" in fields.get("val", "") and not 1 <= short_val <= val:
-        raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
     if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
             f"train.stages: yarn={yarn} (the window YaRN rescales to at most) must not exceed the final "
