@@ -16,20 +16,6 @@ from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
 
 
-def _check_document_loader(cfg: Config) -> None:
-    """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
-    d, t = cfg.data, cfg.train
-    if d.loader != "documents":
-        return
-    if t.seq_len != t.micro_batch_tokens:
-        raise ConfigError(
-            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
-            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
-        )
-    if d.max_docs == 1:
-        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
-
-
 def validate(cfg: Config) -> None:
     """Every field against its declared type and range first (config.check_fields, so nothing below
     divides by zero or compares with nan), then the rules between fields that do not depend on the
@@ -70,7 +56,14 @@ def validate(cfg: Config) -> None:
             check(getattr(cfg.data, name))
         except ConfigError as e:
             raise ConfigError(f"data.{name}: {e}") from None
-    _check_document_loader(cfg)
+    documents = cfg.data.loader == "documents"  # it reads a step as global / micro rows (issue 20)
+    if documents and t.seq_len != t.micro_batch_tokens:
+        raise ConfigError(
+            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
+            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
+        )
+    if documents and cfg.data.max_docs == 1:
+        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
     check_stages(cfg)
     config_family(m).check(cfg)
     _validate_normuon(cfg)
