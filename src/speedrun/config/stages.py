@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from speedrun.config import Config, DataConfig, TrainConfig
 from speedrun.config.families import model_facts
@@ -77,15 +78,11 @@ def stage_plan(cfg: Config) -> StagePlan | None:
     t, o = cfg.train, cfg.optim
     if not t.stages.strip():
         return None
-    momentum = (
-        o.muon_momentum_start,
-        o.muon_momentum,
-        o.muon_momentum_warmup_steps,
-        o.muon_momentum_cooldown_steps,
-    )
     return parse_stages(
-        t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, t.cooldown_start,
-        t.stage_bounds == "fraction",
+        t.stages, t.steps, cooldown_frac=t.warmdown_frac, lr_floor=t.final_lr_frac,
+        cooldown_form=t.cooldown_start, fraction_bounds=t.stage_bounds == "fraction",
+        momentum_min=o.muon_momentum_start, momentum_max=o.muon_momentum,
+        momentum_warmup=o.muon_momentum_warmup_steps, momentum_cooldown=o.muon_momentum_cooldown_steps,
     )  # fmt: skip
 
 
@@ -126,9 +123,9 @@ def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
     return pair
 
 
-def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
-    """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
-    windows, 0 where not given)."""
+def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int]]:
+    """One `key=value ...` entry → (Stage, extension steps, the final validation's long, short and YaRN
+    windows as StagePlan fields, 0 where not given)."""
     allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix"} | (
         {"ext", "val", "yarn"} if last else {"frac"}
     )
@@ -173,19 +170,11 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
             f"train.stages: yarn={yarn} (the window YaRN rescales to at most) must not exceed the final "
             f"validation's long window ({max(val, windows[1])})"
         )
-    return stage, ext, (val, short_val, yarn)
+    return stage, ext, {"val_long_window": val, "val_short_window": short_val, "val_yarn_window": yarn}
 
 
 @functools.cache
-def parse_stages(
-    text: str,
-    steps: int,
-    cooldown_frac: float,
-    lr_floor: float,
-    momentum: tuple[float, float, int, int],
-    cooldown_form: str = "int",
-    fraction_bounds: bool = False,
-) -> StagePlan:
+def parse_stages(text: str, steps: int, **constants: Any) -> StagePlan:
     """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
 
     Stages are separated by `;`. A scheduled stage: `tokens=N` (per step), `windows=S/L` (128-token
@@ -193,15 +182,17 @@ def parse_stages(
     cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1) and `prefix=` (#88, as mtp). The
     last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
     (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to, which also caps
-    the stages': the medium record's 13)."""
-    assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
+    the stages': the medium record's 13). `constants`: the plan's other fields, from the rest of the
+    config (StagePlan's defaults for those not given)."""
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
     parsed = [_stage(e, i, i == len(entries) - 1) for i, e in enumerate(entries)]
     stages = tuple(p[0] for p in parsed)
-    ext, (val, val_short, val_yarn) = parsed[-1][1], parsed[-1][2]
+    ext = parsed[-1][1]
     scheduled = steps - ext
+    plan = StagePlan(stages, scheduled, ext, **parsed[-1][2], **constants)
+    assert plan.cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {plan.cooldown_form!r}"
     if scheduled < len(stages) - 1:
         raise ConfigError(
             f"train.stages: ext={ext} leaves {scheduled} of train.steps ({steps}) for "
@@ -210,25 +201,18 @@ def parse_stages(
     ends, acc = [0], 0.0
     for i, stage in enumerate(stages[:-1]):
         acc += stage.duration
-        ends.append(boundary(acc, scheduled, fraction_bounds))
+        ends.append(boundary(acc, scheduled, plan.fraction_bounds))
         if ends[-1] <= ends[-2]:
             raise ConfigError(
                 f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
             )
     if abs(acc - 1) > 1e-9 or ends[-1] != scheduled:  # the sum, not its rounding to steps (0.97 is no 1)
         raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:.10g}, not 1")
-    if not 0 < cooldown_frac <= 1:
+    if not 0 < plan.cooldown_frac <= 1:
         raise ConfigError(
             "train.stages needs train.warmdown_frac > 0 (the cool-down's share of the scheduled steps)"
         )
-    low, high, warmup, cooldown = momentum
-    return StagePlan(
-        stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
-        lr_floor=lr_floor, cooldown_form=cooldown_form, fraction_bounds=fraction_bounds,
-        val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
-        momentum_min=low, momentum_max=high,
-        momentum_warmup=warmup, momentum_cooldown=cooldown,
-    )  # fmt: skip
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------------
