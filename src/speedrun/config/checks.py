@@ -85,18 +85,12 @@ def _value(cfg: Config, key: str) -> object:
     return getattr(getattr(cfg, section), name)
 
 
-def _switch_on(cfg: Config, switch: str) -> bool:
-    """Whether `switch` (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY", "S1 or S2") is on."""
-    for alt in switch.split(" or "):
-        key, _, values = alt.removeprefix("!").partition("=")
-        value = _value(cfg, key)
-        if values:
-            on = str(value) in values.split("|")
-        else:
-            on = bool(value.strip() if isinstance(value, str) else value)  # a blank train.stages is unset
-        if on != alt.startswith("!"):
-            return True
-    return False
+def _alt_on(cfg: Config, alt: str) -> bool:
+    """Whether one alternative of a switch (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY") is on."""
+    key, _, values = alt.removeprefix("!").partition("=")
+    value = _value(cfg, key)
+    blank = isinstance(value, str) and not value.strip()  # a blank train.stages is unset
+    return (str(value) in values.split("|") if values else bool(value) and not blank) != alt.startswith("!")
 
 
 def _shown(value: object) -> str:
@@ -121,7 +115,7 @@ def check_subkeys(cfg: Config) -> None:
             for switch in switches:
                 alts = switch.split(" or ")
                 keys = [alt.removeprefix("!").partition("=")[0] for alt in alts]
-                if _switch_on(cfg, switch) or (key not in cfg.fixed and cfg.fixed & set(keys)):
+                if any(_alt_on(cfg, alt) for alt in alts) or (key not in cfg.fixed and cfg.fixed & set(keys)):
                     continue
                 now = ", ".join(f"{k}={_shown(_value(cfg, k))}" for k in keys)
                 wanted = " or ".join(
