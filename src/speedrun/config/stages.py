@@ -265,22 +265,7 @@ def check_stages(cfg: Config) -> None:
             "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
             "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
         )
-    _check_plan_acts(cfg, plan)
-    rows = t.document_rows
-    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
-        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
-    for i, stage in enumerate(plan.stages):
-        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
-            raise ConfigError(
-                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
-                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
-                f"model.max_seq_len ({m.max_seq_len}) tokens"
-            )
-
-
-def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
-    """Refuse what a plan would silently override or leave without effect (issue 27)."""
-    t, d, f = cfg.train, cfg.data, model_facts(cfg.model)
+    # what the plan would silently override or leave without effect (issue 27)
     if d.max_doc_len != DataConfig().max_doc_len:  # a recipe's or the user's
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
@@ -310,3 +295,13 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
             f"{', '.join(f'{n:,}' for n in tokens)}): give one of them, which train.micro_batch_tokens "
             "divides into a step's rows"
         )
+    rows = t.document_rows
+    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
+        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
+    for i, stage in enumerate(plan.stages):
+        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
+                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
+                f"model.max_seq_len ({m.max_seq_len}) tokens"
+            )
