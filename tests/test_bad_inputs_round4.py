@@ -12,12 +12,12 @@ from speedrun.config.types import FP32_MAX, MAX_SEQ_LEN
 from speedrun.errors import ConfigError
 from tests.conftest import TINY, run_speedrun
 
-MOMENTUM = (0.85, 0.95, 4, 3)
+MOMENTUM = {"momentum_min": 0.85, "momentum_max": 0.95, "momentum_warmup": 4, "momentum_cooldown": 3}
 EXT = "tokens=128 windows=1/1 ext=2"
 
 
 def plan(text: str, steps: int = 14):
-    return parse_stages(text, steps, 0.5, 0.15, MOMENTUM)
+    return parse_stages(text, steps, cooldown_frac=0.5, lr_floor=0.15, **MOMENTUM)
 
 
 @pytest.mark.parametrize(

@@ -115,6 +115,13 @@ def test_cross_field_validation():
         load_recipe("demo", ["train.micro_batch_tokens=1000"])
     with pytest.raises(ConfigError, match="divisible by model.n_head"):
         load_recipe("demo", ["model.n_head=3"])
+    documents = ["data.loader=documents"]  # one row per micro-batch (issue 20)
+    with pytest.raises(ConfigError, match=r"train.seq_len \(256\) must equal train.micro_batch_tokens"):
+        load_recipe("demo", documents)
+    rows = [*documents, "train.micro_batch_tokens=256", "train.global_batch_tokens=8192"]
+    load_recipe("demo", rows)
+    with pytest.raises(ConfigError, match="data.max_docs must be 0"):
+        load_recipe("demo", [*rows, "data.max_docs=1"])
 
 
 def test_bundled_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):

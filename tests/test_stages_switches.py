@@ -113,7 +113,7 @@ def test_the_model_trains_on_the_mtp_loss_and_validates_on_plain_cross_entropy()
 
 def test_rounded_bounds_would_start_the_third_stage_a_step_early():
     """Why `train.stage_bounds=fraction`: round(2/3 · 1880) = 1253, #53's int(3·s/N) changes at 1254."""
-    rounded = parse_stages(PLAN_53, N + EXT, 0.55, 0.1, (0.85, 0.95, 300, 50), "fraction", False)
+    rounded = parse_stages(PLAN_53, N + EXT, cooldown_frac=0.55, lr_floor=0.1, cooldown_form="fraction")
     assert stage_values(1253, rounded).batch_tokens == BS[2] != record_bs_ws(1253)[0]
 
 

@@ -307,8 +307,10 @@ def test_the_documented_stage_plan_is_todays_record():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "recipes.md").read_text()
     block = doc.split("## Training stages", 1)[1].split("```toml", 1)[1].split("```", 1)[0]
     t = tomllib.loads(block)["train"]
-    momentum = (0.85, 0.95, 300, 50)
-    plan = parse_stages(t["stages"], t["steps"], t["warmdown_frac"], t["final_lr_frac"], momentum)
+    momentum = {"momentum_min": 0.85, "momentum_max": 0.95, "momentum_warmup": 300, "momentum_cooldown": 50}
+    plan = parse_stages(
+        t["stages"], t["steps"], cooldown_frac=t["warmdown_frac"], lr_floor=t["final_lr_frac"], **momentum
+    )
     no_mtp = [replace(s, mtp_start=(1.0,), mtp_end=(1.0,)) for s in STAGES_2026_07.stages]
     assert plan == replace(STAGES_2026_07, stages=tuple(no_mtp))
     assert t["global_batch_tokens"] // t["micro_batch_tokens"] == 8

@@ -14,7 +14,7 @@ import torch
 
 from speedrun.cli import main
 from speedrun.config import OptimConfig, field_types, sections
-from speedrun.config.checks import ADAMW_READS, _switch_on
+from speedrun.config.checks import ADAMW_READS, _alt_on
 from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
@@ -75,7 +75,7 @@ def _base(section: str, name: str) -> tuple[str, str]:
             continue  # another family's model
         if cfg.optim.name == "adamw" and section == "optim" and name not in ADAMW_READS:
             continue
-        off = [s for s in NEEDS[type(obj)][name] if not _switch_on(cfg, s)]
+        off = [s for s in NEEDS[type(obj)][name] if not any(_alt_on(cfg, a) for a in s.split(" or "))]
         if off:
             return recipe, off[0].split(" or ")[0].removeprefix("!").partition("=")[0]
     raise AssertionError(f"no recipe in {RECIPES} leaves {section}.{name}'s switch off")

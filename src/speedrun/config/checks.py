@@ -16,20 +16,6 @@ from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
 
 
-def _check_document_loader(cfg: Config) -> None:
-    """The document loader reads a step as global / micro rows of `micro_batch_tokens` (issue 20)."""
-    d, t = cfg.data, cfg.train
-    if d.loader != "documents":
-        return
-    if t.seq_len != t.micro_batch_tokens:
-        raise ConfigError(
-            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
-            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
-        )
-    if d.max_docs == 1:
-        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
-
-
 def validate(cfg: Config) -> None:
     """Every field against its declared type and range first (config.check_fields, so nothing below
     divides by zero or compares with nan), then the rules between fields that do not depend on the
@@ -63,17 +49,21 @@ def validate(cfg: Config) -> None:
         )
     if (f.document_mask or m.attention == "varlen") and m.eot_id >= m.vocab_size:
         raise ConfigError(f"model.eot_id ({m.eot_id}) must be below model.vocab_size ({m.vocab_size})")
-    if not cfg.data.dir:  # the source names the data folder (with data.dir it is only a label)
+    # the source names the data folder (with data.dir it is only a label); gpt2 is the one named tokenizer
+    named = [("source", check_source)] * (not cfg.data.dir)
+    for name, check in named + [("tokenizer", parse_bpe_size)] * (cfg.data.tokenizer != "gpt2"):
         try:
-            check_source(cfg.data.source)
+            check(getattr(cfg.data, name))
         except ConfigError as e:
-            raise ConfigError(f"data.source: {e}") from None
-    if cfg.data.tokenizer != "gpt2":
-        try:
-            parse_bpe_size(cfg.data.tokenizer)
-        except ConfigError as e:
-            raise ConfigError(f"data.tokenizer: {e}") from None
-    _check_document_loader(cfg)
+            raise ConfigError(f"data.{name}: {e}") from None
+    documents = cfg.data.loader == "documents"  # it reads a step as global / micro rows (issue 20)
+    if documents and t.seq_len != t.micro_batch_tokens:
+        raise ConfigError(
+            f"data.loader=documents reads one row per micro-batch: train.seq_len ({t.seq_len}) must equal "
+            f"train.micro_batch_tokens ({t.micro_batch_tokens})"
+        )
+    if documents and cfg.data.max_docs == 1:
+        raise ConfigError("data.max_docs must be 0 (the records' table) or at least 2")
     check_stages(cfg)
     config_family(m).check(cfg)
     _validate_normuon(cfg)
@@ -95,18 +85,12 @@ def _value(cfg: Config, key: str) -> object:
     return getattr(getattr(cfg, section), name)
 
 
-def _switch_on(cfg: Config, switch: str) -> bool:
-    """Whether `switch` (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY", "S1 or S2") is on."""
-    for alt in switch.split(" or "):
-        key, _, values = alt.removeprefix("!").partition("=")
-        value = _value(cfg, key)
-        if values:
-            on = str(value) in values.split("|")
-        else:
-            on = bool(value.strip() if isinstance(value, str) else value)  # a blank train.stages is unset
-        if on != alt.startswith("!"):
-            return True
-    return False
+def _alt_on(cfg: Config, alt: str) -> bool:
+    """Whether one alternative of a switch (config/subkeys.py's form: "KEY", "KEY=A|B", "!KEY") is on."""
+    key, _, values = alt.removeprefix("!").partition("=")
+    value = _value(cfg, key)
+    blank = isinstance(value, str) and not value.strip()  # a blank train.stages is unset
+    return (str(value) in values.split("|") if values else bool(value) and not blank) != alt.startswith("!")
 
 
 def _shown(value: object) -> str:
@@ -131,7 +115,7 @@ def check_subkeys(cfg: Config) -> None:
             for switch in switches:
                 alts = switch.split(" or ")
                 keys = [alt.removeprefix("!").partition("=")[0] for alt in alts]
-                if _switch_on(cfg, switch) or (key not in cfg.fixed and cfg.fixed & set(keys)):
+                if any(_alt_on(cfg, alt) for alt in alts) or (key not in cfg.fixed and cfg.fixed & set(keys)):
                     continue
                 now = ", ".join(f"{k}={_shown(_value(cfg, k))}" for k in keys)
                 wanted = " or ".join(
@@ -161,9 +145,8 @@ def _check_memory(m: ModelConfig) -> None:
             f"more than this machine's {memory / 2**30:,.1f} GiB of memory"
         )
     rows = -(-m.vocab_size // m.pad_vocab_to) * m.pad_vocab_to
-    n_tables = f.value_tables
     blocks = m.n_layer * (4 + 2 * m.mlp_ratio) * m.n_embd**2
-    embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + n_tables * rows * m.n_embd
+    embeddings = (1 if f.tie_embeddings else 2) * rows * m.n_embd + f.value_tables * rows * m.n_embd
     weights = 4 * (blocks + embeddings) + positions
     if weights > memory:
         raise ConfigError(

@@ -77,15 +77,17 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
     for key, value in table.items():
         if isinstance(value, dict) and key not in sections():
             raise ConfigError(f"{origin}: unknown config section '{key}'")
-    if isinstance(table.get("model"), dict) and "family" in table["model"]:
-        _switch_family(cfg, table["model"], origin)
+    _switch_family(cfg, table.get("model"), origin)
     for key, value in flatten(table, rows=False).items():
         set_value(cfg, key, value)
 
 
-def _switch_family(cfg: Config, model: dict[str, Any], origin: str) -> None:
+def _switch_family(cfg: Config, model: Any, origin: str) -> None:
     """`model.family` naming another family starts that family's model from its defaults (it inherits
-    nothing of the model before), so the same table or command line must give model keys beside it."""
+    nothing of the model before), so the same table or command line must give model keys beside it.
+    `model`: the model table (anything else, or one without a family, changes nothing)."""
+    if not isinstance(model, dict) or "family" not in model:
+        return
     family = coerce("model.family", model["family"], field_types(type(cfg.model))["family"])
     if family == cfg.model.family:
         return
@@ -107,8 +109,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
             raise ConfigError(f"override '{item}' is not of the form key=value")
         pairs.append((key.strip(), value.strip()))
     model = {k.partition(".")[2]: v for k, v in pairs if k.startswith("model.")}
-    if "family" in model:
-        _switch_family(cfg, model, "the command line")
+    _switch_family(cfg, model, "the command line")
     for key, value in pairs:
         set_value(cfg, key, value)
         cfg.fixed |= {canonical_key(cfg.model, key)}
@@ -184,9 +185,8 @@ def check_resume(
         old.train.time_budget_s > 0 and new.train.time_budget_s == 0 and new.train.steps <= old.train.steps
     )
     allowed = RESUMABLE_CHANGES + (("train.steps", "train.time_budget_s") if fixed else ())
-    for key, before, after in changes:
-        if key not in allowed:
-            raise refuse(key, before, after)
+    if refused := [change for change in changes if change[0] not in allowed]:
+        raise refuse(*refused[0])
     return changes
 
 

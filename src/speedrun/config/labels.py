@@ -105,14 +105,14 @@ KEY_TYPES: dict[str, Any] = field_types(LabelRow)
 def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
     """``[optim.labels]`` (a TOML table, or JSON text from the command line) as {label: {key: value}},
     every label, key and value checked; the rows stay as stated (``label_table`` resolves them)."""
-    value = _json(key, value)
+    value = from_json(key, value, "a table (write it as JSON)")
     if not isinstance(value, dict):
         raise ConfigError(
             f'{key}: expected a table of label rows, e.g. embed = {{ rule = "adam" }}, got {value!r}'
         )
     out: dict[str, dict[str, Any]] = {}
     for label, row in value.items():
-        row = _json(f"{key}.{label}", row)
+        row = from_json(f"{key}.{label}", row, "a table (write it as JSON)")
         if label not in LABELS:
             raise ConfigError(
                 f"{key}: unknown label {label!r}{did_you_mean(label, LABELS)} (labels: {', '.join(LABELS)})"
@@ -133,13 +133,6 @@ def parse_rows(key: str, value: Any) -> dict[str, dict[str, Any]]:
                 f"{key}.{label}.group: {group!r} is not a label (an Adam group is named after its owner)"
             )
     return out
-
-
-def _json(key: str, value: Any) -> Any:
-    """A table given as text on the command line (JSON); anything else as it is."""
-    if not (isinstance(value, str) and value.lstrip().startswith("{")):
-        return value
-    return from_json(key, value, "a table (write it as JSON)")
 
 
 def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from speedrun.config import Config, DataConfig, TrainConfig
 from speedrun.config.families import model_facts
@@ -77,15 +78,11 @@ def stage_plan(cfg: Config) -> StagePlan | None:
     t, o = cfg.train, cfg.optim
     if not t.stages.strip():
         return None
-    momentum = (
-        o.muon_momentum_start,
-        o.muon_momentum,
-        o.muon_momentum_warmup_steps,
-        o.muon_momentum_cooldown_steps,
-    )
     return parse_stages(
-        t.stages, t.steps, t.warmdown_frac, t.final_lr_frac, momentum, t.cooldown_start,
-        t.stage_bounds == "fraction",
+        t.stages, t.steps, cooldown_frac=t.warmdown_frac, lr_floor=t.final_lr_frac,
+        cooldown_form=t.cooldown_start, fraction_bounds=t.stage_bounds == "fraction",
+        momentum_min=o.muon_momentum_start, momentum_max=o.muon_momentum,
+        momentum_warmup=o.muon_momentum_warmup_steps, momentum_cooldown=o.muon_momentum_cooldown_steps,
     )  # fmt: skip
 
 
@@ -116,14 +113,19 @@ def _mtp(text: str, entry: int) -> dict[str, tuple[float, ...]]:
 
 
 def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
-    """Windows in blocks: `S/L` → (S, L), `L` alone → (0, L)."""
+    """Windows in blocks: `S/L` → (S, L) with 1 <= S <= L, `L` alone → (0, L) (not for `windows`)."""
     short, sep, long = text.rpartition("/")
-    return int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+    pair = int(_number(key, short, int, entry)) if sep else 0, int(_number(key, long, int, entry))
+    if (sep or key == "windows") and not 1 <= pair[0] <= pair[1]:
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: {key}={text} must be SHORT/LONG blocks, 1 <= SHORT <= LONG"
+        )
+    return pair
 
 
-def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, int, int]]:
-    """One `key=value ...` entry → (Stage, extension steps, the final validation's (long, short, YaRN)
-    windows, 0 where not given)."""
+def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int]]:
+    """One `key=value ...` entry → (Stage, extension steps, the final validation's long, short and YaRN
+    windows as StagePlan fields, 0 where not given)."""
     allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix"} | (
         {"ext", "val", "yarn"} if last else {"frac"}
     )
@@ -142,11 +144,6 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
     if missing := sorted(required - set(fields)):
         raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
     windows = _blocks("windows", fields["windows"], entry)
-    if not 1 <= windows[0] <= windows[1]:
-        raise ConfigError(
-            f"train.stages: stage {entry + 1}: windows must be SHORT/LONG blocks with 1 <= SHORT <= LONG, "
-            f"got {fields['windows']!r}"
-        )
     weights: dict[str, tuple[float, ...]] = _mtp(fields["mtp"], entry) if "mtp" in fields else {}
     if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
         start, _, end = fields["prefix"].partition(">")
@@ -168,26 +165,16 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, tuple[int, in
         raise ConfigError(
             f"train.stages: val={val} must not be below the last stage's long window ({windows[1]})"
         )
-    if "/" in fields.get("val", "") and not 1 <= short_val <= val:
-        raise ConfigError(f"train.stages: val={fields['val']} must be SHORT/LONG blocks, 1 <= SHORT <= LONG")
     if yarn and not yarn <= max(val, windows[1]):
         raise ConfigError(
             f"train.stages: yarn={yarn} (the window YaRN rescales to at most) must not exceed the final "
             f"validation's long window ({max(val, windows[1])})"
         )
-    return stage, ext, (val, short_val, yarn)
+    return stage, ext, {"val_long_window": val, "val_short_window": short_val, "val_yarn_window": yarn}
 
 
 @functools.cache
-def parse_stages(
-    text: str,
-    steps: int,
-    cooldown_frac: float,
-    lr_floor: float,
-    momentum: tuple[float, float, int, int],
-    cooldown_form: str = "int",
-    fraction_bounds: bool = False,
-) -> StagePlan:
+def parse_stages(text: str, steps: int, **constants: Any) -> StagePlan:
     """`train.stages` → StagePlan; every mistake is one ConfigError naming the stage and the key.
 
     Stages are separated by `;`. A scheduled stage: `tokens=N` (per step), `windows=S/L` (128-token
@@ -195,15 +182,17 @@ def parse_stages(
     cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1) and `prefix=` (#88, as mtp). The
     last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
     (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to, which also caps
-    the stages': the medium record's 13)."""
-    assert cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {cooldown_form!r} (was a bool)"
+    the stages': the medium record's 13). `constants`: the plan's other fields, from the rest of the
+    config (StagePlan's defaults for those not given)."""
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
     parsed = [_stage(e, i, i == len(entries) - 1) for i, e in enumerate(entries)]
     stages = tuple(p[0] for p in parsed)
-    ext, (val, val_short, val_yarn) = parsed[-1][1], parsed[-1][2]
+    ext = parsed[-1][1]
     scheduled = steps - ext
+    plan = StagePlan(stages, scheduled, ext, **parsed[-1][2], **constants)
+    assert plan.cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {plan.cooldown_form!r}"
     if scheduled < len(stages) - 1:
         raise ConfigError(
             f"train.stages: ext={ext} leaves {scheduled} of train.steps ({steps}) for "
@@ -212,25 +201,18 @@ def parse_stages(
     ends, acc = [0], 0.0
     for i, stage in enumerate(stages[:-1]):
         acc += stage.duration
-        ends.append(boundary(acc, scheduled, fraction_bounds))
+        ends.append(boundary(acc, scheduled, plan.fraction_bounds))
         if ends[-1] <= ends[-2]:
             raise ConfigError(
                 f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
             )
     if abs(acc - 1) > 1e-9 or ends[-1] != scheduled:  # the sum, not its rounding to steps (0.97 is no 1)
         raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:.10g}, not 1")
-    if not 0 < cooldown_frac <= 1:
+    if not 0 < plan.cooldown_frac <= 1:
         raise ConfigError(
             "train.stages needs train.warmdown_frac > 0 (the cool-down's share of the scheduled steps)"
         )
-    low, high, warmup, cooldown = momentum
-    return StagePlan(
-        stages=stages, scheduled_steps=scheduled, extension_steps=ext, cooldown_frac=cooldown_frac,
-        lr_floor=lr_floor, cooldown_form=cooldown_form, fraction_bounds=fraction_bounds,
-        val_long_window=val, val_short_window=val_short, val_yarn_window=val_yarn,
-        momentum_min=low, momentum_max=high,
-        momentum_warmup=warmup, momentum_cooldown=cooldown,
-    )  # fmt: skip
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -242,7 +224,6 @@ def check_stages(cfg: Config) -> None:
     plan overrides or leaves without effect is refused when the user gave it, never ignored (issue 27)."""
     m, t, d, f = cfg.model, cfg.train, cfg.data, model_facts(cfg.model)
     staged = bool(t.stages.strip())  # blank is unset, as stage_plan reads it
-    yarn, mtp = f.yarn, f.mtp
     if m.attention == "varlen":
         if d.loader != "documents":
             raise ConfigError("model.attention=varlen needs data.loader=documents (it brings cu_seqlens)")
@@ -251,17 +232,17 @@ def check_stages(cfg: Config) -> None:
                 "model.attention=varlen takes fixed token windows (model.window_warmup=none, "
                 "window_granularity=token, window_block_list=false); train.stages changes them per stage"
             )
-    if yarn and not (staged and f.rope_half_truncated and f.rope_precision in ("auto", "fp32", "bf16")):
+    if f.yarn and not (staged and f.rope_half_truncated and f.rope_precision in ("auto", "fp32", "bf16")):
         raise ConfigError(
             "model.attn.yarn needs train.stages (the windows it follows) and model.rope_half_truncated=true "
             "with model.attn.rope_precision auto, fp32 or bf16 (#32: tables rounded to bf16)"
         )
-    if yarn and f.attn_scale <= 0:
+    if f.yarn and f.attn_scale <= 0:
         raise ConfigError(
             "model.attn.yarn needs model.attn.scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
-        if mtp > 1:
+        if f.mtp > 1:
             raise ConfigError(
                 "model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages"
             )
@@ -269,7 +250,7 @@ def check_stages(cfg: Config) -> None:
     plan = stage_plan(cfg)  # every mistake in the text itself is a ConfigError naming it
     assert plan is not None
     weights = max(len(s.mtp_start) for s in plan.stages)
-    if weights > max(1, mtp):
+    if weights > max(1, f.mtp):
         raise ConfigError(
             f"train.stages weighs {weights} predicted tokens (mtp=): model.head.mtp must be at least "
             f"{weights}"
@@ -284,38 +265,22 @@ def check_stages(cfg: Config) -> None:
             "train.warmdown_steps and train.time_budget_s must be 0 and train.schedule trapezoid "
             "(the cool-down is train.warmdown_frac to train.final_lr_frac)"
         )
-    _check_plan_acts(cfg, plan)
-    rows = t.document_rows
-    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
-        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
-    for i, stage in enumerate(plan.stages):
-        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
-            raise ConfigError(
-                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
-                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
-                f"model.max_seq_len ({m.max_seq_len}) tokens"
-            )
-
-
-def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
-    """Refuse what a plan would silently override or leave without effect (issue 27)."""
-    t, d, f = cfg.train, cfg.data, model_facts(cfg.model)
-    yarn, mtp = f.yarn, f.mtp
+    # what the plan would silently override or leave without effect (issue 27)
     if d.max_doc_len != DataConfig().max_doc_len:  # a recipe's or the user's
         raise ConfigError(
             f"data.max_doc_len ({d.max_doc_len}) has no effect under train.stages: each stage's doc=N "
             "sets the longest document"
         )
-    if plan.val_yarn_window and not yarn:
+    if plan.val_yarn_window and not f.yarn:
         raise ConfigError(
             f"train.stages: yarn={plan.val_yarn_window} rescales YaRN for the final validation: it needs "
             "model.attn.yarn=true"
         )
     for i, s in enumerate(plan.stages):
-        if mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
+        if f.mtp <= 1 and (s.mtp_start, s.mtp_end) != ((1.0,), (1.0,)):
             raise ConfigError(
                 f"train.stages: stage {i + 1}: mtp= weighs predicted tokens only with model.head.mtp >= 2 "
-                f"(model.head.mtp is {mtp})"
+                f"(model.head.mtp is {f.mtp})"
             )
         if not any(s.mtp_start) or not any(s.mtp_end):
             raise ConfigError(
@@ -330,3 +295,13 @@ def _check_plan_acts(cfg: Config, plan: StagePlan) -> None:
             f"{', '.join(f'{n:,}' for n in tokens)}): give one of them, which train.micro_batch_tokens "
             "divides into a step's rows"
         )
+    rows = t.document_rows
+    if d.doc_rule == "stream" and any(s.max_doc_len for s in plan.stages):
+        raise ConfigError("train.stages: doc=N cuts documents only with data.doc_rule=packed (#29 on)")
+    for i, stage in enumerate(plan.stages):
+        if stage.batch_tokens % rows or stage.batch_tokens // rows > m.max_seq_len:
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
+                f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
+                f"model.max_seq_len ({m.max_seq_len}) tokens"
+            )

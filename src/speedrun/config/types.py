@@ -127,12 +127,15 @@ def _parse_list(key: str, text: str) -> list:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def from_json(key: str, text: str, what: str) -> Any:
-    """A list or table given as JSON text on the command line (`[0, 2]`, `{"lr": 0.3}`)."""
+def from_json(key: str, value: Any, what: str) -> Any:
+    """A list or table given as JSON text on the command line (`[0, 2]`, `{"lr": 0.3}`); any other value
+    (a TOML table, a word) as it is."""
+    if not (isinstance(value, str) and value.lstrip()[:1] in ("[", "{")):
+        return value
     try:
-        return json.loads(text)
+        return json.loads(value)
     except ValueError:
-        raise ConfigError(f"{key}: {text!r} is not {what}") from None
+        raise ConfigError(f"{key}: {value!r} is not {what}") from None
 
 
 def _number(key: str, value: Any, typ: type) -> int | float:
