@@ -10,7 +10,7 @@ the weights back. #46: start 2,400, end 2,900, tau 150, lam 0.6.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -45,8 +45,8 @@ class TailEMA:
         if self.ema is None:
             yield False
             return
-        pairs = zip(self.params, self.ema, strict=True)
-        blend = [((1.0 - self.lam) * p.detach().to(e.dtype) + self.lam * e).to(p.dtype) for p, e in pairs]
+        pairs = zip(self.params, self.ema, strict=True)  # one blended tensor alive at a time, as before
+        blend = (((1.0 - self.lam) * p.detach().to(e.dtype) + self.lam * e).to(p.dtype) for p, e in pairs)
         with weights_set_to(self.params, blend):
             yield True
 
@@ -60,11 +60,13 @@ class TailEMA:
 
 
 @contextlib.contextmanager
-def weights_set_to(params: list[Tensor], values: list[Tensor]) -> Iterator[None]:
-    """Within the block `params` hold `values` (of their dtypes); they are restored exactly after."""
+def weights_set_to(params: list[Tensor], values: Iterable[Tensor]) -> Iterator[None]:
+    """Within the block `params` hold `values` (of their dtypes); they are restored exactly after.
+    `values` is read one tensor at a time, so a generator costs one tensor beside the stash, not a model."""
     stash = [p.detach().clone() for p in params]
     with torch.no_grad():
-        torch._foreach_copy_(params, values)
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
     try:
         yield
     finally:
