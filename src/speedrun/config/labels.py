@@ -74,6 +74,9 @@ SCALAR_LIKE = (
     "mudd_gate_bias",
 )
 HYPER = ("lr", "betas", "wd", "eps")  # an Adam group's hyperparameters
+#: The optimizers that train from the table (optim/sharded.py: NorMuon; optim/anvil.py: #92's ANVIL). Their
+#: matrix rows have rule normuon: the table's orthogonalized rule, whose update the optimizer chooses
+TABLE_OPTIMIZERS = ("normuon", "anvil")
 RULE_KEYS = {
     "adam": ("rule", "group", *HYPER),
     "muon": ("rule", "split"),
@@ -151,7 +154,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     def adam(group: str, lr: float, betas: Any = o.betas, wd: float = o.adam_weight_decay) -> LabelRow:
         return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
 
-    if o.name != "normuon":  # (Muon's one Adam: optim.betas and adam_weight_decay)
+    if o.name not in TABLE_OPTIMIZERS:  # (Muon's one Adam: optim.betas and adam_weight_decay)
         rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
@@ -269,10 +272,12 @@ def _another(o: Any, name: str) -> Any:
 def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> LabelRow:
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
-    matrix_rule = "normuon" if o.name == "normuon" else "muon"
+    matrix_rule = "normuon" if o.name in TABLE_OPTIMIZERS else "muon"
     if rule not in ("adam", matrix_rule):
+        needs = "normuon or anvil" if rule == "normuon" else rule
         raise ConfigError(
-            f"optim.labels.{label}.rule: {rule} needs optim.name = {rule} (this optimizer runs {matrix_rule})"
+            f"optim.labels.{label}.rule: {rule} needs optim.name = {needs} "
+            f"(this optimizer runs {matrix_rule})"
         )
     for k in keys:
         if k not in RULE_KEYS[rule]:

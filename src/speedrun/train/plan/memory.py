@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speedrun.config import Config
+from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import family_of
@@ -77,10 +77,10 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
         # Newton-Schulz iterates
         return state, momentum + 4 * largest + 3 * 2 * largest
     rows = build_rows(entries, world)  # normuon: state only for this rank's shard (optim/sharded.py)
-    state = 0
+    state, rails = 0, 2 if cfg.optim.name == "anvil" else 1  # ANVIL: a fast and a slow velocity
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
-        state += per_rank * (4 + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
+        state += per_rank * (4 * rails + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
         state += bank.per_rank * 4 * min(bank.shape)  # the second moment's row or column means
     for row in rows:
         if row.rule == "adam":
@@ -150,7 +150,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     weights = _nbytes(params) + _nbytes(model.buffers())
     grads = _nbytes(params)
     accumulation = max(1, t.global_batch_tokens // (world_size * t.micro_batch_tokens))
-    ddp = world_size > 1 and cfg.optim.name != "normuon"  # DDP's buckets hold the gradients always
+    ddp = world_size > 1 and cfg.optim.name not in TABLE_OPTIMIZERS  # DDP's buckets hold the gradients always
     state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
     per_token, per_logit = _activation_bytes(cfg, compiled)
     activations = per_token * t.micro_batch_tokens
