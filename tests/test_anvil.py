@@ -268,3 +268,82 @@ def test_one_process_check_runs_without_a_process_group():
     assert not dist.is_initialized()
     got = two_ranks(0, 1)
     assert got["max_rel_diff"] == 0.0 and got["least_moved"] > 0
+
+
+def test_state_dict_round_trip_continues_exactly_and_refuses_normuon_state():
+    """A fresh ANVIL loaded from a state dict taken after the engage step and mid-cycle (kept value-embed
+    gradients) continues bit for bit; a NorMuon state is refused in one line."""
+    gen = torch.Generator().manual_seed(6)
+    shapes = {"m0": (24, 8), "m1": (8, 24), "value_embed": (16, 8)}
+    grads = [{n: torch.randn(s, generator=gen) for n, s in shapes.items()} for _ in range(8)]
+    hp = {"value_embed": AdamLabel(0.05, (0.75, 0.95), 0.025, 1e-10)}
+
+    def make():
+        torch.manual_seed(0)
+        params = {n: torch.nn.Parameter(torch.randn(s)) for n, s in shapes.items()}
+        return params, _anvil(params, engage=2, adam=hp, adam_every=2, every4_from=4)
+
+    def run(params, opt, steps):
+        for g in steps:
+            for n, p in params.items():
+                p.grad = g[n].clone()
+            opt.step()
+            opt.zero_grad()
+
+    a, opt_a = make()
+    run(a, opt_a, grads)
+    b, opt_b = make()
+    run(b, opt_b, grads[:5])
+    state = opt_b.state_dict()
+    assert state["kept"] and state["format"] == "sharded-anvil-adam-1"
+    c, opt_c = make()
+    with torch.no_grad():
+        for n in c:
+            c[n].copy_(b[n])
+    opt_c.load_state_dict(state)
+    run(c, opt_c, grads[5:])
+    for n in a:
+        assert torch.equal(a[n], c[n]), n
+    with pytest.raises(ValueError, match="not sharded-anvil-adam-1"):
+        opt_c.load_state_dict({**state, "format": "sharded-normuon-adam-2"})
+
+
+def test_the_config_selects_and_checks_it():
+    from speedrun.errors import ConfigError
+    from speedrun.recipes import load_recipe
+
+    cfg = load_recipe("demo-2026", ["optim.name=anvil", "optim.value_embed_every4_from=336"])
+    assert (cfg.optim.anvil_slow_beta, cfg.optim.anvil_fast_beta) == (SLOW, FAST)
+    assert (cfg.optim.anvil_fast_weight, cfg.optim.anvil_engage_step) == (WEIGHT, ENGAGE)
+    with pytest.raises(ConfigError, match="needs optim.name=anvil"):
+        load_recipe("demo-2026", ["optim.anvil_engage_step=10"])  # a NorMuon recipe reads no ANVIL key
+    with pytest.raises(ConfigError, match="multiple of 4"):
+        load_recipe("demo-2026", ["optim.name=anvil", "optim.value_embed_every4_from=6"])
+    with pytest.raises(ConfigError, match="anvil_fast_weight"):
+        load_recipe("demo-2026", ["optim.name=anvil", "optim.anvil_fast_weight=1.5"])
+
+
+@pytest.mark.slow  # ~12 s on a busy 2-core host
+def test_demo_2026_trains_a_few_steps_with_it_shrunk(text_data, tmp_path):
+    """The whole loop on the 2026 composition with ANVIL (engage step 3, value embeddings every 4th step
+    from step 4): finite falling validation losses, and the log names the optimizer."""
+    import json
+    import math
+
+    from speedrun.recipes import load_recipe
+    from speedrun.train import loop
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    over = [f"data.dir={text_data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
+            "model.n_embd=64", "model.n_head=2", "model.bigram_rows=2048", "model.bigram_sign_rows=64",
+            "model.max_seq_len=1024", "model.window=256", "train.seq_len=1024",
+            "train.micro_batch_tokens=1024", "train.global_batch_tokens=1024", "train.steps=8",
+            "train.warmdown_steps=2", "train.val_every=4", "train.val_tokens=2048", "train.time_budget_s=0",
+            "train.budget_min_steps=0", "train.timing_warmup_steps=0", "train.dtype=fp32",
+            "optim.name=anvil", "optim.anvil_engage_step=3", "optim.value_embed_every4_from=4",
+            "optim.muon_weight_decay=2.25", "optim.normuon_beta2=0.9"]  # fmt: skip
+    loop.train(load_recipe("demo-2026", over), tmp_path / "run")
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) == 3 and all(math.isfinite(v) for v in val) and val[-1] < val[0], val
+    assert "optimizer: ANVIL on" in (tmp_path / "run" / "log.txt").read_text()
