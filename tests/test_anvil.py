@@ -319,6 +319,8 @@ def test_the_config_selects_and_checks_it():
         load_recipe("demo-2026", ["optim.anvil_engage_step=10"])  # a NorMuon recipe reads no ANVIL key
     with pytest.raises(ConfigError, match="multiple of 4"):
         load_recipe("demo-2026", ["optim.name=anvil", "optim.value_embed_every4_from=6"])
+    with pytest.raises(ConfigError, match="muon_ns_steps has no effect under optim.name=anvil"):
+        load_recipe("demo-2026", ["optim.name=anvil", "optim.muon_ns_steps=4"])
     with pytest.raises(ConfigError, match="anvil_fast_weight"):
         load_recipe("demo-2026", ["optim.name=anvil", "optim.anvil_fast_weight=1.5"])
 

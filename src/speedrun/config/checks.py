@@ -222,6 +222,13 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
     if o.name not in TABLE_OPTIMIZERS:  # its keys: config/subkeys.py
         return
+    ns_keys = ("optim.muon_backend", "optim.muon_ns_steps", "optim.muon_ns_form")
+    cascade = [k for k in ns_keys if k in cfg.fixed]
+    if o.name == "anvil" and cascade:
+        raise ConfigError(
+            f"{cascade[0]} has no effect under optim.name=anvil (its cascade is #92's six maps; "
+            "optim.muon_ns_dtype sets its precision)"
+        )
     if o.value_embed_every4_from and (o.value_embed_every4_from % 4 or o.adam_every != 2):
         raise ConfigError(
             f"optim.value_embed_every4_from ({o.value_embed_every4_from}) must be a multiple of 4 and needs "
