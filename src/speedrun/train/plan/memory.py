@@ -25,6 +25,7 @@ from speedrun.model.families import family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
+from speedrun.optim.normuon import second_moment_shape
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.train.flops import config_model
 
@@ -81,7 +82,9 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
         state += per_rank * (4 * rails + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
-        state += bank.per_rank * 4 * min(bank.shape)  # the second moment's row or column means
+        rule = bank.stats_rule(cfg.optim.normuon_square_stats)
+        moments = second_moment_shape((bank.per_rank, *bank.shape), rule)
+        state += 4 * math.prod(moments)  # the second moment's row or column means (along the longer side)
     for row in rows:
         if row.rule == "adam":
             state += 2 * 4 * row.param.numel() // (world if row.sharded and world > 1 else 1)
