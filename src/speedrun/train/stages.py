@@ -119,6 +119,15 @@ def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
 
 
+def short_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
+    """The short windows (blocks) the run has gone through up to `step`: what #92's narrow layers' YaRN
+    follows (its narrow rotary tables rescale with the short window; the final validation changes only
+    the long one)."""
+    i = stage_at(step, plan)[0]
+    history = [s.windows[0] for s in plan.stages[: i + 1]]
+    return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
+
+
 def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
     """One log line: each stage's steps, tokens (processes x micro-steps x row), document cut, windows."""
     parts = []

@@ -56,7 +56,12 @@ class GPT2026(nn.Module):
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: Q/K dims
-        self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
+        narrow = (  # #92: the narrow layers' own table, the turning half of the frequencies
+            Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision, turning_half=True)
+            if cfg.attn.narrow_layers
+            else None
+        )
+        self.blocks = nn.ModuleList(block_for(s, cfg, narrow if s.narrow_qk else rotary) for s in self.specs)
         if torch.cuda.is_available():  # the FA3 kernel lookup, an import dynamo cannot trace: before compile
             load_fa3()
         self.norm_f = Norm(d, "rmsnorm")
