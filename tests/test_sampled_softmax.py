@@ -17,10 +17,15 @@ import torch.nn.functional as F
 
 from speedrun.config.stages import parse_stages
 from speedrun.errors import ConfigError
+from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import head, prefix, sampled
 from speedrun.model.layers import CastedLinear, softcap
 from speedrun.recipes import load_recipe
+from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import candidate_changes, stage_values
+from tests import two_processes
+from tests.conftest import read_metrics, run_speedrun
+from tests.test_yarn_recipe import RECIPE, shrunk_overrides
 
 V, D, STRIDE = 96, 16, 29  # a small vocabulary; 29 is coprime with 96
 CAP, DIVISOR, OFFSET = 11.5, 7.5, 5.0  # #54's 23·sigmoid((z + 5)/7.5)
@@ -171,8 +176,9 @@ def test_the_p_schedule_is_records_92():
                    1180: 0, 1181: 0}  # fmt: skip
     assert candidate_changes(plan) == [681, 961, 1101]
     # each step's negatives start where the previous step's P ended
+    counts = [stage_values(k, plan).candidates for k in range(1181)]
     for s in (1, 681, 700, 961, 1101, 1150):
-        assert stage_values(s, plan).sweep_start == sum(stage_values(k, plan).candidates for k in range(s))
+        assert stage_values(s, plan).sweep_start == sum(counts[:s])
 
 
 def test_a_sampled_stage_needs_the_stride_and_p_within_the_vocabulary():
@@ -195,3 +201,54 @@ def test_a_sampled_stage_needs_the_stride_and_p_within_the_vocabulary():
         "record-2026-07", ["model.head.sampled_stride=20011", f"train.stages={stages.format(p=10240)}"]
     )
     assert cfg.model.head.sampled_stride == 20011 and math.gcd(20011, 50304) == 1  # the record's stride
+
+
+def sampled_overrides(text_data) -> list[str]:
+    """test_yarn_recipe's shrunk stages (4 micro-batches of 256 tokens a step, vocabulary 512) with P = 300,
+    then 320 and 400 over stage 2's halves."""
+    base = [a for a in shrunk_overrides(text_data) if not a.startswith("train.stages=")]
+    stage = "tokens=1024 doc=128 windows="
+    return [
+        *base, "model.head.sampled_stride=20011",
+        f"train.stages={stage}1/1 frac=1/2 sampled=300; {stage}1/2 frac=1/2 sampled=320,400; "
+        f"{stage}1/2 ext=0",
+    ]  # fmt: skip
+
+
+def test_training_samples_and_validation_is_the_full_softmax_while_the_schedule_samples(text_data):
+    cfg = load_recipe(RECIPE, sampled_overrides(text_data))
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(std=0.05)
+    apply_to_model(schedule_at(0, cfg), model)
+    assert model.sampled_candidates == 300
+    idx = torch.randint(0, cfg.model.eot_id, (1, 257), generator=torch.Generator().manual_seed(3))
+    x, y = idx[:, :-1], idx[:, 1:]
+    full = F.cross_entropy(model.eval()(x).view(-1, model.lm_head.weight.size(0)), y.reshape(-1))
+    with torch.no_grad():
+        evaluated = model.eval()(x, y)  # the validation forward, P still set
+        trained = model.train()(x, y)
+    torch.testing.assert_close(evaluated, full, rtol=1e-6, atol=1e-6)
+    assert trained < full - 1e-3  # over 300 of 512 classes: a smaller normalizer
+    with pytest.raises(AssertionError, match="validation is the full softmax"):
+        sampled.loss(model.eval(), torch.zeros(1, 4, cfg.model.n_embd), y[:, :4], cfg.model.head, 300)
+
+
+two_processes.job("sampled-softmax", lambda data: ["--recipe", RECIPE, *sampled_overrides(data)])
+
+
+@pytest.mark.slow
+@two_processes.SHARED
+def test_one_and_two_processes_train_the_sampled_softmax_alike(text_data, tmp_path, tmp_path_factory):
+    """Every micro-batch's candidate set is a function of the step and its own targets, so 1 process
+    (4 micro-steps) and 2 (2 each) give the same losses: job `sampled-softmax` of tests/two_processes.py."""
+    out = tmp_path / "run1"
+    res = run_speedrun("train", "--recipe", RECIPE, "--out", str(out), *sampled_overrides(text_data))
+    assert res.returncode == 0, res.stderr[-3000:]
+    one = read_metrics(out)
+    two = read_metrics(two_processes.run_dir("sampled-softmax", text_data, tmp_path_factory))
+    assert [r["step"] for r in one] == [r["step"] for r in two] and len(one) > 6
+    for a, b in zip(one, two, strict=True):
+        for key in ("train_loss", "val_loss"):
+            assert (key in a) == (key in b) and a.get(key, 0) == pytest.approx(b.get(key, 0), rel=1e-5)
