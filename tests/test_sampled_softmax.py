@@ -9,6 +9,7 @@ beyond rounding."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -252,3 +253,21 @@ def test_one_and_two_processes_train_the_sampled_softmax_alike(text_data, tmp_pa
     for a, b in zip(one, two, strict=True):
         for key in ("train_loss", "val_loss"):
             assert (key in a) == (key in b) and a.get(key, 0) == pytest.approx(b.get(key, 0), rel=1e-5)
+
+
+def test_a_sampled_step_counts_the_head_at_p_columns(text_data):
+    """The FLOPs count (train/flops.py) on a sampled step: the head's 6·d·V becomes 6·d·P."""
+    from speedrun.train.flops import config_model, run_flops, step_flops_at
+
+    cfg = load_recipe(RECIPE, sampled_overrides(text_data))
+    unsampled = [re.sub(r" sampled=\S+;", ";", a) for a in sampled_overrides(text_data) if "stride" not in a]
+    full = load_recipe(RECIPE, unsampled)
+    assert not full.train.stages.count("sampled") and cfg.train.stages.count("sampled") == 2
+    model = config_model(cfg)
+    rows, d = model.lm_head.weight.shape
+    for step, P in ((0, 300), (2, 300), (3, 320), (4, 320), (5, 400)):
+        assert stage_values(step, parse_stages(cfg.train.stages, cfg.train.steps)).candidates == P
+        assert step_flops_at(model, full, step) - step_flops_at(model, cfg, step) == 6 * d * (rows - P)
+    # steps 0-2 at 300, 3-4 at 320 ((s − 3)·2 // 3 = 0), 5 at 400; 1,024 tokens a step
+    saved = 6 * d * ((rows - 300) * 3 + (rows - 320) * 2 + (rows - 400)) * 1024
+    assert run_flops(model, full, 6) - run_flops(model, cfg, 6) == pytest.approx(saved, rel=1e-12)

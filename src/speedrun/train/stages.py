@@ -166,9 +166,10 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
         row = s.batch_tokens // (accumulation * world_size)
         doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
         steps = f"steps {start}-{end - 1}" if end > start else "no steps (ext=0: final validation only)"
+        sampled = f", sampled softmax P {','.join(map(str, s.sampled))}" if s.sampled else ""  # #92
         parts.append(
             f"{steps}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
-            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
+            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}{sampled}"
         )
     val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
     val += f", short {plan.val_short_window}" if plan.val_short_window else ""
