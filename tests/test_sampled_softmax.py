@@ -271,3 +271,12 @@ def test_a_sampled_step_counts_the_head_at_p_columns(text_data):
     # steps 0-2 at 300, 3-4 at 320 ((s − 3)·2 // 3 = 0), 5 at 400; 1,024 tokens a step
     saved = 6 * d * ((rows - 300) * 3 + (rows - 320) * 2 + (rows - 400)) * 1024
     assert run_flops(model, full, 6) - run_flops(model, cfg, 6) == pytest.approx(saved, rel=1e-12)
+
+
+def test_the_warm_up_visits_every_step_where_p_changes(text_data):
+    """Each P is a compiled graph of its own: the warm-up (train/warmup.py) runs the first step of each,
+    so no timed step compiles; here stage 2 starts at 3 with P 320 and P turns 400 at step 5."""
+    from speedrun.train.warmup import warmup_steps
+
+    cfg = load_recipe(RECIPE, sampled_overrides(text_data))
+    assert warmup_steps(cfg, 0) == [0, 3, 5] and warmup_steps(cfg, 4) == [4, 5]
