@@ -15,7 +15,7 @@ from torch import nn
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, stream, windows
+from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, sampled, stream, windows
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
@@ -126,6 +126,8 @@ class GPT2026(nn.Module):
         hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
+        if self.sampled_candidates and self.training and reduction == "mean":  # #92: training only
+            return sampled.loss(self, hidden, targets, self.head_spec, self.sampled_candidates)
         logits = self.capped_logits(hidden)
         if self.canonical_mask is not None and not self.training:  # #350
             logits = canonical.mask_logits(logits, idx, self.canonical_mask)

@@ -164,7 +164,7 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
 
 def apply_schedule(model: torch.nn.Module, values) -> None:
     """A step's model values (train/schedule.StepSchedule): the stage's windows and YaRN, MTP weights,
-    or the tensor window."""
+    #88's prefix weight and #92's candidate count, or the tensor window."""
     if values.stage is not None:
         v = values.stage
         set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn, values.yarn_short)
@@ -172,5 +172,8 @@ def apply_schedule(model: torch.nn.Module, values) -> None:
             write_weights(model.mtp_weights, v.mtp_weights)
         if model.prefix_weight is not None and v.prefix_weight is not None:  # #88
             model.prefix_weight.fill_(v.prefix_weight)
+        if model.sampled_sweep is not None:  # #92: P (a new P is a new graph) and the sweep's start
+            model.sampled_candidates = v.candidates
+            model.sampled_start.fill_(v.sweep_start % model.sampled_sweep.numel())
     elif values.window > 0:
         model.set_attention_window(values.window)
