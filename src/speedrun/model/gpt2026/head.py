@@ -89,7 +89,11 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
     else:
         model.prefix_weight = None
     if cfg.head.canonical_val_mask:  # #350: built once here, before the clock; not saved
-        ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
-        model.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
+        if torch.empty(0).is_meta:  # a model for counting (shapes only): the table's bits are never read
+            mask = torch.empty(vocab, vocab // 8, dtype=torch.uint8)
+        else:
+            ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
+            mask = canonical.canonical_mask(ranks, vocab)
+        model.register_buffer("canonical_mask", mask, persistent=False)
     else:
         model.canonical_mask = None
