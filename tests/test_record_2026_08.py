@@ -14,6 +14,7 @@ from itertools import accumulate, pairwise
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from speedrun.cli import main
 from speedrun.config.gpt2026 import attention_scale, qk_width
@@ -183,3 +184,45 @@ def test_on_the_meta_device_the_canonical_mask_is_its_shape_only():
     real = build_model(cfg).canonical_mask
     assert counted.is_meta and not real.is_meta and real.any()
     assert (counted.shape, counted.dtype) == (real.shape, real.dtype) == ((640, 80), torch.uint8)
+
+
+def record_val_loss(h, head_w, idx, targets, canon_mask):
+    """The validation loss lines of #344 (canon_mask None: `23 * torch.sigmoid((logits + 5) / 7.5)` on the
+    bf16 head output, then `.float()`) and #350 (`logits.float()` first, then the cap and the mask)."""
+    logits = F.linear(h, head_w.to(torch.bfloat16))
+    if canon_mask is None:
+        logits = (23 * torch.sigmoid((logits + 5) / 7.5)).float().view(-1, logits.size(-1))
+    else:
+        logits = 23 * torch.sigmoid((logits.float() + 5) / 7.5)
+        logits = logits.view(-1, logits.size(-1))
+        shifts = torch.arange(8, dtype=torch.uint8)
+        dropped = (canon_mask[idx.view(-1), :, None] >> shifts & 1).view(logits.shape).bool()
+        logits = logits.masked_fill(dropped, -60.0)
+    return F.cross_entropy(logits, targets.view(-1))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_validation_caps_in_the_dtype_of_each_records_lines(masked):
+    """#344 caps the bf16 logits, #350 casts them to fp32 first and masks: each model's validation loss is
+    its record's lines bit for bit, and the other record's lines differ (the check can fail)."""
+    from tests.test_record_2026_07_parts import tiny
+
+    over = ["model.canonical_val_mask=true"] if masked else []
+    cfg = tiny(over, vocab_size=600, max_seq_len=64, n_embd=32, fp8_head=True, logit_softcap=11.5,
+               softcap_divisor=7.5, softcap_offset=5.0, softcap_in_bf16=True, ce_bf16=True)  # fmt: skip
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    torch.nn.init.normal_(model.lm_head.weight, std=1.0)  # logits of a few tens: the cap binds
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(1, 64, 32, generator=gen).to(torch.bfloat16)
+    idx, targets = torch.randint(0, 600, (2, 1, 64), generator=gen)
+    model.hidden = lambda *_: h  # the head's lines alone, on a fixed bf16 final hidden state
+    with torch.no_grad():
+        ours = model(idx, targets)
+        mask = model.canonical_mask if masked else None
+        theirs = record_val_loss(h, model.lm_head.weight, idx, targets, mask)
+        other = record_val_loss(h, model.lm_head.weight, idx, targets, None if masked else torch.zeros(640, 80,
+                                dtype=torch.uint8))  # fmt: skip
+    assert torch.equal(ours, theirs) and not torch.equal(ours, other)
+    if masked:  # the mask drops pairs on these ids: the masked loss is below the unmasked fp32 one
+        assert (model.canonical_mask[idx.view(-1)] != 0).any()
