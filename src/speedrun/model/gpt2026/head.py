@@ -98,7 +98,11 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
     else:
         model.sampled_sweep = None
     if cfg.head.canonical_val_mask:  # #350: built once here, before the clock; not saved
-        ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
-        model.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
+        if torch.empty(0).is_meta:  # a model for counting (shapes only): the table's bits are never read
+            mask = torch.empty(vocab, vocab // 8, dtype=torch.uint8)
+        else:
+            ranks = gpt2_tokenizer().encoding._mergeable_ranks
+            mask = canonical.canonical_mask({b: r for b, r in ranks.items() if r < cfg.vocab_size}, vocab)
+        model.register_buffer("canonical_mask", mask, persistent=False)
     else:
         model.canonical_mask = None

@@ -77,6 +77,7 @@ class GPT2026(nn.Module):
         self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
         self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
+        self.masked_spec = canonical.masked_head(cfg.head) if cfg.head.canonical_val_mask else None  # #350
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.attn.window)
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
@@ -128,8 +129,9 @@ class GPT2026(nn.Module):
             return self.logits(hidden)
         if self.sampled_candidates and self.training and reduction == "mean":  # #92: training only
             return sampled.loss(self, hidden, targets, self.head_spec, self.sampled_candidates)
-        logits = self.capped_logits(hidden)
-        if self.canonical_mask is not None and not self.training:  # #350
+        masked = self.canonical_mask is not None and not self.training  # #350: validation
+        logits = head.capped_logits(self.lm_head, hidden, self.masked_spec if masked else self.head_spec)
+        if masked:
             logits = canonical.mask_logits(logits, idx, self.canonical_mask)
         out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
         if self.prefix_weight is not None and self.training and reduction == "mean":  # #88
