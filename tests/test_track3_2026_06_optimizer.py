@@ -290,6 +290,7 @@ def _worst(ours: dict, theirs: dict) -> tuple[float, str]:
     )
 
 
+@pytest.mark.slow  # ~35 steps of both optimizers, bf16 Newton-Schulz (emulated on AVX2): ~10 s of one core
 def test_every_transition_steps_as_the_record():
     seen = set()
     for what, step, ours, theirs in run_both(small()):
