@@ -45,7 +45,9 @@ LABELS = (
     "embed",  # token and position embeddings; a tied embedding/head weight
     "value_embed",  # value embeddings (2024-12)
     "head",  # an untied output head
-    "scalar",  # norm gains, biases, lambdas, skip weights
+    "scalar",  # norm gains, LayerNorm biases, lambdas, skip weights
+    "bias",  # a linear layer's bias (GPT-2, track 3)
+    "attn_out_bias",  # the attention output projection's bias (track 3 #46: its own beta2)
     "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
     "gate",  # #28's attention gate, #55's value-embedding gate
     "smear_gate",  # #34's smear gate
@@ -64,6 +66,8 @@ MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smea
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
 SCALAR_LIKE = (
     "scalar",
+    "bias",
+    "attn_out_bias",
     "x0",
     "skip_gate",
     "resid_lambda",
@@ -177,6 +181,9 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         "value_embed": value_embed,
         "head": adam("head", o.head_lr, o.embed_betas, wd * o.embed_wd_mul),
         "scalar": adam("scalar", o.scalar_lr, o.scalar_betas, 0.0),
+        # a linear's bias (gpt2024 models under NorMuon): the scalars' settings in groups of their own
+        "bias": adam("bias", o.scalar_lr, o.scalar_betas, 0.0),
+        "attn_out_bias": adam("attn_out_bias", o.scalar_lr, o.scalar_betas, 0.0),
         "x0": adam("x0", o.x0_lr or o.scalar_lr, o.x0_betas, 0.0),
         "gate": adam("gate", o.gate_lr, gate_betas, wd)
         if o.gate_lr > 0

@@ -10,7 +10,7 @@ import torch
 
 from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
-from speedrun.config.labels import label_table
+from speedrun.config.labels import SCALAR_LIKE, label_table
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.anvil import Rails, ShardedAnvilAdam
@@ -171,8 +171,9 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         for g, h in sorted(hyper.items(), key=lambda gh: gh[0] not in MUON_GROUPS)
         if groups[g]
     }
-    # #46: the scalars (gains, biases) in Adam without bias correction, a part of their own
-    plain = [adam_params.pop("scalar")] if not o.scalar_bias_correction and "scalar" in adam_params else []
+    # #46: the scalars (gains, biases: every group of a scalar-like label) in Adam without bias correction,
+    # a part of their own
+    plain = [] if o.scalar_bias_correction else [adam_params.pop(g) for g in SCALAR_LIKE if g in adam_params]
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
