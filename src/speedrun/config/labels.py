@@ -31,7 +31,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from speedrun.config.gpt2026 import mudd
+from speedrun.config.gpt2026 import mudd, ngram
 from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types, from_json
 from speedrun.errors import ConfigError
 
@@ -60,6 +60,7 @@ LABELS = (
     "mudd_gate",  # #85's gate MLPs
     "mudd_gate_bias",  # their output biases and scale (no weight decay)
     "embed2",  # the medium record's second token embedding (2025-12-31)
+    "ngram",  # #92's hashed n-gram table
 )
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
@@ -162,6 +163,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
+        rows |= ngram.label_rows(adam, o.embed_lr, o.adam_weight_decay)
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
     def normuon(lr_mul: float = 1.0, **cut: Any) -> LabelRow:  # cut: gate_rows, qk_rows
@@ -197,7 +199,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
         "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
         "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),
-    } | mudd.label_rows(adam, o.embed_lr, wd)  # a part's rows, declared beside it
+    } | mudd.label_rows(adam, o.embed_lr, wd) | ngram.label_rows(adam, o.embed_lr, wd)  # parts' rows, beside them
     return {label: rows[label] for label in LABELS}
 
 

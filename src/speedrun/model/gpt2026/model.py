@@ -22,6 +22,7 @@ from speedrun.model.gpt2026.block import block_for
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear, bigram_share
 from speedrun.model.gpt2026.init import cast_storage, init_weights
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
+from speedrun.model.gpt2026.ngram import ngram_part
 from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label
 from speedrun.model.layers import CastedLinear, Norm, Rotary, embedding
@@ -47,7 +48,9 @@ class GPT2026(nn.Module):
         bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
         share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
         self.bigram = None
-        if cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
+        if cfg.ngram.rows:  # #92: the n-gram table feeds the bigram input
+            self.bigram = ngram_part(cfg, share)
+        elif cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
             signs = (cfg.embed.bigram_sign_rows,) if cfg.embed.bigram_sign_rows else ()
             kind = SignedBigramEmbed if signs else BigramEmbed
             if signs:  # the unsigned table main built first and dropped: a seed keeps its model
