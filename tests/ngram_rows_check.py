@@ -24,11 +24,12 @@ def _part() -> NgramEmbed:
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + step)
-    return torch.randint(0, 300, (B, T), generator=gen), torch.randn(B, T, DIM, generator=gen, dtype=torch.float64)
+    idx = torch.randint(0, 300, (B, T), generator=gen)
+    return idx, torch.randn(B, T, DIM, generator=gen, dtype=torch.float64)
 
 
 def _train(part: NgramEmbed, shard: RowShard, adam: RowAdam, steps: range, rank: int, world: int) -> None:
-    """Each step: this rank's rows of the global batch, the mean loss over them, pull → forward → push → Adam."""
+    """Each step: this rank's rows of the global batch, the mean loss over them; pull, forward, push, Adam."""
     per = B // world
     for s in steps:
         idx, w = _batch(s)

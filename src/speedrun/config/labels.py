@@ -199,7 +199,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
         "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
         "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),
-    } | mudd.label_rows(adam, o.embed_lr, wd) | ngram.label_rows(adam, o.embed_lr, wd)  # parts' rows, beside them
+    }
+    rows |= mudd.label_rows(adam, o.embed_lr, wd) | ngram.label_rows(adam, o.embed_lr, wd)  # parts' rows
     return {label: rows[label] for label in LABELS}
 
 

@@ -103,7 +103,8 @@ class RowAdam:
         }  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        self.steps, self.hyper, self.log_beta2 = state["steps"], list(state["hyper"]), list(state["log_beta2"])
+        self.steps, self.hyper = state["steps"], list(state["hyper"])
+        self.log_beta2 = list(state["log_beta2"])
         for name in ("exp_avg", "exp_avg_sq", "current"):
             mine = getattr(self, name)
             if mine is not None:

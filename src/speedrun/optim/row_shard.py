@@ -78,7 +78,7 @@ class RowShard:
         bounds = torch.arange(self.world + 1, device=want.device) * self.per_rank
         cuts = torch.searchsorted(want, bounds).tolist()
         lo, hi = cuts[self.rank], cuts[self.rank + 1]
-        cache = torch.empty(want.numel(), self.shard.shape[1], dtype=self.shard.dtype, device=self.shard.device)
+        cache = self.shard.new_empty(want.numel(), self.shard.shape[1])
         cache[lo:hi] = self.shard[want[lo:hi] - self.first]
         send = [0 if r == self.rank else cuts[r + 1] - cuts[r] for r in range(self.world)]
         recv, asked = [0] * self.world, want[:0]

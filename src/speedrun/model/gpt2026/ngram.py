@@ -43,7 +43,8 @@ def ngram_rows(idx: Tensor, rows: int) -> Tensor:
     half = rows // 2
     mb, mt = half - 1, rows - half - 1
     prev = torch.cat([torch.full_like(x[:, :1], mb), x[:, 1:-1]], dim=1)  # b[0] = mb replaces x[0]
-    bigram = torch.cat([torch.full_like(x[:, :1], mb), torch.bitwise_xor(36313 * x[:, 1:], 27191 * prev) % mb], 1)
+    hashed = torch.bitwise_xor(36313 * x[:, 1:], 27191 * prev) % mb
+    bigram = torch.cat([torch.full_like(x[:, :1], mb), hashed], dim=1)
     tri = torch.bitwise_xor(torch.bitwise_xor(17351 * x[:, 2:], 60961 * x[:, 1:-1]), 45259 * x[:, :-2]) % mt
     reserved = torch.full_like(x[:, :2], half + mt)[:, : x.size(1)]
     trigram = torch.cat([reserved, tri + half], dim=1)
@@ -98,9 +99,9 @@ class NgramEmbed(nn.Module):
         T = idx.size(1)
         rows = self.rows_of(ngram_rows(idx, self.rows))
         sb, st = ngram_signs(idx, self.sign_pool.size(0))
-        pool = self.sign_pool.float()
-        out = rows[:, :T].float() * pool[sb] + rows[:, T:].float() * pool[st]
-        out = out.to(rows.dtype)
+        acc = torch.promote_types(rows.dtype, torch.float32)  # ±1 products exact, one rounding
+        pool = self.sign_pool.to(acc)
+        out = (rows[:, :T].to(acc) * pool[sb] + rows[:, T:].to(acc) * pool[st]).to(rows.dtype)
         return nn.functional.pad(out, (0, self.pad)) if self.pad else out
 
 

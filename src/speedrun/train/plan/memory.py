@@ -188,7 +188,8 @@ def _table_bytes(cfg: Config, world: int) -> int:
     if p is None or not p.rows:
         return 0
     dim, item = p.dim or cfg.model.n_embd, 2 if p.dtype == "bf16" else 4
-    return p.rows // world * row_bytes(p, cfg.model.n_embd) + 2 * 2 * cfg.train.micro_batch_tokens * dim * item
+    pulled = 2 * 2 * cfg.train.micro_batch_tokens * dim * item  # two rows a token, and their gradient
+    return p.rows // world * row_bytes(p, cfg.model.n_embd) + pulled
 
 
 def estimate_peak_bytes(cfg: Config, world_size: int, compiled: bool) -> int:
@@ -264,14 +265,15 @@ def _table_refusal(cfg: Config, world: int, free: int, need: int, table: int, ma
     """One line: the n-gram table per process, and the rows (and processes) that fit beside the rest."""
     p = cfg.model.ngram
     per_row = row_bytes(p, cfg.model.n_embd) * margin
-    rest = need - table * margin
+    rest = need - p.rows // world * per_row  # everything but the rows (the pulled rows stay)
     step = 2 * world  # even channels, an even split over the processes
-    fit = max(0, int((free - rest) // per_row) * world // step * step)
+    fit = max(0, int((free - rest) // per_row - 1) * world // step * step)
     procs = -(-int(p.rows * per_row) // max(1, int(free - rest)))
+    on = f"{world} process" + ("es" if world > 1 else "")
     return (
         f"model.ngram.rows={p.rows:,}: the n-gram table needs {table * margin / GiB:,.1f} GiB per process on "
-        f"{world} process(es), {need / GiB:,.1f} GiB in all; {free / GiB:,.1f} GiB free: "
-        f"model.ngram.rows={fit:,} fits (or about {procs} processes hold this table)"
+        f"{on}, the step {need / GiB:,.1f} GiB in all; {free / GiB:,.1f} GiB free: model.ngram.rows={fit:,} "
+        f"fits (or about {max(procs, world + 1)} processes hold this table)"
     )
 
 
