@@ -39,25 +39,26 @@ TRIGRAM_SIGN_MULS = (58699, 39779, 26801)  # x[t], x[t-1], x[t-2]
 
 def ngram_rows(idx: Tensor, rows: int) -> Tensor:
     """Token ids (B, T) → table rows (B, 2T) int64: [:, :T] the bigram rows, [:, T:] the trigram rows."""
-    x = idx.to(torch.int32)
+    x = idx.to(torch.int32)  # the products wrap in int32, as the record's
+    (b0, b1), (t0, t1, t2) = BIGRAM_ROW_MULS, TRIGRAM_ROW_MULS
     half = rows // 2
     mb, mt = half - 1, rows - half - 1
     prev = torch.cat([torch.full_like(x[:, :1], mb), x[:, 1:-1]], dim=1)  # b[0] = mb replaces x[0]
-    hashed = torch.bitwise_xor(36313 * x[:, 1:], 27191 * prev) % mb
-    bigram = torch.cat([torch.full_like(x[:, :1], mb), hashed], dim=1)
-    tri = torch.bitwise_xor(torch.bitwise_xor(17351 * x[:, 2:], 60961 * x[:, 1:-1]), 45259 * x[:, :-2]) % mt
+    bigram = torch.cat([torch.full_like(x[:, :1], mb), torch.bitwise_xor(b0 * x[:, 1:], b1 * prev) % mb], 1)
+    tri = torch.bitwise_xor(torch.bitwise_xor(t0 * x[:, 2:], t1 * x[:, 1:-1]), t2 * x[:, :-2]) % mt
     reserved = torch.full_like(x[:, :2], half + mt)[:, : x.size(1)]
-    trigram = torch.cat([reserved, tri + half], dim=1)
-    return torch.cat([bigram, trigram], dim=1).long()
+    return torch.cat([bigram, reserved, tri + half], dim=1).long()
 
 
 def ngram_signs(idx: Tensor, sign_rows: int) -> tuple[Tensor, Tensor]:
     """Token ids (B, T) → the sign-pool rows (B, T) of the bigram and the trigram channel."""
     x, mask = idx.to(torch.int32), sign_rows - 1
+    (b0, b1), (t0, t1, t2) = BIGRAM_SIGN_MULS, TRIGRAM_SIGN_MULS
     bigram, trigram = torch.zeros_like(x), torch.zeros_like(x)
-    bigram[:, 1:] = torch.bitwise_xor(30011 * x[:, :-1], 48271 * x[:, 1:]) & mask
-    tri = torch.bitwise_xor(torch.bitwise_xor(26801 * x[:, :-2], 39779 * x[:, 1:-1]), 58699 * x[:, 2:])
-    trigram[:, 2:] = tri & mask
+    bigram[:, 1:] = torch.bitwise_xor(b1 * x[:, :-1], b0 * x[:, 1:]) & mask
+    trigram[:, 2:] = (
+        torch.bitwise_xor(torch.bitwise_xor(t2 * x[:, :-2], t1 * x[:, 1:-1]), t0 * x[:, 2:]) & mask
+    )
     return bigram.long(), trigram.long()
 
 
