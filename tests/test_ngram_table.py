@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from speedrun.errors import SpeedrunError
+from speedrun.errors import ConfigError, SpeedrunError
 from speedrun.model.gpt2026.ngram import NgramEmbed, ngram_rows, ngram_signs
 from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
 from speedrun.optim.row_adam import RowAdam
@@ -199,3 +199,25 @@ def test_full_size_table_on_one_process_is_refused_in_one_line_naming_what_fits(
     table = 84_602_880 // 8 * (768 * 2 + 8)  # rows/8 × (bf16 row + fp32 second moment + int32 step)
     assert memory._table_bytes(cfg, 8) - table == 2 * 2 * cfg.train.micro_batch_tokens * 768 * 2
     memory.check_fits(cfg, 8, True, cuda)  # one eighth per process fits (#92: 15.13 GiB of rows)
+
+
+def test_a_recipe_with_model_ngram_rows_feeds_the_bigram_input_and_trains_by_its_label():
+    """`[model.ngram] rows = ...` puts the part where #62's table was; its rows get the gradient of exactly
+    the rows the tokens hash to; its label's row is #92's table Adam (LR ×70, β1 = 0, decay ×5)."""
+    from speedrun.model.families import build_model
+    from speedrun.optim.build import model_rules
+
+    no_bigram = ["model.embed.bigram_rows=0", "model.embed.bigram_sign_rows=0"]
+    cfg = load_recipe("demo-2026", ["model.ngram.rows=4096", "model.ngram.dtype=fp32", *no_bigram])
+    model = build_model(cfg.model)
+    assert isinstance(model.bigram, NgramEmbed) and model.bigram.table.abs().max() == 0  # zero init
+    idx = torch.randint(0, 4000, (1, 64))
+    model(idx, torch.roll(idx, -1, 1)).backward()
+    touched = (model.bigram.table.grad.abs().sum(1) > 0).nonzero().flatten().tolist()
+    assert set(touched) <= set(ngram_rows(idx, 4096).flatten().tolist()) and len(touched) > 64
+    (row,) = [e.rule for e in model_rules(model, cfg) if e.label.name == "ngram"]
+    assert (row.group, row.betas) == ("ngram", (0.0, 0.95))
+    o = cfg.optim
+    assert row.lr == pytest.approx(70 * o.embed_lr) and row.wd == pytest.approx(5 * o.adam_weight_decay)
+    with pytest.raises(ConfigError, match="model.ngram.rows and model.embed.bigram_rows"):
+        load_recipe("demo-2026", ["model.ngram.rows=4096"])  # the recipe's own #62 table is still on
