@@ -110,9 +110,10 @@ def test_touched_rows_gradient_equals_dense_autograd():
     assert dense.table.grad[untouched].abs().max() == 0 and part.table.grad is None
 
 
-def _schedule(steps: int = 20, n: int = 30, d: int = 5):
-    """Per step: (rows with repeats, their gradients, lr, β2, wd); rows ≥ 24 never touched, some steps
-    touch no row, β2 squared from step 12 (#92's period-4 cadence), the LR decaying."""
+def _schedule(steps: int = 70, n: int = 30, d: int = 5):
+    """Per step: (rows with repeats, their gradients, lr, β2, wd); rows ≥ 24 never touched, rows 6..23 not
+    on every 5th step, some steps touch no row, β2 squared from step 12 (#92's period-4 cadence), the LR
+    decaying; 70 steps (past RowAdam's first 64-entry history)."""
     gen = torch.Generator().manual_seed(7)
     out = []
     for s in range(1, steps + 1):
@@ -121,7 +122,7 @@ def _schedule(steps: int = 20, n: int = 30, d: int = 5):
         if k > 1:
             rows[-1] = rows[0]  # a row twice in one step
         grad = torch.randn(k, d, generator=gen, dtype=torch.float64)
-        out.append((rows, grad, 0.05 * (1 - s / 40), 0.95 if s < 12 else 0.95**2, 0.7))
+        out.append((rows, grad, 0.05 * (1 - s / 100), 0.95 if s < 12 else 0.95**2, 0.7))
     return out
 
 

@@ -36,7 +36,8 @@ class RowAdam:
         self.current = torch.zeros(n, dtype=torch.int32, device=table.device)  # each row's state is as of
         self.steps = 0
         self.hyper: list[tuple[float, float, float]] = [(0.0, 1.0, 0.0)]  # step s → (lr, β2, wd); 0 unused
-        self.log_beta2 = [0.0]  # Σ log β2 over steps 1..s (the β1 = 0 replay)
+        self.log_beta2 = [0.0]  # Σ log β2 over steps 1..s (the β1 = 0 replay), and its device copy
+        self._logs = torch.zeros(64, dtype=torch.float64, device=table.device)
 
     @torch.no_grad()
     def step(self, rows: Tensor, grad: Tensor, lr: float, beta2: float, wd: float = 0.0) -> None:
@@ -44,6 +45,9 @@ class RowAdam:
         self.steps += 1
         self.hyper.append((float(lr), float(beta2), float(wd)))
         self.log_beta2.append(self.log_beta2[-1] + math.log(beta2))
+        if self.steps >= self._logs.numel():  # grown by doubling: no per-step host-to-device copy of it
+            self._logs = torch.cat([self._logs, torch.zeros_like(self._logs)])
+        self._logs[self.steps] = self.log_beta2[-1]
         if rows.numel() == 0:
             return
         uniq, inv = torch.unique(rows, return_inverse=True)
@@ -64,7 +68,7 @@ class RowAdam:
         up to step `upto`."""
         last = self.current[rows].long()
         if self.beta1 == 0.0:  # only v decays: v·exp(Σ log β2 over (last, upto])
-            logs = torch.tensor(self.log_beta2, dtype=torch.float64, device=rows.device)
+            logs = self._logs
             factor = torch.exp(logs[upto] - logs[last]).to(self.exp_avg_sq.dtype)
             self.exp_avg_sq[rows] = self.exp_avg_sq[rows] * (factor if self.row_moment else factor[:, None])
             return
@@ -105,6 +109,9 @@ class RowAdam:
     def load_state_dict(self, state: dict) -> None:
         self.steps, self.hyper = state["steps"], list(state["hyper"])
         self.log_beta2 = list(state["log_beta2"])
+        size = max(64, 1 << len(self.log_beta2).bit_length())
+        self._logs = torch.zeros(size, dtype=torch.float64, device=self.table.device)
+        self._logs[: len(self.log_beta2)] = torch.tensor(self.log_beta2, dtype=torch.float64)
         for name in ("exp_avg", "exp_avg_sq", "current"):
             mine = getattr(self, name)
             if mine is not None:
