@@ -47,7 +47,7 @@ class GPT2026(nn.Module):
         self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
         bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
         share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
-        self.bigram = None
+        self.bigram, self.lookback = None, 2 if cfg.ngram.rows else 1  # decoding's look-back (kv_cache.py)
         if cfg.ngram.rows:  # #92: the n-gram table feeds the bigram input
             self.bigram = ngram_part(cfg, share)
         elif cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__

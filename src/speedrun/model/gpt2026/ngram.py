@@ -21,7 +21,8 @@ rounded once to the table's dtype, as the record's kernel does. The table starts
 
 Where the rows come from is the part's `rows_of(ids)`: its own table (one process, or a run that keeps
 the whole table), or the rows a row-sharded table pulled for this step (optim/row_shard.py) — the pull
-happens around the model, before the forward, so the model itself does no communication.
+happens around the model, before the forward, so the model itself does no communication. Cached
+decoding gives the part the two tokens before the new ones (the model's `lookback`, model/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -96,7 +97,11 @@ class NgramEmbed(nn.Module):
         return nn.functional.embedding(ids, self.table)
 
     def forward(self, idx: Tensor, prev: Tensor | None = None, start: int = 0) -> Tensor:
-        assert start == 0, "the n-gram table reads two tokens back: cached decoding is not supported"
+        """The summed rows (B, T, width) of tokens idx at positions start..; cached decoding passes the
+        tokens before them, `prev` (B, min(start, 2)) (the model's `lookback`)."""
+        if start > 0:  # positions >= 2 of [prev, idx] hash as in the whole sequence; from 0 it is the whole
+            assert prev is not None and prev.size(1) == min(start, 2), "decoding passes the 2 tokens before"
+            return self(torch.cat([prev, idx], dim=1))[:, prev.size(1) :]
         T = idx.size(1)
         rows = self.rows_of(ngram_rows(idx, self.rows))
         sb, st = ngram_signs(idx, self.sign_pool.size(0))
