@@ -49,7 +49,7 @@ def check(p: NgramConfig, m: Any) -> None:
         return
     if p.rows < 4 or p.rows % 2 or p.rows >= 2**31:
         raise ConfigError(
-            f"model.ngram.rows {p.rows:,}: an even count from 4, below 2^31 (half bigram rows, half trigram rows)"
+            f"model.ngram.rows {p.rows:,}: even, 4 up to below 2^31 (half bigram, half trigram rows)"
         )
     if p.sign_rows < 1 or p.sign_rows & (p.sign_rows - 1):
         raise ConfigError(f"model.ngram.sign_rows {p.sign_rows}: a power of two (#92: 8192)")
