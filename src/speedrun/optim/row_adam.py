@@ -33,7 +33,7 @@ class RowAdam:
         n, d = table.shape
         self.exp_avg = torch.zeros(n, d, dtype=sd, device=table.device) if beta1 else None
         self.exp_avg_sq = torch.zeros((n,) if row_moment else (n, d), dtype=sd, device=table.device)
-        self.current = torch.zeros(n, dtype=torch.int32, device=table.device)  # each row's state is as of
+        self.current = torch.zeros(n, dtype=torch.int32, device=table.device)  # step each row is current to
         self.steps = 0
         self.hyper: list[tuple[float, float, float]] = [(0.0, 1.0, 0.0)]  # step s → (lr, β2, wd); 0 unused
         self.log_beta2 = [0.0]  # Σ log β2 over steps 1..s (the β1 = 0 replay), and its device copy
