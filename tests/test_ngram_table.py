@@ -199,9 +199,10 @@ def test_full_size_table_on_one_process_is_refused_in_one_line_naming_what_fits(
     assert 0 < fits < 84_602_880 and fits % 2 == 0
     smaller = load_recipe("record-2026-07", [*overrides, f"model.ngram.rows={fits}"])
     memory.check_fits(smaller, 1, True, cuda)  # what it names fits
-    table = 84_602_880 // 8 * (768 * 2 + 8)  # rows/8 × (bf16 row + fp32 second moment + int32 step)
-    assert memory._table_bytes(cfg, 8) - table == 2 * 2 * cfg.train.micro_batch_tokens * 768 * 2
-    assert memory.guarded_bytes(cfg, 8, True) < 139 * GiB  # one eighth per process fits (#92: 15.13 GiB)
+    # the loop holds the whole table on every process (row sharding not wired): bf16 rows, gradient, moments
+    assert memory._table_bytes(cfg, 8, True) >= 84_602_880 * 768 * 2 * 2  # at least the rows and gradient
+    with pytest.raises(SpeedrunError, match="row sharding is not wired yet"):
+        memory.check_fits(cfg, 8, True, cuda)  # eight processes do not split it: refused as well
 
 
 def test_a_recipe_with_model_ngram_rows_feeds_the_bigram_input_and_trains_by_its_label():
