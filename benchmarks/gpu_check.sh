@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command for a lent GPU (issue 34), at most 8 minutes: install speedrun from a wheel folder without
 # touching the image's packages, then, each part under its own time limit and all under one deadline:
+#   0. `speedrun doctor` (with CUDA: `--recipe record-2026-07`): the host's preflight; its warn and fail
+#      lines go into the summary (a fail is reported, and the parts still run)
 #   1. `speedrun bench --recipe record-2026-07 --stage 3,1,2` (the three stages, a few timed steps each;
 #      stage 3 first: it has the anchor and the memory figure, and each stage compiles its own graph)
 #   2. benchmarks/memory_snapshot.py: a CUDA memory snapshot of record-2026-07's stage 3 at the backward's
@@ -138,6 +140,12 @@ elif [ -n "$CPU_OVERRIDES" ]; then
   DEVICE=cpu
   say "no CUDA: parts 1-3 run on the CPU with $CPU_OVERRIDES (a test of the kit, not a measurement)"
 fi
+if [ "$DEVICE" = cuda ]; then
+  part doctor 60 "$PY" -m speedrun doctor --recipe record-2026-07
+else
+  part doctor 60 "$PY" -m speedrun doctor
+fi
+[ -f "$OUT/doctor.log" ] && grep -E '^(warn|fail) ' "$OUT/doctor.log" | sed 's/^/doctor: /' | tee -a "$OUT/summary.txt"
 if [ -n "$DEVICE" ]; then
   bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 3,1,2
   mapfile -t ov < <(overrides record-2026-07)
