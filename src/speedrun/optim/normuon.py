@@ -8,13 +8,17 @@ Per matrix, one NorMuon step is (records #38, #41/#42/#48, #43, #57)::
     W   ← W − W·[V·W ≥ 0]·(wd·lr)·lr_eff − V·lr_eff               # ``cautious_step``, lr_eff = lr·mult
     bf16 W is stepped in fp32: W32 = (bits(W) << 16) | mantissa    # ``join_fp32`` / ``split_fp32``
 
-Momentum μ warms up and cools down linearly (``momentum_at``, record #39).
+Momentum μ warms up and cools down linearly (``momentum_at``, record #39). ``normuon_update`` is the
+whole per-bank update, the one function the optimizer calls and the speed layer compiles
+(speedrun/perf/compiled_updates.py).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from speedrun.optim.orthogonalize import orthogonalize
 
 
 def nesterov_(grad: Tensor, buf: Tensor, momentum: float) -> Tensor:
@@ -80,6 +84,39 @@ def split_fp32(x: Tensor) -> tuple[Tensor, Tensor]:
     the low 16 bits, both uint16. join_fp32(*split_fp32(x)) == x bit for bit."""
     bits = x.float().contiguous().view(torch.int32)
     return ((bits >> 16) & 0xFFFF).to(torch.uint16), (bits & 0xFFFF).to(torch.uint16)
+
+
+def normuon_update(
+    grads: Tensor,
+    momentum_buf: Tensor,
+    second_moment: Tensor,
+    weights: Tensor,
+    mantissa: Tensor | None,
+    lr: Tensor | float,
+    decay: Tensor | float,
+    momentum: Tensor | float,
+    beta2: float,
+    rule: str,
+    backend: str,
+    ns_steps: int,
+    ns_form: str,
+    ns_dtype: torch.dtype,
+) -> Tensor:
+    """One NorMuon step of a stack of matrices (k, rows, cols): the module docstring's four lines. The
+    momentum and second-moment buffers and the mantissa (bf16 weights) are updated in place; ``grads``
+    is overwritten; returns the new weights in the weights' dtype. ``lr`` may be a (k, 1, 1) tensor
+    (per-matrix multipliers), ``decay`` is wd·(scheduled lr)."""
+    d = nesterov_(grads.float(), momentum_buf, momentum)
+    v = orthogonalize(d, backend, ns_steps, ns_form, dtype=ns_dtype)
+    if beta2 > 0:
+        v = normuon_normalize_(v, second_moment, beta2, rule)
+    w32 = join_fp32(weights.view(torch.uint16), mantissa) if mantissa is not None else weights.float()
+    w32 = cautious_step(w32, v, lr, decay)
+    if mantissa is None:
+        return w32
+    high, low = split_fp32(w32)
+    mantissa.copy_(low)
+    return high.view(torch.bfloat16)
 
 
 def momentum_at(step: int, total: int, warmup: int, cooldown: int, low: float, high: float) -> float:

@@ -35,15 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from speedrun.optim.cautious_adam import AdamLabel, adam_foreach_, cautious_adam_
-from speedrun.optim.normuon import (
-    cautious_step,
-    join_fp32,
-    nesterov_,
-    normuon_normalize_,
-    second_moment_shape,
-    split_fp32,
-)
-from speedrun.optim.orthogonalize import orthogonalize
+from speedrun.optim.normuon import normuon_update, second_moment_shape
 from speedrun.optim.table import Bank, Row, build_banks
 
 # -2: per-label Adam step counts; NorMuon state per block (a row's blocks may sit in two banks)
@@ -99,6 +91,7 @@ class ShardedNorMuonAdam:
         comms: Collectives | None = None,
     ) -> None:
         self.comms = comms or Collectives()
+        self.bank_update = normuon_update  # the speed layer may put a compiled twin here (train/ setup)
         self.world, self.rank = self.comms.world, self.comms.rank
         self.rows = rows
         self.banks = build_banks(rows, self.world)
@@ -285,25 +278,15 @@ class ShardedNorMuonAdam:
             muls = [row.lr_mul for row, _ in mine]
             if any(m != 1.0 for m in muls):  # per-matrix multipliers (HEAD's c_proj ×2)
                 lr = lr * torch.tensor(muls, device=grads.device).view(k, 1, 1)
-            d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
-            v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
-            if self.beta2 > 0:
-                rule = bank.stats_rule(self.square_stats)
-                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
+            rule = bank.stats_rule(self.square_stats)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
-            w32 = (
-                join_fp32(weights.view(torch.uint16), mantissa[:k])
-                if mantissa is not None
-                else weights.float()
-            )
-            w32 = cautious_step(w32, v, lr, self.muon_wd * group["lr"])
-            if mantissa is not None:
-                high, low = split_fp32(w32)
-                mantissa[:k].copy_(low)
-                new[:k].copy_(high.view(torch.bfloat16))
-            else:
-                new[:k].copy_(w32)
+            updated = self.bank_update(
+                grads[:k], st["momentum"][:k], st["second_moment"][:k], weights,
+                mantissa[:k] if mantissa is not None else None, lr, self.muon_wd * group["lr"],
+                group["momentum"], self.beta2, rule, self.backend, self.ns_steps, self.ns_form, self.ns_dtype,
+            )  # fmt: skip
+            new[:k].copy_(updated)
         new[k:].zero_()
         if self.world == 1:
             return bank, new, None
