@@ -28,6 +28,7 @@ slice. A run saved on 2 processes resumes on 1 or 4.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ READABLE_FORMATS = ("sharded-normuon-adam-1", STATE_FORMAT)
 
 #: torch 2.12+ names the tensor collectives `*_single` and warns (FutureWarning, once per call site and
 #: process) on the old names; older torch has only the old names
+Finish = Callable[[Tensor], Tensor]  # in place on a copy of gradients: what the step does after backward
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -92,6 +94,7 @@ class ShardedNorMuonAdam:
     ) -> None:
         self.comms = comms or Collectives()
         self.bank_update = normuon_update  # the speed layer may put a compiled twin here (train/ setup)
+        self.launched: dict[int, tuple[Tensor, Any]] = {}  # reductions started early (`launch`), by id
         self.world, self.rank = self.comms.world, self.comms.rank
         self.rows = rows
         self.banks = build_banks(rows, self.world)
@@ -177,9 +180,13 @@ class ShardedNorMuonAdam:
             self.head.grad.add_(self.embed.grad)
             self.embed.grad = None
         active = [r for r in self.adam_rows if do_adam and r.param.grad is not None]
-        # 1. launch every reduction, banks first (largest), in the same order on every rank
-        bank_work = [(bank, *self._reduce_bank(bank)) for bank in self.banks]
-        adam_work = [(row, *self._reduce_adam(row)) for row in active]
+        # 1. launch every reduction, banks first (largest), in the same order on every rank; those the
+        # speed layer launched from the backward's hooks (in this order too) are only collected
+        started = self.launched
+        self.launched = {}
+        bank_work = [(bank, *(started.pop(id(bank), None) or self._reduce_bank(bank))) for bank in self.banks]
+        adam_work = [(row, *(started.pop(id(row), None) or self._reduce_adam(row))) for row in active]
+        assert not started, "a reduction was launched that this step does not use"
         # 2. updates, small first; gathers start as each shard is done
         if do_adam:
             for label in self.adam_steps:
@@ -201,6 +208,31 @@ class ShardedNorMuonAdam:
         self.steps_done += 1
         if self.tied and self.steps_done >= self.tie_until:
             self._untie()
+
+    # ---- for the speed layer: reductions launched from the backward (perf/overlap.py)
+    def reduction_order(self) -> list[Bank | Row]:
+        """The next step's reductions that may start before it, in the order `step` launches them:
+        every bank, then the Adam rows it communicates (an Adam step; frozen rows and, while tied, the
+        embedding are not communicated) up to the head while tied (its gradient gains the embedding's
+        in `step`, which launches it and the rest after it): a prefix of `step`'s own order."""
+        if self.world == 1:
+            return []
+        do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
+        rows: list[Row] = []
+        for row in self.adam_rows if do_adam else ():
+            if self.tied and row.param is self.head:
+                break
+            if row.label not in frozen and not (self.tied and row.param is self.embed):
+                rows.append(row)
+        return [*self.banks, *rows]
+
+    def launch(self, item: Bank | Row, finish: Finish) -> None:
+        """Start one reduction of `reduction_order` now, from inside the backward (its gradients are
+        final); `step` collects it. `finish` does in place to a copy of the gradients what the training
+        step does to them after the backward (divide, scale): they themselves are left untouched."""
+        reduce = self._reduce_bank if isinstance(item, Bank) else self._reduce_adam
+        self.launched[id(item)] = reduce(item, finish)
 
     def _update_adam(self, adam_work: list[tuple[Row, Tensor, Any]]) -> list[tuple[None, None, Any]]:
         """Adam on this rank's shards, each after its reduction, replicated tensors first: those of one
@@ -246,18 +278,24 @@ class ShardedNorMuonAdam:
                 self.kept[row.name] = p.grad
                 p.grad = None
 
-    def _reduce_bank(self, bank: Bank) -> tuple[Tensor, Any]:
+    def _reduce_bank(self, bank: Bank, finish: Finish | None = None) -> tuple[Tensor, Any]:
         grads = bank.grad_rows()
         rows, cols = bank.shape
         if self.world == 1:
             return torch.cat(grads).view(bank.size, rows, cols), None
         stacked = torch.zeros((bank.padded, rows, cols), dtype=grads[0].dtype, device=grads[0].device)
         torch.cat(grads, out=stacked.view(-1, cols)[: bank.size * rows])
+        if finish is not None:
+            finish(stacked)
         out = torch.empty((bank.per_rank, *bank.shape), dtype=stacked.dtype, device=stacked.device)
         return out, self.comms.reduce_scatter(out, stacked)
 
-    def _reduce_adam(self, row: Row) -> tuple[Tensor, Any]:
+    def _reduce_adam(self, row: Row, finish: Finish | None = None) -> tuple[Tensor, Any]:
         g = row.param.grad
+        if finish is not None:  # from the backward: a copy, made as `step` makes it (+ a kept gradient)
+            g = finish(g.clone())
+            if row.name in self.kept:
+                g.add_(self.kept[row.name])
         if self.world == 1:
             return g, None
         if not self._row_sharded(row):

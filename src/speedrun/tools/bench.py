@@ -78,6 +78,10 @@ class _TimedOptimizer:
     def parameters(self):
         return self.inner.parameters()
 
+    @property
+    def overlap(self):
+        return self.inner.overlap
+
 
 def bench_stages(cfg: Config, only: list[int] | None = None) -> list[tuple[int, int, int]]:
     """(stage number, first step, steps in it) of each stage to time, in the order `only` names them (the
