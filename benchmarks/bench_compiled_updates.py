@@ -4,7 +4,7 @@ the second time with the compiled updates swapped in whatever `train.perf=auto` 
 the CPU it would not swap them: this is how that choice was measured, docs/benchmarks.md).
 
     python benchmarks/bench_compiled_updates.py [--recipe demo-normuon] [--device cpu] [--steps 8]
-        [--warmup 2] [key=value ...]
+        [--warmup 2] [--stage N] [key=value ...]
 
 Prints, per arm, the median step and optimizer ms and the optimizer's share, then compiled/eager.
 """
@@ -12,7 +12,6 @@ Prints, per arm, the median step and optimizer ms and the optimizer's share, the
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
@@ -21,11 +20,11 @@ from speedrun.recipes import load_recipe
 from speedrun.tools.bench import run_bench
 
 
-def arm(cfg, device: torch.device, steps: int, warmup: int, compiled: bool) -> dict:
+def arm(cfg, device: torch.device, steps: int, warmup: int, stages, compiled: bool) -> dict:
     wanted = compiled_updates.wanted
     compiled_updates.wanted = lambda mode, dev: compiled  # the swap itself is the one a run makes
     try:
-        r = run_bench(cfg, device, steps=steps, warmup=warmup, anchors=[])
+        r = run_bench(cfg, device, steps=steps, warmup=warmup, stages=stages, anchors=[])
     finally:
         compiled_updates.wanted = wanted
     s = r["stages"][-1]
@@ -38,21 +37,24 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--stage", type=int, default=None, help="time only this stage (1 = first)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
     cfg = load_recipe(args.recipe, args.overrides)
     device = torch.device(args.device)
     results = {}
     for name, compiled in (("eager", False), ("compiled", True)):
-        r = results[name] = arm(cfg, device, args.steps, args.warmup, compiled)
+        stages = None if args.stage is None else [args.stage]
+        r = results[name] = arm(cfg, device, args.steps, args.warmup, stages, compiled)
         share = r["optimizer_ms"] / r["step_ms"]
         print(
-            f"{args.recipe} {name:<8} step {r['step_ms']:8.1f} ms  optimizer {r['optimizer_ms']:7.1f} ms "
-            f"({share:5.1%})  last loss {r['loss_last']:.4f}  threads {torch.get_num_threads()}",
+            f"compiled-updates {args.recipe} {name:<8} step {r['step_ms']:8.1f} ms  "
+            f"optimizer {r['optimizer_ms']:7.1f} ms ({share:5.1%})  last loss {r['loss_last']:.4f}  "
+            f"threads {torch.get_num_threads()}",
             flush=True,
         )
     ratio = results["compiled"]["optimizer_ms"] / results["eager"]["optimizer_ms"]
-    print(f"{args.recipe} optimizer compiled/eager {ratio:.2f}", file=sys.stderr)
+    print(f"compiled-updates {args.recipe} optimizer compiled/eager {ratio:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 #   3. `speedrun bench --recipe stages-2025-12 --stage 3`
 #   4. `pytest -m gpu`
 #   5. the Muon op count (benchmarks/bench_muon_ops.py)
+#   6. with CUDA: eager against compiled optimizer updates on record-2026-07's stage 3
+#      (benchmarks/bench_compiled_updates.py; speedrun/perf/compiled_updates.py, issue 44)
 # Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
@@ -74,7 +76,7 @@ part() {
   if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
   local t0; t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" \
-    | { grep --line-buffered -E '^(bench-stage|memory_snapshot) ' || true; } | tee -a "$OUT/summary.txt"
+    | { grep --line-buffered -E '^(bench-stage|memory_snapshot|compiled-updates) ' || true; } | tee -a "$OUT/summary.txt"
   local rc=${PIPESTATUS[0]} secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
@@ -170,6 +172,12 @@ else
   MUON_DEVICE=meta
 fi
 part muon-ops 60 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+if [ "$DEVICE" = cuda ]; then
+  part compiled-updates 150 "$PY" "$REPO/benchmarks/bench_compiled_updates.py" --recipe record-2026-07 --stage 3 \
+    --steps "$STEPS" --warmup "$WARMUP" --device cuda
+else
+  say "compiled-updates: skipped: no CUDA"
+fi
 
 say "done in $(($(date +%s) - START))s; results in $OUT"
 exit $FAILED
