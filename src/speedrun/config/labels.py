@@ -45,7 +45,9 @@ LABELS = (
     "embed",  # token and position embeddings; a tied embedding/head weight
     "value_embed",  # value embeddings (2024-12)
     "head",  # an untied output head
-    "scalar",  # norm gains, biases, lambdas, skip weights
+    "scalar",  # norm gains, LayerNorm biases, lambdas, skip weights
+    "bias",  # a linear layer's bias (GPT-2, track 3)
+    "attn_out_bias",  # the attention output projection's bias (track 3 #46: its own beta2)
     "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
     "gate",  # #28's attention gate, #55's value-embedding gate
     "smear_gate",  # #34's smear gate
@@ -64,6 +66,8 @@ MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smea
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
 SCALAR_LIKE = (
     "scalar",
+    "bias",
+    "attn_out_bias",
     "x0",
     "skip_gate",
     "resid_lambda",
@@ -74,6 +78,9 @@ SCALAR_LIKE = (
     "mudd_gate_bias",
 )
 HYPER = ("lr", "betas", "wd", "eps")  # an Adam group's hyperparameters
+#: The optimizers that train from the table (optim/sharded.py: NorMuon; optim/anvil.py: #92's ANVIL). Their
+#: matrix rows have rule normuon: the table's orthogonalized rule, whose update the optimizer chooses
+TABLE_OPTIMIZERS = ("normuon", "anvil")
 RULE_KEYS = {
     "adam": ("rule", "group", *HYPER),
     "muon": ("rule", "split"),
@@ -151,7 +158,7 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     def adam(group: str, lr: float, betas: Any = o.betas, wd: float = o.adam_weight_decay) -> LabelRow:
         return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
 
-    if o.name != "normuon":  # (Muon's one Adam: optim.betas and adam_weight_decay)
+    if o.name not in TABLE_OPTIMIZERS:  # (Muon's one Adam: optim.betas and adam_weight_decay)
         rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
@@ -174,6 +181,9 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         "value_embed": value_embed,
         "head": adam("head", o.head_lr, o.embed_betas, wd * o.embed_wd_mul),
         "scalar": adam("scalar", o.scalar_lr, o.scalar_betas, 0.0),
+        # a linear's bias (gpt2024 models under NorMuon): the scalars' settings in groups of their own
+        "bias": adam("bias", o.scalar_lr, o.scalar_betas, 0.0),
+        "attn_out_bias": adam("attn_out_bias", o.scalar_lr, o.scalar_betas, 0.0),
         "x0": adam("x0", o.x0_lr or o.scalar_lr, o.x0_betas, 0.0),
         "gate": adam("gate", o.gate_lr, gate_betas, wd)
         if o.gate_lr > 0
@@ -269,10 +279,12 @@ def _another(o: Any, name: str) -> Any:
 def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> LabelRow:
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
-    matrix_rule = "normuon" if o.name == "normuon" else "muon"
+    matrix_rule = "normuon" if o.name in TABLE_OPTIMIZERS else "muon"
     if rule not in ("adam", matrix_rule):
+        needs = "normuon or anvil" if rule == "normuon" else rule
         raise ConfigError(
-            f"optim.labels.{label}.rule: {rule} needs optim.name = {rule} (this optimizer runs {matrix_rule})"
+            f"optim.labels.{label}.rule: {rule} needs optim.name = {needs} "
+            f"(this optimizer runs {matrix_rule})"
         )
     for k in keys:
         if k not in RULE_KEYS[rule]:

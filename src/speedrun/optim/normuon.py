@@ -8,9 +8,9 @@ Per matrix, one NorMuon step is (records #38, #41/#42/#48, #43, #57)::
     W   ← W − W·[V·W ≥ 0]·(wd·lr)·lr_eff − V·lr_eff               # ``cautious_step``, lr_eff = lr·mult
     bf16 W is stepped in fp32: W32 = (bits(W) << 16) | mantissa    # ``join_fp32`` / ``split_fp32``
 
-Momentum μ warms up and cools down linearly (``momentum_at``, record #39). ``normuon_update`` is the
-whole per-bank update, the one function the optimizer calls and the speed layer compiles
-(speedrun/perf/compiled_updates.py).
+Momentum μ warms up and cools down linearly (``momentum_at``, record #39). ``normuon_direction`` and
+``stepped_weights`` are the per-bank update the optimizer runs; ``normuon_update``, the two together,
+is what the speed layer compiles (speedrun/perf/compiled_updates.py).
 """
 
 from __future__ import annotations
@@ -64,11 +64,14 @@ def normuon_normalize_(v: Tensor, second_moment: Tensor, beta2: float, square: s
     return v.mul_(scale.type_as(v))
 
 
-def cautious_step(weight: Tensor, update: Tensor, lr: Tensor | float, decay: Tensor | float) -> Tensor:
+def cautious_step(
+    weight: Tensor, update: Tensor, lr: Tensor | float, decay: Tensor | float, gate: Tensor | None = None
+) -> Tensor:
     """W − W·[U·W ≥ 0]·decay·lr − U·lr in fp32 (returns a new tensor): weight decay only where the
-    update pushes the weight towards zero anyway (#43). NorMuon passes decay = wd·(scheduled lr)."""
+    update pushes the weight towards zero anyway (#43). NorMuon passes decay = wd·(scheduled lr).
+    With ``gate`` the sign test reads it instead of U: W·[gate·W ≥ 0] (ANVIL's slow rail, #92)."""
     update = update.float()
-    mask = (update * weight) >= 0
+    mask = ((update if gate is None else gate.float()) * weight) >= 0
     return weight - (weight * mask * decay * lr) - (update * lr)
 
 
@@ -84,6 +87,47 @@ def split_fp32(x: Tensor) -> tuple[Tensor, Tensor]:
     the low 16 bits, both uint16. join_fp32(*split_fp32(x)) == x bit for bit."""
     bits = x.float().contiguous().view(torch.int32)
     return ((bits >> 16) & 0xFFFF).to(torch.uint16), (bits & 0xFFFF).to(torch.uint16)
+
+
+def normuon_direction(
+    grads: Tensor,
+    momentum_buf: Tensor,
+    second_moment: Tensor,
+    momentum: Tensor | float,
+    beta2: float,
+    rule: str,
+    backend: str,
+    ns_steps: int,
+    ns_form: str,
+    ns_dtype: torch.dtype,
+) -> Tensor:
+    """NorMuon's direction of a stack of matrices (k, rows, cols): Nesterov, orthogonalization, NorMuon
+    (the first three lines above). ``grads`` (fp32) is overwritten; the buffers are updated in place."""
+    d = nesterov_(grads, momentum_buf, momentum)
+    v = orthogonalize(d, backend, ns_steps, ns_form, dtype=ns_dtype)
+    if beta2 > 0:
+        v = normuon_normalize_(v, second_moment, beta2, rule)
+    return v
+
+
+def stepped_weights(
+    weights: Tensor,
+    mantissa: Tensor | None,
+    v: Tensor,
+    lr: Tensor | float,
+    decay: Tensor | float,
+    gate: Tensor | None = None,
+) -> Tensor:
+    """The weights after the cautious step along ``v`` (the last two lines above), in the weights' dtype:
+    bf16 weights are stepped in fp32 through their mantissa (updated in place). ``lr`` may be a
+    (k, 1, 1) tensor (per-matrix multipliers); ``decay`` is wd·(scheduled lr)."""
+    w32 = join_fp32(weights.view(torch.uint16), mantissa) if mantissa is not None else weights.float()
+    w32 = cautious_step(w32, v, lr, decay, gate)
+    if mantissa is None:
+        return w32
+    high, low = split_fp32(w32)
+    mantissa.copy_(low)
+    return high.view(torch.bfloat16)
 
 
 def normuon_update(
@@ -102,21 +146,11 @@ def normuon_update(
     ns_form: str,
     ns_dtype: torch.dtype,
 ) -> Tensor:
-    """One NorMuon step of a stack of matrices (k, rows, cols): the module docstring's four lines. The
-    momentum and second-moment buffers and the mantissa (bf16 weights) are updated in place; ``grads``
-    is overwritten; returns the new weights in the weights' dtype. ``lr`` may be a (k, 1, 1) tensor
-    (per-matrix multipliers), ``decay`` is wd·(scheduled lr)."""
-    d = nesterov_(grads.float(), momentum_buf, momentum)
-    v = orthogonalize(d, backend, ns_steps, ns_form, dtype=ns_dtype)
-    if beta2 > 0:
-        v = normuon_normalize_(v, second_moment, beta2, rule)
-    w32 = join_fp32(weights.view(torch.uint16), mantissa) if mantissa is not None else weights.float()
-    w32 = cautious_step(w32, v, lr, decay)
-    if mantissa is None:
-        return w32
-    high, low = split_fp32(w32)
-    mantissa.copy_(low)
-    return high.view(torch.bfloat16)
+    """One whole NorMuon step of a bank's matrices, the two pieces above as the optimizer runs them:
+    the function the speed layer compiles (perf/compiled_updates.py)."""
+    v = normuon_direction(grads.float(), momentum_buf, second_moment, momentum, beta2, rule, backend,
+                          ns_steps, ns_form, ns_dtype)  # fmt: skip
+    return stepped_weights(weights, mantissa, v, lr, decay)
 
 
 def momentum_at(step: int, total: int, warmup: int, cooldown: int, low: float, high: float) -> float:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from speedrun.optim.cautious_adam import AdamLabel, adam_foreach_, cautious_adam_
-from speedrun.optim.normuon import normuon_update, second_moment_shape
+from speedrun.optim.normuon import normuon_direction, second_moment_shape, stepped_weights
 from speedrun.optim.table import Bank, Row, build_banks
 
 # -2: per-label Adam step counts; NorMuon state per block (a row's blocks may sit in two banks)
@@ -72,7 +72,11 @@ class Collectives:
 
 class ShardedNorMuonAdam:
     """NorMuon + labelled Adam from one table; see the module docstring. ``param_groups`` has one group
-    per label ({"kind": "muon"|"adam", "label", "lr", "momentum"}) for the schedule to write."""
+    per label ({"kind": "muon"|"adam", "label", "lr", "momentum"}) for the schedule to write. A subclass
+    (optim/anvil.py) replaces the matrices' direction (``_bank_direction``) and a label's Adam cadence
+    (``_adam_due``, ``_adam_hyper``); the sharding, communication and state dict stay these."""
+
+    state_format, readable_formats = STATE_FORMAT, READABLE_FORMATS
 
     def __init__(
         self,
@@ -93,7 +97,8 @@ class ShardedNorMuonAdam:
         comms: Collectives | None = None,
     ) -> None:
         self.comms = comms or Collectives()
-        self.bank_update = normuon_update  # the speed layer may put a compiled twin here (train/ setup)
+        # the speed layer may put its compiled NorMuon step here (perf/compiled_updates.py, train/ setup)
+        self.bank_update: Callable[..., Tensor] | None = None
         self.launched: dict[int, tuple[Tensor, Any]] = {}  # reductions started early (`launch`), by id
         self.world, self.rank = self.comms.world, self.comms.rank
         self.rows = rows
@@ -170,16 +175,17 @@ class ShardedNorMuonAdam:
     @torch.no_grad()
     def step(self) -> None:
         do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        due = {label: self._adam_due(label, do_adam) for label in self.adam}
         frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
         for row in self.adam_rows:
             if row.label in frozen:  # #52: this step's and any kept gradients are dropped
                 row.param.grad = None
                 self.kept.pop(row.name, None)
-        self._carry_adam_grads(do_adam)
+        self._carry_adam_grads(due)
         if self.tied and do_adam and self.embed.grad is not None:
             self.head.grad.add_(self.embed.grad)
             self.embed.grad = None
-        active = [r for r in self.adam_rows if do_adam and r.param.grad is not None]
+        active = [r for r in self.adam_rows if due[r.label] and r.param.grad is not None]
         # 1. launch every reduction, banks first (largest), in the same order on every rank; those the
         # speed layer launched from the backward's hooks (in this order too) are only collected
         started = self.launched
@@ -188,9 +194,8 @@ class ShardedNorMuonAdam:
         adam_work = [(row, *(started.pop(id(row), None) or self._reduce_adam(row))) for row in active]
         assert not started, "a reduction was launched that this step does not use"
         # 2. updates, small first; gathers start as each shard is done
-        if do_adam:
-            for label in self.adam_steps:
-                self.adam_steps[label] += label not in frozen
+        for label in self.adam_steps:
+            self.adam_steps[label] += due[label] and label not in frozen
         gathers = self._update_adam(adam_work)
         for bank, grads, work in bank_work:
             if work is not None:
@@ -212,18 +217,21 @@ class ShardedNorMuonAdam:
     # ---- for the speed layer: reductions launched from the backward (perf/overlap.py)
     def reduction_order(self) -> list[Bank | Row]:
         """The next step's reductions that may start before it, in the order `step` launches them:
-        every bank, then the Adam rows it communicates (an Adam step; frozen rows and, while tied, the
-        embedding are not communicated) up to the head while tied (its gradient gains the embedding's
-        in `step`, which launches it and the rest after it): a prefix of `step`'s own order."""
+        every bank, then the Adam rows it communicates (their label's Adam step, `_adam_due`; frozen
+        rows and, while tied, the embedding are not communicated) up to the head while tied (its
+        gradient gains the embedding's in `step`, which launches it and the rest after it): a prefix of
+        `step`'s own order."""
         if self.world == 1:
             return []
         do_adam = self.steps_done % self.adam_every == self.adam_every - 1
         frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
         rows: list[Row] = []
-        for row in self.adam_rows if do_adam else ():
-            if self.tied and row.param is self.head:
+        for row in self.adam_rows:
+            if not self._adam_due(row.label, do_adam) or row.label in frozen:
+                continue  # not communicated this step
+            if self.tied and do_adam and row.param is self.head:
                 break
-            if row.label not in frozen and not (self.tied and row.param is self.embed):
+            if not (self.tied and do_adam and row.param is self.embed):
                 rows.append(row)
         return [*self.banks, *rows]
 
@@ -256,25 +264,33 @@ class ShardedNorMuonAdam:
             weights = [row.param for row, _, _ in items]  # (no_grad)
             exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
             lr, t = self._group(label)["lr"], self.adam_steps[label]
-            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self.adam[label])
+            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self._adam_hyper(label))
         for row, grad, work in single:
             if work is not None:
                 work.wait()
                 grad.div_(self.world)
             shard, st = self._adam_shard(row), self.state[row.name]
             lr, t = self._group(row.label)["lr"], self.adam_steps[row.label]
-            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self.adam[row.label])
+            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self._adam_hyper(row.label))
             if self._row_sharded(row):
                 gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
         return gathers
 
-    def _carry_adam_grads(self, do_adam: bool) -> None:
+    def _adam_due(self, label: str, do_adam: bool) -> bool:
+        """Whether ``label``'s Adam steps this step: every ``adam_every``-th step."""
+        return do_adam
+
+    def _adam_hyper(self, label: str) -> AdamLabel:
+        """``label``'s Adam hyperparameters this step: its row's."""
+        return self.adam[label]
+
+    def _carry_adam_grads(self, due: dict[str, bool]) -> None:
         """Keep Adam gradients over a skipped step (summed, as HEAD's grads that are not cleared)."""
         for row in self.adam_rows:
             p, kept = row.param, self.kept.pop(row.name, None)
             if kept is not None:
                 p.grad = kept if p.grad is None else p.grad.add_(kept)
-            if not do_adam and p.grad is not None:
+            if not due[row.label] and p.grad is not None:
                 self.kept[row.name] = p.grad
                 p.grad = None
 
@@ -316,20 +332,37 @@ class ShardedNorMuonAdam:
             muls = [row.lr_mul for row, _ in mine]
             if any(m != 1.0 for m in muls):  # per-matrix multipliers (HEAD's c_proj ×2)
                 lr = lr * torch.tensor(muls, device=grads.device).view(k, 1, 1)
-            rule = bank.stats_rule(self.square_stats)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
-            mantissa = st.get("mantissa")
-            updated = self.bank_update(
-                grads[:k], st["momentum"][:k], st["second_moment"][:k], weights,
-                mantissa[:k] if mantissa is not None else None, lr, self.muon_wd * group["lr"],
-                group["momentum"], self.beta2, rule, self.backend, self.ns_steps, self.ns_form, self.ns_dtype,
-            )  # fmt: skip
+            mantissa = st["mantissa"][:k] if "mantissa" in st else None
+            decay = self.muon_wd * group["lr"]
+            if self.bank_update is not None:  # the speed layer's compiled NorMuon step
+                rule = bank.stats_rule(self.square_stats)
+                updated = self.bank_update(
+                    grads[:k], st["momentum"][:k], st["second_moment"][:k], weights, mantissa, lr, decay,
+                    group["momentum"], self.beta2, rule, self.backend, self.ns_steps, self.ns_form,
+                    self.ns_dtype,
+                )  # fmt: skip
+            else:
+                v, gate = self._bank_direction(bank, st, grads[:k].float(), group)
+                updated = stepped_weights(weights, mantissa, v, lr, decay, gate)
             new[:k].copy_(updated)
         new[k:].zero_()
         if self.world == 1:
             return bank, new, None
         out = torch.empty((bank.padded, *bank.shape), dtype=bank.dtype, device=grads.device)
         return bank, out, self.comms.all_gather(out, new)
+
+    def _bank_direction(
+        self, bank: Bank, st: dict[str, Tensor], grads: Tensor, group: dict[str, Any]
+    ) -> tuple[Tensor, Tensor | None]:
+        """NorMuon's update direction of this rank's matrices of ``bank`` (fp32 ``grads``, overwritten),
+        and what gates the cautious decay (None: the direction itself)."""
+        k = grads.shape[0]
+        v = normuon_direction(
+            grads, st["momentum"][:k], st["second_moment"][:k], group["momentum"], self.beta2,
+            bank.stats_rule(self.square_stats), self.backend, self.ns_steps, self.ns_form, self.ns_dtype,
+        )  # fmt: skip
+        return v, None
 
     @staticmethod
     def _write_bank(bank: Bank, gathered: Tensor) -> None:
@@ -377,7 +410,7 @@ class ShardedNorMuonAdam:
                 g.div_(self.world)
             kept[name] = g
         return {
-            "format": STATE_FORMAT,
+            "format": self.state_format,
             "steps_done": self.steps_done,
             "adam_steps": dict(self.adam_steps),
             "tied": self.tied,
@@ -395,8 +428,8 @@ class ShardedNorMuonAdam:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
-            raise ValueError(f"optimizer state is not {STATE_FORMAT}")
+        if not isinstance(state, dict) or state.get("format") not in self.readable_formats:
+            raise ValueError(f"optimizer state is not {self.state_format}")
         params = state["params"]
         missing = sorted({r.name for r in self.rows} - set(params))
         if missing:

@@ -1,7 +1,8 @@
-"""Compiled optimizer updates: the per-bank NorMuon update (optim/normuon.normuon_update, the plain twin)
-and Muon's orthogonalization (optim/orthogonalize.orthogonalize) under
-`torch.compile(fullgraph=True, dynamic=False)`, as upstream compiles its update ("the next step" of
-docs/roadmap.md).
+"""Compiled optimizer updates: the per-bank NorMuon update (optim/normuon.normuon_update, the eager
+pieces `normuon_direction` and `stepped_weights` the optimizer runs, composed) and Muon's
+orthogonalization (optim/orthogonalize.orthogonalize) under `torch.compile(fullgraph=True,
+dynamic=False)`, as upstream compiles its update ("the next step" of docs/roadmap.md). ANVIL (a
+subclass with its own direction, optim/anvil.py) keeps its eager update.
 
 One graph per bank (or Muon bucket) for the whole run: the schedule's scalars (lr, decay, momentum)
 change every step, so they enter as 0-dim fp32 tensors on the device, refilled each call, never as
@@ -77,7 +78,7 @@ def install(optimizer: Any, mode: str, device: torch.device) -> str:
         return f"optimizer updates: eager (train.perf={mode}, device {device.type})"
     done = []
     for part in optimizer.parts.values():
-        if isinstance(part, ShardedNorMuonAdam) and part.banks:
+        if type(part) is ShardedNorMuonAdam and part.banks:  # a subclass (ANVIL) has its own direction
             part.bank_update = CompiledBankUpdate()
             graphs = len(part.banks)
             done.append(f"NorMuon per bank ({graphs} graphs)")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from speedrun.config.gpt2026 import attn, embed, head, init, mlp, mudd, stream, values
-from speedrun.config.gpt2026.attn import AttnConfig, attention_scale, qk_width  # noqa: F401
+from speedrun.config.gpt2026.attn import AttnConfig, attention_scale, layer_scale, qk_width  # noqa: F401
 from speedrun.config.gpt2026.embed import EmbedConfig
 from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.config.gpt2026.init import InitConfig

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from speedrun.config import Config
+from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import family_of
 from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
+from speedrun.optim.normuon import second_moment_shape
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.train.flops import config_model
 
@@ -77,11 +78,13 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
         # Newton-Schulz iterates
         return state, momentum + 4 * largest + 3 * 2 * largest
     rows = build_rows(entries, world)  # normuon: state only for this rank's shard (optim/sharded.py)
-    state = 0
+    state, rails = 0, 2 if cfg.optim.name == "anvil" else 1  # ANVIL: a fast and a slow velocity
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
-        state += per_rank * (4 + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
-        state += bank.per_rank * 4 * min(bank.shape)  # the second moment's row or column means
+        state += per_rank * (4 * rails + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
+        rule = bank.stats_rule(cfg.optim.normuon_square_stats)
+        moments = second_moment_shape((bank.per_rank, *bank.shape), rule)
+        state += 4 * math.prod(moments)  # the second moment's row or column means (along the longer side)
     for row in rows:
         if row.rule == "adam":
             state += 2 * 4 * row.param.numel() // (world if row.sharded and world > 1 else 1)
@@ -150,7 +153,7 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     weights = _nbytes(params) + _nbytes(model.buffers())
     grads = _nbytes(params)
     accumulation = max(1, t.global_batch_tokens // (world_size * t.micro_batch_tokens))
-    ddp = world_size > 1 and cfg.optim.name != "normuon"  # DDP's buckets hold the gradients always
+    ddp = world_size > 1 and cfg.optim.name not in TABLE_OPTIMIZERS  # DDP's buckets hold the gradients always
     state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
     per_token, per_logit = _activation_bytes(cfg, compiled)
     activations = per_token * t.micro_batch_tokens
