@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One command for a lent GPU (issue 34), at most 8 minutes: install speedrun from a wheel folder without
 # touching the image's packages, then, each part under its own time limit and all under one deadline:
+#   0. `speedrun doctor` (with CUDA: `--recipe record-2026-07`): the host's preflight; its warn and fail
+#      lines go into the summary (a fail is reported, and the parts still run)
 #   1. `speedrun bench --recipe record-2026-07 --stage 3,1,2` (the three stages, a few timed steps each;
 #      stage 3 first: it has the anchor and the memory figure, and each stage compiles its own graph)
 #   2. benchmarks/memory_snapshot.py: a CUDA memory snapshot of record-2026-07's stage 3 at the backward's
@@ -8,6 +10,8 @@
 #   3. `speedrun bench --recipe stages-2025-12 --stage 3`
 #   4. `pytest -m gpu`
 #   5. the Muon op count (benchmarks/bench_muon_ops.py)
+#   6. with CUDA: eager against compiled optimizer updates on record-2026-07's stage 3
+#      (benchmarks/bench_compiled_updates.py; speedrun/perf/compiled_updates.py, issue 44)
 # Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
@@ -72,7 +76,7 @@ part() {
   if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
   local t0; t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" \
-    | { grep --line-buffered -E '^(bench-stage|memory_snapshot) ' || true; } | tee -a "$OUT/summary.txt"
+    | { grep --line-buffered -E '^(bench-stage|memory_snapshot|compiled-updates) ' || true; } | tee -a "$OUT/summary.txt"
   local rc=${PIPESTATUS[0]} secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
@@ -138,6 +142,12 @@ elif [ -n "$CPU_OVERRIDES" ]; then
   DEVICE=cpu
   say "no CUDA: parts 1-3 run on the CPU with $CPU_OVERRIDES (a test of the kit, not a measurement)"
 fi
+if [ "$DEVICE" = cuda ]; then
+  part doctor 60 "$PY" -m speedrun doctor --recipe record-2026-07
+else
+  part doctor 60 "$PY" -m speedrun doctor
+fi
+[ -f "$OUT/doctor.log" ] && grep -E '^(warn|fail) ' "$OUT/doctor.log" | sed 's/^/doctor: /' | tee -a "$OUT/summary.txt"
 if [ -n "$DEVICE" ]; then
   bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 3,1,2
   mapfile -t ov < <(overrides record-2026-07)
@@ -162,6 +172,12 @@ else
   MUON_DEVICE=meta
 fi
 part muon-ops 60 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+if [ "$DEVICE" = cuda ]; then
+  part compiled-updates 150 "$PY" "$REPO/benchmarks/bench_compiled_updates.py" --recipe record-2026-07 --stage 3 \
+    --steps "$STEPS" --warmup "$WARMUP" --device cuda
+else
+  say "compiled-updates: skipped: no CUDA"
+fi
 
 say "done in $(($(date +%s) - START))s; results in $OUT"
 exit $FAILED

@@ -1,9 +1,9 @@
 """The in-library 2-process checks, run by tests/two_processes.py's one torchrun launch after its
 `speedrun train` jobs, in the same process group: every recipe's losses (tests/recipe_matrix.py),
 compiled DDP (tests/ddp_compile.py), #71's sparse row exchange (tests/sparse_rows_check.py), #92's
-ANVIL (tests/test_anvil.py), #92's row-sharded n-gram table (tests/ngram_rows_check.py) and distributed
-Muon (tests/test_muon_distributed.py). Rank 0 writes `results.json` into the launch's folder; the tensors
-of the Muon check are saved beside it."""
+ANVIL (tests/test_anvil.py), #92's row-sharded n-gram table (tests/ngram_rows_check.py), the reductions
+from backward hooks (tests/overlap_check.py) and distributed Muon (tests/test_muon_distributed.py). Rank 0
+writes `results.json` into the launch's folder; the tensors of the Muon check are saved beside it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch.distributed as dist
 from tests import (
     ddp_compile,
     ngram_rows_check,
+    overlap_check,
     recipe_matrix,
     sparse_rows_check,
     test_anvil,
@@ -33,6 +34,7 @@ def run(folder: Path) -> None:
         "sparse_rows": sparse_rows_check.sparse_equals_dense(rank, world),  # #71
         "anvil": test_anvil.two_ranks(rank, world),  # #92
         "ngram_rows": ngram_rows_check.sharded_equals_single(rank, world),  # #92
+        "overlap": overlap_check.hooked_equals_post_backward(rank, world),  # perf/overlap.py
     }
     test_muon_distributed.on_two_ranks(rank, folder)
     if rank == 0:

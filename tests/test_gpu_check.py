@@ -48,6 +48,8 @@ def test_gpu_check_runs_end_to_end_on_cpu_with_gpu_parts_skipped(tmp_path):
     for name in GPU_PARTS:
         assert f"{name}: skipped: no CUDA" in summary
     assert "muon-ops: ok" in summary
+    assert "doctor: ok" in summary and "ok   torch: " in (out / "doctor.log").read_text()  # doctor first
+    assert summary.index("doctor: ok") < summary.index("pytest-gpu: skipped")
     assert "aten ops per step()" in (out / "muon-ops.log").read_text()
     assert "cuda available False" in (out / "env.txt").read_text()
 
@@ -91,3 +93,4 @@ def test_gpu_check_past_its_deadline_skips_each_part_in_one_line(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert proc.returncode == 1
     assert "muon-ops: skipped: deadline reached" in summary and "done in" in summary
+    assert "doctor: skipped: deadline reached" in summary

@@ -1,5 +1,5 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
-| race | noise`. `main` turns every failure a user can cause or meet into one stderr line and an exit
+| race | noise | doctor`. `main` turns every failure a user can cause or meet into one stderr line and an exit
 code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
 (128 + signal), a closed pipe."""
 
@@ -48,6 +48,7 @@ COMMANDS = {
     "ablate": "speedrun.tools.ablate:cmd_ablate",
     "race": "speedrun.tools.race:cmd_race",
     "noise": "speedrun.tools.noise:cmd_noise",
+    "doctor": "speedrun.tools.doctor:cmd_doctor",
 }
 
 
@@ -87,6 +88,15 @@ def _build_parser() -> argparse.ArgumentParser:
     recipes = sub.add_parser("recipes", help="the recipe index, or one recipe's summary")
     recipes.add_argument("name", nargs="?", help="one recipe: provenance, what it adds, how to run it")
     recipes.add_argument("--json", action="store_true", help="with NAME: its fully resolved config as JSON")
+
+    doctor = sub.add_parser("doctor", help="preflight of this host: one line per check (ok / warn / fail)")
+    doctor.add_argument("--recipe", default=None, help="also compare the recipe's memory estimate")
+    doctor.add_argument(
+        "--nproc", type=int, default=None, help="processes per node for the estimate (default: the GPUs)"
+    )
+    doctor.set_defaults(
+        trailing=doctor.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    )
 
     from speedrun.tools.commands import add_tool_commands
 

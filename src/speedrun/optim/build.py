@@ -44,6 +44,7 @@ class RunOptimizer:
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
         self.nesterov = nesterov  # track 3's EMA-Nesterov lookahead, made after each step
+        self.overlap = None  # the speed layer's reductions from backward hooks (perf/overlap.py), if any
         for kind, opt in parts.items():
             for group in opt.param_groups:
                 group.setdefault("kind", kind)

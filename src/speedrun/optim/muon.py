@@ -165,6 +165,7 @@ class Muon(torch.optim.Optimizer):
             ns_coefficients=tuple(ns_coefficients),
         )
         self._process_group = process_group
+        self.orthogonalize = orthogonalize  # the speed layer may put a compiled twin here (train/ setup)
         self._comm_buffers: dict[tuple, tuple[Tensor, Tensor]] = {}
         self._cached_plan: tuple[tuple, list[_Bucket]] | None = None
         super().__init__(params, defaults)
@@ -305,7 +306,7 @@ class Muon(torch.optim.Optimizer):
         if stacked is not None:
             ns = (group["backend"], group["ns_steps"], group["ns_form"], self.ns_dtype)
             coefficients = group.setdefault("ns_coefficients", NS_COEFFICIENTS)
-            mine = orthogonalize(stacked, *ns, coefficients=coefficients).to(out_dtype)
+            mine = self.orthogonalize(stacked, *ns, coefficients=coefficients).to(out_dtype)
         if world == 1:
             return mine, None
         per_rank = math.ceil(len(bucket.items) / world)

@@ -8,13 +8,17 @@ Per matrix, one NorMuon step is (records #38, #41/#42/#48, #43, #57)::
     W   ← W − W·[V·W ≥ 0]·(wd·lr)·lr_eff − V·lr_eff               # ``cautious_step``, lr_eff = lr·mult
     bf16 W is stepped in fp32: W32 = (bits(W) << 16) | mantissa    # ``join_fp32`` / ``split_fp32``
 
-Momentum μ warms up and cools down linearly (``momentum_at``, record #39).
+Momentum μ warms up and cools down linearly (``momentum_at``, record #39). ``normuon_direction`` and
+``stepped_weights`` are the per-bank update the optimizer runs; ``normuon_update``, the two together,
+is what the speed layer compiles (speedrun/perf/compiled_updates.py).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from speedrun.optim.orthogonalize import orthogonalize
 
 
 def nesterov_(grad: Tensor, buf: Tensor, momentum: float) -> Tensor:
@@ -83,6 +87,70 @@ def split_fp32(x: Tensor) -> tuple[Tensor, Tensor]:
     the low 16 bits, both uint16. join_fp32(*split_fp32(x)) == x bit for bit."""
     bits = x.float().contiguous().view(torch.int32)
     return ((bits >> 16) & 0xFFFF).to(torch.uint16), (bits & 0xFFFF).to(torch.uint16)
+
+
+def normuon_direction(
+    grads: Tensor,
+    momentum_buf: Tensor,
+    second_moment: Tensor,
+    momentum: Tensor | float,
+    beta2: float,
+    rule: str,
+    backend: str,
+    ns_steps: int,
+    ns_form: str,
+    ns_dtype: torch.dtype,
+) -> Tensor:
+    """NorMuon's direction of a stack of matrices (k, rows, cols): Nesterov, orthogonalization, NorMuon
+    (the first three lines above). ``grads`` (fp32) is overwritten; the buffers are updated in place."""
+    d = nesterov_(grads, momentum_buf, momentum)
+    v = orthogonalize(d, backend, ns_steps, ns_form, dtype=ns_dtype)
+    if beta2 > 0:
+        v = normuon_normalize_(v, second_moment, beta2, rule)
+    return v
+
+
+def stepped_weights(
+    weights: Tensor,
+    mantissa: Tensor | None,
+    v: Tensor,
+    lr: Tensor | float,
+    decay: Tensor | float,
+    gate: Tensor | None = None,
+) -> Tensor:
+    """The weights after the cautious step along ``v`` (the last two lines above), in the weights' dtype:
+    bf16 weights are stepped in fp32 through their mantissa (updated in place). ``lr`` may be a
+    (k, 1, 1) tensor (per-matrix multipliers); ``decay`` is wd·(scheduled lr)."""
+    w32 = join_fp32(weights.view(torch.uint16), mantissa) if mantissa is not None else weights.float()
+    w32 = cautious_step(w32, v, lr, decay, gate)
+    if mantissa is None:
+        return w32
+    high, low = split_fp32(w32)
+    mantissa.copy_(low)
+    return high.view(torch.bfloat16)
+
+
+def normuon_update(
+    grads: Tensor,
+    momentum_buf: Tensor,
+    second_moment: Tensor,
+    weights: Tensor,
+    mantissa: Tensor | None,
+    lr: Tensor | float,
+    decay: Tensor | float,
+    momentum: Tensor | float,
+    beta2: float,
+    rule: str,
+    backend: str,
+    ns_steps: int,
+    ns_form: str,
+    ns_dtype: torch.dtype,
+) -> Tensor:
+    """One whole NorMuon step of a bank's matrices, the two pieces above as the optimizer runs them:
+    the function the speed layer compiles (perf/compiled_updates.py)."""
+    v = normuon_direction(grads.float(), momentum_buf, second_moment, momentum, beta2, rule, backend,
+                          ns_steps, ns_form, ns_dtype)  # fmt: skip
+    return stepped_weights(weights, mantissa, v, lr, decay)
 
 
 def momentum_at(step: int, total: int, warmup: int, cooldown: int, low: float, high: float) -> float:

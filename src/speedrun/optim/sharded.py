@@ -28,6 +28,7 @@ slice. A run saved on 2 processes resumes on 1 or 4.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,15 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from speedrun.optim.cautious_adam import AdamLabel, adam_foreach_, cautious_adam_
-from speedrun.optim.normuon import (
-    cautious_step,
-    join_fp32,
-    nesterov_,
-    normuon_normalize_,
-    second_moment_shape,
-    split_fp32,
-)
-from speedrun.optim.orthogonalize import orthogonalize
+from speedrun.optim.normuon import normuon_direction, second_moment_shape, stepped_weights
 from speedrun.optim.table import Bank, Row, build_banks
 
 # -2: per-label Adam step counts; NorMuon state per block (a row's blocks may sit in two banks)
@@ -53,6 +46,7 @@ READABLE_FORMATS = ("sharded-normuon-adam-1", STATE_FORMAT)
 
 #: torch 2.12+ names the tensor collectives `*_single` and warns (FutureWarning, once per call site and
 #: process) on the old names; older torch has only the old names
+Finish = Callable[[Tensor], Tensor]  # in place on a copy of gradients: what the step does after backward
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -103,6 +97,9 @@ class ShardedNorMuonAdam:
         comms: Collectives | None = None,
     ) -> None:
         self.comms = comms or Collectives()
+        # the speed layer may put its compiled NorMuon step here (perf/compiled_updates.py, train/ setup)
+        self.bank_update: Callable[..., Tensor] | None = None
+        self.launched: dict[int, tuple[Tensor, Any]] = {}  # reductions started early (`launch`), by id
         self.world, self.rank = self.comms.world, self.comms.rank
         self.rows = rows
         self.banks = build_banks(rows, self.world)
@@ -189,9 +186,13 @@ class ShardedNorMuonAdam:
             self.head.grad.add_(self.embed.grad)
             self.embed.grad = None
         active = [r for r in self.adam_rows if due[r.label] and r.param.grad is not None]
-        # 1. launch every reduction, banks first (largest), in the same order on every rank
-        bank_work = [(bank, *self._reduce_bank(bank)) for bank in self.banks]
-        adam_work = [(row, *self._reduce_adam(row)) for row in active]
+        # 1. launch every reduction, banks first (largest), in the same order on every rank; those the
+        # speed layer launched from the backward's hooks (in this order too) are only collected
+        started = self.launched
+        self.launched = {}
+        bank_work = [(bank, *(started.pop(id(bank), None) or self._reduce_bank(bank))) for bank in self.banks]
+        adam_work = [(row, *(started.pop(id(row), None) or self._reduce_adam(row))) for row in active]
+        assert not started, "a reduction was launched that this step does not use"
         # 2. updates, small first; gathers start as each shard is done
         for label in self.adam_steps:
             self.adam_steps[label] += due[label] and label not in frozen
@@ -212,6 +213,34 @@ class ShardedNorMuonAdam:
         self.steps_done += 1
         if self.tied and self.steps_done >= self.tie_until:
             self._untie()
+
+    # ---- for the speed layer: reductions launched from the backward (perf/overlap.py)
+    def reduction_order(self) -> list[Bank | Row]:
+        """The next step's reductions that may start before it, in the order `step` launches them:
+        every bank, then the Adam rows it communicates (their label's Adam step, `_adam_due`; frozen
+        rows and, while tied, the embedding are not communicated) up to the head while tied (its
+        gradient gains the embedding's in `step`, which launches it and the rest after it): a prefix of
+        `step`'s own order."""
+        if self.world == 1:
+            return []
+        do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
+        rows: list[Row] = []
+        for row in self.adam_rows:
+            if not self._adam_due(row.label, do_adam) or row.label in frozen:
+                continue  # not communicated this step
+            if self.tied and do_adam and row.param is self.head:
+                break
+            if not (self.tied and do_adam and row.param is self.embed):
+                rows.append(row)
+        return [*self.banks, *rows]
+
+    def launch(self, item: Bank | Row, finish: Finish) -> None:
+        """Start one reduction of `reduction_order` now, from inside the backward (its gradients are
+        final); `step` collects it. `finish` does in place to a copy of the gradients what the training
+        step does to them after the backward (divide, scale): they themselves are left untouched."""
+        reduce = self._reduce_bank if isinstance(item, Bank) else self._reduce_adam
+        self.launched[id(item)] = reduce(item, finish)
 
     def _update_adam(self, adam_work: list[tuple[Row, Tensor, Any]]) -> list[tuple[None, None, Any]]:
         """Adam on this rank's shards, each after its reduction, replicated tensors first: those of one
@@ -265,18 +294,24 @@ class ShardedNorMuonAdam:
                 self.kept[row.name] = p.grad
                 p.grad = None
 
-    def _reduce_bank(self, bank: Bank) -> tuple[Tensor, Any]:
+    def _reduce_bank(self, bank: Bank, finish: Finish | None = None) -> tuple[Tensor, Any]:
         grads = bank.grad_rows()
         rows, cols = bank.shape
         if self.world == 1:
             return torch.cat(grads).view(bank.size, rows, cols), None
         stacked = torch.zeros((bank.padded, rows, cols), dtype=grads[0].dtype, device=grads[0].device)
         torch.cat(grads, out=stacked.view(-1, cols)[: bank.size * rows])
+        if finish is not None:
+            finish(stacked)
         out = torch.empty((bank.per_rank, *bank.shape), dtype=stacked.dtype, device=stacked.device)
         return out, self.comms.reduce_scatter(out, stacked)
 
-    def _reduce_adam(self, row: Row) -> tuple[Tensor, Any]:
+    def _reduce_adam(self, row: Row, finish: Finish | None = None) -> tuple[Tensor, Any]:
         g = row.param.grad
+        if finish is not None:  # from the backward: a copy, made as `step` makes it (+ a kept gradient)
+            g = finish(g.clone())
+            if row.name in self.kept:
+                g.add_(self.kept[row.name])
         if self.world == 1:
             return g, None
         if not self._row_sharded(row):
@@ -297,21 +332,20 @@ class ShardedNorMuonAdam:
             muls = [row.lr_mul for row, _ in mine]
             if any(m != 1.0 for m in muls):  # per-matrix multipliers (HEAD's c_proj ×2)
                 lr = lr * torch.tensor(muls, device=grads.device).view(k, 1, 1)
-            v, gate = self._bank_direction(bank, st, grads[:k].float(), group)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
-            mantissa = st.get("mantissa")
-            w32 = (
-                join_fp32(weights.view(torch.uint16), mantissa[:k])
-                if mantissa is not None
-                else weights.float()
-            )
-            w32 = cautious_step(w32, v, lr, self.muon_wd * group["lr"], gate)
-            if mantissa is not None:
-                high, low = split_fp32(w32)
-                mantissa[:k].copy_(low)
-                new[:k].copy_(high.view(torch.bfloat16))
+            mantissa = st["mantissa"][:k] if "mantissa" in st else None
+            decay = self.muon_wd * group["lr"]
+            if self.bank_update is not None:  # the speed layer's compiled NorMuon step
+                rule = bank.stats_rule(self.square_stats)
+                updated = self.bank_update(
+                    grads[:k], st["momentum"][:k], st["second_moment"][:k], weights, mantissa, lr, decay,
+                    group["momentum"], self.beta2, rule, self.backend, self.ns_steps, self.ns_form,
+                    self.ns_dtype,
+                )  # fmt: skip
             else:
-                new[:k].copy_(w32)
+                v, gate = self._bank_direction(bank, st, grads[:k].float(), group)
+                updated = stepped_weights(weights, mantissa, v, lr, decay, gate)
+            new[:k].copy_(updated)
         new[k:].zero_()
         if self.world == 1:
             return bank, new, None
@@ -324,11 +358,10 @@ class ShardedNorMuonAdam:
         """NorMuon's update direction of this rank's matrices of ``bank`` (fp32 ``grads``, overwritten),
         and what gates the cautious decay (None: the direction itself)."""
         k = grads.shape[0]
-        d = nesterov_(grads, st["momentum"][:k], group["momentum"])
-        v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
-        if self.beta2 > 0:
-            rule = bank.stats_rule(self.square_stats)
-            v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
+        v = normuon_direction(
+            grads, st["momentum"][:k], st["second_moment"][:k], group["momentum"], self.beta2,
+            bank.stats_rule(self.square_stats), self.backend, self.ns_steps, self.ns_form, self.ns_dtype,
+        )  # fmt: skip
         return v, None
 
     @staticmethod

@@ -28,6 +28,7 @@ from speedrun.errors import ConfigError
 from speedrun.model.families import family_of
 from speedrun.model.flops import FORMULA
 from speedrun.optim.build import RunOptimizer, build_optimizer
+from speedrun.perf import compiled_updates
 from speedrun.tools.anchors import Anchor, find_anchor, load_anchors
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.flops import step_flops
@@ -76,6 +77,10 @@ class _TimedOptimizer:
 
     def parameters(self):
         return self.inner.parameters()
+
+    @property
+    def overlap(self):
+        return self.inner.overlap
 
 
 def bench_stages(cfg: Config, only: list[int] | None = None) -> list[tuple[int, int, int]]:
@@ -146,6 +151,7 @@ def run_bench(
     model, train_model = build_model(cfg, ctx)
     compiled = is_compiled(train_model)  # the one rule (the loop also runs it under DDP)
     optimizer = build_optimizer(model, cfg)
+    print(compiled_updates.install(optimizer, cfg.train.perf, device), file=sys.stderr)  # as train does
     timed = _TimedOptimizer(optimizer, device)
     to_time, name = bench_stages(cfg, stages), device_name(device)
     table = load_anchors() if anchors is None else anchors

@@ -50,13 +50,19 @@ def train_step(
     then multiplied by the schedule's `grad_scale` after the backward (the FP8 head's fixed scales assume a
     mean loss). The loss is a 0-dim device tensor, never read here."""
     loss_sum: Tensor | None = None
+    # the speed layer's backward hooks (perf/overlap.py): on the last micro-batch they start each finished
+    # reduction inside the backward, on a copy scaled as below; never with clipping (it needs them all)
+    overlap = getattr(optimizer, "overlap", None) if grad_clip <= 0 else None
     for micro in range(accumulation_steps):
         x, y, *cu_seqlens = next_batch()
-        defer_sync = isinstance(model, DistributedDataParallel) and micro < accumulation_steps - 1
+        last = micro == accumulation_steps - 1
+        defer_sync = isinstance(model, DistributedDataParallel) and not last
         with model.no_sync() if defer_sync else contextlib.nullcontext():
             with autocast(x.device, dtype):
                 loss = model(x, y, *cu_seqlens)
-            loss.backward()
+            hooks = overlap.last_backward(accumulation_steps, grad_scale) if overlap and last else None
+            with hooks or contextlib.nullcontext():
+                loss.backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if accumulation_steps > 1 or grad_scale != 1.0:
         grads = [p.grad for p in optimizer.parameters() if p.grad is not None]
