@@ -12,6 +12,7 @@ first certify leg the rule is pre-registered (certify_ledger.py); the verdict is
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import math
 import os
@@ -34,6 +35,7 @@ from speedrun.tools.certify_phases import PILOT_SEED, SMOKE_SEED, Leg, Runner, a
 
 DEFAULTS = {"target": 3.28, "alpha": 0.01, "pilot": 2, "max_legs": 20, "cache": "cold", "order_seed": 0}
 POWER = 0.8
+say = functools.partial(print, flush=True)  # a reader of a piped stdout sees each leg as it starts
 
 
 def plan_of(args: argparse.Namespace) -> dict:
@@ -63,8 +65,10 @@ def plan_of(args: argparse.Namespace) -> dict:
     if args.resume is None:
         if not args.recipe or not args.baseline:
             raise ConfigError("certify needs --recipe R and --baseline B (or --resume DIR)")
-        if args.pilot == 0 and args.legs is None:
-            raise ConfigError("--pilot 0 estimates nothing: give --legs N")
+        if args.pilot is not None and args.pilot < 2 and args.legs is None:
+            raise ConfigError(
+                f"--pilot {args.pilot} cannot estimate the noise (it needs 2 legs per arm): give --legs N"
+            )
         filled = {"switches": [], "set": [], "seeded": True, "step_cut": [], "allow_mixed_cache": False}
         plan = {k: (v if v is not None else filled.get(k, DEFAULTS.get(k))) for k, v in plan.items()}
     for key, least in (("alpha", 0), ("target", None)):
@@ -291,22 +295,22 @@ def cmd_certify(args: argparse.Namespace) -> int:
             flush=True,
         )
         smoke = [Leg("smoke", a, 1, SMOKE_SEED + 1 if plan["seeded"] else None) for a in "AB"]
-        runner.play(smoke)
+        runner.play(smoke, say)
         smoke_rules(out, ledger.legs("smoke"))
         pilot = schedule("pilot", plan["pilot"], ["A", "B"], plan["order_seed"], plan["seeded"], PILOT_SEED)
-        runner.play(pilot)
+        runner.play(pilot, say)
         if rule is None:
             estimate = pilot_legs_needed(plan, ledger.legs("pilot"))
             rule = preregister(out, plan, configs, ledger, estimate)
             print(
-                f"pre-registered {PREREG_FILE} (sha256 {rule[1][:12]}): N={rule[0]['N']} legs per arm (pilot: "
-                f"rule 2 needs {estimate['legs_rule2']}, rule 4 needs {estimate['legs_rule4']})",
+                f"pre-registered {PREREG_FILE} (sha256 {rule[1][:12]}): N={rule[0]['N']} legs per arm "
+                f"(pilot: rule 2 needs {estimate['legs_rule2']}, rule 4 needs {estimate['legs_rule4']})",
                 flush=True,
             )
         content, digest = rule
         runner.hashes["preregistration"] = digest
         legs = schedule("certify", content["N"], content["arms"], plan["order_seed"], plan["seeded"], 0)
-        runner.play(legs)
+        runner.play(legs, say)
     finally:
         hold.close()
     registered_rule(out, ledger)  # still the file registered

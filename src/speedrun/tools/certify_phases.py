@@ -53,8 +53,8 @@ def schedule(phase: str, pairs: int, arms: list[str], order_seed: int, seeded: b
             if not half:
                 continue
             pair = 2 * k + j + 1
-            places = [*half, *(a for a in arms if a not in "AB")]
-            for arm in places if j == 0 else places[::-1]:
+            cuts = [a for a in arms if a not in "AB"]
+            for arm in [*half, *cuts] if j == 0 else [*cuts[::-1], *half]:  # the second half mirrors the first
                 legs.append(Leg(phase, arm, pair, seed0 + pair if seeded else None))
     return legs
 
