@@ -84,7 +84,10 @@ def test_cache_state_is_measured_and_mixing_refused(tmp_path):
     (folder / "fxgraph" / "entry").write_bytes(b"x" * 123)
     warm = compile_cache.measure(folder)
     assert (warm.state, warm.files_before, warm.bytes_before) == ("warm", 1, 123)
-    log = "batch: 1 tokens/step ..., compile True, bf16 autocast\nwarm-up: 1 training step(s) and one validation batch compiled in 12.5 s, state restored\n"
+    log = (
+        "batch: 1 tokens/step ..., compile True, bf16 autocast\n"
+        "warm-up: 1 training step(s) and one validation batch compiled in 12.5 s, state restored\n"
+    )
     after = compile_cache.after_run(warm, log)
     assert (after.compiled, after.compile_s) == (True, 12.5)
     states = {"a": cold.as_dict(), "b": warm.as_dict(), "c": None}

@@ -27,8 +27,8 @@ HARMFUL = ["optim.muon_lr=0.0001", "optim.embed_lr=0.0001", "optim.head_lr=0.000
 
 def argv(data: Path, *extra: str) -> list[str]:
     sets = [w for o in [*TINY, *FAST, f"data.dir={data}"] for w in ("--set", o)]
-    return ["certify", "--recipe", "demo", "--baseline", "demo", *sets, "--smoke-steps", "2", "--target", "5.5",
-            *extra]  # fmt: skip
+    fixed = ["--smoke-steps", "2", "--target", "5.5"]
+    return ["certify", "--recipe", "demo", "--baseline", "demo", *sets, *fixed, *extra]
 
 
 def ledger(out: Path) -> list[dict]:
