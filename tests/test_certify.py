@@ -169,3 +169,25 @@ def test_usage_errors(tmp_path, capsys):
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     assert main([*base, "--out", str(tmp_path / "taken")]) == 2
     assert "not an empty folder" in capsys.readouterr().err
+
+
+def test_race_and_noise_record_each_runs_cache_beside_their_runs(tmp_path):
+    out, cache = tmp_path / "race", tmp_path / "cache"
+    compiled = "batch: x, compile True, y\nwarm-up: z compiled in 3.5 s, state restored\n"
+    for name, log in (("A-pair1", compiled), ("B-pair1", "batch: x, compile False, y\n")):
+        (out / name).mkdir(parents=True)
+        (out / name / "log.txt").write_text(log)
+        compile_cache.record(out, out / name, compile_cache.measure(cache))
+        cache.mkdir(exist_ok=True)
+        (cache / "graph").write_bytes(b"12345")
+    states = compile_cache.recorded(out, [out / "A-pair1", out / "B-pair1", out / "C-pair1"])
+    want = {"folder": str(cache), "files_before": 0, "bytes_before": 0, "state": "cold", "compiled": True}
+    assert states["A-pair1"] == want | {"compile_s": 3.5}
+    assert states["B-pair1"]["state"] == "warm" and states["B-pair1"]["compiled"] is False
+    assert states["C-pair1"] is None
+    # B compiled nothing: its warm folder cannot change its time, so the race is not mixed
+    assert compile_cache.refuse_mixed(states, "the race", allow=False) == "cold"
+    assert (
+        compile_cache.summary_line(states, "cold")
+        == "compile cache: cold in every compiled run; compile 3.5-3.5 s"
+    )

@@ -54,7 +54,7 @@ def schedule(phase: str, pairs: int, arms: list[str], order_seed: int, seeded: b
                 continue
             pair = 2 * k + j + 1
             cuts = [a for a in arms if a not in "AB"]
-            for arm in [*half, *cuts] if j == 0 else [*cuts[::-1], *half]:  # the second half mirrors the first
+            for arm in [*half, *cuts] if j == 0 else [*cuts[::-1], *half]:  # the second half: a mirror
                 legs.append(Leg(phase, arm, pair, seed0 + pair if seeded else None))
     return legs
 

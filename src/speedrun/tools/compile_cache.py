@@ -82,13 +82,15 @@ def label(state: dict | None) -> str:
 
 def refuse_mixed(states: dict[str, dict | None], what: str, allow: bool) -> str:
     """The one cache state of the named runs (`cold` or `warm`), or a ConfigError in one line when they
-    mix cold and warm (unless `allow`: then `mixed`). Unrecorded runs are not compared."""
+    mix cold and warm (unless `allow`: then `mixed`). Unrecorded runs, and runs that compiled nothing (the
+    cache cannot change their time), are not compared: `uncompiled` when no run compiled."""
     kinds: dict[str, str] = {}
     for name, state in states.items():
-        if state:
+        if state and state.get("compiled") is not False:
             kinds.setdefault(state["state"], name)
     if len(kinds) <= 1:
-        return next(iter(kinds), "unrecorded")
+        none = states and all(s and s.get("compiled") is False for s in states.values())
+        return next(iter(kinds), "uncompiled" if none else "unrecorded")
     if allow:
         return "mixed"
     shown = "; ".join(f"{k} ({n})" for k, n in kinds.items())
@@ -96,3 +98,40 @@ def refuse_mixed(states: dict[str, dict | None], what: str, allow: bool) -> str:
         f"refused: {what} mixes cold and warm compile caches ({shown}); time them alike, or pass "
         "--allow-mixed-cache to compare them anyway"
     )
+
+
+RECORD_FILE = "compile-cache.json"  # beside the runs of a race, ablation or noise study: run name -> state
+
+
+def record(out: Path, folder: Path, state: CacheState) -> None:
+    """Add the run in `folder`'s state (with what its log says it compiled) to OUT/compile-cache.json."""
+    import json
+
+    from speedrun.atomic import json_object, write_atomic
+
+    try:
+        log = (folder / "log.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        log = ""
+    states = json_object(out / RECORD_FILE) | {folder.name: after_run(state, log).as_dict()}
+    write_atomic(out / RECORD_FILE, (json.dumps(states, indent=2, sort_keys=True) + "\n").encode())
+
+
+def recorded(out: Path, folders: list[Path]) -> dict[str, dict | None]:
+    """Each run's recorded state (None: run before states were recorded, or reused from elsewhere)."""
+    from speedrun.atomic import json_object
+
+    states = json_object(out / RECORD_FILE)
+    return {f.name: states.get(f.name) if isinstance(states.get(f.name), dict) else None for f in folders}
+
+
+def summary_line(states: dict[str, dict | None], kind: str) -> str:
+    """The reports' line: the one state (or `mixed`) and the compile seconds of the runs that compiled."""
+    took = [s["compile_s"] for s in states.values() if s and s.get("compile_s")]
+    spent = f"; compile {min(took):.1f}-{max(took):.1f} s" if took else ""
+    said = {
+        "uncompiled": "no run compiled (a cache cannot change their times)",
+        "unrecorded": "not recorded (runs from before it was)",
+        "mixed": "cold and warm runs mixed (--allow-mixed-cache)",
+    }
+    return f"compile cache: {said.get(kind, f'{kind} in every compiled run')}{spent}"
