@@ -204,6 +204,10 @@ def pilot_legs_needed(plan: dict, entries: list[dict]) -> dict:
     return est | {"legs_rule2": n2, "legs_rule4": n4, "N": chosen, "N_from": why}
 
 
+def needs(n: int | None) -> str:
+    return f"{n} legs" if n is not None else "cannot tell (no effect in its direction, or too few legs)"
+
+
 def decision_rule(plan: dict, n: int) -> str:
     return (
         f"accepted when, over all {n} certify legs of each arm (none dropped; a crash fails): rule 2, the "
@@ -268,7 +272,7 @@ def cmd_certify(args: argparse.Namespace) -> int:
     given = plan_of(args)
     out = args.resume or args.out or Path("runs") / f"certify-{Path(given['recipe']).stem}"
     if args.resume is None:
-        arms_of(dict(given))  # every config checked before anything is written
+        arms_of(given)  # every config checked (and the smoke steps chosen) before anything is written
     plan = check_plan(out, given, args.resume is not None)
     arms, configs = arms_of(plan)
     ledger = Ledger(out)
@@ -304,7 +308,9 @@ def cmd_certify(args: argparse.Namespace) -> int:
             rule = preregister(out, plan, configs, ledger, estimate)
             print(
                 f"pre-registered {PREREG_FILE} (sha256 {rule[1][:12]}): N={rule[0]['N']} legs per arm "
-                f"(pilot: rule 2 needs {estimate['legs_rule2']}, rule 4 needs {estimate['legs_rule4']})",
+                f"(pilot: rule 2 needs {needs(estimate['legs_rule2'])}, rule 4 "
+                f"{needs(estimate['legs_rule4'])}; "
+                f"N from {estimate['N_from']})",
                 flush=True,
             )
         content, digest = rule

@@ -105,6 +105,8 @@ class Runner:
             if marker.is_file():  # started before certify died: finished since, or interrupted
                 started = json_object(marker)
                 facts = leg_facts(folder)
+                if self.plan["cache"] == compile_cache.COLD:
+                    shutil.rmtree(self.cache_dir(leg, attempt), ignore_errors=True)  # ours, used
                 if facts["status"] == "finished":
                     summary = json_object(folder / "summary.json")
                     self._record(
