@@ -163,43 +163,54 @@ def _step_cut_line(num: dict) -> list[Line]:
     ]
 
 
+STATUS = {"ok": "PASS", "fails": "FAIL"}  # verify's words -> the verdict's
+
+
+def _rulings_lines(every: list) -> list[Line]:
+    """#92's warm-up budget and sampled-softmax rulings: their owner's (tools/rulings.py) where this
+    install has it, else the same rules read here from what the runs record."""
+    try:
+        from speedrun.tools import rulings
+    except ImportError:
+        rulings = None
+    if rulings is not None:
+        warm, soft = rulings.rule_warmup_budget(every), rulings.rule_sampled_softmax(every)
+        return [Line("warm-up", STATUS.get(warm[0], "UNKNOWN"), warm[1]),
+                Line("sampled softmax", STATUS.get(soft[0], "UNKNOWN"), soft[1])]  # fmt: skip
+    from speedrun.tools.verify import untimed_steps
+
+    most = max((sum(b - a + 1 for a, b, _ in untimed_steps(f.starts or [], f.run.steps or 0)) for f in every),
+               default=0)  # fmt: skip
+    warm = Line("warm-up", "PASS" if most <= MOST_UNTIMED else "FAIL",
+                f"at most {most} untimed step(s) in a leg (the rules allow {MOST_UNTIMED})")  # fmt: skip
+    sampled = [f.name for f in every if any("sampled" in k and v for k, v in f.run.config.items())]
+    if sampled:
+        why = f"{', '.join(sampled)}: a sampled softmax, and no record of a full-softmax validation"
+        return [warm, Line("sampled softmax", "UNKNOWN", why)]
+    return [
+        warm,
+        Line(
+            "sampled softmax",
+            "PASS",
+            "no leg trains with a sampled softmax: validation and training use the full softmax",
+        ),
+    ]
+
+
 def _run_lines(out: Path, legs: list[dict], rule: dict, allow_mixed: bool) -> list[Line]:
     """The rules read from the certify legs' run folders (verify's readers and rules, reused)."""
     from speedrun.errors import ConfigError
     from speedrun.tools.alike import differences, setting
     from speedrun.tools.results import load_run
     from speedrun.tools.run_facts import read_facts
-    from speedrun.tools.verify import evaluation, rule_timing, untimed_steps, verify
+    from speedrun.tools.verify import evaluation, rule_timing, verify
 
     done = [e for e in legs if e["outcome"] == "finished"]
     runs = {e["leg"]: load_run(out / e["folder"]) for e in done}
     facts = {f.run.path: f for f in read_facts(list(runs.values()))}
     every = list(facts.values())
     lines = []
-    untimed = [
-        (f.name, sum(b - a + 1 for a, b, _ in untimed_steps(f.starts or [], f.run.steps or 0))) for f in every
-    ]
-    most = max((u for _, u in untimed), default=0)
-    lines.append(
-        Line(
-            "warm-up",
-            "PASS" if most <= MOST_UNTIMED else "FAIL",
-            f"at most {most} untimed step(s) in a leg (the rules allow {MOST_UNTIMED})",
-        )
-    )
-    sampled = [f.name for f in every if any("sampled_softmax" in k and v for k, v in f.run.config.items())]
-    lines.append(
-        Line(
-            "sampled softmax",
-            "UNKNOWN" if sampled else "PASS",
-            (
-                f"{', '.join(sampled)} train with a sampled softmax, and their runs do not record that "
-                "validation used the full softmax"
-                if sampled
-                else "no leg trains with a sampled softmax: validation and training use the full softmax"
-            ),
-        )
-    )
+    lines += _rulings_lines(every)
     data = differences({str(f.run.path): setting(f.run.path) for f in every}, ("data content", "data"))
     wrote = evaluation(every)
     status, why = ("FAIL", data[0]) if data else ("FAIL", wrote[1]) if wrote else ("PASS", "")
@@ -268,12 +279,8 @@ def _run_lines(out: Path, legs: list[dict], rule: dict, allow_mixed: bool) -> li
     base = [runs[e["leg"]] for e in done if e["arm"] == "A"]
     if len(cand) >= 1:
         for v in verify(cand, 1, rule["target"], base or None):
-            if v.rule not in ("target", "timing", "finished"):  # said above, in these words
-                lines.append(
-                    Line(
-                        f"verify {v.rule}", {"ok": "PASS", "fails": "FAIL"}.get(v.status, "UNKNOWN"), v.detail
-                    )
-                )
+            if v.rule not in ("target", "timing", "finished", "warm-up", "softmax"):  # said above
+                lines.append(Line(f"verify {v.rule}", STATUS.get(v.status, "UNKNOWN"), v.detail))
     return lines
 
 
