@@ -43,7 +43,9 @@ def test_ablate_table_matches_scipy_and_a_second_call_reuses_and_resumes(text_da
     first = capsys.readouterr().out
     rows = table(first)
     base, var = final_losses(out, "baseline"), final_losses(out, SWITCH)
-    assert len(base) == len(var) == 2 and len(list(out.iterdir())) == 4
+    runs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert len(base) == len(var) == 2 and len(runs) == 4
+    assert sorted(json.loads((out / "compile-cache.json").read_text())) == runs  # each run's cache state
     mean = sum(var) / 2
     assert rows[SWITCH][:3] == ["2", f"{mean:.4f}", f"{stats.tstd(var):.4f}"]
     assert rows[SWITCH][3] == f"{mean - sum(base) / 2:+.4f}"

@@ -1,6 +1,6 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
-| race | noise | doctor`. `main` turns every failure a user can cause or meet into one stderr line and an exit
-code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
+| race | noise | doctor | certify`. `main` turns every failure a user can cause or meet into one stderr
+line and an exit code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
 (128 + signal), a closed pipe."""
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ COMMANDS = {
     "race": "speedrun.tools.race:cmd_race",
     "noise": "speedrun.tools.noise:cmd_noise",
     "doctor": "speedrun.tools.doctor:cmd_doctor",
+    "certify": "speedrun.tools.certify:cmd_certify",
 }
 
 
@@ -101,6 +102,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from speedrun.tools.commands import add_tool_commands
 
     add_tool_commands(sub)
+    from speedrun.tools.certify import add_parser as add_certify
+
+    add_certify(sub)
     for command in sub.choices.values():  # its errors name it; --resume names the options it would ignore
         command.set_defaults(command_parser=command)
     return parser

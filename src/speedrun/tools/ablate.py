@@ -230,13 +230,18 @@ def _train_one(
                   f"and host fit chose for the first: {first}/config.json ===", flush=True)  # fmt: skip
     if found == "finished":
         print(f"=== {tag}: finished before, reused ===", flush=True)
-    elif found == "stopped":
+        return
+    from speedrun.tools import compile_cache
+
+    cache = compile_cache.measure(compile_cache.cache_folder())  # what the run finds when it starts
+    if found == "stopped":
         how = "resumed from its checkpoint" if list_checkpoints(folder) else "started over"
         print(f"=== {tag}: {how} ===", flush=True)
         train(read_run_config(folder, DataError), folder, resume=True)
     else:
         print(f"=== {tag} ===", flush=True)
         train(cfg, folder)
+    compile_cache.record(folder.parent, folder, cache)
 
 
 @dataclass

@@ -117,6 +117,9 @@ def add_tool_commands(sub: argparse._SubParsersAction) -> None:
     race.add_argument(
         "--python-b", default=None, metavar="PY", help="run arm B with this Python (another checkout)"
     )
+    race.add_argument(
+        "--allow-mixed-cache", action="store_true", help="time cold- and warm-compile-cache legs together"
+    )
     race.set_defaults(
         trailing=race.add_argument("switches", nargs="*", metavar="SWITCH=VALUE", help="what makes B")
     )

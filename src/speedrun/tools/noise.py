@@ -70,7 +70,12 @@ def report(arms, effect: float | None) -> str:
         mean, sd = mean_sd(losses)
         each = " ".join(f"{x:.4f}" for x in losses)
         lines.append(f"{arm.runs[0][0].train.seed:<5} {each:<31} {mean:.4f}  {sd:.4f}")
+    from speedrun.tools import compile_cache
+
+    folders = [folder for arm in arms for _, folder in arm.runs]
+    caches = compile_cache.recorded(folders[0].parent, folders)  # the losses do not depend on it: a note
     n = noise_components(groups)
+    lines.append(compile_cache.summary_line(caches, compile_cache.refuse_mixed(caches, "noise", True)))
     lines.append(f"within-seed sd (nondeterminism, repeats of one seed): {n.within_sd:.4f}")
     if n.seed_means_sd is None:  # one seed: the seed's share cannot be told from one mean
         lines += [

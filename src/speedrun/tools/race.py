@@ -24,6 +24,7 @@ from pathlib import Path
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
+from speedrun.tools import compile_cache
 from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, setting
 from speedrun.tools.alike import this_host as this_setting
 
@@ -253,7 +254,9 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         print(f"=== {tag} ===", flush=True)
         argv = ["train", "--recipe", saved["recipe"], "--out", str(leg.folder)]
         argv += _train_words(args, leg.arm, leg.pair)
+    cache = compile_cache.measure(compile_cache.cache_folder())  # what the run finds when it starts
     code, signum = run_child([python, "-m", "speedrun", *argv])
+    compile_cache.record(leg.folder.parent, leg.folder, cache)
     if signum is not None:
         from speedrun.train.signals import RunInterrupted
 
@@ -311,11 +314,13 @@ def _ratio_text(what: str, a: list[float], b: list[float]) -> str:
     )
 
 
-def report(saved: dict, legs: list[Leg], hardware: str | None) -> str:
+def report(saved: dict, legs: list[Leg], hardware: str | None, allow_mixed_cache: bool = False) -> str:
     """Per block and overall: the paired B/A ratios of training time and steady step time, and each
-    arm's final val loss with Welch's test."""
+    arm's final val loss with Welch's test; refused when compiled legs mix cold and warm caches."""
     from speedrun.tools.stats import mean_sd, paired_ratio, welch_test
 
+    caches = compile_cache.recorded(legs[0].folder.parent, [leg.folder for leg in legs])
+    kind = compile_cache.refuse_mixed(caches, "the race", allow_mixed_cache)
     res = {leg.tag: read_result(leg) for leg in legs}
     pairs = range(1, saved["pairs"] + 1)
     b_is = " ".join(saved["switches"]) or "the recipe"
@@ -355,6 +360,7 @@ def report(saved: dict, legs: list[Leg], hardware: str | None) -> str:
         if test
         else f"  val loss: {', '.join(shown)}"
     )
+    lines.append("  " + compile_cache.summary_line(caches, kind))
     return "\n".join(lines)
 
 
@@ -363,5 +369,5 @@ def cmd_race(args: argparse.Namespace) -> int:
     write_plan(legs[0].folder.parent, saved)
     run_legs(args, saved, legs)
     refuse_unlike([leg.folder for leg in legs], "the race", allowed=allowed_facts(args))  # reused runs too
-    print(report(saved, legs, setting(legs[0].folder)["hardware"]))
+    print(report(saved, legs, setting(legs[0].folder)["hardware"], args.allow_mixed_cache))
     return 0

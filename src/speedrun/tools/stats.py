@@ -151,3 +151,24 @@ def runs_needed(
         mid = (low + high) // 2
         low, high = (low, mid) if power(mid, effect, sd, alpha) >= goal else (mid, high)
     return high
+
+
+def power_one_sided(n: int, effect: float, sd: float, alpha: float, command: str = "certify") -> float:
+    """Power of the one-sided one-sample t-test (n values, sd each) to find a true mean shift `effect`
+    in its direction: P(T > t_crit) with T noncentral t, df n-1, noncentrality effect / (sd/sqrt(n)).
+    The record rules' target test (below_target_test) and a paired test on log time ratios are this."""
+    stats = research_module("scipy.stats", command)
+    df, nc = n - 1, effect / (sd / math.sqrt(n))
+    return float(stats.nct.sf(float(stats.t.ppf(1 - alpha, df)), df, nc))
+
+
+def legs_needed(
+    effect: float, sd: float, alpha: float = 0.01, goal: float = 0.8, most: int = 1000
+) -> int | None:
+    """The fewest values (>= 2) whose one-sided one-sample t-test finds `effect` > 0 at p < alpha with
+    probability >= goal; None for no effect in the test's direction or beyond `most`."""
+    if effect <= 0:
+        return None
+    if sd <= 0:
+        return 2
+    return next((n for n in range(2, most + 1) if power_one_sided(n, effect, sd, alpha) >= goal), None)

@@ -244,11 +244,16 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         rcfg.train.steps = budget.steps if budget else t.steps
         if is_compiled(train_model):  # issue 20: compile every shape untimed, then restore everything
             one_val_batch = ctx.world_size * data.val_micro_batch_tokens
+            compile_start = time.perf_counter()  # compile seconds: what a cold or warm cache changes
             with compile_errors(True):
                 n = warm_up(rcfg, model, train_model, optimizer, loader, accum, dtype, lambda: evaluate(
                     train_model, rcfg, data.val_files, data.val_micro_batch_tokens, None, ctx, one_val_batch
                 ), start_step)  # fmt: skip
-            run.log(f"warm-up: {n} training step(s) and one validation batch compiled, state restored")
+            took = time.perf_counter() - compile_start
+            run.log(
+                f"warm-up: {n} training step(s) and one validation batch compiled in {took:.1f} s, "
+                "state restored"
+            )
         tracker = Tracker(  # resumed: TensorBoard hides the earlier events of the steps written again
             run.path, t.wandb_project, cfg.to_dict(), ctx.is_main, log=run.log,
             purge_step=start_step if resume else None,
