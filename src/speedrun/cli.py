@@ -1,7 +1,7 @@
 """Command line: `speedrun train | prepare | recipes | sample | eval | compare | bench | verify | ablate
 | race | noise | doctor | certify`. `main` turns every failure a user can cause or meet into one stderr
-line and an exit code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by a signal
-(128 + signal), a closed pipe."""
+line and an exit code: SpeedrunError (2 usage, 1 runtime), OSError and out of memory (1), a clean stop by
+a signal (128 + signal), a closed pipe."""
 
 from __future__ import annotations
 
