@@ -271,6 +271,9 @@ class TrainConfig:
     # fp32 | bf16: the records' bf16 autocast (fp32 on a CPU without fast bf16, logged) | fp32: no autocast
     dtype: Literal["auto", "bf16", "fp32"] = "auto"  # train/plan/precision.py
     compile: Literal["auto", "on", "off"] = "auto"  # auto (on for CUDA only) | on | off
+    # the speed layer (speedrun/perf/): auto = its kernels where they run (CUDA with Triton), the plain ops
+    # elsewhere | off = the plain ops everywhere (bit for bit the algorithm's own code)
+    perf: Literal["auto", "off"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
     # process-group timeout: a rank fails instead of hanging when a peer dies; long enough for rank 0
     # alone to write a full-size checkpoint (~3 GB) to a slow disk while the others wait

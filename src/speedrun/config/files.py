@@ -128,6 +128,7 @@ RESUMABLE_CHANGES = (
     "train.log_every",
     "train.timing_warmup_steps",
     "train.compile",
+    "train.perf",  # kernels compute the plain ops' values (to rounding)
     "train.device",
     "train.dist_timeout_s",
     "train.checkpoint_every",
