@@ -121,7 +121,8 @@ class GPT2026(nn.Module):
         hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
-        if self.training and reduction == "mean" and self.prefix_weight is None and self.head_spec.softcap > 0:
+        fused = self.training and reduction == "mean" and self.prefix_weight is None
+        if fused and self.head_spec.softcap > 0:  # the softcapped training loss: one op, from raw logits
             return head.training_loss(self.lm_head, hidden, targets, self.head_spec, self.mtp_weights)
         logits = self.capped_logits(hidden)
         if self.canonical_mask is not None and not self.training:  # #350

@@ -33,7 +33,8 @@ def _sym_gram_kernel(
     x_ptr, c_ptr, M, K,
     sxb, sxm, sxk, scb, scm, scn,
     alpha, beta,
-    ADD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+    ADD: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):  # fmt: skip
     """Tile (pm, pn) of C = alpha·X·Xᵀ (+ beta·X when ADD, X square) for matrix b of the batch."""
     b = tl.program_id(0)
@@ -48,11 +49,12 @@ def _sym_gram_kernel(
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
+        in_k = kk[None, :] < K
         left = tl.load(
-            x + rows[:, None] * sxm + kk[None, :] * sxk, mask=(rows[:, None] < M) & (kk[None, :] < K), other=0.0
+            x + rows[:, None] * sxm + kk[None, :] * sxk, mask=(rows[:, None] < M) & in_k, other=0.0
         )
         right = tl.load(
-            x + cols[:, None] * sxm + kk[None, :] * sxk, mask=(cols[:, None] < M) & (kk[None, :] < K), other=0.0
+            x + cols[:, None] * sxm + kk[None, :] * sxk, mask=(cols[:, None] < M) & in_k, other=0.0
         )
         if WIDEN:
             left, right = left.to(tl.float32), right.to(tl.float32)

@@ -116,7 +116,8 @@ def softcapped_ce(
     """Replaces op `softcapped_ce`: the same mean loss (fp32; the kernel computes in fp32 whatever the
     plain op's `cap_in_bf16`/`ce_bf16`), from raw logits (B, T, V) of a dtype it takes."""
     if raw.ndim != 3 or raw.dtype not in DTYPES:
-        return ops.plain("softcapped_ce")(raw, targets, mtp_weights, cap, divisor, offset, cap_in_bf16, ce_bf16)
+        plain = ops.plain("softcapped_ce")
+        return plain(raw, targets, mtp_weights, cap, divisor, offset, cap_in_bf16, ce_bf16)
     Bt, T, V = raw.shape
     if mtp_weights is None:
         t = targets.reshape(-1, 1)
@@ -129,5 +130,6 @@ def softcapped_ce(
         ahead = torch.arange(T, device=raw.device)[:, None] + torch.arange(n, device=raw.device) < T
         w = (ahead * mtp_weights.float()).expand(Bt, T, n).reshape(-1, n)
         denom = Bt * T
-    losses, _ = softcapped_ce_rows(raw.reshape(-1, V), idx, w, 2.0 * cap, float(offset), float(divisor or cap / 2))
+    A, B, C = 2.0 * cap, float(offset), float(divisor or cap / 2)
+    losses, _ = softcapped_ce_rows(raw.reshape(-1, V), idx, w, A, B, C)
     return losses.sum() / denom
