@@ -48,7 +48,9 @@ def install(mode: str, device: torch.device) -> tuple[str, ...]:
     return names
 
 
-def describe(names: tuple[str, ...], mode: str) -> str:
+def describe(mode: str) -> str:
+    """The log line: which ops run kernels now."""
+    names = sorted(ops.installed())
     if not names:
         return f"speed layer: plain ops (train.perf={mode})"
     return f"speed layer: kernels for {', '.join(names)} (train.perf={mode})"
