@@ -8,6 +8,8 @@
 #   3. `speedrun bench --recipe stages-2025-12 --stage 3`
 #   4. `pytest -m gpu`
 #   5. the Muon op count (benchmarks/bench_muon_ops.py)
+#   6. each speed-layer kernel against its compiled twin (benchmarks/bench_kernels.py), one part per
+#      kernel, 90 s each, before `pytest -m gpu`
 # Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
@@ -72,7 +74,7 @@ part() {
   if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
   local t0; t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" \
-    | { grep --line-buffered -E '^(bench-stage|memory_snapshot) ' || true; } | tee -a "$OUT/summary.txt"
+    | { grep --line-buffered -E '^(bench-stage|bench-kernel|memory_snapshot) ' || true; } | tee -a "$OUT/summary.txt"
   local rc=${PIPESTATUS[0]} secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
@@ -149,6 +151,13 @@ else
     say "$name: skipped: no CUDA"
   done
 fi
+for kernel in gram ba_plus_caa softcapped_ce; do  # the speed layer's A/B: kernel vs compiled twin
+  if [ "$DEVICE" = cuda ]; then
+    part "kernel-$kernel" 90 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
+  else
+    say "kernel-$kernel: skipped: no CUDA"
+  fi
+done
 if [ "$DEVICE" = cuda ]; then
   if [ "$PYTEST_LIMIT" -gt 0 ]; then
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
