@@ -8,8 +8,8 @@
 #   3. `speedrun bench --recipe stages-2025-12 --stage 3`
 #   4. `pytest -m gpu`
 #   5. the Muon op count (benchmarks/bench_muon_ops.py)
-#   6. each speed-layer kernel against its compiled twin (benchmarks/bench_kernels.py), one part per
-#      kernel, 90 s each, before `pytest -m gpu`
+#   1b. each speed-layer kernel against its compiled twin (benchmarks/bench_kernels.py), one part per
+#      kernel, 45 s each, right after part 1 (CUDA only)
 # Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
@@ -142,6 +142,15 @@ elif [ -n "$CPU_OVERRIDES" ]; then
 fi
 if [ -n "$DEVICE" ]; then
   bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 3,1,2
+fi
+for kernel in gram ba_plus_caa softcapped_ce; do  # the speed layer's A/B: kernel vs compiled twin
+  if [ "$DEVICE" = cuda ]; then
+    part "kernel-$kernel" 45 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
+  else
+    say "kernel-$kernel: skipped: no CUDA"
+  fi
+done
+if [ -n "$DEVICE" ]; then
   mapfile -t ov < <(overrides record-2026-07)
   part memory-snapshot 90 "$PY" "$REPO/benchmarks/memory_snapshot.py" --recipe record-2026-07 --stage 3 \
     --device "$DEVICE" --out "$OUT/snapshot" "${ov[@]}"
@@ -151,13 +160,6 @@ else
     say "$name: skipped: no CUDA"
   done
 fi
-for kernel in gram ba_plus_caa softcapped_ce; do  # the speed layer's A/B: kernel vs compiled twin
-  if [ "$DEVICE" = cuda ]; then
-    part "kernel-$kernel" 90 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
-  else
-    say "kernel-$kernel: skipped: no CUDA"
-  fi
-done
 if [ "$DEVICE" = cuda ]; then
   if [ "$PYTEST_LIMIT" -gt 0 ]; then
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
