@@ -1,13 +1,14 @@
 """Each speed-layer kernel against its plain twin compiled as a run compiles it (issue 44): the kit's
 A/B of speedrun/perf/kernels/. A kernel that is not at least as fast as its compiled twin is deleted.
 
-    python benchmarks/bench_kernels.py [--only gram|ba_plus_caa|softcapped_ce] [--reps N]
+    python benchmarks/bench_kernels.py [--only gram|ba_plus_caa|softcapped_ce|relu2_linear] [--reps N]
 
 Per kernel one line `bench-kernel NAME SHAPE: kernel X ms, twin Y ms (compiled), twin/kernel Z` (CUDA
 events, median of N timed calls after 3 untimed; the softcapped CE is timed forward + backward). The
 shapes are the record's: record-2026-07's MLP bank in Polar Express (24 matrices 768 x 3072, bf16), its
-Gram matrices, and one GPU's 16,384-token micro-batch of logits over the padded vocabulary (bf16), MTP
-weights 1, 0.5, 0.25. Without CUDA it prints `bench-kernel: skipped: no CUDA` and exits 0.
+Gram matrices, one GPU's 16,384-token micro-batch of logits over the padded vocabulary (bf16), MTP
+weights 1, 0.5, 0.25, and that micro-batch through an MLP up-projection (768 -> 3072, forward and
+backward). Without CUDA it prints `bench-kernel: skipped: no CUDA` and exits 0.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 
 import torch
 
-NAMES = ("gram", "ba_plus_caa", "softcapped_ce")
+NAMES = ("gram", "ba_plus_caa", "softcapped_ce", "relu2_linear")
 
 
 def _time(fn, reps: int) -> float:
@@ -39,7 +40,8 @@ def _time(fn, reps: int) -> float:
 
 def cases(name: str):
     """(shape label, kernel call, twin call) of one kernel at the record's shapes."""
-    from speedrun.perf.kernels import gram, softcapped_ce
+    from speedrun.model.layers import relu2_linear as plain_relu2
+    from speedrun.perf.kernels import gram, relu2_linear, softcapped_ce
 
     ortho = importlib.import_module("speedrun.optim.orthogonalize")
     head = importlib.import_module("speedrun.model.gpt2026.head")
@@ -52,6 +54,16 @@ def cases(name: str):
         a = ortho.gram.plain(x)
         twin = torch.compile(ortho.ba_plus_caa.plain, dynamic=False, fullgraph=True)
         return "24x768x768 bf16", lambda: gram.ba_plus_caa(a, -2.77, 0.5), lambda: twin(a, -2.77, 0.5)
+    if name == "relu2_linear":  # forward + backward, as training runs it
+        x = torch.randn(16384, 768, device="cuda", generator=g).bfloat16().requires_grad_()
+        w = (torch.randn(3072, 768, device="cuda", generator=g) / 768**0.5).bfloat16().requires_grad_()
+        twin = torch.compile(plain_relu2.plain, dynamic=False, fullgraph=True)
+
+        def mlp(fn):
+            x.grad = w.grad = None
+            fn(x, w).sum().backward()
+
+        return "16384x768 -> 3072 bf16", lambda: mlp(relu2_linear.relu2_linear), lambda: mlp(twin)
     raw = (torch.randn(1, 16384, 50304, device="cuda", generator=g) * 8).bfloat16().requires_grad_()
     targets = torch.randint(0, 50257, (1, 16384), device="cuda", generator=g)
     weights = torch.tensor([1.0, 0.5, 0.25], device="cuda")

@@ -143,7 +143,7 @@ fi
 if [ -n "$DEVICE" ]; then
   bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 3,1,2
 fi
-for kernel in gram ba_plus_caa softcapped_ce; do  # the speed layer's A/B: kernel vs compiled twin
+for kernel in gram ba_plus_caa softcapped_ce relu2_linear; do  # the speed layer's A/B: kernel vs compiled twin
   if [ "$DEVICE" = cuda ]; then
     part "kernel-$kernel" 45 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
   else

@@ -6,7 +6,8 @@ the test rebuilds the same inputs (`inputs`) and compares them with the plain tw
 
 Shapes are small (the interpreter runs each program in numpy) but cut the tiles raggedly: 80 rows and
 100 columns against the Gram kernel's 64 x 32 tiles, a 300-token vocabulary against the CE kernel's
-128-column tiles, targets on the first and last column, ignored targets, logits far past the softcap.
+128-column tiles, targets on the first and last column, ignored targets, logits far past the softcap;
+50 x 40 inputs to 72 outputs against the fused MLP's 32-wide tiles.
 """
 
 from __future__ import annotations
@@ -46,23 +47,31 @@ def inputs(case: str) -> dict:
             raw = raw.bfloat16()
         # #54's cap: 23·σ((z + 5)/7.5) = softcap 11.5, divisor 7.5, offset 5
         return {"raw": raw, "targets": targets, "mtp": mtp, "cap": 11.5, "divisor": 7.5, "offset": 5.0}
+    if case.startswith("relu2"):  # 50 x 40 -> 72 against 32-wide tiles: every edge ragged
+        x, w = torch.randn(2, 25, 40, generator=g), torch.randn(72, 40, generator=g) / 40**0.5
+        return {"x": x.bfloat16(), "w": w.bfloat16()} if case.endswith("bf16") else {"x": x, "w": w}
     raise KeyError(case)
 
 
 CASES = (
     "gram_fp32", "gram_bf16_strided", "ba_plus_caa_fp32", "ba_plus_caa_bf16",
-    "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16",
+    "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16", "relu2_fp32", "relu2_bf16",
 )  # fmt: skip
 
 
 def run_kernel(case: str) -> dict:
-    from speedrun.perf.kernels import gram, softcapped_ce
+    from speedrun.perf.kernels import gram, relu2_linear, softcapped_ce
 
     a = inputs(case)
     if case.startswith("gram"):
         return {"out": gram.gram(a["x"])}
     if case.startswith("ba_plus_caa"):
         return {"out": gram.ba_plus_caa(a["a"], NS_B, NS_C)}
+    if case.startswith("relu2"):
+        x, w = a["x"].clone().requires_grad_(), a["w"].clone().requires_grad_()
+        out = relu2_linear.relu2_linear(x, w)
+        (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+        return {"out": out.detach(), "dx": x.grad, "dw": w.grad}
     raw = a["raw"].clone().requires_grad_()
     loss = softcapped_ce.softcapped_ce(
         raw, a["targets"], a["mtp"], a["cap"], a["divisor"], a["offset"], False, False

@@ -1,6 +1,6 @@
 """The CUDA branch of the speed layer, traced on the CPU (run by tests/perf_interpreted.py under Triton's
 interpreter; compared in tests/test_perf_kernels.py): `swaps.install` asked as if on CUDA installs every
-kernel, then record-2026-07's training step (shrunk; MTP weights 1, 0.5, 0.25) and Polar Express (the
+kernel, then record-2026-07's training step (shrunk; MTP weights 1, 0.5, 0.25; no FP8) and Polar Express (the
 Muon step's orthogonalization, wide and tall) are compiled with fullgraph=True, as CUDA compiles them: a
 graph break, or an import or a registry choice inside the graph, fails here instead of on a GPU lease.
 `plain()` is the same with every op plain, eager."""
@@ -31,6 +31,7 @@ def setup():
     # the twin in fp32, as the kernel computes; no FP8 head, whose e5m2 gradient (2 mantissa bits) turns
     # a last-bit difference of the logits' gradient into a 12 % one of the weights'
     over += ["model.head.softcap_in_bf16=false", "model.head.ce_bf16=false", "model.head.fp8=false"]
+    over += ["model.mlp.fp8=false"]  # the bf16 MLP, whose up-projection the fused ReLU² kernel replaces
     cfg = load_recipe(RECIPE, [*shrink(RECIPE), *over])
     torch.manual_seed(0)
     model = build_model(cfg.model).train()

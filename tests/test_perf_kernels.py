@@ -100,6 +100,31 @@ def test_the_fused_softcapped_ce_equals_the_plain_loss_and_its_gradient(interpre
         assert (got["grad"][0, 2] == 0).all() and (got["grad"][1, 6] == 0).all()
 
 
+@pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
+def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
+    """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
+    inputs against the plain op in bf16 under autograd (its backward's bf16 matmuls round as the
+    kernel's plain-torch backward does), within a few bf16 steps of the largest value."""
+    from speedrun.model.layers import relu2_linear
+
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    bf16 = a["x"].dtype == torch.bfloat16
+    x, w = (t.clone() if bf16 else t.double() for t in (a["x"], a["w"]))
+    x.requires_grad_(), w.requires_grad_()
+    want = relu2_linear.plain(x, w)
+    (want.double() * torch.linspace(-1, 1, want.size(-1), dtype=torch.float64)).sum().backward()
+    assert got["out"].dtype == a["x"].dtype and got["out"].shape == (2, 25, 72)
+    for name, g, ref in (
+        ("out", got["out"], want.detach()),
+        ("dx", got["dx"], x.grad),
+        ("dw", got["dw"], w.grad),
+    ):
+        ref = ref.double()
+        tol = 4 * BF16_STEP * ref.abs().max().item() if bf16 else 1e-5
+        torch.testing.assert_close(g.double(), ref, rtol=2 * BF16_STEP if bf16 else 1e-5, atol=tol, msg=name)
+
+
 def test_the_cuda_branch_of_the_swap_compiles_in_one_graph_and_trains_as_the_plain_ops(interpreted):
     """swaps.install asked as on CUDA installs every kernel; record-2026-07's step (MTP 1, 0.5, 0.25)
     and Polar Express compile with fullgraph=True, call the kernels' custom ops inside their graphs, and
@@ -165,3 +190,23 @@ def test_the_compiled_softcapped_ce_equals_its_twin_on_cuda(mtp):
     want.backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
+    from speedrun.model.layers import relu2_linear as twin
+    from speedrun.perf.kernels import relu2_linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8192, 768, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(3072, 768, device="cuda", generator=g) / 768**0.5).bfloat16().requires_grad_()
+    got = relu2_linear.relu2_linear(x, w)
+    got.float().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    want = twin.plain(x, w)
+    want.float().sum().backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)

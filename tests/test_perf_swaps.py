@@ -93,3 +93,22 @@ def test_the_softcapped_training_loss_is_bit_for_bit_the_capped_logits_path(mtp)
         want = head.loss(head.capped_logits(lm_head, x, part), targets, part, True, "mean", weights)
         want.backward()
         assert torch.equal(got, want) and torch.equal(g, lm_head.weight.grad)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_the_relu2_mlp_through_its_op_is_bit_for_bit_the_module_path(transposed):
+    """The MLP's forward now calls `relu2_linear` with its up-projection's cast weight: the same values
+    and gradients as calling the up-projection module, then ReLU, then square (#27's transposed one too)."""
+    from speedrun.model.layers import MLP
+
+    torch.manual_seed(0)
+    mlp = MLP(16, 48, bias=False, relu2=True, fc_transposed=transposed)
+    x = torch.randn(3, 5, 16)
+    got = mlp(x)
+    got.sum().backward()
+    grads = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    want = mlp.c_proj(torch.relu(mlp.c_fc(x)).square())
+    want.sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, mlp.parameters(), strict=True))

@@ -3,9 +3,9 @@ optim/orthogonalize.py).
 
 X·Xᵀ and b·A + c·A·A (A symmetric, so A·A = A·Aᵀ) are symmetric: one program per output tile on or
 above the diagonal computes it (fp32 accumulation, the epilogue b·A + c·acc in fp32) and writes it twice,
-in place and mirrored, so about half the tiles' work is skipped (the records' idea, from #38's Triton
-kernels). Each is a torch custom op, opaque to dynamo and inductor, so a compiled optimizer step calls
-it inside its graph.
+in place and mirrored, so about half the tiles' work is skipped (the idea of the records' XXT and
+ba_plus_cAA kernels). Each is a torch custom op, opaque to dynamo and inductor, so a compiled optimizer
+step calls it inside its graph.
 """
 
 from __future__ import annotations
@@ -16,16 +16,10 @@ import triton.language as tl
 from torch import Tensor
 
 from speedrun import ops
+from speedrun.perf.kernels.interpreter import interpreting
 
 #: dtypes the kernel takes (fp64 and others run the plain op)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def interpreting() -> bool:
-    """Under Triton's CPU interpreter (TRITON_INTERPRET=1), whose tl.dot (3.9) multiplies bf16 operands
-    as the uint16 it stores them in: the kernels then widen dot operands to fp32 first (exact for bf16
-    and fp16 products; only the order of the fp32 sums differs from the GPU's)."""
-    return bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
