@@ -1,8 +1,9 @@
 """The in-library 2-process checks, run by tests/two_processes.py's one torchrun launch after its
 `speedrun train` jobs, in the same process group: every recipe's losses (tests/recipe_matrix.py),
-compiled DDP (tests/ddp_compile.py), #71's sparse row exchange (tests/sparse_rows_check.py) and
-distributed Muon (tests/test_muon_distributed.py). Rank 0 writes `results.json` into the launch's
-folder; the tensors of the Muon check are saved beside it."""
+compiled DDP (tests/ddp_compile.py), #71's sparse row exchange (tests/sparse_rows_check.py), #92's
+ANVIL (tests/test_anvil.py), #92's row-sharded n-gram table (tests/ngram_rows_check.py) and distributed
+Muon (tests/test_muon_distributed.py). Rank 0 writes `results.json` into the launch's folder; the tensors
+of the Muon check are saved beside it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from tests import ddp_compile, recipe_matrix, sparse_rows_check, test_muon_distributed
+from tests import (
+    ddp_compile,
+    ngram_rows_check,
+    recipe_matrix,
+    sparse_rows_check,
+    test_anvil,
+    test_muon_distributed,
+)
 
 
 def run(folder: Path) -> None:
@@ -23,6 +31,8 @@ def run(folder: Path) -> None:
         "recipes": recipe_matrix.every_recipe(rank, world),
         "ddp_compile": ddp_compile.eager_and_compiled(rank, world),
         "sparse_rows": sparse_rows_check.sparse_equals_dense(rank, world),  # #71
+        "anvil": test_anvil.two_ranks(rank, world),  # #92
+        "ngram_rows": ngram_rows_check.sharded_equals_single(rank, world),  # #92
     }
     test_muon_distributed.on_two_ranks(rank, folder)
     if rank == 0:

@@ -117,6 +117,14 @@ def _gpt2026_layers(m, L: int) -> list[str]:
         out.append("model.bigram_dim=16")
     if m.mudd.sources:  # #81: two sources below the last two layers (the record's [7, 3] of 11)
         out.append(f"model.mudd_sources={[L - 3, L - 4]}" if L >= 4 else "model.mudd_sources=[]")
+    if m.mudd.gate_layer and L >= 4:  # #85: the post gate at layer 1 (record 4 of 11); gates on the first and
+        # last attention layers (record 3, 10), DC on the last (record 10)
+        out += ["model.mudd_gate_layer=1", f"model.mudd_gate_attn_layers={[attn[0], attn[-1]]}"]
+        out += [f"model.dc_layers={[attn[-1]]}"] if m.mudd.dc_layers else []
+    elif m.mudd.gate_layer:  # below 4 layers there is no MUDD for the gate network to ride on
+        out += ["model.mudd_gate_layer=0", "model.mudd_gate_attn_layers=[]", "model.dc_layers=[]"]
+    if m.attn.qk_head_dim:  # #344: Q/K at the recipe's share of the head width (96 of 128: 24 of 32)
+        out.append(f"model.attn.qk_head_dim={m.attn.qk_head_dim * 64 // 2 // (m.n_embd // m.n_head)}")
     return out
 
 

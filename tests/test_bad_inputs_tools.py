@@ -10,8 +10,8 @@ import pytest
 
 from speedrun.errors import ConfigError
 from speedrun.tools.stats import below_target_test
+from tests.bad_input_runs import FAST, one_line
 from tests.conftest import TINY, run_speedrun
-from tests.test_bad_inputs_more import FAST, one_line
 
 
 @pytest.fixture(scope="module")

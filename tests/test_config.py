@@ -243,7 +243,7 @@ def test_string_choices_come_from_the_literal_types():
     from speedrun import config
 
     assert not hasattr(config, "CHOICES")
-    assert _choices("optim.name") == ("adamw", "muon", "normuon")
+    assert _choices("optim.name") == ("adamw", "muon", "normuon", "anvil")
     assert _choices("data.source") is None  # free-form
     for section, cls in config.sections().items():
         for f in dataclasses.fields(cls):

@@ -96,6 +96,13 @@ def test_a_family_is_picked_first_and_a_new_family_inherits_no_model_table():
     assert cfg.optim.muon_momentum_warmup_steps == base.optim.muon_momentum_warmup_steps > 0  # inherited
     assert cfg.model.head.mtp == Gpt2026Config().head.mtp and cfg.model.n_layer == 12
     overrides = ["model.n_layer=2", "model.attention=sdpa", "model.family=gpt2026", "model.mlp_layers=[0,1]"]
+    overrides += [
+        "model.n_head=4",
+        "model.n_embd=256",
+        "model.vocab_size=4096",
+        "model.max_seq_len=256",
+        "model.eot_id=4095",
+    ]  # the size a switch must be given (issue 46)
     demo = load_recipe("demo", overrides)
     assert demo.model.n_layer == 2 and isinstance(demo.model, Gpt2026Config)
     assert dataclasses.asdict(load_recipe("demo").model)["family"] == "gpt2024"

@@ -7,6 +7,7 @@ sample` reads it."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -109,7 +110,7 @@ def test_an_old_run_folder_resumes_and_samples(new_run, text_data, tmp_path):
 def test_a_run_folder_written_before_the_part_tables_resumes(new_run, tmp_path):
     """Issue 36: a gpt2026 run whose config.json (the run's and its checkpoint's) has the flat part keys
     of before the tables (`mudd_sources`, `logit_softcap`, ...) resumes to the same losses."""
-    from speedrun.config.gpt2026 import FLAT, PARTS
+    from speedrun.config.gpt2026 import FLAT, PARTS, Gpt2026Config
 
     run = tmp_path / "flat"
     shutil.copytree(new_run, run)
@@ -121,7 +122,8 @@ def test_a_run_folder_written_before_the_part_tables_resumes(new_run, tmp_path):
         table = model.pop(part)
         # a field added after the tables has no flat name: an old file lacks it, so it must be at its default
         new = {k: v for k, v in table.items() if (part, k) not in old_name}
-        assert all(v is False or v == 0 for v in new.values()), new
+        default = dataclasses.asdict(getattr(Gpt2026Config(), part))
+        assert all(v == default[k] for k, v in new.items()), new
         model |= {old_name[(part, k)]: v for k, v in table.items() if (part, k) in old_name}
     write_old_config(run, {**{k: v for k, v in config.items() if k != "run_id"}, "model": model})
     assert "mudd_sources" in json.loads((run / "config.json").read_text())["model"]

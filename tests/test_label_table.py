@@ -14,6 +14,7 @@ import torch
 
 from speedrun.cli import main
 from speedrun.config.checks import validate
+from speedrun.config.families import model_facts
 from speedrun.config.files import set_value
 from speedrun.config.labels import RULE_KEYS, derived_rows, format_table, label_table
 from speedrun.model.families import build_model
@@ -30,7 +31,7 @@ LABELLED = [n for n in recipe_names() if load_recipe(n).optim.name != "adamw"]
 
 def _stated_as_derived(cfg, model) -> str:
     """`optim.labels` as JSON: the derived row of every label the model carries, every key written."""
-    table = derived_rows(cfg.optim, cfg.model.n_embd // cfg.model.n_head)
+    table = derived_rows(cfg.optim, model_facts(cfg.model).qk_head_dim)  # #344: Q/K's own width
     carried = {e.label.name for e in model_rules(model, dataclasses.replace(cfg, optim=_without_table(cfg)))}
     return json.dumps(
         {lab: {k: getattr(table[lab], k) for k in RULE_KEYS[table[lab].rule]} for lab in sorted(carried)}

@@ -247,14 +247,19 @@ def test_split_and_stacked_params_are_orthogonalized_per_block() -> None:
 # ---------------------------------------------------------------- against torch.optim.Muon
 
 
+# Muon's default iterations are the host's (ns_dtype None: bf16 where the CPU runs it fast, AMX and
+# AVX512-BF16; fp32 on AVX2): the tests below give the precision and state what each one expects.
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_matches_torch_optim_muon(weight_decay: float) -> None:
+def test_matches_torch_optim_muon(weight_decay: float, ns_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
     shapes = [(64, 32), (32, 96), (48, 48), (64, 32)]
     mine = [torch.nn.Parameter(torch.randn(*s, generator=gen)) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in mine]
     lr = 0.02
-    opt = Muon(mine, lr=lr, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=weight_decay)
+    opt = Muon(
+        mine, lr=lr, momentum=0.95, nesterov=True, ns_steps=5, weight_decay=weight_decay, ns_dtype=ns_dtype
+    )
     ref = torch.optim.Muon(
         theirs,
         lr=lr,
@@ -274,20 +279,21 @@ def test_matches_torch_optim_muon(weight_decay: float) -> None:
         opt.step()
         ref.step()
     for a, b in zip(mine, theirs, strict=True):
-        # bf16 iteration: allow ~1% of one step's size per step
+        # torch's iterations are bf16: ~1% of one step's size per step, whichever precision ours iterate in
         torch.testing.assert_close(a.detach(), b.detach(), atol=0.01 * lr * steps, rtol=0)
 
 
 # ---------------------------------------------------------------- batching, state, errors
 
 
-def test_batched_optimizer_equals_one_optimizer_per_param() -> None:
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batched_optimizer_equals_one_optimizer_per_param(ns_dtype: torch.dtype) -> None:
     torch.manual_seed(0)  # bf16 rounding of batched vs single matmuls can differ for rare inputs
     shapes = [(40, 24)] * 3 + [(24, 40)] * 2
     together = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
     apart = [torch.nn.Parameter(p.detach().clone()) for p in together]
-    opt = Muon(together, backend="polar_express")
-    singles = [Muon([p], backend="polar_express") for p in apart]
+    opt = Muon(together, backend="polar_express", ns_dtype=ns_dtype)
+    singles = [Muon([p], backend="polar_express", ns_dtype=ns_dtype) for p in apart]
     for _ in range(3):
         for a, b in zip(together, apart, strict=True):
             a.grad = torch.randn(a.shape)

@@ -221,7 +221,7 @@ def test_the_new_switches_are_checked_at_the_edge():
     from speedrun.errors import ConfigError
 
     for bad, match in [
-        (["optim.muon_qk_block_heads=2"], r"while optim.name=muon \(it needs optim.name=normuon\)"),
+        (["optim.muon_qk_block_heads=2"], r"while optim.name=muon \(it needs optim.name=normuon\|anvil\)"),
         (["optim.mlp_proj_lr_mul=2.0"], "optim.mlp_proj_lr_mul=2.0 has no effect while optim.name=muon"),
         (["optim.name=normuon", "optim.muon_qk_block_heads=3"], "must divide model.n_head"),
         (["optim.name=normuon", "optim.scalar_freeze_steps=-1"], "must be >= 0"),

@@ -66,14 +66,20 @@ def test_the_run_steps_the_scalars_with_it():
     model = build_model(dataclasses.replace(cfg.model, n_layer=2, n_head=1, n_embd=32, vocab_size=64))
     opt = build_optimizer(model, cfg)
     plain = opt.parts["scalar"]
-    assert isinstance(plain, PlainAdam) and len(plain.param_groups) == 1
-    labels = {label_of(p).name for p in plain.param_groups[0]["params"]}
-    assert labels == {"scalar"}
-    assert all(label_of(p).name != "scalar" for g in opt.parts["adam"].param_groups for p in g["params"])
+    # #46's optimizer3: the gains at beta2 0.99, the biases at 0.997, the attention output's at 0.9965
+    assert isinstance(plain, PlainAdam) and len(plain.param_groups) == 3
+    labels = [{label_of(p).name for p in g["params"]} for g in plain.param_groups]
+    assert labels == [{"scalar"}, {"bias"}, {"attn_out_bias"}]
+    assert [g["betas"] for g in plain.param_groups] == [(0.8, 0.99), (0.8, 0.997), (0.8, 0.9965)]
+    scalar_like = {"scalar", "bias", "attn_out_bias"}
+    assert all(
+        label_of(p).name not in scalar_like for g in opt.parts["adam"].param_groups for p in g["params"]
+    )
     apply_schedule(schedule_at(2000, cfg), opt, model)  # PowerCool: the aux groups' constant
-    group = plain.param_groups[0]
     c, lr0 = cfg.optim.power_cool_c[3], cfg.optim.scalar_lr
-    assert group["lr"] == pytest.approx(min(lr0, c * (2900 - 2000) ** 1.2), rel=1e-12)
-    assert group["betas"] == tuple(cfg.optim.betas) and group["eps"] == cfg.optim.eps
+    for group in plain.param_groups:
+        assert group["lr"] == pytest.approx(min(lr0, c * (2900 - 2000) ** 1.2), rel=1e-12)
+        assert group["eps"] == cfg.optim.eps
+    assert plain.param_groups[0]["betas"] == tuple(cfg.optim.betas)
     # the embedding and head stay in torch's (bias-corrected) Adam; the checkpoint keeps the three parts
     assert set(opt.state_dict()) >= {"adam", "muon", "scalar"}

@@ -32,7 +32,8 @@ def record_lr(step: int, initial_lr: float, power_c: float) -> float:
 
 def group_kind(group) -> str:
     label = label_of(group["params"][0]).name
-    return {"qkv": "matrix", "attn_out": "matrix", "mlp_in": "matrix", "mlp_out": "matrix"}.get(label, label)
+    matrices = dict.fromkeys(("qkv", "attn_out", "mlp_in", "mlp_out"), "matrix")
+    return (matrices | dict.fromkeys(("bias", "attn_out_bias"), "scalar")).get(label, label)  # optimizer3's
 
 
 def tiny(*overrides: str):

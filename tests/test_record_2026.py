@@ -3,7 +3,7 @@ of records/track_1_short/2026-04-29_XSAGatedLayers/this_pr_v1-s1410/*.txt and
 2026-07-17_FP8DownProjection/this_pr/*.txt): TrainingSchedule and get_muon_momentum at every step (LR,
 momentum, batch, document cut, windows, MTP weights, untie step, grad_scale), cu_seqlens per stage,
 the parameter count from the scripts' tensors, and eight optimizer steps against #82's NorMuonAndAdam.
-The parts #70–#89 added are checked against their records' lines in test_switches_64_78.py,
+The parts #70–#89 added are checked against their records' lines in test_switches_banks_to_record.py,
 test_xsa_parts.py and test_record_2026_07_parts.py; the whole model (forward loss and every gradient),
 init statistics, the training loop and compiling: test_record_2026_model.py; 1 and 2 gloo processes:
 test_recipe_matrix.py (every recipe)."""

@@ -50,8 +50,17 @@ def test_a_family_switch_without_its_model_is_refused(recipe, family, capsys):
 
 
 def test_a_family_switch_with_its_model_and_a_recipe_file_of_family_alone(tmp_path, capsys):
+    switch = ["model.family=gpt2026", "model.n_layer=2", "model.mlp_layers=[0,1]", "model.attention=sdpa"]
     cfg = load_recipe(
-        "demo", ["model.family=gpt2026", "model.n_layer=2", "model.mlp_layers=[0,1]", "model.attention=sdpa"]
+        "demo",
+        [
+            *switch,
+            "model.n_head=4",
+            "model.n_embd=256",
+            "model.vocab_size=4096",
+            "model.max_seq_len=256",
+            "model.eot_id=4095",
+        ],
     )
     assert (cfg.model.family, cfg.model.n_layer) == ("gpt2026", 2)
     assert load_recipe("demo-2026", ["model.family=gpt2026"]).model == load_recipe("demo-2026").model
@@ -240,3 +249,28 @@ def test_the_logged_lr_range_appears_only_where_groups_really_differ():
     for step in range(cfg.train.steps):
         values = schedule_at(step, cfg)
         assert apply_schedule(values, opt, model) == (values.lr, values.lr), step
+
+
+def test_a_family_switch_never_resets_the_models_size_unasked(capsys):
+    """Issue 46: `model.family=gpt2024` with some model keys on demo-2026 (4 x 256, vocab 4,096) trained
+    gpt2024's defaults for the rest, 12 x 768 with vocab 50,257 (GPT-2 124M). Each size key both families
+    have and the user left out, whose default differs, is named with the replaced model's value."""
+    argv = ["train", "--dry-run", "--recipe", "demo-2026", "model.family=gpt2024", "model.n_head=4"]
+    err = refused(
+        capsys, argv, "model.family=gpt2024 (the command line) would train gpt2024's default model.n_layer=12"
+    )
+    given = [
+        "model.n_layer=4",
+        "model.n_embd=256",
+        "model.vocab_size=4096",
+        "model.max_seq_len=8192",
+        "model.eot_id=4095",
+    ]
+    assert " ".join(given) in err, err
+    cfg = load_recipe("demo-2026", ["model.family=gpt2024", "model.n_head=4", *given])
+    assert (cfg.model.family, cfg.model.n_layer, cfg.model.n_embd, cfg.model.vocab_size) == (
+        "gpt2024",
+        4,
+        256,
+        4096,
+    )

@@ -235,13 +235,18 @@ def _run_both(cfg: Config, steps: int = 3, total: int = 4):
     gen = torch.Generator().manual_seed(2)
     grads, etas = [], []
     for step in range(steps):
-        mean = {n: torch.randn(p.shape, generator=gen) * 1e-3 for n, p in model.named_parameters()}
+        # the mean loss's gradients, entries from 1e-3 down to 1e-17 (big batches average to tiny ones):
+        # where the script's eps meets them
+        mean = {
+            n: torch.randn(p.shape, generator=gen) * 10 ** -(3 + 14 * torch.rand(p.shape, generator=gen))
+            for n, p in model.named_parameters()
+        }
         values = schedule_at(step, cfg)
         apply_schedule(values, opt, model)
-        for n, p in model.named_parameters():
-            p.grad = mean[n].to(p.dtype)
+        for n, p in model.named_parameters():  # ours: the mean loss's gradient times train_step's grad_scale
+            p.grad = (mean[n] * values.grad_scale).to(p.dtype)
         opt.step()
-        grads.append({names[n]: g * TOKENS for n, g in mean.items()})
+        grads.append({names[n]: g * TOKENS for n, g in mean.items()})  # the script's: the summed loss's
         progress = step / total
         etas.append(1.0 if progress < 0.3 else (1 - progress) / 0.7)
     with torch.no_grad():
@@ -268,16 +273,27 @@ def test_optimizer_steps_are_the_scripts():
         {"muon_ns_steps": 5},
         {"adam_weight_decay": 0.0},
         {"muon_weight_decay": 0.0},
-        {"eps": 1e-10},
+        {"eps": 1e-10 / TOKENS},  # the script's eps on the mean loss's gradients (before summed_loss_ranks)
         {"betas": (0.9, 0.95)},
         {"scalar_lr": 0.02},
+        {"summed_loss_ranks": 0},  # our mean loss's gradients: the eps meet gradients 2**19 smaller
     ],
 )
 def test_an_optimizer_switch_wired_wrong_is_caught(wrong):
     cfg = small_cfg()
-    cfg.optim = dataclasses.replace(cfg.optim, **wrong)
+    train = {k: v for k, v in wrong.items() if hasattr(cfg.train, k)}
+    cfg.optim = dataclasses.replace(cfg.optim, **{k: v for k, v in wrong.items() if k not in train})
+    cfg.train = dataclasses.replace(cfg.train, **train)
     model, names, ref = _run_both(cfg)
     assert max(_max_error(model, names, ref).values()) > 1e-6, wrong
+
+
+def test_the_gradients_are_the_summed_loss_s_on_any_batch_split():
+    """train.summed_loss_ranks = 1: the optimizer sees the gradient of the loss summed over the step's
+    2**19 tokens (the script's all_reduce SUM of each rank's reduction="sum"), whatever the processes."""
+    cfg = load_recipe("track3-2026-06")
+    assert schedule_at(0, cfg).grad_scale == cfg.train.global_batch_tokens == TOKENS
+    assert cfg.optim.eps == 1e-10  # the script's, on the gradient it meets there
 
 
 # ---------------------------------------------------------------- record #46's model numerics and init

@@ -104,8 +104,11 @@ def test_tiny_runs_fail_only_the_record_validation(runs, tmp_path, capsys):
         "config",
         "code",
         "validation",
+        "final-val",
+        "softmax",
         "timing",
         "inductor",
+        "warm-up",
         "hardware",
         "alike",
     ]

@@ -1,7 +1,9 @@
 """`speedrun verify` and the 2026 rulings: eval-side masking allowed (#350), a backward pass at evaluation
-refused (#205), extension steps timed (#344). The loop records the facts (summary.json's eval_writes,
-timed_through, extension_steps); tiny real runs show it records them, copies edited to break one rule
-each show verify reads them."""
+refused (#205), extension steps timed (#344), and #92's: at most 40 untimed warm-up steps, a sampled
+softmax in training only with a full-softmax validation, one validation at the end enough. The loop
+records the facts (summary.json's eval_writes, timed_through, extension_steps, sampled_candidates,
+val_classes; the log's warm-up line); tiny real runs show it records them, copies edited to break one
+rule each show verify reads them."""
 
 from __future__ import annotations
 
@@ -42,9 +44,12 @@ def test_a_run_records_the_facts_and_passes_the_rulings(runs, tmp_path):
     for run in runs:
         s = json.loads((run / "summary.json").read_text())
         assert (s["timed_through"], s["extension_steps"], s["eval_writes"]) == (s["steps"], 0, 0)
+        assert (s["sampled_candidates"], s["val_classes"]) == ([], 512)  # the full softmax; 512 head rows
     got = rules(judged(runs, tmp_path))
     assert got["validation"][0] == got["timing"][0] == "ok", got
     assert "#350" not in got["validation"][1]
+    assert got["softmax"] == ("ok", "the full softmax in training and validation")
+    assert got["final-val"] == ("ok", "every run validated at its last step")
 
 
 def test_canonical_token_masking_at_validation_is_allowed_and_reported(runs, tmp_path):
@@ -130,3 +135,75 @@ def test_impossible_ruling_facts_in_summary_json_are_one_line(runs, tmp_path, ca
         err = capsys.readouterr().err.strip()
         assert err.startswith("speedrun: error:") and "must be integers >= 0 (edited?)" in err, err
         assert "\n" not in err
+
+
+# ---- #92's rulings (tools/rulings.py) ----
+
+WARMUP = "warm-up: {} training step(s) and one validation batch compiled, state restored\n"
+
+
+def with_warmup(steps: int):
+    def edit(folder: Path) -> None:
+        with (folder / "log.txt").open("a") as log:
+            log.write(WARMUP.format(steps))
+
+    return edit
+
+
+def test_an_untimed_warm_up_of_more_than_40_steps_fails(runs, tmp_path):
+    got = rules(judged(runs, tmp_path / "a", with_warmup(37)))["warm-up"]  # the record's 37
+    assert got == ("ok", "at most 37 untimed warm-up step(s) a start (#92 allows 40)")
+    assert rules(judged(runs, tmp_path / "b", with_warmup(40)))["warm-up"][0] == "ok"
+    status, detail = rules(judged(runs, tmp_path / "c", with_warmup(41), which=1))["warm-up"]
+    assert status == "fails" and detail.startswith("r-seed2: an untimed warm-up of 41 training steps")
+    assert "#92" in detail
+
+
+def sampled(val_classes: int):
+    def change(s: dict) -> None:
+        s.update(sampled_candidates=[10240, 14336], val_classes=val_classes)
+
+    return edit_json("summary.json", change)
+
+
+def test_a_sampled_softmax_in_training_needs_a_full_softmax_validation(runs, tmp_path):
+    got = rules(judged(runs, tmp_path / "a", sampled(512)))["softmax"]
+    assert got == (
+        "ok",
+        "every run trained on a sampled softmax, validated on the full softmax (#92: allowed)",
+    )
+    status, detail = rules(judged(runs, tmp_path / "b", sampled(300), which=0))["softmax"]
+    assert status == "fails", detail
+    assert detail == (
+        "r-seed1: trained on a sampled softmax (P = 10240, 14336) and validated over 300 of the head's 512 "
+        "classes; validation must be the full softmax (#92)"
+    )
+    stride = edit_json("config.json", lambda c: c["model"].update(head={"sampled_stride": 7}))
+    unrecorded = edit_json("summary.json", lambda s: s.pop("sampled_candidates"))
+    paths = judged(runs, tmp_path / "c", lambda f: (stride(f), unrecorded(f)), which=1)
+    status, detail = rules(paths)["softmax"]
+    assert status == "unknown" and detail.startswith("r-seed2: summary.json does not record"), detail
+
+
+def drop_validations(keep_last: bool):
+    """metrics.jsonl without the validations before the last (`keep_last`), or without the last."""
+
+    def edit(folder: Path) -> None:
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        val = [i for i, r in enumerate(records) if "val_loss" in r]
+        gone = set(val[:-1]) if keep_last else {val[-1]}
+        text = "".join(json.dumps(r) + "\n" for i, r in enumerate(records) if i not in gone)
+        (folder / "metrics.jsonl").write_text(text)
+
+    return edit
+
+
+def test_one_validation_at_the_end_is_enough_and_none_at_the_last_step_fails(runs, tmp_path):
+    got = rules(judged(runs, tmp_path / "a", drop_validations(keep_last=True)))["final-val"]
+    assert got == ("ok", "every run validated once, at the end (#92: allowed; validation is untimed)")
+    status, detail = rules(judged(runs, tmp_path / "b", drop_validations(keep_last=False), which=1))[
+        "final-val"
+    ]
+    assert status == "fails" and detail.startswith(
+        "r-seed2: no validation at its last step 6 (its last at step 3)"
+    )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from speedrun.config.gpt2026 import Gpt2026Config
-from speedrun.config.labels import parse_rows
+from speedrun.config.labels import TABLE_OPTIMIZERS, parse_rows  # noqa: F401  (TABLE_OPTIMIZERS: API)
 from speedrun.config.types import (  # noqa: F401  (canonical_key is part of this module's API)
     Beta,
     Fraction,
@@ -145,7 +145,8 @@ class OptimConfig:
 
     # "adamw" (one AdamW for everything) | "muon" (Muon matrices + Adam rest) | "normuon" (the
     # 2025–26 optimizer: one table-driven NorMuon + labelled Adam, sharded without DDP; optim/sharded.py)
-    name: Literal["adamw", "muon", "normuon"] = "adamw"
+    # | "anvil" (#92: the same table and sharding, ANVIL on the matrices; optim/anvil.py)
+    name: Literal["adamw", "muon", "normuon", "anvil"] = "adamw"
     # AdamW baseline
     lr: float = 6e-4
     weight_decay: float = 0.1  # applied to >= 2-D parameters only
@@ -211,6 +212,19 @@ class OptimConfig:
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)
+    # --- name = "anvil" only (#92, optim/anvil.py; docs/recipes.md, "ANVIL"); the normuon keys above apply
+    # too: the momentum schedule is the Nesterov lookahead μ and the fast rail's beta before the engage
+    # step, normuon_beta2 the lane equaliser's EMA (#92: 0.9), muon_weight_decay the decay the slow rail
+    # gates (#92: 2.25); the cascade runs in muon_ns_dtype ---
+    anvil_slow_beta: Beta = 0.98  # the slow rail's EMA of the gradient, from step 0
+    anvil_fast_beta: Beta = 0.85  # the fast rail's beta from the engage step on
+    anvil_fast_weight: Fraction = 0.4385  # the fast rail's share of the blend from the engage step on
+    anvil_engage_step: int = 514  # before it the update reads the fast rail alone, on beta = momentum
+    anvil_margin: Annotated[float, Range(1, 10)] = 1.05  # X / (margin·‖X‖_F + eps) before the six maps
+    anvil_eps: PosFloat = 1e-6
+    # from this step the value_embed group (bigram joins it) steps on steps ≡ 3 (mod 4) on the summed
+    # gradients of the four, betas squared and decay doubled (#92: 336; a multiple of 4, with adam_every=2)
+    value_embed_every4_from: int = 0
     # --- track 3, #46 (optim/pinned_muon.py, optim/tail_ema.py; optim.name = "muon", separate q/k/v) ---
     muon_soap: bool = False  # SOAP-Muon: momentum preconditioned in the eigenbases of EMA(GGᵀ), EMA(GᵀG)
     muon_soap_beta2: Fraction = 0.9  # the EMAs' and the rotated second moment's beta (#46: 0.9)

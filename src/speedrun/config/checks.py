@@ -10,7 +10,7 @@ import os
 from speedrun.config import Config, ModelConfig, check_fields, sections
 from speedrun.config.data import check_source, parse_bpe_size
 from speedrun.config.families import config_family, model_facts
-from speedrun.config.labels import check_shadowed
+from speedrun.config.labels import TABLE_OPTIMIZERS, check_shadowed
 from speedrun.config.stages import check_stages
 from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
@@ -26,8 +26,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
     if f.positional == "rotary" and (m.n_embd // m.n_head) % 2:
         raise ConfigError("rotary embeddings need an even head dimension")
-    if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name != "normuon":  # #57
-        raise ConfigError("model.block_dtype=bf16 needs optim.name=normuon (its mantissa buffer keeps fp32)")
+    if getattr(m, "block_dtype", "fp32") == "bf16" and cfg.optim.name not in TABLE_OPTIMIZERS:  # #57
+        raise ConfigError(
+            "model.block_dtype=bf16 needs optim.name=normuon or anvil (their mantissa buffer keeps fp32)"
+        )
     for name in ("seq_len", "val_seq_len"):
         if getattr(t, name) > m.max_seq_len:
             raise ConfigError(
@@ -179,9 +181,9 @@ def _validate_normuon(cfg: Config) -> None:
             "grad_clip, labels and tail_ema_*)"
         )
     adamw_only = [k for k in given if k in ("optim.lr", "optim.weight_decay")]  # only AdamW reads them
-    if "optim.betas" in given and o.name == "normuon":
+    if "optim.betas" in given and o.name in TABLE_OPTIMIZERS:
         raise ConfigError(
-            "optim.betas has no effect under optim.name=normuon (its Adam rows take optim.embed_betas, "
+            f"optim.betas has no effect under optim.name={o.name} (its Adam rows take optim.embed_betas, "
             "value_embed_betas, scalar_betas and x0_betas)"
         )
     if adamw_only and o.name != "adamw":
@@ -218,11 +220,23 @@ def _validate_normuon(cfg: Config) -> None:
         )
     if o.tail_ema_tau and not 1 <= o.tail_ema_start < o.tail_ema_end:
         raise ConfigError("optim.tail_ema_tau needs 1 <= optim.tail_ema_start < optim.tail_ema_end")
-    if o.name != "normuon":  # its keys: config/subkeys.py
+    if o.name not in TABLE_OPTIMIZERS:  # its keys: config/subkeys.py
         return
+    ns_keys = ("optim.muon_backend", "optim.muon_ns_steps", "optim.muon_ns_form")
+    cascade = [k for k in ns_keys if k in cfg.fixed]
+    if o.name == "anvil" and cascade:
+        raise ConfigError(
+            f"{cascade[0]} has no effect under optim.name=anvil (its cascade is #92's six maps; "
+            "optim.muon_ns_dtype sets its precision)"
+        )
+    if o.value_embed_every4_from and (o.value_embed_every4_from % 4 or o.adam_every != 2):
+        raise ConfigError(
+            f"optim.value_embed_every4_from ({o.value_embed_every4_from}) must be a multiple of 4 and needs "
+            "optim.adam_every=2 (#92: every other step, then every 4th from step 336)"
+        )
     if 0 in (o.attn_lr_mul, o.mlp_proj_lr_mul, o.mlp_fc_lr_mul):
         raise ConfigError(
-            "optim.name=normuon needs optim.attn_lr_mul, optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"
+            f"optim.name={o.name} needs optim.attn_lr_mul, optim.mlp_proj_lr_mul and mlp_fc_lr_mul > 0"
         )
     if o.muon_qk_block_heads and (m.n_head % o.muon_qk_block_heads or (f.fused_qkv and not o.muon_split_qkv)):
         raise ConfigError(
@@ -230,7 +244,7 @@ def _validate_normuon(cfg: Config) -> None:
             "and needs optim.muon_split_qkv=true"
         )
     if o.grad_clip > 0:
-        raise ConfigError("optim.grad_clip is not supported with optim.name=normuon")
+        raise ConfigError(f"optim.grad_clip is not supported with optim.name={o.name}")
     # an LR for a part the model lacks is refused when the user gave it; a recipe's stays quiet when a
     # switch removes the part (as its stated label rows do), so one switch can take a part out (ablate)
     user = cfg.fixed

@@ -53,6 +53,7 @@ class ModelFacts:
     gates: tuple[int, int, int, int, bool]
     qk_head_dim: int  # Q/K dims per head (#344's narrower Q/K; #80's Q/K blocks)
     fp8_mlp: bool  # the MLPs train in FP8 (#84/#89: the memory bound's saved tensors)
+    sampled_stride: int  # #92's sampled softmax (a stage plan's sampled= needs it); 0: none
     era: int  # the recipe index's era of a track-1 record: 0 replays 2024-25, 1 is 2026
 
 
@@ -60,7 +61,7 @@ def _gpt2024_facts(m: Any) -> ModelFacts:
     tables = {"none": 0, "per-layer": m.n_layer, "unet": m.n_layer // 2, "ends": m.value_embed_tables}
     not_switches = dict(
         yarn=False, mtp=0, value_tables=tables[m.value_embeds], gates=(0, 0, 0, 0, False),
-        qk_head_dim=m.n_embd // m.n_head, fp8_mlp=False, era=0,
+        qk_head_dim=m.n_embd // m.n_head, fp8_mlp=False, sampled_stride=0, era=0,
     )  # fmt: skip
     named = {f.name: getattr(m, f.name) for f in fields(ModelFacts) if f.name not in not_switches}
     return ModelFacts(**named, **not_switches)
@@ -81,7 +82,7 @@ def _gpt2026_facts(m: Any) -> ModelFacts:
         logit_softcap=h.softcap, softcap_in_bf16=h.softcap_in_bf16, fp8_head=h.fp8, mtp=h.mtp,
         value_tables=len({j for j in m.value_embeds if j >= 0}),
         gates=(m.embed.smear, a.gate, m.values.gate, st.skip_gate, st.x0_lambda_apart),
-        qk_head_dim=qk_width(m), fp8_mlp=m.mlp.fp8, era=1,
+        qk_head_dim=qk_width(m), fp8_mlp=m.mlp.fp8, sampled_stride=h.sampled_stride, era=1,
     )  # fmt: skip
 
 

@@ -96,7 +96,22 @@ def _switch_family(cfg: Config, model: Any, origin: str) -> None:
             f"model.family={family} ({origin}) gives no {family} model: the {cfg.model.family} model it "
             f"replaces is not inherited, so {family}'s defaults would train; give its model.* keys too"
         )
-    cfg.model = MODEL_FAMILIES[family]()
+    new, old = MODEL_FAMILIES[family](), cfg.model
+    if old != type(old)():  # the model's size, which both families have, is not silently reset (issue 46)
+        keys = {k: old for k in SIZE_KEYS if k not in model and getattr(new, k) != getattr(old, k)}
+        if keys:
+            ours = ", ".join(f"model.{k}={getattr(new, k)}" for k in keys)
+            given = " ".join(f"model.{k}={getattr(old, k)}" for k in keys)
+            raise ConfigError(
+                f"model.family={family} ({origin}) would train {family}'s default {ours}, not the size of "
+                f"the {old.family} model it replaces: give the size beside it ({given}, or other values)"
+            )
+    cfg.model = new
+
+
+#: A model's size and its tokenizer's end-of-text id: keys both families have, which a family switch must
+#: not reset unasked
+SIZE_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len", "eot_id")
 
 
 def parse_overrides(cfg: Config, overrides: list[str]) -> None:

@@ -31,7 +31,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from speedrun.config.gpt2026 import mudd
+from speedrun.config.gpt2026 import mudd, ngram
 from speedrun.config.types import Beta, PosFloat, coerce, did_you_mean, field_types, from_json
 from speedrun.errors import ConfigError
 
@@ -45,7 +45,9 @@ LABELS = (
     "embed",  # token and position embeddings; a tied embedding/head weight
     "value_embed",  # value embeddings (2024-12)
     "head",  # an untied output head
-    "scalar",  # norm gains, biases, lambdas, skip weights
+    "scalar",  # norm gains, LayerNorm biases, lambdas, skip weights
+    "bias",  # a linear layer's bias (GPT-2, track 3)
+    "attn_out_bias",  # the attention output projection's bias (track 3 #46: its own beta2)
     "x0",  # #52: the x0 shortcut's lambdas, apart from the other scalars
     "gate",  # #28's attention gate, #55's value-embedding gate
     "smear_gate",  # #34's smear gate
@@ -58,12 +60,15 @@ LABELS = (
     "mudd_gate",  # #85's gate MLPs
     "mudd_gate_bias",  # their output biases and scale (no weight decay)
     "embed2",  # the medium record's second token embedding (2025-12-31)
+    "ngram",  # #92's hashed n-gram table
 )
 #: Labels of the matrices Muon and NorMuon orthogonalize (the gates only without their own Adam LR).
 MATRIX_LABELS = ("qkv", "attn_out", "mlp_in", "mlp_out", "matrix", "gate", "smear_gate")
 #: Labels Muon and AdamW train with the scalars (the NorMuon table gives them rows of their own).
 SCALAR_LIKE = (
     "scalar",
+    "bias",
+    "attn_out_bias",
     "x0",
     "skip_gate",
     "resid_lambda",
@@ -74,6 +79,9 @@ SCALAR_LIKE = (
     "mudd_gate_bias",
 )
 HYPER = ("lr", "betas", "wd", "eps")  # an Adam group's hyperparameters
+#: The optimizers that train from the table (optim/sharded.py: NorMuon; optim/anvil.py: #92's ANVIL). Their
+#: matrix rows have rule normuon: the table's orthogonalized rule, whose update the optimizer chooses
+TABLE_OPTIMIZERS = ("normuon", "anvil")
 RULE_KEYS = {
     "adam": ("rule", "group", *HYPER),
     "muon": ("rule", "split"),
@@ -151,10 +159,11 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
     def adam(group: str, lr: float, betas: Any = o.betas, wd: float = o.adam_weight_decay) -> LabelRow:
         return LabelRow("adam", group, lr, tuple(betas), wd, o.eps)
 
-    if o.name != "normuon":  # (Muon's one Adam: optim.betas and adam_weight_decay)
+    if o.name not in TABLE_OPTIMIZERS:  # (Muon's one Adam: optim.betas and adam_weight_decay)
         rows = dict.fromkeys(MATRIX_LABELS, LabelRow("muon", "matrix", split=o.muon_split_qkv))
         rows |= dict.fromkeys(("embed", "value_embed", "bigram", "embed2"), adam("embed", o.embed_lr))
         rows |= dict.fromkeys(SCALAR_LIKE, adam("scalar", o.scalar_lr))
+        rows |= ngram.label_rows(adam, o.embed_lr, o.adam_weight_decay)
         return {label: (rows | {"head": adam("head", o.head_lr)})[label] for label in LABELS}
 
     def normuon(lr_mul: float = 1.0, **cut: Any) -> LabelRow:  # cut: gate_rows, qk_rows
@@ -174,6 +183,9 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         "value_embed": value_embed,
         "head": adam("head", o.head_lr, o.embed_betas, wd * o.embed_wd_mul),
         "scalar": adam("scalar", o.scalar_lr, o.scalar_betas, 0.0),
+        # a linear's bias (gpt2024 models under NorMuon): the scalars' settings in groups of their own
+        "bias": adam("bias", o.scalar_lr, o.scalar_betas, 0.0),
+        "attn_out_bias": adam("attn_out_bias", o.scalar_lr, o.scalar_betas, 0.0),
         "x0": adam("x0", o.x0_lr or o.scalar_lr, o.x0_betas, 0.0),
         "gate": adam("gate", o.gate_lr, gate_betas, wd)
         if o.gate_lr > 0
@@ -187,7 +199,8 @@ def derived_rows(o: Any, head_dim: int) -> dict[str, LabelRow]:
         # #77's rows (resid_lambdas: the scalars' LR; post, x0, bigram lambdas, #82's xsa_alphas: embed_lr)
         "resid_lambda": adam("resid_lambda", o.scalar_lr, (0.9, 0.95), 0.0),
         "lambda": adam("lambda", o.embed_lr, (0.9, 0.95), 0.0),
-    } | mudd.label_rows(adam, o.embed_lr, wd)  # a part's rows, declared beside it
+    }
+    rows |= mudd.label_rows(adam, o.embed_lr, wd) | ngram.label_rows(adam, o.embed_lr, wd)  # parts' rows
     return {label: rows[label] for label in LABELS}
 
 
@@ -269,10 +282,12 @@ def _another(o: Any, name: str) -> Any:
 def _stated_row(label: str, keys: dict[str, Any], base: LabelRow, o: Any) -> LabelRow:
     """A stated row over its derived row ``base``; a rule change starts from that rule's defaults."""
     rule = keys.get("rule", base.rule)
-    matrix_rule = "normuon" if o.name == "normuon" else "muon"
+    matrix_rule = "normuon" if o.name in TABLE_OPTIMIZERS else "muon"
     if rule not in ("adam", matrix_rule):
+        needs = "normuon or anvil" if rule == "normuon" else rule
         raise ConfigError(
-            f"optim.labels.{label}.rule: {rule} needs optim.name = {rule} (this optimizer runs {matrix_rule})"
+            f"optim.labels.{label}.rule: {rule} needs optim.name = {needs} "
+            f"(this optimizer runs {matrix_rule})"
         )
     for k in keys:
         if k not in RULE_KEYS[rule]:

@@ -29,6 +29,9 @@ class Stage:
     mtp_end: tuple[float, ...] = (1.0,)  # ... and at its end (linear in between)
     duration: float = 0.0
     prefix: tuple[float, float] | None = None  # #88's prefix-loss weight at the stage's start and end
+    # #92's candidate counts P of the sampled softmax: the stage's steps in equal parts, one count each
+    # (the record's CANDIDATES_BY_STAGE); () runs the full softmax
+    sampled: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's long, short and YaRN
     windows as StagePlan fields, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix"} | (
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "sampled"} | (
         {"ext", "val", "yarn"} if last else {"frac"}
     )
     fields: dict[str, str] = {}
@@ -148,6 +151,13 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int
     if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
         start, _, end = fields["prefix"].partition(">")
         weights["prefix"] = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
+    if "sampled" in fields:  # #92: sampled=P or sampled=P,P,... (the stage in equal parts)
+        counts = tuple(int(_number("sampled", p, int, entry)) for p in fields["sampled"].split(","))
+        if not all(counts):
+            raise ConfigError(
+                f"train.stages: stage {entry + 1}: sampled= candidate counts must be at least 1"
+            )
+        weights["sampled"] = counts
     stage = Stage(
         batch_tokens=int(_number("tokens", fields["tokens"], int, entry)),
         max_doc_len=int(_number("doc", fields.get("doc", "0"), int, entry)),
@@ -179,7 +189,8 @@ def parse_stages(text: str, steps: int, **constants: Any) -> StagePlan:
 
     Stages are separated by `;`. A scheduled stage: `tokens=N` (per step), `windows=S/L` (128-token
     blocks), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest document, 0 = no
-    cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1) and `prefix=` (#88, as mtp). The
+    cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1), `prefix=` (#88, as mtp) and
+    `sampled=P[,P…]` (#92's candidate counts, the stage's steps in equal parts; none: full softmax). The
     last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
     (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to, which also caps
     the stages': the medium record's 13). `constants`: the plan's other fields, from the rest of the
@@ -242,6 +253,11 @@ def check_stages(cfg: Config) -> None:
             "model.attn.yarn needs model.attn.scale > 0 (the scale it starts from; the records: 0.1)"
         )
     if not staged:
+        if f.sampled_stride:
+            raise ConfigError(
+                "model.head.sampled_stride takes its candidate counts from train.stages (sampled=): it needs "
+                "train.stages"
+            )
         if f.mtp > 1:
             raise ConfigError(
                 "model.head.mtp takes its weights from train.stages (mtp=): it needs train.stages"
@@ -287,6 +303,7 @@ def check_stages(cfg: Config) -> None:
                 f"train.stages: stage {i + 1}: mtp= weights must not all be 0 (the loss would be 0 and "
                 "nothing would learn)"
             )
+    _check_sampled(cfg, plan)
     tokens = sorted({s.batch_tokens for s in plan.stages})
     batch = t.global_batch_tokens
     if batch != TrainConfig().global_batch_tokens and batch not in tokens:
@@ -304,4 +321,28 @@ def check_stages(cfg: Config) -> None:
                 f"train.stages: stage {i + 1}: tokens={stage.batch_tokens} must split into {rows} rows "
                 f"of a step (train.global_batch_tokens / train.micro_batch_tokens) of at most "
                 f"model.max_seq_len ({m.max_seq_len}) tokens"
+            )
+
+
+def _check_sampled(cfg: Config, plan: StagePlan) -> None:
+    """#92's sampled softmax: a stage's sampled= needs model.head.sampled_stride, the stride needs a stage
+    that samples, and a count P is at most the vocabulary (it holds every target of a micro-batch, which
+    only the run can count: the model refuses a micro-batch with more distinct targets than P)."""
+    stride = model_facts(cfg.model).sampled_stride
+    counts = [(i, p) for i, s in enumerate(plan.stages) for p in s.sampled]
+    if counts and not stride:
+        raise ConfigError(
+            f"train.stages: stage {counts[0][0] + 1}: sampled= needs model.head.sampled_stride (#92: 20011), "
+            "the sweep its negatives come from"
+        )
+    if stride and not counts:
+        raise ConfigError(
+            "model.head.sampled_stride has no effect: no stage of train.stages samples (sampled=P)"
+        )
+    vocab = cfg.model.vocab_size
+    for i, p in counts:
+        if p > vocab:
+            raise ConfigError(
+                f"train.stages: stage {i + 1}: sampled={p} exceeds model.vocab_size ({vocab}): run that "
+                "stage on the full softmax (no sampled=)"
             )

@@ -16,7 +16,8 @@ from speedrun.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 
 RMSNORM = "model.norm=rmsnorm|rmsnorm-gain or model.qk_norm or model.embed_norm"  # make_norm's RMSNorms
 TOKENS = "data.loader=tokens"  # the token loader's data order (data/loader.py)
-NORMUON = "optim.name=normuon"  # the table optimizer's rows (config/labels.py derived_rows)
+NORMUON = "optim.name=normuon|anvil"  # the table optimizers' rows (config/labels.py derived_rows)
+ANVIL = "optim.name=anvil"  # optim/anvil.py
 # Muon (optim/muon.py) itself: not NorMuon, not #46's PinnedMuon (optim/build.py pinned)
 PLAIN_MUON = ("optim.name=muon", "!optim.muon_soap", "!optim.muon_radius_pin", "!optim.muon_uw_floor")
 PLAIN_MUON += ("!optim.muon_post_pin_cwd", "!optim.muon_hyperball")
@@ -68,6 +69,12 @@ NEEDS: dict[type, dict[str, tuple[str, ...]]] = {
         "ema_nesterov_end": ("optim.ema_nesterov_step",),
         "power_cool_power": ("optim.power_cool_end",),
         "power_cool_c": ("optim.power_cool_end",),
+        **dict.fromkeys(
+            ("anvil_slow_beta", "anvil_fast_beta", "anvil_fast_weight", "anvil_engage_step", "anvil_margin"),
+            (ANVIL,),
+        ),
+        "anvil_eps": (ANVIL,),
+        "value_embed_every4_from": (ANVIL,),
         **dict.fromkeys(
             (
                 "normuon_beta2",

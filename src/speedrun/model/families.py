@@ -107,8 +107,12 @@ def _gpt2026() -> Family:
 
     def layers(model: nn.Module) -> list[AttentionLayer]:
         cfg = model.cfg
-        width = cfg.n_head * (model_facts(cfg).qk_head_dim + cfg.n_embd // cfg.n_head) / 2
-        return [AttentionLayer(s.window, width, s.paired) for s in model.specs if s.attention]
+        qk, v = model_facts(cfg).qk_head_dim, cfg.n_embd // cfg.n_head
+
+        def width(s) -> float:  # the mean of the Q/K and V widths (#92: half of either on narrow layers)
+            return cfg.n_head * (qk // (1 + s.narrow_qk) + v // (1 + s.narrow_v)) / 2
+
+        return [AttentionLayer(s.window, width(s), s.paired) for s in model.specs if s.attention]
 
     def layer_facts(m: Any) -> LayerFacts:
         L = m.n_layer

@@ -17,7 +17,8 @@ from speedrun.model.contexts import near_keys
 
 #: What decoding needs of a model, whatever its family: `cfg.n_layer`, `cfg.max_seq_len`,
 #: `cfg.vocab_size`, `cfg.eot_id`; `mask_specs(tokens)`; `hidden(idx, contexts, start=, prev=)` (one
-#: model/contexts.py context per layer); `logits(hidden)`; per block an `attn` (or None) with `paired`.
+#: model/contexts.py context per layer; `prev` the `lookback` tokens before idx, 1 unless the model says
+#: more); `logits(hidden)`; per block an `attn` (or None) with `paired`.
 Model = torch.nn.Module
 
 
@@ -79,7 +80,8 @@ def forward_cached(model: Model, idx: Tensor, cache: KVCache) -> Tensor:
     docs = document_ids(cache.tokens, cfg.eot_id)
     masks = [built[(id(s), p)] for s, p in zip(specs, paired, strict=True)]
     contexts = [Cached(cache, i, mask, start, docs) for i, mask in enumerate(masks)]
-    prev = cache.tokens[:, start - 1 : start] if start > 0 else None  # smear's look-back (#34)
+    back = getattr(model, "lookback", 1)  # tokens the input reads back: smear's 1 (#34), #92's n-grams 2
+    prev = cache.tokens[:, max(0, start - back) : start] if start > 0 else None
     return model.logits(model.hidden(idx, contexts, start=start, prev=prev))
 
 

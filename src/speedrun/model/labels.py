@@ -46,10 +46,11 @@ def label(p: nn.Parameter, name: str, *, blocks: tuple[int, ...] = (), lr_mul: f
 
 
 def label_linear(linear: nn.Linear, name: str, *, blocks: tuple[int, ...] = ()) -> nn.Linear:
-    """Label a linear layer's weight ``name`` and its bias, if any, ``scalar``; return the layer."""
+    """Label a linear layer's weight ``name`` and its bias, if any, ``bias`` (``attn_out_bias`` for an
+    attention output's: track 3 #46 trains it with its own beta2); return the layer."""
     label(linear.weight, name, blocks=blocks)
     if linear.bias is not None:
-        label(linear.bias, "scalar")
+        label(linear.bias, "attn_out_bias" if name == "attn_out" else "bias")
     return linear
 
 

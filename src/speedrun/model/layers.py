@@ -121,11 +121,17 @@ class Rotary(nn.Module):
         base: float,
         half_truncated: bool = False,
         precision: str = "auto",
+        turning_half: bool = False,
     ):
+        """`turning_half` (#92's narrow heads, half_truncated): only the frequencies that turn, a table for
+        heads of head_dim/2 that rotate all their dims."""
         super().__init__()
         assert precision in ROPE_PRECISIONS, precision
+        assert half_truncated or not turning_half
         self.fp32 = precision == "fp32" or (precision == "auto" and half_truncated)
         cos, sin = rotary_tables(head_dim, max_seq_len, base, half_truncated, precision)
+        if turning_half:
+            cos, sin = cos[:, : head_dim // 4], sin[:, : head_dim // 4]
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from speedrun.config import Config
+from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
-from speedrun.config.labels import label_table
+from speedrun.config.labels import SCALAR_LIKE, label_table
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
+from speedrun.optim.anvil import Rails, ShardedAnvilAdam
 from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.plain_adam import PlainAdam
@@ -148,7 +149,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         if o.ema_nesterov_step
         else None
     )  # fmt: skip
-    if o.name == "normuon":
+    if o.name in TABLE_OPTIMIZERS:
         return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
     groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
     for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
@@ -170,8 +171,9 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         for g, h in sorted(hyper.items(), key=lambda gh: gh[0] not in MUON_GROUPS)
         if groups[g]
     }
-    # #46: the scalars (gains, biases) in Adam without bias correction, a part of their own
-    plain = [adam_params.pop("scalar")] if not o.scalar_bias_correction and "scalar" in adam_params else []
+    # #46: the scalars (gains, biases: every group of a scalar-like label) in Adam without bias correction,
+    # a part of their own
+    plain = [] if o.scalar_bias_correction else [adam_params.pop(g) for g in SCALAR_LIKE if g in adam_params]
     for e in entries:
         if e.rule.rule == "muon" and e.param.ndim == 2:
             set_muon_split(e.param, muon_parts(e))
@@ -242,14 +244,15 @@ def muon_settings(o: Any, ns_dtype: torch.dtype) -> dict[str, Any]:
 
 def sharded_optimizer(cfg: Config) -> bool:
     """Whether the run's optimizer communicates itself (no DDP around the model)."""
-    return cfg.optim.name == "normuon"
+    return cfg.optim.name in TABLE_OPTIMIZERS
 
 
 def build_table_optimizer(
     model: torch.nn.Module, cfg: Config, entries: list[Entry] | None = None
 ) -> ShardedNorMuonAdam:
-    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe; with
-    `optim.tie_until` the embedding starts as a copy of the head (HEAD: embed = lm_headᵀ)."""
+    """The 2025–26 optimizer from the model's parameter table (optim/table.py) and the recipe (NorMuon, or
+    #92's ANVIL under optim.name = "anvil"); with `optim.tie_until` the embedding starts as a copy of the
+    head (HEAD: embed = lm_headᵀ)."""
     o = cfg.optim
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     rows = build_rows(entries or model_rules(model, cfg), world)
@@ -262,6 +265,19 @@ def build_table_optimizer(
             embed.copy_(head)
         tie = (embed, head, o.tie_until)
     start = o.muon_momentum_start if o.muon_momentum_warmup_steps else o.muon_momentum
+    ns_dtype = muon_ns_dtype(o.muon_ns_dtype, model.lm_head.weight.device)
+    frozen = ("scalar",) if o.scalar_freeze_steps else ()
+    if o.name == "anvil":
+        rails = Rails(
+            o.anvil_slow_beta, o.anvil_fast_beta, o.anvil_fast_weight, o.anvil_engage_step, o.anvil_margin,
+            o.anvil_eps,
+        )  # fmt: skip
+        return ShardedAnvilAdam(
+            rows, adam, muon_lr=o.muon_lr, momentum=start, beta2=o.normuon_beta2,
+            muon_weight_decay=o.muon_weight_decay, rails=rails, ns_dtype=ns_dtype, adam_every=o.adam_every,
+            every4_from=o.value_embed_every4_from, square_stats=o.normuon_square_stats, frozen_labels=frozen,
+            tie=tie,
+        )  # fmt: skip
     return ShardedNorMuonAdam(
         rows,
         adam,
@@ -271,11 +287,11 @@ def build_table_optimizer(
         muon_weight_decay=o.muon_weight_decay,
         backend=o.muon_backend,
         ns_steps=o.muon_ns_steps,
-        ns_dtype=muon_ns_dtype(o.muon_ns_dtype, model.lm_head.weight.device),
+        ns_dtype=ns_dtype,
         ns_form=o.muon_ns_form,
         adam_every=o.adam_every,
         square_stats=o.normuon_square_stats,
-        frozen_labels=("scalar",) if o.scalar_freeze_steps else (),
+        frozen_labels=frozen,
         tie=tie,
     )
 

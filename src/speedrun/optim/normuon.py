@@ -60,11 +60,14 @@ def normuon_normalize_(v: Tensor, second_moment: Tensor, beta2: float, square: s
     return v.mul_(scale.type_as(v))
 
 
-def cautious_step(weight: Tensor, update: Tensor, lr: Tensor | float, decay: Tensor | float) -> Tensor:
+def cautious_step(
+    weight: Tensor, update: Tensor, lr: Tensor | float, decay: Tensor | float, gate: Tensor | None = None
+) -> Tensor:
     """W − W·[U·W ≥ 0]·decay·lr − U·lr in fp32 (returns a new tensor): weight decay only where the
-    update pushes the weight towards zero anyway (#43). NorMuon passes decay = wd·(scheduled lr)."""
+    update pushes the weight towards zero anyway (#43). NorMuon passes decay = wd·(scheduled lr).
+    With ``gate`` the sign test reads it instead of U: W·[gate·W ≥ 0] (ANVIL's slow rail, #92)."""
     update = update.float()
-    mask = (update * weight) >= 0
+    mask = ((update if gate is None else gate.float()) * weight) >= 0
     return weight - (weight * mask * decay * lr) - (update * lr)
 
 

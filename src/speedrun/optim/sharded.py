@@ -78,7 +78,11 @@ class Collectives:
 
 class ShardedNorMuonAdam:
     """NorMuon + labelled Adam from one table; see the module docstring. ``param_groups`` has one group
-    per label ({"kind": "muon"|"adam", "label", "lr", "momentum"}) for the schedule to write."""
+    per label ({"kind": "muon"|"adam", "label", "lr", "momentum"}) for the schedule to write. A subclass
+    (optim/anvil.py) replaces the matrices' direction (``_bank_direction``) and a label's Adam cadence
+    (``_adam_due``, ``_adam_hyper``); the sharding, communication and state dict stay these."""
+
+    state_format, readable_formats = STATE_FORMAT, READABLE_FORMATS
 
     def __init__(
         self,
@@ -174,23 +178,23 @@ class ShardedNorMuonAdam:
     @torch.no_grad()
     def step(self) -> None:
         do_adam = self.steps_done % self.adam_every == self.adam_every - 1
+        due = {label: self._adam_due(label, do_adam) for label in self.adam}
         frozen = {g["label"] for g in self.param_groups if g.get("frozen")}
         for row in self.adam_rows:
             if row.label in frozen:  # #52: this step's and any kept gradients are dropped
                 row.param.grad = None
                 self.kept.pop(row.name, None)
-        self._carry_adam_grads(do_adam)
+        self._carry_adam_grads(due)
         if self.tied and do_adam and self.embed.grad is not None:
             self.head.grad.add_(self.embed.grad)
             self.embed.grad = None
-        active = [r for r in self.adam_rows if do_adam and r.param.grad is not None]
+        active = [r for r in self.adam_rows if due[r.label] and r.param.grad is not None]
         # 1. launch every reduction, banks first (largest), in the same order on every rank
         bank_work = [(bank, *self._reduce_bank(bank)) for bank in self.banks]
         adam_work = [(row, *self._reduce_adam(row)) for row in active]
         # 2. updates, small first; gathers start as each shard is done
-        if do_adam:
-            for label in self.adam_steps:
-                self.adam_steps[label] += label not in frozen
+        for label in self.adam_steps:
+            self.adam_steps[label] += due[label] and label not in frozen
         gathers = self._update_adam(adam_work)
         for bank, grads, work in bank_work:
             if work is not None:
@@ -231,25 +235,33 @@ class ShardedNorMuonAdam:
             weights = [row.param for row, _, _ in items]  # (no_grad)
             exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st]
             lr, t = self._group(label)["lr"], self.adam_steps[label]
-            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self.adam[label])
+            adam_foreach_(weights, grads, exp_avgs, exp_avg_sqs, t, lr, self._adam_hyper(label))
         for row, grad, work in single:
             if work is not None:
                 work.wait()
                 grad.div_(self.world)
             shard, st = self._adam_shard(row), self.state[row.name]
             lr, t = self._group(row.label)["lr"], self.adam_steps[row.label]
-            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self.adam[row.label])
+            cautious_adam_(shard, grad, st["exp_avg"], st["exp_avg_sq"], t, lr, self._adam_hyper(row.label))
             if self._row_sharded(row):
                 gathers.append((None, None, self.comms.all_gather(row.param.data, shard.clone())))
         return gathers
 
-    def _carry_adam_grads(self, do_adam: bool) -> None:
+    def _adam_due(self, label: str, do_adam: bool) -> bool:
+        """Whether ``label``'s Adam steps this step: every ``adam_every``-th step."""
+        return do_adam
+
+    def _adam_hyper(self, label: str) -> AdamLabel:
+        """``label``'s Adam hyperparameters this step: its row's."""
+        return self.adam[label]
+
+    def _carry_adam_grads(self, due: dict[str, bool]) -> None:
         """Keep Adam gradients over a skipped step (summed, as HEAD's grads that are not cleared)."""
         for row in self.adam_rows:
             p, kept = row.param, self.kept.pop(row.name, None)
             if kept is not None:
                 p.grad = kept if p.grad is None else p.grad.add_(kept)
-            if not do_adam and p.grad is not None:
+            if not due[row.label] and p.grad is not None:
                 self.kept[row.name] = p.grad
                 p.grad = None
 
@@ -285,11 +297,7 @@ class ShardedNorMuonAdam:
             muls = [row.lr_mul for row, _ in mine]
             if any(m != 1.0 for m in muls):  # per-matrix multipliers (HEAD's c_proj ×2)
                 lr = lr * torch.tensor(muls, device=grads.device).view(k, 1, 1)
-            d = nesterov_(grads[:k].float(), st["momentum"][:k], group["momentum"])
-            v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
-            if self.beta2 > 0:
-                rule = bank.stats_rule(self.square_stats)
-                v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
+            v, gate = self._bank_direction(bank, st, grads[:k].float(), group)
             weights = torch.stack(bank.weight_views()[owned.start : owned.stop])
             mantissa = st.get("mantissa")
             w32 = (
@@ -297,7 +305,7 @@ class ShardedNorMuonAdam:
                 if mantissa is not None
                 else weights.float()
             )
-            w32 = cautious_step(w32, v, lr, self.muon_wd * group["lr"])
+            w32 = cautious_step(w32, v, lr, self.muon_wd * group["lr"], gate)
             if mantissa is not None:
                 high, low = split_fp32(w32)
                 mantissa[:k].copy_(low)
@@ -309,6 +317,19 @@ class ShardedNorMuonAdam:
             return bank, new, None
         out = torch.empty((bank.padded, *bank.shape), dtype=bank.dtype, device=grads.device)
         return bank, out, self.comms.all_gather(out, new)
+
+    def _bank_direction(
+        self, bank: Bank, st: dict[str, Tensor], grads: Tensor, group: dict[str, Any]
+    ) -> tuple[Tensor, Tensor | None]:
+        """NorMuon's update direction of this rank's matrices of ``bank`` (fp32 ``grads``, overwritten),
+        and what gates the cautious decay (None: the direction itself)."""
+        k = grads.shape[0]
+        d = nesterov_(grads, st["momentum"][:k], group["momentum"])
+        v = orthogonalize(d, self.backend, self.ns_steps, self.ns_form, dtype=self.ns_dtype)
+        if self.beta2 > 0:
+            rule = bank.stats_rule(self.square_stats)
+            v = normuon_normalize_(v, st["second_moment"][:k], self.beta2, rule)
+        return v, None
 
     @staticmethod
     def _write_bank(bank: Bank, gathered: Tensor) -> None:
@@ -356,7 +377,7 @@ class ShardedNorMuonAdam:
                 g.div_(self.world)
             kept[name] = g
         return {
-            "format": STATE_FORMAT,
+            "format": self.state_format,
             "steps_done": self.steps_done,
             "adam_steps": dict(self.adam_steps),
             "tied": self.tied,
@@ -374,8 +395,8 @@ class ShardedNorMuonAdam:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
-            raise ValueError(f"optimizer state is not {STATE_FORMAT}")
+        if not isinstance(state, dict) or state.get("format") not in self.readable_formats:
+            raise ValueError(f"optimizer state is not {self.state_format}")
         params = state["params"]
         missing = sorted({r.name for r in self.rows} - set(params))
         if missing:

@@ -5,7 +5,8 @@ Everything is read from the run folders, so copied runs verify; a fact a folder 
 one config and code version, validation on the first 10,485,760 FineWeb val tokens, every step timed
 (only a restoring warm-up untimed), the default inductor config, one hardware, a baseline re-run on it.
 The 2026 rulings: eval-side masking allowed (#350), a backward pass at evaluation refused (#205), steps
-added beyond the schedule timed (#344)."""
+added beyond the schedule timed (#344); #92's (tools/rulings.py): at most 40 untimed warm-up steps, a sampled
+softmax in training only, one validation at the end enough."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from speedrun.tools.alike import verify_alike
 from speedrun.tools.compare import Group, group_key
 from speedrun.tools.flops import cost, cost_line
 from speedrun.tools.results import Run, check_report, load_runs
+from speedrun.tools.rulings import rule_final_validation, rule_sampled_softmax, rule_warmup_budget
 from speedrun.tools.run_facts import Facts, Start, read_facts
 from speedrun.tools.stats import below_target_test, mean_sd, welch_test
 from speedrun.train.run.environment import INDUCTOR_ENV_PREFIX
@@ -340,8 +342,11 @@ def verify(runs: list[Run], track: int, target: float, baseline: list[Run] | Non
         Verdict("code", *rule_code(facts)),
         Verdict("validation", *rule_validation(facts)),
     ]
+    verdicts.append(Verdict("final-val", *rule_final_validation(facts)))  # #92: once at the end suffices
+    verdicts.append(Verdict("softmax", *rule_sampled_softmax(facts)))  # #92: sampled in training only
     if track == 1:  # track 3 scores steps, not time
         verdicts += [Verdict("timing", *rule_timing(facts)), Verdict("inductor", *rule_inductor(facts))]
+        verdicts.append(Verdict("warm-up", *rule_warmup_budget(facts)))  # #92: at most 40 untimed steps
     else:
         verdicts.append(Verdict("fixed", *rule_fixed(facts)))
     verdicts.append(Verdict("hardware", *rule_hardware(facts)))

@@ -39,25 +39,38 @@ def config_model(cfg: Any) -> nn.Module:
         return build_model(cfg.model)
 
 
+def sampled_head_saving(model: nn.Module, values: Any) -> float:
+    """FLOPs per token the head does not compute on a step of #92's sampled softmax: its GEMMs are P
+    columns wide, not the head's V (6·d·(V − P)); 0 on full-softmax steps."""
+    P = values.stage.candidates if values.stage is not None else 0
+    rows, d = model.lm_head.weight.shape
+    return 6 * d * (rows - P) if P else 0.0
+
+
 def step_flops_at(model: nn.Module, cfg: Any, step: int) -> float:
-    """The count at 0-based optimizer step `step` of the run `cfg` describes (its schedule's windows)."""
-    windows = family_of(cfg.model).step_windows(cfg.model, schedule_at(step, cfg))
-    return step_flops(model, windows, seq_len=cfg.train.seq_len)
+    """The count at 0-based optimizer step `step` of the run `cfg` describes (its schedule's windows,
+    and #92's candidate count where it samples)."""
+    values = schedule_at(step, cfg)
+    windows = family_of(cfg.model).step_windows(cfg.model, values)
+    return step_flops(model, windows, seq_len=cfg.train.seq_len) - sampled_head_saving(model, values)
 
 
 def run_flops(model: nn.Module, cfg: Any, steps: int) -> float:
     """A run's training FLOPs over its first `steps` optimizer steps: Σ tokens × the count at that step's
-    windows (the schedule, so a resumed run and an old run folder's config give the same total)."""
+    windows and candidate count (the schedule, so a resumed run and an old run folder's config give the
+    same total)."""
     family = family_of(cfg.model)
     n6 = 6 * matmul_params(model)
     layers = family.attention_layers(model)
     cache: dict[StepWindows, float] = {}
     total = 0.0
     for s in range(steps):
-        w = family.step_windows(cfg.model, schedule_at(s, cfg))
+        values = schedule_at(s, cfg)
+        w = family.step_windows(cfg.model, values)
         if w not in cache:
             cache[w] = n6 + attention_flops(layers, w, cfg.train.seq_len)
-        total += (tokens_through(s + 1, cfg) - tokens_through(s, cfg)) * cache[w]
+        per_token = cache[w] - sampled_head_saving(model, values)
+        total += (tokens_through(s + 1, cfg) - tokens_through(s, cfg)) * per_token
     return total
 
 

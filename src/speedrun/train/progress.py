@@ -188,6 +188,8 @@ class Progress:
             "timed_through": clock.timed_through,
             "extension_steps": plan.extension_steps if (plan := stage_plan(self.cfg)) else 0,
             "eval_writes": clock.eval_writes,
+            "sampled_candidates": sorted({p for s in plan.stages for p in s.sampled}) if plan else [],
+            "val_classes": self.model.lm_head.weight.size(0),  # the sampled loss refuses eval mode (#92)
         }
 
     def finish(self) -> dict[str, Any]:

@@ -16,7 +16,13 @@ from speedrun.config.families import model_facts
 from speedrun.config.stages import StagePlan, stage_plan
 from speedrun.model import families
 from speedrun.optim.normuon import momentum_at
-from speedrun.train.stages import StageValues, long_window_history, stage_bounds, stage_values
+from speedrun.train.stages import (
+    StageValues,
+    long_window_history,
+    short_window_history,
+    stage_bounds,
+    stage_values,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,7 @@ class StepSchedule:
     window: int  # sliding attention window in tokens; 0 = the model has none
     stage: StageValues | None = None  # with train.stages: the stage's batch, document cut and windows
     yarn: tuple[int, ...] = field(default=())  # model.yarn: the long windows (blocks) so far, in order
+    yarn_short: tuple[int, ...] = field(default=())  # the short windows so far (#92's narrow layers' YaRN)
     frozen: bool = False  # labels that pause at transitions (optim.scalar_freeze_steps) are paused
     grad_scale: float = 1.0  # every gradient's factor before the optimizer step (train.summed_loss_ranks)
     power_cool: float = math.inf  # optim.power_cool_*: max(0, end − s)^power; a group's LR ≤ its c times it
@@ -114,10 +121,14 @@ def schedule_at(step: int, cfg: Config) -> StepSchedule:
     plan = stage_plan(cfg)
     if plan is not None:
         v = stage_values(step, plan)
-        yarn = long_window_history(step, plan) if model_facts(cfg.model).yarn else ()
+        on = model_facts(cfg.model).yarn
+        yarn = long_window_history(step, plan) if on else ()
+        short = short_window_history(step, plan) if on else ()
         frozen = frozen_at(step, cfg.optim.scalar_freeze_steps, lambda s: stage_transition(s, plan))
         scale = grad_scale(v.batch_tokens, cfg.train)
-        return StepSchedule(v.lr, v.muon_momentum, 0, stage=v, yarn=yarn, frozen=frozen, grad_scale=scale)
+        return StepSchedule(
+            v.lr, v.muon_momentum, 0, stage=v, yarn=yarn, yarn_short=short, frozen=frozen, grad_scale=scale
+        )
     last = max(0, cfg.train.steps - 1)
     return StepSchedule(
         lr=lr_multiplier(min(step, last), cfg.train),

@@ -22,6 +22,8 @@ class StageValues:
     muon_momentum: float
     mtp_weights: tuple[float, ...]
     prefix_weight: float | None = None  # #88; None: the stage sets none (the model keeps its own)
+    candidates: int = 0  # #92's sampled softmax: P classes in the training loss; 0: the full softmax
+    sweep_start: int = 0  # where this step's negatives start in the endless sweep (sweep_position)
 
 
 def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
@@ -102,7 +104,45 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
         muon_momentum=momentum_warmup_cooldown(step, plan),
         mtp_weights=tuple(a + (b - a) * mtp_t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
         prefix_weight=s.prefix[0] + (s.prefix[1] - s.prefix[0]) * mtp_t if s.prefix else None,  # as mtp
+        candidates=candidates_at(step, plan),
+        sweep_start=sweep_position(step, plan),
     )
+
+
+# #92's candidate counts (record #92, 2026-08-30, PR #360): a stage's `sampled=` counts split its steps
+# into equal parts, part j holding the steps with (s − start)·n // (end − start) = j (the record's
+# candidate_count_at); with #92's plan, 10,240 through stages 1 and 2, then 14,336, 14,336, 24,576 over
+# the thirds of stage 3, the full softmax from the taper on.
+
+
+def _parts(plan: StagePlan) -> list[tuple[int, int, int]]:
+    """(first step, end, P) of every part of every stage that samples, in step order."""
+    parts = []
+    for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
+        n, span = len(s.sampled), end - start
+        for j, p in enumerate(s.sampled):  # steps with (step - start)·n // span == j
+            lo, hi = start + -(-j * span // n), start + -(-(j + 1) * span // n)
+            if hi > lo:
+                parts.append((lo, hi, p))
+    return parts
+
+
+def candidates_at(step: int, plan: StagePlan) -> int:
+    """P at `step` (0: the full softmax, always so at the final validation, step >= total_steps)."""
+    return next((p for lo, hi, p in _parts(plan) if lo <= step < hi), 0)
+
+
+def candidate_changes(plan: StagePlan) -> list[int]:
+    """Steps (> 0) whose P differs from the step before: each P is a graph of its own (warm-up runs it)."""
+    edges = sorted({e for lo, hi, _ in _parts(plan) for e in (lo, hi) if 0 < e < plan.total_steps})
+    return [e for e in edges if candidates_at(e, plan) != candidates_at(e - 1, plan)]
+
+
+def sweep_position(step: int, plan: StagePlan) -> int:
+    """Σ P over the steps before `step`: each step's negatives start in the sweep where the previous
+    step's P ended (the record's cursor moves by what its host build drew, which depends on the batch;
+    this depends on the step alone, so a resume and any process count see the same sets)."""
+    return sum(p * max(0, min(step, hi) - lo) for lo, hi, p in _parts(plan))
 
 
 def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
@@ -119,6 +159,15 @@ def long_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
     return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
 
 
+def short_window_history(step: int, plan: StagePlan) -> tuple[int, ...]:
+    """The short windows (blocks) the run has gone through up to `step`: what #92's narrow layers' YaRN
+    follows (its narrow rotary tables rescale with the short window; the final validation changes only
+    the long one)."""
+    i = stage_at(step, plan)[0]
+    history = [s.windows[0] for s in plan.stages[: i + 1]]
+    return tuple(w for j, w in enumerate(history) if j == 0 or w != history[j - 1])
+
+
 def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
     """One log line: each stage's steps, tokens (processes x micro-steps x row), document cut, windows."""
     parts = []
@@ -126,9 +175,10 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
         row = s.batch_tokens // (accumulation * world_size)
         doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
         steps = f"steps {start}-{end - 1}" if end > start else "no steps (ext=0: final validation only)"
+        sampled = f", sampled softmax P {','.join(map(str, s.sampled))}" if s.sampled else ""  # #92
         parts.append(
             f"{steps}: {s.batch_tokens:,} tokens ({world_size} x {accumulation} x {row:,})"
-            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}"
+            f"{doc}, windows {s.windows[0]}/{s.windows[1]} blocks, lr x{s.lr_mul:g}{sampled}"
         )
     val = f"; final validation long window {plan.val_long_window}" if plan.val_long_window else ""
     val += f", short {plan.val_short_window}" if plan.val_short_window else ""

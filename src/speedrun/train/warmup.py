@@ -13,7 +13,7 @@ from speedrun.config import Config
 from speedrun.config.stages import stage_plan
 from speedrun.model.families import family_of
 from speedrun.train.schedule import apply_schedule, schedule_at
-from speedrun.train.stages import stage_at, stage_bounds
+from speedrun.train.stages import candidate_changes, stage_at, stage_bounds
 from speedrun.train.step import train_step
 
 
@@ -25,11 +25,13 @@ def is_compiled(train_model: torch.nn.Module) -> bool:
 
 def warmup_steps(cfg: Config, start: int) -> list[int]:
     """Steps whose shapes differ: one training shape per run (windows are tensors), plus with
-    `train.stages` the first step of every later stage (new batch, windows and YaRN constants)."""
+    `train.stages` the first step of every later stage (new batch, windows and YaRN constants) and every
+    step where #92's candidate count P changes."""
     plan = stage_plan(cfg)
     if plan is None:
         return [start]
-    return [start, *(a for a, _ in stage_bounds(plan)[1:] if start < a < plan.total_steps)]
+    firsts = {a for a, _ in stage_bounds(plan)[1:]} | set(candidate_changes(plan))
+    return [start, *sorted(a for a in firsts if start < a < plan.total_steps)]
 
 
 def validation_steps(cfg: Config, start: int) -> list[int]:

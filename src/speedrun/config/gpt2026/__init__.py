@@ -14,13 +14,14 @@ from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
-from speedrun.config.gpt2026 import attn, embed, head, init, mlp, mudd, stream, values
-from speedrun.config.gpt2026.attn import AttnConfig, attention_scale, qk_width  # noqa: F401
+from speedrun.config.gpt2026 import attn, embed, head, init, mlp, mudd, ngram, stream, values
+from speedrun.config.gpt2026.attn import AttnConfig, attention_scale, layer_scale, qk_width  # noqa: F401
 from speedrun.config.gpt2026.embed import EmbedConfig
 from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.config.gpt2026.init import InitConfig
 from speedrun.config.gpt2026.mlp import MlpConfig
 from speedrun.config.gpt2026.mudd import MuddConfig
+from speedrun.config.gpt2026.ngram import NgramConfig
 from speedrun.config.gpt2026.stream import StreamConfig
 from speedrun.config.gpt2026.values import ValuesConfig
 from speedrun.config.types import PosInt, Range, SeqLen
@@ -31,7 +32,7 @@ TableIndex = Annotated[int, Range(-1)]  # a value-embedding table or a layer (#7
 #: the part tables: field name of Gpt2026Config → the part's module (its config class and `check`)
 PARTS = {
     "attn": attn, "values": values, "stream": stream, "mudd": mudd, "embed": embed, "mlp": mlp,
-    "head": head, "init": init,
+    "head": head, "init": init, "ngram": ngram,
 }  # fmt: skip
 
 
@@ -71,6 +72,7 @@ class Gpt2026Config:
     mlp: MlpConfig = field(default_factory=MlpConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     init: InitConfig = field(default_factory=InitConfig)
+    ngram: NgramConfig = field(default_factory=NgramConfig)  # #92's hashed n-gram table
 
 
 #: old flat key (without `model.`) → (part, field), `model.mudd_sources` → ("mudd", "sources"), from each

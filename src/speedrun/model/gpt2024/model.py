@@ -98,7 +98,7 @@ class GPT(nn.Module):
         self.ve_layout = value_embed_layout(cfg)
         self.norm_f = make_norm(cfg)
         self.lm_head = CastedLinear(d, vocab, bias=cfg.head_bias)
-        label_linear(self.lm_head, "head")  # track 3's bias: a scalar
+        label_linear(self.lm_head, "head")  # track 3's bias: a bias
         n_tables = len({j for j in self.ve_layout if j is not None})
         self.value_embeds = nn.ModuleList(embedding(rows, d, "value_embed") for _ in range(n_tables)) or None
         self.skip_weights = label(nn.Parameter(initial_weights(cfg)), "scalar") if cfg.unet else None

@@ -84,6 +84,27 @@ def paired_spec(spec: MaskSpec) -> MaskSpec:
     return replace(spec, doc_ids=docs)
 
 
+# Mixed-width attention (record #92, 2026-09-28, PR #360): on its narrow layers a head's Q and K are the
+# rotating half of the full-width head, fully rotating at the same frequencies, with their own rotary table,
+# scale (0.13) and YaRN (by the short window); two of them also halve V and O (their leading dims per head).
+# The weights stay full width, as the record's banks do: the unread rows get no gradient. The record's
+# heads are interleaved pairs, whose leading half are its rotating pairs; ours are half-split, whose
+# rotating pairs are dims 0 … D/4 and D/2 … 3D/4: the same numbers under the Q/K row permutation that maps
+# the two layouts (tests/test_banks_model.py).
+
+
+def rotating_half(t: torch.Tensor) -> torch.Tensor:
+    """(…, D) → (…, D/2): the dims a half-truncated rotary turns (0 … D/4 and D/2 … 3D/4), still
+    half-split: pair (i, i + D/4) of the result is pair (i, i + D/2) of the head."""
+    d = t.size(-1)
+    return torch.cat((t[..., : d // 4], t[..., d // 2 : 3 * d // 4]), dim=-1)
+
+
+def leading(t: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """(…, H·D) → (…, H·width): the leading `width` dims of each of the `heads` heads."""
+    return t.unflatten(-1, (heads, -1))[..., :width].flatten(-2)
+
+
 class Attention(nn.Module):
     def __init__(
         self,
@@ -102,8 +123,11 @@ class Attention(nn.Module):
         where #85's gate network gives α per token."""
         super().__init__()
         self.n_head, self.head_dim = n_head, dim // n_head
-        self.qk_dim = part.qk_head_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
-        qk = n_head * self.qk_dim
+        self.qk_full = part.qk_head_dim or self.head_dim  # #344: Q/K width per head; V keeps head_dim
+        self.narrow_qk, self.narrow_v = spec.narrow_qk, spec.narrow_v  # #92: read half of each head
+        self.qk_dim = self.qk_full // 2 if spec.narrow_qk else self.qk_full
+        self.v_dim = self.head_dim // 2 if spec.narrow_v else self.head_dim
+        qk = n_head * self.qk_full
         self.c_attn = (Fp8QKV if part.fp8_qkv else PlainQKV)(dim, 2 * qk + dim)  # #344
         label(self.c_attn.weight, "qkv", blocks=(qk, qk, dim))
         self.c_proj = CastedLinear(dim, dim, bias=False)
@@ -143,16 +167,18 @@ class Attention(nn.Module):
         """q, k (B, H, T, Dqk), v (B, H, T, D) of positions start.. (paired: (B, H/2, 2T, ·)) and the
         unmixed v."""
         B, T, C = x.shape
-        qk = self.n_head * self.qk_dim
+        qk = self.n_head * self.qk_full
         lam = self.lambdas[0] if self.weights_mix else None  # #47/#48: λ0 scales the QKV weight
         q, k, v = self.c_attn.project(x, lam).split((qk, qk, C), dim=-1)
-        q, k = q.view(B, T, self.n_head, self.qk_dim), k.view(B, T, self.n_head, self.qk_dim)
-        v = v.view(B, T, self.n_head, self.head_dim)
+        q, k = q.view(B, T, self.n_head, self.qk_full), k.view(B, T, self.n_head, self.qk_full)
+        if self.narrow_qk:  # #92
+            q, k = rotating_half(q), rotating_half(k)
+        v = v.view(B, T, self.n_head, self.head_dim)[..., : self.v_dim]
         raw_v = v
         if not self.weights_mix:
             v = self.lambdas[0] * v
-        if other_v is not None:
-            other_v = other_v.view_as(v)
+        if other_v is not None:  # #92: a narrow V takes the leading dims of each head of the embedding
+            other_v = other_v.view(B, T, self.n_head, self.head_dim)[..., : self.v_dim]
             if self.ve_gate is not None:  # #55
                 other_v = self.ve_gate.gate(other_v, x)
             v = v + other_v if self.weights_mix else v + self.lambdas[1] * other_v
@@ -180,7 +206,10 @@ class Attention(nn.Module):
             y = y * dyn["attn"].type_as(y).transpose(1, 2).unsqueeze(-1)
         elif self.gate is not None:
             y = self.gate(y, x)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.v_dim)
+        if self.narrow_v:  # #92: O's leading columns of each head
+            w = leading(self.c_proj.weight, self.n_head, self.v_dim)
+            return F.linear(y, (self.lambdas[1] * w if self.weights_mix else w).type_as(y))
         if self.weights_mix:  # #48
             return F.linear(y, (self.lambdas[1] * self.c_proj.weight).type_as(y))
         return self.c_proj(y)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from speedrun.config.gpt2026 import Gpt2026Config, attention_scale
+from speedrun.config.gpt2026 import Gpt2026Config, layer_scale
 from speedrun.model.contexts import Context
 from speedrun.model.gpt2026 import connections, gates
 from speedrun.model.gpt2026.attention import Attention
@@ -55,8 +55,8 @@ class Block(nn.Module):
         xsa = "lambda" if cfg.stream.residual_form == "sublayer" else "scalar"
         self.attn = (
             Attention(
-                spec, d, cfg.n_head, rotary, attention_scale(cfg), cfg.attn, cfg.values.mix == "weights",
-                value_gate(spec, cfg), None if cfg.mudd.gate_layer else xsa,
+                spec, d, cfg.n_head, rotary, layer_scale(cfg, spec.narrow_qk), cfg.attn,
+                cfg.values.mix == "weights", value_gate(spec, cfg), None if cfg.mudd.gate_layer else xsa,
             )
             if spec.attention
             else None

@@ -1,9 +1,10 @@
-"""#350's canonical-token validation mask (PR #350, merged 2026-08; eval only).
+"""#350's canonical-token validation mask (PR #350, merged 2026-09-18; eval only).
 
 The GPT-2 tokenizer never emits some token pairs: after token p, a token x whose first BPE piece would
 have merged with p's last piece (at a lower rank than the merges that built x) cannot follow p in any
 encoding. Validation drops such x from the softmax after p (logit set to −60, far below the softcap's
-0..23), which can only lower the loss of real text. Training is untouched.
+0..23), which can only lower the loss of real text. Training is untouched. Where it masks, the cap
+runs in fp32: #350 casts the logits first (#344 capped them in bf16, as training still does here).
 
 A pair is dropped only when that holds in any context: the pretokenizer must let a merge span the
 seam (by the character classes on either side: whitespace, number, letter, other, or inside a
@@ -16,11 +17,14 @@ table), bit-packed: (V, V/8) uint8, 316 MB at V = 50,304, about 5 s on one CPU c
 
 from __future__ import annotations
 
+import dataclasses
 import unicodedata
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from speedrun.config.gpt2026.head import HeadConfig
 
 WS, NUM, LETTER, OTHER, PARTIAL = range(5)  # the pretokenizer's classes of a token's edge character
 CONTRACTIONS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d")
@@ -123,6 +127,12 @@ def canonical_mask(ranks: dict[bytes, int], vocab_size: int) -> Tensor:
             rows, cols = np.nonzero(hit)
             np.bitwise_or.at(packed, (ps[rows], xs[cols] >> 3), (1 << (xs[cols] & 7)).astype(np.uint8))
     return torch.from_numpy(packed)
+
+
+def masked_head(part: HeadConfig) -> HeadConfig:
+    """The head's numerics where the mask applies: #350 casts first and caps in fp32
+    (`23 * torch.sigmoid((logits.float() + 5) / 7.5)`, then the mask), where #344 capped the bf16 logits."""
+    return dataclasses.replace(part, softcap_in_bf16=False)
 
 
 def mask_logits(logits: Tensor, idx: Tensor, packed: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ from speedrun import ops
 from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.model.fp8 import head_logits
-from speedrun.model.gpt2026 import canonical, prefix
+from speedrun.model.gpt2026 import canonical, prefix, sampled
 from speedrun.model.layers import CastedLinear, softcap
 
 
@@ -110,7 +110,8 @@ def write_weights(buffer: torch.Tensor, weights: tuple[float, ...]) -> None:
 
 def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
     """The loss's buffers on `model` (not saved), None where absent: #53's MTP weights, #88's prefix
-    table and weight, #350's canonical-token mask (built once here, before the clock)."""
+    table and weight, #92's sweep and its start (P: `sampled_candidates`, 0 = the full softmax, written
+    each step by the schedule), #350's canonical-token mask (built once here, before the clock)."""
     if cfg.head.mtp > 1:  # #53: the training loss weighs the next cfg.mtp tokens
         model.register_buffer("mtp_weights", torch.eye(cfg.head.mtp)[0], persistent=False)
     else:
@@ -123,8 +124,20 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
         model.register_buffer("prefix_weight", torch.tensor(cfg.head.prefix_loss_weight), persistent=False)
     else:
         model.prefix_weight = None
+    model.sampled_candidates = 0
+    if cfg.head.sampled_stride:  # #92: the negatives' sweep over the head's rows
+        model.register_buffer(
+            "sampled_sweep", sampled.sweep(vocab, cfg.head.sampled_stride), persistent=False
+        )
+        model.register_buffer("sampled_start", torch.zeros((), dtype=torch.int64), persistent=False)
+    else:
+        model.sampled_sweep = None
     if cfg.head.canonical_val_mask:  # #350: built once here, before the clock; not saved
-        ranks = {b: r for b, r in gpt2_tokenizer().encoding._mergeable_ranks.items() if r < cfg.vocab_size}
-        model.register_buffer("canonical_mask", canonical.canonical_mask(ranks, vocab), persistent=False)
+        if torch.empty(0).is_meta:  # a model for counting (shapes only): the table's bits are never read
+            mask = torch.empty(vocab, vocab // 8, dtype=torch.uint8)
+        else:
+            ranks = gpt2_tokenizer().encoding._mergeable_ranks
+            mask = canonical.canonical_mask({b: r for b, r in ranks.items() if r < cfg.vocab_size}, vocab)
+        model.register_buffer("canonical_mask", mask, persistent=False)
     else:
         model.canonical_mask = None

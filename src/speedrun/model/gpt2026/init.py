@@ -10,6 +10,7 @@ from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear
 from speedrun.model.gpt2026.gates import ContextGate
 from speedrun.model.gpt2026.mimetic import mimetic_vo_init_
+from speedrun.model.gpt2026.ngram import NgramEmbed
 from speedrun.model.labels import labelled
 from speedrun.model.layers import CastedLinear, scaled_uniform_
 
@@ -47,7 +48,7 @@ def init_weights(model: nn.Module, cfg: Gpt2026Config) -> None:
         for attn in (b.attn for b in model.blocks if b.attn is not None):
             mimetic_vo_init_(attn.c_attn.weight[-d:], attn.c_proj.weight, cfg.init.mimetic_vo_beta)
     for part in model.modules():
-        if isinstance(part, ContextGate | Smear | BigramEmbed):
+        if isinstance(part, ContextGate | Smear | BigramEmbed | NgramEmbed):
             part.reset_parameters()  # zero
     if cfg.head.zero_init:
         nn.init.zeros_(model.lm_head.weight)

@@ -15,13 +15,14 @@ from torch import nn
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, stream, windows
+from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, sampled, stream, windows
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
 from speedrun.model.gpt2026.embeddings import BigramEmbed, Smear, bigram_share
 from speedrun.model.gpt2026.init import cast_storage, init_weights
 from speedrun.model.gpt2026.mudd import Mudd, MuddGate, gate_layouts
+from speedrun.model.gpt2026.ngram import ngram_part
 from speedrun.model.gpt2026.specs import build_specs
 from speedrun.model.labels import label
 from speedrun.model.layers import CastedLinear, Norm, Rotary, embedding
@@ -46,8 +47,10 @@ class GPT2026(nn.Module):
         self.smear = Smear(cfg.embed.smear) if cfg.embed.smear else None  # #34
         bigram_dim = cfg.embed.bigram_dim or d  # #89's script: 192
         share = bigram_share(cfg.stream.residual_form, cfg.mudd.gate_layer > 0)
-        self.bigram = None
-        if cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
+        self.bigram, self.lookback = None, 2 if cfg.ngram.rows else 1  # decoding's look-back (kv_cache.py)
+        if cfg.ngram.rows:  # #92: the n-gram table feeds the bigram input
+            self.bigram = ngram_part(cfg, share)
+        elif cfg.embed.bigram_rows:  # #83's sign rows drawn after the table, as the record's __init__
             signs = (cfg.embed.bigram_sign_rows,) if cfg.embed.bigram_sign_rows else ()
             kind = SignedBigramEmbed if signs else BigramEmbed
             if signs:  # the unsigned table main built first and dropped: a seed keeps its model
@@ -56,7 +59,12 @@ class GPT2026(nn.Module):
         self.embed_norm = Norm(d, "rmsnorm")
         rows_rotary = cfg.max_seq_len * (2 if cfg.attn.paired_layers else 1)  # #58: positions 2t, 2t + 1
         rotary = Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision)  # #344: Q/K dims
-        self.blocks = nn.ModuleList(block_for(s, cfg, rotary) for s in self.specs)
+        narrow = (  # #92: the narrow layers' own table, the turning half of the frequencies
+            Rotary(qk_width(cfg), rows_rotary, 10000.0, True, cfg.attn.rope_precision, turning_half=True)
+            if cfg.attn.narrow_layers
+            else None
+        )
+        self.blocks = nn.ModuleList(block_for(s, cfg, narrow if s.narrow_qk else rotary) for s in self.specs)
         if torch.cuda.is_available():  # the FA3 kernel lookup, an import dynamo cannot trace: before compile
             load_fa3()
         self.norm_f = Norm(d, "rmsnorm")
@@ -72,6 +80,7 @@ class GPT2026(nn.Module):
         self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
         self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
+        self.masked_spec = canonical.masked_head(cfg.head) if cfg.head.canonical_val_mask else None  # #350
         head.register_buffers(self, cfg, vocab)
         self.varlen_windows = windows.initial_windows(cfg.attn.window)
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
@@ -121,11 +130,14 @@ class GPT2026(nn.Module):
         hidden = self.hidden(idx, self.layer_contexts(idx, cu_seqlens))
         if targets is None:
             return self.logits(hidden)
+        if self.sampled_candidates and self.training and reduction == "mean":  # #92: training only
+            return sampled.loss(self, hidden, targets, self.head_spec, self.sampled_candidates)
         fused = self.training and reduction == "mean" and self.prefix_weight is None
         if fused and self.head_spec.softcap > 0:  # the softcapped training loss: one op, from raw logits
             return head.training_loss(self.lm_head, hidden, targets, self.head_spec, self.mtp_weights)
-        logits = self.capped_logits(hidden)
-        if self.canonical_mask is not None and not self.training:  # #350
+        masked = self.canonical_mask is not None and not self.training  # #350: validation
+        logits = head.capped_logits(self.lm_head, hidden, self.masked_spec if masked else self.head_spec)
+        if masked:
             logits = canonical.mask_logits(logits, idx, self.canonical_mask)
         out = head.loss(logits, targets, self.head_spec, self.training, reduction, self.mtp_weights)
         if self.prefix_weight is not None and self.training and reduction == "mean":  # #88

@@ -24,6 +24,8 @@ class LayerSpec:
     key_offset: bool = False  # #49
     paired: bool = False  # #58
     xsa: bool = False  # #82
+    narrow_qk: bool = False  # #92: Q/K heads at half width (the rotating half), own rotary and scale
+    narrow_v: bool = False  # #92: V and O heads at half width too
     skip_from: int | None = None  # the layer whose output this layer's input receives (#45 / U-Net)
     skip_weight: int | None = None  # that skip's weight index
     keep_output: bool = False  # a later skip, the backout (#40) or an attention input (#77) reads its output
@@ -64,6 +66,8 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             key_offset=i in cfg.attn.key_offset_layers,
             paired=i in cfg.attn.paired_layers,
             xsa=i in cfg.attn.xsa_layers,
+            narrow_qk=i in cfg.attn.narrow_layers,
+            narrow_v=i in cfg.attn.narrow_v_layers,
             skip_from=skip_from.get(i, (None, None))[0],
             skip_weight=skip_from.get(i, (None, None))[1],
             keep_output=i in kept,

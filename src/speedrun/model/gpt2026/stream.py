@@ -44,7 +44,7 @@ def enter(
     """Embeddings (smeared, #34), normed; the bigram rows and #85's pre gate; #77's first bigram share."""
     x = model.wte(idx)
     if model.smear is not None:
-        x = model.smear(x, model.wte(prev) if prev is not None else None)
+        x = model.smear(x, model.wte(prev[:, -1:]) if prev is not None else None)
     x = x0 = model.embed_norm(x)
     x02 = model.embed_norm(model.embed2(idx)) if model.embed2 is not None else None
     tables = [emb(idx) for emb in model.value_embeds] if model.value_embeds is not None else None

@@ -54,28 +54,47 @@ def blocks_to_tokens(blocks: int) -> int:
     return blocks * BLOCK_SIZE + 1
 
 
-def set_stage(model: torch.nn.Module, short: int, long: int, max_doc_len: int, yarn: tuple[int, ...]) -> None:
-    """Apply a stage's windows (blocks) and, with YaRN, the rotary table and attention scale after the
-    long windows `yarn` (blocks, in order). Idempotent: the tables are rebuilt only when `yarn` changed."""
+def set_stage(
+    model: torch.nn.Module,
+    short: int,
+    long: int,
+    max_doc_len: int,
+    yarn: tuple[int, ...],
+    yarn_short: tuple[int, ...] = (),
+) -> None:
+    """Apply a stage's windows (blocks) and, with YaRN, the rotary tables and attention scales after the
+    long windows `yarn` (blocks, in order; #92's narrow layers: after the short ones, `yarn_short`).
+    Idempotent: the tables are rebuilt only when a history changed."""
     model.varlen_windows = windows_of(blocks_to_tokens(short), blocks_to_tokens(long), max_doc_len)
-    if yarn and yarn != getattr(model, "yarn_windows", None):
-        apply_yarn(model, [b * BLOCK_SIZE for b in yarn])
-        model.yarn_windows = yarn
+    if yarn and (yarn, yarn_short) != getattr(model, "yarn_windows", None):
+        short_tokens = [b * BLOCK_SIZE for b in yarn_short] if yarn_short else None
+        apply_yarn(model, [b * BLOCK_SIZE for b in yarn], short_tokens)
+        model.yarn_windows = (yarn, yarn_short)
 
 
-def apply_yarn(model: torch.nn.Module, windows: list[int]) -> None:
-    """Rewrite the model's shared rotary table (in place: compiled graphs keep reading it) and every
-    layer's attention scale for a long window that went through `windows` (tokens), as #31: the scale
-    starts at `model.attn.scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024."""
+def apply_yarn(model: torch.nn.Module, windows: list[int], short_windows: list[int] | None = None) -> None:
+    """Rewrite the model's rotary tables (in place: compiled graphs keep reading them) and every layer's
+    attention scale for a long window that went through `windows` (tokens), as #31: the scale starts at
+    `model.attn.scale` (#344: times √(D/Dqk)) and the half-truncated frequencies at 1 … 1/1024. #92's narrow
+    layers have their own table (the turning half of those frequencies) and scale (model.attn.narrow_scale),
+    rescaled by the short windows `short_windows` instead."""
+    cfg = model.cfg
     attns = [b.attn for b in model.blocks if b.attn is not None]
-    rotary = attns[0].rotary
-    freqs, scale = yarn_after(windows, qk_width(model.cfg), attention_scale(model.cfg))
-    cos, sin = rotary_tables(freqs, rotary.cos.size(0))  # on the host; copied to the buffers' device
-    with torch.no_grad():
-        rotary.cos.copy_(cos)
-        rotary.sin.copy_(sin)
-    for attn in attns:
-        attn.scale = scale
+    chains = (
+        ([a for a in attns if not a.narrow_qk], windows, attention_scale(cfg)),
+        ([a for a in attns if a.narrow_qk], short_windows or windows[:1], cfg.attn.narrow_scale),
+    )
+    for group, history, scale0 in chains:
+        if not group:
+            continue
+        rotary = group[0].rotary
+        freqs, scale = yarn_after(history, qk_width(cfg), scale0)
+        cos, sin = rotary_tables(freqs[: rotary.cos.size(1)], rotary.cos.size(0))  # on the host
+        with torch.no_grad():
+            rotary.cos.copy_(cos)
+            rotary.sin.copy_(sin)
+        for attn in group:
+            attn.scale = scale
 
 
 @dataclass(frozen=True)
@@ -145,13 +164,16 @@ def mask_specs(model: torch.nn.Module, tokens: Tensor) -> list[MaskSpec]:
 
 def apply_schedule(model: torch.nn.Module, values) -> None:
     """A step's model values (train/schedule.StepSchedule): the stage's windows and YaRN, MTP weights,
-    or the tensor window."""
+    #88's prefix weight and #92's candidate count, or the tensor window."""
     if values.stage is not None:
         v = values.stage
-        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn)
+        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn, values.yarn_short)
         if model.mtp_weights is not None:  # #53
             write_weights(model.mtp_weights, v.mtp_weights)
         if model.prefix_weight is not None and v.prefix_weight is not None:  # #88
             model.prefix_weight.fill_(v.prefix_weight)
+        if model.sampled_sweep is not None:  # #92: P (a new P is a new graph) and the sweep's start
+            model.sampled_candidates = v.candidates
+            model.sampled_start.fill_(v.sweep_start % model.sampled_sweep.numel())
     elif values.window > 0:
         model.set_attention_window(values.window)

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import torch
 
-from speedrun.config import Config
+from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
+from speedrun.config.gpt2026.ngram import row_bytes
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import family_of
-from speedrun.model.labels import MATMULS, labelled
+from speedrun.model.labels import MATMULS, Label, label_of, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
+from speedrun.optim.normuon import second_moment_shape
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.train.flops import config_model
 
@@ -60,6 +62,7 @@ def _nbytes(tensors) -> int:
 def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[int, int]:
     """(state bytes per process, the step's temporaries) of the run's optimizer."""
     entries = model_rules(model, cfg)  # the optimizer's own rows: the estimate cannot drift from them
+    entries = [e for e in entries if e.label.name != "ngram"]  # the row-sharded table: _table_bytes
     matrices = [e.param for e in entries if e.rule.rule != "adam"]
     others = [e.param for e in entries if e.rule.rule == "adam"]
     if cfg.optim.name == "adamw":  # exp_avg, exp_avg_sq like each parameter
@@ -77,11 +80,13 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
         # Newton-Schulz iterates
         return state, momentum + 4 * largest + 3 * 2 * largest
     rows = build_rows(entries, world)  # normuon: state only for this rank's shard (optim/sharded.py)
-    state = 0
+    state, rails = 0, 2 if cfg.optim.name == "anvil" else 1  # ANVIL: a fast and a slow velocity
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
-        state += per_rank * (4 + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
-        state += bank.per_rank * 4 * min(bank.shape)  # the second moment's row or column means
+        state += per_rank * (4 * rails + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)
+        rule = bank.stats_rule(cfg.optim.normuon_square_stats)
+        moments = second_moment_shape((bank.per_rank, *bank.shape), rule)
+        state += 4 * math.prod(moments)  # the second moment's row or column means (along the longer side)
     for row in rows:
         if row.rule == "adam":
             state += 2 * 4 * row.param.numel() // (world if row.sharded and world > 1 else 1)
@@ -146,11 +151,12 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
     t, f = cfg.train, model_facts(cfg.model)
     model = config_model(cfg)
-    params = list({id(p): p for p in model.parameters()}.values())
-    weights = _nbytes(params) + _nbytes(model.buffers())
+    table = _table_bytes(cfg, world_size)
+    params = [p for p in {id(p): p for p in model.parameters()}.values() if not _is_table(p)]
+    weights = _nbytes(params) + _nbytes(model.buffers()) + table
     grads = _nbytes(params)
     accumulation = max(1, t.global_batch_tokens // (world_size * t.micro_batch_tokens))
-    ddp = world_size > 1 and cfg.optim.name != "normuon"  # DDP's buckets hold the gradients always
+    ddp = world_size > 1 and cfg.optim.name not in TABLE_OPTIMIZERS  # DDP's buckets hold the gradients always
     state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
     per_token, per_logit = _activation_bytes(cfg, compiled)
     activations = per_token * t.micro_batch_tokens
@@ -169,6 +175,21 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
         optimizer_step=weights + grads + state + step_temporaries,
         validation=weights + (grads if ddp else 0) + state + _validation_bytes(cfg, compiled),
     )
+
+
+def _is_table(p: torch.Tensor) -> bool:
+    return (label_of(p) or Label("")).name == "ngram"
+
+
+def _table_bytes(cfg: Config, world: int) -> int:
+    """#92's n-gram table per process: its rows/world rows with their compacted Adam state
+    (optim/row_adam.py, optim/row_shard.py), and one forward's pulled rows with their gradient."""
+    p = getattr(cfg.model, "ngram", None)
+    if p is None or not p.rows:
+        return 0
+    dim, item = p.dim or cfg.model.n_embd, 2 if p.dtype == "bf16" else 4
+    pulled = 2 * 2 * cfg.train.micro_batch_tokens * dim * item  # two rows a token, and their gradient
+    return p.rows // world * row_bytes(p, cfg.model.n_embd) + pulled
 
 
 def estimate_peak_bytes(cfg: Config, world_size: int, compiled: bool) -> int:
@@ -229,12 +250,31 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need != estimate:
         where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
+    table = _table_bytes(cfg, world_size)
+    if table and need - table * cuda_margin(cfg, compiled) <= free:  # the table is what does not fit
+        raise _refusal(_table_refusal(cfg, world_size, free, need, table, cuda_margin(cfg, compiled)))
     if not compiled and guarded_bytes(cfg, world_size, True) <= free:
         raise _refusal(f"estimated peak memory {where}: run with train.compile=on (eager saves more)")
     for setting, smaller in _smaller_batches(cfg, world_size):
         if guarded_bytes(smaller, world_size, compiled) <= free:
             raise _refusal(f"estimated peak memory {where}: run with {setting}")
     raise _refusal(f"estimated peak memory {where}, and no smaller micro-batch fits")
+
+
+def _table_refusal(cfg: Config, world: int, free: int, need: int, table: int, margin: float) -> str:
+    """One line: the n-gram table per process, and the rows (and processes) that fit beside the rest."""
+    p = cfg.model.ngram
+    per_row = row_bytes(p, cfg.model.n_embd) * margin
+    rest = need - p.rows // world * per_row  # everything but the rows (the pulled rows stay)
+    step = 2 * world  # even channels, an even split over the processes
+    fit = max(0, int((free - rest) // per_row - 1) * world // step * step)
+    procs = -(-int(p.rows * per_row) // max(1, int(free - rest)))
+    on = f"{world} process" + ("es" if world > 1 else "")
+    return (
+        f"model.ngram.rows={p.rows:,}: the n-gram table needs {table * margin / GiB:,.1f} GiB per process on "
+        f"{on}, the step {need / GiB:,.1f} GiB in all; {free / GiB:,.1f} GiB free: model.ngram.rows={fit:,} "
+        f"fits (or about {max(procs, world + 1)} processes hold this table)"
+    )
 
 
 def _refusal(message: str) -> SpeedrunError:

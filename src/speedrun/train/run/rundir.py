@@ -54,6 +54,8 @@ SUMMARY_KEYS = (
     "timed_through",  # the last step inside the clock (verify: extension steps are timed, #344)
     "extension_steps",  # the stages' extension (train.stages ext=N), the last steps of train.steps
     "eval_writes",  # validations that wrote a weight or gradient (verify: no backward at evaluation, #205)
+    "sampled_candidates",  # #92: the candidate counts P the training loss used, ascending; [] = full softmax
+    "val_classes",  # the classes validation's softmax ran over: the head's rows (verify: #92's full softmax)
 )
 
 

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 (tables of trials read best one per line)
-"""More of the fifth round's trials (tests/trials_round5.py runs them): odd files under --resume, numbers
+"""More of the fifth round's trials (tests/trials_bad_inputs.py runs them): odd files under --resume, numbers
 (eval of every checkpoint of a staged run), outputs inside runs, checkpoints and data folders, and
 stage plans that the dry run accepts, trained."""
 
@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import TINY
-from tests.trials_round5 import cli, tiny, trial
-from tests.trials_round5_cases import FAST, GROUPS, finished_run
+from tests.trials_bad_inputs import cli, tiny, trial
+from tests.trials_bad_inputs_cases import FAST, GROUPS, finished_run
 
 
 def file_trials(data: Path, work: Path) -> None:

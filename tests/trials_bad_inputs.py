@@ -1,12 +1,12 @@
 """The fifth adversarial round (issue 27), as run: every trial and its outcome, so the count is honest.
 
-    PYTHONPATH=src python -m tests.trials_round5 DATA_DIR WORK_DIR [NAME_FILTER]
+    PYTHONPATH=src python -m tests.trials_bad_inputs DATA_DIR WORK_DIR [NAME_FILTER]
 
 DATA_DIR: a bpe:512 folder (`speedrun prepare wiki-vital --tokenizer bpe:512 --max-tokens 300000`).
 Each trial calls the CLI in this process and passes when: no exception escapes `main` (a traceback),
 a failure is one stderr line, and the exit code and words are the expected ones; some trials compare
 numbers (a resumed run's losses with the uninterrupted run's). Not collected by pytest: the faults
-found have their own tests (tests/test_bad_inputs_round5.py and the files named in docs/bad-inputs.md).
+found have their own tests (the tests/test_bad_inputs_*.py files named in docs/bad-inputs.md).
 
 The last full run (2026-11-25): 266 trials, 0 faults. Before their fixes the trials found 6 faults:
 an ablation switch that changes only reporting (trained the baseline twice), a checkpoint folder
@@ -145,9 +145,9 @@ def resume_trials(data: Path, work: Path) -> None:
 
 def main_trials(data: Path, work: Path, only: str = "") -> None:
     groups = [resume_trials]
-    from tests import trials_round5_cases, trials_round5_more  # noqa: F401 (it adds its groups)
+    from tests import trials_bad_inputs_cases, trials_bad_inputs_files  # noqa: F401 (it adds its groups)
 
-    groups += trials_round5_cases.GROUPS
+    groups += trials_bad_inputs_cases.GROUPS
     for group in groups:
         if only and only not in group.__name__:
             continue
@@ -157,7 +157,7 @@ def main_trials(data: Path, work: Path, only: str = "") -> None:
 if __name__ == "__main__":
     data_dir, work_dir = Path(sys.argv[1]), Path(sys.argv[2])
     work_dir.mkdir(parents=True, exist_ok=True)
-    from tests import trials_round5 as this  # the module the cases import (not __main__)
+    from tests import trials_bad_inputs as this  # the module the cases import (not __main__)
 
     this.main_trials(data_dir, work_dir, sys.argv[3] if len(sys.argv) > 3 else "")
     for name, status, what in this.RESULTS:

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 (tables of trials read best one per line)
-"""The fifth round's trials other than resume (tests/trials_round5.py runs them): stage plans, verify on
+"""The fifth round's trials other than resume (tests/trials_bad_inputs.py runs them): stage plans, verify on
 odd files, ablate's refusals, sample's options, odd CLI inputs and files. Most are refused before any
 training; a trial passes when the refusal is one line with the expected exit code (or the run works)."""
 
@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import TINY
-from tests.trials_round5 import cli, tiny, trial
+from tests.trials_bad_inputs import cli, tiny, trial
 
 FAST = ["train.steps=4", "train.warmdown_steps=1", "train.val_every=0", "train.timing_warmup_steps=0"]
 
