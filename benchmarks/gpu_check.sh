@@ -12,6 +12,8 @@
 #   5. the Muon op count (benchmarks/bench_muon_ops.py)
 #   6. with CUDA: eager against compiled optimizer updates on record-2026-07's stage 3
 #      (benchmarks/bench_compiled_updates.py; speedrun/perf/compiled_updates.py, issue 44)
+#   7. with CUDA: each speed-layer kernel against its compiled twin (benchmarks/bench_kernels.py), one
+#      part per kernel, 45 s each, last, so that they never starve the measurements above
 # Each finished stage prints its line (ms/step, tok/s, compile, peak; the record's figure from
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
@@ -76,7 +78,8 @@ part() {
   if [ "$limit" -le 5 ]; then say "$name: skipped: deadline reached"; FAILED=1; return; fi
   local t0; t0=$(date +%s)
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" \
-    | { grep --line-buffered -E '^(bench-stage|memory_snapshot|compiled-updates) ' || true; } | tee -a "$OUT/summary.txt"
+    | { grep --line-buffered -E '^(bench-stage|bench-kernel|memory_snapshot|compiled-updates) ' || true; } \
+    | tee -a "$OUT/summary.txt"
   local rc=${PIPESTATUS[0]} secs=$(($(date +%s) - t0))
   if [ $rc -eq 0 ]; then say "$name: ok (${secs}s)"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then say "$name: timeout after ${limit}s"; FAILED=1
@@ -178,6 +181,13 @@ if [ "$DEVICE" = cuda ]; then
 else
   say "compiled-updates: skipped: no CUDA"
 fi
+for kernel in gram ba_plus_caa softcapped_ce relu2_linear; do  # the speed layer's A/B: kernel vs compiled twin
+  if [ "$DEVICE" = cuda ]; then
+    part "kernel-$kernel" 45 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
+  else
+    say "kernel-$kernel: skipped: no CUDA"
+  fi
+done
 
 say "done in $(($(date +%s) - START))s; results in $OUT"
 exit $FAILED

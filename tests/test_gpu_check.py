@@ -45,6 +45,8 @@ def test_gpu_check_runs_end_to_end_on_cpu_with_gpu_parts_skipped(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stderr
     assert "pytest-gpu: skipped: no CUDA" in summary
+    for kernel in ("gram", "ba_plus_caa", "softcapped_ce", "relu2_linear"):  # bench_kernels.py
+        assert f"kernel-{kernel}: skipped: no CUDA" in summary
     for name in GPU_PARTS:
         assert f"{name}: skipped: no CUDA" in summary
     assert "muon-ops: ok" in summary

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from speedrun import ops
 from speedrun.model.labels import label, label_linear
 
 
@@ -19,7 +20,11 @@ class CastedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, self.weight.to(x.dtype), bias)
+        return F.linear(x, self.cast_weight(x), bias)
+
+    def cast_weight(self, x: torch.Tensor) -> torch.Tensor:
+        """The (out, in) weight in x's dtype, as forward multiplies it."""
+        return self.weight.to(x.dtype)
 
 
 class TransposedLinear(CastedLinear):
@@ -30,9 +35,8 @@ class TransposedLinear(CastedLinear):
         super().__init__(in_features, out_features, bias=bias)
         self.weight = nn.Parameter(self.weight.detach().T.contiguous())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return F.linear(x, self.weight.T.to(x.dtype), bias)
+    def cast_weight(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight.T.to(x.dtype)
 
 
 def embedding(rows: int, dim: int, name: str) -> nn.Embedding:
@@ -157,9 +161,17 @@ class MLP(nn.Module):
         self.gelu_approximate = "tanh" if gelu == "tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.relu2 and self.c_fc.bias is None:  # one op, which a fused kernel may replace (speedrun.perf)
+            return self.c_proj(relu2_linear(x, self.c_fc.cast_weight(x)))
         h = self.c_fc(x)
         h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate=self.gelu_approximate)
         return self.c_proj(h)
+
+
+@ops.plain_op("relu2_linear")
+def relu2_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """ReLU²(x Wᵀ) for the (out, in) weight W in x's dtype: the MLP's up-projection and activation."""
+    return F.relu(F.linear(x, weight)).square()
 
 
 def softcap(

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from speedrun import ops
+
 Coefficients = tuple[float, float, float]
 
 #: Quintic Newton–Schulz coefficients (a, b, c) of the speedrun records from 2024-10 onwards.
@@ -50,6 +52,18 @@ BACKENDS: tuple[str, ...] = ("newton_schulz", "polar_express", "svd")
 NS_FORMS: tuple[str, ...] = ("fused", "2024-10-10", "2024-10-14", "2024-11-10", "2026-06")
 
 
+@ops.plain_op("gram")
+def gram(x: Tensor) -> Tensor:
+    """X Xᵀ for a batch (n, rows, cols): symmetric, so a kernel may compute one triangle (speedrun.perf)."""
+    return torch.bmm(x, x.mT)
+
+
+@ops.plain_op("ba_plus_caa")
+def ba_plus_caa(a: Tensor, b: float, c: float) -> Tensor:
+    """b·A + c·A·A for a batch of symmetric A (n, m, m) (a Gram matrix): the step's polynomial."""
+    return torch.baddbmm(a, a, a, beta=b, alpha=c)
+
+
 def _odd_quintic_iterations(x: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
     """Apply X ← aX + (bA + cA²)X with A = XXᵀ for each (a, b, c); x is (..., rows, cols), rows <= cols.
 
@@ -58,8 +72,7 @@ def _odd_quintic_iterations(x: Tensor, coefficients: Sequence[Coefficients]) -> 
     batch_shape = x.shape[:-2]
     x = x.reshape(-1, *x.shape[-2:])
     for a, b, c in coefficients:
-        gram = torch.bmm(x, x.mT)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        poly = ba_plus_caa(gram(x), b, c)
         x = torch.baddbmm(x, poly, x, beta=a)
     return x.reshape(*batch_shape, *x.shape[-2:])
 
@@ -81,7 +94,7 @@ def _record_iterations(x: Tensor, coefficients: Coefficients, steps: int, form: 
     batch_shape = x.shape[:-2]
     x = x.reshape(-1, *x.shape[-2:])  # bmm: the kernel `@` uses, without its per-call reshapes
     for _ in range(steps):
-        A = torch.bmm(x, x.mT)
+        A = gram(x)
         if form == "2024-11-10":
             B = b * A + torch.bmm(c * A, A)
             x = a * x + torch.bmm(B, x)

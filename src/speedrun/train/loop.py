@@ -25,7 +25,7 @@ from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
-from speedrun.perf import compiled_updates, overlap
+from speedrun.perf import compiled_updates, overlap, swaps
 from speedrun.train import distributed
 from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.flops import first_and_last
@@ -56,6 +56,7 @@ def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Mod
     """The GPT, created on its device, and the module its forwards run through: compiled (CUDA, or
     `train.compile=on`) inside DDP under torchrun, so DDPOptimizer splits the graph at bucket boundaries
     and the all-reduce overlaps the backward (tests/test_ddp_compile.py)."""
+    swaps.install(cfg.train.perf, ctx.device)  # the speed layer's kernels: chosen once, outside any graph
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:
         model = families.build_model(cfg.model)
@@ -222,6 +223,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         compiled = is_compiled(train_model)  # not `is not model`: DDP wraps it too
         run.log(model_summary(model, rcfg, first_and_last(model, rcfg)))
         run.log(precision.describe())
+        run.log(swaps.describe(rcfg.train.perf), console=False)
         optimizer = build_optimizer(model, rcfg)
         if optimizer.describe():
             run.log(optimizer.describe())

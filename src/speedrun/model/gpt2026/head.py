@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from speedrun import ops
 from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.data.tokenizers import gpt2_tokenizer
 from speedrun.model.fp8 import head_logits
@@ -40,6 +41,40 @@ def loss(
         return mtp_loss(logits, targets, mtp_weights)
     out = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
     return out.view(B, T) if reduction == "none" else out
+
+
+def training_loss(
+    head: CastedLinear, x: torch.Tensor, targets: torch.Tensor, part: HeadConfig, mtp_weights
+) -> torch.Tensor:
+    """The mean training loss of a softcapped head from the raw logits, through the named op
+    `softcapped_ce` (a fused kernel may replace it: speedrun.perf); the same numbers as
+    `loss(capped_logits(...), training=True, reduction="mean")`."""
+    assert part.softcap > 0, "training_loss is the softcapped head's"
+    return softcapped_ce(
+        head_logits(head, x, part.fp8), targets, mtp_weights, part.softcap, part.softcap_divisor,
+        part.softcap_offset, part.softcap_in_bf16, part.ce_bf16,
+    )  # fmt: skip
+
+
+@ops.plain_op("softcapped_ce")
+def softcapped_ce(
+    raw: torch.Tensor,
+    targets: torch.Tensor,
+    mtp_weights: torch.Tensor | None,
+    cap: float,
+    divisor: float,
+    offset: float,
+    cap_in_bf16: bool,
+    ce_bf16: bool,
+) -> torch.Tensor:
+    """Raw logits (B, T, V) → the sigmoid softcap (in their dtype, or fp32) → the mean cross-entropy
+    (on bf16 logits with `ce_bf16`), or MTP's weighted sum with `mtp_weights`."""
+    z = raw if cap_in_bf16 else raw.float()
+    z = softcap(z, cap, "sigmoid", divisor, offset)
+    z = z if ce_bf16 else z.float()
+    if mtp_weights is not None:
+        return mtp_loss(z, targets, mtp_weights)
+    return F.cross_entropy(z.view(-1, z.size(-1)), targets.reshape(-1))
 
 
 # Multi-token prediction (record #53, 2025-12-22, PR #178): in training, position t's logits are also

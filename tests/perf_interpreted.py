@@ -1,0 +1,95 @@
+"""The speed layer's kernels run through Triton's CPU interpreter, in a child process of their own
+(tests/test_perf_kernels.py): TRITON_INTERPRET=1 has to be set before a kernel module is imported
+(triton 3.9 decides at `@triton.jit` time), and a worker whose kernels were built interpreted must not
+run the GPU tests. `python tests/perf_interpreted.py OUT` saves each case's outputs to OUT/<case>.pt;
+the test rebuilds the same inputs (`inputs`) and compares them with the plain twins in its own process.
+
+Shapes are small (the interpreter runs each program in numpy) but cut the tiles raggedly: 80 rows and
+100 columns against the Gram kernel's 64 x 32 tiles, a 300-token vocabulary against the CE kernel's
+128-column tiles, targets on the first and last column, ignored targets, logits far past the softcap;
+50 x 40 inputs to 72 outputs against the fused MLP's 32-wide tiles.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+V = 300  # three 128-column tiles, the last one ragged
+NS_B, NS_C = -4.7750, 2.0315  # a Newton–Schulz step's b, c
+
+
+def inputs(case: str) -> dict:
+    """The seeded inputs of `case` (the same in the child and in the test)."""
+    g = torch.Generator().manual_seed(sum(map(ord, case)))
+    if case.startswith("gram"):
+        x = torch.randn(3, 80, 100, generator=g)
+        if case == "gram_bf16_strided":  # a tall matrix seen transposed, as _wide hands it over
+            x = torch.randn(3, 100, 80, generator=g).bfloat16().mT
+        return {"x": x}
+    if case.startswith("ba_plus_caa"):
+        x = torch.randn(2, 70, 90, generator=g) / 90**0.5
+        a = torch.bmm(x, x.mT)
+        return {"a": a.bfloat16() if case.endswith("bf16") else a}
+    if case.startswith("ce"):
+        raw = torch.randn(2, 7, V, generator=g) * 20  # far past the cap: σ saturates both ways
+        targets = torch.randint(0, V, (2, 7), generator=g)
+        targets[0, 0], targets[1, 3] = V - 1, 0  # the ragged tile's last column, the first column
+        mtp = None
+        if case == "ce_ignore":
+            targets[0, 2] = targets[1, 6] = -100
+        if case == "ce_mtp":
+            mtp = torch.tensor([1.0, 0.5, 0.25])
+        if case == "ce_bf16":
+            raw = raw.bfloat16()
+        # #54's cap: 23·σ((z + 5)/7.5) = softcap 11.5, divisor 7.5, offset 5
+        return {"raw": raw, "targets": targets, "mtp": mtp, "cap": 11.5, "divisor": 7.5, "offset": 5.0}
+    if case.startswith("relu2"):  # 50 x 40 -> 72 against 32-wide tiles: every edge ragged
+        x, w = torch.randn(2, 25, 40, generator=g), torch.randn(72, 40, generator=g) / 40**0.5
+        return {"x": x.bfloat16(), "w": w.bfloat16()} if case.endswith("bf16") else {"x": x, "w": w}
+    raise KeyError(case)
+
+
+CASES = (
+    "gram_fp32", "gram_bf16_strided", "ba_plus_caa_fp32", "ba_plus_caa_bf16",
+    "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16", "relu2_fp32", "relu2_bf16",
+)  # fmt: skip
+
+
+def run_kernel(case: str) -> dict:
+    from speedrun.perf.kernels import gram, relu2_linear, softcapped_ce
+
+    a = inputs(case)
+    if case.startswith("gram"):
+        return {"out": gram.gram(a["x"])}
+    if case.startswith("ba_plus_caa"):
+        return {"out": gram.ba_plus_caa(a["a"], NS_B, NS_C)}
+    if case.startswith("relu2"):
+        x, w = a["x"].clone().requires_grad_(), a["w"].clone().requires_grad_()
+        out = relu2_linear.relu2_linear(x, w)
+        (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
+        return {"out": out.detach(), "dx": x.grad, "dw": w.grad}
+    raw = a["raw"].clone().requires_grad_()
+    loss = softcapped_ce.softcapped_ce(
+        raw, a["targets"], a["mtp"], a["cap"], a["divisor"], a["offset"], False, False
+    )
+    loss.backward()
+    return {"loss": loss.detach(), "grad": raw.grad}
+
+
+def main(out: Path) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    torch.set_num_threads(1)
+    for case in CASES:
+        torch.save(run_kernel(case), out / f"{case}.pt")
+    from tests.perf_traced import traced  # the CUDA branch of the swap, compiled in one graph
+
+    torch.save(traced(), out / "traced.pt")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    main(Path(sys.argv[1]))

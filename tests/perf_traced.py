@@ -1,0 +1,84 @@
+"""The CUDA branch of the speed layer, traced on the CPU (run by tests/perf_interpreted.py under Triton's
+interpreter; compared in tests/test_perf_kernels.py): `swaps.install` asked as if on CUDA installs every
+kernel, then record-2026-07's training step (shrunk; MTP weights 1, 0.5, 0.25; no FP8) and Polar Express (the
+Muon step's orthogonalization, wide and tall) are compiled with fullgraph=True, as CUDA compiles them: a
+graph break, or an import or a registry choice inside the graph, fails here instead of on a GPU lease.
+`plain()` is the same with every op plain, eager."""
+
+from __future__ import annotations
+
+import torch
+
+RECIPE = "record-2026-07"
+MTP = (1.0, 0.5, 0.25)
+
+
+def setup():
+    """(model, idx, targets, matrices) from fixed seeds."""
+    from speedrun.model.families import build_model
+    from speedrun.model.gpt2026 import head
+    from speedrun.recipes import load_recipe
+    from speedrun.train.schedule import apply_to_model, schedule_at
+    from tests.recipe_matrix import shrink
+
+    over = [
+        "model.max_seq_len=128",
+        "train.seq_len=128",
+        "train.micro_batch_tokens=128",
+        "train.global_batch_tokens=512",
+        "model.embed_dtype=fp32",
+    ]
+    # the twin in fp32, as the kernel computes; no FP8 head, whose e5m2 gradient (2 mantissa bits) turns
+    # a last-bit difference of the logits' gradient into a 12 % one of the weights'
+    over += ["model.head.softcap_in_bf16=false", "model.head.ce_bf16=false", "model.head.fp8=false"]
+    over += ["model.mlp.fp8=false"]  # the bf16 MLP, whose up-projection the fused ReLU² kernel replaces
+    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *over])
+    torch.manual_seed(0)
+    model = build_model(cfg.model).train()
+    apply_to_model(schedule_at(0, cfg), model)
+    head.write_weights(model.mtp_weights, MTP)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, cfg.model.eot_id, (1, 128), generator=g)
+    targets = torch.roll(idx, -1, 1)
+    matrices = [torch.randn(2, 40, 72, generator=g), torch.randn(72, 40, generator=g)]
+    return model, idx, targets, matrices
+
+
+def _step(model, forward, idx, targets, matrices, polar) -> dict:
+    loss = forward(idx, targets)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.detach(), "grads": grads, "ortho": [polar(m) for m in matrices]}
+
+
+def _polar(m: torch.Tensor) -> torch.Tensor:
+    from speedrun.optim.orthogonalize import polar_express
+
+    return polar_express(m, steps=2, dtype=torch.float32)
+
+
+def plain() -> dict:
+    from speedrun import ops
+
+    ops.reset()
+    model, idx, targets, matrices = setup()
+    return _step(model, model, idx, targets, matrices, _polar)
+
+
+def traced() -> dict:
+    from speedrun.perf import swaps
+
+    swaps.on_cuda = lambda device: True  # the selection asked as on a GPU (this child process only)
+    installed = swaps.install("auto", torch.device("cpu"))
+    seen: list[str] = []
+    eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):  # the ops each graph calls, then aot_eager as the GPU tests do
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return eager(gm, example_inputs)
+
+    model, idx, targets, matrices = setup()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)
+    polar = torch.compile(_polar, backend=backend, fullgraph=True, dynamic=False)
+    out = _step(model, compiled, idx, targets, matrices, polar)
+    return {**out, "installed": list(installed), "seen": sorted(set(seen))}

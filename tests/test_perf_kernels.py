@@ -1,0 +1,212 @@
+"""The speed layer's Triton kernels against their plain twins (issue 44).
+
+On the CPU, through Triton's interpreter: one child process (tests/perf_interpreted.py) runs every
+kernel case and the CUDA branch of the swap compiled in one graph (tests/perf_traced.py); each test here
+rebuilds the same inputs and compares with the plain op computed in this process, in fp64 where the
+kernel computes in fp32. On CUDA (`gpu`): the compiled kernels at the record's shapes against the twins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import perf_interpreted as cases
+
+pytest.importorskip("triton")  # the `dev` extra; the plain ops need no Triton
+ROOT = Path(__file__).parents[1]
+ortho = importlib.import_module("speedrun.optim.orthogonalize")
+head = importlib.import_module("speedrun.model.gpt2026.head")
+pytestmark = pytest.mark.xdist_group("perf_interpreted")  # one worker runs the child once
+#: one bf16 step relative to the value: Triton 3.9's interpreter narrows fp32 to bf16 toward zero
+BF16_STEP = 2**-7
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("interpreted")
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "perf_interpreted.py"), str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def _got(out: Path, case: str) -> dict:
+    return torch.load(out / f"{case}.pt")
+
+
+@pytest.mark.parametrize("case", ["gram_fp32", "gram_bf16_strided"])
+def test_the_gram_kernel_equals_bmm_x_xt_on_ragged_tiles(interpreted, case):
+    x = cases.inputs(case)["x"]
+    got = _got(interpreted, case)["out"]
+    assert got.dtype == x.dtype and got.shape == (3, 80, 80)
+    assert torch.equal(got[:, 64:, :64], got[:, :64, 64:].mT), "the mirrored tile is not the computed one"
+    exact = torch.bmm(x.double(), x.double().mT)
+    plain = ortho.gram.plain(x)
+    if x.dtype == torch.float32:
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-4)
+    else:  # bf16 out: within one bf16 step of the exact product (fp32 sums; the interpreter narrows to
+        # bf16 toward zero, a GPU to nearest); the CPU's bf16 bmm rounds more on some hosts
+        assert ((got.double() - exact).abs() <= exact.abs() * BF16_STEP + 1e-3).all()
+        torch.testing.assert_close(got.double(), plain.double(), rtol=2**-5, atol=0.1)
+
+
+@pytest.mark.parametrize("case", ["ba_plus_caa_fp32", "ba_plus_caa_bf16"])
+def test_the_ba_plus_caa_kernel_equals_baddbmm_for_a_gram_matrix(interpreted, case):
+    a = cases.inputs(case)["a"]
+    got = _got(interpreted, case)["out"]
+    assert got.dtype == a.dtype and got.shape == a.shape
+    assert torch.equal(got[:, 64:, :64], got[:, :64, 64:].mT)
+    exact = ortho.ba_plus_caa.plain(a.double(), cases.NS_B, cases.NS_C)
+    if a.dtype == torch.float32:
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            got, ortho.ba_plus_caa.plain(a, cases.NS_B, cases.NS_C), rtol=1e-5, atol=1e-5
+        )
+    else:
+        assert ((got.double() - exact).abs() <= exact.abs() * BF16_STEP + 2e-2).all()
+
+
+@pytest.mark.parametrize("case", ["ce_plain", "ce_ignore", "ce_mtp", "ce_bf16"])
+def test_the_fused_softcapped_ce_equals_the_plain_loss_and_its_gradient(interpreted, case):
+    """Targets on the ragged tile's last column and on column 0, ignored targets, MTP's weights past
+    the row's end, logits 20x past the cap; the twin in fp64 on the same (bf16-rounded) logits."""
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    raw = a["raw"].double().requires_grad_()
+    twin = head.softcapped_ce.plain  # in the logits' dtype (fp64 here): cap_in_bf16=ce_bf16=True keep it
+    want = twin(raw, a["targets"], a["mtp"], a["cap"], a["divisor"], a["offset"], True, True)
+    want.backward()
+    assert got["loss"].dtype == torch.float32 and got["grad"].dtype == a["raw"].dtype
+    torch.testing.assert_close(got["loss"].double(), want.detach(), rtol=1e-6, atol=1e-6)
+    # the bf16 gradient: narrowed once (one step under the interpreter) and scaled by 1/rows in bf16
+    tol = 1e-6 if a["raw"].dtype == torch.float32 else BF16_STEP + 2**-8
+    torch.testing.assert_close(got["grad"].double(), raw.grad, rtol=tol, atol=1e-7)
+    if case == "ce_ignore":
+        assert (got["grad"][0, 2] == 0).all() and (got["grad"][1, 6] == 0).all()
+
+
+@pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
+def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
+    """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
+    inputs against the plain op in bf16 under autograd (its backward's bf16 matmuls round as the
+    kernel's plain-torch backward does), within a few bf16 steps of the largest value."""
+    from speedrun.model.layers import relu2_linear
+
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    bf16 = a["x"].dtype == torch.bfloat16
+    x, w = (t.clone() if bf16 else t.double() for t in (a["x"], a["w"]))
+    x.requires_grad_(), w.requires_grad_()
+    want = relu2_linear.plain(x, w)
+    (want.double() * torch.linspace(-1, 1, want.size(-1), dtype=torch.float64)).sum().backward()
+    assert got["out"].dtype == a["x"].dtype and got["out"].shape == (2, 25, 72)
+    for name, g, ref in (
+        ("out", got["out"], want.detach()),
+        ("dx", got["dx"], x.grad),
+        ("dw", got["dw"], w.grad),
+    ):
+        ref = ref.double()
+        tol = 4 * BF16_STEP * ref.abs().max().item() if bf16 else 1e-5
+        torch.testing.assert_close(g.double(), ref, rtol=2 * BF16_STEP if bf16 else 1e-5, atol=tol, msg=name)
+
+
+def test_the_cuda_branch_of_the_swap_compiles_in_one_graph_and_trains_as_the_plain_ops(interpreted):
+    """swaps.install asked as on CUDA installs every kernel; record-2026-07's step (MTP 1, 0.5, 0.25)
+    and Polar Express compile with fullgraph=True, call the kernels' custom ops inside their graphs, and
+    give the plain eager run's loss, gradients and orthogonalized matrices."""
+    from speedrun.perf.kernels import REPLACES
+    from tests import perf_traced
+
+    got = torch.load(interpreted / "traced.pt")
+    assert got["installed"] == sorted(REPLACES)
+    for op in (
+        "speedrun.softcapped_ce_rows.default",
+        "speedrun.sym_gram.default",
+        "speedrun.sym_ba_plus_caa.default",
+    ):
+        assert op in got["seen"], f"{op} is not in the compiled graphs"
+    want = perf_traced.plain()
+    torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-5, atol=1e-5)
+    assert got["grads"].keys() == want["grads"].keys()
+    for n, g in got["grads"].items():
+        torch.testing.assert_close(g, want["grads"][n], rtol=1e-3, atol=1e-5, msg=n)
+    for o, w in zip(got["ortho"], want["ortho"], strict=True):
+        torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-5)
+
+
+# ---- on CUDA: the compiled kernels at the record's shapes ----
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_compiled_gram_kernels_equal_their_twins_on_cuda():
+    from speedrun.perf.kernels import gram
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(4, 768, 3072, device="cuda", generator=g).bfloat16() / 3072**0.5
+    got, want = gram.gram(x), ortho.gram.plain(x)
+    assert torch.equal(got, got.mT)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    got, want = (
+        gram.ba_plus_caa(want, cases.NS_B, cases.NS_C),
+        ortho.ba_plus_caa.plain(want, cases.NS_B, cases.NS_C),
+    )
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
+def test_the_compiled_softcapped_ce_equals_its_twin_on_cuda(mtp):
+    from speedrun.perf.kernels import softcapped_ce
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
+    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
+    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
+    args = (targets, weights, 11.5, 7.5, 5.0, False, False)
+    x = raw.clone().requires_grad_()
+    got = softcapped_ce.softcapped_ce(x, *args)
+    got.backward()
+    y = raw.float().requires_grad_()
+    want = head.softcapped_ce.plain(y, *args)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
+    from speedrun.model.layers import relu2_linear as twin
+    from speedrun.perf.kernels import relu2_linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8192, 768, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(3072, 768, device="cuda", generator=g) / 768**0.5).bfloat16().requires_grad_()
+    got = relu2_linear.relu2_linear(x, w)
+    got.float().sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    want = twin.plain(x, w)
+    want.float().sum().backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)
