@@ -177,10 +177,10 @@ def test_race_and_noise_record_each_runs_cache_beside_their_runs(tmp_path):
     for name, log in (("A-pair1", compiled), ("B-pair1", "batch: x, compile False, y\n")):
         (out / name).mkdir(parents=True)
         (out / name / "log.txt").write_text(log)
-        compile_cache.record(out, out / name, compile_cache.measure(cache))
+        compile_cache.record(out / name, compile_cache.measure(cache))
         cache.mkdir(exist_ok=True)
         (cache / "graph").write_bytes(b"12345")
-    states = compile_cache.recorded(out, [out / "A-pair1", out / "B-pair1", out / "C-pair1"])
+    states = compile_cache.recorded([out / "A-pair1", out / "B-pair1", out / "C-pair1"])
     want = {"folder": str(cache), "files_before": 0, "bytes_before": 0, "state": "cold", "compiled": True}
     assert states["A-pair1"] == want | {"compile_s": 3.5}
     assert states["B-pair1"]["state"] == "warm" and states["B-pair1"]["compiled"] is False

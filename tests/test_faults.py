@@ -169,7 +169,9 @@ def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(
 ):
     cfg = load_recipe("demo", [*KILLABLE, f"data.dir={text_data}"])
 
-    rng = random.Random(11)
+    # which kinds of write the kills hit depends on how many writes a segment makes: a new log line can
+    # shift them (seed 11 stopped reaching a rename when the speed layer's two lines came, so 13)
+    rng = random.Random(13)
     out, started, hits = tmp_path / "run", False, []
     for _attempt in range(40):
         with pytest.MonkeyPatch.context() as mp:

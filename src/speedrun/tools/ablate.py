@@ -241,7 +241,7 @@ def _train_one(
     else:
         print(f"=== {tag} ===", flush=True)
         train(cfg, folder)
-    compile_cache.record(folder.parent, folder, cache)
+    compile_cache.record(folder, cache)
 
 
 @dataclass

@@ -100,29 +100,30 @@ def refuse_mixed(states: dict[str, dict | None], what: str, allow: bool) -> str:
     )
 
 
-RECORD_FILE = "compile-cache.json"  # beside the runs of a race, ablation or noise study: run name -> state
+RECORD_FILE = "compile-cache.json"  # in each run folder of a race, ablation or noise study: its state
 
 
-def record(out: Path, folder: Path, state: CacheState) -> None:
-    """Add the run in `folder`'s state (with what its log says it compiled) to OUT/compile-cache.json."""
+def record(folder: Path, state: CacheState) -> None:
+    """Write the run in `folder`'s cache state (with what its log says it compiled) into the run folder,
+    so the study's folder keeps holding run folders only (`compare OUT/*` reads them all)."""
     import json
 
-    from speedrun.atomic import json_object, write_atomic
+    from speedrun.atomic import write_atomic
 
     try:
         log = (folder / "log.txt").read_text(encoding="utf-8", errors="replace")
     except OSError:
         log = ""
-    states = json_object(out / RECORD_FILE) | {folder.name: after_run(state, log).as_dict()}
-    write_atomic(out / RECORD_FILE, (json.dumps(states, indent=2, sort_keys=True) + "\n").encode())
+    text = json.dumps(after_run(state, log).as_dict(), indent=2, sort_keys=True) + "\n"
+    write_atomic(folder / RECORD_FILE, text.encode())
 
 
-def recorded(out: Path, folders: list[Path]) -> dict[str, dict | None]:
+def recorded(folders: list[Path]) -> dict[str, dict | None]:
     """Each run's recorded state (None: run before states were recorded, or reused from elsewhere)."""
     from speedrun.atomic import json_object
 
-    states = json_object(out / RECORD_FILE)
-    return {f.name: states.get(f.name) if isinstance(states.get(f.name), dict) else None for f in folders}
+    states = {f.name: json_object(f / RECORD_FILE) for f in folders}
+    return {name: state or None for name, state in states.items()}
 
 
 def summary_line(states: dict[str, dict | None], kind: str) -> str:

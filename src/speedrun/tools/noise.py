@@ -73,7 +73,7 @@ def report(arms, effect: float | None) -> str:
     from speedrun.tools import compile_cache
 
     folders = [folder for arm in arms for _, folder in arm.runs]
-    caches = compile_cache.recorded(folders[0].parent, folders)  # the losses do not depend on it: a note
+    caches = compile_cache.recorded(folders)  # the losses do not depend on it: a note
     n = noise_components(groups)
     lines.append(compile_cache.summary_line(caches, compile_cache.refuse_mixed(caches, "noise", True)))
     lines.append(f"within-seed sd (nondeterminism, repeats of one seed): {n.within_sd:.4f}")

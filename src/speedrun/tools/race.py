@@ -256,7 +256,7 @@ def _run_leg(args, saved: dict, leg: Leg, tag: str, states: dict, legs: list[Leg
         argv += _train_words(args, leg.arm, leg.pair)
     cache = compile_cache.measure(compile_cache.cache_folder())  # what the run finds when it starts
     code, signum = run_child([python, "-m", "speedrun", *argv])
-    compile_cache.record(leg.folder.parent, leg.folder, cache)
+    compile_cache.record(leg.folder, cache)
     if signum is not None:
         from speedrun.train.signals import RunInterrupted
 
@@ -319,7 +319,7 @@ def report(saved: dict, legs: list[Leg], hardware: str | None, allow_mixed_cache
     arm's final val loss with Welch's test; refused when compiled legs mix cold and warm caches."""
     from speedrun.tools.stats import mean_sd, paired_ratio, welch_test
 
-    caches = compile_cache.recorded(legs[0].folder.parent, [leg.folder for leg in legs])
+    caches = compile_cache.recorded([leg.folder for leg in legs])
     kind = compile_cache.refuse_mixed(caches, "the race", allow_mixed_cache)
     res = {leg.tag: read_result(leg) for leg in legs}
     pairs = range(1, saved["pairs"] + 1)

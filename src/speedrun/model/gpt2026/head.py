@@ -117,7 +117,10 @@ def register_buffers(model: torch.nn.Module, cfg, vocab: int) -> None:
     else:
         model.mtp_weights = None
     if cfg.head.prefix_loss_weight > 0:  # #88: the GPT-2 vocabulary's table, ids past the vocab dropped
-        table = prefix.gpt2_prefix_table(vocab)
+        if torch.empty(0).is_meta:  # a model for counting (shapes only): no tokenizer files needed
+            table = torch.full((vocab,), -1, dtype=torch.int64)
+        else:
+            table = prefix.gpt2_prefix_table(vocab)
         model.register_buffer(
             "prefix_table", table.masked_fill(table >= cfg.vocab_size, -1), persistent=False
         )
