@@ -36,12 +36,18 @@ STAGES = [
 
 class RecordSchedule:
     """The scripts' TrainingSchedule(TRAINING_STAGES, N, EXT, cooldown_frac=0.60) (split_embed_stage 2,
-    ws_post_yarn_ext 20) with get_lr's floor 0.15 (#72)."""
+    ws_post_yarn_ext 20) with get_lr's floor 0.15 (#72); `stages`: the script's TRAINING_STAGES."""
+
+    stages = STAGES
 
     def __init__(self, scheduled: int, extension: int, cooldown_frac: float = 0.60):
         self.scheduled, self.cooldown_frac = scheduled, cooldown_frac
         self.total_steps = scheduled + extension
-        ends = [0, *[round(c * scheduled) for c in accumulate(s[0] for s in STAGES[:-1])], self.total_steps]
+        ends = [
+            0,
+            *[round(c * scheduled) for c in accumulate(s[0] for s in self.stages[:-1])],
+            self.total_steps,
+        ]
         assert ends[-2] == scheduled
         self.boundaries = list(zip(ends[:-1], ends[1:], strict=True))
         self.split_step = self.boundaries[2][0] | 1
@@ -49,8 +55,8 @@ class RecordSchedule:
     def lookup(self, step: int):
         for i, (start, end) in enumerate(self.boundaries):
             if step < end:
-                return STAGES[i], (step - start) / (end - start)
-        return STAGES[-1], 1.0
+                return self.stages[i], (step - start) / (end - start)
+        return self.stages[-1], 1.0
 
     def get_lr(self, step: int) -> float:
         stage, _ = self.lookup(step)

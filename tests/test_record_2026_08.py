@@ -10,7 +10,6 @@ test_record_2026_07_parts.py (#88's prefix loss, #350's mask)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from itertools import accumulate, pairwise
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.recipes.index import entry
 from speedrun.train.schedule import schedule_at
+from tests.test_record_2026 import RecordSchedule, record_muon_momentum
 
 # recipe -> (num_scheduled_iterations, num_extension_iterations) of the runs the records report
 RECORDS = {"qk96-2026-08": (1270, 45), "canonical-2026-08": (1270, 30)}
@@ -36,48 +36,18 @@ STAGES = [
 ]
 
 
-class Schedule344:
+class Schedule344(RecordSchedule):
     """#344's TrainingSchedule(TRAINING_STAGES, N, EXT, cooldown_frac=0.60) (split_embed_stage 2,
     ws_post_yarn_ext 20), get_lr's floor 0.15 and get_muon_momentum."""
 
-    def __init__(self, scheduled: int, extension: int, cooldown_frac: float = 0.60):
-        self.scheduled, self.cooldown_frac = scheduled, cooldown_frac
-        self.total_steps = scheduled + extension
-        ends = [0, *[round(c * scheduled) for c in accumulate(s[0] for s in STAGES[:-1])], self.total_steps]
-        assert scheduled == ends[-2]
-        self.boundaries = list(pairwise(ends))
-        self.split_step = self.boundaries[2][0] | 1
-
-    def lookup(self, step: int):
-        for i, (start, end) in enumerate(self.boundaries):
-            if step < end:
-                return STAGES[i], (step - start) / (end - start)
-        return STAGES[-1], 1.0
-
-    def get_lr(self, step: int) -> float:
-        stage, _ = self.lookup(step)
-        lr = stage[4]
-        cd_start = int(self.scheduled * (1 - self.cooldown_frac))
-        if step >= cd_start:
-            t = min(1.0, (step - cd_start) / (self.scheduled - cd_start))
-            lr = lr * (1 - t) + 0.15 * t
-        return lr
-
-    def mtp_weights(self, step: int) -> list[float]:
-        stage, t = self.lookup(step)
-        return [a + (b - a) * t for a, b in zip(stage[5], stage[6], strict=True)]
+    stages = STAGES
 
     def prefix_weight(self, step: int) -> float:
         stage, t = self.lookup(step)
         return stage[7] + (stage[8] - stage[7]) * t
 
-    def muon_momentum(self, step: int, warmup=300, cooldown=50, lo=0.85, hi=0.95) -> float:
-        cd_start = self.total_steps - cooldown
-        if step < warmup:
-            return lo + step / warmup * (hi - lo)
-        if step > cd_start:
-            return hi - (step - cd_start) / cooldown * (hi - lo)
-        return hi
+    def muon_momentum(self, step: int) -> float:
+        return record_muon_momentum(step, self.total_steps)
 
 
 def test_the_boundaries_are_the_scripts():
