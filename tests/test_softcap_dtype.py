@@ -34,7 +34,7 @@ BF16_SOFTCAP_RECIPES = (
     "xsa-2026-04",  # #82's eval lines are #65's
     "record-2026-07",  # and #89's
     "qk96-2026-08",  # and #344's
-    "canonical-2026-08",  # #350 casts first where it masks (validation): tests/test_record_2026_08.py
+    "canonical-2026-08",  # #350 casts first where it masks (validation): tests/test_qk96_canonical_recipes.py
     "medium-2025-12",  # track 2's #18 is the 2025-12 short-track script scaled up: #53's bf16 cap
 )
 
