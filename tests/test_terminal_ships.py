@@ -1,0 +1,333 @@
+"""#92's terminal ships (optim/ships.py, config/ships.py, optim/anvil.py's bank tail-blend) against the record's
+formulas, transcribed here from its refactor's track_1_short/tail_average.py (PR #373 of record #92, PR #360):
+each ship across its start step, the ships in order on a small labelled model, decontraction, the state
+dict, and 1 against 2 gloo processes."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from speedrun.recipes import load_recipe
+from speedrun.config.ships import RECORD_92, ShipsConfig
+from speedrun.errors import ConfigError
+from speedrun.model.labels import label
+from speedrun.optim.ships import Ships
+
+N = 1194  # #92: 1,122 scheduled + 52 grown + 20 extension steps
+
+
+# ---- the record's formulas, transcribed (tail_average.py, ngram_table.is_update_step) ----
+def record_tail_ema_rate(step: int, total: int, window: int = 298) -> float | None:
+    r = 2.0 / (window + 1)
+    if step % 2 == 0:
+        return r if step == total - window else None
+    return r if step == total - 1 else 1.0 - (1.0 - r) ** 2
+
+
+def record_is_update_step(step: int) -> bool:
+    return step % 4 == 3 if step >= 336 else step % 2 == 1
+
+
+def record_rates(total: int, window: dict[str, int]) -> dict[str, callable]:
+    """tag -> rate(step) as TailAverages builds them (None: no tick), the window checked first."""
+    rules = {
+        "tail-ema": lambda s: record_tail_ema_rate(s, total, window["tail-ema"]),
+        "tail-avg": lambda s: 4.0 / 53.0 if (total - 1 - s) % 4 == 0 else None,
+        "value-embed-avg": lambda s: 4.0 / 53.0 if record_is_update_step(s) else None,
+        "bank-blend": lambda s: 2.0 / (window["bank-blend"] // 4 + 1) if s % 4 == 1 or s >= total - 2 else None,
+    }
+    return {tag: (lambda s, tag=tag: None if s < total - window[tag] else rules[tag](s)) for tag in window}
+
+
+RECORD_LABELS = {  # tag -> {record bank: blend (None = replaced)}, in the record's ship order
+    "tail-ema": {"lm_head": 0.65, "embed": 0.65},
+    "tail-avg": {"vo_bank": None, "mlp_bank": None},
+    "value-embed-avg": {"value_embeds": None},
+    "bank-blend": {"qk_bank": 0.55, "vo_bank": 0.55 - 0.2007, "mlp_bank": 0.55 - 0.2007},
+}
+DECONTRACTION_LABELS = ("embed", "lm_head", "mlp_bank", "qk_bank", "vo_bank")
+
+
+class Labelled(nn.Module):
+    """Every weight a ship reads, labelled as the gpt2026 parts label them: two layers of fused QKV with
+    (q, k, v) blocks, attention output, MLP in/out; embedding, head, value embeddings; a scalar no ship reads."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32, d: int = 8, qk: int = 4, vocab: int = 12) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+
+        def p(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(*shape, generator=g).to(dtype))
+
+        self.qkv = nn.ParameterList([label(p(2 * qk + d, d), "qkv", blocks=(qk, qk, d)) for _ in range(2)])
+        self.out = nn.ParameterList([label(p(d, d), "attn_out") for _ in range(2)])
+        self.mlp_in = nn.ParameterList([label(p(4 * d, d), "mlp_in") for _ in range(2)])
+        self.mlp_out = nn.ParameterList([label(p(d, 4 * d), "mlp_out") for _ in range(2)])
+        self.embed = label(p(vocab, d), "embed")
+        self.head = label(p(vocab, d), "head")
+        self.ve = label(p(3 * vocab, d), "value_embed")
+        self.gain = label(p(d), "scalar")
+        self.qk = qk
+
+    def banks(self) -> dict[str, torch.Tensor]:
+        """The record's banks as one flat fp64 vector each (independent of optim/ships.py's pieces)."""
+        q = self.qk
+        cat = lambda ts: torch.cat([t.detach().double().reshape(-1) for t in ts])  # noqa: E731
+        return {
+            "qk_bank": cat([w[: 2 * q] for w in self.qkv]),
+            "vo_bank": cat([w[2 * q :] for w in self.qkv] + list(self.out)),
+            "mlp_bank": cat(list(self.mlp_in) + list(self.mlp_out)),
+            "embed": cat([self.embed]),
+            "lm_head": cat([self.head]),
+            "value_embeds": cat([self.ve]),
+        }
+
+
+def drive(model: Labelled, ships: Ships | None, total: int, ref: dict | None = None) -> None:
+    """`total` fake optimizer steps: each moves every weight (the value embeddings only at their Adam steps,
+    the rest of Adam's only on odd steps, as #92), then ticks the ships and the record's reference."""
+    counter = [0]
+    if ships is not None:
+        ships.value_embed_steps = lambda: counter[0]
+    for s in range(total):
+        if ships is not None:
+            ships.before_step()
+        g = torch.Generator().manual_seed(100 + s)
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                step = torch.randn(w.shape, generator=g).to(w.dtype) * 0.05
+                moves = {"ve": record_is_update_step(s), "embed": s % 2 == 1, "head": s % 2 == 1}
+                if moves.get(name, True):
+                    w.add_(step)
+        if record_is_update_step(s):
+            counter[0] += 1
+        if ships is not None:
+            ships.after_step(s)
+        if ref is not None:
+            record_tick(ref, model, s)
+
+
+def record_tick(ref: dict, model: Labelled, step: int) -> None:
+    """TailAverages.tick in fp64: the first tick copies, later ones lerp."""
+    banks = model.banks()
+    for tag, rate in ref["rates"].items():
+        r = rate(step)
+        if r is None:
+            continue
+        for lab in RECORD_LABELS[tag]:
+            bufs = ref["bufs"].setdefault(tag, {})
+            bufs[lab] = banks[lab].clone() if lab not in bufs else bufs[lab] + r * (banks[lab] - bufs[lab])
+
+
+def record_ship(ref: dict, banks: dict[str, torch.Tensor], decontract: bool) -> dict[str, torch.Tensor]:
+    """TailAverages.ship in fp64: ship order, then every bank rescaled to its norm before the ships."""
+    out = dict(banks)
+    before = {lab: out[lab].norm() for lab in DECONTRACTION_LABELS}
+    for tag in RECORD_LABELS:
+        if tag not in ref["rates"]:
+            continue
+        for lab, b in RECORD_LABELS[tag].items():
+            avg = ref["bufs"][tag][lab]
+            out[lab] = avg.clone() if b is None else (1 - b) * out[lab] + b * avg
+    if decontract:
+        for lab in DECONTRACTION_LABELS:
+            out[lab] = out[lab] * (before[lab] / out[lab].norm())
+    return out
+
+
+def run_both(cfg: ShipsConfig, total: int, window: dict[str, int]) -> tuple[dict, dict]:
+    model = Labelled()
+    ships = Ships(model, cfg, total)
+    ref = {"rates": record_rates(total, window), "bufs": {}}
+    drive(model, ships, total, ref)
+    expected = record_ship(ref, model.banks(), cfg.decontract)
+    ships.ship()
+    return model.banks(), expected
+
+
+def assert_close(got: dict, want: dict) -> None:
+    for lab in want:
+        err = (got[lab] - want[lab]).abs().max().item() / want[lab].abs().max().item()
+        assert err < 2e-6, (lab, err)
+
+
+# ---- cadences at #92's size ----
+def test_tick_steps_at_92s_size_are_the_records():
+    """Each ship's tick steps over #92's 1,194 steps equal the record's (windows 298/250/250/298)."""
+    ships = Ships(Labelled(), RECORD_92, N)
+    rates = record_rates(N, {"tail-ema": 298, "tail-avg": 250, "value-embed-avg": 250, "bank-blend": 298})
+    for ship in ships.ships:
+        for s in range(N):
+            want = rates[ship.tag](s)
+            got = ship.rate(s, record_is_update_step(s))
+            assert (got is None) == (want is None) and (got is None or math.isclose(got, want, rel_tol=1e-12)), (
+                ship.tag, s, got, want,
+            )  # fmt: skip
+    ticks = {ship.tag: [s for s in range(N) if ship.rate(s, record_is_update_step(s)) is not None] for ship in ships.ships}
+    assert ticks["tail-ema"][:2] == [896, 897] and ticks["tail-ema"][-1] == 1193  # seeds on an even step
+    assert ticks["tail-avg"][0] == 945 and ticks["tail-avg"][-1] == 1193 and len(ticks["tail-avg"]) == 63
+    assert ticks["value-embed-avg"][0] == 947 and ticks["value-embed-avg"][-1] == 1191
+    assert ticks["bank-blend"][0] == 897 and ticks["bank-blend"][-3:] == [1189, 1192, 1193]
+
+
+# ---- each ship alone, across its start step ----
+@pytest.mark.parametrize("total", [40, 41, 42, 43])  # the window's start on each step parity / residue
+@pytest.mark.parametrize(
+    "tag,cfg,window",
+    [
+        ("tail-ema", ShipsConfig(tail_ema_window=15), 15),
+        ("tail-ema", ShipsConfig(tail_ema_window=14), 14),
+        ("tail-avg", ShipsConfig(tail_avg_window=13), 13),
+        ("value-embed-avg", ShipsConfig(value_embed_window=13), 13),
+        ("bank-blend", ShipsConfig(bank_blend_window=15), 15),
+    ],
+)
+def test_each_ship_equals_the_records_formula(tag, cfg, window, total, monkeypatch):
+    monkeypatch.setitem(globals(), "record_is_update_step", _short_cadence)  # #92's cadence, 336 → 20
+    got, want = run_both(cfg, total, {tag: window})
+    assert_close(got, want)
+    untouched = set(want) - set(RECORD_LABELS[tag])
+    for lab in untouched:  # no other weight moved at the ship
+        assert torch.equal(got[lab], want[lab]), lab
+
+
+def _short_cadence(step: int) -> bool:
+    return step % 4 == 3 if step >= 20 else step % 2 == 1
+
+
+# ---- all four in order, then decontraction ----
+def test_ships_in_order_with_decontraction_equal_the_record():
+    """#92's ships together on 60 steps (windows scaled down): the bank blend lerps vo and mlp from the tail
+    average already shipped, then every bank is rescaled to its norm before the ships."""
+    cfg = ShipsConfig(
+        tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+    )
+    got, want = run_both(cfg, 60, {"tail-ema": 29, "tail-avg": 25, "value-embed-avg": 25, "bank-blend": 29})
+    assert_close(got, want)
+
+
+def test_bank_blend_after_tail_average_differs_from_the_other_order():
+    """The order matters (so the test above can fail on it): shipping the blend before the average gives
+    other vo weights."""
+    cfg = ShipsConfig(tail_avg_window=25, bank_blend_window=29)
+    got, _ = run_both(cfg, 60, {"tail-avg": 25, "bank-blend": 29})
+    model = Labelled()
+    ships = Ships(model, cfg, 60)
+    drive(model, ships, 60)
+    ships.ships.reverse()
+    ships.ship()
+    assert (model.banks()["vo_bank"] - got["vo_bank"]).abs().max() > 1e-3
+
+
+def test_bf16_weights_ship_through_one_rounding():
+    """bf16 weights (#92's banks): the accumulators are fp32, each shipped weight rounds once."""
+    model = Labelled(torch.bfloat16)
+    cfg = ShipsConfig(tail_avg_window=9)
+    ships = Ships(model, cfg, 20)
+    drive(model, ships, 20)
+    acc = ships.ships[0].acc
+    ships.ship()
+    assert torch.equal(model.mlp_in[0].detach(), acc["mlp"][: model.mlp_in[0].numel()].view(32, 8).bfloat16())
+
+
+def test_state_dict_round_trip_continues_exactly():
+    cfg = ShipsConfig(tail_ema_window=15, bank_blend_window=15, decontract=True)
+    a, b = Labelled(), Labelled()
+    sa, sb = Ships(a, cfg, 30), Ships(b, cfg, 30)
+    drive(a, sa, 30)
+    drive(b, sb, 22)
+    sb.load_state_dict(sa.state_dict())  # a's accumulators into b, then b's weights made a's
+    b.load_state_dict(a.state_dict())
+    sa.ship()
+    sb.ship()
+    for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(x, y), n
+
+
+# ---- config ----
+def test_config_keys_and_their_checks():
+    fixed = ["train.time_budget_s=0", "train.steps=100"]
+    cfg = load_recipe("demo-2026", [*fixed, "optim.ships.tail_avg_window=10", "optim.ships.decontract=true"])
+    assert cfg.optim.ships.tail_avg_window == 10 and cfg.optim.ships.on()
+    assert not load_recipe("demo-2026").optim.ships.on()
+    with pytest.raises(ConfigError, match="optim.ships.bank_blend_window"):
+        load_recipe("demo-2026", [*fixed, "optim.ships.bank_blend_window=300"])
+    with pytest.raises(ConfigError, match="bank_blend_richardson"):
+        load_recipe("demo-2026", [*fixed, "optim.ships.bank_blend_window=30", "optim.ships.bank_blend=0.1"])
+    with pytest.raises(ConfigError, match="time_budget_s"):
+        load_recipe("demo-2026", ["optim.ships.decontract=true"])
+
+
+# ---- 1 against 2 gloo processes ----
+def _two_process_worker(rank: int, world: int, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)  # flats that the world size does not divide
+        cfg = ShipsConfig(
+            tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+        )
+        ships = Ships(model, cfg, 60)
+        drive(model, ships, 40)
+        state = ships.state_dict()  # gathered: the same on every rank
+        drive_rest(model, ships)
+        ships.ship()
+        if rank == 0:
+            torch.save({"weights": model.state_dict(), "state": state}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def drive_rest(model: Labelled, ships: Ships) -> None:
+    """Steps 40..59 of `drive(model, ships, 60)`."""
+    counter = [sum(record_is_update_step(s) for s in range(40))]
+    ships.value_embed_steps = lambda: counter[0]
+    for s in range(40, 60):
+        ships.before_step()
+        g = torch.Generator().manual_seed(100 + s)
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                step = torch.randn(w.shape, generator=g).to(w.dtype) * 0.05
+                moves = {"ve": record_is_update_step(s), "embed": s % 2 == 1, "head": s % 2 == 1}
+                if moves.get(name, True):
+                    w.add_(step)
+        if record_is_update_step(s):
+            counter[0] += 1
+        ships.after_step(s)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_ship_the_weights_of_one():
+    """Each rank ticks its chunk of every accumulator and gathers at the ship: the shipped weights on 2
+    processes equal 1 process's bit for bit, and the gathered state too (so a save on 2 resumes on 1)."""
+    model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)
+    cfg = ShipsConfig(tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True)
+    ships = Ships(model, cfg, 60)
+    drive(model, ships, 40)
+    state = ships.state_dict()
+    drive_rest(model, ships)
+    ships.ship()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.pt")
+        mp.spawn(_two_process_worker, args=(2, f"file://{tmp}/init", out), nprocs=2)
+        two = torch.load(out)
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, two["weights"][name]), name
+    for tag, groups in state["accumulators"].items():
+        for g, acc in groups.items():
+            assert torch.equal(acc, two["state"]["accumulators"][tag][g]), (tag, g)
+    resumed = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)
+    rs = Ships(resumed, cfg, 60)
+    drive(resumed, None, 40)
+    rs.load_state_dict(two["state"])
+    drive_rest(resumed, rs)
+    rs.ship()
+    for name, w in model.state_dict().items():
+        assert torch.equal(w, resumed.state_dict()[name]), name
