@@ -331,3 +331,37 @@ def test_two_gloo_processes_ship_the_weights_of_one():
     rs.ship()
     for name, w in model.state_dict().items():
         assert torch.equal(w, resumed.state_dict()[name]), name
+
+
+# ---- the loop: ticked after each step, shipped on the clock, one validation at the end ----
+@pytest.mark.slow  # ~30 s on a busy 2-core host: two 12-step runs
+def test_the_loop_ships_after_the_last_step_and_validates_once(text_data, tmp_path):
+    """demo-2026 shrunk, ANVIL, every ship (windows scaled to 12 steps), `train.val_every=0`: one validation,
+    at the end, of the shipped weights (its loss differs from the same run without ships; the steps before
+    it are the same), and the ship's seconds are training time."""
+    import json
+
+    from speedrun.train import loop
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    over = [f"data.dir={text_data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
+            "model.n_embd=64", "model.n_head=2", "model.bigram_rows=2048", "model.bigram_sign_rows=64",
+            "model.max_seq_len=1024", "model.window=256", "train.seq_len=1024",
+            "train.micro_batch_tokens=1024", "train.global_batch_tokens=1024", "train.steps=12",
+            "train.warmdown_steps=4", "train.val_every=0", "train.val_tokens=2048", "train.time_budget_s=0",
+            "train.budget_min_steps=0", "train.timing_warmup_steps=0", "train.dtype=fp32", "train.log_every=1",
+            "optim.name=anvil", "optim.anvil_engage_step=3", "optim.value_embed_every4_from=4"]  # fmt: skip
+    ships = ["optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=5", "optim.ships.value_embed_window=8",
+             "optim.ships.bank_blend_window=6", "optim.ships.decontract=true"]  # fmt: skip
+    runs = {}
+    for name, extra in (("plain", []), ("ships", ships)):
+        loop.train(load_recipe("demo-2026", [*over, *extra]), tmp_path / name)
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        runs[name] = [json.loads(x) for x in lines]
+    val = {k: [(r["step"], r["val_loss"]) for r in recs if "val_loss" in r] for k, recs in runs.items()}
+    assert [s for s, _ in val["ships"]] == [12] and [s for s, _ in val["plain"]] == [12]
+    assert math.isfinite(val["ships"][0][1]) and val["ships"][0][1] != val["plain"][0][1]
+    train = {k: [r["train_loss"] for r in recs if "train_loss" in r] for k, recs in runs.items()}
+    assert train["ships"] == train["plain"]  # the ships never touch the training steps
+    last_step_time = [r["time_s"] for r in runs["ships"] if "train_loss" in r][-1]
+    assert val["ships"] and [r["time_s"] for r in runs["ships"] if "val_loss" in r][0] > last_step_time
