@@ -262,6 +262,10 @@ def test_config_keys_and_their_checks():
         load_recipe("demo-2026", [*fixed, "optim.ships.bank_blend_window=300"])
     with pytest.raises(ConfigError, match="bank_blend_richardson"):
         load_recipe("demo-2026", [*fixed, "optim.ships.bank_blend_window=30", "optim.ships.bank_blend=0.1"])
+    anvil = ["optim.name=anvil", "optim.value_embed_every4_from=60"]
+    with pytest.raises(ConfigError, match="value_embed_every4_from"):
+        load_recipe("demo-2026", [*fixed, *anvil, "optim.ships.value_embed_window=41"])
+    load_recipe("demo-2026", [*fixed, *anvil, "optim.ships.value_embed_window=40"])
     with pytest.raises(ConfigError, match="time_budget_s"):
         load_recipe("demo-2026", ["optim.ships.decontract=true"])
 

@@ -79,6 +79,12 @@ def check(s: ShipsConfig, cfg: Any) -> None:
         window = getattr(s, name)
         if window > t.steps:
             raise ConfigError(f"optim.ships.{name} ({window}) exceeds train.steps ({t.steps})")
+    every4 = cfg.optim.value_embed_every4_from
+    if s.value_embed_window and every4 and t.steps - s.value_embed_window < every4:
+        raise ConfigError(  # the record asserts it: its rate assumes one update every 4th step over the window
+            f"optim.ships.value_embed_window ({s.value_embed_window}) reaches back before "
+            f"optim.value_embed_every4_from ({every4}): its rate assumes the period-4 cadence over its window"
+        )
     if s.bank_blend_richardson > s.bank_blend:
         raise ConfigError(
             f"optim.ships.bank_blend_richardson ({s.bank_blend_richardson}) exceeds optim.ships.bank_blend "
