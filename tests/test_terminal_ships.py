@@ -1,7 +1,7 @@
-"""#92's terminal ships (optim/ships.py, config/ships.py, optim/anvil.py's bank tail-blend) against the record's
-formulas, transcribed here from its refactor's track_1_short/tail_average.py (PR #373 of record #92, PR #360):
-each ship across its start step, the ships in order on a small labelled model, decontraction, the state
-dict, and 1 against 2 gloo processes."""
+"""#92's terminal ships (optim/ships.py, config/ships.py, optim/anvil.py's bank tail-blend) against the
+record's formulas, transcribed here from its refactor's track_1_short/tail_average.py (PR #373 of record
+#92, PR #360): each ship across its start step, the ships in order on a small labelled model,
+decontraction, the state dict, and 1 against 2 gloo processes."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from speedrun.recipes import load_recipe
 from speedrun.config.ships import RECORD_92, ShipsConfig
 from speedrun.errors import ConfigError
 from speedrun.model.labels import label
 from speedrun.optim.ships import Ships
+from speedrun.recipes import load_recipe
 
 N = 1194  # #92: 1,122 scheduled + 52 grown + 20 extension steps
 
@@ -42,7 +42,9 @@ def record_rates(total: int, window: dict[str, int]) -> dict[str, callable]:
         "tail-ema": lambda s: record_tail_ema_rate(s, total, window["tail-ema"]),
         "tail-avg": lambda s: 4.0 / 53.0 if (total - 1 - s) % 4 == 0 else None,
         "value-embed-avg": lambda s: 4.0 / 53.0 if record_is_update_step(s) else None,
-        "bank-blend": lambda s: 2.0 / (window["bank-blend"] // 4 + 1) if s % 4 == 1 or s >= total - 2 else None,
+        "bank-blend": lambda s: (
+            2.0 / (window["bank-blend"] // 4 + 1) if s % 4 == 1 or s >= total - 2 else None
+        ),
     }
     return {tag: (lambda s, tag=tag: None if s < total - window[tag] else rules[tag](s)) for tag in window}
 
@@ -58,7 +60,8 @@ DECONTRACTION_LABELS = ("embed", "lm_head", "mlp_bank", "qk_bank", "vo_bank")
 
 class Labelled(nn.Module):
     """Every weight a ship reads, labelled as the gpt2026 parts label them: two layers of fused QKV with
-    (q, k, v) blocks, attention output, MLP in/out; embedding, head, value embeddings; a scalar no ship reads."""
+    (q, k, v) blocks, attention output, MLP in/out; embedding, head, value embeddings; a scalar no ship
+    reads."""
 
     def __init__(self, dtype: torch.dtype = torch.float32, d: int = 8, qk: int = 4, vocab: int = 12) -> None:
         super().__init__()
@@ -168,10 +171,14 @@ def test_tick_steps_at_92s_size_are_the_records():
         for s in range(N):
             want = rates[ship.tag](s)
             got = ship.rate(s, record_is_update_step(s))
-            assert (got is None) == (want is None) and (got is None or math.isclose(got, want, rel_tol=1e-12)), (
+            same = got is None or math.isclose(got, want, rel_tol=1e-12)
+            assert (got is None) == (want is None) and same, (
                 ship.tag, s, got, want,
             )  # fmt: skip
-    ticks = {ship.tag: [s for s in range(N) if ship.rate(s, record_is_update_step(s)) is not None] for ship in ships.ships}
+    ticks = {
+        ship.tag: [s for s in range(N) if ship.rate(s, record_is_update_step(s)) is not None]
+        for ship in ships.ships
+    }
     assert ticks["tail-ema"][:2] == [896, 897] and ticks["tail-ema"][-1] == 1193  # seeds on an even step
     assert ticks["tail-avg"][0] == 945 and ticks["tail-avg"][-1] == 1193 and len(ticks["tail-avg"]) == 63
     assert ticks["value-embed-avg"][0] == 947 and ticks["value-embed-avg"][-1] == 1191
@@ -276,7 +283,11 @@ def _two_process_worker(rank: int, world: int, init: str, out: str) -> None:
     try:
         model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)  # flats that the world size does not divide
         cfg = ShipsConfig(
-            tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+            tail_ema_window=29,
+            tail_avg_window=25,
+            value_embed_window=25,
+            bank_blend_window=29,
+            decontract=True,
         )
         ships = Ships(model, cfg, 60)
         drive(model, ships, 40)
@@ -312,7 +323,9 @@ def test_two_gloo_processes_ship_the_weights_of_one():
     """Each rank ticks its chunk of every accumulator and gathers at the ship: the shipped weights on 2
     processes equal 1 process's bit for bit, and the gathered state too (so a save on 2 resumes on 1)."""
     model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)
-    cfg = ShipsConfig(tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True)
+    cfg = ShipsConfig(
+        tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+    )
     ships = Ships(model, cfg, 60)
     drive(model, ships, 40)
     state = ships.state_dict()
@@ -353,11 +366,14 @@ def test_the_loop_ships_after_the_last_step_and_validates_once(text_data, tmp_pa
             "model.max_seq_len=1024", "model.window=256", "train.seq_len=1024",
             "train.micro_batch_tokens=1024", "train.global_batch_tokens=1024", "train.steps=12",
             "train.warmdown_steps=4", "train.val_every=0", "train.val_tokens=2048", "train.time_budget_s=0",
-            "train.budget_min_steps=0", "train.timing_warmup_steps=0", "train.dtype=fp32", "train.log_every=1",
-            "optim.name=anvil", "optim.anvil_engage_step=3", "optim.value_embed_every4_from=4"]  # fmt: skip
-    ships = ["optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=5", "optim.ships.value_embed_window=8",
-             "optim.ships.bank_blend_window=6", "optim.ships.decontract=true"]  # fmt: skip
+            "train.budget_min_steps=0", "train.timing_warmup_steps=0", "train.dtype=fp32",
+            "train.log_every=1", "optim.name=anvil", "optim.anvil_engage_step=3",
+            "optim.value_embed_every4_from=4"]  # fmt: skip
+    ships = ["optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=5",
+             "optim.ships.value_embed_window=8", "optim.ships.bank_blend_window=6",
+             "optim.ships.decontract=true"]  # fmt: skip
     runs = {}
+    ships.append("train.checkpoint_at_end=true")
     for name, extra in (("plain", []), ("ships", ships)):
         loop.train(load_recipe("demo-2026", [*over, *extra]), tmp_path / name)
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
@@ -369,3 +385,10 @@ def test_the_loop_ships_after_the_last_step_and_validates_once(text_data, tmp_pa
     assert train["ships"] == train["plain"]  # the ships never touch the training steps
     last_step_time = [r["time_s"] for r in runs["ships"] if "train_loss" in r][-1]
     assert val["ships"] and [r["time_s"] for r in runs["ships"] if "val_loss" in r][0] > last_step_time
+    # killed during the ship or the validation: the end's checkpoint holds the pre-ship weights and the
+    # accumulators, so the resumed run ships again and validates the same weights
+    metrics = tmp_path / "ships" / "metrics.jsonl"
+    metrics.write_text("".join(x + "\n" for x in metrics.read_text().splitlines() if "val_loss" not in x))
+    loop.train(load_recipe("demo-2026", [*over, *ships]), tmp_path / "ships", resume=True)
+    again = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [(r["step"], r["val_loss"]) for r in again if "val_loss" in r] == val["ships"]

@@ -8,18 +8,20 @@ steps before the end it follows; 0 = off). The weights are named by the record's
 qk (the Q and K blocks of `qkv`), vo (the V block of `qkv` and `attn_out`), mlp (`mlp_in`, `mlp_out`),
 embed, head, value_embed.
 
-| ship | weights | ticks (step s of N, 0-based) | shipped as |
-|---|---|---|---|
-| tail EMA | embed, head | s ≥ N − W; odd s at 1 − (1 − r)², r = 2/(W + 1); even s only at N − W (seeds); s = N − 1 at r | lerp(w, ema, blend) |
-| tail average | vo, mlp | s ≥ N − W and (N − 1 − s) % every = 0, at `rate` | the average |
-| value-embedding ship | value_embed | s ≥ N − W and the label's Adam stepped at s, at `rate` | the average |
-| bank tail-blend | qk, vo, mlp | s ≥ N − W and (s % every = 1 or s ≥ N − 2), at 2/(W // every + 1) | lerp(w, ema, b) |
-| decontraction | embed, head, mlp, qk, vo | — | each bank × ‖before the ships‖/‖after‖ |
+- tail EMA on embed, head: ticks for s ≥ N − W, odd s at 1 − (1 − r)² with r = 2/(W + 1), an even s only
+  at N − W (it seeds), the last step at r; shipped as lerp(w, ema, blend).
+- tail average on vo, mlp: ticks for s ≥ N − W with (N − 1 − s) % every = 0, at `rate`; replaces them.
+- value-embedding ship on value_embed: ticks for s ≥ N − W where the label's Adam stepped, at `rate`;
+  replaces them.
+- bank tail-blend on qk, vo, mlp: ticks for s ≥ N − W with s % every = 1 or s ≥ N − 2, at
+  2/(W // every + 1); shipped as lerp(w, ema, b).
+- decontraction of embed, head, mlp, qk, vo: each bank × ‖before the ships‖ / ‖after‖.
 
-The first tick of an accumulator copies the weights (seeds it); later ones lerp towards them. Ship order:
-tail EMA, tail average, value embeddings, bank blend (on vo and mlp it blends into the tail average), then
-decontraction. b = `bank_blend` on qk; `bank_blend − bank_blend_richardson` on vo and mlp (the record's
-Richardson correction of the EMA's lag: (1 − B)·A + B·X + w·(A − X) = lerp(A, X, B − w)).
+Step s of N counts from 0; W is the ship's window. The first tick of an accumulator copies the weights
+(seeds it); later ones lerp towards them. Ship order: tail EMA, tail average, value embeddings, bank
+blend (on vo and mlp it blends into the tail average), then decontraction. b = `bank_blend` on qk;
+`bank_blend − bank_blend_richardson` on vo and mlp (the record's Richardson correction of the EMA's lag:
+(1 − B)·A + B·X + w·(A − X) = lerp(A, X, B − w)).
 """
 
 from __future__ import annotations
@@ -56,7 +58,12 @@ class ShipsConfig:
 
     def on(self) -> bool:
         """Whether the run ships anything."""
-        windows = (self.tail_ema_window, self.tail_avg_window, self.value_embed_window, self.bank_blend_window)
+        windows = (
+            self.tail_ema_window,
+            self.tail_avg_window,
+            self.value_embed_window,
+            self.bank_blend_window,
+        )
         return any(windows) or self.decontract
 
 
@@ -73,7 +80,8 @@ def check(s: ShipsConfig, cfg: Any) -> None:
     t = cfg.train
     if t.time_budget_s > 0:
         raise ConfigError(
-            "optim.ships needs a fixed train.steps (its windows count back from the end): drop train.time_budget_s"
+            "optim.ships needs a fixed train.steps (its windows count back from the end): "
+            "drop train.time_budget_s"
         )
     for name in ("tail_ema_window", "tail_avg_window", "value_embed_window", "bank_blend_window"):
         window = getattr(s, name)
@@ -81,9 +89,9 @@ def check(s: ShipsConfig, cfg: Any) -> None:
             raise ConfigError(f"optim.ships.{name} ({window}) exceeds train.steps ({t.steps})")
     every4 = cfg.optim.value_embed_every4_from
     if s.value_embed_window and every4 and t.steps - s.value_embed_window < every4:
-        raise ConfigError(  # the record asserts it: its rate assumes one update every 4th step over the window
+        raise ConfigError(  # the record asserts it
             f"optim.ships.value_embed_window ({s.value_embed_window}) reaches back before "
-            f"optim.value_embed_every4_from ({every4}): its rate assumes the period-4 cadence over its window"
+            f"optim.value_embed_every4_from ({every4}): its rate assumes the period-4 cadence over it"
         )
     if s.bank_blend_richardson > s.bank_blend:
         raise ConfigError(

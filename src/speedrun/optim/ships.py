@@ -156,7 +156,9 @@ def record_ships(s: ShipsConfig, total: int) -> list[Ship]:
         ships.append(Ship("tail-ema", ("head", "embed"), ema, {"head": blend, "embed": blend}))
     if s.tail_avg_window:
 
-        def avg(step: int, _: bool, w: int = s.tail_avg_window, every: int = s.tail_avg_every) -> float | None:
+        def avg(
+            step: int, _: bool, w: int = s.tail_avg_window, every: int = s.tail_avg_every
+        ) -> float | None:
             return s.tail_avg_rate if step >= total - w and (total - 1 - step) % every == 0 else None
 
         ships.append(Ship("tail-avg", ("vo", "mlp"), avg, {"vo": None, "mlp": None}))
@@ -168,7 +170,9 @@ def record_ships(s: ShipsConfig, total: int) -> list[Ship]:
         ships.append(Ship("value-embed-avg", ("value_embed",), values, {"value_embed": None}))
     if s.bank_blend_window:
 
-        def bank(step: int, _: bool, w: int = s.bank_blend_window, every: int = s.bank_blend_every) -> float | None:
+        def bank(
+            step: int, _: bool, w: int = s.bank_blend_window, every: int = s.bank_blend_every
+        ) -> float | None:
             return bank_blend_rate(step, total, w, every)
 
         blends: dict[str, float | None] = dict(bank_blends(s.bank_blend, s.bank_blend_richardson))
@@ -190,7 +194,9 @@ class Ships:
         for ship in self.ships:  # allocated now: a first tick allocating would land on the clock
             ship.groups = tuple(g for g in ship.groups if g in self.flats)
             for g in ship.groups:
-                ship.acc[g] = torch.empty(self.flats[g].own, dtype=torch.float32, device=_device(self.flats[g]))
+                ship.acc[g] = torch.empty(
+                    self.flats[g].own, dtype=torch.float32, device=_device(self.flats[g])
+                )
         self.value_embed_steps: Callable[[], int] | None = None
         self._before: int | None = None
 
@@ -247,7 +253,9 @@ class Ships:
     def state_dict(self) -> dict[str, object]:
         """The accumulators whole (a collective: every rank calls it) and which are seeded."""
         acc = {
-            ship.tag: {g: self.flats[g].gather(self.flats[g].padded(ship.acc[g])).clone() for g in ship.groups}
+            ship.tag: {
+                g: self.flats[g].gather(self.flats[g].padded(ship.acc[g])).clone() for g in ship.groups
+            }
             for ship in self.ships
         }
         return {"accumulators": acc, "seeded": {ship.tag: sorted(ship.seeded) for ship in self.ships}}
