@@ -385,6 +385,8 @@ def test_the_loop_ships_after_the_last_step_and_validates_once(text_data, tmp_pa
     assert train["ships"] == train["plain"]  # the ships never touch the training steps
     last_step_time = [r["time_s"] for r in runs["ships"] if "train_loss" in r][-1]
     assert val["ships"] and [r["time_s"] for r in runs["ships"] if "val_loss" in r][0] > last_step_time
+    log = (tmp_path / "ships" / "log.txt").read_text()
+    assert "ships after the last step, on the clock: tail-ema (head, embed), tail-avg (vo, mlp)" in log
     # killed during the ship or the validation: the end's checkpoint holds the pre-ship weights and the
     # accumulators, so the resumed run ships again and validates the same weights
     metrics = tmp_path / "ships" / "metrics.jsonl"

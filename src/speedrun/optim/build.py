@@ -93,7 +93,8 @@ class RunOptimizer:
 
     def describe(self) -> str:
         """A log line about the optimizer when it has one to say (the sharded table does)."""
-        return "\n".join(opt.describe() for opt in self.parts.values() if hasattr(opt, "describe"))
+        lines = [opt.describe() for opt in self.parts.values() if hasattr(opt, "describe")]
+        return "\n".join(lines + ([self.ships.describe()] if self.ships is not None else []))
 
     def state_dict(self) -> dict[str, Any]:
         out = {kind: opt.state_dict() for kind, opt in self.parts.items()}

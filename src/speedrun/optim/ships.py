@@ -250,6 +250,13 @@ class Ships:
                 for piece in self.flats[g].pieces:
                     piece.view().mul_(ratio)
 
+    def describe(self) -> str:
+        """One log line: the ships in order with their banks, and the accumulators' bytes on this process."""
+        parts = [f"{ship.tag} ({', '.join(ship.groups)})" for ship in self.ships]
+        parts += ["decontraction"] if self.decontract else []
+        held = sum(a.numel() * 4 for ship in self.ships for a in ship.acc.values())
+        return f"ships after the last step, on the clock: {', '.join(parts)}; {held:,} bytes per process"
+
     def state_dict(self) -> dict[str, object]:
         """The accumulators whole (a collective: every rank calls it) and which are seeded."""
         acc = {
