@@ -5,6 +5,7 @@ decontraction, the state dict, and 1 against 2 gloo processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -257,6 +258,28 @@ def test_state_dict_round_trip_continues_exactly():
     sb.ship()
     for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(x, y), n
+
+
+# ---- every key acts ----
+ALL_ON = ShipsConfig(
+    tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+)
+
+
+def _shipped(cfg: ShipsConfig) -> list[torch.Tensor]:
+    model = Labelled()
+    ships = Ships(model, cfg, 60)
+    drive(model, ships, 60)
+    ships.ship()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("key", [f.name for f in dataclasses.fields(ShipsConfig)])
+def test_every_ships_key_changes_the_shipped_weights(key):
+    value = getattr(ALL_ON, key)
+    other = (not value) if isinstance(value, bool) else value - 2 if isinstance(value, int) else value * 0.9
+    before, after = _shipped(ALL_ON), _shipped(dataclasses.replace(ALL_ON, **{key: other}))
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), key
 
 
 # ---- config ----
