@@ -23,6 +23,10 @@ from speedrun.optim.ships import Ships
 from speedrun.recipes import load_recipe
 
 N = 1194  # #92: 1,122 scheduled + 52 grown + 20 extension steps
+# #92's ships with the windows scaled to a 60-step run
+ALL_ON = ShipsConfig(
+    tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
+)
 
 
 # ---- the record's formulas, transcribed (tail_average.py, ngram_table.is_update_step) ----
@@ -95,13 +99,14 @@ class Labelled(nn.Module):
         }
 
 
-def drive(model: Labelled, ships: Ships | None, total: int, ref: dict | None = None) -> None:
-    """`total` fake optimizer steps: each moves every weight (the value embeddings only at their Adam steps,
-    the rest of Adam's only on odd steps, as #92), then ticks the ships and the record's reference."""
-    counter = [0]
+def drive(model: Labelled, ships: Ships | None, total: int, ref: dict | None = None, start: int = 0) -> None:
+    """Fake optimizer steps `start`..`total` - 1: each moves every weight (the value embeddings only at their
+    Adam steps, the rest of Adam's only on odd steps, as #92), then ticks the ships and the record's
+    reference."""
+    counter = [sum(record_is_update_step(s) for s in range(start))]
     if ships is not None:
         ships.value_embed_steps = lambda: counter[0]
-    for s in range(total):
+    for s in range(start, total):
         if ships is not None:
             ships.before_step()
         g = torch.Generator().manual_seed(100 + s)
@@ -215,9 +220,7 @@ def _short_cadence(step: int) -> bool:
 def test_ships_in_order_with_decontraction_equal_the_record():
     """#92's ships together on 60 steps (windows scaled down): the bank blend lerps vo and mlp from the tail
     average already shipped, then every bank is rescaled to its norm before the ships."""
-    cfg = ShipsConfig(
-        tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
-    )
+    cfg = ALL_ON
     got, want = run_both(cfg, 60, {"tail-ema": 29, "tail-avg": 25, "value-embed-avg": 25, "bank-blend": 29})
     assert_close(got, want)
 
@@ -261,9 +264,6 @@ def test_state_dict_round_trip_continues_exactly():
 
 
 # ---- every key acts ----
-ALL_ON = ShipsConfig(
-    tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
-)
 
 
 def _shipped(cfg: ShipsConfig) -> list[torch.Tensor]:
@@ -305,17 +305,11 @@ def _two_process_worker(rank: int, world: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)  # flats that the world size does not divide
-        cfg = ShipsConfig(
-            tail_ema_window=29,
-            tail_avg_window=25,
-            value_embed_window=25,
-            bank_blend_window=29,
-            decontract=True,
-        )
+        cfg = ALL_ON
         ships = Ships(model, cfg, 60)
         drive(model, ships, 40)
         state = ships.state_dict()  # gathered: the same on every rank
-        drive_rest(model, ships)
+        drive(model, ships, 60, start=40)
         ships.ship()
         if rank == 0:
             torch.save({"weights": model.state_dict(), "state": state}, out)
@@ -323,36 +317,16 @@ def _two_process_worker(rank: int, world: int, init: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def drive_rest(model: Labelled, ships: Ships) -> None:
-    """Steps 40..59 of `drive(model, ships, 60)`."""
-    counter = [sum(record_is_update_step(s) for s in range(40))]
-    ships.value_embed_steps = lambda: counter[0]
-    for s in range(40, 60):
-        ships.before_step()
-        g = torch.Generator().manual_seed(100 + s)
-        with torch.no_grad():
-            for name, w in model.named_parameters():
-                step = torch.randn(w.shape, generator=g).to(w.dtype) * 0.05
-                moves = {"ve": record_is_update_step(s), "embed": s % 2 == 1, "head": s % 2 == 1}
-                if moves.get(name, True):
-                    w.add_(step)
-        if record_is_update_step(s):
-            counter[0] += 1
-        ships.after_step(s)
-
-
 @pytest.mark.slow
 def test_two_gloo_processes_ship_the_weights_of_one():
     """Each rank ticks its chunk of every accumulator and gathers at the ship: the shipped weights on 2
     processes equal 1 process's bit for bit, and the gathered state too (so a save on 2 resumes on 1)."""
     model = Labelled(torch.bfloat16, d=6, qk=2, vocab=7)
-    cfg = ShipsConfig(
-        tail_ema_window=29, tail_avg_window=25, value_embed_window=25, bank_blend_window=29, decontract=True
-    )
+    cfg = ALL_ON
     ships = Ships(model, cfg, 60)
     drive(model, ships, 40)
     state = ships.state_dict()
-    drive_rest(model, ships)
+    drive(model, ships, 60, start=40)
     ships.ship()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
@@ -367,7 +341,7 @@ def test_two_gloo_processes_ship_the_weights_of_one():
     rs = Ships(resumed, cfg, 60)
     drive(resumed, None, 40)
     rs.load_state_dict(two["state"])
-    drive_rest(resumed, rs)
+    drive(resumed, rs, 60, start=40)
     rs.ship()
     for name, w in model.state_dict().items():
         assert torch.equal(w, resumed.state_dict()[name]), name

@@ -47,9 +47,8 @@ class RunOptimizer:
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
         self.nesterov = nesterov  # track 3's EMA-Nesterov lookahead, made after each step
-        self.ships = (
-            ships  # #92's terminal ships (optim/ships.py): ticked after each step, shipped by the loop
-        )
+        # #92's terminal ships (optim/ships.py): ticked after each step here, shipped by the loop at the end
+        self.ships = ships
         self.overlap = None  # the speed layer's reductions from backward hooks (perf/overlap.py), if any
         for kind, opt in parts.items():
             for group in opt.param_groups:
@@ -224,9 +223,8 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
 
 def value_embed_steps(table: ShardedNorMuonAdam) -> Any:
     """The Adam step count of the value embeddings' group (#92's ship ticks when it rises), or None."""
-    labels = {id(r.param): label_of(r.param) for r in table.adam_rows}
     group = next(
-        (r.label for r in table.adam_rows if getattr(labels[id(r.param)], "name", "") == "value_embed"), None
+        (r.label for r in table.adam_rows if getattr(label_of(r.param), "name", "") == "value_embed"), None
     )
     return None if group is None else lambda: table.adam_steps[group]
 
