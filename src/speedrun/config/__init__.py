@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from speedrun.config.gpt2026 import Gpt2026Config
 from speedrun.config.labels import TABLE_OPTIMIZERS, parse_rows  # noqa: F401  (TABLE_OPTIMIZERS: API)
+from speedrun.config.ships import ShipsConfig
 from speedrun.config.types import (  # noqa: F401  (canonical_key is part of this module's API)
     Beta,
     Fraction,
@@ -255,6 +256,9 @@ class OptimConfig:
     # issue 25: rows of the label table stated by the recipe, {label: {rule, lr, betas, ...}}
     # (config/labels.py); a label without one keeps the row derived from the fields above
     labels: Annotated[dict[str, dict[str, Any]], parse_rows] = field(default_factory=dict)
+    # #92's terminal ships (config/ships.py, optim/ships.py): weights built from the last steps, shipped
+    # after the last one on the clock; every window 0 = off
+    ships: ShipsConfig = field(default_factory=ShipsConfig)
 
 
 @dataclass

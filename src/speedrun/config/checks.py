@@ -11,6 +11,7 @@ from speedrun.config import Config, ModelConfig, check_fields, sections
 from speedrun.config.data import check_source, parse_bpe_size
 from speedrun.config.families import config_family, model_facts
 from speedrun.config.labels import TABLE_OPTIMIZERS, check_shadowed
+from speedrun.config.ships import check as check_ships
 from speedrun.config.stages import check_stages
 from speedrun.config.subkeys import NEEDS
 from speedrun.errors import ConfigError
@@ -69,6 +70,7 @@ def validate(cfg: Config) -> None:
     check_stages(cfg)
     config_family(m).check(cfg)
     _validate_normuon(cfg)
+    check_ships(cfg.optim.ships, cfg)
     given = {"train.warmdown_steps", "train.warmdown_frac"} & cfg.fixed
     if t.warmdown_steps > 0 and t.warmdown_frac > 0 and len(given) == 2:
         raise ConfigError("give train.warmdown_steps or train.warmdown_frac, not both (the share would win)")

@@ -188,3 +188,19 @@ class ShardedAnvilAdam(ShardedNorMuonAdam):
 
     def describe(self) -> str:
         return super().describe().replace("NorMuon on", "ANVIL on", 1)
+
+
+def bank_blend_rate(step: int, total: int, window: int, every: int) -> float | None:
+    """ANVIL's bank tail-blend (#92, "a bank tail-blend ship step"): the rate at which its fp32 EMA of the
+    banks follows the weights after step ``step`` (0-based) of ``total``, None where it does not tick. It
+    ticks over the last ``window`` steps on steps ≡ 1 (mod ``every``) and on the last two (so the final
+    iterate is always in), at 2/(window // every + 1): the window's EMA timescale counted in ticks."""
+    if step < total - window or not (step % every == 1 or step >= total - 2):
+        return None
+    return 2.0 / (window // every + 1)
+
+
+def bank_blends(blend: float, richardson: float) -> dict[str, float]:
+    """How far each bank is shipped towards the blend's EMA: ``blend`` on qk; on vo and mlp, which the tail
+    average shipped first, lowered by the Richardson correction of the EMA's lag behind the last iterate."""
+    return {"qk": blend, "vo": blend - richardson, "mlp": blend - richardson}

@@ -12,6 +12,7 @@ from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
 from speedrun.config.labels import SCALAR_LIKE, label_table
 from speedrun.hardware import fast_bf16
+from speedrun.model.labels import label_of
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.anvil import Rails, ShardedAnvilAdam
 from speedrun.optim.ema_nesterov import EmaNesterov
@@ -26,6 +27,7 @@ from speedrun.optim.rules import (
     param_rules,
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
+from speedrun.optim.ships import Ships
 from speedrun.optim.table import build_rows
 from speedrun.optim.tail_ema import TailEMA
 
@@ -40,10 +42,13 @@ class RunOptimizer:
         parts: dict[str, torch.optim.Optimizer | ShardedNorMuonAdam],
         tail: TailEMA | None = None,
         nesterov: EmaNesterov | None = None,
+        ships: Ships | None = None,
     ):
         self.parts = parts
         self.tail, self.steps = tail, 0  # track 3's Tail-EMA readout, folded in after each step
         self.nesterov = nesterov  # track 3's EMA-Nesterov lookahead, made after each step
+        # #92's terminal ships (optim/ships.py): ticked after each step here, shipped by the loop at the end
+        self.ships = ships
         self.overlap = None  # the speed layer's reductions from backward hooks (perf/overlap.py), if any
         for kind, opt in parts.items():
             for group in opt.param_groups:
@@ -60,8 +65,12 @@ class RunOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        if self.ships is not None:
+            self.ships.before_step()
         for opt in self.parts.values():
             opt.step()
+        if self.ships is not None:
+            self.ships.after_step(self.steps)
         if self.tail is not None:
             self.tail.after_step(self.steps)
         if self.nesterov is not None:  # the lookahead's LR ratio: the first Adam group's (#46's embedding)
@@ -83,7 +92,8 @@ class RunOptimizer:
 
     def describe(self) -> str:
         """A log line about the optimizer when it has one to say (the sharded table does)."""
-        return "\n".join(opt.describe() for opt in self.parts.values() if hasattr(opt, "describe"))
+        lines = [opt.describe() for opt in self.parts.values() if hasattr(opt, "describe")]
+        return "\n".join(lines + ([self.ships.describe()] if self.ships is not None else []))
 
     def state_dict(self) -> dict[str, Any]:
         out = {kind: opt.state_dict() for kind, opt in self.parts.items()}
@@ -91,9 +101,16 @@ class RunOptimizer:
             out["tail_ema"] = {"steps": self.steps, **self.tail.state_dict()}
         if self.nesterov is not None:
             out["ema_nesterov"] = self.nesterov.state_dict()
+        if self.ships is not None:
+            out["ships"] = {"steps": self.steps, **self.ships.state_dict()}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.ships is not None and isinstance(state, dict) and "ships" in state:
+            state = dict(state)
+            ships = dict(state.pop("ships"))
+            self.steps = ships.pop("steps")
+            self.ships.load_state_dict(ships)
         if self.nesterov is not None and isinstance(state, dict) and "ema_nesterov" in state:
             state = dict(state)
             self.nesterov.load_state_dict(state.pop("ema_nesterov"))
@@ -150,8 +167,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         if o.ema_nesterov_step
         else None
     )  # fmt: skip
+    ships = Ships(model, o.ships, cfg.train.steps) if o.ships.on() else None
     if o.name in TABLE_OPTIMIZERS:
-        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
+        table = build_table_optimizer(model, cfg, entries)
+        if ships is not None:
+            ships.value_embed_steps = value_embed_steps(table)
+        return RunOptimizer({"table": table}, tail, ships=ships)
     groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
     for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
         groups.setdefault(e.rule.group, []).append(e.param)
@@ -163,7 +184,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
-        return RunOptimizer({"adam": adamw}, tail)
+        return RunOptimizer({"adam": adamw}, tail, ships=ships)
     hyper = adam_groups(run_rules(cfg), set(groups))
     power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
     adam_params = {  # embed, head, scalar (the saved order), then the groups stated rows made
@@ -197,7 +218,15 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     if plain:
         assert not plain[0]["weight_decay"], "config checks: #46's aux Adam has no decay"
         parts["scalar"] = PlainAdam(plain, lr=plain[0]["lr"], betas=plain[0]["betas"], eps=plain[0]["eps"])
-    return RunOptimizer(parts, tail, nesterov)
+    return RunOptimizer(parts, tail, nesterov, ships)
+
+
+def value_embed_steps(table: ShardedNorMuonAdam) -> Any:
+    """The Adam step count of the value embeddings' group (#92's ship ticks when it rises), or None."""
+    group = next(
+        (r.label for r in table.adam_rows if getattr(label_of(r.param), "name", "") == "value_embed"), None
+    )
+    return None if group is None else lambda: table.adam_steps[group]
 
 
 def pinned(o: Any) -> bool:

@@ -282,6 +282,10 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         for step in range(start_step, t.steps + 1):  # t.steps: the most; rcfg.train.steps: the end
             sched = schedule_at(step, rcfg)
             lr = apply_schedule(sched, optimizer, model)  # (least, most) multiplier applied
+            if step == rcfg.train.steps and optimizer.ships is not None:  # #92's terminal ships, on the clock
+                clock.start()
+                optimizer.ships.ship()
+                clock.timed_s += clock.stop(1)  # timed seconds, no step (optim/ships.py)
             if step == rcfg.train.steps or (t.val_every > 0 and step % t.val_every == 0):
                 clock.stop()  # validation is not training time
                 # track 3's Tail-EMA blend where the recipe has one; weights or gradients written inside
