@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from speedrun.config.stages import parse_stages
+from speedrun.config.stages import parse_stages, stage_plan
 from speedrun.data.bos_loader import DocumentLoader, cu_seqlens, record_max_docs
 from speedrun.errors import ConfigError
 from speedrun.optim import anvil
@@ -334,5 +334,41 @@ def test_the_recipe_carries_these_keys():
         pytest.skip("anvil-2026-08 is not in this tree yet")
     for key, value in ANVIL_SCHEDULE.items():
         section, name = key.split(".")
-        assert getattr(getattr(cfg, section), name) == value, key
-    assert cfg.model.head.sampled_stride == 20011
+        if key != "train.stages":  # the recipe may wrap its lines: compared as plans below
+            assert getattr(getattr(cfg, section), name) == value, key
+    assert stage_plan(cfg) == stage_plan(anvil_config())
+    assert cfg.model.head.sampled_stride == 20011 and cfg.optim.name == "anvil"
+
+
+def test_the_runs_loader_and_model_get_the_attention_segments(tmp_path):
+    """The run's own loader (train/plan/run_data.open_loader, over one synthetic shard) cuts segments of at
+    most 2,560 tokens from stage 3 on and none before; the model's varlen windows carry min(doc, 2560) as the
+    longest stretch attended (FA3's max_seqlen)."""
+    from types import SimpleNamespace
+
+    from speedrun.model.gpt2026 import windows
+    from speedrun.tools import bench
+    from speedrun.train.distributed import DistContext
+
+    cfg, rec = anvil_config(), Schedule92()
+    loader = bench.synthetic_loader(cfg, DistContext(0, 0, 1, torch.device("cpu")), tmp_path)
+    try:
+        for step in (680, 681, 1107, 1174):
+            state = {**loader.state_dict(), "step": step, "micro_step": 0}
+            loader.load_state_dict(state)
+            x, _, cu = (t.numpy() for t in loader.next_packed())
+            starts = list(np.flatnonzero(x == cfg.model.eot_id)) + [len(x)]
+            cut = VIRTUAL_SEQ_CAP if rec.lookup(step)[0][1] > VIRTUAL_SEQ_CAP else len(x)
+            want = record_virtual_ends(starts[1:], cut)
+            table = np.full(record_max_docs(len(x)), len(x))
+            table[: len(want)] = want
+            assert list(cu) == list(table), step
+            assert (want != [0, *starts[1:]]) == (step >= 681), step  # the cap cut ~1,000-token documents
+    finally:
+        loader.close()
+    for step in (0, 320, 681, 1107, 1174):
+        values = schedule_at(step, cfg)
+        model = SimpleNamespace(mtp_weights=None, prefix_weight=None, sampled_sweep=None)
+        model.yarn_windows = (values.yarn, values.yarn_short)  # YaRN's tables are test_yarn's
+        windows.apply_schedule(model, values)
+        assert model.varlen_windows.max_doc_len == rec.attention_len(step), step
