@@ -372,3 +372,37 @@ def test_the_runs_loader_and_model_get_the_attention_segments(tmp_path):
         model.yarn_windows = (values.yarn, values.yarn_short)  # YaRN's tables are test_yarn's
         windows.apply_schedule(model, values)
         assert model.varlen_windows.max_doc_len == rec.attention_len(step), step
+
+
+@pytest.mark.slow
+def test_the_shrunk_schedule_trains_through_the_loop_with_segments_growth_and_stepped_prefix(
+    text_data, tmp_path
+):
+    """qk96-2026-08 shrunk with ANVIL and a plan of #92's form (documents cut at 128 tokens attending in
+    segments of 48, two steps grown into stage 2, the prefix weight stepped, a batch taper): the loop
+    runs every stage to finite losses and a validation, and logs the plan."""
+    import json
+    import math
+
+    from speedrun.train import loop
+    from tests.recipe_matrix import shrink
+
+    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
+    stages = (
+        "tokens=512 doc=128 windows=1/1 frac=1/2; "
+        "tokens=1024 doc=128 segment=48 windows=1/2 frac=1/2 grow=2; "
+        "tokens=512 doc=128 segment=48 windows=1/2 ext=1"
+    )
+    over = [*shrink("record-2026-07"), f"data.dir={text_data}", "data.tokenizer=bpe:512",
+            f"model.eot_id={eot}", "optim.name=anvil", "optim.anvil_engage_step=3",
+            "optim.value_embed_every4_from=4", "train.steps=7", f"train.stages={stages}",
+            "train.global_batch_tokens=1024", "train.log_every=1", "data.max_docs=0",
+            "train.val_tokens=1024"]  # fmt: skip
+    cfg = load_recipe("record-2026-07", over)
+    loop.train(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["train_loss"] for r in lines if "train_loss" in r]
+    assert len(losses) == 7 and all(math.isfinite(v) for v in losses)
+    assert any("val_loss" in r and math.isfinite(r["val_loss"]) for r in lines)
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "attention segments <= 48 (2 steps grown)" in log
