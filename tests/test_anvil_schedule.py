@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from speedrun.config.stages import parse_stages, stage_plan
-from speedrun.data.bos_loader import DocumentLoader, cu_seqlens, record_max_docs
+from speedrun.data.bos_loader import cu_seqlens, record_max_docs
 from speedrun.errors import ConfigError
 from speedrun.optim import anvil
 from speedrun.optim.anvil import Rails, ShardedAnvilAdam
@@ -26,7 +26,6 @@ from speedrun.recipes import load_recipe
 from speedrun.train import schedule
 from speedrun.train.schedule import schedule_at
 from speedrun.train.stages import candidate_changes, stage_bounds
-from tests.test_bos_loader import BOS, make_shards
 from tests.test_record_2026 import RecordSchedule
 
 # The schedule keys of `anvil-2026-08` ([train] and [optim]; the model's model.head.sampled_stride = 20011 is
@@ -160,9 +159,6 @@ def value_embed_fired(step: int) -> bool:
     return step % 2 == 1 and (step % 4 == 3 or step < PERIOD4_START)
 
 
-# ------------------------------------------------------------------------------------------------------
-
-
 def test_the_boundaries_and_switch_steps_are_what_the_record_logged():
     rec = Schedule92()
     assert rec.ends == [0, 320, 681, 1107, 1174, 1194]  # the log: "[schedule] stage ends=[...]"
@@ -234,10 +230,14 @@ def test_the_optimizer_follows_the_records_rails_cadence_and_split_at_every_step
     )  # fmt: skip
     for group in opt.param_groups:
         group["initial_lr"] = group["lr"]
-    hypers: list[tuple[int, tuple[float, float], float]] = []
-    hyper = opt._adam_hyper
-    opt._adam_hyper = lambda label: (h := hyper(label), label == "value_embed" and hypers.append(
-        (opt.steps_done, h.betas, h.weight_decay)))[0]  # fmt: skip
+    hypers, hyper = [], opt._adam_hyper  # (step, betas, decay) of each value_embed update
+
+    def spy_hyper(label: str) -> AdamLabel:
+        h = hyper(label)
+        hypers.extend([(opt.steps_done, h.betas, h.weight_decay)] * (label == "value_embed"))
+        return h
+
+    opt._adam_hyper = spy_hyper
     grads = {n: torch.randn(4, 4, generator=gen) * 1e-3 for n in p}
     ve_steps = 0
     for step in range(rec.total_steps):
@@ -278,20 +278,6 @@ def test_attention_segments_are_the_records_virtual_ends():
         assert list(plain[: len(lengths) + 1]) == [0, *np.cumsum(lengths)]
 
 
-def test_the_loader_cuts_attention_segments_only_where_the_stage_says(tmp_path):
-    files, _ = make_shards(tmp_path, [6000, 8100], seed=3)  # documents of up to 150 tokens
-    local, segment = 256, 40
-    stage_of = lambda step: (local, 0, segment if step >= 2 else 0)  # noqa: E731
-    loader = DocumentLoader(files, 1, stage_of, BOS, loop=False)
-    for step in range(4):
-        x, _, cu = (t.numpy() for t in loader.next_packed())
-        starts = list(np.flatnonzero(x == BOS)) + [len(x)]
-        want = record_virtual_ends(starts[1:], segment) if step >= 2 else [0, *starts[1:]]
-        table = np.full(record_max_docs(local), len(x))
-        table[: len(want)] = want
-        assert list(cu) == list(table), step
-
-
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
@@ -315,13 +301,10 @@ def test_each_new_stage_key_is_refused_in_one_line_at_the_config_edge(old, new, 
     assert "\n" not in str(caught.value)
 
 
-def test_a_second_growing_stage_moves_every_later_boundary():
+def test_a_second_growing_stage_moves_every_later_boundary_and_growth_needs_rounded_boundaries():
     plan = parse_stages(ANVIL_STAGES.replace("frac=0.06 prefix=0;", "frac=0.06 grow=3 prefix=0;", 1), 1197)
     assert stage_bounds(plan) == [(0, 320), (320, 681), (681, 1107), (1107, 1177), (1177, 1197)]
     assert plan.grown_steps == 55
-
-
-def test_growth_needs_rounded_boundaries():
     with pytest.raises(ConfigError, match="grow= needs train.stage_bounds=round"):
         anvil_config(**{"train.stage_bounds": "fraction"})
 
