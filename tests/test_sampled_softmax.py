@@ -160,8 +160,9 @@ def test_with_p_the_whole_vocabulary_it_is_the_full_softcapped_cross_entropy():
     torch.testing.assert_close(sampled.loss(plain, x, targets, PART, V), want, rtol=1e-12, atol=1e-12)
 
 
-# #92's stages with its P switches at 681, 961 and 1101: 10,240 through stages 1 and 2 (ending at 681),
-# 14,336, 14,336, 24,576 over the thirds of stage 3 (681-1100), then the taper and extension in full
+# The P switches of #92's README (681, 961, 1101: an earlier 46-step growth; the shipped plan's 681, 965 and
+# 1107 are test_anvil_schedule.py's): 10,240 through stages 1 and 2 (ending at 681), 14,336, 14,336, 24,576
+# over the thirds of stage 3 (681-1100), then the taper and extension in full
 RECORD_92 = (
     "tokens=131072 windows=1/3 frac=227/1161 sampled=10240; "
     "tokens=262144 windows=3/7 frac=454/1161 sampled=10240; "

@@ -32,6 +32,9 @@ class Stage:
     # #92's candidate counts P of the sampled softmax: the stage's steps in equal parts, one count each
     # (the record's CANDIDATES_BY_STAGE); () runs the full softmax
     sampled: tuple[int, ...] = ()
+    prefix_steps: tuple[float, ...] = ()  # #92's stepped prefix-loss weights: the stage in equal parts
+    grow: int = 0  # #92: steps added to this stage after the fractions are laid over the other steps
+    segment: int = 0  # #92: attention segments of at most this many tokens (0 = a document is one)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,22 @@ class StagePlan:
     @property
     def total_steps(self) -> int:
         return self.scheduled_steps + self.extension_steps
+
+    @property
+    def grown_steps(self) -> int:
+        return sum(s.grow for s in self.stages)
+
+
+def scheduled_ends(plan: StagePlan) -> list[int]:
+    """[0, end of each scheduled stage]: the cumulative fractions over the scheduled steps less the grown
+    ones, then every end from a growing stage's on moved by its growth (#92: 52 steps into stage 3, its
+    later boundaries keep their place relative to the end; the cool-down spans all scheduled steps)."""
+    base, ends, acc, grown = plan.scheduled_steps - plan.grown_steps, [0], 0.0, 0
+    for stage in plan.stages[:-1]:
+        acc += stage.duration
+        grown += stage.grow
+        ends.append(boundary(acc, base, plan.fraction_bounds) + grown)
+    return ends
 
 
 def boundary(acc: float, n: int, fraction: bool) -> int:
@@ -129,8 +148,8 @@ def _blocks(key: str, text: str, entry: int) -> tuple[int, int]:
 def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int]]:
     """One `key=value ...` entry → (Stage, extension steps, the final validation's long, short and YaRN
     windows as StagePlan fields, 0 where not given)."""
-    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "sampled"} | (
-        {"ext", "val", "yarn"} if last else {"frac"}
+    allowed = {"tokens", "doc", "windows", "lr", "mtp", "prefix", "sampled", "segment"} | (
+        {"ext", "val", "yarn"} if last else {"frac", "grow"}
     )
     fields: dict[str, str] = {}
     for item in text.split():
@@ -148,7 +167,11 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int
         raise ConfigError(f"train.stages: stage {entry + 1} needs {', '.join(missing)}")
     windows = _blocks("windows", fields["windows"], entry)
     weights: dict[str, tuple[float, ...]] = _mtp(fields["mtp"], entry) if "mtp" in fields else {}
-    if "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
+    if "prefix" in fields and "," in fields["prefix"]:  # #92: prefix=W,W,... (the stage in equal parts)
+        weights["prefix_steps"] = tuple(
+            _number("prefix", w, float, entry) for w in fields["prefix"].split(",")
+        )
+    elif "prefix" in fields:  # #88: prefix=W or prefix=START>END (linear over the stage, as mtp)
         start, _, end = fields["prefix"].partition(">")
         weights["prefix"] = tuple(_number("prefix", w, float, entry) for w in (start, end or start))
     if "sampled" in fields:  # #92: sampled=P or sampled=P,P,... (the stage in equal parts)
@@ -164,10 +187,17 @@ def _stage(text: str, entry: int, last: bool) -> tuple[Stage, int, dict[str, int
         windows=windows,
         lr_mul=_number("lr", fields.get("lr", "1"), float, entry),
         duration=0.0 if last else _number("frac", fields["frac"], float, entry),
+        grow=int(_number("grow", fields.get("grow", "0"), int, entry)),
+        segment=int(_number("segment", fields.get("segment", "0"), int, entry)),
         **weights,
     )
     if stage.batch_tokens < 1:
         raise ConfigError(f"train.stages: stage {entry + 1}: tokens must be at least 1")
+    if "segment" in fields and not 0 < stage.segment < (stage.max_doc_len or INT64_MAX):
+        raise ConfigError(
+            f"train.stages: stage {entry + 1}: segment={stage.segment} must be at least 1 and below doc= "
+            f"({stage.max_doc_len}), or it cuts nothing"
+        )
     ext = int(_number("ext", fields.get("ext", "0"), int, entry))
     short_val, val = _blocks("val", fields.get("val", "0"), entry)
     yarn = int(_number("yarn", fields.get("yarn", "0"), int, entry))
@@ -189,12 +219,14 @@ def parse_stages(text: str, steps: int, **constants: Any) -> StagePlan:
 
     Stages are separated by `;`. A scheduled stage: `tokens=N` (per step), `windows=S/L` (128-token
     blocks), `frac=F` (of the scheduled steps, `1/3` allowed), optional `doc=N` (longest document, 0 = no
-    cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1), `prefix=` (#88, as mtp) and
-    `sampled=P[,P…]` (#92's candidate counts, the stage's steps in equal parts; none: full softmax). The
-    last stage is the extension: `ext=N` steps (counted in train.steps), optional `val=L` or `val=S/L`
-    (the final validation's windows) and `yarn=Y` (the window its YaRN rescales to, which also caps
-    the stages': the medium record's 13). `constants`: the plan's other fields, from the rest of the
-    config (StagePlan's defaults for those not given)."""
+    cut), `lr=F` (1), `mtp=W,W,…` or `mtp=START>END` (#53's weights; 1), `prefix=` (#88, as mtp; #92's
+    `prefix=W,W,…`: stepped, the stage in equal parts), `sampled=P[,P…]` (#92's candidate counts, the
+    stage's steps in equal parts; none: full softmax), `segment=N` (#92: documents attend in segments of
+    at most N tokens, the token stream untouched) and `grow=N` (#92: N steps added to the stage after the
+    fractions are laid over the other scheduled steps). The last stage is the extension: `ext=N` steps
+    (counted in train.steps), optional `val=L` or `val=S/L` (the final validation's windows) and `yarn=Y`
+    (the window its YaRN rescales to, which also caps the stages': the medium record's 13). `constants`:
+    the plan's other fields, from the rest of the config (StagePlan's defaults for those not given)."""
     entries = [e for e in text.split(";") if e.strip()]
     if len(entries) < 2:
         raise ConfigError("train.stages needs at least one scheduled stage and the extension stage (ext=N)")
@@ -204,19 +236,18 @@ def parse_stages(text: str, steps: int, **constants: Any) -> StagePlan:
     scheduled = steps - ext
     plan = StagePlan(stages, scheduled, ext, **parsed[-1][2], **constants)
     assert plan.cooldown_form in ("int", "exact", "fraction"), f"cooldown_form {plan.cooldown_form!r}"
-    if scheduled < len(stages) - 1:
+    base = scheduled - plan.grown_steps
+    if base < len(stages) - 1:
         raise ConfigError(
-            f"train.stages: ext={ext} leaves {scheduled} of train.steps ({steps}) for "
+            f"train.stages: ext={ext} and grow={plan.grown_steps} leave {base} of train.steps ({steps}) for "
             f"{len(stages) - 1} stage(s)"
         )
-    ends, acc = [0], 0.0
+    if plan.grown_steps and plan.fraction_bounds:
+        raise ConfigError("train.stages: grow= needs train.stage_bounds=round (#92 rounds its boundaries)")
+    ends, acc = scheduled_ends(plan), sum(s.duration for s in stages[:-1])
     for i, stage in enumerate(stages[:-1]):
-        acc += stage.duration
-        ends.append(boundary(acc, scheduled, plan.fraction_bounds))
-        if ends[-1] <= ends[-2]:
-            raise ConfigError(
-                f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {scheduled}"
-            )
+        if ends[i + 1] - stage.grow <= ends[i]:
+            raise ConfigError(f"train.stages: stage {i + 1} (frac={stage.duration:g}) gets no step of {base}")
     if abs(acc - 1) > 1e-9 or ends[-1] != scheduled:  # the sum, not its rounding to steps (0.97 is no 1)
         raise ConfigError(f"train.stages: the scheduled stages' frac add up to {acc:.10g}, not 1")
     if not 0 < plan.cooldown_frac <= 1:

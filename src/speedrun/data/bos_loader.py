@@ -4,8 +4,9 @@ batch planned from the cursor (shard, pos) alone, so a step holds the same token
 processes. Rules: `stream` (#26 `find_batch_starts`: `local + 1` tokens from a BOS, next chunk at the
 first BOS after; a shard is left when `pos + 2·G + 1 >= len`) and `packed` (#29 on: whole documents
 cut to `max_doc_len`, the last cut to fill). `cu_seqlens` has a fixed length `max_docs` (padded; extra
-boundaries are dropped, merging documents, where the records crash). The next shard's BOS index is built
-in the background, and with `prefetch` the next micro-batch too (#33).
+boundaries are dropped, merging documents, where the records crash); #92's attention segments add a
+boundary every `segment` tokens into a longer document (attention only: the tokens are untouched). The
+next shard's BOS index is built in the background, and with `prefetch` the next micro-batch too (#33).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ RULES = ("stream", "packed")
 #: rounded up to 128 (as before #78).
 RECORD_MAX_DOCS = {16384: 64, 32768: 96, 49152: 128}
 
-#: step -> (global batch tokens, longest document in tokens; 0 = no limit)
-StageFn = Callable[[int], tuple[int, int]]
+#: step -> (global batch tokens, longest document in tokens; 0 = no limit[, longest attention segment in
+#: tokens; 0 or absent = whole documents])
+StageFn = Callable[[int], tuple[int, ...]]
 
 
 def record_max_docs(chunk_tokens: int) -> int:
@@ -79,16 +81,27 @@ def plan_packed(bos: np.ndarray, length: int, pos: int, chunks: int, local: int,
     return segments, int(bos[k]) if k < n else length
 
 
-def cu_seqlens(inputs: np.ndarray, bos_id: int, max_docs: int) -> tuple[np.ndarray, int]:
-    """Padded document offsets of one chunk's inputs, and how many boundaries did not fit."""
+def cu_seqlens(inputs: np.ndarray, bos_id: int, max_docs: int, segment: int = 0) -> tuple[np.ndarray, int]:
+    """Padded document offsets of one chunk's inputs, and how many boundaries did not fit; with `segment`,
+    also every `segment` tokens into a document (#92's virtual attention cap)."""
     n = len(inputs)
     starts = np.flatnonzero(inputs == bos_id)
     starts = starts[starts > 0]
+    if segment > 0:
+        starts = segment_starts(starts, n, segment)
     dropped = max(0, len(starts) - (max_docs - 2))
     out = np.full(max_docs, n, dtype=np.int32)
     out[0] = 0
     out[1 : 1 + len(starts) - dropped] = starts[: len(starts) - dropped]
     return out, dropped
+
+
+def segment_starts(starts: np.ndarray, n: int, segment: int) -> np.ndarray:
+    """Document starts (> 0) of a row of `n` tokens and, in each document [a, b), a + segment, a + 2·segment
+    … below b: attention segments of at most `segment` tokens (record #92's `_virtual_ends`)."""
+    edges = np.concatenate(([0], starts, [n]))
+    cuts = [np.arange(a + segment, b, segment) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    return np.sort(np.concatenate([starts, *cuts])).astype(starts.dtype)
 
 
 @dataclass(frozen=True)
@@ -149,18 +162,19 @@ class DocumentLoader(ShardReader):
             del self._index[old]  # keep two indexes: a shard's positions can be large
         return self._index[i].result()
 
-    def _stage(self, step: int) -> tuple[int, int, int]:
-        tokens, max_doc = self.stage_of(step)
+    def _stage(self, step: int) -> tuple[int, int, int, int]:
+        """(tokens per chunk, longest document, cu_seqlens length, longest attention segment) of `step`."""
+        tokens, max_doc, *segment = self.stage_of(step)
         assert tokens >= self.chunks and tokens % self.chunks == 0, (step, tokens)  # config_stages checks it
         local = tokens // self.chunks
-        return local, max_doc, self.max_docs or record_max_docs(local)
+        return local, max_doc, self.max_docs or record_max_docs(local), segment[0] if segment else 0
 
     def _plan(self, shard: int, pos: int, step: int) -> _Plan:
         """The global batch of `step` from cursor (shard, pos), moving on shard by shard until it fits."""
         c = self._cache
         if c is not None and (c.shard, c.pos, c.step) == (shard, pos, step):
             return c
-        local, max_doc, _ = self._stage(step)
+        local, max_doc, _, _ = self._stage(step)
         i, p, wraps = shard, pos, 0
         for _ in range(len(self.files) + 1):
             bos, length = self._bos(i), self._lengths[i]
@@ -194,10 +208,10 @@ class DocumentLoader(ShardReader):
             shard, pos, epoch = plan.shard, plan.pos, epoch + plan.wraps
             tokens = self._tokens(shard)
             buf = np.concatenate([np.asarray(tokens[a:b]) for a, b in plan.segments[c]])
-            max_docs = self._stage(step)[2]
+            _, _, max_docs, segment = self._stage(step)
         if self.vocab_size is not None:
             check_token_range(buf, self.vocab_size, self.files[shard])
-        cu, _ = cu_seqlens(buf[:-1], self.bos_id, max_docs)
+        cu, _ = cu_seqlens(buf[:-1], self.bos_id, max_docs, segment)
         x = torch.from_numpy(buf[:-1].astype(np.int64))
         y = torch.from_numpy(buf[1:].astype(np.int64))
         cu_t = torch.from_numpy(cu)

@@ -99,7 +99,7 @@ def _gpt2026() -> Family:
         if values is not None and values.stage is not None:  # the stage's windows (blocks) and cut
             v = values.stage
             short, long = windows.blocks_to_tokens(v.short_window), windows.blocks_to_tokens(v.long_window)
-            return StepWindows(short, long, v.max_doc_len)
+            return StepWindows(short, long, v.attention_len)  # #92: its segments bound attention
         if model_cfg.attention == "varlen":  # no stage: what the model starts with
             w = windows.initial_windows(model_cfg.attn.window)
             return StepWindows(w.short, w.long)

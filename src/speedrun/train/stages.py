@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedrun.config.stages import StagePlan, boundary
+from speedrun.config.stages import Stage, StagePlan, scheduled_ends
 
 
 @dataclass(frozen=True)
@@ -24,14 +24,21 @@ class StageValues:
     prefix_weight: float | None = None  # #88; None: the stage sets none (the model keeps its own)
     candidates: int = 0  # #92's sampled softmax: P classes in the training loss; 0: the full softmax
     sweep_start: int = 0  # where this step's negatives start in the endless sweep (sweep_position)
+    segment: int = 0  # #92: the longest attention segment (tokens; 0 = whole documents)
+
+    @property
+    def attention_len(self) -> int:
+        """The longest stretch a training query attends within (FA3's max_seqlen; 0 = the row): the
+        document cut, or under it #92's attention segment (its min(train_max_seq_len, VIRTUAL_SEQ_CAP))."""
+        if not self.segment:
+            return self.max_doc_len
+        return min(self.max_doc_len, self.segment) if self.max_doc_len else self.segment
 
 
 def stage_bounds(plan: StagePlan) -> list[tuple[int, int]]:
-    """[start, end) of every stage: the scheduled ones at their cumulative fractions, then the extension."""
-    ends, acc = [0], 0.0
-    for stage in plan.stages[:-1]:
-        acc += stage.duration
-        ends.append(boundary(acc, plan.scheduled_steps, plan.fraction_bounds))
+    """[start, end) of every stage: the scheduled ones at their cumulative fractions (and growth), then the
+    extension."""
+    ends = scheduled_ends(plan)
     assert ends[-1] == plan.scheduled_steps, "scheduled stage durations must add up to 1"
     ends.append(plan.total_steps)
     return list(zip(ends[:-1], ends[1:], strict=True))
@@ -103,10 +110,18 @@ def stage_values(step: int, plan: StagePlan) -> StageValues:
         lr=stage_lr(step, plan),
         muon_momentum=momentum_warmup_cooldown(step, plan),
         mtp_weights=tuple(a + (b - a) * mtp_t for a, b in zip(s.mtp_start, s.mtp_end, strict=True)),
-        prefix_weight=s.prefix[0] + (s.prefix[1] - s.prefix[0]) * mtp_t if s.prefix else None,  # as mtp
+        prefix_weight=prefix_at(s, t, mtp_t),
         candidates=candidates_at(step, plan),
         sweep_start=sweep_position(step, plan),
+        segment=s.segment,
     )
+
+
+def prefix_at(s: Stage, t: float, mtp_t: float) -> float | None:
+    """#88's prefix weight, linear as the MTP weights, or #92's stepped parts: part min(n − 1, int(t·n))."""
+    if s.prefix_steps:
+        return s.prefix_steps[min(len(s.prefix_steps) - 1, int(t * len(s.prefix_steps)))]
+    return s.prefix[0] + (s.prefix[1] - s.prefix[0]) * mtp_t if s.prefix else None
 
 
 # #92's candidate counts (record #92, 2026-08-30, PR #360): a stage's `sampled=` counts split its steps
@@ -174,6 +189,8 @@ def describe_stages(plan: StagePlan, accumulation: int, world_size: int) -> str:
     for (start, end), s in zip(stage_bounds(plan), plan.stages, strict=True):
         row = s.batch_tokens // (accumulation * world_size)
         doc = f", docs <= {s.max_doc_len}" if s.max_doc_len else ""
+        doc += f", attention segments <= {s.segment}" if s.segment else ""
+        doc += f" ({s.grow} steps grown)" if s.grow else ""
         steps = f"steps {start}-{end - 1}" if end > start else "no steps (ext=0: final validation only)"
         sampled = f", sampled softmax P {','.join(map(str, s.sampled))}" if s.sampled else ""  # #92
         parts.append(

@@ -62,8 +62,9 @@ def set_stage(
     yarn: tuple[int, ...],
     yarn_short: tuple[int, ...] = (),
 ) -> None:
-    """Apply a stage's windows (blocks) and, with YaRN, the rotary tables and attention scales after the
-    long windows `yarn` (blocks, in order; #92's narrow layers: after the short ones, `yarn_short`).
+    """Apply a stage's windows (blocks), the longest stretch a query attends within (`max_doc_len`: the
+    document cut, #92: its attention segment) and, with YaRN, the rotary tables and attention scales after
+    the long windows `yarn` (blocks, in order; #92's narrow layers: after the short ones, `yarn_short`).
     Idempotent: the tables are rebuilt only when a history changed."""
     model.varlen_windows = windows_of(blocks_to_tokens(short), blocks_to_tokens(long), max_doc_len)
     if yarn and (yarn, yarn_short) != getattr(model, "yarn_windows", None):
@@ -167,7 +168,7 @@ def apply_schedule(model: torch.nn.Module, values) -> None:
     #88's prefix weight and #92's candidate count, or the tensor window."""
     if values.stage is not None:
         v = values.stage
-        set_stage(model, v.short_window, v.long_window, v.max_doc_len, values.yarn, values.yarn_short)
+        set_stage(model, v.short_window, v.long_window, v.attention_len, values.yarn, values.yarn_short)
         if model.mtp_weights is not None:  # #53
             write_weights(model.mtp_weights, v.mtp_weights)
         if model.prefix_weight is not None and v.prefix_weight is not None:  # #88

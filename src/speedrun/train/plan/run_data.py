@@ -147,11 +147,11 @@ def open_loader(cfg: Config, data: RunData, ctx: distributed.DistContext) -> Tok
     if d.loader == "documents":
         plan = stage_plan(cfg)
 
-        def stage_of(step: int) -> tuple[int, int]:
+        def stage_of(step: int) -> tuple[int, int, int]:
             if plan is None:
-                return t.global_batch_tokens, d.max_doc_len
+                return t.global_batch_tokens, d.max_doc_len, 0
             v = stage_values(step, plan)
-            return v.batch_tokens, v.max_doc_len
+            return v.batch_tokens, v.max_doc_len, v.segment  # #92: attention segments in the loader
 
         return DocumentLoader(
             data.train_files, t.document_rows, stage_of,
