@@ -11,9 +11,11 @@ import torch
 from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
 from speedrun.config.labels import SCALAR_LIKE, label_table
+from speedrun.errors import ConfigError
 from speedrun.hardware import fast_bf16
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.anvil import Rails, ShardedAnvilAdam
+from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.plain_adam import PlainAdam
@@ -27,13 +29,15 @@ from speedrun.optim.rules import (
 )
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.table import build_rows
+from speedrun.optim.table_rows import TableRows, table_part
 from speedrun.optim.tail_ema import TailEMA
 
 
 class RunOptimizer:
     """The optimizers of a run behind one `step()`, `zero_grad()` and state dict. Each param group carries
     its `kind` ("adam" | "muon": what the schedule sets) and peak `initial_lr`; parts step in insertion
-    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups."""
+    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups;
+    #92's row-sharded n-gram table is the "ngram_rows" part (optim/table_rows.py), last."""
 
     def __init__(
         self,
@@ -137,6 +141,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
     entries = model_rules(model, cfg)
+    rows = ngram_rows_part(model, cfg, entries)  # takes the table's entry out of `entries`
     tail = (
         TailEMA(model, o.tail_ema_start, o.tail_ema_end, o.tail_ema_tau, o.tail_ema_lambda)
         if o.tail_ema_tau
@@ -151,7 +156,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         else None
     )  # fmt: skip
     if o.name in TABLE_OPTIMIZERS:
-        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)}, tail)
+        return RunOptimizer({"table": build_table_optimizer(model, cfg, entries)} | rows, tail)
     groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
     for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
         groups.setdefault(e.rule.group, []).append(e.param)
@@ -163,7 +168,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
-        return RunOptimizer({"adam": adamw}, tail)
+        return RunOptimizer({"adam": adamw} | rows, tail)
     hyper = adam_groups(run_rules(cfg), set(groups))
     power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
     adam_params = {  # embed, head, scalar (the saved order), then the groups stated rows made
@@ -197,7 +202,26 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     if plain:
         assert not plain[0]["weight_decay"], "config checks: #46's aux Adam has no decay"
         parts["scalar"] = PlainAdam(plain, lr=plain[0]["lr"], betas=plain[0]["betas"], eps=plain[0]["eps"])
-    return RunOptimizer(parts, tail, nesterov)
+    return RunOptimizer(parts | rows, tail, nesterov)
+
+
+def ngram_rows_part(model: torch.nn.Module, cfg: Config, entries: list[Entry]) -> dict[str, TableRows]:
+    """#92's n-gram table, where the model has one: sharded by rows over the processes and trained by its
+    label's row in RowAdam (optim/table_rows.py) on any number of processes; its entry leaves `entries`."""
+    part = table_part(model)
+    if part is None:
+        return {}
+    (entry,) = [e for e in entries if e.param is part.table]
+    entries.remove(entry)
+    if cfg.optim.grad_clip > 0:  # the clip would see only the pulled rows of this process
+        raise ConfigError(
+            "optim.grad_clip with model.ngram.rows: the row-sharded table is not clipped; set 0"
+        )
+    r, o = entry.rule, cfg.optim
+    hyper = AdamLabel(r.lr, tuple(r.betas), r.wd, r.eps)
+    every4 = o.value_embed_every4_from if o.name == "anvil" else 0
+    adam_every = o.adam_every if o.name in TABLE_OPTIMIZERS else 1
+    return {"ngram_rows": TableRows(part, hyper, adam_every, every4)}
 
 
 def pinned(o: Any) -> bool:
