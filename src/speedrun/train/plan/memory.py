@@ -282,7 +282,7 @@ def _table_refusal(cfg: Config, world: int, free: int, need: int, table: int, ma
     on = f"{world} process" + ("es" if world > 1 else "")
     return (
         f"model.ngram.rows={p.rows:,}: the n-gram table needs {shard * margin / GiB:,.2f} GiB on each of "
-        f"{on} (rows/{world} rows and their Adam state: row-sharded), the step {need / GiB:,.1f} GiB "
+        f"{on} (its {p.rows // world:,} rows there with their Adam state), the step {need / GiB:,.1f} GiB "
         f"in all; {free / GiB:,.1f} GiB free: model.ngram.rows={fit:,} fits"
     )
 
