@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from speedrun.train.plan import memory
 from speedrun.train.run import checkpoint as ckpt
 from speedrun.train.step import train_step
 from tests import two_processes
-from tests.conftest import read_metrics, run_speedrun
+from tests.conftest import read_metrics, run_speedrun, speedrun_command
 
 GiB = 2**30
 SMALL = [
@@ -199,13 +200,19 @@ def test_one_and_two_processes_train_the_table_alike(runs):
 
 @pytest.mark.slow
 @SHARED
-def test_table_saved_on_two_resumes_on_one(runs, tmp_path):
-    """Step 3: the table last stepped at step 1 and step 2's gradients are kept: the saved cycle is open."""
+@pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])
+def test_table_saved_on_one_world_resumes_on_another(runs, tmp_path, saved_on, resumed_on):
+    """Step 3: the table last stepped at step 1 and step 2's gradients are kept: the saved cycle is open.
+    The checkpoint holds the whole table (model.safetensors) and its row state gathered (state.pt)."""
     resumed = tmp_path / "resumed"
-    shutil.copytree(runs[2], resumed)
+    shutil.copytree(runs[saved_on], resumed)
     for path in ckpt.list_checkpoints(resumed):
         if ckpt.checkpoint_step(path) > 3:
             shutil.rmtree(path)
-    proc = run_speedrun("train", "--resume", str(resumed))
+    if resumed_on == 1:
+        proc = run_speedrun("train", "--resume", str(resumed))
+    else:
+        command = speedrun_command("train", "--resume", str(resumed), nproc=resumed_on)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same(losses(runs[2]), losses(resumed), first=4)
+    assert_same(losses(runs[saved_on]), losses(resumed), first=4)
