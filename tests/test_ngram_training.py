@@ -216,3 +216,25 @@ def test_table_saved_on_one_world_resumes_on_another(runs, tmp_path, saved_on, r
         proc = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(losses(runs[saved_on]), losses(resumed), first=4)
+
+
+def test_settings_the_row_sharded_table_cannot_honour_are_refused_in_one_line(monkeypatch):
+    """Rows that do not split over the processes, and samples on rank 0 alone (a pull is a collective):
+    ConfigError lines naming the key, before any step (a clip, which would see only this process's pulled
+    rows, is refused too; the NorMuon/ANVIL recipes refuse it already in config checks)."""
+    from speedrun.errors import ConfigError
+
+    def refused(overrides, world):
+        cfg = load_recipe("demo-2026", [*SMALL, *overrides])
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        monkeypatch.setattr(torch.distributed, "is_initialized", lambda: world > 1)
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: world)
+        with pytest.raises(ConfigError) as info:
+            build.ngram_rows_part(model, cfg, build.model_rules(model, cfg))
+        monkeypatch.undo()
+        assert "\n" not in str(info.value)
+        return str(info.value)
+
+    assert refused(["model.ngram.rows=2044"], 8).endswith("model.ngram.rows=2,032 does")
+    assert refused(["train.sample_every=5"], 2).startswith("train.sample_every with model.ngram.rows")

@@ -217,6 +217,18 @@ def ngram_rows_part(model: torch.nn.Module, cfg: Config, entries: list[Entry]) -
         raise ConfigError(
             "optim.grad_clip with model.ngram.rows: the row-sharded table is not clipped; set 0"
         )
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if world > 1 and cfg.train.sample_every > 0:  # rank 0 samples alone; a pull is a collective
+        raise ConfigError(
+            "train.sample_every with model.ngram.rows on several processes: the table's rows live on every "
+            "process and samples are drawn on rank 0 alone; set train.sample_every=0"
+        )
+    if part.rows % world:
+        lower = part.rows // (2 * world) * 2 * world
+        raise ConfigError(
+            f"model.ngram.rows={part.rows:,} does not split evenly over {world} processes (each holds rows/"
+            f"{world}): model.ngram.rows={lower:,} does"
+        )
     r, o = entry.rule, cfg.optim
     hyper = AdamLabel(r.lr, tuple(r.betas), r.wd, r.eps)
     every4 = o.value_embed_every4_from if o.name == "anvil" else 0
