@@ -34,12 +34,13 @@ SMALL = [
 
 
 class DenseTable:
-    """The old path, written out: the whole table one parameter, and on the table's update steps (odd steps,
-    demo-2026's adam_every = 2) dense Adam on every row with #92's rule (β1 = 0, one second moment per row,
-    cautious decay lr²·wd), the kept gradients of the skipped step summed in."""
+    """The old path, written out: the whole table one parameter, and on the table's update steps (the
+    record's is_update_step: odd steps, demo-2026's adam_every = 2, then steps ≡ 3 mod 4 from `every4`, with
+    β2 squared and the decay doubled) dense Adam on every row with #92's rule (β1 = 0, one second moment
+    per row, cautious decay lr²·wd), the kept gradients of the skipped steps summed in."""
 
-    def __init__(self, table, hyper):
-        self.table, self.hyper, self.steps_done, self.updates = table, hyper, 0, 0
+    def __init__(self, table, hyper, every4=0):
+        self.table, self.hyper, self.steps_done, self.updates, self.every4 = table, hyper, 0, 0, every4
         self.v = torch.zeros(table.shape[0], dtype=torch.float64)
         self.kept = torch.zeros_like(table, dtype=torch.float64)
         self.param_groups = [dict(kind="adam", label="ngram", lr=hyper.lr, params=[table])]
@@ -51,14 +52,16 @@ class DenseTable:
     def step(self):
         if self.table.grad is not None:
             self.kept += self.table.grad.double()
-        if self.steps_done % 2 == 1:
+        period4 = 0 < self.every4 <= self.steps_done
+        if self.steps_done % 4 == 3 if period4 else self.steps_done % 2 == 1:
             self.updates += 1
-            lr, (_, b2), wd, g = (
+            lr, g, (_, b2), wd = (
                 self.param_groups[0]["lr"],
+                self.kept,
                 self.hyper.betas,
                 self.hyper.weight_decay,
-                self.kept,
             )
+            b2, wd = (b2 * b2, 2 * wd) if period4 else (b2, wd)
             self.v = b2 * self.v + (1 - b2) * g.square().mean(1)
             w = self.table.double()
             u = g / (self.v.sqrt() + self.hyper.eps)[:, None] * (lr * (1 - b2**self.updates) ** 0.5)
@@ -73,13 +76,19 @@ def _batches(cfg, n):
     return [torch.randint(0, 500, (1, 257), generator=gen) for _ in range(n)]
 
 
-def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch):
-    """Six steps of train_step (two micro-batches each, three table updates) on one process: the losses and
+ANVIL_EVERY4 = ["optim.name=anvil", "optim.value_embed_every4_from=4", "optim.anvil_engage_step=3"]
+
+
+@pytest.mark.parametrize("optimizer", [[], ANVIL_EVERY4], ids=["normuon", "anvil-period4"])
+def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch, optimizer):
+    """Six steps of train_step (two micro-batches each, three table updates; ANVIL with the period-4 cadence
+    from step 4: ten steps, updates at 1, 3 and 7) on one process: the losses and
     every table row equal the dense path's. Bounds: RowAdam computes in fp32, the reference in fp64, so each
     update of a row (values up to ≈ 5 here, at LR ×70) differs by fp32 rounding: 1e-5 absolute, a few ulps;
     the losses (Newton-Schulz in fp32, so nothing amplifies it) to 1e-6 relative (measured: equal)."""
-    cfg = load_recipe("demo-2026", [*SMALL, "optim.muon_ns_dtype=fp32"])
-    data = _batches(cfg, 12)
+    cfg = load_recipe("demo-2026", [*SMALL, "optim.muon_ns_dtype=fp32", *optimizer])
+    steps = 10 if optimizer else 6  # ANVIL: updates at 1 and 3, then (period 4 from 4) at 7, β2², decay ×2
+    data = _batches(cfg, 2 * steps)
 
     def run(dense: bool):
         torch.manual_seed(0)
@@ -91,7 +100,8 @@ def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch
                 entries.remove(e)
                 r = e.rule
                 hyper = build.AdamLabel(r.lr, tuple(r.betas), r.wd, r.eps)
-                return {"ngram_rows": DenseTable(model.bigram.table, hyper)}
+                every4 = cfg.optim.value_embed_every4_from if optimizer else 0
+                return {"ngram_rows": DenseTable(model.bigram.table, hyper, every4)}
 
             monkeypatch.setattr(build, "ngram_rows_part", dense_part)
         opt = build.build_optimizer(model, cfg)
@@ -100,15 +110,15 @@ def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch
         it = iter(data)
         losses = [
             train_step(model, opt, lambda: (lambda b: (b[:, :-1], b[:, 1:]))(next(it)), 2, None).item()
-            for _ in range(6)
+            for _ in range(steps)
         ]
         return losses, model.bigram.table.detach().clone()
 
     rows_losses, rows_table = run(False)
     dense_losses, dense_table = run(True)
     assert rows_table.abs().max() > 1e-3  # the table moved (three updates)
-    torch.testing.assert_close(torch.tensor(rows_losses), torch.tensor(dense_losses), rtol=1e-6, atol=0)
     torch.testing.assert_close(rows_table, dense_table, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(rows_losses), torch.tensor(dense_losses), rtol=1e-6, atol=0)
 
 
 def test_table_cadence_is_the_records():
