@@ -38,7 +38,7 @@ class TableRows:
     whose `lr` the schedule writes and whose `params` are the step's pulled leaves."""
 
     def __init__(self, part: NgramEmbed, hyper: AdamLabel, adam_every: int = 1, every4_from: int = 0):
-        assert not getattr(part.table, "row_sharded", False), "one TableRows per model: its table is sharded once"
+        assert not getattr(part.table, "row_sharded", False), "one TableRows per model: sharded once"
         assert hyper.betas[0] == 0.0, "#92's table Adam has no first moment (config: the ngram row's betas)"
         self.part, self.hyper = part, hyper
         self.adam_every, self.every4_from = adam_every, every4_from
