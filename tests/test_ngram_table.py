@@ -199,10 +199,8 @@ def test_full_size_table_on_one_process_is_refused_in_one_line_naming_what_fits(
     assert 0 < fits < 84_602_880 and fits % 2 == 0
     smaller = load_recipe("record-2026-07", [*overrides, f"model.ngram.rows={fits}"])
     memory.check_fits(smaller, 1, True, cuda)  # what it names fits
-    # the loop holds the whole table on every process (row sharding not wired): bf16 rows, gradient, moments
-    assert memory._table_bytes(cfg, 8, True) >= 84_602_880 * 768 * 2 * 2  # at least the rows and gradient
-    with pytest.raises(SpeedrunError, match="row sharding is not wired yet"):
-        memory.check_fits(cfg, 8, True, cuda)  # eight processes do not split it: refused as well
+    # eight processes split it (tests/test_ngram_training.py): one eighth of the rows each
+    assert memory._table_parts(cfg, 8)[0] * 8 == memory._table_parts(cfg, 1)[0]
 
 
 def test_a_recipe_with_model_ngram_rows_feeds_the_bigram_input_and_trains_by_its_label():

@@ -11,10 +11,12 @@ import torch
 from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
 from speedrun.config.labels import SCALAR_LIKE, label_table
+from speedrun.errors import ConfigError
 from speedrun.hardware import fast_bf16
 from speedrun.model.labels import label_of
 from speedrun.optim import Muon, set_muon_split
 from speedrun.optim.anvil import Rails, ShardedAnvilAdam
+from speedrun.optim.cautious_adam import AdamLabel
 from speedrun.optim.ema_nesterov import EmaNesterov
 from speedrun.optim.pinned_muon import PinnedMuon
 from speedrun.optim.plain_adam import PlainAdam
@@ -29,13 +31,15 @@ from speedrun.optim.rules import (
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.optim.ships import Ships
 from speedrun.optim.table import build_rows
+from speedrun.optim.table_rows import TableRows, table_part
 from speedrun.optim.tail_ema import TailEMA
 
 
 class RunOptimizer:
     """The optimizers of a run behind one `step()`, `zero_grad()` and state dict. Each param group carries
     its `kind` ("adam" | "muon": what the schedule sets) and peak `initial_lr`; parts step in insertion
-    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups."""
+    order (Adam, then Muon, as the records), and the "table" part (optim/sharded.py) tags its own groups;
+    #92's row-sharded n-gram table is the "ngram_rows" part (optim/table_rows.py), last."""
 
     def __init__(
         self,
@@ -154,6 +158,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     NorMuon table. Raises LabelError when a parameter has no label or its label no rule."""
     o = cfg.optim
     entries = model_rules(model, cfg)
+    rows = ngram_rows_part(model, cfg, entries)  # takes the table's entry out of `entries`
     tail = (
         TailEMA(model, o.tail_ema_start, o.tail_ema_end, o.tail_ema_tau, o.tail_ema_lambda)
         if o.tail_ema_tau
@@ -172,7 +177,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
         table = build_table_optimizer(model, cfg, entries)
         if ships is not None:
             ships.value_embed_steps = value_embed_steps(table)
-        return RunOptimizer({"table": table}, tail, ships=ships)
+        return RunOptimizer({"table": table} | rows, tail, ships=ships)
     groups: dict[str, list[torch.nn.Parameter]] = {g: [] for g in MUON_GROUPS}
     for e in entries:  # after MUON_GROUPS, the Adam groups of stated rows (optim.labels)
         groups.setdefault(e.rule.group, []).append(e.param)
@@ -184,7 +189,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
         adamw = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, **fused)
-        return RunOptimizer({"adam": adamw}, tail, ships=ships)
+        return RunOptimizer({"adam": adamw} | rows, tail, ships=ships)
     hyper = adam_groups(run_rules(cfg), set(groups))
     power_c = dict(zip(MUON_GROUPS, o.power_cool_c, strict=True)) if o.power_cool_end else {}
     adam_params = {  # embed, head, scalar (the saved order), then the groups stated rows made
@@ -218,7 +223,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> RunOptimizer:
     if plain:
         assert not plain[0]["weight_decay"], "config checks: #46's aux Adam has no decay"
         parts["scalar"] = PlainAdam(plain, lr=plain[0]["lr"], betas=plain[0]["betas"], eps=plain[0]["eps"])
-    return RunOptimizer(parts, tail, nesterov, ships)
+    return RunOptimizer(parts | rows, tail, nesterov, ships)
 
 
 def value_embed_steps(table: ShardedNorMuonAdam) -> Any:
@@ -227,6 +232,37 @@ def value_embed_steps(table: ShardedNorMuonAdam) -> Any:
         (r.label for r in table.adam_rows if getattr(label_of(r.param), "name", "") == "value_embed"), None
     )
     return None if group is None else lambda: table.adam_steps[group]
+
+
+def ngram_rows_part(model: torch.nn.Module, cfg: Config, entries: list[Entry]) -> dict[str, TableRows]:
+    """#92's n-gram table, where the model has one: sharded by rows over the processes and trained by its
+    label's row in RowAdam (optim/table_rows.py) on any number of processes; its entry leaves `entries`."""
+    part = table_part(model)
+    if part is None:
+        return {}
+    (entry,) = [e for e in entries if e.param is part.table]
+    entries.remove(entry)
+    if cfg.optim.grad_clip > 0:  # the clip would see only the pulled rows of this process
+        raise ConfigError(
+            "optim.grad_clip with model.ngram.rows: the row-sharded table is not clipped; set 0"
+        )
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    if world > 1 and cfg.train.sample_every > 0:  # rank 0 samples alone; a pull is a collective
+        raise ConfigError(
+            "train.sample_every with model.ngram.rows on several processes: the table's rows live on every "
+            "process and samples are drawn on rank 0 alone; set train.sample_every=0"
+        )
+    if part.rows % world:
+        lower = part.rows // (2 * world) * 2 * world
+        raise ConfigError(
+            f"model.ngram.rows={part.rows:,} does not split evenly over {world} processes (each holds rows/"
+            f"{world}): model.ngram.rows={lower:,} does"
+        )
+    r, o = entry.rule, cfg.optim
+    hyper = AdamLabel(r.lr, tuple(r.betas), r.wd, r.eps)
+    every4 = o.value_embed_every4_from if o.name == "anvil" else 0
+    adam_every = o.adam_every if o.name in TABLE_OPTIMIZERS else 1
+    return {"ngram_rows": TableRows(part, hyper, adam_every, every4)}
 
 
 def pinned(o: Any) -> bool:

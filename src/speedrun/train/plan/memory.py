@@ -20,6 +20,7 @@ import torch
 
 from speedrun.config import TABLE_OPTIMIZERS, Config
 from speedrun.config.families import model_facts
+from speedrun.config.gpt2026 import ngram
 from speedrun.errors import SpeedrunError
 from speedrun.model.families import family_of
 from speedrun.model.labels import MATMULS, labelled
@@ -27,6 +28,7 @@ from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
 from speedrun.optim.normuon import second_moment_shape
 from speedrun.optim.table import build_banks, build_rows
+from speedrun.optim.table_rows import table_part
 from speedrun.train.flops import config_model
 
 GiB = 2**30
@@ -60,7 +62,8 @@ def _nbytes(tensors) -> int:
 
 def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[int, int]:
     """(state bytes per process, the step's temporaries) of the run's optimizer."""
-    entries = model_rules(model, cfg)  # the optimizer's own rows: the estimate cannot drift from them
+    table = table_part(model)  # #92's n-gram table is counted apart (`_table_bytes`)
+    entries = [e for e in model_rules(model, cfg) if table is None or e.param is not table.table]
     matrices = [e.param for e in entries if e.rule.rule != "adam"]
     others = [e.param for e in entries if e.rule.rule == "adam"]
     if cfg.optim.name == "adamw":  # exp_avg, exp_avg_sq like each parameter
@@ -149,14 +152,17 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     assert cfg.train.dtype != "auto", "resolve train.dtype first (precision.effective_config)"
     t, f = cfg.train, model_facts(cfg.model)
     model = config_model(cfg)
-    params = list({id(p): p for p in model.parameters()}.values())  # #92's n-gram table too: _table_bytes
-    weights = _nbytes(params) + _nbytes(model.buffers())
+    table = table_part(model)  # #92's n-gram table: this process's rows and their state, `_table_bytes`
+    unique = {id(p): p for p in model.parameters()}.values()
+    params = [p for p in unique if table is None or p is not table.table]
+    shard, pulled = _table_parts(cfg, world_size)
+    weights = _nbytes(params) + _nbytes(model.buffers()) + shard
     grads = _nbytes(params)
     accumulation = max(1, t.global_batch_tokens // (world_size * t.micro_batch_tokens))
     ddp = world_size > 1 and cfg.optim.name not in TABLE_OPTIMIZERS  # DDP's buckets hold the gradients always
     state, step_temporaries = _optimizer_bytes(cfg, model, world_size)
     per_token, per_logit = _activation_bytes(cfg, compiled)
-    activations = per_token * t.micro_batch_tokens
+    activations = per_token * t.micro_batch_tokens + pulled
     a_bf16 = f.embed_dtype == "bf16" or f.bf16_model or t.dtype == "bf16"
     if not compiled and a_bf16:  # eager saves the bf16 copy of every fp32 block weight it multiplied
         matrices = [p for _, p, lab in labelled(model) if lab.name in MATMULS and p.dtype == torch.float32]
@@ -174,19 +180,27 @@ def estimate_memory(cfg: Config, world_size: int, compiled: bool) -> MemoryEstim
     )
 
 
-def _table_bytes(cfg: Config, world: int, compiled: bool) -> int:
-    """#92's n-gram table's share of the estimate per process, as the training loop holds it today: the
-    whole table on every process, a dense parameter with its gradient and Adam moments (the estimate
-    counts them with the other parameters; the share is the estimate less that of a 4-row table). The
-    row-sharded pieces (optim/row_shard.py, optim/row_adam.py) would hold rows/world rows with a compacted
-    state, but the loop does not drive them yet, so counting them would pass a table that does not fit."""
+def _table_parts(cfg: Config, world: int) -> tuple[int, int]:
+    """#92's n-gram table per process as the loop trains it (optim/table_rows.py): (its rows/world rows with
+    their RowAdam state, config/gpt2026/ngram.py `row_bytes`; the pulled rows: one forward's compact leaf
+    and its gradient, at most two distinct rows per token of a micro-batch, and the pushed gradients kept
+    until the table's update: every micro-batch of a cycle of up to 4 steps)."""
     p = getattr(cfg.model, "ngram", None)
     if p is None or not p.rows:
-        return 0
-    tiny = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, ngram=dataclasses.replace(p, rows=4))
-    )
-    return estimate_peak_bytes(cfg, world, compiled) - estimate_peak_bytes(tiny, world, compiled)
+        return 0, 0
+    o, t = cfg.optim, cfg.train
+    shard = p.rows // world * ngram.row_bytes(p, cfg.model.n_embd)
+    width = (p.dim or cfg.model.n_embd) * (2 if p.dtype == "bf16" else 4)
+    one_forward = min(2 * t.micro_batch_tokens, p.rows) * width
+    accumulation = max(1, t.global_batch_tokens // (world * t.micro_batch_tokens))
+    cycle = o.adam_every if o.name in TABLE_OPTIMIZERS else 1
+    cycle = 4 if o.name == "anvil" and o.value_embed_every4_from else cycle
+    return shard, one_forward * (2 + cycle * accumulation)
+
+
+def _table_bytes(cfg: Config, world: int) -> int:
+    """#92's n-gram table's share of the estimate per process (`_table_parts`)."""
+    return sum(_table_parts(cfg, world))
 
 
 def estimate_peak_bytes(cfg: Config, world_size: int, compiled: bool) -> int:
@@ -247,7 +261,7 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
     if need != estimate:
         where += f" (x{cuda_margin(cfg, compiled)} measured margin: {need / GiB:,.1f} GiB)"
     where += f"; {device} has {free / GiB:,.1f} of {total / GiB:,.1f} GiB free"
-    table = _table_bytes(cfg, world_size, compiled)
+    table = _table_bytes(cfg, world_size)
     if table and need - table * cuda_margin(cfg, compiled) <= free:  # the table is what does not fit
         raise _refusal(_table_refusal(cfg, world_size, free, need, table, cuda_margin(cfg, compiled)))
     if not compiled and guarded_bytes(cfg, world_size, True) <= free:
@@ -259,16 +273,17 @@ def check_fits(cfg: Config, world_size: int, compiled: bool, device: torch.devic
 
 
 def _table_refusal(cfg: Config, world: int, free: int, need: int, table: int, margin: float) -> str:
-    """One line: the n-gram table per process, and the rows that fit beside the rest."""
+    """One line: the n-gram table per process, and the rows that fit beside the rest (the pulled rows do not
+    grow with the table; its rows split over the processes)."""
     p = cfg.model.ngram
-    per_row = table * margin / p.rows
-    fit = max(0, int((free - (need - table * margin)) // per_row) // 2 * 2)
+    shard, _ = _table_parts(cfg, world)
+    per_row = ngram.row_bytes(p, cfg.model.n_embd) * margin / world
+    fit = max(0, int((free - (need - shard * margin)) // per_row) // (2 * world) * (2 * world))
     on = f"{world} process" + ("es" if world > 1 else "")
     return (
-        f"model.ngram.rows={p.rows:,}: the n-gram table with its gradient and Adam moments needs "
-        f"{table * margin / GiB:,.1f} GiB on each of {on} (the loop holds the whole table on every process: "
-        f"row sharding is not wired yet), the step {need / GiB:,.1f} GiB in all; {free / GiB:,.1f} GiB "
-        f"free: model.ngram.rows={fit:,} fits"
+        f"model.ngram.rows={p.rows:,}: the n-gram table needs {shard * margin / GiB:,.2f} GiB on each of "
+        f"{on} (its {p.rows // world:,} rows there with their Adam state), the step {need / GiB:,.1f} GiB "
+        f"in all; {free / GiB:,.1f} GiB free: model.ngram.rows={fit:,} fits"
     )
 
 

@@ -65,12 +65,20 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _row_sharded(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters each process holds only some rows of (#92's n-gram table, optim/table_rows.py):
+    the optimizer's state gathers them whole, and the weights file holds them whole."""
+    return [name for name, p in model.named_parameters() if getattr(p, "row_sharded", False)]
+
+
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """State dict with tied tensors stored once (safetensors refuses shared storage)."""
+    """State dict with tied tensors stored once (safetensors refuses shared storage), without row-sharded
+    parameters (this process's rows only)."""
     seen: dict[int, str] = {}
     out = {}
+    sharded = set(_row_sharded(model))
     for name, t in model.state_dict().items():
-        if t.data_ptr() in seen:
+        if t.data_ptr() in seen or name in sharded:
             continue
         seen[t.data_ptr()] = name
         out[name] = t.detach().cpu().contiguous()
@@ -95,7 +103,10 @@ def save_checkpoint(
             for stale in final.parent.glob("step_*.tmp"):
                 shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_file(_weights(model), tmp / "model.safetensors", metadata={"step": str(step)})
+        weights, state = _weights(model), _table_to_weights(model, state)
+        save_file(
+            weights | state.pop("row_sharded", {}), tmp / "model.safetensors", metadata={"step": str(step)}
+        )
         torch.save(state, tmp / "state.pt")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         files = {}
@@ -121,6 +132,18 @@ def save_checkpoint(
         for old in list_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _table_to_weights(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The state with a row-sharded table moved from the optimizer's gathered state (its "ngram_rows" part)
+    into `row_sharded` {parameter name: whole table}, for the weights file: one file for any world size."""
+    names = _row_sharded(model)
+    if not names:
+        return state
+    (name,) = names
+    rows = dict(state["optimizer"]["ngram_rows"])
+    table = rows.pop("table")
+    return {**state, "optimizer": {**state["optimizer"], "ngram_rows": rows}, "row_sharded": {name: table}}
 
 
 def trained_tokenizer_hash(path: Path) -> str | None:
@@ -221,8 +244,15 @@ def load_checkpoint(path: Path, model: torch.nn.Module) -> tuple[dict[str, Any],
         found = state.get("step") if isinstance(state, dict) else None
         raise DataError(damaged_message(path, f"state.pt holds step {found}, weights step {weights_step}"))
     expected = _weights(model)
+    sharded = {name: weights.pop(name, None) for name in _row_sharded(model)}  # whole, for the optimizer
     if set(weights) != set(expected) or any(weights[k].shape != expected[k].shape for k in expected):
         raise DataError(f"checkpoint {path} holds weights of a different model")
+    for name, table in sharded.items():  # the n-gram table's rows of this process: optim/table_rows.py
+        optimizer = state.get("optimizer")
+        rows = optimizer.get("ngram_rows") if isinstance(optimizer, dict) else None
+        if table is None or not isinstance(rows, dict):
+            raise DataError(f"checkpoint {path} holds no whole {name} and its row state")
+        rows["table"] = table
     # tied tensors were stored once; their other names come back as "missing" and share the storage
     model.load_state_dict(weights, strict=False)
     return state, config
