@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
+from speedrun.config.gpt2026.mudd import final_names
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
 from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, sampled, stream, windows
@@ -77,7 +78,11 @@ class GPT2026(nn.Module):
         self.skip_gate = gates.skip_gates(st.skip_gate, n_skips) if st.skip_gate else None  # #55
         self.backout = connections.Backout(st.backout_layer) if st.backout_layer else None  # #40
         mudd = cfg.mudd
-        self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
+        self.mudd = (
+            Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources, tuple(final_names(mudd)), mudd.mix_groups)
+            if mudd.sources
+            else None
+        )  # #81; #92's named sources and channel groups
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
         self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
         self.masked_spec = canonical.masked_head(cfg.head) if cfg.head.canonical_val_mask else None  # #350

@@ -51,7 +51,7 @@ def enter(
     bigram = model.bigram(idx, prev, start) if model.bigram is not None else None
     gates = model.mudd_gate(x0, 0) if model.mudd_gate is not None else {}  # #85: the pre gate
     first = model.walk[0].index
-    if model.bigram_first and bigram is not None:  # #77: the first share goes in now
+    if model.bigram_first and bigram is not None and (not gates or ("bigram", first) in gates):  # #77
         x = x + bigram * (gates[("bigram", first)] if gates else model.bigram.lambdas[first])
         x0 = x if model.bigram_in_x0 else x0  # #89's script: x0 carries layer 0's share too
     return x, Stream(x0, x, x02, tables, bigram, dict(gates), contexts)
@@ -83,12 +83,20 @@ def layer_input(model: torch.nn.Module, s: LayerSpec, st: Stream, x: Tensor) -> 
         return Layer(x, st.x0, ctx, other_v, b, attn_in, dyn, None, st.x02)
     st.outputs["last"], attn_in = x, attn_in if attn_in is not None else x  # #81: MUDD's coefficients of x
     x, other_v, mu = model.mudd.enter_last(x, st.c0, st.outputs[model.mudd.sources[0]], other_v)
-    return Layer(x, st.c0, ctx, other_v, b, attn_in, dyn, mu)
+    return Layer(x, st.c0, ctx, other_v, b, attn_in, dyn, mu, keep=st.outputs)
+
+
+def final_source(model: torch.nn.Module, st: Stream, name: str) -> Tensor:
+    """A post-loop MUDD source by its name (config/gpt2026/mudd.py SOURCE_NAMES, or veN: table N)."""
+    if name.startswith("ve"):
+        return st.tables[int(name[2:])]
+    named = {"c0": st.c0, "h": model.mudd.sources[0], "s": model.mudd.sources[1]}
+    got = named.get(name, name)  # "last", "mlp_in", "attn_in": kept by the last layer
+    return got if isinstance(got, Tensor) else st.outputs[got]
 
 
 def leave(model: torch.nn.Module, st: Stream, x: Tensor) -> Tensor:
     """The last layer's output x with #81's recombination (the backout in its bias) or #40's backout."""
     if model.mudd is not None:
-        h, skip = (st.outputs[j] for j in model.mudd.sources)
-        x = model.mudd.final(x, [st.c0, h, st.outputs["last"], st.tables[0], skip])
+        x = model.mudd.final(x, [final_source(model, st, n) for n in model.mudd.final_names])
     return model.backout(x, st.outputs) if model.backout is not None else x
