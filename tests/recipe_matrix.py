@@ -135,7 +135,10 @@ def _anvil_layers(m, L: int, attn: list[int]) -> list[str]:
     (and narrow-V) short layer, the MLP's width at the recipe's share, a parallel MLP, a small n-gram
     table, the post-loop sources on the one shrunk table, 4 channel groups."""
     out = []
-    if m.stream.x0_layers or m.stream.bigram_layers:
+    if L < 4:  # no MUDD nor gate network below 4 layers (_gpt2026_layers): nothing for the sites to ride on
+        out += ["model.stream.x0_layers=[]", "model.stream.bigram_layers=[]"] if m.stream.x0_layers else []
+        out += ["model.mudd.final_sources=[]", "model.mudd.mix_groups=0"] if m.mudd.mix_groups else []
+    elif m.stream.x0_layers or m.stream.bigram_layers:
         out += [f"model.stream.x0_layers={list(range(L - 1))}", f"model.stream.bigram_layers={[0, L - 2]}"]
     if m.attn.narrow_layers:
         short = [i for i in attn if i not in (0, L - 1)][:1]
@@ -146,10 +149,10 @@ def _anvil_layers(m, L: int, attn: list[int]) -> list[str]:
         out.append(f"model.mlp.parallel_layers={[L - 2]}")
     if m.ngram.rows:
         out.append("model.ngram.rows=4096")
-    if m.mudd.final_sources:
+    if m.mudd.final_sources and L >= 4:
         names = ",".join("ve0" if n.startswith("ve") else n for n in m.mudd.final_sources)
         out.append(f"model.mudd.final_sources={names}")
-    if m.mudd.mix_groups:
+    if m.mudd.mix_groups and L >= 4:
         out.append("model.mudd.mix_groups=4")
     return out
 
@@ -160,6 +163,8 @@ def flex_overrides(name: str) -> list[str]:
     if load_recipe(name).train.stages:
         fixed = ["train.stages=", "train.cooldown_start=int", "model.yarn=false", "model.window=192"]
         fixed += ["train.stage_bounds=round", "model.mtp=0"]  # #53's stage-driven switches go with them
+        if load_recipe(name).model.family == "gpt2026" and load_recipe(name).model.head.sampled_stride:
+            fixed.append("model.head.sampled_stride=0")  # #92's P comes from the stages
         return ["model.attention=flex", *fixed]
     return ["model.attention=flex"]
 
