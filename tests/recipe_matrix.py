@@ -80,7 +80,8 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         tokens = SEQ * MICRO
         sampled = " sampled=384" if m.family == "gpt2026" and m.head.sampled_stride else ""  # #92
         out.append(
-            f"train.stages=tokens={tokens} windows=1/1 frac=1/2{sampled}; tokens={tokens} windows=1/2 frac=1/2; "
+            f"train.stages=tokens={tokens} windows=1/1 frac=1/2{sampled}; "
+            f"tokens={tokens} windows=1/2 frac=1/2; "
             f"tokens={tokens} windows=1/2 ext=0"
         )
     return out

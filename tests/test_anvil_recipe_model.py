@@ -3,7 +3,8 @@ dry run, and the forward and every gradient of a reduced-width #92 model against
 (`track_1_short/model/gpt.py`, GPT.forward at commit f380c1f0) transcribed below in fp32.
 
 The reference takes each attention sublayer as an op (our `Attention` on the layer's normed input, its
-value rows and gates): that op is checked against #92's attention layer in tests/test_mixed_width_attention.py.
+value rows and gates): that op is checked against #92's attention layer in
+tests/test_mixed_width_attention.py.
 What is transcribed here is everything around it: the gate network's lanes, the injection sites, the
 resting layer 7, the skip, the cached input of the late layers, MUDD on the last layer, the parallel MLP
 and the ten-source post-loop mix per channel group."""
@@ -86,7 +87,8 @@ SMALL = [
     "model.head.canonical_val_mask=false", "model.head.prefix_loss_weight=0", "model.mtp=0",
     "model.mlp.fp8=false", "model.attn.fp8_qkv=false", "model.yarn=false", "train.stages=",
     "train.cooldown_start=int", "train.stage_bounds=round", "train.seq_len=128",
-    "train.micro_batch_tokens=128", "train.global_batch_tokens=128", "train.dtype=fp32", "train.val_seq_len=0",
+    "train.micro_batch_tokens=128", "train.global_batch_tokens=128", "train.dtype=fp32",
+    "train.val_seq_len=0",
 ]  # fmt: skip
 
 

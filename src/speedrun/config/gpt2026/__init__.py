@@ -113,7 +113,9 @@ def check(m: Gpt2026Config) -> None:
     ):
         raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
     # present: attention, an MLP or (#92) an injection site
-    present = set(m.attention_layers) | set(m.mlp_layers) | set(m.stream.x0_layers) | set(m.stream.bigram_layers)
+    present = (
+        set(m.attention_layers) | set(m.mlp_layers) | set(m.stream.x0_layers) | set(m.stream.bigram_layers)
+    )
     if m.attn_inputs and (
         len(m.attn_inputs) != L
         or any(j != -1 and not (0 <= j < i and j in present and i in m.attention_layers)

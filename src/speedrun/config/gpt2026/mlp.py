@@ -30,9 +30,12 @@ def hidden_width(m: Any) -> int:
 def check(p: MlpConfig, m: Any) -> None:
     if p.hidden < 0:
         raise ConfigError(f"model.mlp.hidden must be >= 0 (0: mlp_ratio · n_embd), got {p.hidden}")
-    if not set(p.parallel_layers) <= set(m.mlp_layers) or len(set(p.parallel_layers)) < len(p.parallel_layers):
+    if not set(p.parallel_layers) <= set(m.mlp_layers) or len(set(p.parallel_layers)) < len(
+        p.parallel_layers
+    ):
         raise ConfigError(
-            f"model.mlp.parallel_layers {list(p.parallel_layers)} (#92): distinct layers among model.mlp_layers"
+            f"model.mlp.parallel_layers {list(p.parallel_layers)} (#92): distinct layers among "
+            "model.mlp_layers"
         )
     if p.fp8 and p.fc_transposed:
         raise ConfigError(

@@ -34,6 +34,7 @@ class MuddConfig:
         "mix_groups": None,
     }
 
+
 #: the post-loop mix's sources by name: the stream entering layer 0, the outputs of the layers `sources`
 #: names (h, s), the last layer's input, a value-embedding table N (veN), and the last layer's normed MLP
 #: and attention inputs (#92)
@@ -65,7 +66,9 @@ def check(p: MuddConfig, m: Any) -> None:
         raise ConfigError("model.mudd.final_sources / mix_groups (#92) need model.mudd.sources (#81's MUDD)")
     tables = {j for j in m.value_embeds if j >= 0}
     for name in p.final_sources:
-        if name not in SOURCE_NAMES and not (name[:2] == "ve" and name[2:].isdigit() and int(name[2:]) in tables):
+        if name not in SOURCE_NAMES and not (
+            name[:2] == "ve" and name[2:].isdigit() and int(name[2:]) in tables
+        ):
             raise ConfigError(
                 f"model.mudd.final_sources: {name!r} is none of {', '.join(SOURCE_NAMES)} or veN (a table)"
             )

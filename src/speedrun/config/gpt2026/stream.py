@@ -38,8 +38,8 @@ def check(p: StreamConfig, m: Any) -> None:
         sites = p.x0_layers + p.bigram_layers
         if not m.mudd.gate_layer or any(not 0 <= i < m.n_layer - 1 for i in sites):
             raise ConfigError(
-                "model.stream.x0_layers / bigram_layers (#92) need #85's gate network (model.mudd.gate_layer) "
-                f"and layers 0..{m.n_layer - 2} (the last injects through MUDD)"
+                "model.stream.x0_layers / bigram_layers (#92) need #85's gate network "
+                f"(model.mudd.gate_layer) and layers 0..{m.n_layer - 2} (the last injects through MUDD)"
             )
         if any(len(set(lst)) < len(lst) for lst in (p.x0_layers, p.bigram_layers)):
             raise ConfigError("model.stream.x0_layers / bigram_layers: distinct layers")

@@ -16,7 +16,17 @@ from speedrun.config.gpt2026 import Gpt2026Config, qk_width
 from speedrun.config.gpt2026.mudd import final_names
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, sampled, stream, windows
+from speedrun.model.gpt2026 import (
+    canonical,
+    connections,
+    gates,
+    head,
+    prefix,
+    sampled,
+    stream,
+    stream_parts,
+    windows,
+)
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
@@ -91,6 +101,7 @@ class GPT2026(nn.Module):
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             window = torch.tensor(cfg.attn.window, dtype=torch.int32)
             self.register_buffer("attn_window", window, persistent=False)
+        self.connections = stream_parts.connections_of(self)  # what the layers read besides the stream
         init_weights(self, cfg)
         cast_storage(self, cfg)
 

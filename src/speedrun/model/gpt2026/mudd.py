@@ -153,7 +153,7 @@ GATE_BIAS = {"attn": 0.25, "bigram": 0.05, "skip": 0.5, "dc1": 1.0}  # the rest 
 def gate_columns(
     n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool, dc: list[int],
     sites: tuple[list[int], list[int]] | None = None,
-) -> list[tuple[str, int, int]]:
+) -> list[tuple[str, int, int]]:  # fmt: skip
     """(kind, layer, width) per column group of one gate MLP, in the record's order: #85's (x0, bigram)
     pair per layer of `inject`, or #92's x0 lanes of its sites, then their bigram lanes (`sites`)."""
     cols = [("xsa", i, n_head) for i in xsa] + [("attn", i, n_head) for i in attn]
