@@ -78,8 +78,10 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
         out.append("train.val_seq_len=0")
     if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256
         tokens = SEQ * MICRO
+        sampled = " sampled=384" if m.family == "gpt2026" and m.head.sampled_stride else ""  # #92
         out.append(
-            f"train.stages=tokens={tokens} windows=1/1 frac=1/2; tokens={tokens} windows=1/2 frac=1/2; "
+            f"train.stages=tokens={tokens} windows=1/1 frac=1/2{sampled}; "
+            f"tokens={tokens} windows=1/2 frac=1/2; "
             f"tokens={tokens} windows=1/2 ext=0"
         )
     return out
@@ -123,8 +125,36 @@ def _gpt2026_layers(m, L: int) -> list[str]:
         out += [f"model.dc_layers={[attn[-1]]}"] if m.mudd.dc_layers else []
     elif m.mudd.gate_layer:  # below 4 layers there is no MUDD for the gate network to ride on
         out += ["model.mudd_gate_layer=0", "model.mudd_gate_attn_layers=[]", "model.dc_layers=[]"]
+    out += _anvil_layers(m, L, attn)
     if m.attn.qk_head_dim:  # #344: Q/K at the recipe's share of the head width (96 of 128: 24 of 32)
         out.append(f"model.attn.qk_head_dim={m.attn.qk_head_dim * 64 // 2 // (m.n_embd // m.n_head)}")
+    return out
+
+
+def _anvil_layers(m, L: int, attn: list[int]) -> list[str]:
+    """#92's parts at L layers: injection sites below the last layer (one without attention), a narrow
+    (and narrow-V) short layer, the MLP's width at the recipe's share, a parallel MLP, a small n-gram
+    table, the post-loop sources on the one shrunk table, 4 channel groups."""
+    out = []
+    if L < 4:  # no MUDD nor gate network below 4 layers (_gpt2026_layers): nothing for the sites to ride on
+        out += ["model.stream.x0_layers=[]", "model.stream.bigram_layers=[]"] if m.stream.x0_layers else []
+        out += ["model.mudd.final_sources=[]", "model.mudd.mix_groups=0"] if m.mudd.mix_groups else []
+    elif m.stream.x0_layers or m.stream.bigram_layers:
+        out += [f"model.stream.x0_layers={list(range(L - 1))}", f"model.stream.bigram_layers={[0, L - 2]}"]
+    if m.attn.narrow_layers:
+        short = [i for i in attn if i not in (0, L - 1)][:1]
+        out += [f"model.attn.narrow_layers={short}", f"model.attn.narrow_v_layers={short}"]
+    if m.mlp.hidden:
+        out.append(f"model.mlp.hidden={m.mlp.hidden * 64 // m.n_embd}")
+    if m.mlp.parallel_layers:
+        out.append(f"model.mlp.parallel_layers={[L - 2]}")
+    if m.ngram.rows:
+        out.append("model.ngram.rows=4096")
+    if m.mudd.final_sources and L >= 4:
+        names = ",".join("ve0" if n.startswith("ve") else n for n in m.mudd.final_sources)
+        out.append(f"model.mudd.final_sources={names}")
+    if m.mudd.mix_groups and L >= 4:
+        out.append("model.mudd.mix_groups=4")
     return out
 
 
@@ -134,6 +164,8 @@ def flex_overrides(name: str) -> list[str]:
     if load_recipe(name).train.stages:
         fixed = ["train.stages=", "train.cooldown_start=int", "model.yarn=false", "model.window=192"]
         fixed += ["train.stage_bounds=round", "model.mtp=0"]  # #53's stage-driven switches go with them
+        if load_recipe(name).model.family == "gpt2026" and load_recipe(name).model.head.sampled_stride:
+            fixed.append("model.head.sampled_stride=0")  # #92's P comes from the stages
         return ["model.attention=flex", *fixed]
     return ["model.attention=flex"]
 

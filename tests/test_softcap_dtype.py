@@ -35,6 +35,7 @@ BF16_SOFTCAP_RECIPES = (
     "record-2026-07",  # and #89's
     "qk96-2026-08",  # and #344's
     "canonical-2026-08",  # #350 casts first where it masks (validation): tests/test_qk96_canonical_recipes.py
+    "anvil-2026-08",  # #92 caps the bf16 logits, masked or not (model.head.mask_cap = "bf16")
     "medium-2025-12",  # track 2's #18 is the 2025-12 short-track script scaled up: #53's bf16 cap
 )
 

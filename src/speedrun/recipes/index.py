@@ -16,7 +16,7 @@ from speedrun.recipes import _recipe_dir, load_recipe, recipe_names
 #: The eras, in the order the index shows them.
 ERAS = (
     "2024: the gpt2024 family, one switch per technique (llm.c -> Sub3Min)",
-    "2025-26: the gpt2026 family, per-layer compositions (record #26 -> #91)",
+    "2025-26: the gpt2026 family, per-layer compositions (record #26 -> #92)",
     "tracks 2 (GPT-2 Medium to 2.92) and 3 (fewest steps to 3.28)",
     "CPU demos: 150 s of training on any CPU (steps and tokens: at most)",
 )

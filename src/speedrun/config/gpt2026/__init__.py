@@ -112,10 +112,14 @@ def check(m: Gpt2026Config) -> None:
         m.skips
     ):
         raise ConfigError(f"model.skips {m.skips}: [src, dst] pairs, 0 <= src < dst < {L}, one per dst")
+    # present: attention, an MLP or (#92) an injection site
+    present = (
+        set(m.attention_layers) | set(m.mlp_layers) | set(m.stream.x0_layers) | set(m.stream.bigram_layers)
+    )
     if m.attn_inputs and (
         len(m.attn_inputs) != L
-        or any(j != -1 and not (0 <= j < i and j in set(m.attention_layers) | set(m.mlp_layers)
-                                and i in m.attention_layers) for i, j in enumerate(m.attn_inputs))
+        or any(j != -1 and not (0 <= j < i and j in present and i in m.attention_layers)
+               for i, j in enumerate(m.attn_inputs))
     ):  # fmt: skip
         raise ConfigError(
             f"model.attn_inputs {m.attn_inputs} (#77): one entry per layer ({L}), -1 or (on an attention "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from speedrun.errors import ConfigError
 
@@ -20,6 +20,8 @@ class HeadConfig:
     fp8: bool = True
     mtp: int = 0  # #53
     canonical_val_mask: bool = False  # #350: validation drops pairs GPT-2 never emits (a 316 MB buffer)
+    # where the mask applies the cap runs in fp32 (#350: the logits cast first) or as the head's (#92)
+    mask_cap: Literal["fp32", "head"] = "fp32"
     prefix_loss_weight: float = 0.0  # #88: weight of the prefix-token loss in training (0.25); 0 none
     # #92: the stride of the negatives' sweep k·stride mod V (20011); 0: no sampled softmax. The candidate
     # counts P come from the stage plan (train.stages sampled=P[,P...]); validation is the full softmax
@@ -27,7 +29,8 @@ class HeadConfig:
     zero_init: bool = True
     init_std: float = 0.0  # #51/#53
 
-    FLAT: ClassVar[dict[str, str]] = {
+    FLAT: ClassVar[dict[str, str | None]] = {
+        "mask_cap": None,
         "softcap": "logit_softcap",
         "fp8": "fp8_head",
         "zero_init": "zero_init_head",

@@ -20,12 +20,27 @@ class MuddConfig:
     gate_layer: int = 0  # #85: the gate network's post MLP reads this layer's input (record 4); 0 none
     gate_attn_layers: list[int] = field(default_factory=list)  # #85: its attention gates ([3, 10])
     dc_layers: list[int] = field(default_factory=list)  # #85: DC correction, weights from the gate ([10])
+    # what the post-loop mix adds to the last layer's output, by name (model/gpt2026/mudd.py FINAL_SOURCES);
+    # empty: #81's five, c0, h, last, ve0, s
+    final_sources: list[str] = field(default_factory=list)
+    # #92: the post-loop mix per channel group: each coefficient plus a per-group delta (12 groups); 0 none
+    mix_groups: int = 0
 
-    FLAT: ClassVar[dict[str, str]] = {
+    FLAT: ClassVar[dict[str, str | None]] = {
         "sources": "mudd_sources",
         "gate_layer": "mudd_gate_layer",
         "gate_attn_layers": "mudd_gate_attn_layers",
+        "final_sources": None,
+        "mix_groups": None,
     }
+
+
+#: the post-loop mix's sources by name: the stream entering layer 0, the outputs of the layers `sources`
+#: names (h, s), the last layer's input, a value-embedding table N (veN), and the last layer's normed MLP
+#: and attention inputs (#92)
+SOURCE_NAMES = ("c0", "h", "s", "last", "mlp_in", "attn_in")
+#: the most coefficients the last layer's MLP has rows for (#81's 14)
+MAX_FINAL = 14
 
 
 def label_rows(adam: Any, embed_lr: float, wd: float) -> dict[str, Any]:
@@ -39,9 +54,28 @@ def label_rows(adam: Any, embed_lr: float, wd: float) -> dict[str, Any]:
     }
 
 
+def final_names(p: MuddConfig) -> list[str]:
+    """The post-loop mix's sources, by name (#81's five unless model.mudd.final_sources names them)."""
+    return list(p.final_sources) or ["c0", "h", "last", "ve0", "s"]
+
+
 def check(p: MuddConfig, m: Any) -> None:
     if p.sources:
         _check_mudd(p, m)
+    if (p.final_sources or p.mix_groups) and not p.sources:
+        raise ConfigError("model.mudd.final_sources / mix_groups (#92) need model.mudd.sources (#81's MUDD)")
+    tables = {j for j in m.value_embeds if j >= 0}
+    for name in p.final_sources:
+        if name not in SOURCE_NAMES and not (
+            name[:2] == "ve" and name[2:].isdigit() and int(name[2:]) in tables
+        ):
+            raise ConfigError(
+                f"model.mudd.final_sources: {name!r} is none of {', '.join(SOURCE_NAMES)} or veN (a table)"
+            )
+    if len(p.final_sources) > MAX_FINAL or p.mix_groups < 0 or p.mix_groups and m.n_embd % p.mix_groups:
+        raise ConfigError(
+            f"model.mudd.final_sources: at most {MAX_FINAL}; model.mudd.mix_groups must divide model.n_embd"
+        )
     if p.gate_layer or p.gate_attn_layers or p.dc_layers:
         _check_gate(p, m)
 
@@ -49,7 +83,7 @@ def check(p: MuddConfig, m: Any) -> None:
 def _check_mudd(p: MuddConfig, m: Any) -> None:
     """#81's MUDD reads the composition the record gives it: one line naming what is missing."""
     L, last = m.n_layer, m.n_layer - 1
-    present = set(m.attention_layers) | set(m.mlp_layers)
+    present = set(m.attention_layers) | set(m.mlp_layers) | set(m.stream.x0_layers)  # #92: a resting site
     h, s = (p.sources + [-1, -1])[:2]
     tables = m.value_embeds or [-1] * L
     needs = (
@@ -72,7 +106,7 @@ def _check_mudd(p: MuddConfig, m: Any) -> None:
 def _check_gate(p: MuddConfig, m: Any) -> None:
     """#85's gate network replaces the static gates it generates: one line naming what is missing."""
     g, L, st = p.gate_layer, m.n_layer, m.stream
-    present = set(m.attention_layers) | set(m.mlp_layers)
+    present = set(m.attention_layers) | set(m.mlp_layers) | set(st.x0_layers) | set(st.bigram_layers)
     attn = p.gate_attn_layers
     needs = (
         (bool(p.sources), "model.mudd.sources (#81's MUDD, whose MLP shape it shares)"),

@@ -3,7 +3,7 @@ backout and the residual form (`[model.stream]`). Torch-free."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from speedrun.errors import ConfigError
@@ -23,11 +23,26 @@ class StreamConfig:
     # first layer's bigram share added before it, λ_x0 its own weight (label x0); "x0-first" = x ← λ0·x +
     # λ1·x0 + bigram, then x += attn, mlp
     residual_form: Literal["x0-first", "sublayer"] = "x0-first"
+    # #92's injection sites (with #85's gate network): the layers whose stream gets x0 and the bigram input
+    # added, each through its own gate lane; empty: both on every attention layer but the last (#85). A
+    # site without attention scales its stream by its attention's resid lambda first; a site with neither
+    # attention nor MLP (#92's layer 7) is a resting layer: x ← r_m·(r_a·x + x0·g)
+    x0_layers: list[int] = field(default_factory=list)
+    bigram_layers: list[int] = field(default_factory=list)
 
-    FLAT: ClassVar[dict[str, str]] = {}
+    FLAT: ClassVar[dict[str, str | None]] = {"x0_layers": None, "bigram_layers": None}
 
 
 def check(p: StreamConfig, m: Any) -> None:
+    if p.x0_layers or p.bigram_layers:
+        sites = p.x0_layers + p.bigram_layers
+        if not m.mudd.gate_layer or any(not 0 <= i < m.n_layer - 1 for i in sites):
+            raise ConfigError(
+                "model.stream.x0_layers / bigram_layers (#92) need #85's gate network "
+                f"(model.mudd.gate_layer) and layers 0..{m.n_layer - 2} (the last injects through MUDD)"
+            )
+        if any(len(set(lst)) < len(lst) for lst in (p.x0_layers, p.bigram_layers)):
+            raise ConfigError("model.stream.x0_layers / bigram_layers: distinct layers")
     if p.residual_form == "sublayer" and p.x0_lambda_apart:
         raise ConfigError(
             "model.stream.residual_form = 'sublayer' has its own x0 lambdas: drop x0_lambda_apart"

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from speedrun.config.gpt2026 import Gpt2026Config, layer_scale
+from speedrun.config.gpt2026.mlp import hidden_width
 from speedrun.model.contexts import Context
 from speedrun.model.gpt2026 import connections, gates
 from speedrun.model.gpt2026.attention import Attention
@@ -42,6 +43,7 @@ class Layer:
     dyn: dict | None = None
     mu: list | None = None
     x02: Tensor | None = None
+    keep: dict | None = None  # #92: where the MUDD layer leaves its normed inputs for the post-loop mix
 
 
 class Block(nn.Module):
@@ -62,7 +64,11 @@ class Block(nn.Module):
             else None
         )  # fmt: skip
         self.norm2 = Norm(d, "rmsnorm") if spec.mlp else None
-        self.mlp = mlp(d, cfg.mlp_ratio * d, cfg.mlp.fc_transposed, cfg.mlp.fp8) if spec.mlp else None
+        hidden = hidden_width(cfg)
+        self.mlp = mlp(d, hidden, cfg.mlp.fc_transposed, cfg.mlp.fp8) if spec.mlp else None
+        # #92: a second MLP on the same normed input, scaled by the same post lambda
+        self.mlp2 = mlp(d, hidden, cfg.mlp.fc_transposed, cfg.mlp.fp8) if spec.parallel_mlp else None
+        self.site, self.rests = spec.x0_site or spec.bigram_site, spec.rests
         self.lambdas = self.x0_lambda = self.post_lambdas = None
 
     def attend(self, st: Layer, x: Tensor) -> Tensor:
@@ -116,6 +122,8 @@ class SublayerBlock(Block):
     def __init__(self, spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary):
         super().__init__(spec, cfg, rotary)
         self.lambdas, self.post_lambdas = connections.sublayer_lambdas(cfg.stream.resid_lambda_init)
+        if spec.rests:  # #92's layer 7: no sublayer output to scale
+            self.post_lambdas = None
         if spec.attention and not cfg.mudd.gate_layer:  # #85: the x0 share comes from the gate network
             self.x0_lambda = label(nn.Parameter(torch.zeros(1)), "lambda")
 
@@ -125,19 +133,32 @@ class SublayerBlock(Block):
         return self.lambdas[0] * st.x + self.post_lambdas[0] * y + inject
 
     def forward(self, st: Layer) -> Tensor:
-        x = self.after_attention(st, self.attend(st, st.x)) if self.attn is not None else st.x
+        if self.attn is not None:
+            x = self.after_attention(st, self.attend(st, st.x))
+        elif self.site:  # #92: an injection site without attention keeps its resid lambda (GatedBlock)
+            x = self.inject(st, self.lambdas[0] * st.x)
+        else:
+            x = st.x
         if self.mlp is not None:
-            r, p = (st.mu[12], st.mu[13]) if st.mu is not None else (self.lambdas[1], self.post_lambdas[1])
-            x = r * x + p * self.mlp(self.norm2(x))
+            h = self.norm2(x)
+            x = self.lambdas[1] * x + self.post_lambdas[1] * self.mlp(h)
+            if self.mlp2 is not None:  # #92: the parallel MLP
+                x = x + self.post_lambdas[1] * self.mlp2(h)
+        elif self.rests:  # #92's layer 7
+            x = self.lambdas[1] * x
         return x
 
 
 class GatedBlock(SublayerBlock):
-    """#85: the sublayer form with per-token x0 and bigram shares from the gate network, in HEAD's order."""
+    """#85: the sublayer form with per-token x0 and bigram shares from the gate network, in HEAD's order;
+    #92: only on the layers that are their sites (model.stream.x0_layers / bigram_layers)."""
+
+    def inject(self, st: Layer, x: Tensor) -> Tensor:
+        x = x + st.x0 * st.dyn["x0"] if "x0" in st.dyn else x
+        return x + st.bigram * st.dyn["bigram"] if st.bigram is not None and "bigram" in st.dyn else x
 
     def after_attention(self, st: Layer, y: Tensor) -> Tensor:
-        x = self.lambdas[0] * st.x + self.post_lambdas[0] * y + st.x0 * st.dyn["x0"]
-        return x + st.bigram * st.dyn["bigram"] if st.bigram is not None else x
+        return self.inject(st, self.lambdas[0] * st.x + self.post_lambdas[0] * y)
 
 
 class MuddBlock(SublayerBlock):
@@ -151,6 +172,17 @@ class MuddBlock(SublayerBlock):
         mu = st.mu
         x = mu[8] * st.x + mu[9] * y + mu[10] * st.x0
         return x + mu[11] * st.bigram if st.bigram is not None else x
+
+    def attend(self, st: Layer, x: Tensor) -> Tensor:
+        h = self.norm1(st.attn_in if st.attn_in is not None else x)
+        st.keep["attn_in"] = h  # #92's post-loop mix reads it
+        return self.attn(h, st.ctx, st.other_v, st.dyn)[0]
+
+    def forward(self, st: Layer) -> Tensor:
+        x = self.after_attention(st, self.attend(st, st.x))
+        h = self.norm2(x)
+        st.keep["mlp_in"] = h  # #92's post-loop mix reads it
+        return st.mu[12] * x + st.mu[13] * self.mlp(h)
 
 
 def block_for(spec: LayerSpec, cfg: Gpt2026Config, rotary: Rotary) -> Block:

@@ -131,8 +131,9 @@ def canonical_mask(ranks: dict[bytes, int], vocab_size: int) -> Tensor:
 
 def masked_head(part: HeadConfig) -> HeadConfig:
     """The head's numerics where the mask applies: #350 casts first and caps in fp32
-    (`23 * torch.sigmoid((logits.float() + 5) / 7.5)`, then the mask), where #344 capped the bf16 logits."""
-    return dataclasses.replace(part, softcap_in_bf16=False)
+    (`23 * torch.sigmoid((logits.float() + 5) / 7.5)`, then the mask), where #344 capped the bf16 logits;
+    #92 caps as its head does, masked or not (model.head.mask_cap = "head")."""
+    return dataclasses.replace(part, softcap_in_bf16=False) if part.mask_cap == "fp32" else part
 
 
 def mask_logits(logits: Tensor, idx: Tensor, packed: Tensor) -> Tensor:

@@ -13,9 +13,20 @@ import torch
 from torch import nn
 
 from speedrun.config.gpt2026 import Gpt2026Config, qk_width
+from speedrun.config.gpt2026.mudd import final_names
 from speedrun.model.attention import AttentionMask, build_block_mask, choose_backend
 from speedrun.model.contexts import Masked
-from speedrun.model.gpt2026 import canonical, connections, gates, head, prefix, sampled, stream, windows
+from speedrun.model.gpt2026 import (
+    canonical,
+    connections,
+    gates,
+    head,
+    prefix,
+    sampled,
+    stream,
+    stream_parts,
+    windows,
+)
 from speedrun.model.gpt2026.attention_tiers import load_fa3
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed
 from speedrun.model.gpt2026.block import block_for
@@ -77,7 +88,11 @@ class GPT2026(nn.Module):
         self.skip_gate = gates.skip_gates(st.skip_gate, n_skips) if st.skip_gate else None  # #55
         self.backout = connections.Backout(st.backout_layer) if st.backout_layer else None  # #40
         mudd = cfg.mudd
-        self.mudd = Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources) if mudd.sources else None  # #81
+        self.mudd = (
+            Mudd(d, cfg.n_head, st.resid_lambda_init, mudd.sources, tuple(final_names(mudd)), mudd.mix_groups)
+            if mudd.sources
+            else None
+        )  # #81; #92's named sources and channel groups
         self.mudd_gate = MuddGate(d, gate_layouts(cfg)) if mudd.gate_layer else None  # #85
         self.head_spec = cfg.head  # the head's numerics, its own frozen table: the forward reads no more
         self.masked_spec = canonical.masked_head(cfg.head) if cfg.head.canonical_val_mask else None  # #350
@@ -86,6 +101,7 @@ class GPT2026(nn.Module):
         if cfg.attn.window > 0:  # #26's growing window: a tensor, so it changes without recompiling
             window = torch.tensor(cfg.attn.window, dtype=torch.int32)
             self.register_buffer("attn_window", window, persistent=False)
+        self.connections = stream_parts.connections_of(self)  # what the layers read besides the stream
         init_weights(self, cfg)
         cast_storage(self, cfg)
 

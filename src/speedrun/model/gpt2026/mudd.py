@@ -62,7 +62,10 @@ def bias_init(resid_init: float) -> torch.Tensor:
 class Mudd(nn.Module):
     """The two coefficient MLPs, stacked as the record's `mudd_w1`, `mudd_w2`, `mudd_b2`."""
 
-    def __init__(self, dim: int, n_head: int, resid_init: float, sources: list[int]):
+    def __init__(
+        self, dim: int, n_head: int, resid_init: float, sources: list[int],
+        final: tuple[str, ...] = ("c0", "h", "last", "ve0", "s"), groups: int = 0,
+    ):  # fmt: skip
         super().__init__()
         self.n_head = n_head
         self.w1 = label(nn.Parameter(torch.empty(2, HIDDEN, dim)), "mudd")
@@ -70,12 +73,18 @@ class Mudd(nn.Module):
         self.b2 = label(nn.Parameter(bias_init(resid_init)), "mudd_bias")
         self.resid_init = resid_init
         self.sources = tuple(sources)  # [h, s]: the layers whose outputs it recombines (model.mudd.sources)
+        self.final_names = tuple(final)  # what the post-loop mix adds, by name (config/gpt2026/mudd.py)
+        self.groups = groups
+        # #92: per channel group, each post-loop coefficient's delta read off the same hidden (from zero)
+        self.w2g = label(nn.Parameter(torch.zeros(LAYER_COEFS, groups, HIDDEN)), "mudd") if groups else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """W1 as nn.Linear's default (kaiming-uniform, a = √5), W2 zero, b the record's values."""
         kaiming_rows_(self.w1)
         nn.init.zeros_(self.w2)
+        if self.w2g is not None:
+            nn.init.zeros_(self.w2g)
         with torch.no_grad():
             self.b2.copy_(bias_init(self.resid_init))
 
@@ -98,11 +107,27 @@ class Mudd(nn.Module):
         return (1 + mu[5]) * x + mu[3] * c0 + mu[4] * h, extra.view(B, T, C), mu
 
     def final(self, x: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
-        """Before the final norm: x plus the 5 coefficients times [c0, h, x9, ve0, s]."""
-        mu = self.coefs(x, 1, FINAL_COEFS)
+        """Before the final norm: x plus one coefficient per source (#81: [c0, h, x9, ve0, s]); #92: per
+        channel group, each coefficient plus its group's delta."""
+        if self.groups:
+            return self.final_grouped(x, sources)
+        mu = self.coefs(x, 1, len(sources))
         for m, src in zip(mu, sources, strict=True):
             x = x + m * src.type_as(x)
         return x
+
+    def final_grouped(self, x: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+        """#92's mix: the C channels in G groups; source k gets (mu_k + delta_{k,g})·SCALE per group g, the
+        deltas W2g·h off the same GELU hidden h as the coefficients."""
+        n, G = len(sources), self.groups
+        h = F.gelu(F.linear(x, self.w1[1].type_as(x)))
+        mu = (F.linear(h, self.w2[1, :n].type_as(x)) + self.b2[1, :n].type_as(x)) * SCALE
+        deltas = torch.einsum("btd,kgd->btkg", h, self.w2g[:n].type_as(x)) * SCALE
+        mixed = x.unflatten(-1, (G, -1))
+        for k, src in enumerate(sources):
+            coef = (mu[..., k : k + 1] + deltas[..., k, :]).unsqueeze(-1)
+            mixed = mixed + coef * src.type_as(x).unflatten(-1, (G, -1))
+        return mixed.flatten(-2)
 
 
 # The MUDD gate network (record #85, 2026-05-27, PR #315 v3, records/track_1_short/2026-05-27-MuddGatedAndDC;
@@ -126,11 +151,16 @@ GATE_BIAS = {"attn": 0.25, "bigram": 0.05, "skip": 0.5, "dc1": 1.0}  # the rest 
 
 
 def gate_columns(
-    n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool, dc: list[int]
-) -> list[tuple[str, int, int]]:
-    """(kind, layer, width) per column group of one gate MLP, in the record's order."""
+    n_head: int, xsa: list[int], attn: list[int], inject: list[int], skip: bool, dc: list[int],
+    sites: tuple[list[int], list[int]] | None = None,
+) -> list[tuple[str, int, int]]:  # fmt: skip
+    """(kind, layer, width) per column group of one gate MLP, in the record's order: #85's (x0, bigram)
+    pair per layer of `inject`, or #92's x0 lanes of its sites, then their bigram lanes (`sites`)."""
     cols = [("xsa", i, n_head) for i in xsa] + [("attn", i, n_head) for i in attn]
-    cols += [(k, i, 1) for i in inject for k in ("x0", "bigram")]
+    if sites is None:
+        cols += [(k, i, 1) for i in inject for k in ("x0", "bigram")]
+    else:
+        cols += [("x0", i, 1) for i in sites[0]] + [("bigram", i, 1) for i in sites[1]]
     cols += [("skip", -1, 1)] if skip else []
     return cols + [(k, i, n_head) for i in dc for k in ("dc1", "dc2")]
 
@@ -188,10 +218,14 @@ def gate_layouts(cfg) -> tuple[list, list]:
     g, last = cfg.mudd.gate_layer, cfg.n_layer - 1
     xsa, attn = sorted(cfg.attn.xsa_layers), sorted(cfg.mudd.gate_attn_layers)
     inject = [i for i in sorted(cfg.attention_layers) if i != last]
+    explicit = cfg.stream.x0_layers or cfg.stream.bigram_layers  # #92: its lanes grouped by kind
+    sites = (sorted(cfg.stream.x0_layers), sorted(cfg.stream.bigram_layers))
+    side = lambda group, pre: [i for i in group if (i < g) == pre]  # noqa: E731
     return tuple(
         gate_columns(
-            cfg.n_head, *([i for i in group if (i < g) == pre] for group in (xsa, attn, inject)),
+            cfg.n_head, side(xsa, pre), side(attn, pre), side(inject, pre),
             skip=not pre and bool(cfg.skips), dc=[] if pre else sorted(cfg.mudd.dc_layers),
+            sites=(side(sites[0], pre), side(sites[1], pre)) if explicit else None,
         )
         for pre in (True, False)
     )  # fmt: skip

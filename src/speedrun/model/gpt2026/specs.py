@@ -33,17 +33,38 @@ class LayerSpec:
     mudd: bool = False  # #81: the last layer, whose input MUDD recombines (and whose lambdas it gives)
     post_gate: bool = False  # #85: the MUDD gate network's post MLP reads this layer's input
     skip_form: str = "weight"  # how its skip weight scales (#32: sigmoid), model.stream.skip_gate_form
+    x0_site: bool = False  # #85/#92: x0 is added to its stream through its gate lane
+    bigram_site: bool = False  # #85/#92: the bigram input likewise
+    parallel_mlp: bool = False  # #92: a second MLP beside its own
 
     @property
     def present(self) -> bool:
-        return self.attention or self.mlp
+        """It has attention or an MLP, or (#92's layer 7) is an injection site that rests."""
+        return self.attention or self.mlp or self.x0_site or self.bigram_site
+
+    @property
+    def rests(self) -> bool:
+        """#92: present with neither attention nor MLP: only its resid lambdas and injections act."""
+        return self.present and not (self.attention or self.mlp)
+
+
+def injection_sites(cfg: Gpt2026Config) -> tuple[list[int], list[int]]:
+    """(x0 sites, bigram sites) under #85's gate network: model.stream's lists, else every attention layer
+    but the last for both (#85); none without the gate network."""
+    if not cfg.mudd.gate_layer:
+        return [], []
+    if cfg.stream.x0_layers or cfg.stream.bigram_layers:
+        return sorted(cfg.stream.x0_layers), sorted(cfg.stream.bigram_layers)
+    inject = [i for i in sorted(cfg.attention_layers) if i != cfg.n_layer - 1]
+    return inject, inject
 
 
 def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
     """One LayerSpec per layer from the config's lists (config checks guarantee their lengths/ranges)."""
     L = cfg.n_layer
     attn, mlp = set(cfg.attention_layers), set(cfg.mlp_layers)
-    present = [i in attn or i in mlp for i in range(L)]
+    x0_sites, bigram_sites = map(set, injection_sites(cfg))
+    present = [i in attn or i in mlp or i in x0_sites | bigram_sites for i in range(L)]
     skip_from: dict[int, tuple[int, int]] = {}
     for j, (src, dst) in enumerate(cfg.skips):
         if present[src]:
@@ -75,6 +96,9 @@ def build_specs(cfg: Gpt2026Config) -> list[LayerSpec]:
             mudd=bool(cfg.mudd.sources) and i == L - 1,
             post_gate=cfg.mudd.gate_layer > 0 and i == cfg.mudd.gate_layer,
             skip_form=cfg.stream.skip_gate_form,
+            x0_site=i in x0_sites,
+            bigram_site=i in bigram_sites,
+            parallel_mlp=i in cfg.mlp.parallel_layers,
         )
         for i in range(L)
     ]
