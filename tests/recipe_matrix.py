@@ -74,6 +74,11 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
             out.append(f"model.no_attention_layers={n_layer // 2}")
         if m.value_embeds == "ends":
             out.append("model.value_embed_tables=1")
+    if base.optim.ships.on():  # #92's terminal ships: windows inside the 10 steps, the cadence before them
+        out += [
+            "optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=4", "optim.ships.value_embed_window=4",
+            "optim.ships.bank_blend_window=6", "optim.value_embed_every4_from=4",
+        ]  # fmt: skip
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
     if base.train.stages:  # two stages of one step's tokens; windows of 1 and 2 blocks bite inside 256

@@ -11,6 +11,8 @@ and the ten-source post-loop mix per channel group."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -77,6 +79,12 @@ def test_dry_run_prints_about_65_3_billion_parameters(capsys):
     table = ROWS * D
     assert params == table + record_92_param_count(world=1) - 2 * 2816 * D - 14 == 65_271_119_333
     assert f"ngram       {table:,} params" in out
+    assert f"without the n-gram table {params - table:,} params" in out.replace("  ", " ").replace("  ", " ")
+    # memory per process: the table's rows split over 8 (15.13 GiB of bf16 rows each, issue 43), whole on 1
+    mem = {int(w): float(g) for w, g in re.findall(r"(\d) process(?:es)?: ([\d.,]+) GiB", out)}
+    one, eight = mem[1], mem[8]
+    assert one > table * 2 / 2**30 > 80  # one process holds the whole table: more than any 80 GB GPU
+    assert eight < 80 and one - eight > 7 / 8 * table * 2 / 2**30
 
 
 # --- the forward and every gradient at reduced width, against #92's loop --------------------------------

@@ -164,8 +164,30 @@ def _model_summary(cfg: Config) -> str:
     return (
         model_summary(model, cfg, first_and_last(model, cfg))
         + "\n"
+        + _memory_lines(cfg)
+        + "\n"
         + format_table(cfg.optim, run_rules(cfg), params)
     )
+
+
+def _memory_lines(cfg: Config) -> str:
+    """The memory guard's estimate of one compiled CUDA training step per process on 1 and 8 processes,
+    in the precision a GPU run takes (`train.dtype=auto` is bf16 there), as the guard counts it."""
+    import dataclasses
+
+    from speedrun.train.plan.memory import estimate_memory
+
+    if cfg.train.dtype == "auto":
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, dtype="bf16"))
+    lines = ["memory per process (estimate of a compiled CUDA step, train/plan/memory.py):"]
+    for world in (1, 8):
+        e = estimate_memory(cfg, world, compiled=True)
+        lines.append(
+            f"  {world} process{'es' if world > 1 else ''}: {e.total / 2**30:,.2f} GiB "
+            f"(weights {e.weights / 2**30:,.2f}, optimizer {e.optimizer / 2**30:,.2f}, "
+            f"activations {(e.activations + e.logits) / 2**30:,.2f})"
+        )
+    return "\n".join(lines)
 
 
 def _refuse_ignored_options(args: argparse.Namespace) -> None:

@@ -55,6 +55,8 @@ def model_summary(model: nn.Module, cfg: Any, flops: tuple[int, int]) -> str:
     for name, sizes in by_label.items():
         lines.append(f"  {name:<11} {sum(sizes):>13,d} params in {len(sizes)} tensors")
     lines.append(f"  {'total':<11} {total:>13,d} params")  # grouped; the `params:` line stays plain
+    if "ngram" in by_label:  # #92's hashed table dwarfs the transformer: say what is left without it
+        lines.append(f"  {'without the n-gram table':<11} {total - sum(by_label['ngram']):>13,d} params")
     first, last = flops
     lines.append(
         f"flops_per_token: {first} ({first:,d} at the first step's windows, {last:,d} at the last's; "

@@ -194,7 +194,7 @@ class Ships:
         for ship in self.ships:  # allocated now: a first tick allocating would land on the clock
             ship.groups = tuple(g for g in ship.groups if g in self.flats)
             for g in ship.groups:
-                ship.acc[g] = torch.empty(
+                ship.acc[g] = torch.zeros(
                     self.flats[g].own, dtype=torch.float32, device=_device(self.flats[g])
                 )
         self.value_embed_steps: Callable[[], int] | None = None
