@@ -231,7 +231,7 @@ def test_install_attaches_the_manual_graphs_with_the_plans_visits():
     line = graphs.install(
         optimizer, model, model, cfg, fake_cuda, 1, True, backend, {"SPEEDRUN_GRAPHS": "manual"}
     )
-    assert line.startswith("CUDA graphs: manual (")
+    assert line.startswith("CUDA graphs: manual step (2 keys x 2 untimed visits")
     assert graphs.warmup_steps(optimizer, [0]) == graphs.merge_visits([0], graphs.plan_visit_steps(cfg))
 
 

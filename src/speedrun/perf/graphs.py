@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from speedrun.perf import optimizer_graphs
 from speedrun.perf.capture_plan import MAX_WARMUP_STEPS
 
 WARM_ITERATIONS = 3  # eager runs on the capture stream first (cuBLAS workspaces, autotuning; #92 does 3)
@@ -253,15 +254,18 @@ def install(optimizer: Any, model: torch.nn.Module, train_model: torch.nn.Module
         why = "" if not way else ", the warm-up needs train.compile"
         return f"CUDA graphs: off (train.perf={cfg.train.perf}, device {device.type}{why})"
     visits = plan_visit_steps(cfg)  # refused here, before anything runs, past the rules' 40 steps
+    backend = backend or CudaBackend(device)
     if way == "trees":
         graphs: Any = TreeStepGraphs(model)
     else:
         params = [p for p in optimizer.parameters() if p.requires_grad]
-        graphs = ManualStepGraphs(train_model, params, backend or CudaBackend(device), plain=model)
+        graphs = ManualStepGraphs(train_model, params, backend, plain=model)
     graphs.visits = lambda start: plan_visit_steps(cfg, start)
     optimizer.step_graphs = graphs
+    optimizer.tail_graphs = optimizer_graphs.install(optimizer, backend)  # compiled bank updates, if any
     n = "one key" if visits is None else f"{len(visits) // 2} keys"
-    return f"CUDA graphs: {way} ({n} x 2 untimed visits in the warm-up; perf/graphs.py)"
+    tail = f", optimizer tail: {len(optimizer.tail_graphs)} bank update(s)" if optimizer.tail_graphs else ""
+    return f"CUDA graphs: {way} step ({n} x 2 untimed visits in the warm-up{tail}; perf/graphs.py)"
 
 
 def warmup_steps(optimizer: Any, base: list[int]) -> list[int]:
@@ -275,3 +279,5 @@ def seal(optimizer: Any) -> None:
     graphs = getattr(optimizer, "step_graphs", None)
     if graphs is not None:
         graphs.seal()
+    for tail in getattr(optimizer, "tail_graphs", ()):
+        tail.seal()
