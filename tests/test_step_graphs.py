@@ -16,6 +16,7 @@ from torch import nn
 from speedrun.config.stages import stage_plan
 from speedrun.perf import graphs
 from speedrun.perf.capture_plan import MAX_WARMUP_STEPS, capture_plan, key_at
+from speedrun.train.stages import stage_at, stage_bounds
 from speedrun.train.step import train_step
 from speedrun.train.warmup import warmup_steps
 from tests.fake_cuda_graphs import CaptureError, FakeCuda
@@ -264,3 +265,64 @@ def test_cuda_graph_capture_and_replay_equal_eager_on_the_gpu(way):
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=2e-3, atol=1e-3)
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-4)
+
+
+THREE_STAGES = (
+    "train.stages=tokens=256 windows=1/1 frac=1/3; tokens=512 windows=1/2 frac=1/3; "
+    "tokens=512 windows=2/2 frac=1/3; tokens=512 windows=2/2 ext=0"
+)
+
+
+class StageLoader:
+    """The loader as the warm-up drives it: positioned by step (`load_state_dict`), each step two (1, T/2)
+    micro-batch rows with their cu_seqlens, T its stage's tokens."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg, self.plan, self.step, self.micro = cfg, stage_plan(cfg), 0, 0
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state) -> None:
+        self.step = state["step"]
+
+    def next_batch(self):
+
+        tokens = self.plan.stages[stage_at(self.step, self.plan)[0]].batch_tokens // 2
+        g = torch.Generator().manual_seed(2 * self.step + self.micro)
+        seq = torch.randint(0, 60, (1, tokens + 1), generator=g)
+        seq[:, ::50] = self.cfg.model.eot_id
+        self.step, self.micro = self.step + self.micro, 1 - self.micro
+        return rows(self.cfg, seq[:, :-1], seq[:, 1:])
+
+
+def test_the_warm_up_captures_each_stage_key_then_checks_it_and_seals():
+    """record-2026-07 shrunk to three stages (the extension shares stage 3's windows): the warm-up runs each
+    key's first step twice, capture then check, in the run's order, and leaves the graphs sealed; the
+    state it restores is the one a run without graphs starts from."""
+    from speedrun.train.warmup import warm_up
+
+    cfg = shrunk("record-2026-07", THREE_STAGES, "model.block_dtype=fp32", "model.fp8_head=false",
+                 "model.mlp_fp8=false")  # fmt: skip
+    model, optimizer = build(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fake = FakeCuda()
+    backend = graphs.CudaBackend(torch.device("cpu"), fake)
+    cuda = type("Device", (), {"type": "cuda"})()
+    graphs.install(optimizer, model, model, cfg, cuda, 1, True, backend, {"SPEEDRUN_GRAPHS": "manual"})
+    sg = optimizer.step_graphs
+    seen = []
+    forward_backward = sg.forward_backward
+    sg.forward_backward = lambda batch, dtype: seen.append(sg.key(batch)) or forward_backward(batch, dtype)
+    n = warm_up(cfg, model, model, optimizer, StageLoader(cfg), 2, None, lambda: None)
+    plan = stage_plan(cfg)
+    starts = [a for a, _ in stage_bounds(plan)][:3]
+    want_steps = graphs.merge_visits(warmup_steps(cfg, 0), [s for s in starts for _ in range(2)])
+    assert n == len(want_steps) and want_steps[:6] == [s for s in starts for _ in range(2)]
+    assert [key_at(plan, s, 1) for s in want_steps].count(key_at(plan, 0, 1)) == 2
+    assert len(sg.captured) == 3 and fake.calls.count("capture") == 3
+    firsts = list(dict.fromkeys(seen))
+    assert [seen.count(k) for k in firsts] == [4, 4, 2 * (n - 4)]  # 2 micro-batches each step
+    assert all(cs.checked for cs in sg.captured.values()) and sg.sealed
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
