@@ -4,7 +4,9 @@ replay runs exactly those ops again on the same tensors (Python values baked, in
 addresses); the outputs a capture creates are filled with NaN afterwards, since a real capture records
 without executing. Inside the block a host sync (`.item()`, `nonzero`, ...) raises as CUDA's "operation
 not permitted when stream is capturing" does, and so does an import outside torch's own code of a module
-not loaded yet (the last GPU lease failed on one inside a compiled graph). Every call goes to `calls`."""
+not loaded yet (the last GPU lease failed on one inside a compiled graph). Every call goes to `calls`.
+With `record=False` (a torch.compile'd body: dynamo runs under no dispatch mode) only the import guard
+acts, and a replay does nothing, so only a key's capturing visit computes (the capture ran the body)."""
 
 from __future__ import annotations
 
@@ -45,11 +47,13 @@ class Recorder(TorchDispatchMode):
 
 class FakeGraph:
     def __init__(self, calls: list) -> None:
-        self.ops: list = []
+        self.ops: list | None = []
         self.calls = calls
 
     def replay(self) -> None:
         self.calls.append("replay")
+        if self.ops is None:  # not recorded (a compiled body): the capture's own run is all there is
+            return
         with torch.no_grad():
             for func, args, kwargs, out in self.ops:
                 new = func(*args, **kwargs)
@@ -69,7 +73,8 @@ class FakeStream:
 class FakeCuda:
     """The `cuda` argument of perf/graphs.CudaBackend."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = True) -> None:
+        self.record = record  # False: torch.compile'd bodies, which run under no dispatch mode
         self.calls: list[str] = []
         self.capturing = False
         self.main = FakeStream(self.calls, "main")
@@ -113,7 +118,7 @@ class FakeCuda:
                 raise CaptureError(f"import of {name} inside a CUDA-graph capture (loads {sorted(new)[:3]})")
             return module
 
-        recorder = Recorder()
+        recorder = Recorder() if self.record else contextlib.nullcontext()
         builtins.__import__ = no_new_imports
         self.capturing = True
         try:
@@ -122,8 +127,11 @@ class FakeCuda:
         finally:
             self.capturing = False
             builtins.__import__ = original
-        g.ops = recorder.ops
-        poison(recorder.ops)
+        if self.record:
+            g.ops = recorder.ops
+            poison(recorder.ops)
+        else:
+            g.ops = None
 
 
 def poison(ops: list) -> None:

@@ -326,3 +326,31 @@ def test_the_warm_up_captures_each_stage_key_then_checks_it_and_seals():
     assert all(cs.checked for cs in sg.captured.values()) and sg.sealed
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_the_compiled_step_runs_fullgraph_inside_the_capture_on_the_cpu():
+    """As a GPU runs it: the module the step calls is compiled (fullgraph, dynamic=False; aot_eager keeps
+    the CPU's compile short), the warm iterations compile it, then the capture runs the compiled forward
+    and its compiled backward through torch.autograd.grad with the import guard on. The capturing step
+    computes what the plain step computes (a non-recording fake replays nothing, so one step)."""
+    cfg = shrunk("record-2026-07", "train.dtype=fp32", "model.block_dtype=fp32", "model.fp8_head=false",
+                 "model.mlp_fp8=false", n_layer=2)  # fmt: skip
+    torch._dynamo.reset()
+
+    def one_step(use_graphs: bool):
+        model, optimizer = build(cfg)
+        train_model = model
+        if use_graphs:
+            train_model = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
+            params = [p for p in optimizer.parameters() if p.requires_grad]
+            backend = graphs.CudaBackend(torch.device("cpu"), FakeCuda(record=False))
+            optimizer.step_graphs = graphs.ManualStepGraphs(train_model, params, backend, plain=model)
+        x, y = batch(0, cfg)
+        loss = train_step(train_model, optimizer, iter([rows(cfg, x[:1], y[:1])]).__next__, 1, None)
+        return loss.item(), [p.detach().clone() for p in model.parameters()]
+
+    want, want_params = one_step(False)
+    got, got_params = one_step(True)
+    assert got == pytest.approx(want, rel=1e-6)
+    for a, b in zip(got_params, want_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

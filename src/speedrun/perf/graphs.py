@@ -31,8 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from speedrun.config.stages import stage_plan
 from speedrun.perf import optimizer_graphs
-from speedrun.perf.capture_plan import MAX_WARMUP_STEPS
+from speedrun.perf.capture_plan import MAX_WARMUP_STEPS, capture_plan, key_at
+from speedrun.train.stages import stage_bounds
 
 WARM_ITERATIONS = 3  # eager runs on the capture stream first (cuBLAS workspaces, autotuning; #92 does 3)
 SELF_CHECK_ABS, SELF_CHECK_REL = 1e-3, 2e-3  # #92's loss tolerance (atomics in the loss kernels)
@@ -229,10 +231,6 @@ def plan_visit_steps(cfg: Any, start: int = 0) -> list[int] | None:
     """The capture plan's visit steps from `start` on: each step graph key's first step at or after
     `start`, twice (a resumed run meets its stage's key at `start`); None without stages. The step graphs
     do not depend on the Adam parity (the optimizer tail's keys do)."""
-    from speedrun.config.stages import stage_plan
-    from speedrun.perf.capture_plan import capture_plan, key_at
-    from speedrun.train.stages import stage_bounds
-
     plan = stage_plan(cfg)
     if plan is None:
         return None
