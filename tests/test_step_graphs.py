@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from speedrun.config.stages import stage_plan
+from speedrun.errors import ConfigError
 from speedrun.perf import graphs
 from speedrun.perf.capture_plan import MAX_WARMUP_STEPS, capture_plan, key_at
 from speedrun.train.stages import stage_at, stage_bounds
@@ -215,7 +216,7 @@ def test_the_plain_step_is_kept_on_the_cpu_with_perf_off_and_on_several_processe
     assert graphs.chosen("auto", cuda, 1, {}) == ""  # unset until the lease chooses
     assert graphs.chosen("off", cuda, 1, env) == graphs.chosen("auto", cpu, 1, env) == ""
     assert graphs.chosen("auto", cuda, 2, env) == ""
-    with pytest.raises(ValueError, match="SPEEDRUN_GRAPHS='both'"):
+    with pytest.raises(ConfigError, match="SPEEDRUN_GRAPHS='both'"):
         graphs.chosen("auto", cuda, 1, {"SPEEDRUN_GRAPHS": "both"})
     cfg = shrunk("record-2026-07")
     model, optimizer = build(cfg)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from speedrun.config.stages import stage_plan
+from speedrun.errors import ConfigError
 from speedrun.perf import optimizer_graphs
 from speedrun.perf.capture_plan import MAX_WARMUP_STEPS, capture_plan, key_at
 from speedrun.train.stages import stage_bounds
@@ -47,7 +48,7 @@ def chosen(mode: str, device: torch.device, world_size: int, env: dict[str, str]
     and SPEEDRUN_GRAPHS names a way."""
     way = (os.environ if env is None else env).get("SPEEDRUN_GRAPHS", "")
     if way and way not in WAYS:
-        raise ValueError(f"SPEEDRUN_GRAPHS={way!r}: use one of {', '.join(WAYS)} (or leave it unset)")
+        raise ConfigError(f"SPEEDRUN_GRAPHS={way!r}: use one of {', '.join(WAYS)} (or leave it unset)")
     if mode != "auto" or device.type != "cuda" or world_size != 1:
         return ""
     return way
@@ -251,7 +252,10 @@ def install(optimizer: Any, model: torch.nn.Module, train_model: torch.nn.Module
     if not way or not compiled:
         why = "" if not way else ", the warm-up needs train.compile"
         return f"CUDA graphs: off (train.perf={cfg.train.perf}, device {device.type}{why})"
-    visits = plan_visit_steps(cfg)  # refused here, before anything runs, past the rules' 40 steps
+    try:  # refused here, in one line, before anything runs, past the rules' 40 warm-up steps
+        visits = plan_visit_steps(cfg)
+    except ValueError as e:
+        raise ConfigError(f"SPEEDRUN_GRAPHS={way}: {e}") from None
     backend = backend or CudaBackend(device)
     if way == "trees":
         graphs: Any = TreeStepGraphs(model)

@@ -229,7 +229,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(optimizer.describe())
         run.log(compiled_updates.install(optimizer, rcfg.train.perf, ctx.device))  # the speed layer's swaps
         run.log(overlap.install(optimizer, rcfg.train.perf, ctx.device, ctx.world_size))
-        run.log(graphs.install(optimizer, model, train_model, rcfg, ctx.device, ctx.world_size, compiled))
+        graph_line = graphs.install(optimizer, model, train_model, rcfg, ctx.device, ctx.world_size, compiled)
+        run.log(graph_line, console=False)
         loader = open_loader(cfg, data, ctx)
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(rcfg), cfg.optim.grad_clip
         run.log(
