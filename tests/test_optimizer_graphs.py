@@ -13,6 +13,7 @@ import torch
 from speedrun.optim.normuon import normuon_update
 from speedrun.perf import optimizer_graphs
 from speedrun.perf.graphs import CudaBackend
+from speedrun.perf.optimizer_graphs import BankGraphs
 from tests.fake_cuda_graphs import FakeCuda
 from tests.test_compiled_updates import LR, Parts, _fp32, _sharded
 
@@ -74,3 +75,31 @@ def test_an_optimizer_graph_that_baked_the_learning_rate_fails_its_check():
     live["lr"] = LR / 2
     with pytest.raises(AssertionError, match="replay update differs from eager"):
         steps(opt, params, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bank_graphs_replay_like_the_eager_update_on_the_gpu():
+    """Each bank's update as the optimizer calls it (arguments recorded from a CPU step), on CUDA: capture,
+    check, then replays with a new lr and momentum each call, against the update run eagerly on copies."""
+    opt, params = _sharded(0)
+    calls = []
+    opt.bank_update = lambda *a: calls.append(a) or tensor_scalars(*a)
+    steps(opt, params, 1)
+    cuda = torch.device("cuda")
+    for args in calls:
+        live = [None if t is None else t.to(cuda) for t in args[:5]]
+        ref = [None if t is None else t.clone() for t in live]
+        lr0 = args[5].to(cuda) if isinstance(args[5], torch.Tensor) else args[5]
+        bg = BankGraphs(tensor_scalars, CudaBackend(cuda))
+        gen = torch.Generator(device=cuda).manual_seed(0)
+        for step in range(4):
+            grads = torch.randn(live[0].shape, device=cuda, generator=gen).to(live[0].dtype)
+            live[0], ref[0] = grads, grads.clone()
+            lr, mu = lr0 * (1 - step / 10), 0.85 + 0.03 * step
+            new = bg(*live, lr, args[6], mu, *args[8:]).clone()
+            want = tensor_scalars(*ref, lr, args[6], mu, *args[8:])
+            torch.testing.assert_close(new, want, rtol=1e-3, atol=1e-5)
+            live[3].copy_(new)
+            ref[3].copy_(want)
+        assert len(bg.graphs) == 1 and all(tg.checked for tg in bg.graphs.values())
