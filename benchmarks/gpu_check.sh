@@ -13,7 +13,7 @@
 #      (benchmarks/bench_compiled_updates.py; speedrun/perf/compiled_updates.py)
 #   with --full only: a CUDA memory snapshot of stage 3 (benchmarks/memory_snapshot.py) and
 #      `speedrun bench --recipe stages-2025-12 --stage 3`
-#   5. `pytest -m gpu`
+#   5. `pytest -m gpu` of the speed layer's tests (graphs, optimizer graphs, kernels; --full: every test)
 #   6. the Muon op count (benchmarks/bench_muon_ops.py)
 #   7. each speed-layer kernel against its compiled twin (benchmarks/bench_kernels.py), one part per
 #      kernel, last, so that they never starve the measurements above
@@ -32,7 +32,7 @@
 #               bench-*.json, graphs-*.json, pytest-gpu.xml (--full: snapshot/ with snapshot.pickle for
 #               https://pytorch.org/memory_viz, snapshot.json).
 # --deadline S  overall limit in seconds (default 480); each part gets at most what is left. The part
-#               limits add up to about 510 s, so when every part runs to its limit the deadline cuts the
+#               limits add up to about 520 s, so when every part runs to its limit the deadline cuts the
 #               last kernel part; --full adds about 400 s (raise the deadline with it).
 # --full        also record-2026-07's stages 1 and 2, the memory snapshot and stages-2025-12's stage 3.
 # --steps N, --warmup N  timed and untimed steps per stage (default 5 and 2; the first compiles; with
@@ -157,9 +157,9 @@ elif [ -n "$CPU_OVERRIDES" ]; then
   say "no CUDA: parts 1-3 run on the CPU with $CPU_OVERRIDES (a test of the kit, not a measurement)"
 fi
 if [ "$DEVICE" = cuda ]; then
-  part doctor 20 "$PY" -m speedrun doctor --recipe record-2026-07
+  part doctor 30 "$PY" -m speedrun doctor --recipe record-2026-07
 else
-  part doctor 20 "$PY" -m speedrun doctor
+  part doctor 30 "$PY" -m speedrun doctor
 fi
 [ -f "$OUT/doctor.log" ] && grep -E '^(warn|fail) ' "$OUT/doctor.log" | sed 's/^/doctor: /' | tee -a "$OUT/summary.txt"
 RECORD_STAGES=3
@@ -196,8 +196,10 @@ if [ "$FULL" = 1 ]; then
 fi
 if [ "$DEVICE" = cuda ]; then
   if [ "$PYTEST_LIMIT" -gt 0 ]; then
+    TESTS=(tests/test_step_graphs.py tests/test_optimizer_graphs.py tests/test_perf_kernels.py)  # the speed layer's
+    [ "$FULL" = 1 ] && TESTS=(tests)
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
-      --junitxml="$OUT/pytest-gpu.xml" tests
+      --junitxml="$OUT/pytest-gpu.xml" "${TESTS[@]}"
   else
     say "pytest-gpu: skipped (--pytest-limit 0)"
   fi
