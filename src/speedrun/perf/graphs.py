@@ -111,17 +111,22 @@ class ManualStepGraphs:
     log: list[str] = field(default_factory=list)  # one line per capture and check (the run log's)
 
     def key(self, batch: Sequence[Tensor]) -> tuple:
-        return (tuple((tuple(t.shape), t.dtype) for t in batch), self.key_of(self.plain or self.model))
+        return (
+            tuple((tuple(t.shape), t.dtype) for t in batch),
+            self.key_of(self.model if self.plain is None else self.plain),
+        )
 
     def _loss_and_grads(self, static: list[Tensor], autocast_dtype: torch.dtype | None):
-        ctx = torch.autocast(static[0].device.type, dtype=autocast_dtype) if autocast_dtype else _Null()
+        # no autocast weight cache: a capture must not keep casts made outside it (torch.cuda.graph's rule)
+        device = static[0].device.type
+        ctx = torch.autocast(device, dtype=autocast_dtype, cache_enabled=False) if autocast_dtype else _Null()
         with ctx:
             loss = self.model(*static)
         return loss, torch.autograd.grad(loss, self.params, allow_unused=True)
 
     def forward_backward(self, batch: Sequence[Tensor], dtype: torch.dtype | None) -> Tensor:
         """One micro-batch: replay its key's graph (capturing, or checking, on a warm-up visit) and add its
-        gradients into `p.grad`; returns the loss (graph memory: read it before the next replay)."""
+        gradients into `p.grad`; returns the loss (a copy: the next replay rewrites the graph's own)."""
         key = self.key(batch)
         cs = self.captured.get(key)
         if cs is None:
@@ -136,7 +141,7 @@ class ManualStepGraphs:
         if not fresh and not cs.checked:  # the second visit: the buffers hold this batch, not the capture's
             self._check(key, cs, dtype)
         self._accumulate(self.params, cs.grads)
-        return cs.loss.detach().clone()  # the next replay rewrites the graph's own
+        return cs.loss.detach().clone()
 
     def _capture(self, key: tuple, batch: Sequence[Tensor], dtype: torch.dtype | None) -> Captured:
         static = [t.detach().clone() for t in batch]
@@ -256,6 +261,8 @@ def install(optimizer: Any, model: torch.nn.Module, train_model: torch.nn.Module
         visits = plan_visit_steps(cfg)
     except ValueError as e:
         raise ConfigError(f"SPEEDRUN_GRAPHS={way}: {e}") from None
+    # the tail gets its own stream and pool, as #92's (tests hand one fake to both)
+    tail_backend = backend or CudaBackend(device)
     backend = backend or CudaBackend(device)
     if way == "trees":
         graphs: Any = TreeStepGraphs(model)
@@ -264,7 +271,7 @@ def install(optimizer: Any, model: torch.nn.Module, train_model: torch.nn.Module
         graphs = ManualStepGraphs(train_model, params, backend, plain=model)
     graphs.visits = lambda start: plan_visit_steps(cfg, start)
     optimizer.step_graphs = graphs
-    optimizer.tail_graphs = optimizer_graphs.install(optimizer, backend)  # compiled bank updates, if any
+    optimizer.tail_graphs = optimizer_graphs.install(optimizer, tail_backend)  # compiled bank updates, if any
     n = "one key" if visits is None else f"{len(visits) // 2} keys"
     tail = f", optimizer tail: {len(optimizer.tail_graphs)} bank update(s)" if optimizer.tail_graphs else ""
     return f"CUDA graphs: {way} step ({n} x 2 untimed visits in the warm-up{tail}; perf/graphs.py)"
