@@ -32,7 +32,7 @@
 #               bench-*.json, graphs-*.json, pytest-gpu.xml (--full: snapshot/ with snapshot.pickle for
 #               https://pytorch.org/memory_viz, snapshot.json).
 # --deadline S  overall limit in seconds (default 480); each part gets at most what is left. The part
-#               limits add up to about 520 s, so when every part runs to its limit the deadline cuts the
+#               limits add up to about 535 s, so when every part runs to its limit the deadline cuts the
 #               last kernel part; --full adds about 400 s (raise the deadline with it).
 # --full        also record-2026-07's stages 1 and 2, the memory snapshot and stages-2025-12's stage 3.
 # --steps N, --warmup N  timed and untimed steps per stage (default 5 and 2; the first compiles; with
@@ -208,7 +208,7 @@ else
   say "pytest-gpu: skipped: no CUDA"
   MUON_DEVICE=meta
 fi
-part muon-ops 15 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+part muon-ops 30 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
 for kernel in gram ba_plus_caa softcapped_ce relu2_linear; do  # the speed layer's A/B: kernel vs compiled twin
   if [ "$DEVICE" = cuda ]; then
     part "kernel-$kernel" 25 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
