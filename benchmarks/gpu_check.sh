@@ -21,7 +21,7 @@
 # src/speedrun/tools/anchors.toml and ours/record) into summary.txt as it ends, so a partial run still
 # answers. Without CUDA the GPU parts are reported "skipped: no CUDA".
 #
-#   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--deadline SECONDS] [--python PY] [--full]
+#   benchmarks/gpu_check.sh [--wheels DIR] [--out DIR] [--deadline SECONDS] [--python PY] [--full] [--parts LIST]
 #                           [--steps N] [--warmup N] [--bench-limit S] [--pytest-limit S] [--cpu-overrides DIR]
 #
 # --wheels DIR  wheels from benchmarks/build_gpu_wheels.sh: installed with
@@ -32,12 +32,15 @@
 #               bench-*.json, graphs-*.json, pytest-gpu.xml (--full: snapshot/ with snapshot.pickle for
 #               https://pytorch.org/memory_viz, snapshot.json).
 # --deadline S  overall limit in seconds (default 480); each part gets at most what is left. The part
-#               limits add up to about 535 s, so when every part runs to its limit the deadline cuts the
-#               last kernel part; --full adds about 400 s (raise the deadline with it).
+#               limits add up to about 715 s, sized for cold compiles (~150 s per gpt2026 graph on an
+#               H200): on a cold cache the deadline cuts from the end (kernels first); --full adds
+#               about 400 s (raise the deadline with it).
+# --parts LIST  comma-separated groups to run (default all): doctor,record,graphs,updates,pytest,muon,
+#               kernels; e.g. a second call of the lease with `--parts kernels` when the first was cut.
 # --full        also record-2026-07's stages 1 and 2, the memory snapshot and stages-2025-12's stage 3.
 # --steps N, --warmup N  timed and untimed steps per stage (default 5 and 2; the first compiles; with
 #               CUDA graphs the first captures and the second checks the replay against eager).
-# --bench-limit S  seconds for part 1 (default 110; 270 with --full); parts 2 and 3 get 80 each; every
+# --bench-limit S  seconds for part 1 (default 180; 270 with --full); parts 2 and 3 get 100 and 150; every
 #               30 s each bench writes its Python stacks to stacks-<part>.txt (benchmarks/with_stacks.py).
 # --pytest-limit S seconds for `pytest -m gpu` (default 45; 0 skips it).
 # --cpu-overrides DIR  a test of the kit itself, not a measurement: without CUDA, run part 1 (and with
@@ -47,6 +50,7 @@ set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
 BENCH_LIMIT="" PYTEST_LIMIT=45 STEPS=5 WARMUP=2 CPU_OVERRIDES="" FULL=0
+PARTS=doctor,record,graphs,updates,pytest,muon,kernels
 WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=480 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,10 +64,17 @@ while [ $# -gt 0 ]; do
     --bench-limit) BENCH_LIMIT=$2; shift 2 ;;
     --pytest-limit) PYTEST_LIMIT=$2; shift 2 ;;
     --full) FULL=1; shift ;;
+    --parts) PARTS=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[ -n "$BENCH_LIMIT" ] || { [ "$FULL" = 1 ] && BENCH_LIMIT=270 || BENCH_LIMIT=110; }
+[ -n "$BENCH_LIMIT" ] || { [ "$FULL" = 1 ] && BENCH_LIMIT=270 || BENCH_LIMIT=180; }
+for p in ${PARTS//,/ }; do
+  case "$p" in doctor|record|graphs|updates|pytest|muon|kernels) ;;
+    *) echo "gpu_check.sh: --parts takes doctor,record,graphs,updates,pytest,muon,kernels (not $p)" >&2; exit 2 ;;
+  esac
+done
+wanted() { case ",$PARTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 for n in "$DEADLINE" "$BENCH_LIMIT" "$PYTEST_LIMIT" "$STEPS" "$WARMUP"; do
   case "$n" in ''|*[!0-9]*) echo "gpu_check.sh: --deadline, --bench-limit, --pytest-limit, --steps and --warmup take whole numbers" >&2; exit 2 ;; esac
 done
@@ -156,7 +167,9 @@ elif [ -n "$CPU_OVERRIDES" ]; then
   DEVICE=cpu
   say "no CUDA: parts 1-3 run on the CPU with $CPU_OVERRIDES (a test of the kit, not a measurement)"
 fi
-if [ "$DEVICE" = cuda ]; then
+if ! wanted doctor; then
+  say "doctor: skipped (--parts)"
+elif [ "$DEVICE" = cuda ]; then
   part doctor 30 "$PY" -m speedrun doctor --recipe record-2026-07
 else
   part doctor 30 "$PY" -m speedrun doctor
@@ -164,21 +177,28 @@ fi
 [ -f "$OUT/doctor.log" ] && grep -E '^(warn|fail) ' "$OUT/doctor.log" | sed 's/^/doctor: /' | tee -a "$OUT/summary.txt"
 RECORD_STAGES=3
 [ "$FULL" = 1 ] && RECORD_STAGES=3,1,2
-if [ -n "$DEVICE" ]; then
+if ! wanted record; then
+  say "bench-record-2026-07: skipped (--parts)"
+elif [ -n "$DEVICE" ]; then
   bench bench-record-2026-07 "$BENCH_LIMIT" record-2026-07 "$RECORD_STAGES"
 else
   say "bench-record-2026-07: skipped: no CUDA"
 fi
 for way in manual trees; do  # the step's CUDA graphs, two ways, each against part 1 (perf/graphs.py)
-  if [ "$DEVICE" = cuda ]; then
-    bench "graphs-$way" 80 record-2026-07 3 "$way"
+  if ! wanted graphs; then
+    say "graphs-$way: skipped (--parts)"
+  elif [ "$DEVICE" = cuda ]; then
+    limit=100; [ "$way" = trees ] && limit=150  # trees compile their own graph (another inductor mode)
+    bench "graphs-$way" "$limit" record-2026-07 3 "$way"
     "$PY" "$REPO/benchmarks/graph_ratio.py" "$OUT/bench-record-2026-07.json" "$OUT/graphs-$way.json" "$way" \
       | tee -a "$OUT/summary.txt"
   else
     say "graphs-$way: skipped: no CUDA"
   fi
 done
-if [ "$DEVICE" = cuda ]; then
+if ! wanted updates; then
+  say "compiled-updates: skipped (--parts)"
+elif [ "$DEVICE" = cuda ]; then
   part compiled-updates 60 "$PY" "$REPO/benchmarks/bench_compiled_updates.py" --recipe record-2026-07 --stage 3 \
     --steps "$STEPS" --warmup "$WARMUP" --device cuda
 else
@@ -195,7 +215,9 @@ if [ "$FULL" = 1 ]; then
   fi
 fi
 if [ "$DEVICE" = cuda ]; then
-  if [ "$PYTEST_LIMIT" -gt 0 ]; then
+  if ! wanted pytest; then
+    say "pytest-gpu: skipped (--parts)"
+  elif [ "$PYTEST_LIMIT" -gt 0 ]; then
     TESTS=(tests/test_step_graphs.py tests/test_optimizer_graphs.py tests/test_perf_kernels.py)  # the speed layer's
     [ "$FULL" = 1 ] && TESTS=(tests)
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
@@ -208,9 +230,15 @@ else
   say "pytest-gpu: skipped: no CUDA"
   MUON_DEVICE=meta
 fi
-part muon-ops 30 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+if wanted muon; then
+  part muon-ops 30 "$PY" "$REPO/benchmarks/bench_muon_ops.py" --recipe record-2025-01 --device "$MUON_DEVICE"
+else
+  say "muon-ops: skipped (--parts)"
+fi
 for kernel in gram ba_plus_caa softcapped_ce relu2_linear; do  # the speed layer's A/B: kernel vs compiled twin
-  if [ "$DEVICE" = cuda ]; then
+  if ! wanted kernels; then
+    say "kernel-$kernel: skipped (--parts)"
+  elif [ "$DEVICE" = cuda ]; then
     part "kernel-$kernel" 25 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
   else
     say "kernel-$kernel: skipped: no CUDA"

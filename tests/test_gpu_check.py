@@ -87,7 +87,9 @@ def test_gpu_check_parts_run_on_cpu_and_report_each_stage_against_its_anchor(tmp
 
 
 def test_gpu_check_refuses_a_bad_argument_in_one_line(tmp_path):
-    for bad in (["--deadline", "soon"], ["--steps", "0"], ["--cpu-overrides", str(tmp_path / "none")]):
+    bad_args = (["--deadline", "soon"], ["--steps", "0"], ["--cpu-overrides", str(tmp_path / "none")],
+                ["--parts", "kernels,fast"])  # fmt: skip
+    for bad in bad_args:
         proc = kit(*bad, "--out", str(tmp_path), timeout=60)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and bad[0] in proc.stderr, proc.stderr
 
@@ -122,3 +124,21 @@ def test_graph_ratio_prints_plain_over_graphs_per_stage_timed_in_both(tmp_path):
     ]
     proc = subprocess.run([*run[:3], str(tmp_path / "none.json"), "trees"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("graphs trees: no ratio (FileNotFoundError")
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_gpu_check_runs_only_the_parts_named(tmp_path):
+    out = tmp_path / "results"
+    proc = kit("--out", str(out), "--parts", "kernels", timeout=120)
+    summary = (out / "summary.txt").read_text()
+    assert proc.returncode == 0, summary + proc.stderr
+    for name in (
+        "doctor",
+        "bench-record-2026-07",
+        "graphs-manual",
+        "graphs-trees",
+        "compiled-updates",
+        "muon-ops",
+    ):
+        assert f"{name}: skipped (--parts)" in summary
+    assert "kernel-gram: skipped: no CUDA" in summary and "muon-ops: ok" not in summary
