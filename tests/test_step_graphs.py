@@ -205,8 +205,9 @@ def test_the_warmup_visits_every_key_of_the_capture_plan_twice_within_40_steps()
     resumed = graphs.merge_visits(warmup_steps(cfg, mid), graphs.plan_visit_steps(cfg, mid))
     assert resumed[:2] == [mid, mid] and all(s >= mid for s in resumed)
     assert graphs.merge_visits([7], None) == [7, 7]  # no stages: one key
-    with pytest.raises(ValueError, match="needs 41 steps, the rules allow 40"):
-        graphs.merge_visits(list(range(39)), [50, 50])
+    assert graphs.merge_visits([0, 5], [0, 0, 3, 3]) == [0, 0, 3, 3, 5, 5]  # a base step is checked too
+    with pytest.raises(ConfigError, match="needs 42 steps, the rules allow 40"):
+        graphs.merge_visits(list(range(20)), [50, 50])
 
 
 def test_the_plain_step_is_kept_on_the_cpu_with_perf_off_and_on_several_processes():

@@ -9,8 +9,8 @@ ways, each an A/B part of the GPU kit (benchmarks/bench_graphs.py); the loser is
   buffers; `seal()` after the warm-up makes a key never captured fatal (never a silent eager step).
 - `trees`: torch.compile's own cudagraph trees, `mode="reduce-overhead"`, on the plain model.
 
-The warm-up visits each key of the capture plan twice (perf/capture_plan.py; `warmup_steps` merges those
-visits into the compile warm-up's steps, within the rules' 40). Gradients leave a replay in the graph's own
+The warm-up runs each of its steps and each capture-plan key's first step twice (perf/capture_plan.py;
+`warmup_steps`, within the rules' 40). Gradients leave a replay in the graph's own
 pool memory; the step copies them into `p.grad` (a new tensor on the first micro-batch, added on later
 ones), as `loss.backward()` would have accumulated them.
 
@@ -192,13 +192,13 @@ class ManualStepGraphs:
 
 
 def merge_visits(base: list[int], visits: Sequence[int] | None) -> list[int]:
-    """`base` (the compile warm-up's steps) with the capture plan's visit steps (`visits`; None: a run
-    without stages has one key, visited at its first step twice): a step the plan visits twice runs
-    twice, ascending as the timed run goes; refused past the rules' 40 steps."""
-    extra = sorted(visits) if visits is not None else [base[0], base[0]]
-    steps = sorted([*(s for s in set(base) if s not in extra), *extra])
+    """The warm-up's steps with CUDA graphs: every step of `base` (the compile warm-up's: a stage's first
+    step, a change of #92's candidate count) and of the capture plan's `visits` (None: a run without
+    stages), each twice, the first capturing and the second checking, ascending as the timed run goes;
+    refused past the rules' 40 steps."""
+    steps = sorted(2 * [*set(base) | set(visits or ())])
     if len(steps) > MAX_WARMUP_STEPS:
-        raise ValueError(
+        raise ConfigError(
             f"the warm-up with CUDA graphs needs {len(steps)} steps, the rules allow {MAX_WARMUP_STEPS}"
         )
     return steps
