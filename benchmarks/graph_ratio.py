@@ -4,7 +4,8 @@ JSON files. Prints one line per stage both timed:
 
     graphs WAY RECIPE stage N: X ms/step with graphs, Y ms/step plain, plain/graphs Z
 
-(above 1: the graphs win) and exits 0; a missing or unreadable file prints `graphs WAY: no ratio (...)`.
+(above 1: the graphs win) and exits 0; a missing or unreadable file, or a graphs run whose `cuda_graphs`
+line says it ran without them, prints `graphs WAY: no ratio (...)`.
 
     python benchmarks/graph_ratio.py PLAIN.json GRAPHS.json WAY
 """
@@ -17,6 +18,9 @@ from pathlib import Path
 
 
 def ratio_lines(plain: dict, graphs: dict, way: str) -> list[str]:
+    line = graphs.get("cuda_graphs", "")
+    if not line.startswith(f"CUDA graphs: {way} "):  # the arm fell back to the plain step: no A/B
+        return [f"graphs {way}: no ratio (the bench ran without them: {line or 'no cuda_graphs entry'})"]
     base = {s["stage"]: s for s in plain["stages"]}
     out = []
     for s in graphs["stages"]:

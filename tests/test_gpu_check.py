@@ -112,7 +112,8 @@ def test_graph_ratio_prints_plain_over_graphs_per_stage_timed_in_both(tmp_path):
         "recipe": "record-2026-07",
         "stages": [{"stage": 3, "step_ms": 600.0}, {"stage": 1, "step_ms": 90.0}],
     }
-    graphs = {"recipe": "record-2026-07", "stages": [{"stage": 3, "step_ms": 480.0}]}
+    line = "CUDA graphs: manual step (4 keys x 2 untimed visits in the warm-up; perf/graphs.py)"
+    graphs = {"recipe": "record-2026-07", "cuda_graphs": line, "stages": [{"stage": 3, "step_ms": 480.0}]}
     (tmp_path / "plain.json").write_text(json.dumps(plain))
     (tmp_path / "graphs.json").write_text(json.dumps(graphs))
     script = str(ROOT / "benchmarks" / "graph_ratio.py")
@@ -124,6 +125,8 @@ def test_graph_ratio_prints_plain_over_graphs_per_stage_timed_in_both(tmp_path):
     ]
     proc = subprocess.run([*run[:3], str(tmp_path / "none.json"), "trees"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("graphs trees: no ratio (FileNotFoundError")
+    proc = subprocess.run([*run[:4], "trees"], capture_output=True, text=True)  # a manual run is no trees arm
+    assert proc.stdout.startswith("graphs trees: no ratio (the bench ran without them: CUDA graphs: manual")
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")

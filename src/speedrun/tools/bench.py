@@ -158,7 +158,8 @@ def run_bench(
     optimizer = build_optimizer(model, cfg)
     print(compiled_updates.install(optimizer, cfg.train.perf, device), file=sys.stderr)  # as train does
     # CUDA graphs (SPEEDRUN_GRAPHS, the kit's A/B): each stage's two untimed steps capture, then check
-    print(step_graphs.install(optimizer, model, train_model, cfg, device, 1, compiled), file=sys.stderr)
+    graphs_line = step_graphs.install(optimizer, model, train_model, cfg, device, 1, compiled)
+    print(graphs_line, file=sys.stderr)
     timed = _TimedOptimizer(optimizer, device)
     to_time, name = bench_stages(cfg, stages), device_name(device)
     table = load_anchors() if anchors is None else anchors
@@ -191,6 +192,7 @@ def run_bench(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "compile": compiled,
+        "cuda_graphs": graphs_line,
         "autocast": autocast_label(cfg),
         "precision": precision.describe(),
         "params": sum(p.numel() for p in model.parameters()),
