@@ -34,9 +34,13 @@ class FakeHost(Environment):
     shm: int | None = 512 * doctor.GiB
     env: dict = dataclasses.field(default_factory=dict)
     libraries: tuple[str, ...] = (doctor.CUDART,)
+    token_file: bool = False
 
     def torch_build(self):
         return self.build
+
+    def hf_token_file(self):
+        return self.token_file
 
     def gpus(self):
         return list(self.devices)
@@ -95,6 +99,14 @@ def test_doctor_on_a_healthy_gpu_node_says_ok_to_everything(capsys):
         (dict(build="ImportError: libtorch_cuda.so: cannot open"), "torch", "fail", "does not import"),
         (dict(libraries=()), doctor.CUDART, "fail", "missing"),
         (dict(fa3_reason="no cached build for this torch"), "fa3", "warn", "no cached build"),
+        (dict(fa3_reason="not cached"), "fa3", "warn", "needs a Hugging Face token, without one: 401"),
+        (
+            dict(build=("2.11.0+cu130", "13.0"), driver="575.57.08"),
+            "driver",
+            "fail",
+            "too old for torch's CUDA 13.0",
+        ),
+        (dict(build=("2.10.0+cu128", "12.8"), driver="550.54.15"), "driver", "warn", "550.54.15 < 580"),
         (dict(triton=None), "triton", "fail", "not importable"),
         (dict(free=5 * 10**9), "inductor cache", "warn", "5.0 GB free (< 10 GB)"),
         (dict(free=0), "triton cache", "fail", "0.0 GB free"),
@@ -119,6 +131,15 @@ def test_doctor_flags_each_trap_of_a_gpu_host(change, name, status, words, capsy
     assert run(host) == (1 if status == "fail" else 0)
     out = capsys.readouterr()
     assert f"{status:<4} {name}: " in out.out and ("0 failed" in out.err) == (status != "fail")
+
+
+def test_doctor_says_nothing_of_a_token_when_one_is_there_to_fetch_fa3():
+    for host in (
+        FakeHost(fa3_reason="x", env={"HF_TOKEN": "hf_x"}),
+        FakeHost(fa3_reason="x", token_file=True),
+    ):
+        status, text = statuses(host)["fa3"]
+        assert status == "warn" and "401" not in text
 
 
 def test_doctor_on_a_cpu_host_skips_the_gpu_checks_and_passes():

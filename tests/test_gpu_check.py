@@ -15,7 +15,8 @@ import torch
 from tests.recipe_matrix import shrink
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU_PARTS = ("bench-record-2026-07", "memory-snapshot", "bench-stages-2025-12-stage3")
+GPU_PARTS = ("bench-record-2026-07", "memory-snapshot", "bench-stages-2025-12-stage3")  # --full's
+AB_PARTS = ("bench-record-2026-07", "graphs-manual", "graphs-trees", "compiled-updates")  # the default kit
 # three scheduled stages of growing batch and windows, as the records' (the shrunk recipes have two)
 THREE_STAGES = (
     "train.stages=tokens=256 windows=1/1 frac=1/3; tokens=512 windows=1/2 frac=1/3; "
@@ -47,8 +48,11 @@ def test_gpu_check_runs_end_to_end_on_cpu_with_gpu_parts_skipped(tmp_path):
     assert "pytest-gpu: skipped: no CUDA" in summary
     for kernel in ("gram", "ba_plus_caa", "softcapped_ce", "relu2_linear"):  # bench_kernels.py
         assert f"kernel-{kernel}: skipped: no CUDA" in summary
-    for name in GPU_PARTS:
+    for name in AB_PARTS:
         assert f"{name}: skipped: no CUDA" in summary
+    assert "memory-snapshot" not in summary  # --full only
+    order = [summary.index(f"{name}: skipped") for name in (*AB_PARTS, "pytest-gpu", "kernel-gram")]
+    assert order == sorted(order)  # the A/B of the step first, the kernel parts last
     assert "muon-ops: ok" in summary
     assert "doctor: ok" in summary and "ok   torch: " in (out / "doctor.log").read_text()  # doctor first
     assert summary.index("doctor: ok") < summary.index("pytest-gpu: skipped")
@@ -59,7 +63,7 @@ def test_gpu_check_runs_end_to_end_on_cpu_with_gpu_parts_skipped(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or shutil.which("timeout") is None, reason="CPU check")
 def test_gpu_check_parts_run_on_cpu_and_report_each_stage_against_its_anchor(tmp_path):
-    """The kit's plumbing on tiny recipes: record-2026-07's three stages (stage 3 first), the memory
+    """The kit's plumbing on tiny recipes (--full): record-2026-07's three stages (stage 3 first), the memory
     snapshot (its hook at the backward's start) and stages-2025-12's stage 3 run; every stage line names
     the record's figure and our/record ratio."""
     overrides = tmp_path / "overrides"
@@ -67,7 +71,7 @@ def test_gpu_check_parts_run_on_cpu_and_report_each_stage_against_its_anchor(tmp
     for recipe in ("record-2026-07", "stages-2025-12"):
         (overrides / f"{recipe}.txt").write_text("\n".join([*shrink(recipe), THREE_STAGES, *FAST]) + "\n")
     out = tmp_path / "results"
-    proc = kit("--out", str(out), "--deadline", "500", "--steps", "1", "--warmup", "1",
+    proc = kit("--out", str(out), "--deadline", "500", "--steps", "1", "--warmup", "1", "--full",
                "--cpu-overrides", str(overrides))  # fmt: skip
     summary = (out / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stderr
@@ -83,7 +87,9 @@ def test_gpu_check_parts_run_on_cpu_and_report_each_stage_against_its_anchor(tmp
 
 
 def test_gpu_check_refuses_a_bad_argument_in_one_line(tmp_path):
-    for bad in (["--deadline", "soon"], ["--steps", "0"], ["--cpu-overrides", str(tmp_path / "none")]):
+    bad_args = (["--deadline", "soon"], ["--steps", "0"], ["--cpu-overrides", str(tmp_path / "none")],
+                ["--parts", "kernels,fast"])  # fmt: skip
+    for bad in bad_args:
         proc = kit(*bad, "--out", str(tmp_path), timeout=60)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and bad[0] in proc.stderr, proc.stderr
 
@@ -96,3 +102,46 @@ def test_gpu_check_past_its_deadline_skips_each_part_in_one_line(tmp_path):
     assert proc.returncode == 1
     assert "muon-ops: skipped: deadline reached" in summary and "done in" in summary
     assert "doctor: skipped: deadline reached" in summary
+
+
+def test_graph_ratio_prints_plain_over_graphs_per_stage_timed_in_both(tmp_path):
+    import json
+    import sys
+
+    plain = {
+        "recipe": "record-2026-07",
+        "stages": [{"stage": 3, "step_ms": 600.0}, {"stage": 1, "step_ms": 90.0}],
+    }
+    line = "CUDA graphs: manual step (4 keys x 2 untimed visits in the warm-up; perf/graphs.py)"
+    graphs = {"recipe": "record-2026-07", "cuda_graphs": line, "stages": [{"stage": 3, "step_ms": 480.0}]}
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    (tmp_path / "graphs.json").write_text(json.dumps(graphs))
+    script = str(ROOT / "benchmarks" / "graph_ratio.py")
+    run = [sys.executable, script, str(tmp_path / "plain.json"), str(tmp_path / "graphs.json"), "manual"]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == [
+        "graphs manual record-2026-07 stage 3: 480.0 ms/step with graphs, 600.0 ms/step plain, "
+        f"plain/graphs {600 / 480:.3f}"
+    ]
+    proc = subprocess.run([*run[:3], str(tmp_path / "none.json"), "trees"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("graphs trees: no ratio (FileNotFoundError")
+    proc = subprocess.run([*run[:4], "trees"], capture_output=True, text=True)  # a manual run is no trees arm
+    assert proc.stdout.startswith("graphs trees: no ratio (the bench ran without them: CUDA graphs: manual")
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_gpu_check_runs_only_the_parts_named(tmp_path):
+    out = tmp_path / "results"
+    proc = kit("--out", str(out), "--parts", "kernels", timeout=120)
+    summary = (out / "summary.txt").read_text()
+    assert proc.returncode == 0, summary + proc.stderr
+    for name in (
+        "doctor",
+        "bench-record-2026-07",
+        "graphs-manual",
+        "graphs-trees",
+        "compiled-updates",
+        "muon-ops",
+    ):
+        assert f"{name}: skipped (--parts)" in summary
+    assert "kernel-gram: skipped: no CUDA" in summary and "muon-ops: ok" not in summary

@@ -9,8 +9,8 @@ two untimed visits in the warm-up at the first step that has it: the first captu
 replays it and checks it against an eager step. The warm-up restores every state afterwards
 (train/warmup.py), so it may visit a step twice; the record rules allow at most 40 warm-up steps.
 
-This module only plans; the capture itself (torch.cuda.graphs or torch.compile's cudagraph trees,
-issue 44) needs a GPU and is not built yet.
+This module only plans; the capture itself is perf/graphs.py (the step, by hand or as torch.compile's
+cudagraph trees) and perf/optimizer_graphs.py (the optimizer tail), which read these visits.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from speedrun.model.families import family_of
 from speedrun.model.flops import FORMULA
 from speedrun.optim.build import RunOptimizer, build_optimizer
 from speedrun.perf import compiled_updates
+from speedrun.perf import graphs as step_graphs
 from speedrun.tools.anchors import Anchor, find_anchor, load_anchors
 from speedrun.train.distributed import DistContext, cuda_allocator_settings
 from speedrun.train.flops import step_flops
@@ -81,6 +82,10 @@ class _TimedOptimizer:
     @property
     def overlap(self):
         return self.inner.overlap
+
+    @property
+    def step_graphs(self):
+        return getattr(self.inner, "step_graphs", None)
 
 
 def bench_stages(cfg: Config, only: list[int] | None = None) -> list[tuple[int, int, int]]:
@@ -152,6 +157,9 @@ def run_bench(
     compiled = is_compiled(train_model)  # the one rule (the loop also runs it under DDP)
     optimizer = build_optimizer(model, cfg)
     print(compiled_updates.install(optimizer, cfg.train.perf, device), file=sys.stderr)  # as train does
+    # CUDA graphs (SPEEDRUN_GRAPHS, the kit's A/B): each stage's two untimed steps capture, then check
+    graphs_line = step_graphs.install(optimizer, model, train_model, cfg, device, 1, compiled)
+    print(graphs_line, file=sys.stderr)
     timed = _TimedOptimizer(optimizer, device)
     to_time, name = bench_stages(cfg, stages), device_name(device)
     table = load_anchors() if anchors is None else anchors
@@ -184,6 +192,7 @@ def run_bench(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "compile": compiled,
+        "cuda_graphs": graphs_line,
         "autocast": autocast_label(cfg),
         "precision": precision.describe(),
         "params": sum(p.numel() for p in model.parameters()),

@@ -2,10 +2,12 @@
 and exit 1 when any check fails.
 
 What it checks is what has cost runs before (issue 44, #92's README): the torch build (a nightly trains
-with NaNs) and its CUDA runtime; the NVIDIA driver (below 580 the whole step is ~35 % slower, silently);
+with NaNs) and its CUDA runtime; the NVIDIA driver (too old for that runtime: no GPU at all; below 580
+the whole step is ~35 % slower, silently);
 the GPU and its memory against the recipe's estimate (train/plan/memory.py, as `train --dry-run`
 and the memory guard use it); FlashAttention-3 from the local Hugging Face cache, offline, exactly
-as a run loads it; triton; free disk for inductor's and triton's caches (>= 10 GB); host RAM;
+as a run loads it (when it does not, whether a token is there to fetch it: `get_kernel` without one
+gets 401); triton; free disk for inductor's and triton's caches (>= 10 GB); host RAM;
 /dev/shm; NCCL settings that slow or break a node; `libcudart.so.13`, which #92's kernels link.
 
 Every probe of the host is one method of `Environment`, so the tests hand `run_checks` a fake host
@@ -27,6 +29,8 @@ from pathlib import Path
 
 GiB = 2**30
 MIN_DRIVER = 580  # #92's README: below it the step slows by ~35 % with no error
+#: the oldest driver (major) each CUDA runtime major runs on at all (NVIDIA's minor-version compatibility)
+DRIVER_FOR_CUDA = {13: 580, 12: 525, 11: 450}
 CACHE_WARN_BYTES = 10 * 10**9  # #92's README: >= 10 GB free for the inductor and triton caches
 CACHE_FAIL_BYTES = 1 * 10**9  # a compile of the record writes more than this
 RAM_WARN_BYTES = 16 * GiB  # inductor's compile workers and the pinned loader
@@ -172,6 +176,11 @@ class Environment:
     def environ(self) -> Mapping[str, str]:
         return os.environ
 
+    def hf_token_file(self) -> bool:
+        """Whether a Hugging Face token file exists (`hf auth login` writes HF_HOME/token)."""
+        home = self.environ().get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
+        return (Path(home) / "token").is_file()
+
     def has_library(self, soname: str) -> bool:
         """Whether the dynamic loader finds `soname` (already loaded, on LD_LIBRARY_PATH, or in the
         nvidia-* wheels beside torch)."""
@@ -217,6 +226,13 @@ def check_driver(env: Environment, gpus: list[Gpu]) -> Check:
         major = int(version.split(".")[0])
     except ValueError:
         return Check("warn", "driver", f"version {version!r} unreadable")
+    build = env.torch_build()
+    runtime = build[1] if isinstance(build, tuple) else None
+    need = DRIVER_FOR_CUDA.get(int(runtime.split(".")[0])) if runtime else None
+    if need is not None and major < need:  # torch.cuda.is_available() says False, or the first kernel fails
+        return Check(
+            "fail", "driver", f"{version} is too old for torch's CUDA {runtime} runtime (needs >= {need})"
+        )
     if major < MIN_DRIVER:
         return Check("warn", "driver", f"{version} < {MIN_DRIVER}: #92 measured a silent ~35 % slowdown")
     return Check("ok", "driver", version)
@@ -256,7 +272,12 @@ def check_fa3(env: Environment, gpus: list[Gpu]) -> Check:
         return Check("skip", "fa3", "no CUDA device")
     why = env.fa3()
     if why is not None:
-        return Check("warn", "fa3", f"not loaded from the local cache ({why}); the next attention tier runs")
+        text = f"not loaded from the local cache ({why}); the next attention tier runs"
+        environ = env.environ()
+        if not (environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or env.hf_token_file()):
+            # #92's README: kernels' get_kernel answered 401 on a host without a token
+            text += "; fetching it (kernels' get_kernel, online) needs a Hugging Face token, without one: 401"
+        return Check("warn", "fa3", text)
     return Check("ok", "fa3", "loads from the local Hugging Face cache, offline")
 
 
@@ -352,9 +373,8 @@ def recipe_need(recipe: str, overrides: list[str], cuda: bool, world: int) -> tu
     cfg = load_recipe(recipe, overrides)
     device = torch.device("cuda" if cuda else "cpu")
     # every GPU doctor passes (sm80+) runs bf16 fast: the CUDA answer of precision.resolve without a device
-    precision = (
-        Precision("fp32" if cfg.train.dtype == "fp32" else "bf16", "CUDA") if cuda else resolve(cfg, device)
-    )
+    gpu = Precision("fp32" if cfg.train.dtype == "fp32" else "bf16", "CUDA")
+    precision = gpu if cuda else resolve(cfg, device)
     cfg = effective_config(cfg, precision)
     compiled = compiles(cfg, device)
     how = f"{cfg.recipe}, {world} process{'es' if world > 1 else ''}, {precision.dtype}, "

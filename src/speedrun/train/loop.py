@@ -25,7 +25,7 @@ from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
 from speedrun.model.summary import model_summary
 from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
-from speedrun.perf import compiled_updates, overlap, swaps
+from speedrun.perf import compiled_updates, graphs, overlap, swaps
 from speedrun.train import distributed
 from speedrun.train.evaluate import audited, evaluate
 from speedrun.train.flops import first_and_last
@@ -229,6 +229,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             run.log(optimizer.describe())
         run.log(compiled_updates.install(optimizer, rcfg.train.perf, ctx.device))  # the speed layer's swaps
         run.log(overlap.install(optimizer, rcfg.train.perf, ctx.device, ctx.world_size))
+        graph_line = graphs.install(optimizer, model, train_model, rcfg, ctx.device, ctx.world_size, compiled)
+        run.log(graph_line, console=False)
         loader = open_loader(cfg, data, ctx)
         accum, dtype, clip = loader.accumulation_steps, autocast_dtype(rcfg), cfg.optim.grad_clip
         run.log(

@@ -53,8 +53,13 @@ def train_step(
     # the speed layer's backward hooks (perf/overlap.py): on the last micro-batch they start each finished
     # reduction inside the backward, on a copy scaled as below; never with clipping (it needs them all)
     overlap = getattr(optimizer, "overlap", None) if grad_clip <= 0 else None
+    graphs = getattr(optimizer, "step_graphs", None)
     for micro in range(accumulation_steps):
         x, y, *cu_seqlens = next_batch()
+        if graphs is not None:  # the speed layer's CUDA graphs (perf/graphs.py; one process, no hooks)
+            loss = graphs.forward_backward((x, y, *cu_seqlens), dtype)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            continue
         last = micro == accumulation_steps - 1
         defer_sync = isinstance(model, DistributedDataParallel) and not last
         with model.no_sync() if defer_sync else contextlib.nullcontext():

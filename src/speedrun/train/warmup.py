@@ -12,6 +12,7 @@ import torch
 from speedrun.config import Config
 from speedrun.config.stages import stage_plan
 from speedrun.model.families import family_of
+from speedrun.perf import graphs
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.stages import candidate_changes, stage_at, stage_bounds
 from speedrun.train.step import train_step
@@ -72,7 +73,7 @@ def warm_up(
     saved_loader = loader.state_dict()
     saved_rng = torch.get_rng_state()
     saved_cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    steps, val_steps = warmup_steps(cfg, start), validation_steps(cfg, start)
+    steps, val_steps = graphs.warmup_steps(optimizer, warmup_steps(cfg, start)), validation_steps(cfg, start)
     if val_steps:  # a graph per stage for training and for validation: more than dynamo's default 8
         limit = torch._dynamo.config.recompile_limit
         torch._dynamo.config.recompile_limit = max(limit, 2 * (len(steps) + len(val_steps)))
@@ -90,6 +91,7 @@ def warm_up(
         validate()
     if not val_steps:
         validate()
+    graphs.seal(optimizer)  # CUDA graphs: every key captured and checked, none captured on the clock
     with torch.no_grad():
         model.load_state_dict(saved_model)
     optimizer.load_state_dict(saved_optimizer)
