@@ -421,11 +421,12 @@ class ShardedNorMuonAdam:
     def _gather(self, shard: Tensor) -> Tensor:
         if self.world == 1:
             return shard.clone()
-        out = torch.empty(
-            (shard.shape[0] * self.world, *shard.shape[1:]), dtype=shard.dtype, device=shard.device
-        )
-        self.comms.all_gather(out, shard.contiguous()).wait()
-        return out
+        # the mantissa sidecars are uint16, which neither gloo nor NCCL sends: a gather copies bits, so they
+        # travel as bf16 bit patterns and come back as they left
+        wire = shard.view(torch.bfloat16) if shard.dtype in (torch.uint16, torch.int16) else shard
+        out = torch.empty((wire.shape[0] * self.world, *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
+        self.comms.all_gather(out, wire.contiguous()).wait()
+        return out.view(shard.dtype)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") not in self.readable_formats:
