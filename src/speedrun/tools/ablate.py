@@ -20,6 +20,7 @@ from pathlib import Path
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError
 from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, this_host
+from speedrun.train.signals import RunInterrupted
 
 BASELINE = "baseline"
 #: settings that change what a run writes (log lines, validation points, checkpoints, samples), never a
@@ -210,6 +211,12 @@ def train_arms(arms: list[Arm], what: str = "ablation") -> None:
             refuse_unlike([f for _, _, f in todo], f"this {what}", here, allowed)
             _train_one(arm, cfg, folder, f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}",
                        states[folder], first if automatic and i > 1 else None, i == 2)  # fmt: skip
+    except RunInterrupted as e:  # the remedy is this command again, not one run's `train --resume` (issue 46)
+        stop = str(e).partition("; resume with:")[0]
+        raise RunInterrupted(
+            f"{stop}; run the same {what} command again to go on (finished runs are reused, this one resumes)",
+            e.exit_code - 128,
+        ) from None
     finally:
         hold.close()
     refuse_unlike([f for _, _, f in todo], f"this {what}", allowed=allowed)
