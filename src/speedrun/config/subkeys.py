@@ -44,7 +44,6 @@ NEEDS: dict[type, dict[str, tuple[str, ...]]] = {
         "norm_fp32": (RMSNORM,),
     },
     Gpt2026Config: {  # train/schedule.attention_window, model/gpt2026/head.py and sampled.py (softcap)
-        "attn.window_warmup": ("model.attn.window",),
         "attn.window_warmup_start": ("model.attn.window_warmup=floor|ceil",),
         "attn.window_unit": ("model.attn.window_warmup=floor|ceil",),
         "head.softcap_divisor": ("model.head.softcap",),
