@@ -66,6 +66,7 @@ OFF = {
     "muon_momentum_start": ["optim.muon_momentum_warmup_steps=0", "optim.muon_momentum_cooldown_steps=0"],
     "window_warmup": ["train.time_budget_s=0"],  # else the budget's own rule names it first (demo)
     "head.softcap_divisor": ["model.head.softcap=0"],
+    "stream.skip_gate_form": ["model.skips=[]"],
     "head.softcap_in_bf16": ["model.head.softcap=0"],
 }
 

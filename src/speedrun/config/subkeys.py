@@ -43,11 +43,15 @@ NEEDS: dict[type, dict[str, tuple[str, ...]]] = {
         "norm_eps": (RMSNORM,),
         "norm_fp32": (RMSNORM,),
     },
-    Gpt2026Config: {  # train/schedule.attention_window, model/gpt2026/head.py and sampled.py (softcap)
+    Gpt2026Config: {  # train/schedule.py, model/gpt2026/ (head, sampled, model, ngram)
         "attn.window_warmup_start": ("model.attn.window_warmup=floor|ceil",),
         "attn.window_unit": ("model.attn.window_warmup=floor|ceil",),
         "head.softcap_divisor": ("model.head.softcap",),
         "head.softcap_in_bf16": ("model.head.softcap",),
+        "stream.skip_gate_form": ("model.skips",),  # model/gpt2026/model.py: the skips' weights
+        "ngram.sign_rows": ("model.ngram.rows",),  # model/gpt2026/ngram.py: the table's build
+        "ngram.dim": ("model.ngram.rows",),
+        "ngram.dtype": ("model.ngram.rows",),
     },
     DataConfig: {  # train/plan/run_data.open_loader
         "align_to_bos": (TOKENS,),
