@@ -161,3 +161,25 @@ def test_a_switch_part_that_changes_nothing_or_is_joined_wrongly_is_refused(swit
         plan("demo", [1], [], [switch], tmp_path / "abl")
     assert says in str(refused.value) and "expected an integer" not in str(refused.value)
     assert not (tmp_path / "abl").exists()
+
+
+@pytest.mark.parametrize("what", ["ablation", "noise study"])
+def test_a_stopped_study_names_the_same_command_not_one_runs_resume(what, text_data, tmp_path, monkeypatch):
+    """issue 46: the stop line of ablate/noise named `speedrun train --resume RUN`, which goes on with one
+    run and leaves the table unmade; the remedy is the same command (it reuses and resumes)."""
+    import signal
+
+    import speedrun.train.loop as loop
+    from speedrun.tools.ablate import plan, train_arms
+    from speedrun.train.signals import RunInterrupted
+
+    def stopped(cfg, folder, **kw):
+        raise RunInterrupted.after(signal.SIGTERM, 2, folder / "checkpoints" / "step_000002", folder)
+
+    monkeypatch.setattr(loop, "train", stopped)
+    arms = plan("demo", [1], [*TINY, f"data.dir={text_data}"], [SWITCH], tmp_path / "abl")
+    with pytest.raises(RunInterrupted) as e:
+        train_arms(arms, what)
+    assert e.value.exit_code == 128 + signal.SIGTERM
+    assert str(e.value).startswith("stopped by SIGTERM after step 2; saved checkpoint ")
+    assert f"run the same {what} command again" in str(e.value) and "--resume" not in str(e.value)
