@@ -189,3 +189,25 @@ def test_gate_lr_mul_that_nothing_reads_names_why():
 
     with pytest.raises(ConfigError, match=r"gate_lr_mul=0.5 has no effect: .* optim.gate_lr=\S+ gives them to Adam"):
         validate(load_recipe("demo-2026", ["optim.gate_lr_mul=0.5"]))
+
+
+@pytest.mark.parametrize(
+    "recipe, cause", [("demo", "the warm-down (2, train.warmdown_frac 0.3)"), ("demo-2026", "Muon's momentum cool-down (50")]
+)
+def test_a_budget_that_cannot_act_names_its_cause_and_a_step_count_that_works(recipe, cause):
+    """issue 46: demo-2026's refusal called its 50-step momentum cool-down "the warm-down" and said only
+    "raise train.steps". The count it names now is accepted, and one step fewer is not."""
+    import re
+
+    from speedrun.train.plan.budget import settle_budget
+
+    def settle(steps: int) -> None:
+        settle_budget(load_recipe(recipe, ["train.time_budget_s=1", f"train.steps={steps}"]), print)
+
+    with pytest.raises(ConfigError, match="cannot act") as refused:
+        settle(5)
+    assert cause in str(refused.value), refused.value
+    n = int(re.search(r"raise train.steps to at least (\d+)", str(refused.value)).group(1))
+    settle(n)
+    with pytest.raises(ConfigError, match="cannot act"):
+        settle(n - 1)
