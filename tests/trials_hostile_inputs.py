@@ -182,7 +182,7 @@ def main() -> None:
         last = lines[-1] if lines else ""
         bad = code != want or "Traceback" in err or (code not in (0,) and len(lines) != 1)
         faults += bad
-        shown = " ".join(a if len(a) < 60 else "…" + a[-40:] for a in argv).replace(str(work) + "/", "")
+        shown = " ".join(a if len(a) < 60 else "…" + a[-40:] for a in argv).replace("\n", "\\n").replace(str(work) + "/", "")
         got = last.removeprefix("speedrun: error: ").replace(str(work) + "/", "").replace("|", "\\|")
         rows.append(f"| `{shown.replace('|', '/')}` | {code}: {got[:220] or '(nothing on stderr)'} | "
                     f"{'FAULT' if bad else 'ok'} |")  # fmt: skip
