@@ -293,7 +293,8 @@ def test_a_warmdown_share_follows_the_plan_on_fast_and_slow_hosts(text_data, tmp
 def test_the_host_fit_probes_at_the_threads_the_run_trains_with(monkeypatch):
     """issue 46: the probe always took every core, while a single process the user started with
     OMP_NUM_THREADS=1 trains on one thread; it now probes as the run trains. Under torchrun (WORLD_SIZE > 1,
-    each process one thread) it still takes every core, so the measure does not depend on the process count."""
+    each process one thread) it still takes every core, so the measure does not depend on the process
+    count."""
     import os
 
     import torch
@@ -304,7 +305,11 @@ def test_the_host_fit_probes_at_the_threads_the_run_trains_with(monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for env, want in (({"OMP_NUM_THREADS": "1"}, 1), ({}, cores), ({"OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}, cores)):
+        for env, want in (
+            ({"OMP_NUM_THREADS": "1"}, 1),
+            ({}, cores),
+            ({"OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}, cores),
+        ):
             monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
             monkeypatch.delenv("WORLD_SIZE", raising=False)
             for k, v in env.items():

@@ -53,8 +53,8 @@ def test_a_finished_four_process_run_exits_zero_under_load(text_data, tmp_path):
     try:
         for i in range(2):
             out = tmp_path / f"run{i}"
-            cmd = speedrun_command("train", "--out", str(out), f"data.dir={text_data}", *TINY, "train.steps=2",
-                                   "train.warmdown_steps=1", "train.val_every=0", nproc=4)  # fmt: skip
+            short = [f"data.dir={text_data}", "train.steps=2", "train.warmdown_steps=1", "train.val_every=0"]
+            cmd = speedrun_command("train", "--out", str(out), *TINY, *short, nproc=4)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             assert "done:" in proc.stdout + proc.stderr, proc.stderr[-3000:]
             assert proc.returncode == 0, (i, proc.stderr[-3000:])

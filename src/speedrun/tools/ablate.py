@@ -252,7 +252,8 @@ def train_arms(arms: list[Arm], what: str = "ablation") -> None:
     except RunInterrupted as e:  # the remedy is this command again, not one run's `train --resume` (issue 46)
         stop = str(e).partition("; resume with:")[0]
         raise RunInterrupted(
-            f"{stop}; run the same {what} command again to go on (finished runs are reused, this one resumes)",
+            f"{stop}; run the same {what} command again to go on (finished runs are reused, this one "
+            "resumes)",
             e.exit_code - 128,
         ) from None
     finally:

@@ -285,7 +285,8 @@ def train_seeds(args: argparse.Namespace) -> int:
             check_new(out)
     for s, (cfg, out) in enumerate(zip(configs, dirs, strict=True)):
         if found[s] == "finished":
-            print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out}: finished before, reused ===", flush=True)
+            tag = f"seed {seeds[s]} ({s + 1}/{len(seeds)}): {out}"
+            print(f"=== {tag}: finished before, reused ===", flush=True)
             continue
         print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out} ===", flush=True)
         if s > 0:  # repeats of the first run as it ran: its time budget fixed the steps and the host probe
@@ -296,7 +297,7 @@ def train_seeds(args: argparse.Namespace) -> int:
                 train(read_run_config(out), out, resume=True)
             else:
                 train(cfg, out)
-        except RunInterrupted as e:  # the remedy is the same command, which resumes this seed and runs the rest
+        except RunInterrupted as e:  # the remedy: the same command (it resumes this seed, then the rest)
             stop, again = str(e).partition("; resume with:")[0], "run the same command again to go on"
             raise RunInterrupted(f"{stop}; {again}" if args.out else str(e), e.exit_code - 128) from None
     print(f"compare them with: speedrun compare {' '.join(str(d) for d in dirs)}")

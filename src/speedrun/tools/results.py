@@ -169,7 +169,8 @@ def load_runs(paths: list[Path], note: Callable[[str], object] = print) -> list[
 
 
 def identity(run: Run) -> object:
-    """What makes two folders one run: config.json's run id, else an old run's own marks, else its real path."""
+    """What makes two folders one run: config.json's run id, else an old run's own marks, else its real
+    path."""
     return run.run_id or _old_identity(run.path) or run.path.resolve()
 
 

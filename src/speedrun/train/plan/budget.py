@@ -39,7 +39,8 @@ def _tail_named(cfg: Config, steps: int) -> str:
     warmdown, cooldown = math.ceil(cfg.train.warmdown_span(steps)), cfg.optim.muon_momentum_cooldown_steps
     if cooldown > warmdown:
         return f"Muon's momentum cool-down ({cooldown}, optim.muon_momentum_cooldown_steps)"
-    how = "train.warmdown_steps" if cfg.train.warmdown_steps else f"train.warmdown_frac {cfg.train.warmdown_frac:g}"
+    t = cfg.train
+    how = "train.warmdown_steps" if t.warmdown_steps else f"train.warmdown_frac {t.warmdown_frac:g}"
     return f"the warm-down ({warmdown}, {how})"
 
 
@@ -60,8 +61,9 @@ def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
             f"plus {_tail_named(cfg, t.steps)}"
         )
         if given:
+            fewest = floor_steps(first, functools.partial(schedule_tail, cfg))
             raise ConfigError(f"train.time_budget_s={t.time_budget_s:g} cannot act: {why}; raise "
-                              f"train.steps to at least {floor_steps(first, functools.partial(schedule_tail, cfg))} or set train.time_budget_s=0")  # fmt: skip
+                              f"train.steps to at least {fewest} or set train.time_budget_s=0")  # fmt: skip
     else:
         return
     log(f"time budget: skipped ({why}); train.time_budget_s=0 in config.json")
