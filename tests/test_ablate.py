@@ -135,3 +135,51 @@ def test_a_switch_of_several_keys_is_one_variant(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert text in err and "\n" not in err, (argv, err)
+
+
+@pytest.mark.parametrize(
+    "switch, says",
+    [
+        # issue 46: the arm was labelled as both changes while n_layer=4 is demo's own value
+        ("model.n_layer=4+model.unet=true", "model.n_layer=4 is the recipe's own value (model.n_layer=4)"),
+        ("model.unet=true+data.source=wiki-vital", "data.source=wiki-vital is the recipe's own value"),
+        # issue 46: these ended in the first key's type check (`expected an integer, got '2+n_head=1'`)
+        ("model.n_layer=2+n_head=1", "the value of model.n_layer runs into 'n_head'"),
+        ("model.n_layer=2+model.n_head", "the value of model.n_layer runs into 'model.n_head'"),
+        ("model.n_layer=2,model.n_head=2", "the value of model.n_layer runs into 'model.n_head'"),
+    ],
+)
+def test_a_switch_part_that_changes_nothing_or_is_joined_wrongly_is_refused(switch, says, tmp_path, capsys):
+    """The recipe's own values come from load_recipe (the reference): a part equal to them is refused."""
+    from speedrun.recipes import load_recipe
+
+    demo = load_recipe("demo")
+    assert (demo.model.n_layer, demo.model.unet, demo.data.source) == (4, False, "wiki-vital")
+    from speedrun.tools.ablate import plan  # (plan, not main: the old code trained these arms)
+
+    with pytest.raises(ConfigError) as refused:
+        plan("demo", [1], [], [switch], tmp_path / "abl")
+    assert says in str(refused.value) and "expected an integer" not in str(refused.value)
+    assert not (tmp_path / "abl").exists()
+
+
+@pytest.mark.parametrize("what", ["ablation", "noise study"])
+def test_a_stopped_study_names_the_same_command_not_one_runs_resume(what, text_data, tmp_path, monkeypatch):
+    """issue 46: the stop line of ablate/noise named `speedrun train --resume RUN`, which goes on with one
+    run and leaves the table unmade; the remedy is the same command (it reuses and resumes)."""
+    import signal
+
+    import speedrun.train.loop as loop
+    from speedrun.tools.ablate import plan, train_arms
+    from speedrun.train.signals import RunInterrupted
+
+    def stopped(cfg, folder, **kw):
+        raise RunInterrupted.after(signal.SIGTERM, 2, folder / "checkpoints" / "step_000002", folder)
+
+    monkeypatch.setattr(loop, "train", stopped)
+    arms = plan("demo", [1], [*TINY, f"data.dir={text_data}"], [SWITCH], tmp_path / "abl")
+    with pytest.raises(RunInterrupted) as e:
+        train_arms(arms, what)
+    assert e.value.exit_code == 128 + signal.SIGTERM
+    assert str(e.value).startswith("stopped by SIGTERM after step 2; saved checkpoint ")
+    assert f"run the same {what} command again" in str(e.value) and "--resume" not in str(e.value)

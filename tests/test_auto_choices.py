@@ -288,3 +288,34 @@ def test_a_warmdown_share_follows_the_plan_on_fast_and_slow_hosts(text_data, tmp
     want = [min((n - s) / (0.3 * n), 1.0) for s in range(n)]
     assert lr == pytest.approx(want)
     assert (n > 100) if step_s < 1 else (n < 25)
+
+
+def test_the_host_fit_probes_at_the_threads_the_run_trains_with(monkeypatch):
+    """issue 46: the probe always took every core, while a single process the user started with
+    OMP_NUM_THREADS=1 trains on one thread; it now probes as the run trains. Under torchrun (WORLD_SIZE > 1,
+    each process one thread) it still takes every core, so the measure does not depend on the process
+    count."""
+    import os
+
+    import torch
+
+    from speedrun.train.plan.host_fit import all_cores
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for env, want in (
+            ({"OMP_NUM_THREADS": "1"}, 1),
+            ({}, cores),
+            ({"OMP_NUM_THREADS": "1", "WORLD_SIZE": "2"}, cores),
+        ):
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            with all_cores():
+                assert torch.get_num_threads() == want, env
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -155,3 +155,40 @@ def test_a_stray_rank_variable_does_not_silence_errors(monkeypatch, tmp_path):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "1")
     one_line(run_speedrun("compare", str(tmp_path)), 1, "not a run directory")
+
+
+def test_a_stopped_train_seeds_goes_on_with_the_same_command(text_data, tmp_path, monkeypatch, capsys):
+    """issue 46: the second seed stopped by SIGTERM; the same `train --seeds 1,2 --out` then refused
+    (`run-seed1 already holds a run`) and the stop line named one run's `--resume`. Now the stop line names
+    the same command, which reuses seed 1 and resumes seed 2 from its checkpoint."""
+    import speedrun.train.loop as loop
+    from speedrun.cli import main
+    from speedrun.train.signals import StopSignals
+
+    real_train, real_install = loop.train, StopSignals.install
+
+    def stopped_at_once(self):  # the second seed's first log point finds a SIGTERM
+        real_install(self)
+        self.received = signal.SIGTERM
+        return self
+
+    def train(cfg, out, **kw):
+        if cfg.train.seed == 2 and not kw.get("resume"):
+            monkeypatch.setattr(StopSignals, "install", stopped_at_once)
+        try:
+            return real_train(cfg, out, **kw)
+        finally:
+            monkeypatch.setattr(StopSignals, "install", real_install)
+
+    monkeypatch.setattr(loop, "train", train)
+    out = tmp_path / "run"
+    argv = ["train", "--seeds", "1,2", "--out", str(out), f"data.dir={text_data}", *FAST, "train.log_every=1"]
+    assert main(argv) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "stopped by SIGTERM" in err and "run the same command again" in err and "--resume" not in err, err
+    assert list_checkpoints(tmp_path / "run-seed2")
+    assert main(argv) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "run-seed1: finished before, reused" in said
+    for s in (1, 2):
+        assert json.loads((tmp_path / f"run-seed{s}" / "summary.json").read_text())["status"] == "finished"

@@ -129,3 +129,100 @@ def test_a_recipe_file_saved_with_a_byte_order_mark(tmp_path):
     proc = run_speedrun("train", "--dry-run", "--recipe", str(recipe))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout[: proc.stdout.index("\n}\n") + 2])["model"]["n_layer"] == 3
+
+
+# --- issue 46: a setting accepted and ignored ---------------------------------------------------------------
+
+
+def test_a_key_under_its_flat_and_its_table_name_in_one_table_is_refused(tmp_path):
+    """Before: the one that came last won and the other was dropped without a word."""
+    recipe = tmp_path / "twice.toml"
+    recipe.write_text('base = "demo-2026"\n[model]\nattn_scale = 0.10\n[model.attn]\nscale = 0.12\n')
+    with pytest.raises(
+        ConfigError, match=r"model\.attn\.scale twice, as model\.attn_scale and as model\.attn\.scale"
+    ):
+        load_recipe(str(recipe))
+    with pytest.raises(ConfigError, match="the command line gives model.attn.scale twice"):
+        load_recipe("demo-2026", ["model.attn_scale=0.1", "model.attn.scale=0.12"])
+    # one spelling twice on a command line is the shell's last-one-wins; one spelling in a file is kept
+    assert (
+        load_recipe("demo-2026", ["model.attn.scale=0.1", "model.attn.scale=0.12"]).model.attn.scale == 0.12
+    )
+    recipe.write_text('base = "demo-2026"\n[model]\nattn_scale = 0.11\n')
+    assert load_recipe(str(recipe)).model.attn.scale == 0.11
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides, key",
+    [
+        ("demo-2026", ["model.attn.window_unit=64"], "model.attn.window_unit"),
+        ("demo-2026", ["model.attn.window_warmup_start=32"], "model.attn.window_warmup_start"),
+        (
+            "bos-align-2025-07",
+            ["model.head.softcap=0", "model.head.softcap_divisor=2"],
+            "model.head.softcap_divisor",
+        ),
+        (
+            "bos-align-2025-07",
+            ["model.head.softcap=0", "model.head.softcap_in_bf16=true"],
+            "model.head.softcap_in_bf16",
+        ),
+    ],
+)
+def test_a_gpt2026_sub_key_while_its_switch_is_off_is_refused(recipe, overrides, key):
+    """Before: accepted, and the run trained bit-identical losses (nothing reads the key)."""
+    from speedrun.config.checks import validate
+
+    with pytest.raises(ConfigError, match=rf"^{key}=\S+ has no effect while"):
+        validate(load_recipe(recipe, overrides))
+
+
+def test_every_recipe_still_loads_with_the_gpt2026_sub_key_rows():
+    from speedrun.config.checks import validate
+    from speedrun.recipes import recipe_names
+
+    for name in recipe_names():
+        validate(load_recipe(name))
+
+
+# --- issue 46: a refusal naming the wrong cause -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_gate_lr_mul_at_zero_or_below_is_refused_by_its_range(value):
+    """Before: 0 got "must be > 0; it scales the gates ..." and -1 "must be >= 0" (which 0 is)."""
+    with pytest.raises(ConfigError, match=rf"^optim\.gate_lr_mul must be > 0, got {float(value)}$"):
+        load_recipe("demo-2026", [f"optim.gate_lr_mul={value}"])
+
+
+def test_gate_lr_mul_that_nothing_reads_names_why():
+    """Before: "must be > 0" for a value of 0.5: the cause was that Adam trains the gates (optim.gate_lr)."""
+    from speedrun.config.checks import validate
+
+    with pytest.raises(
+        ConfigError, match=r"gate_lr_mul=0.5 has no effect: .* optim.gate_lr=\S+ gives them to Adam"
+    ):
+        validate(load_recipe("demo-2026", ["optim.gate_lr_mul=0.5"]))
+
+
+@pytest.mark.parametrize(
+    "recipe, cause",
+    [("demo", "the warm-down (2, train.warmdown_frac 0.3)"), ("demo-2026", "Muon's momentum cool-down (50")],
+)
+def test_a_budget_that_cannot_act_names_its_cause_and_a_step_count_that_works(recipe, cause):
+    """issue 46: demo-2026's refusal called its 50-step momentum cool-down "the warm-down" and said only
+    "raise train.steps". The count it names now is accepted, and one step fewer is not."""
+    import re
+
+    from speedrun.train.plan.budget import settle_budget
+
+    def settle(steps: int) -> None:
+        settle_budget(load_recipe(recipe, ["train.time_budget_s=1", f"train.steps={steps}"]), print)
+
+    with pytest.raises(ConfigError, match="cannot act") as refused:
+        settle(5)
+    assert cause in str(refused.value), refused.value
+    n = int(re.search(r"raise train.steps to at least (\d+)", str(refused.value)).group(1))
+    settle(n)
+    with pytest.raises(ConfigError, match="cannot act"):
+        settle(n - 1)

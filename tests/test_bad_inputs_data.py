@@ -268,3 +268,41 @@ def test_a_malformed_data_source_is_a_config_error(source, fragment):
     """With no data.dir the source names the data folder: a typo was `data/wiki-vitl: data folder
     not found` after the run folder was made; now it is a config error like any other key."""
     one_line(run_speedrun("train", "--dry-run", f"data.source={source}"), 2, "data.source:", fragment)
+
+
+def test_a_killed_prepare_s_temporary_folder_is_removed_and_a_running_one_refused(tmp_path):
+    """issue 46: a prepare killed with SIGKILL left `.NAME.tmp-XXXX` that nothing mentioned, and two
+    prepares into one folder at once both reported success. The next prepare removes a dead one's folder
+    (saying so) and refuses while a live one builds; an unmarked older folder is named, not touched."""
+    import sys
+
+    from speedrun.data.prepare import OWNER, prepare
+    from speedrun.errors import DataError
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document number {i} " * 40}) + "\n" for i in range(200)))
+    target = tmp_path / "shards"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    killed = tmp_path / ".shards.tmp-killed1"
+    killed.mkdir()
+    (killed / OWNER).write_text(dead.stdout.strip())  # a process that has ended: its prepare was killed
+    unmarked = tmp_path / ".shards.tmp-older01"
+    unmarked.mkdir()
+    said: list[str] = []
+    prepare(f"text:{src}", "bpe:512", target, log=lambda *a: said.append(" ".join(map(str, a))))
+    assert not killed.exists() and unmarked.exists() and (target / "meta.json").is_file()
+    assert not (target / OWNER).exists()
+    assert any(f"removed {killed}" in s for s in said) and any(str(unmarked) in s for s in said), said
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        busy = tmp_path / ".other.tmp-running"
+        busy.mkdir()
+        (busy / OWNER).write_text(str(live.pid))
+        with pytest.raises(DataError, match=rf"another prepare \(process {live.pid}\) is writing"):
+            prepare(f"text:{src}", "bpe:512", tmp_path / "other", log=lambda *a: None)
+        assert busy.exists() and not (tmp_path / "other").exists()
+    finally:
+        live.kill()
+        live.wait()

@@ -220,3 +220,30 @@ def test_a_folder_that_only_looks_like_a_failed_start_is_not_reused(text_data, t
     (out / "log.txt").write_text("my notes\n")  # not our log
     one_line(_train(text_data, out), 2, "already holds a run")
     assert (out / "log.txt").read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize(
+    "free, says", [(0, "no space left on device (0.0 MiB free"), (2**40, "enforce fail")]
+)
+def test_a_full_disk_under_torch_save_says_no_space(free, says, tmp_path, monkeypatch):
+    """issue 46: torch.save on a full disk said `enforce fail at inline_container.cc`; with the disk full it
+    now says "no space left on device" (and a disk with room keeps torch's own words). Nothing is left
+    half-written."""
+    import collections
+    import shutil as sh
+
+    import torch
+
+    from speedrun.errors import SpeedrunError
+    from speedrun.train.run import checkpoint as ckpt
+
+    def full(*_a, **_k):
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(ckpt.torch, "save", full)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda _p: usage(2**41, 2**41 - free, free))
+    with pytest.raises(SpeedrunError, match="cannot write checkpoint") as e:
+        ckpt.save_checkpoint(tmp_path, 3, torch.nn.Linear(2, 2), {"step": 3}, {}, keep=1)
+    assert says in str(e.value) and "\n" not in str(e.value), e.value
+    assert not ckpt.list_checkpoints(tmp_path) and not list(tmp_path.rglob("*.tmp"))

@@ -191,3 +191,22 @@ def test_sample_and_eval_refuse_a_data_folder_prepared_again_with_another_vocabu
     assert find_checkpoint(run) == ckpt
     one_line(run_speedrun("sample", str(run), "--max-tokens", "3"), 1, "prepared again")
     one_line(run_speedrun("eval", str(run)), 1, "prepared again")
+
+
+def test_race_s_budget_refusal_gives_a_remedy_that_trains_a_fixed_short_count(tmp_path, capsys):
+    """issue 46: the remedy (`--set train.time_budget_s=0 --set train.budget_min_steps=0`) left demo's cap,
+    1,000 steps a leg, hours on a CPU. It now asks for the step count too, and not when it was given."""
+    import re
+
+    from speedrun.cli import main
+    from speedrun.recipes import load_recipe
+
+    argv = ["race", "--recipe", "demo", "--out", str(tmp_path / "r"), "model.unet=true"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--set train.steps=N" in err and "train.steps=1000" in err and "\n" not in err, err
+    remedy = re.findall(r"--set ([^\s;]+)", err)
+    cfg = load_recipe("demo", [*(f.replace("=N", "=6") for f in remedy)])
+    assert (cfg.train.time_budget_s, cfg.train.steps) == (0, 6)
+    assert main([*argv[:-1], "--set", "train.steps=6", "model.unet=true"]) == 2
+    assert "train.steps=N" not in capsys.readouterr().err

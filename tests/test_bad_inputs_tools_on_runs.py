@@ -212,3 +212,51 @@ def test_an_ablation_switch_that_changes_only_reporting_is_refused(text_data, tm
         )
         error_line(got, 2, f"switch {switch} changes only what the runs report", "would repeat the baseline")
     assert not (tmp_path / "ab").exists()  # refused before anything trained
+
+
+def _as_older_run(run: Path, to: Path, seed: int, source: str | None = None) -> Path:
+    """A copy of `run` as a run from before run ids and the data fingerprint (an own seed; another corpus's
+    source in summary.json when `source` is given)."""
+    shutil.copytree(run, to)
+    config = json.loads((to / "config.json").read_text())
+    config.pop("run_id")
+    config["train"]["seed"] = seed
+    (to / "config.json").write_text(json.dumps(config))
+    log = (to / "log.txt").read_text().splitlines()
+    (to / "log.txt").write_text("\n".join(ln for ln in log if not ln.startswith("data: ")) + "\n")
+    if source is not None:
+        summary = json.loads((to / "summary.json").read_text()) | {"data_source": source}
+        (to / "summary.json").write_text(json.dumps(summary))
+    return to
+
+
+def test_an_older_run_on_another_corpus_is_not_taken_as_alike(finished, tmp_path):
+    """issue 46: a run from before the data fingerprint was grouped with new runs whatever its corpus, and
+    verify called them alike. Its meta.json source is compared now; an older run on the same source still
+    groups (what it lacks sets no runs apart)."""
+    other = _as_older_run(finished, tmp_path / "other", 5, source="text:elsewhere.jsonl")
+    same = _as_older_run(finished, tmp_path / "same", 6)
+    proc = run_speedrun("compare", str(finished), str(other), str(same), "--target", "9")
+    groups = [ln for ln in proc.stdout.splitlines() if ln.startswith("group ")]
+    assert proc.returncode == 0 and len(groups) == 2, proc.stdout + proc.stderr
+    assert "n=2" in groups[0] and "n=1" in groups[1] and "elsewhere" in groups[1], groups
+    proc = run_speedrun("verify", str(finished), str(other))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("alike"))
+    assert "fails" in line and "elsewhere" in line, line
+
+
+def test_two_copies_of_an_older_run_count_once(finished, tmp_path):
+    """issue 46: without a run id, two copies of one old run were two repeats (n=2, a t-test on one run)."""
+    old = _as_older_run(finished, tmp_path / "old", 7)
+    copy = Path(shutil.copytree(old, tmp_path / "copy"))
+    proc = run_speedrun("compare", str(old), str(copy))
+    assert proc.returncode == 0, proc.stderr
+    assert "are copies of one run (no run id; the same config.json and first step time)" in proc.stdout
+    assert "n=1" in _group_line(proc.stdout)
+    second = _as_older_run(finished, tmp_path / "second", 7)  # another old run: its own first step time
+    metrics = (second / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(ln) for ln in metrics]
+    first = next(i for i, r in enumerate(records) if r.get("time_s", 0) > 0)
+    records[first]["time_s"] += 0.001
+    (second / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "n=2" in _group_line(run_speedrun("compare", str(old), str(second)).stdout)

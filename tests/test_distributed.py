@@ -39,3 +39,25 @@ def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path
     assert "SIGKILL" in stderr or "Signal 9" in stderr, stderr[-2000:]
     records = read_metrics(out)
     assert records and records[-1]["step"] < 1000000  # it stopped early, it did not finish
+
+
+@pytest.mark.slow
+def test_a_finished_four_process_run_exits_zero_under_load(text_data, tmp_path):
+    """issue 46: a 4-process gloo run that printed `done:` could exit non-zero: DDP's reducer and the
+    optimizer's collectives outlived destroy_process_group (freed with train()'s frame) and rank 3 aborted in
+    gloo's teardown. Now they go first. Two launches with a busy process beside them (the load that showed
+    it); each must exit 0 after its `done:` line."""
+    import sys
+
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for i in range(2):
+            out = tmp_path / f"run{i}"
+            short = [f"data.dir={text_data}", "train.steps=2", "train.warmdown_steps=1", "train.val_every=0"]
+            cmd = speedrun_command("train", "--out", str(out), *TINY, *short, nproc=4)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            assert "done:" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+            assert proc.returncode == 0, (i, proc.stderr[-3000:])
+    finally:
+        burner.kill()
+        burner.wait()

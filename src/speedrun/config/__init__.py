@@ -209,7 +209,7 @@ class OptimConfig:
     gate_betas: Literal["embed", "scalar"] = "embed"  # Adam-trained gates' betas: main | scalars' (#65)
     x0_betas: tuple[Beta, Beta] = (0.65, 0.95)  # the x0 lambdas' betas (#52: the main Adam's; #65 keeps them)
     x0_lr: float = 0.0  # the x0 lambdas' Adam LR (medium-2025-12: 0.004 x 5); 0 = scalar_lr (#52–#65)
-    gate_lr_mul: float = 1.0  # NorMuon-trained attention/value-embedding gates' LR multiplier (medium: 0.1)
+    gate_lr_mul: PosFloat = 1.0  # NorMuon-trained attention/value-embedding gates' LR factor (medium: 0.1)
     skip_gate_lr: float = 0.0  # #55: the skip gate's Adam LR (0.008 x 0.05), main-Adam betas, no decay
     smear_gate_lr: float = 0.0  # #52: > 0 = Adam trains the smear gate at this LR (0.008 x 0.01), not NorMuon
     scalar_freeze_steps: int = 0  # scalars pause this many steps from each schedule transition on (#52: 40)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
+from typing import Any
 
 from speedrun.config import Config, ModelConfig, check_fields, sections
 from speedrun.config.data import check_source, parse_bpe_size
@@ -84,9 +86,12 @@ def validate(cfg: Config) -> None:
     check_shadowed(cfg.optim, m.n_embd // m.n_head, cfg.fixed)
 
 
-def _value(cfg: Config, key: str) -> object:
-    section, _, name = key.partition(".")
-    return getattr(getattr(cfg, section), name)
+def _value(cfg: Any, key: str) -> object:
+    """A dotted key's value, a part table's field (`model.attn.window`) included."""
+    value = cfg
+    for name in key.split("."):
+        value = getattr(value, name)
+    return value
 
 
 def _alt_on(cfg: Config, alt: str) -> bool:
@@ -113,8 +118,8 @@ def check_subkeys(cfg: Config) -> None:
     for section in sections():
         obj = getattr(cfg, section)
         for name, switches in NEEDS.get(type(obj), {}).items():
-            key, value = f"{section}.{name}", getattr(obj, name)
-            if value == getattr(type(obj)(), name):
+            key, value = f"{section}.{name}", _value(cfg, f"{section}.{name}")
+            if value == _value(SimpleNamespace(**{section: type(obj)()}), key):
                 continue
             for switch in switches:
                 alts = switch.split(" or ")
@@ -256,10 +261,11 @@ def _validate_normuon(cfg: Config) -> None:
         raise ConfigError("optim.gate_lr (#56: Adam trains the gates) needs model.attn_gate")
     if o.x0_lr and not x0_apart and "optim.x0_lr" in user:
         raise ConfigError("optim.x0_lr needs model.x0_lambda_apart=true (#52's x0 group)")
-    if o.gate_lr_mul == 0 or (o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate))):
+    if o.gate_lr_mul != 1 and (o.gate_lr or not (attn_gate or ve_gate)):  # (> 0: its declared range)
+        why = f"optim.gate_lr={o.gate_lr} gives them to Adam" if o.gate_lr else "this model has none"
         raise ConfigError(
-            "optim.gate_lr_mul must be > 0; it scales the NorMuon-trained gates (model.attn_gate or ve_gate "
-            "with optim.gate_lr=0)"
+            f"optim.gate_lr_mul={o.gate_lr_mul} has no effect: it scales the gates NorMuon trains "
+            f"(model.attn_gate or ve_gate with optim.gate_lr=0), and {why}; drop optim.gate_lr_mul"
         )
     lone_lr = o.skip_gate_lr and not skip_gate and "optim.skip_gate_lr" in user
     if (skip_gate and not o.skip_gate_lr) or lone_lr:

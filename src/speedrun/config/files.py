@@ -78,8 +78,25 @@ def apply_table(cfg: Config, table: dict[str, Any], origin: str) -> None:
         if isinstance(value, dict) and key not in sections():
             raise ConfigError(f"{origin}: unknown config section '{key}'")
     _switch_family(cfg, table.get("model"), origin)
-    for key, value in flatten(table, rows=False).items():
+    items = flatten(table, rows=False)
+    _one_spelling(cfg, list(items), origin)
+    for key, value in items.items():
         set_value(cfg, key, value)
+
+
+def _one_spelling(cfg: Config, keys: list[str], origin: str) -> None:
+    """A key given twice in one table or command line under two spellings (a gpt2026 part key's flat name
+    `model.attn_scale` and its table's `model.attn.scale`) is refused: one of them would be dropped
+    silently (issue 46). The same spelling twice on a command line is the shell's usual "last one wins"."""
+    seen: dict[str, str] = {}
+    for key in keys:
+        canonical = canonical_key(cfg.model, key)
+        if seen.get(canonical, key) != key:
+            raise ConfigError(
+                f"{origin} gives {canonical} twice, as {seen[canonical]} and as {key}: one would be dropped; "
+                "keep one"
+            )
+        seen[canonical] = key
 
 
 def _switch_family(cfg: Config, model: Any, origin: str) -> None:
@@ -125,6 +142,7 @@ def parse_overrides(cfg: Config, overrides: list[str]) -> None:
         pairs.append((key.strip(), value.strip()))
     model = {k.partition(".")[2]: v for k, v in pairs if k.startswith("model.")}
     _switch_family(cfg, model, "the command line")
+    _one_spelling(cfg, [k for k, _ in pairs], "the command line")
     for key, value in pairs:
         set_value(cfg, key, value)
         cfg.fixed |= {canonical_key(cfg.model, key)}

@@ -5,7 +5,8 @@ code that reads the key: a key read only under a condition is a sub-key of that 
 
 A switch is "KEY" (on when nonzero, true or not blank), "KEY=A|B" (on at one of those values), "!KEY" (on
 while KEY is off) or alternatives "S1 or S2" (on when one is); a field with several switches needs all.
-Not here: the gpt2026 model (its parts own their tables and checks, config/gpt2026/), and keys whose condition
+The gpt2026 model's rows name a part's field as `part.field` (`attn.window_unit`); the rules between a part's
+fields that say more than "off" stay in the part's own check (config/gpt2026/). Not here: keys whose condition
 an older rule owns with more in it (model.cgi_gain_alpha and rope_half_truncated in config/families.py;
 optim.scalar_bias_correction, the pinned switches, ema_nesterov_step, power_cool_end and the adamw rule in
 config/checks.py)."""
@@ -13,6 +14,7 @@ config/checks.py)."""
 from __future__ import annotations
 
 from speedrun.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from speedrun.config.gpt2026 import Gpt2026Config
 
 RMSNORM = "model.norm=rmsnorm|rmsnorm-gain or model.qk_norm or model.embed_norm"  # make_norm's RMSNorms
 TOKENS = "data.loader=tokens"  # the token loader's data order (data/loader.py)
@@ -40,6 +42,16 @@ NEEDS: dict[type, dict[str, tuple[str, ...]]] = {
         "gelu": ("model.activation=gelu",),
         "norm_eps": (RMSNORM,),
         "norm_fp32": (RMSNORM,),
+    },
+    Gpt2026Config: {  # train/schedule.py, model/gpt2026/ (head, sampled, model, ngram)
+        "attn.window_warmup_start": ("model.attn.window_warmup=floor|ceil",),
+        "attn.window_unit": ("model.attn.window_warmup=floor|ceil",),
+        "head.softcap_divisor": ("model.head.softcap",),
+        "head.softcap_in_bf16": ("model.head.softcap",),
+        "stream.skip_gate_form": ("model.skips",),  # model/gpt2026/model.py: the skips' weights
+        "ngram.sign_rows": ("model.ngram.rows",),  # model/gpt2026/ngram.py: the table's build
+        "ngram.dim": ("model.ngram.rows",),
+        "ngram.dtype": ("model.ngram.rows",),
     },
     DataConfig: {  # train/plan/run_data.open_loader
         "align_to_bos": (TOKENS,),

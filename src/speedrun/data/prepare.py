@@ -6,6 +6,7 @@ always complete."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sys
@@ -75,6 +76,35 @@ def _check_target(data_dir: Path) -> None:
         )
     with replacing(data_dir):  # a run training from it: refused now, before any work
         pass
+
+
+#: the process id of the prepare building a temporary folder, inside it until it is renamed into place
+OWNER = ".prepare-pid"
+
+
+def _left_behind(data_dir: Path, log: Callable[..., object]) -> None:
+    """The temporary folders of earlier prepares into `data_dir`: one whose prepare was killed (its process
+    is gone) is removed, with a line saying so; one whose prepare still runs is refused (two prepares into one
+    folder); one from before OWNER is named, not touched (issue 46: nothing mentioned them)."""
+    for tmp in sorted(data_dir.parent.glob(f".{glob.escape(data_dir.name)}.tmp-*")):
+        try:
+            pid = int((tmp / OWNER).read_text())
+        except (OSError, ValueError):
+            log(f"note: {tmp} is a temporary folder of an earlier prepare (remove it if none runs)")
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            log(f"removed {tmp}, the temporary folder of a prepare that was killed (process {pid})")
+            continue
+        except PermissionError:
+            pass  # alive, another user's
+        if pid != os.getpid():
+            raise DataError(
+                f"another prepare (process {pid}) is writing {data_dir} now ({tmp}); wait for it to end, "
+                "or choose another --data-dir"
+            )
 
 
 def _install(tmp: Path, data_dir: Path) -> None:
@@ -198,7 +228,9 @@ def prepare_documents(
     log(f"prepare {source}: tokenizer {tokenizer}, {n_workers} worker(s)")
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    _left_behind(data_dir, log)
     tmp = Path(tempfile.mkdtemp(dir=data_dir.parent, prefix=f".{data_dir.name}.tmp-"))
+    (tmp / OWNER).write_text(str(os.getpid()))
     slug = source_slug(source)
     writers = {s: SplitWriter(tmp, slug, s, shard_tokens) for s in ("val", "train")}
     try:
@@ -221,6 +253,7 @@ def prepare_documents(
             tmp, source, tok, stats, seed=seed, val_fraction=val_fraction, split_block=[m, block],
             max_tokens=max_tokens, bpe_sample_bytes=None if tokenizer == "gpt2" else bpe_sample_bytes,
         )  # fmt: skip
+        (tmp / OWNER).unlink()
         _install(tmp, data_dir)
     except BaseException as e:
         for w in writers.values():

@@ -20,6 +20,7 @@ from pathlib import Path
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError
 from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, this_host
+from speedrun.train.signals import RunInterrupted
 
 BASELINE = "baseline"
 #: settings that change what a run writes (log lines, validation points, checkpoints, samples), never a
@@ -93,6 +94,7 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             raise ConfigError("ablate sets train.seed from --seeds; drop the train.seed= override")
     keys = {s.partition("=")[0].strip() for s in sets}
     for switch in switches:
+        _check_parts(switch)
         own = [part.partition("=")[0].strip() for part in split_switch(switch)]
         if switches.count(switch) > 1 or len(set(own)) < len(own) or keys & set(own):
             raise ConfigError(f"switch {switch}: given twice, or also set for all arms by --set")
@@ -105,6 +107,8 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             raise ConfigError(
                 f"switch {arm.switch} is the recipe's own value: the variant would be the baseline"
             )
+        if arm.switch is not None and len(arm.overrides) > 1:
+            _every_part_acts(arm.switch, arm.overrides, base, variant)
         if arm.switch is not None and (changed := _changed(base, variant)) and set(changed) <= set(REPORTING):
             raise ConfigError(
                 f"switch {arm.switch} changes only what the runs report ({', '.join(changed)}), not "
@@ -114,6 +118,41 @@ def plan(recipe: str, seeds: list[int], sets: list[str], switches: list[str], ou
             cfg = load_recipe(recipe, [*sets, *arm.overrides, f"train.seed={seed}"])
             arm.runs.append((cfg, run_folder(out, arm.label, seed, cfg)))
     return arms
+
+
+#: inside one part's value: a second setting joined by `,`, or by `+` but without its section (`+n_head=1`)
+_JOINED = re.compile(r"[+,]\s*([A-Za-z_]\w*\.[\w.]+)\s*(?:=|$)|\+\s*([A-Za-z_]\w*)\s*=")
+
+
+def _check_parts(switch: str) -> None:
+    """A part whose value holds what reads as another setting was joined wrongly: refused naming the join
+    that works, not left to the first key's type check (`expected an integer, got '2+n_head=1'`)."""
+    for part in split_switch(switch):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"switch {switch}: part {part!r} is not key=value")
+        if m := _JOINED.search(value):
+            other = m.group(1) or m.group(2)
+            raise ConfigError(
+                f"switch {switch}: the value of {key.strip()} runs into {other!r}; join the settings of one "
+                "switch with + and give each its section and value (model.n_layer=2+model.n_head=2)"
+            )
+
+
+def _every_part_acts(switch: str, parts: list[str], base: Config, variant: Config) -> None:
+    """Each part of a `+` switch changes its key from the baseline's: a part that states the recipe's own
+    value would label the arm with a change it does not make (issue 46)."""
+    from speedrun.config import canonical_key
+    from speedrun.config.files import flatten
+
+    a, b = flatten(base.to_dict()), flatten(variant.to_dict())
+    for part in parts:
+        key = canonical_key(variant.model, part.partition("=")[0].strip())
+        if key in b and a.get(key) == b[key]:
+            raise ConfigError(
+                f"switch {switch}: {part} is the recipe's own value ({key}={b[key]}), so the arm would be "
+                "labelled with a change it does not make; drop that part"
+            )
 
 
 def _changed(base: Config, variant: Config) -> list[str]:
@@ -210,6 +249,13 @@ def train_arms(arms: list[Arm], what: str = "ablation") -> None:
             refuse_unlike([f for _, _, f in todo], f"this {what}", here, allowed)
             _train_one(arm, cfg, folder, f"{arm.label}, seed {cfg.train.seed} ({i}/{len(todo)}): {folder}",
                        states[folder], first if automatic and i > 1 else None, i == 2)  # fmt: skip
+    except RunInterrupted as e:  # the remedy is this command again, not one run's `train --resume` (issue 46)
+        stop = str(e).partition("; resume with:")[0]
+        raise RunInterrupted(
+            f"{stop}; run the same {what} command again to go on (finished runs are reused, this one "
+            "resumes)",
+            e.exit_code - 128,
+        ) from None
     finally:
         hold.close()
     refuse_unlike([f for _, _, f in todo], f"this {what}", allowed=allowed)

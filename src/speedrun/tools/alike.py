@@ -1,7 +1,8 @@
 """The one rule for "alike" (DESIGN 16): runs set side by side (race, ablate, noise, compare, verify) must
 share what each run folder records of its data (meta.json's source and fingerprint), tokenizer, hardware,
 thread count, precision and code, every start of a run included; a difference other than the switch
-under test is refused or flagged. A fact a folder does not record (an older run) is not compared."""
+under test is refused or flagged. A fact a folder does not record (an older run) is not compared, except
+the data: a run without the content's fingerprint is compared by meta.json's source."""
 
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def setting(path: Path) -> Setting:
     codes = [c if d is None else f"{c}, diff {d[:12]}" for c, d in parse_log(text)[0]]
     hardware = [h for h in recorded_hardware(path) if h != "unrecorded hardware"] if summary else []
     return {
-        # meta.json's source (summary.json), compared only for runs from before the content's fingerprint
-        "data": source if isinstance(source, str) and not prints else None,
+        # meta.json's source (summary.json): compared where a run lacks the content's fingerprint (one from
+        # before it), so an old run is compared with a new one by source, not taken as alike (issue 46)
+        "data": source if isinstance(source, str) else None,
         "data content": _joined([f"meta.json {p}" for p in prints]),  # each start's fingerprint (log.txt)
         "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
         "hardware": _joined(hardware),
@@ -68,6 +70,8 @@ def differences(settings: dict[str, Setting], facts: tuple[str, ...] = FACTS) ->
     holder of each value: `threads: 2 (runs/A-pair1); 1 (runs/B-pair1)`."""
     found = []
     for fact in facts:
+        if fact == "data" and all(v.get("data content") for v in settings.values() if v.get("data")):
+            continue  # every run knows its data's content: the fingerprints decide (a source names a path)
         holders: dict[str, str] = {}
         for name, values in settings.items():
             if values.get(fact) is not None:

@@ -270,17 +270,36 @@ def train_seeds(args: argparse.Namespace) -> int:
             print(f"seed {s}: {d}")
         return 0
     from speedrun.config.files import read_run_config
+    from speedrun.tools.ablate import state
     from speedrun.train.loop import train
     from speedrun.train.run.rundir import check_new
+    from speedrun.train.signals import RunInterrupted
 
-    for out in dirs:  # before the first run: a taken folder would otherwise fail only after it
-        check_new(out)
+    # with --out, the same command again goes on where a stopped one left off (issue 46): finished seeds are
+    # reused, a stopped one resumes; without it each call names new folders by the time
+    found = [state(d, c) if args.out else "new" for d, c in zip(dirs, configs, strict=True)]
+    for out, f in zip(dirs, found, strict=True):  # before the first run: a taken folder fails only after it
+        if f == "other":
+            raise ConfigError(f"{out} holds a run of another config; choose another --out")
+        if f in ("new", "broken"):
+            check_new(out)
     for s, (cfg, out) in enumerate(zip(configs, dirs, strict=True)):
+        if found[s] == "finished":
+            tag = f"seed {seeds[s]} ({s + 1}/{len(seeds)}): {out}"
+            print(f"=== {tag}: finished before, reused ===", flush=True)
+            continue
         print(f"=== seed {seeds[s]} ({s + 1}/{len(seeds)}): {out} ===", flush=True)
         if s > 0:  # repeats of the first run as it ran: its time budget fixed the steps and the host probe
             cfg = read_run_config(dirs[0])  # the batch; measured again, they could differ, and compare
             cfg.train.seed = seeds[s]  # would put the repeats in groups of one
-        train(cfg, out)
+        try:
+            if found[s] == "stopped":
+                train(read_run_config(out), out, resume=True)
+            else:
+                train(cfg, out)
+        except RunInterrupted as e:  # the remedy: the same command (it resumes this seed, then the rest)
+            stop, again = str(e).partition("; resume with:")[0], "run the same command again to go on"
+            raise RunInterrupted(f"{stop}; {again}" if args.out else str(e), e.exit_code - 128) from None
     print(f"compare them with: speedrun compare {' '.join(str(d) for d in dirs)}")
     return 0
 

@@ -59,7 +59,9 @@ def make_groups(runs: list[Run], target: float) -> list[Group]:
     facts = {id(run): setting(run.path) for run in runs}  # runs on other data or in another precision are
     known = [
         k for k in LOSS_FACTS if all(f[k] is not None for f in facts.values())
-    ]  # another group (alike.py)
+    ]  # another group (alike.py); the source where some run lacks the content's fingerprint (issue 46)
+    if "data content" in known and "data" in known:
+        known.remove("data")
     by_key: dict[tuple, list[Run]] = {}
     for run in runs:  # a fact some run does not record (an older run) cannot set runs apart
         alike = tuple((f"run {k}", json.dumps(facts[id(run)][k])) for k in known)

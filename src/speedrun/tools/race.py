@@ -21,6 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError, SpeedrunError
@@ -69,6 +70,21 @@ def schedule(orders: list[str]) -> list[tuple[str, int]]:
     return legs
 
 
+def _budget_refusal(recipe: str, cfg: Any, sets: list[str]) -> str:
+    """The remedy that works (issue 46): without the budget a leg trains `train.steps`, which a budgeted
+    recipe states as a cap (demo: 1,000 steps, hours on a CPU), so the fix names the step count too."""
+    t, given = cfg.train, {s.partition("=")[0].strip() for s in sets}
+    fix = ["train.time_budget_s=0"] + (["train.budget_min_steps=0"] if t.budget_min_steps else [])
+    cap = ""
+    if "train.steps" not in given:
+        fix.append("train.steps=N")
+        cap = f"; without the budget each leg trains {recipe}'s cap, train.steps={t.steps}, so give N"
+    return (
+        f"race times a fixed number of steps, but {recipe} has train.time_budget_s={t.time_budget_s:g} "
+        f"(both arms would train for that time): add {' '.join('--set ' + f for f in fix)}{cap}"
+    )
+
+
 def _train_words(args: argparse.Namespace, arm: str, pair: int) -> list[str]:
     return [*args.set, *(args.switches if arm == "B" else []), f"train.seed={pair}"]
 
@@ -115,11 +131,7 @@ def plan(args: argparse.Namespace) -> tuple[dict, list[Leg]]:
         if arm == "A" or args.python_b is None:  # B under another Python: its code resolves the config
             cfg = load_recipe(recipe, _train_words(args, arm, pair))
             if cfg.train.time_budget_s > 0:
-                raise ConfigError(
-                    f"race times a fixed number of steps, but {base.recipe} has train.time_budget_s="
-                    f"{cfg.train.time_budget_s:g} (both arms would train for that time): add --set "
-                    "train.time_budget_s=0 --set train.budget_min_steps=0"
-                )
+                raise ConfigError(_budget_refusal(base.recipe, cfg, args.set))
         legs.append(Leg(arm, pair, out / f"{arm}-pair{pair}", cfg))
     if args.python_b is None:
         a, b = (next(leg.config for leg in legs if leg.tag == tag) for tag in ("A1", "B1"))

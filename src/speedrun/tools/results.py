@@ -156,15 +156,46 @@ def load_runs(paths: list[Path], note: Callable[[str], object] = print) -> list[
     kept: dict[object, Run] = {}
     for path in paths:
         run = load_run(path)
-        key = run.run_id or Path(path).resolve()
+        key = identity(run)
         if (first := kept.setdefault(key, run)) is run:
             continue
         keep, drop = (run, first) if _progress(run) > _progress(first) else (first, run)
         kept[key] = keep
         if drop.path.resolve() != keep.path.resolve():  # a copy, not the same folder named again
-            note(f"{drop.path} and {keep.path} are copies of one run (run id {key}): counted once, from the "
+            how = f"run id {key}" if keep.run_id else "no run id; the same config.json and first step time"
+            note(f"{drop.path} and {keep.path} are copies of one run ({how}): counted once, from the "
                  "latter")  # fmt: skip
     return list(kept.values())
+
+
+def identity(run: Run) -> object:
+    """What makes two folders one run: config.json's run id, else an old run's own marks, else its real
+    path."""
+    return run.run_id or _old_identity(run.path) or run.path.resolve()
+
+
+def _old_identity(path: Path) -> str | None:
+    """A run from before run ids, known by what a copy keeps and another run never repeats: its config.json
+    and its first measured step time (metrics.jsonl's first record with a `time_s` above 0, a clock reading).
+    None: nothing measured yet (its real path identifies it). Before, two copies of one old run counted as
+    two repeats (issue 46)."""
+    import hashlib
+    import json
+
+    try:
+        config = (path / "config.json").read_bytes()
+        with open(path / "metrics.jsonl", "rb") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                t = record.get("time_s") if isinstance(record, dict) else None
+                if isinstance(t, (int, float)) and t > 0:
+                    return "old run " + hashlib.sha256(config + repr(t).encode()).hexdigest()[:16]
+    except OSError:
+        return None
+    return None
 
 
 def _progress(run: Run) -> tuple[int, int]:

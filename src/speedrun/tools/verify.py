@@ -20,7 +20,7 @@ from speedrun.errors import ConfigError
 from speedrun.tools.alike import verify_alike
 from speedrun.tools.compare import Group, group_key
 from speedrun.tools.flops import cost, cost_line
-from speedrun.tools.results import Run, check_report, load_runs
+from speedrun.tools.results import Run, check_report, identity, load_runs
 from speedrun.tools.rulings import rule_final_validation, rule_sampled_softmax, rule_warmup_budget
 from speedrun.tools.run_facts import Facts, Start, read_facts
 from speedrun.tools.stats import below_target_test, mean_sd, welch_test
@@ -365,11 +365,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         check_report(args.json, "--json")
     runs = load_runs(args.runs)
     baseline = load_runs(args.baseline) if args.baseline else None
-    mine = {r.run_id or r.path.resolve(): r for r in runs}  # a copy of a run is that run (load_runs)
-    shared = [(r, mine[k]) for r in baseline or [] if (k := r.run_id or r.path.resolve()) in mine]
+    mine = {identity(r): r for r in runs}  # a copy of a run is that run (load_runs)
+    shared = [(r, mine[k]) for r in baseline or [] if (k := identity(r)) in mine]
     if shared:
         (base, run), copy = shared[0], shared[0][0].path.resolve() != shared[0][1].path.resolve()
-        also = f" (a copy of {run.path}: the same run id)" if copy else ""
+        also = f" (a copy of {run.path}: the same run {'id' if run.run_id else 'marks'})" if copy else ""
         raise ConfigError(f"--baseline {base.path} is also one of the runs to verify{also}")
     verdicts = verify(runs, args.track, args.target, baseline)
     print(f"verify {len(runs)} run(s), track {args.track}, target {args.target}:")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import sys
 import time
 import warnings
@@ -342,4 +343,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             loader.close()
         if run is not None:
             run.close()
+        # what holds the process group (DDP's reducer, the optimizer's pending collectives) goes before the
+        # group: left to the frame's end, it was freed after destroy_process_group, and under load a rank
+        # aborted in gloo's teardown after `done:` (a finished 4-process run exited non-zero; issue 46)
+        model = train_model = optimizer = progress = None  # noqa: F841 (the checkpoint closure's cells too)
+        gc.collect()
         distributed.teardown(clean=sys.exc_info()[0] is None)

@@ -33,6 +33,17 @@ def schedule_tail(cfg: Config, steps: int) -> int:
     return max(math.ceil(cfg.train.warmdown_span(steps)), cfg.optim.muon_momentum_cooldown_steps)
 
 
+def _tail_named(cfg: Config, steps: int) -> str:
+    """schedule_tail's steps named by the setting they come from (issue 46: a 50-step Muon momentum
+    cool-down was called "the warm-down")."""
+    warmdown, cooldown = math.ceil(cfg.train.warmdown_span(steps)), cfg.optim.muon_momentum_cooldown_steps
+    if cooldown > warmdown:
+        return f"Muon's momentum cool-down ({cooldown}, optim.muon_momentum_cooldown_steps)"
+    t = cfg.train
+    how = "train.warmdown_steps" if t.warmdown_steps else f"train.warmdown_frac {t.warmdown_frac:g}"
+    return f"the warm-down ({warmdown}, {how})"
+
+
 def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
     """Decide, before anything runs, whether `cfg`'s time budget applies; when it cannot (see the module
     doc) drop it in place with one log line, or refuse it (ConfigError) when the user set it."""
@@ -47,11 +58,12 @@ def settle_budget(cfg: Config, log: Callable[[str], None]) -> None:
         why = (
             f"train.steps ({t.steps}) ends before the count is planned at step {first} "
             f"(train.timing_warmup_steps {t.timing_warmup_steps} + {PROBE_STEPS} measured) "
-            f"plus the warm-down ({tail})"
+            f"plus {_tail_named(cfg, t.steps)}"
         )
         if given:
+            fewest = floor_steps(first, functools.partial(schedule_tail, cfg))
             raise ConfigError(f"train.time_budget_s={t.time_budget_s:g} cannot act: {why}; raise "
-                              "train.steps or set train.time_budget_s=0")  # fmt: skip
+                              f"train.steps to at least {fewest} or set train.time_budget_s=0")  # fmt: skip
     else:
         return
     log(f"time budget: skipped ({why}); train.time_budget_s=0 in config.json")

@@ -36,11 +36,15 @@ COMPILE_GAIN = 0.9  # compiled is chosen when its step takes less than this frac
 @contextlib.contextmanager
 def all_cores() -> Iterator[None]:
     """Probe with every core this process may use, as one process of the run would (torchrun starts
-    each process with one thread): the measurement does not depend on the process count."""
+    each process with one thread): the measurement does not depend on the process count. A single process
+    whose user set OMP_NUM_THREADS trains at that many threads, so it probes at them too (issue 46: on a
+    loaded host the every-core probe ran 40x slower than the 1-thread run it sized, and cut its batch 8x)."""
     before = torch.get_num_threads()
-    torch.set_num_threads(
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
+    single = os.environ.get("WORLD_SIZE", "1").strip() in ("", "1")
+    if not (single and os.environ.get("OMP_NUM_THREADS", "").strip()):
+        torch.set_num_threads(
+            len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
     try:
         yield
     finally:

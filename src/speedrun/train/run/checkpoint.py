@@ -85,6 +85,19 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def _write_failure(e: BaseException, run_dir: Path) -> str:
+    """What went wrong, in the user's words: torch.save on a full disk says `enforce fail at
+    inline_container.cc` (issue 46), so a writer's RuntimeError with the disk (nearly) full is "no space"."""
+    if isinstance(e, RuntimeError | SafetensorError) and ("inline_container" in str(e) or "write" in str(e)):
+        try:
+            free = shutil.disk_usage(run_dir).free
+        except OSError:
+            free = None
+        if free is not None and free < 64 * 2**20:
+            return f"no space left on device ({free / 2**20:.1f} MiB free on the disk of {run_dir})"
+    return first_line(e)
+
+
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -124,7 +137,7 @@ def save_checkpoint(
         _fsync(final.parent)
     except (OSError, RuntimeError, SafetensorError, ValueError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise SpeedrunError(f"cannot write checkpoint {final}: {first_line(e)}") from None
+        raise SpeedrunError(f"cannot write checkpoint {final}: {_write_failure(e, run_dir)}") from None
     except BaseException:  # Ctrl-C, SystemExit: still leave nothing half-written behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
