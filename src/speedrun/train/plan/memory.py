@@ -100,7 +100,9 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
     bf16_stream = f.embed_dtype == "bf16" or f.bf16_model
     r = 2 if bf16_stream else 4  # the residual stream: the embedding's dtype
     a = 2 if bf16_stream or cfg.train.dtype == "bf16" else 4  # matmul outputs (CastedLinear, autocast)
-    hidden = m.mlp_ratio * d
+    sub = getattr(m, "mlp", None)  # gpt2026's [model.mlp]: #92's hidden width and its parallel MLPs
+    hidden = (sub.hidden or m.mlp_ratio * d) if sub is not None else m.mlp_ratio * d
+    parallel = set(sub.parallel_layers) if sub is not None else set()
     attn, mlp, layout, skipped, mixes, x0 = family_of(m).layer_facts(m)
     saves, fp8_mlp = family_of(m).compiled_saves, f.fp8_mlp
     total = r * d * (1 + len({j for j in layout if j is not None}))  # token (and value) embeddings
@@ -111,16 +113,18 @@ def _activation_bytes(cfg: Config, compiled: bool) -> tuple[int, int]:
         if compiled:  # the norms' inputs, the QKV, the attention's output, the MLP's pre-activation
             total += residuals * r * d
             copies = saves.matmul_input_copies and a < r  # the matmul dtype's copy of each input
-            if has_mlp and fp8_mlp:  # its input and ReLU²'s output in the stream's dtype (fp8_mlp.py)
-                total += r * (d + hidden)
-            elif has_mlp:
-                total += a * hidden * (1 + int(saves.mlp_post)) + a * d * int(copies)
+            mlps = int(has_mlp) + int(i in parallel)  # #92's parallel MLP beside the layer's own
+            if mlps and fp8_mlp:  # its input and ReLU²'s output in the stream's dtype (fp8_mlp.py)
+                total += mlps * r * (d + hidden)
+            elif mlps:
+                total += mlps * (a * hidden * (1 + int(saves.mlp_post)) + a * d * int(copies))
             if has_attention:
                 total += a * (3 * d + d + 2 * d) + 4 * m.n_head  # q, k, v, output, rotated q, k, lse
                 total += 2 * a * d * int(copies)  # the QKV's and the output projection's inputs
             continue
         norms = int(has_attention) + int(has_mlp)
-        total += (residuals + norms) * r * d + 2 * a * hidden * int(has_mlp)  # + MLP pre- and post-activation
+        mlps = int(has_mlp) + int(i in parallel)
+        total += (residuals + norms) * r * d + 2 * a * hidden * mlps  # + MLP pre- and post-activation
         if has_attention:
             v_mixed = mixes[i]
             rotated = f.positional == "rotary" or f.qk_norm
