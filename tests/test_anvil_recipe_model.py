@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -100,8 +101,11 @@ SMALL = [
 ]  # fmt: skip
 
 
-def _small_model():
-    cfg = load_recipe("anvil-2026-08", SMALL)
+FULL_WIDTH = ["model.n_embd=768", "model.n_head=6", "model.mlp.hidden=2816", "model.mudd.mix_groups=12"]
+
+
+def _small_model(width: list[str] = ()):
+    cfg = load_recipe("anvil-2026-08", [*SMALL, *width])
     torch.manual_seed(0)
     model = build_model(cfg.model).float()
     with torch.no_grad():  # every weight away from its init, so each zero-initialised path carries a gradient
@@ -199,14 +203,18 @@ def record_forward(model, idx, contexts):
     return _norm(mixed.flatten(-2))
 
 
-def test_the_forward_and_every_gradient_are_the_records_loop():
-    model = _small_model()
+@pytest.mark.parametrize("width", [[], FULL_WIDTH], ids=["reduced-width", "full-width"])
+def test_the_forward_and_every_gradient_are_the_records_loop(width):
+    """Reduced width (64 dims, 2 heads) and #92's own (768, 6 heads of 128, MLP 2,816, 12 MUDD groups), with
+    a small table and vocabulary."""
+    model = _small_model(width)
+    d = model.cfg.n_embd
     gen = torch.Generator().manual_seed(3)
     idx = torch.randint(0, 511, (1, 128), generator=gen)
     idx[0, 40] = 511
     cu = torch.tensor([0, 40, 128], dtype=torch.int32)
     contexts = model.layer_contexts(idx, cu)
-    probe = torch.randn(1, 128, 64, generator=gen)
+    probe = torch.randn(1, 128, d, generator=gen)
     params = dict(model.named_parameters())
 
     def run(forward):
