@@ -20,6 +20,7 @@ from pathlib import Path
 from speedrun.config import Config
 from speedrun.errors import ConfigError, DataError
 from speedrun.tools.alike import DataHold, allowed_by, refuse_unlike, this_host
+from speedrun.tools.seeds import parse_seed_count
 from speedrun.train.signals import RunInterrupted
 
 BASELINE = "baseline"
@@ -56,23 +57,6 @@ def split_switch(switch: str) -> list[str]:
     bigram_sign_rows=0`), for a technique that is off only when two keys say so. A `+` splits only
     before a dotted key and `=`, so values such as 1e+3 stay whole."""
     return [part.strip() for part in re.split(r"\+(?=\s*[A-Za-z_]\w*\.[\w.]+\s*=)", switch)]
-
-
-def parse_seed_count(text: str) -> list[int]:
-    """`N` is the seeds 1..N; `S1,S2,...` is those seeds (train --seeds' parser)."""
-    from speedrun.tools.commands import MOST_SEEDS, parse_seeds
-
-    if "," in text:
-        return parse_seeds(text)
-    try:
-        n = int(text)
-    except ValueError:
-        raise ConfigError(
-            f"--seeds {text!r}: expected a count N or seeds S1,S2,..., e.g. 3 or 1,2,3"
-        ) from None
-    if not 1 <= n <= MOST_SEEDS:
-        raise ConfigError(f"--seeds {text!r}: expected a count in 1..{MOST_SEEDS:,}")
-    return list(range(1, n + 1))
 
 
 def config_hash(cfg: Config) -> str:

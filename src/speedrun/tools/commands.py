@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speedrun.errors import ConfigError
+from speedrun.tools.seeds import parse_seeds
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.manual_seed accepts
 #: The most runs or steps a research command plans (docs/research.md): far beyond any study on one
 #: machine, and small enough that a typo of a few more digits is refused before any memory is spent.
-MOST_PAIRS, MOST_REPEATS, MOST_SEEDS, MOST_BENCH_STEPS = 1000, 100, 1000, 100_000
+MOST_PAIRS, MOST_REPEATS, MOST_BENCH_STEPS = 1000, 100, 100_000
 
 
 def count(least: int, most: int) -> Callable[[str], int]:
@@ -236,18 +237,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.plot is not None:
         print(f"plot: {compare.plot_runs(loaded, args.plot, args.target, args.x)}")
     return 0
-
-
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"--seeds {text!r}: expected distinct comma-separated integers, e.g. 1,2,3")
-    if len(seeds) > MOST_SEEDS:
-        raise ConfigError(f"--seeds: {len(seeds):,} seeds; at most {MOST_SEEDS:,}")
-    return seeds
 
 
 def train_seeds(args: argparse.Namespace) -> int:
