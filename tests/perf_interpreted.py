@@ -39,14 +39,33 @@ def inputs(case: str) -> dict:
         targets = torch.randint(0, V, (2, 7), generator=g)
         targets[0, 0], targets[1, 3] = V - 1, 0  # the ragged tile's last column, the first column
         mtp = None
-        if case == "ce_ignore":
+        if case in ("ce_ignore", "ce_prefix_ignore"):
             targets[0, 2] = targets[1, 6] = -100
-        if case == "ce_mtp":
+        if case in ("ce_mtp", "ce_prefix_mtp"):
             mtp = torch.tensor([1.0, 0.5, 0.25])
-        if case == "ce_bf16":
+        if case in ("ce_bf16", "ce_prefix_bf16"):
             raw = raw.bfloat16()
         # #54's cap: 23·σ((z + 5)/7.5) = softcap 11.5, divisor 7.5, offset 5
-        return {"raw": raw, "targets": targets, "mtp": mtp, "cap": 11.5, "divisor": 7.5, "offset": 5.0}
+        out = {"raw": raw, "targets": targets, "mtp": mtp, "cap": 11.5, "divisor": 7.5, "offset": 5.0}
+        if case.startswith("ce_prefix"):  # #88: a prefix table, −1 (no prefix) for about a third of ids
+            table = torch.randint(-V // 2, V, (V,), generator=g).clamp(min=-1)
+            table[targets[0, 1]], table[targets[0, 0]] = -1, V - 1  # a missing prefix; the last column
+            out |= {"table": table, "weight": torch.tensor(0.25)}
+        return out
+    if case.startswith("sampled"):  # #92: P = 150 candidates (a ragged 128-column tile), bound-as-max
+        P = 150
+        logits = torch.randn(2, 7, P, generator=g) * 20
+        pos = torch.randint(0, P, (2, 7), generator=g)
+        pos[0, 0], pos[1, 1] = P - 1, 0
+        prefix_pos = torch.randint(-P // 2, P, (2, 7), generator=g).clamp(min=-1)
+        if case == "sampled_no_prefix_candidates":  # no prefix target is a candidate: the term is empty
+            prefix_pos = torch.full_like(pos, -1)
+        mtp = None if case == "sampled_plain" else torch.tensor([1.0, 0.5, 0.25])
+        out = {"logits": logits.bfloat16() if case == "sampled_bf16" else logits, "pos": pos, "mtp": mtp}
+        out |= {"prefix_pos": None, "prefix_weight": None, "cap": 11.5, "divisor": 7.5, "offset": 5.0}
+        if case != "sampled_plain":
+            out |= {"prefix_pos": prefix_pos, "prefix_weight": torch.tensor(0.25)}
+        return out
     if case.startswith("relu2"):  # 50 x 40 -> 72 against 32-wide tiles: every edge ragged
         x, w = torch.randn(2, 25, 40, generator=g), torch.randn(72, 40, generator=g) / 40**0.5
         return {"x": x.bfloat16(), "w": w.bfloat16()} if case.endswith("bf16") else {"x": x, "w": w}
@@ -56,6 +75,8 @@ def inputs(case: str) -> dict:
 CASES = (
     "gram_fp32", "gram_bf16_strided", "ba_plus_caa_fp32", "ba_plus_caa_bf16",
     "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16", "relu2_fp32", "relu2_bf16",
+    "ce_prefix", "ce_prefix_ignore", "ce_prefix_mtp", "ce_prefix_bf16",
+    "sampled_plain", "sampled_mtp_prefix", "sampled_no_prefix_candidates", "sampled_bf16",
 )  # fmt: skip
 
 
@@ -72,10 +93,21 @@ def run_kernel(case: str) -> dict:
         out = relu2_linear.relu2_linear(x, w)
         (out.float() * torch.linspace(-1, 1, out.size(-1))).sum().backward()
         return {"out": out.detach(), "dx": x.grad, "dw": w.grad}
+    cap = (a["cap"], a["divisor"], a["offset"])
+    if case.startswith("sampled"):
+        raw = a["logits"].clone().requires_grad_()
+        loss = softcapped_ce.sampled_softcapped_ce(
+            raw, a["pos"], a["mtp"], a["prefix_pos"], a["prefix_weight"], *cap
+        )
+        loss.backward()
+        return {"loss": loss.detach(), "grad": raw.grad}
     raw = a["raw"].clone().requires_grad_()
-    loss = softcapped_ce.softcapped_ce(
-        raw, a["targets"], a["mtp"], a["cap"], a["divisor"], a["offset"], False, False
-    )
+    if case.startswith("ce_prefix"):
+        loss = softcapped_ce.softcapped_prefix_ce(
+            raw, a["targets"], a["mtp"], a["table"], a["weight"], *cap, False, False
+        )
+    else:
+        loss = softcapped_ce.softcapped_ce(raw, a["targets"], a["mtp"], *cap, False, False)
     loss.backward()
     return {"loss": loss.detach(), "grad": raw.grad}
 

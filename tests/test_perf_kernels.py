@@ -100,6 +100,53 @@ def test_the_fused_softcapped_ce_equals_the_plain_loss_and_its_gradient(interpre
         assert (got["grad"][0, 2] == 0).all() and (got["grad"][1, 6] == 0).all()
 
 
+def _close_loss_and_grad(got: dict, want, wanted_grad, dtype) -> None:
+    assert got["loss"].dtype == torch.float32 and got["grad"].dtype == dtype
+    torch.testing.assert_close(got["loss"].double(), want.detach(), rtol=1e-6, atol=1e-6)
+    tol = 1e-6 if dtype == torch.float32 else BF16_STEP + 2**-8
+    # fp32's cancellation in Σw·softmax − w at a target column: a few fp32 steps of the largest entry
+    atol = 1e-6 * wanted_grad.abs().max().item()
+    torch.testing.assert_close(got["grad"].double(), wanted_grad, rtol=tol, atol=atol)
+
+
+@pytest.mark.parametrize("case", ["ce_prefix", "ce_prefix_ignore", "ce_prefix_mtp", "ce_prefix_bf16"])
+def test_the_fused_prefix_arm_equals_the_plain_ce_plus_prefix_loss_and_its_gradient(interpreted, case):
+    """#88's prefix target as one more column of the fused CE: ids without a prefix (−1), a prefix on
+    the ragged tile's last column, ignored next-token targets, MTP; the twin (the head's CE plus
+    prefix.prefix_loss on the same capped logits) in fp64."""
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    raw = a["raw"].double().requires_grad_()
+    cap = (a["cap"], a["divisor"], a["offset"])
+    want = head.softcapped_prefix_ce.plain(raw, a["targets"], a["mtp"], a["table"], a["weight"], *cap, True, True)
+    want.backward()
+    _close_loss_and_grad(got, want, raw.grad, a["raw"].dtype)
+    without = head.softcapped_ce.plain(a["raw"].double(), a["targets"], a["mtp"], *cap, True, True)
+    assert (got["loss"].double() - without).abs() > 1e-3, "the prefix term is missing"
+
+
+@pytest.mark.parametrize(
+    "case", ["sampled_plain", "sampled_mtp_prefix", "sampled_no_prefix_candidates", "sampled_bf16"]
+)
+def test_the_fused_sampled_arm_equals_the_plain_sampled_loss_and_its_gradient(interpreted, case):
+    """#92's loss over the candidates' logits (P = 150: a ragged tile; targets on its first and last
+    column), MTP's terms past the row's end, prefix targets outside C (−1), and a set with no prefix
+    target in C (the term adds nothing); the twin (model/gpt2026/sampled.py) in fp64."""
+    sampled = importlib.import_module("speedrun.model.gpt2026.sampled")
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    logits = a["logits"].double().requires_grad_()
+    cap = (a["cap"], a["divisor"], a["offset"])
+    want = sampled.sampled_softcapped_ce.plain(
+        logits, a["pos"], a["mtp"], a["prefix_pos"], a["prefix_weight"], *cap
+    )
+    want.backward()
+    _close_loss_and_grad(got, want, logits.grad, a["logits"].dtype)
+    if case == "sampled_no_prefix_candidates":
+        alone = sampled.sampled_softcapped_ce.plain(a["logits"].double(), a["pos"], a["mtp"], None, None, *cap)
+        torch.testing.assert_close(got["loss"].double(), alone, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
 def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
     """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
