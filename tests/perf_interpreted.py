@@ -66,6 +66,20 @@ def inputs(case: str) -> dict:
         if case != "sampled_plain":
             out |= {"prefix_pos": prefix_pos, "prefix_weight": torch.tensor(0.25)}
         return out
+    if case.startswith("ngram"):  # #92's rows: 20 table rows for 2 x 9 tokens (rows repeat), d = 40
+        from speedrun.model.gpt2026.ngram import ngram_rows, ngram_signs
+
+        idx = torch.randint(0, 50, (2, 9), generator=g)
+        idx[1, 5:8] = idx[1, 0:3].clone()  # a repeated trigram: the same rows twice in one row
+        slots, (sb, st) = ngram_rows(idx, 20), ngram_signs(idx, 8)
+        source = torch.randn(20, 40, generator=g)
+        if case == "ngram_pulled":  # a sharded table's pulled rows: slots index the distinct rows read
+            want = torch.unique(slots)
+            source, slots = torch.randn(want.numel(), 40, generator=g), torch.searchsorted(want, slots)
+        pool = torch.randn(8, 40, generator=g).sign().bfloat16()
+        wout = torch.randn(2, 9, 40, generator=g)  # the loss's weights: d out
+        source = source.bfloat16() if case == "ngram_bf16" else source
+        return {"source": source, "slots": slots, "sb": sb, "st": st, "pool": pool, "wout": wout}
     if case.startswith("relu2"):  # 50 x 40 -> 72 against 32-wide tiles: every edge ragged
         x, w = torch.randn(2, 25, 40, generator=g), torch.randn(72, 40, generator=g) / 40**0.5
         return {"x": x.bfloat16(), "w": w.bfloat16()} if case.endswith("bf16") else {"x": x, "w": w}
@@ -77,6 +91,7 @@ CASES = (
     "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16", "relu2_fp32", "relu2_bf16",
     "ce_prefix", "ce_prefix_ignore", "ce_prefix_mtp", "ce_prefix_bf16",
     "sampled_plain", "sampled_mtp_prefix", "sampled_no_prefix_candidates", "sampled_bf16",
+    "ngram_fp32", "ngram_bf16", "ngram_pulled",
 )  # fmt: skip
 
 
@@ -88,6 +103,13 @@ def run_kernel(case: str) -> dict:
         return {"out": gram.gram(a["x"])}
     if case.startswith("ba_plus_caa"):
         return {"out": gram.ba_plus_caa(a["a"], NS_B, NS_C)}
+    if case.startswith("ngram"):
+        from speedrun.perf.kernels import ngram_embed
+
+        source = a["source"].clone().requires_grad_()
+        out = ngram_embed.ngram_embed(source, a["slots"], a["sb"], a["st"], a["pool"])
+        (out.float() * a["wout"]).sum().backward()
+        return {"out": out.detach(), "grad": source.grad}
     if case.startswith("relu2"):
         x, w = a["x"].clone().requires_grad_(), a["w"].clone().requires_grad_()
         out = relu2_linear.relu2_linear(x, w)

@@ -147,6 +147,40 @@ def test_the_fused_sampled_arm_equals_the_plain_sampled_loss_and_its_gradient(in
         torch.testing.assert_close(got["loss"].double(), alone, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["ngram_fp32", "ngram_bf16", "ngram_pulled"])
+def test_the_ngram_gather_and_sink_equal_the_plain_rows_and_their_scatter_added_gradient(interpreted, case):
+    """The signed bigram + trigram rows (d = 40 against 32-wide tiles) and the source's gradient, where
+    rows repeat within a row of tokens and across tokens; from the table and from pulled rows. The
+    forward against the twin exactly in fp32 (±1 products, one rounding), within the rounding's step in
+    bf16; the gradient against an fp64 reference
+    written here: each token's d out times its sign rows, index_add-ed into the rows it read."""
+    ngram = importlib.import_module("speedrun.model.gpt2026.ngram")
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    src, slots, sb, st, pool = (a[k] for k in ("source", "slots", "sb", "st", "pool"))
+    twin = ngram.ngram_embed.plain(src, slots, sb, st, pool)
+    if src.dtype == torch.float32:
+        assert torch.equal(got["out"], twin)
+    else:  # the one rounding to bf16: toward zero under the interpreter, to nearest in the twin
+        exact = ngram.ngram_embed.plain(src.double(), slots, sb, st, pool)
+        assert got["out"].dtype == src.dtype
+        assert ((got["out"].double() - exact).abs() <= exact.abs() * BF16_STEP).all()
+        assert ((got["out"].double() - twin.double()).abs() <= exact.abs() * BF16_STEP).all()
+    T = sb.size(1)
+    assert slots.unique().numel() < slots.numel(), "no repeated row: the sink's atomics are untested"
+    g = a["wout"].to(src.dtype).double()  # d out reaches the sink in out's dtype
+    shares = torch.cat([g * pool.double()[sb], g * pool.double()[st]], dim=1)  # (B, 2T, d): each read's
+    want = torch.zeros(src.shape, dtype=torch.float64).index_add_(0, slots.reshape(-1), shares.reshape(-1, 40))
+    assert got["grad"].dtype == src.dtype and slots.size(1) == 2 * T
+    if src.dtype == torch.float32:
+        torch.testing.assert_close(got["grad"].double(), want, rtol=1e-6, atol=1e-6)
+    else:  # summed in fp32, rounded once to bf16 (toward zero under the interpreter)
+        assert ((got["grad"].double() - want).abs() <= want.abs() * BF16_STEP + 1e-6).all()
+    twin_src = src.clone().requires_grad_()
+    (ngram.ngram_embed.plain(twin_src, slots, sb, st, pool).float() * a["wout"]).sum().backward()
+    torch.testing.assert_close(got["grad"].double(), twin_src.grad.double(), rtol=2**-7, atol=1e-2)
+
+
 @pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
 def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
     """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
