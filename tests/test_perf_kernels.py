@@ -230,6 +230,27 @@ def test_the_cuda_branch_of_the_swap_compiles_in_one_graph_and_trains_as_the_pla
         torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-5)
 
 
+def test_the_ngram_prefix_and_sampled_swaps_compile_in_one_graph_and_train_as_the_plain_ops(interpreted):
+    """#92's parts on the same step (the n-gram table, #88's prefix loss, the sampled softmax): with every
+    kernel installed as on CUDA, a full-softmax step and a sampled step each compile with fullgraph=True,
+    call the n-gram gather and the CE kernel (its prefix arm, then its sampled arm) inside the graph, and
+    give the plain eager steps' losses and gradients (the n-gram table's among them)."""
+    from tests import perf_traced
+
+    got = torch.load(interpreted / "traced.pt")
+    want = perf_traced.plain()["anvil"]
+    for name in ("full", "sampled"):
+        seen = got["anvil_seen"][name]
+        for op in ("speedrun.softcapped_ce_rows.default", "speedrun.ngram_gather.default"):
+            assert op in seen, f"{op} is not in the {name} step's graph"
+        g, w = got["anvil"][name], want[name]
+        torch.testing.assert_close(g["loss"], w["loss"], rtol=1e-5, atol=1e-5, msg=name)
+        assert g["grads"].keys() == w["grads"].keys() and "bigram.table" in g["grads"]
+        for n, grad in g["grads"].items():
+            torch.testing.assert_close(grad, w["grads"][n], rtol=1e-3, atol=1e-5, msg=f"{name}: {n}")
+    assert (got["anvil"]["full"]["loss"] - got["anvil"]["sampled"]["loss"]).abs() > 1e-3, "P had no effect"
+
+
 # ---- on CUDA: the compiled kernels at the record's shapes ----
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -291,3 +312,70 @@ def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
+def test_the_compiled_prefix_arm_equals_its_twin_on_cuda(mtp):
+    from speedrun.perf.kernels import softcapped_ce
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
+    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
+    table = torch.randint(-1, 50257, (50304,), device="cuda", generator=g)
+    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
+    args = (targets, weights, table, torch.tensor(0.25, device="cuda"), 11.5, 7.5, 5.0, False, False)
+    x = raw.clone().requires_grad_()
+    got = softcapped_ce.softcapped_prefix_ce(x, *args)
+    got.backward()
+    y = raw.float().requires_grad_()
+    want = head.softcapped_prefix_ce.plain(y, *args)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_compiled_sampled_arm_equals_its_twin_on_cuda():
+    from speedrun.model.gpt2026 import sampled
+    from speedrun.perf.kernels import softcapped_ce
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    P = 16384  # #92's candidate counts are multiples of 2048
+    logits = (torch.randn(1, 8192, P, device="cuda", generator=g) * 8).bfloat16()
+    pos = torch.randint(0, P, (1, 8192), device="cuda", generator=g)
+    prefix_pos = torch.randint(-P // 4, P, (1, 8192), device="cuda", generator=g).clamp(min=-1)
+    args = (pos, torch.tensor([1.0, 0.5], device="cuda"), prefix_pos, torch.tensor(0.25, device="cuda"))
+    x = logits.clone().requires_grad_()
+    got = softcapped_ce.sampled_softcapped_ce(x, *args, 11.5, 7.5, 5.0)
+    got.backward()
+    y = logits.float().requires_grad_()
+    want = sampled.sampled_softcapped_ce.plain(y, *args, 11.5, 7.5, 5.0)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_compiled_ngram_gather_and_sink_equal_their_twin_on_cuda():
+    from speedrun.model.gpt2026.ngram import ngram_embed as twin
+    from speedrun.model.gpt2026.ngram import ngram_rows, ngram_signs
+    from speedrun.perf.kernels import ngram_embed
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    idx = torch.randint(0, 50257, (1, 8192), device="cuda", generator=g)
+    rows = 1 << 16  # a small table: rows repeat across the 16,384 reads
+    slots, (sb, st) = ngram_rows(idx, rows), ngram_signs(idx, 256)
+    table = (torch.randn(rows, 768, device="cuda", generator=g) * 0.1).bfloat16()
+    pool = torch.randn(256, 768, device="cuda", generator=g).sign().bfloat16()
+    w = torch.randn(1, 8192, 768, device="cuda", generator=g)
+    x, y = table.clone().requires_grad_(), table.float().requires_grad_()
+    got = ngram_embed.ngram_embed(x, slots, sb, st, pool)
+    (got.float() * w).sum().backward()
+    want = twin.plain(y, slots, sb, st, pool)  # in fp32: the kernel's sums, one rounding at the end
+    (want * w.bfloat16().float()).sum().backward()
+    assert torch.equal(got, want.bfloat16())
+    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
