@@ -181,7 +181,7 @@ if [ "$DEVICE" = cuda ]; then
 else
   say "compiled-updates: skipped: no CUDA"
 fi
-for kernel in gram ba_plus_caa softcapped_ce relu2_linear; do  # the speed layer's A/B: kernel vs compiled twin
+for kernel in gram ba_plus_caa softcapped_ce relu2_linear softcapped_prefix_ce sampled_softcapped_ce ngram_embed; do  # the speed layer's A/B: kernel vs compiled twin
   if [ "$DEVICE" = cuda ]; then
     part "kernel-$kernel" 45 "$PY" "$REPO/benchmarks/bench_kernels.py" --only "$kernel"
   else

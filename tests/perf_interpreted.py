@@ -7,7 +7,9 @@ the test rebuilds the same inputs (`inputs`) and compares them with the plain tw
 Shapes are small (the interpreter runs each program in numpy) but cut the tiles raggedly: 80 rows and
 100 columns against the Gram kernel's 64 x 32 tiles, a 300-token vocabulary against the CE kernel's
 128-column tiles, targets on the first and last column, ignored targets, logits far past the softcap;
-50 x 40 inputs to 72 outputs against the fused MLP's 32-wide tiles.
+50 x 40 inputs to 72 outputs against the fused MLP's 32-wide tiles; the CE's prefix arm (ids without a
+prefix, a prefix on the last column) and sampled arm (150 candidates, prefix targets outside the set, a
+set with none); n-gram rows 40 wide against 32-wide tiles, repeated rows, pulled rows.
 """
 
 from __future__ import annotations
