@@ -82,6 +82,17 @@ def inputs(case: str) -> dict:
         wout = torch.randn(2, 9, 40, generator=g)  # the loss's weights: d out
         source = source.bfloat16() if case == "ngram_bf16" else source
         return {"source": source, "slots": slots, "sb": sb, "st": st, "pool": pool, "wout": wout}
+    if case.startswith("row_adam"):  # 30 rows of 40 (32-wide tiles), 12 steps of RowAdam at β1 = 0
+        steps = []
+        for s in range(1, 13):
+            k = 0 if s in (3, 7) else int(torch.randint(1, 9, (), generator=g))  # steps that touch no row
+            rows = torch.randint(0, 20 if s % 4 else 5, (k,), generator=g)  # rows 20.. never, 5.. asleep
+            if k > 1:
+                rows[-1] = rows[0]  # a row twice in one step
+            grad = torch.randn(k, 40, generator=g)
+            steps.append((rows, grad, 0.05 * (1 - s / 30), 0.95 if s < 6 else 0.95**2, 0.7))
+        table = torch.randn(30, 40, generator=g)
+        return {"table": table.bfloat16() if case.endswith("bf16") else table, "steps": steps}
     if case.startswith("relu2"):  # 50 x 40 -> 72 against 32-wide tiles: every edge ragged
         x, w = torch.randn(2, 25, 40, generator=g), torch.randn(72, 40, generator=g) / 40**0.5
         return {"x": x.bfloat16(), "w": w.bfloat16()} if case.endswith("bf16") else {"x": x, "w": w}
@@ -93,7 +104,7 @@ CASES = (
     "ce_plain", "ce_ignore", "ce_mtp", "ce_bf16", "relu2_fp32", "relu2_bf16",
     "ce_prefix", "ce_prefix_ignore", "ce_prefix_mtp", "ce_prefix_bf16",
     "sampled_plain", "sampled_mtp_prefix", "sampled_no_prefix_candidates", "sampled_bf16",
-    "ngram_fp32", "ngram_bf16", "ngram_pulled",
+    "ngram_fp32", "ngram_bf16", "ngram_pulled", "row_adam_fp32", "row_adam_bf16",
 )  # fmt: skip
 
 
@@ -112,6 +123,16 @@ def run_kernel(case: str) -> dict:
         out = ngram_embed.ngram_embed(source, a["slots"], a["sb"], a["st"], a["pool"])
         (out.float() * a["wout"]).sum().backward()
         return {"out": out.detach(), "grad": source.grad}
+    if case.startswith("row_adam"):
+        import speedrun.optim.row_adam  # noqa: F401  (declares the op)
+        from speedrun import ops
+        from speedrun.perf.kernels import row_adam
+
+        ops.install("row_adam_rows", row_adam.row_adam_rows)
+        try:
+            return run_row_adam(a)
+        finally:
+            ops.reset()
     if case.startswith("relu2"):
         x, w = a["x"].clone().requires_grad_(), a["w"].clone().requires_grad_()
         out = relu2_linear.relu2_linear(x, w)
@@ -134,6 +155,18 @@ def run_kernel(case: str) -> dict:
         loss = softcapped_ce.softcapped_ce(raw, a["targets"], a["mtp"], *cap, False, False)
     loss.backward()
     return {"loss": loss.detach(), "grad": raw.grad}
+
+
+def run_row_adam(a: dict) -> dict:
+    """RowAdam (optim/row_adam.py) through `a`'s steps, then every row brought current."""
+    from speedrun.optim.row_adam import RowAdam
+
+    table = a["table"].clone()
+    opt = RowAdam(table)
+    for rows, grad, lr, beta2, wd in a["steps"]:
+        opt.step(rows, grad, lr, beta2, wd)
+    opt.bring_current()
+    return {"table": table, "exp_avg_sq": opt.exp_avg_sq, "current": opt.current}
 
 
 def main(out: Path) -> None:

@@ -181,6 +181,29 @@ def test_the_ngram_gather_and_sink_equal_the_plain_rows_and_their_scatter_added_
     torch.testing.assert_close(got["grad"].double(), twin_src.grad.double(), rtol=2**-7, atol=1e-2)
 
 
+@pytest.mark.parametrize("case", ["row_adam_fp32", "row_adam_bf16"])
+def test_the_row_adam_kernel_steps_the_table_as_the_plain_row_adam(interpreted, case):
+    """12 steps at β1 = 0 with #92's changes (β2 squared from step 6, decay 0.7, a decaying LR): rows
+    repeated in a step, steps that touch no row, rows asleep for 3 steps (their missed steps replayed),
+    rows never touched; the twin (RowAdam's own arithmetic) in fp64 for the fp32 table, in bf16 for the
+    bf16 one (whose every step rounds the table: toward zero under the interpreter)."""
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    bf16 = a["table"].dtype == torch.bfloat16
+    want = cases.run_row_adam({**a, "table": a["table"] if bf16 else a["table"].double()})
+    assert got["table"].dtype == a["table"].dtype
+    assert torch.equal(got["current"], want["current"])
+    moved = (got["table"] != a["table"]).any(1)
+    assert moved[:5].all() and not moved[20:].any(), "the schedule touched other rows than it should"
+    if bf16:
+        scale = want["table"].abs().max().item()
+        torch.testing.assert_close(got["table"].double(), want["table"].double(), rtol=0, atol=4 * BF16_STEP * scale)
+        torch.testing.assert_close(got["exp_avg_sq"], want["exp_avg_sq"], rtol=1e-2, atol=1e-8)
+    else:
+        torch.testing.assert_close(got["table"].double(), want["table"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["exp_avg_sq"].double(), want["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
 def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
     """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
@@ -379,3 +402,32 @@ def test_the_compiled_ngram_gather_and_sink_equal_their_twin_on_cuda():
     (want * w.bfloat16().float()).sum().backward()
     assert torch.equal(got, want.bfloat16())
     torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_row_adam_kernel_equals_its_twin_on_cuda():
+    from speedrun import ops
+    from speedrun.optim.row_adam import RowAdam
+    from speedrun.perf.kernels import row_adam
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    start = (torch.randn(1 << 18, 768, device="cuda", generator=g) * 0.1).bfloat16()
+    steps = []
+    for s in range(1, 9):  # 16,384 reads of 2^18 rows a step (repeats), β2 squared from step 5
+        rows = torch.randint(0, 1 << 18 if s % 3 else 1 << 12, (16384,), device="cuda", generator=g)
+        steps.append((rows, torch.randn(16384, 768, device="cuda", generator=g), 0.05, 0.95 if s < 5 else 0.95**2, 0.7))
+    out = []
+    for fn in (row_adam.row_adam_rows, None):
+        if fn is not None:
+            ops.install("row_adam_rows", fn)
+        table = start.clone()
+        opt = RowAdam(table)
+        for args in steps:
+            opt.step(*args)
+        opt.bring_current()
+        ops.reset()
+        out.append((table.float(), opt.exp_avg_sq))
+    (got, got_v), (want, want_v) = out
+    torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(got, want, rtol=0, atol=2**-6 * want.abs().max().item())

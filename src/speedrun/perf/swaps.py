@@ -19,6 +19,7 @@ import speedrun.model.gpt2026.ngram  # noqa: F401
 import speedrun.model.gpt2026.sampled  # noqa: F401
 import speedrun.model.layers  # noqa: F401
 import speedrun.optim.orthogonalize  # noqa: F401
+import speedrun.optim.row_adam  # noqa: F401
 from speedrun import ops
 
 

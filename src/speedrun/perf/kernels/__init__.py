@@ -11,5 +11,6 @@ REPLACES: dict[str, str] = {
     "softcapped_prefix_ce": "speedrun.perf.kernels.softcapped_ce.softcapped_prefix_ce",
     "sampled_softcapped_ce": "speedrun.perf.kernels.softcapped_ce.sampled_softcapped_ce",
     "ngram_embed": "speedrun.perf.kernels.ngram_embed.ngram_embed",
+    "row_adam_rows": "speedrun.perf.kernels.row_adam.row_adam_rows",
     "relu2_linear": "speedrun.perf.kernels.relu2_linear.relu2_linear",
 }
