@@ -78,7 +78,9 @@ def setup_anvil():
     apply_to_model(schedule_at(0, cfg), model)
     head.write_weights(model.mtp_weights, MTP)
     with torch.no_grad():
-        model.bigram.table.copy_(torch.randn(model.bigram.table.shape, generator=torch.Generator().manual_seed(3)))
+        model.bigram.table.copy_(
+            torch.randn(model.bigram.table.shape, generator=torch.Generator().manual_seed(3))
+        )
     assert type(model.bigram).__name__ == "NgramEmbed", "the n-gram table is not the bigram input"
     del model.sampled_sweep
     model.register_buffer("sampled_sweep", sampled.sweep(model.lm_head.weight.size(0), 7), persistent=False)

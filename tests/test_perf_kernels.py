@@ -3,7 +3,7 @@
 On the CPU, through Triton's interpreter: one child process (tests/perf_interpreted.py) runs every
 kernel case and the CUDA branch of the swap compiled in one graph (tests/perf_traced.py); each test here
 rebuilds the same inputs and compares with the plain op computed in this process, in fp64 where the
-kernel computes in fp32. On CUDA (`gpu`): the compiled kernels at the record's shapes against the twins.
+kernel computes in fp32. On CUDA (`gpu`): tests/test_perf_kernels_gpu.py.
 """
 
 from __future__ import annotations
@@ -118,7 +118,9 @@ def test_the_fused_prefix_arm_equals_the_plain_ce_plus_prefix_loss_and_its_gradi
     got = _got(interpreted, case)
     raw = a["raw"].double().requires_grad_()
     cap = (a["cap"], a["divisor"], a["offset"])
-    want = head.softcapped_prefix_ce.plain(raw, a["targets"], a["mtp"], a["table"], a["weight"], *cap, True, True)
+    want = head.softcapped_prefix_ce.plain(
+        raw, a["targets"], a["mtp"], a["table"], a["weight"], *cap, True, True
+    )
     want.backward()
     _close_loss_and_grad(got, want, raw.grad, a["raw"].dtype)
     without = head.softcapped_ce.plain(a["raw"].double(), a["targets"], a["mtp"], *cap, True, True)
@@ -143,7 +145,9 @@ def test_the_fused_sampled_arm_equals_the_plain_sampled_loss_and_its_gradient(in
     want.backward()
     _close_loss_and_grad(got, want, logits.grad, a["logits"].dtype)
     if case == "sampled_no_prefix_candidates":
-        alone = sampled.sampled_softcapped_ce.plain(a["logits"].double(), a["pos"], a["mtp"], None, None, *cap)
+        alone = sampled.sampled_softcapped_ce.plain(
+            a["logits"].double(), a["pos"], a["mtp"], None, None, *cap
+        )
         torch.testing.assert_close(got["loss"].double(), alone, rtol=1e-6, atol=1e-6)
 
 
@@ -170,7 +174,9 @@ def test_the_ngram_gather_and_sink_equal_the_plain_rows_and_their_scatter_added_
     assert slots.unique().numel() < slots.numel(), "no repeated row: the sink's atomics are untested"
     g = a["wout"].to(src.dtype).double()  # d out reaches the sink in out's dtype
     shares = torch.cat([g * pool.double()[sb], g * pool.double()[st]], dim=1)  # (B, 2T, d): each read's
-    want = torch.zeros(src.shape, dtype=torch.float64).index_add_(0, slots.reshape(-1), shares.reshape(-1, 40))
+    want = torch.zeros(src.shape, dtype=torch.float64).index_add_(
+        0, slots.reshape(-1), shares.reshape(-1, 40)
+    )
     assert got["grad"].dtype == src.dtype and slots.size(1) == 2 * T
     if src.dtype == torch.float32:
         torch.testing.assert_close(got["grad"].double(), want, rtol=1e-6, atol=1e-6)
@@ -197,7 +203,9 @@ def test_the_row_adam_kernel_steps_the_table_as_the_plain_row_adam(interpreted, 
     assert moved[:5].all() and not moved[20:].any(), "the schedule touched other rows than it should"
     if bf16:
         scale = want["table"].abs().max().item()
-        torch.testing.assert_close(got["table"].double(), want["table"].double(), rtol=0, atol=4 * BF16_STEP * scale)
+        torch.testing.assert_close(
+            got["table"].double(), want["table"].double(), rtol=0, atol=4 * BF16_STEP * scale
+        )
         torch.testing.assert_close(got["exp_avg_sq"], want["exp_avg_sq"], rtol=1e-2, atol=1e-8)
     else:
         torch.testing.assert_close(got["table"].double(), want["table"], rtol=1e-5, atol=1e-6)
@@ -272,162 +280,3 @@ def test_the_ngram_prefix_and_sampled_swaps_compile_in_one_graph_and_train_as_th
         for n, grad in g["grads"].items():
             torch.testing.assert_close(grad, w["grads"][n], rtol=1e-3, atol=1e-5, msg=f"{name}: {n}")
     assert (got["anvil"]["full"]["loss"] - got["anvil"]["sampled"]["loss"]).abs() > 1e-3, "P had no effect"
-
-
-# ---- on CUDA: the compiled kernels at the record's shapes ----
-
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_gram_kernels_equal_their_twins_on_cuda():
-    from speedrun.perf.kernels import gram
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(4, 768, 3072, device="cuda", generator=g).bfloat16() / 3072**0.5
-    got, want = gram.gram(x), ortho.gram.plain(x)
-    assert torch.equal(got, got.mT)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    got, want = (
-        gram.ba_plus_caa(want, cases.NS_B, cases.NS_C),
-        ortho.ba_plus_caa.plain(want, cases.NS_B, cases.NS_C),
-    )
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_compiled_softcapped_ce_equals_its_twin_on_cuda(mtp):
-    from speedrun.perf.kernels import softcapped_ce
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
-    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
-    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
-    args = (targets, weights, 11.5, 7.5, 5.0, False, False)
-    x = raw.clone().requires_grad_()
-    got = softcapped_ce.softcapped_ce(x, *args)
-    got.backward()
-    y = raw.float().requires_grad_()
-    want = head.softcapped_ce.plain(y, *args)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
-    from speedrun.model.layers import relu2_linear as twin
-    from speedrun.perf.kernels import relu2_linear
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(8192, 768, device="cuda", generator=g).bfloat16().requires_grad_()
-    w = (torch.randn(3072, 768, device="cuda", generator=g) / 768**0.5).bfloat16().requires_grad_()
-    got = relu2_linear.relu2_linear(x, w)
-    got.float().sum().backward()
-    gx, gw = x.grad.clone(), w.grad.clone()
-    x.grad = w.grad = None
-    want = twin.plain(x, w)
-    want.float().sum().backward()
-    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_compiled_prefix_arm_equals_its_twin_on_cuda(mtp):
-    from speedrun.perf.kernels import softcapped_ce
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
-    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
-    table = torch.randint(-1, 50257, (50304,), device="cuda", generator=g)
-    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
-    args = (targets, weights, table, torch.tensor(0.25, device="cuda"), 11.5, 7.5, 5.0, False, False)
-    x = raw.clone().requires_grad_()
-    got = softcapped_ce.softcapped_prefix_ce(x, *args)
-    got.backward()
-    y = raw.float().requires_grad_()
-    want = head.softcapped_prefix_ce.plain(y, *args)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_sampled_arm_equals_its_twin_on_cuda():
-    from speedrun.model.gpt2026 import sampled
-    from speedrun.perf.kernels import softcapped_ce
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    P = 16384  # #92's candidate counts are multiples of 2048
-    logits = (torch.randn(1, 8192, P, device="cuda", generator=g) * 8).bfloat16()
-    pos = torch.randint(0, P, (1, 8192), device="cuda", generator=g)
-    prefix_pos = torch.randint(-P // 4, P, (1, 8192), device="cuda", generator=g).clamp(min=-1)
-    args = (pos, torch.tensor([1.0, 0.5], device="cuda"), prefix_pos, torch.tensor(0.25, device="cuda"))
-    x = logits.clone().requires_grad_()
-    got = softcapped_ce.sampled_softcapped_ce(x, *args, 11.5, 7.5, 5.0)
-    got.backward()
-    y = logits.float().requires_grad_()
-    want = sampled.sampled_softcapped_ce.plain(y, *args, 11.5, 7.5, 5.0)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_ngram_gather_and_sink_equal_their_twin_on_cuda():
-    from speedrun.model.gpt2026.ngram import ngram_embed as twin
-    from speedrun.model.gpt2026.ngram import ngram_rows, ngram_signs
-    from speedrun.perf.kernels import ngram_embed
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    idx = torch.randint(0, 50257, (1, 8192), device="cuda", generator=g)
-    rows = 1 << 16  # a small table: rows repeat across the 16,384 reads
-    slots, (sb, st) = ngram_rows(idx, rows), ngram_signs(idx, 256)
-    table = (torch.randn(rows, 768, device="cuda", generator=g) * 0.1).bfloat16()
-    pool = torch.randn(256, 768, device="cuda", generator=g).sign().bfloat16()
-    w = torch.randn(1, 8192, 768, device="cuda", generator=g)
-    x, y = table.clone().requires_grad_(), table.float().requires_grad_()
-    got = ngram_embed.ngram_embed(x, slots, sb, st, pool)
-    (got.float() * w).sum().backward()
-    want = twin.plain(y, slots, sb, st, pool)  # in fp32: the kernel's sums, one rounding at the end
-    (want * w.bfloat16().float()).sum().backward()
-    assert torch.equal(got, want.bfloat16())
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_row_adam_kernel_equals_its_twin_on_cuda():
-    from speedrun import ops
-    from speedrun.optim.row_adam import RowAdam
-    from speedrun.perf.kernels import row_adam
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    start = (torch.randn(1 << 18, 768, device="cuda", generator=g) * 0.1).bfloat16()
-    steps = []
-    for s in range(1, 9):  # 16,384 reads of 2^18 rows a step (repeats), β2 squared from step 5
-        rows = torch.randint(0, 1 << 18 if s % 3 else 1 << 12, (16384,), device="cuda", generator=g)
-        steps.append((rows, torch.randn(16384, 768, device="cuda", generator=g), 0.05, 0.95 if s < 5 else 0.95**2, 0.7))
-    out = []
-    for fn in (row_adam.row_adam_rows, None):
-        if fn is not None:
-            ops.install("row_adam_rows", fn)
-        table = start.clone()
-        opt = RowAdam(table)
-        for args in steps:
-            opt.step(*args)
-        opt.bring_current()
-        ops.reset()
-        out.append((table.float(), opt.exp_avg_sq))
-    (got, got_v), (want, want_v) = out
-    torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-9)
-    torch.testing.assert_close(got, want, rtol=0, atol=2**-6 * want.abs().max().item())

@@ -8,6 +8,12 @@ its target columns t_p (P = 1: next-token CE, w = 0 where the target is ignored;
 stage's weight, 0 past the row's end), and a second pass writes the gradient of that loss with respect
 to l: (Σ_p w_p·softmax(z) − Σ_p w_p·[v = t_p])·(A/C)·σ·(1 − σ). No capped or fp32 logits are stored;
 the backward only scales the saved gradient by its row's incoming gradient.
+
+Three ops use the one row kernel, each a column layout: `softcapped_ce` (the next-token or MTP columns),
+`softcapped_prefix_ce` (#88: one more column, the prefix target table[y], weighted w/(B·T) where it
+exists; twin in model/gpt2026/head.py) and `sampled_softcapped_ce` (#92: the rows are the candidates'
+logits (B, T, P), the columns the targets' positions in C and the prefix targets' where they are
+candidates; twin in model/gpt2026/sampled.py, whose fixed-max LSE is this kernel's bound-as-max one).
 """
 
 from __future__ import annotations
