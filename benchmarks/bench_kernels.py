@@ -1,14 +1,16 @@
 """Each speed-layer kernel against its plain twin compiled as a run compiles it (issue 44): the kit's
 A/B of speedrun/perf/kernels/. A kernel that is not at least as fast as its compiled twin is deleted.
 
-    python benchmarks/bench_kernels.py [--only gram|ba_plus_caa|softcapped_ce|relu2_linear] [--reps N]
+    python benchmarks/bench_kernels.py [--only NAME (one of NAMES)] [--reps N]
 
 Per kernel one line `bench-kernel NAME SHAPE: kernel X ms, twin Y ms (compiled), twin/kernel Z` (CUDA
 events, median of N timed calls after 3 untimed; the softcapped CE is timed forward + backward). The
 shapes are the record's: record-2026-07's MLP bank in Polar Express (24 matrices 768 x 3072, bf16), its
 Gram matrices, one GPU's 16,384-token micro-batch of logits over the padded vocabulary (bf16), MTP
 weights 1, 0.5, 0.25, and that micro-batch through an MLP up-projection (768 -> 3072, forward and
-backward). Without CUDA it prints `bench-kernel: skipped: no CUDA` and exits 0.
+backward); #88's prefix arm on that micro-batch; #92's sampled arm over 16,384 candidates; #92's n-gram
+gather and sink for that micro-batch from a 2^22-row table (768 wide, bf16; forward + backward). Without
+CUDA it prints `bench-kernel: skipped: no CUDA` and exits 0.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import sys
 
 import torch
 
-NAMES = ("gram", "ba_plus_caa", "softcapped_ce", "relu2_linear")
+NAMES = (
+    "gram", "ba_plus_caa", "softcapped_ce", "relu2_linear",
+    "softcapped_prefix_ce", "sampled_softcapped_ce", "ngram_embed",
+)  # fmt: skip
 
 
 def _time(fn, reps: int) -> float:
@@ -74,7 +79,54 @@ def cases(name: str):
         raw.grad = None
         fn(raw, *args).backward()
 
+    if name == "softcapped_prefix_ce":
+        table = torch.randint(-1, 50257, (50304,), device="cuda", generator=g)
+        args = (targets, weights, table, torch.tensor(0.25, device="cuda"), 11.5, 7.5, 5.0, True, True)
+        twin = torch.compile(head.softcapped_prefix_ce.plain, dynamic=False, fullgraph=True)
+        kernel = softcapped_ce.softcapped_prefix_ce
+        return "16384x50304 bf16 mtp=3 prefix", lambda: step(kernel), lambda: step(twin)
+    if name == "sampled_softcapped_ce":
+        return sampled_case(g, targets.remainder(16384), weights)
+    if name == "ngram_embed":
+        return ngram_case(g)
     return "16384x50304 bf16 mtp=3", lambda: step(softcapped_ce.softcapped_ce), lambda: step(twin)
+
+
+def sampled_case(g, pos, weights):
+    """#92's sampled arm: 16,384 candidates' logits of one micro-batch, MTP and prefix positions."""
+    from speedrun.model.gpt2026 import sampled
+    from speedrun.perf.kernels import softcapped_ce
+
+    logits = (torch.randn(1, 16384, 16384, device="cuda", generator=g) * 8).bfloat16().requires_grad_()
+    prefix_pos = torch.randint(-4096, 16384, (1, 16384), device="cuda", generator=g).clamp(min=-1)
+    args = (pos, weights, prefix_pos, torch.tensor(0.25, device="cuda"), 11.5, 7.5, 5.0)
+    twin = torch.compile(sampled.sampled_softcapped_ce.plain, dynamic=False, fullgraph=True)
+
+    def step(fn):
+        logits.grad = None
+        fn(logits, *args).backward()
+
+    kernel = softcapped_ce.sampled_softcapped_ce
+    return "16384x16384 bf16 mtp=3 prefix", lambda: step(kernel), lambda: step(twin)
+
+
+def ngram_case(g):
+    """#92's n-gram gather and sink: one micro-batch's rows of a 2^22-row bf16 table, forward + backward."""
+    from speedrun.model.gpt2026.ngram import ngram_embed as plain
+    from speedrun.model.gpt2026.ngram import ngram_rows, ngram_signs
+    from speedrun.perf.kernels import ngram_embed
+
+    idx = torch.randint(0, 50257, (1, 16384), device="cuda", generator=g)
+    slots, (sb, st) = ngram_rows(idx, 1 << 22), ngram_signs(idx, 8192)
+    table = (torch.randn(1 << 22, 768, device="cuda", generator=g) * 0.1).bfloat16().requires_grad_()
+    pool = torch.randn(8192, 768, device="cuda", generator=g).sign().bfloat16()
+    twin = torch.compile(plain.plain, dynamic=False, fullgraph=True)
+
+    def step(fn):
+        table.grad = None
+        fn(table, slots, sb, st, pool).float().sum().backward()
+
+    return "16384 tokens, 2^22x768 bf16", lambda: step(ngram_embed.ngram_embed), lambda: step(twin)
 
 
 def main(argv: list[str] | None = None) -> int:

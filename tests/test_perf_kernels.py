@@ -3,7 +3,7 @@
 On the CPU, through Triton's interpreter: one child process (tests/perf_interpreted.py) runs every
 kernel case and the CUDA branch of the swap compiled in one graph (tests/perf_traced.py); each test here
 rebuilds the same inputs and compares with the plain op computed in this process, in fp64 where the
-kernel computes in fp32. On CUDA (`gpu`): the compiled kernels at the record's shapes against the twins.
+kernel computes in fp32. On CUDA (`gpu`): tests/test_perf_kernels_gpu.py.
 """
 
 from __future__ import annotations
@@ -100,6 +100,118 @@ def test_the_fused_softcapped_ce_equals_the_plain_loss_and_its_gradient(interpre
         assert (got["grad"][0, 2] == 0).all() and (got["grad"][1, 6] == 0).all()
 
 
+def _close_loss_and_grad(got: dict, want, wanted_grad, dtype) -> None:
+    assert got["loss"].dtype == torch.float32 and got["grad"].dtype == dtype
+    torch.testing.assert_close(got["loss"].double(), want.detach(), rtol=1e-6, atol=1e-6)
+    tol = 1e-6 if dtype == torch.float32 else BF16_STEP + 2**-8
+    # fp32's cancellation in Σw·softmax − w at a target column: a few fp32 steps of the largest entry
+    atol = 1e-6 * wanted_grad.abs().max().item()
+    torch.testing.assert_close(got["grad"].double(), wanted_grad, rtol=tol, atol=atol)
+
+
+@pytest.mark.parametrize("case", ["ce_prefix", "ce_prefix_ignore", "ce_prefix_mtp", "ce_prefix_bf16"])
+def test_the_fused_prefix_arm_equals_the_plain_ce_plus_prefix_loss_and_its_gradient(interpreted, case):
+    """#88's prefix target as one more column of the fused CE: ids without a prefix (−1), a prefix on
+    the ragged tile's last column, ignored next-token targets, MTP; the twin (the head's CE plus
+    prefix.prefix_loss on the same capped logits) in fp64."""
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    raw = a["raw"].double().requires_grad_()
+    cap = (a["cap"], a["divisor"], a["offset"])
+    want = head.softcapped_prefix_ce.plain(
+        raw, a["targets"], a["mtp"], a["table"], a["weight"], *cap, True, True
+    )
+    want.backward()
+    _close_loss_and_grad(got, want, raw.grad, a["raw"].dtype)
+    without = head.softcapped_ce.plain(a["raw"].double(), a["targets"], a["mtp"], *cap, True, True)
+    assert (got["loss"].double() - without).abs() > 1e-3, "the prefix term is missing"
+
+
+@pytest.mark.parametrize(
+    "case", ["sampled_plain", "sampled_mtp_prefix", "sampled_no_prefix_candidates", "sampled_bf16"]
+)
+def test_the_fused_sampled_arm_equals_the_plain_sampled_loss_and_its_gradient(interpreted, case):
+    """#92's loss over the candidates' logits (P = 150: a ragged tile; targets on its first and last
+    column), MTP's terms past the row's end, prefix targets outside C (−1), and a set with no prefix
+    target in C (the term adds nothing); the twin (model/gpt2026/sampled.py) in fp64."""
+    sampled = importlib.import_module("speedrun.model.gpt2026.sampled")
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    logits = a["logits"].double().requires_grad_()
+    cap = (a["cap"], a["divisor"], a["offset"])
+    want = sampled.sampled_softcapped_ce.plain(
+        logits, a["pos"], a["mtp"], a["prefix_pos"], a["prefix_weight"], *cap
+    )
+    want.backward()
+    _close_loss_and_grad(got, want, logits.grad, a["logits"].dtype)
+    if case == "sampled_no_prefix_candidates":
+        alone = sampled.sampled_softcapped_ce.plain(
+            a["logits"].double(), a["pos"], a["mtp"], None, None, *cap
+        )
+        torch.testing.assert_close(got["loss"].double(), alone, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["ngram_fp32", "ngram_bf16", "ngram_pulled"])
+def test_the_ngram_gather_and_sink_equal_the_plain_rows_and_their_scatter_added_gradient(interpreted, case):
+    """The signed bigram + trigram rows (d = 40 against 32-wide tiles) and the source's gradient, where
+    rows repeat within a row of tokens and across tokens; from the table and from pulled rows. The
+    forward against the twin exactly in fp32 (±1 products, one rounding), within the rounding's step in
+    bf16; the gradient against an fp64 reference
+    written here: each token's d out times its sign rows, index_add-ed into the rows it read."""
+    ngram = importlib.import_module("speedrun.model.gpt2026.ngram")
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    src, slots, sb, st, pool = (a[k] for k in ("source", "slots", "sb", "st", "pool"))
+    twin = ngram.ngram_embed.plain(src, slots, sb, st, pool)
+    if src.dtype == torch.float32:
+        assert torch.equal(got["out"], twin)
+    else:  # the one rounding to bf16: toward zero under the interpreter, to nearest in the twin
+        exact = ngram.ngram_embed.plain(src.double(), slots, sb, st, pool)
+        assert got["out"].dtype == src.dtype
+        assert ((got["out"].double() - exact).abs() <= exact.abs() * BF16_STEP).all()
+        assert ((got["out"].double() - twin.double()).abs() <= exact.abs() * BF16_STEP).all()
+    T = sb.size(1)
+    assert slots.unique().numel() < slots.numel(), "no repeated row: the sink's atomics are untested"
+    g = a["wout"].to(src.dtype).double()  # d out reaches the sink in out's dtype
+    shares = torch.cat([g * pool.double()[sb], g * pool.double()[st]], dim=1)  # (B, 2T, d): each read's
+    want = torch.zeros(src.shape, dtype=torch.float64).index_add_(
+        0, slots.reshape(-1), shares.reshape(-1, 40)
+    )
+    assert got["grad"].dtype == src.dtype and slots.size(1) == 2 * T
+    if src.dtype == torch.float32:
+        torch.testing.assert_close(got["grad"].double(), want, rtol=1e-6, atol=1e-6)
+    else:  # summed in fp32, rounded once to bf16 (toward zero under the interpreter)
+        assert ((got["grad"].double() - want).abs() <= want.abs() * BF16_STEP + 1e-6).all()
+    twin_src = src.clone().requires_grad_()
+    (ngram.ngram_embed.plain(twin_src, slots, sb, st, pool).float() * a["wout"]).sum().backward()
+    torch.testing.assert_close(got["grad"].double(), twin_src.grad.double(), rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize("case", ["row_adam_fp32", "row_adam_bf16"])
+def test_the_row_adam_kernel_steps_the_table_as_the_plain_row_adam(interpreted, case):
+    """12 steps at β1 = 0 with #92's changes (β2 squared from step 6, decay 0.7, a decaying LR): rows
+    repeated in a step, steps that touch no row, rows asleep for 3 steps (their missed steps replayed),
+    rows never touched; the twin (RowAdam's own arithmetic) in fp64 for the fp32 table, in bf16 for the
+    bf16 one (whose every step rounds the table: toward zero under the interpreter)."""
+    a = cases.inputs(case)
+    got = _got(interpreted, case)
+    bf16 = a["table"].dtype == torch.bfloat16
+    want = cases.run_row_adam({**a, "table": a["table"] if bf16 else a["table"].double()})
+    assert got["table"].dtype == a["table"].dtype
+    assert torch.equal(got["current"], want["current"])
+    moved = (got["table"] != a["table"]).any(1)
+    assert moved[:5].all() and not moved[20:].any(), "the schedule touched other rows than it should"
+    if bf16:
+        scale = want["table"].abs().max().item()
+        torch.testing.assert_close(
+            got["table"].double(), want["table"].double(), rtol=0, atol=4 * BF16_STEP * scale
+        )
+        torch.testing.assert_close(got["exp_avg_sq"], want["exp_avg_sq"], rtol=1e-2, atol=1e-8)
+    else:
+        torch.testing.assert_close(got["table"].double(), want["table"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["exp_avg_sq"].double(), want["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+
+
 @pytest.mark.parametrize("case", ["relu2_fp32", "relu2_bf16"])
 def test_the_fused_relu2_up_projection_equals_the_plain_op_and_its_gradients(interpreted, case):
     """Forward ReLU²(x Wᵀ) and both gradients against the plain op: in fp64 for fp32 inputs; for bf16
@@ -149,64 +261,22 @@ def test_the_cuda_branch_of_the_swap_compiles_in_one_graph_and_trains_as_the_pla
         torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-5)
 
 
-# ---- on CUDA: the compiled kernels at the record's shapes ----
+def test_the_ngram_prefix_and_sampled_swaps_compile_in_one_graph_and_train_as_the_plain_ops(interpreted):
+    """#92's parts on the same step (the n-gram table, #88's prefix loss, the sampled softmax): with every
+    kernel installed as on CUDA, a full-softmax step and a sampled step each compile with fullgraph=True,
+    call the n-gram gather and the CE kernel (its prefix arm, then its sampled arm) inside the graph, and
+    give the plain eager steps' losses and gradients (the n-gram table's among them)."""
+    from tests import perf_traced
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_gram_kernels_equal_their_twins_on_cuda():
-    from speedrun.perf.kernels import gram
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(4, 768, 3072, device="cuda", generator=g).bfloat16() / 3072**0.5
-    got, want = gram.gram(x), ortho.gram.plain(x)
-    assert torch.equal(got, got.mT)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    got, want = (
-        gram.ba_plus_caa(want, cases.NS_B, cases.NS_C),
-        ortho.ba_plus_caa.plain(want, cases.NS_B, cases.NS_C),
-    )
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_compiled_softcapped_ce_equals_its_twin_on_cuda(mtp):
-    from speedrun.perf.kernels import softcapped_ce
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
-    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
-    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
-    args = (targets, weights, 11.5, 7.5, 5.0, False, False)
-    x = raw.clone().requires_grad_()
-    got = softcapped_ce.softcapped_ce(x, *args)
-    got.backward()
-    y = raw.float().requires_grad_()
-    want = head.softcapped_ce.plain(y, *args)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
-
-
-@pytest.mark.gpu
-@cuda
-def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
-    from speedrun.model.layers import relu2_linear as twin
-    from speedrun.perf.kernels import relu2_linear
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(8192, 768, device="cuda", generator=g).bfloat16().requires_grad_()
-    w = (torch.randn(3072, 768, device="cuda", generator=g) / 768**0.5).bfloat16().requires_grad_()
-    got = relu2_linear.relu2_linear(x, w)
-    got.float().sum().backward()
-    gx, gw = x.grad.clone(), w.grad.clone()
-    x.grad = w.grad = None
-    want = twin.plain(x, w)
-    want.float().sum().backward()
-    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)
+    got = torch.load(interpreted / "traced.pt")
+    want = perf_traced.plain()["anvil"]
+    for name in ("full", "sampled"):
+        seen = got["anvil_seen"][name]
+        for op in ("speedrun.softcapped_ce_rows.default", "speedrun.ngram_gather.default"):
+            assert op in seen, f"{op} is not in the {name} step's graph"
+        g, w = got["anvil"][name], want[name]
+        torch.testing.assert_close(g["loss"], w["loss"], rtol=1e-5, atol=1e-5, msg=name)
+        assert g["grads"].keys() == w["grads"].keys() and "bigram.table" in g["grads"]
+        for n, grad in g["grads"].items():
+            torch.testing.assert_close(grad, w["grads"][n], rtol=1e-3, atol=1e-5, msg=f"{name}: {n}")
+    assert (got["anvil"]["full"]["loss"] - got["anvil"]["sampled"]["loss"]).abs() > 1e-3, "P had no effect"

@@ -70,11 +70,14 @@ def test_train_perf_is_a_typed_setting():
         load_recipe("demo", ["train.perf=on"])
 
 
+@pytest.mark.parametrize("prefix", [False, True])
 @pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_softcapped_training_loss_is_bit_for_bit_the_capped_logits_path(mtp):
-    """The op the model's training forward now calls (raw logits → softcap → CE or MTP) against the
-    path it replaced (capped_logits, then loss), in the record's bf16 cap and CE and in fp32."""
+def test_the_softcapped_training_loss_is_bit_for_bit_the_capped_logits_path(mtp, prefix):
+    """The op the model's training forward now calls (raw logits → softcap → CE or MTP, plus #88's
+    prefix term) against the path it replaced (capped_logits, then loss, then prefix.prefix_loss), in
+    the record's bf16 cap and CE and in fp32."""
     from speedrun.config.gpt2026.head import HeadConfig
+    from speedrun.model.gpt2026 import prefix as prefix_loss
     from speedrun.model.layers import CastedLinear
 
     torch.manual_seed(0)
@@ -82,15 +85,20 @@ def test_the_softcapped_training_loss_is_bit_for_bit_the_capped_logits_path(mtp)
     x = torch.randn(2, 9, 32)
     targets = torch.randint(0, 96, (2, 9))
     weights = None if mtp is None else torch.tensor(mtp)
+    table = torch.randint(-40, 96, (96,)).clamp(min=-1) if prefix else None
+    pw = torch.tensor(0.25) if prefix else None
     for bf16 in (False, True):
         part = HeadConfig(softcap=11.5, softcap_divisor=7.5, softcap_offset=5.0, softcap_in_bf16=bf16,
                           ce_bf16=bf16, fp8=False, mtp=0 if mtp is None else 3)  # fmt: skip
         lm_head.zero_grad()
-        got = head.training_loss(lm_head, x, targets, part, weights)
+        got = head.training_loss(lm_head, x, targets, part, weights, table, pw)
         got.backward()
         g = lm_head.weight.grad.clone()
         lm_head.zero_grad()
-        want = head.loss(head.capped_logits(lm_head, x, part), targets, part, True, "mean", weights)
+        logits = head.capped_logits(lm_head, x, part)
+        want = head.loss(logits, targets, part, True, "mean", weights)
+        if prefix:  # model.py's path before the op: on the capped logits, fp32 unless ce_bf16
+            want = want + prefix_loss.prefix_loss(logits if bf16 else logits.float(), targets, table, pw)
         want.backward()
         assert torch.equal(got, want) and torch.equal(g, lm_head.weight.grad)
 

@@ -23,6 +23,8 @@ import math
 import torch
 from torch import Tensor
 
+from speedrun import ops
+
 
 class RowAdam:
     """Compacted cautious Adam of `table` (rows, d) in place; state for every row, touched lazily."""
@@ -53,8 +55,7 @@ class RowAdam:
         uniq, inv = torch.unique(rows, return_inverse=True)
         g = torch.zeros(uniq.numel(), grad.shape[1], dtype=self.exp_avg_sq.dtype, device=grad.device)
         g.index_add_(0, inv, grad.to(g.dtype))
-        self._catch_up(uniq, self.steps - 1)
-        self._update(uniq, g, self.steps)
+        row_adam_rows(self, uniq, g)
         self.current[uniq] = self.steps
 
     def bring_current(self, rows: Tensor | None = None) -> None:
@@ -116,3 +117,11 @@ class RowAdam:
             mine = getattr(self, name)
             if mine is not None:
                 mine.copy_(state[name])
+
+
+@ops.plain_op("row_adam_rows")
+def row_adam_rows(opt: RowAdam, rows: Tensor, g: Tensor) -> None:
+    """Step `opt.steps` of `opt` on `rows` (distinct) with their summed gradient `g` (fp32 or the state's
+    dtype): the steps each row slept through replayed first, then the step (RowAdam.step's arithmetic)."""
+    opt._catch_up(rows, opt.steps - 1)
+    opt._update(rows, g, opt.steps)

@@ -15,8 +15,11 @@ import torch
 
 # the modules that declare the ops the kernels replace (importing them declares the names)
 import speedrun.model.gpt2026.head  # noqa: F401
+import speedrun.model.gpt2026.ngram  # noqa: F401
+import speedrun.model.gpt2026.sampled  # noqa: F401
 import speedrun.model.layers  # noqa: F401
 import speedrun.optim.orthogonalize  # noqa: F401
+import speedrun.optim.row_adam  # noqa: F401
 from speedrun import ops
 
 

@@ -44,16 +44,24 @@ def loss(
 
 
 def training_loss(
-    head: CastedLinear, x: torch.Tensor, targets: torch.Tensor, part: HeadConfig, mtp_weights
+    head: CastedLinear,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    part: HeadConfig,
+    mtp_weights,
+    prefix_table: torch.Tensor | None = None,
+    prefix_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The mean training loss of a softcapped head from the raw logits, through the named op
-    `softcapped_ce` (a fused kernel may replace it: speedrun.perf); the same numbers as
-    `loss(capped_logits(...), training=True, reduction="mean")`."""
+    `softcapped_ce` (`softcapped_prefix_ce` with #88's prefix table; a fused kernel may replace either:
+    speedrun.perf); the same numbers as `loss(capped_logits(...), training=True, reduction="mean")`
+    (plus `prefix.prefix_loss` on those logits)."""
     assert part.softcap > 0, "training_loss is the softcapped head's"
-    return softcapped_ce(
-        head_logits(head, x, part.fp8), targets, mtp_weights, part.softcap, part.softcap_divisor,
-        part.softcap_offset, part.softcap_in_bf16, part.ce_bf16,
-    )  # fmt: skip
+    raw = head_logits(head, x, part.fp8)
+    cap = (part.softcap, part.softcap_divisor, part.softcap_offset, part.softcap_in_bf16, part.ce_bf16)
+    if prefix_table is not None:
+        return softcapped_prefix_ce(raw, targets, mtp_weights, prefix_table, prefix_weight, *cap)
+    return softcapped_ce(raw, targets, mtp_weights, *cap)
 
 
 @ops.plain_op("softcapped_ce")
@@ -75,6 +83,30 @@ def softcapped_ce(
     if mtp_weights is not None:
         return mtp_loss(z, targets, mtp_weights)
     return F.cross_entropy(z.view(-1, z.size(-1)), targets.reshape(-1))
+
+
+@ops.plain_op("softcapped_prefix_ce")
+def softcapped_prefix_ce(
+    raw: torch.Tensor,
+    targets: torch.Tensor,
+    mtp_weights: torch.Tensor | None,
+    table: torch.Tensor,
+    weight: torch.Tensor,
+    cap: float,
+    divisor: float,
+    offset: float,
+    cap_in_bf16: bool,
+    ce_bf16: bool,
+) -> torch.Tensor:
+    """`softcapped_ce` plus #88's prefix-token term on the same capped logits (prefix.prefix_loss)."""
+    z = raw if cap_in_bf16 else raw.float()
+    z = softcap(z, cap, "sigmoid", divisor, offset)
+    z = z if ce_bf16 else z.float()
+    if mtp_weights is not None:
+        out = mtp_loss(z, targets, mtp_weights)
+    else:
+        out = F.cross_entropy(z.view(-1, z.size(-1)), targets.reshape(-1))
+    return out + prefix.prefix_loss(z, targets, table, weight)
 
 
 # Multi-token prediction (record #53, 2025-12-22, PR #178): in training, position t's logits are also

@@ -148,9 +148,11 @@ class GPT2026(nn.Module):
             return self.logits(hidden)
         if self.sampled_candidates and self.training and reduction == "mean":  # #92: training only
             return sampled.loss(self, hidden, targets, self.head_spec, self.sampled_candidates)
-        fused = self.training and reduction == "mean" and self.prefix_weight is None
+        fused = self.training and reduction == "mean"
         if fused and self.head_spec.softcap > 0:  # the softcapped training loss: one op, from raw logits
-            return head.training_loss(self.lm_head, hidden, targets, self.head_spec, self.mtp_weights)
+            table = self.prefix_table if self.prefix_weight is not None else None  # #88
+            spec, mtp = self.head_spec, self.mtp_weights
+            return head.training_loss(self.lm_head, hidden, targets, spec, mtp, table, self.prefix_weight)
         masked = self.canonical_mask is not None and not self.training  # #350: validation
         logits = head.capped_logits(self.lm_head, hidden, self.masked_spec if masked else self.head_spec)
         if masked:

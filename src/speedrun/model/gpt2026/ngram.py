@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from speedrun import ops
 from speedrun.model.labels import label
 
 BIGRAM_ROW_MULS = (36313, 27191)  # x[t], x[t-1]
@@ -102,13 +103,26 @@ class NgramEmbed(nn.Module):
         if start > 0:  # positions >= 2 of [prev, idx] hash as in the whole sequence; from 0 it is the whole
             assert prev is not None and prev.size(1) == min(start, 2), "decoding passes the 2 tokens before"
             return self(torch.cat([prev, idx], dim=1))[:, prev.size(1) :]
-        T = idx.size(1)
-        rows = self.rows_of(ngram_rows(idx, self.rows))
+        ids = ngram_rows(idx, self.rows)
+        if self.pulled is not None:  # the pulled rows: where each id sits among them (Pulled.rows' index)
+            source, slots = self.pulled.cache, torch.searchsorted(self.pulled.want, ids)
+        else:
+            source, slots = self.table, ids
         sb, st = ngram_signs(idx, self.sign_pool.size(0))
-        acc = torch.promote_types(rows.dtype, torch.float32)  # ±1 products exact, one rounding
-        pool = self.sign_pool.to(acc)
-        out = (rows[:, :T].to(acc) * pool[sb] + rows[:, T:].to(acc) * pool[st]).to(rows.dtype)
+        out = ngram_embed(source, slots, sb, st, self.sign_pool)
         return nn.functional.pad(out, (0, self.pad)) if self.pad else out
+
+
+@ops.plain_op("ngram_embed")
+def ngram_embed(source: Tensor, slots: Tensor, sb: Tensor, st: Tensor, pool: Tensor) -> Tensor:
+    """Rows `slots` (B, 2T) of `source` (R, d) → (B, T, d): the bigram rows [:, :T] times their sign rows
+    pool[sb] plus the trigram rows [:, T:] times pool[st], summed in fp32 and rounded once to the rows'
+    dtype. The gradient reaches `source` as a scatter-add of each row's share (rows repeat)."""
+    T = sb.size(1)
+    rows = nn.functional.embedding(slots, source)
+    acc = torch.promote_types(rows.dtype, torch.float32)  # ±1 products exact, one rounding
+    pool = pool.to(acc)
+    return (rows[:, :T].to(acc) * pool[sb] + rows[:, T:].to(acc) * pool[st]).to(rows.dtype)
 
 
 def ngram_part(cfg, share: tuple[float, str] | None) -> NgramEmbed:

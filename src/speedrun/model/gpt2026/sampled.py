@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from speedrun import ops
 from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import softcap
@@ -89,18 +90,41 @@ def loss(
         logits = fp8_linear(x, weight)
     else:
         logits = F.linear(x, weight.to(x.dtype))
-    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (fp64 stays: the tests)
-    z = softcap(z, part.softcap, "sigmoid", part.softcap_divisor, part.softcap_offset)
-    lse = fixed_max_logsumexp(z, 2 * part.softcap)  # (B, T)
     pos = positions(cand, targets, V)
-    weights = model.mtp_weights if model.mtp_weights is not None else torch.ones(1, device=z.device)
-    total = mtp_sum(z, lse, pos, weights)
+    prefix_pos = None
     if model.prefix_weight is not None:  # #88: where the prefix target is a candidate
         prefix_pos = positions(cand, model.prefix_table[targets], V)
+    total = sampled_softcapped_ce(
+        logits, pos, model.mtp_weights, prefix_pos, model.prefix_weight,
+        part.softcap, part.softcap_divisor, part.softcap_offset,
+    )  # fmt: skip
+    return total / (B * T)
+
+
+@ops.plain_op("sampled_softcapped_ce")
+def sampled_softcapped_ce(
+    logits: torch.Tensor,
+    pos: torch.Tensor,
+    mtp_weights: torch.Tensor | None,
+    prefix_pos: torch.Tensor | None,
+    prefix_weight: torch.Tensor | None,
+    cap: float,
+    divisor: float,
+    offset: float,
+) -> torch.Tensor:
+    """Candidate logits (B, T, P) → the softcap → the summed loss over C (not divided): MTP's weighted
+    terms of the targets' positions `pos` (B, T) (weight 1 without MTP), plus the prefix term where
+    `prefix_pos` (B, T) is a candidate (>= 0); every row's log-sum-exp with the cap's bound as its max."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 (fp64 stays: the tests)
+    z = softcap(z, cap, "sigmoid", divisor, offset)
+    lse = fixed_max_logsumexp(z, 2 * cap)  # (B, T)
+    weights = mtp_weights if mtp_weights is not None else torch.ones(1, device=z.device)
+    total = mtp_sum(z, lse, pos, weights)
+    if prefix_pos is not None:
         valid = prefix_pos >= 0
         ce = lse - z.gather(-1, prefix_pos.clamp(min=0)[..., None])[..., 0]
-        total = total + model.prefix_weight * torch.where(valid, ce, torch.zeros_like(ce)).sum()
-    return total / (B * T)
+        total = total + prefix_weight * torch.where(valid, ce, torch.zeros_like(ce)).sum()
+    return total
 
 
 def mtp_sum(z: torch.Tensor, lse: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

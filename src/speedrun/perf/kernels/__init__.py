@@ -8,5 +8,9 @@ REPLACES: dict[str, str] = {
     "gram": "speedrun.perf.kernels.gram.gram",
     "ba_plus_caa": "speedrun.perf.kernels.gram.ba_plus_caa",
     "softcapped_ce": "speedrun.perf.kernels.softcapped_ce.softcapped_ce",
+    "softcapped_prefix_ce": "speedrun.perf.kernels.softcapped_ce.softcapped_prefix_ce",
+    "sampled_softcapped_ce": "speedrun.perf.kernels.softcapped_ce.sampled_softcapped_ce",
+    "ngram_embed": "speedrun.perf.kernels.ngram_embed.ngram_embed",
+    "row_adam_rows": "speedrun.perf.kernels.row_adam.row_adam_rows",
     "relu2_linear": "speedrun.perf.kernels.relu2_linear.relu2_linear",
 }

@@ -8,6 +8,12 @@ its target columns t_p (P = 1: next-token CE, w = 0 where the target is ignored;
 stage's weight, 0 past the row's end), and a second pass writes the gradient of that loss with respect
 to l: (Σ_p w_p·softmax(z) − Σ_p w_p·[v = t_p])·(A/C)·σ·(1 − σ). No capped or fp32 logits are stored;
 the backward only scales the saved gradient by its row's incoming gradient.
+
+Three ops use the one row kernel, each a column layout: `softcapped_ce` (the next-token or MTP columns),
+`softcapped_prefix_ce` (#88: one more column, the prefix target table[y], weighted w/(B·T) where it
+exists; twin in model/gpt2026/head.py) and `sampled_softcapped_ce` (#92: the rows are the candidates'
+logits (B, T, P), the columns the targets' positions in C and the prefix targets' where they are
+candidates; twin in model/gpt2026/sampled.py, whose fixed-max LSE is this kernel's bound-as-max one).
 """
 
 from __future__ import annotations
@@ -118,18 +124,83 @@ def softcapped_ce(
     if raw.ndim != 3 or raw.dtype not in DTYPES:
         plain = ops.plain("softcapped_ce")
         return plain(raw, targets, mtp_weights, cap, divisor, offset, cap_in_bf16, ce_bf16)
-    Bt, T, V = raw.shape
+    idx, w, denom = _columns(targets, mtp_weights)
+    losses, _ = softcapped_ce_rows(raw.reshape(-1, raw.size(-1)), idx, w, *_abc(cap, divisor, offset))
+    return losses.sum() / denom
+
+
+def _abc(cap: float, divisor: float, offset: float) -> tuple[float, float, float]:
+    """The kernel's A·σ((l + B)/C) of the head's sigmoid softcap."""
+    return 2.0 * cap, float(offset), float(divisor or cap / 2)
+
+
+def _columns(targets: Tensor, mtp_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor | int]:
+    """Each row's target columns (N, n) and weights (N, n), and the mean's denominator: next-token CE
+    over the targets not ignored, or #53's MTP (position t against y_{t+k}, weight w_k, zero past the
+    row's end) over every position."""
+    Bt, T = targets.shape
     if mtp_weights is None:
         t = targets.reshape(-1, 1)
         keep = t != IGNORE_INDEX
         idx, w = torch.where(keep, t, 0), keep.float()
-        denom = w.sum()
-    else:  # MTP (#53): position t scored against y_{t+k} with weight w_k, zero past the row's end
-        n = mtp_weights.numel()
-        idx = F.pad(targets, (0, n - 1)).unfold(1, n, 1).reshape(-1, n)
-        ahead = torch.arange(T, device=raw.device)[:, None] + torch.arange(n, device=raw.device) < T
-        w = (ahead * mtp_weights.float()).expand(Bt, T, n).reshape(-1, n)
-        denom = Bt * T
-    A, B, C = 2.0 * cap, float(offset), float(divisor or cap / 2)
-    losses, _ = softcapped_ce_rows(raw.reshape(-1, V), idx, w, A, B, C)
-    return losses.sum() / denom
+        return idx, w, w.sum()
+    n = mtp_weights.numel()
+    idx = F.pad(targets, (0, n - 1)).unfold(1, n, 1).reshape(-1, n)
+    ahead = torch.arange(T, device=targets.device)[:, None] + torch.arange(n, device=targets.device) < T
+    w = (ahead * mtp_weights.float()).expand(Bt, T, n).reshape(-1, n)
+    return idx, w, Bt * T
+
+
+def _optional_column(idx: Tensor, w: Tensor, cols: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """One more target column per row: `cols` (N,) scored with `weight` where >= 0, nothing where −1."""
+    valid = cols >= 0
+    idx = torch.cat([idx, torch.where(valid, cols, 0)[:, None]], dim=1)
+    return idx, torch.cat([w, (valid * weight.float())[:, None]], dim=1)
+
+
+def softcapped_prefix_ce(
+    raw: Tensor,
+    targets: Tensor,
+    mtp_weights: Tensor | None,
+    table: Tensor,
+    weight: Tensor,
+    cap: float,
+    divisor: float,
+    offset: float,
+    cap_in_bf16: bool,
+    ce_bf16: bool,
+) -> Tensor:
+    """Replaces op `softcapped_prefix_ce` (#88): the prefix target table[y] is one more column of each
+    row, weighted w/(B·T) where it exists, in the same pass as the next-token (or MTP) columns."""
+    if raw.ndim != 3 or raw.dtype not in DTYPES:
+        plain = ops.plain("softcapped_prefix_ce")
+        return plain(raw, targets, mtp_weights, table, weight, cap, divisor, offset, cap_in_bf16, ce_bf16)
+    Bt, T, V = raw.shape
+    idx, w, denom = _columns(targets, mtp_weights)
+    idx, w = _optional_column(idx, w / denom, table[targets].reshape(-1), weight / (Bt * T))
+    losses, _ = softcapped_ce_rows(raw.reshape(-1, V), idx, w, *_abc(cap, divisor, offset))
+    return losses.sum()
+
+
+def sampled_softcapped_ce(
+    logits: Tensor,
+    pos: Tensor,
+    mtp_weights: Tensor | None,
+    prefix_pos: Tensor | None,
+    prefix_weight: Tensor | None,
+    cap: float,
+    divisor: float,
+    offset: float,
+) -> Tensor:
+    """Replaces op `sampled_softcapped_ce` (#92): the rows are the candidates' logits (B, T, P), the
+    columns the targets' positions in C (and the prefix targets' where they are candidates); the
+    kernel's bound-as-max log-sum-exp is the record's fixed-max one. Returns the sum, as the twin."""
+    if logits.ndim != 3 or logits.dtype not in DTYPES:
+        plain = ops.plain("sampled_softcapped_ce")
+        return plain(logits, pos, mtp_weights, prefix_pos, prefix_weight, cap, divisor, offset)
+    weights = mtp_weights if mtp_weights is not None else torch.ones(1, device=logits.device)
+    idx, w, _ = _columns(pos, weights)
+    if prefix_pos is not None:
+        idx, w = _optional_column(idx, w, prefix_pos.reshape(-1), prefix_weight)
+    losses, _ = softcapped_ce_rows(logits.reshape(-1, logits.size(-1)), idx, w, *_abc(cap, divisor, offset))
+    return losses.sum()
