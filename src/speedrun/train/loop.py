@@ -313,8 +313,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             with compile_errors(compiled):
                 loss = train_step(
                     train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale,
-                    ctx.rank * accum,
-                )
+                    ctx.rank * accum,  # first_slot: this process's micro-batches in the step's slots
+                )  # fmt: skip
             progress.add(loss)
 
             done = step + 1
