@@ -275,7 +275,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         def checkpoint(done: int) -> Path | None:
             state = training_state(done, optimizer, loader, clock, ctx.device, budget)
-            share_micro_slots(model, ctx.rank * accum, accum)  # every slot saved, for any process count
+            share_micro_slots(model, ctx.rank, ctx.world_size)  # every slot saved, for any process count
             path = None
             if ctx.is_main:
                 path = save_checkpoint(
@@ -313,7 +313,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             with compile_errors(compiled):
                 loss = train_step(
                     train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale,
-                    ctx.rank * accum,  # first_slot: this process's micro-batches in the step's slots
+                    (ctx.rank, ctx.world_size),  # slot_of: micro-step k is the step's chunk k x world + rank
                 )  # fmt: skip
             progress.add(loss)
 

@@ -48,7 +48,8 @@ def micro_slot_parts(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def size_micro_slots(model: torch.nn.Module, slots: int) -> None:
     """Give the slotted parts `slots` = processes x accumulation steps slots (the micro-batches of one
-    optimizer step, all processes together): before a checkpoint is loaded, before the first forward."""
+    optimizer step, all processes together; slot c is the step's chunk c, which the loaders give to
+    rank c % world as its micro-step c // world): before a checkpoint is loaded, before any forward."""
     for part in micro_slot_parts(model):
         part.set_micro_slots(slots)
 
@@ -62,16 +63,16 @@ def _point_slots(parts: list[torch.nn.Module], slot: int) -> None:
             part._slot_held = slot
 
 
-def share_micro_slots(model: torch.nn.Module, first: int, count: int) -> None:
-    """Every process ends with every slot's state: each keeps slots [first, first + count) (those it ran),
+def share_micro_slots(model: torch.nn.Module, rank: int, world: int) -> None:
+    """Every process ends with every slot's state: each keeps the slots it ran (rank, rank + world, ...),
     zeroes the others, and one all-reduce (sum) of all parts' slots together fills them in. Run before a
     checkpoint is written, so the saved state is the same for any number of processes."""
     parts = micro_slot_parts(model)
-    if not parts or not torch.distributed.is_initialized():
+    if not parts or world == 1:
         return
     flat = torch.stack([p.act_scale for p in parts])  # (parts, slots)
     mine = torch.zeros_like(flat)
-    mine[:, first : first + count] = flat[:, first : first + count]
+    mine[:, rank::world] = flat[:, rank::world]
     torch.distributed.all_reduce(mine)
     for p, row in zip(parts, mine, strict=True):
         p.act_scale.copy_(row)
@@ -85,15 +86,16 @@ def train_step(
     dtype: torch.dtype | None = torch.bfloat16,
     grad_clip: float = 0.0,
     grad_scale: float = 1.0,
-    first_slot: int = 0,
+    slot_of: tuple[int, int] = (0, 1),
 ) -> Tensor:
     """Accumulate gradients over `accumulation_steps` micro-batches, step, zero; return the mean loss.
 
     `model` is the GPT, its compiled form or a DDP wrapper (all-reducing only on the last micro-batch). As
     the records, each micro-batch back-propagates its own mean loss and the sum is divided by the count,
     then multiplied by the schedule's `grad_scale` after the backward (the FP8 head's fixed scales assume a
-    mean loss). The loss is a 0-dim device tensor, never read here. `first_slot` (= rank x accumulation
-    steps) numbers the micro-batches of the step across processes for the parts with per-slot state."""
+    mean loss). The loss is a 0-dim device tensor, never read here. `slot_of` = (rank, world size) numbers
+    the micro-batches across processes for the parts with per-slot state: micro-step k is the step's
+    chunk k x world + rank, as the loaders read it."""
     loss_sum: Tensor | None = None
     # the speed layer's backward hooks (perf/overlap.py): on the last micro-batch they start each finished
     # reduction inside the backward, on a copy scaled as below; never with clipping (it needs them all)
@@ -103,7 +105,7 @@ def train_step(
     for micro in range(accumulation_steps):
         x, y, *cu_seqlens = next_batch()
         if slotted:
-            _point_slots(slotted, first_slot + micro)
+            _point_slots(slotted, micro * slot_of[1] + slot_of[0])
         if graphs is not None:  # the speed layer's CUDA graphs (perf/graphs.py; one process, no hooks)
             loss = graphs.forward_backward((x, y, *cu_seqlens), dtype)
             loss_sum = loss if loss_sum is None else loss_sum + loss

@@ -9,10 +9,11 @@ records' (relu(pre) = √post). Evaluation and `torch.no_grad` run the twin: the
   the fp32 product is multiplied by the dequantization s_w·amax/448 before rounding to the MLP dtype.
 - Down (#89): post (≥ 0) is cast as min(post / s_a, 448) with the layer's activation scale s_a from
   the previous training forward (delayed); this forward's amax(post) sets the next one,
-  s_a = max(amax, 1e-12)·1.80/448. The scale is kept per micro-batch slot (`act_scale[slot]`, one per
-  micro-batch of the optimizer step, `micro_slot` set by the training step before each forward): slot m
-  reads what slot m measured one step earlier, the same on any number of processes (the record: 8
-  processes, one micro-batch each, each reading its own previous step's). The weight W2 (d, hidden)
+  s_a = max(amax, 1e-12)·1.80/448. The scale is kept per micro-batch slot: `act_scale[slot]`, one
+  per micro-batch of the optimizer step, all processes together (its chunk of the global batch, written
+  to `micro_slot` by the training step before each forward). Slot m reads what slot m measured one step
+  earlier, the same on any number of processes (the record: 8 processes, one micro-batch each, each
+  reading its own previous step's). The weight W2 (d, hidden)
   is quantized at each refresh with the scale the previous refresh measured, clamp(W2 / s, ±448); the
   refresh then measures the new amax, s = max(amax|W2|, 1e-12)·1.12/448. For its first 16 steps the
   record bootstraps: s = amax/448 of the current weights just before quantizing.
