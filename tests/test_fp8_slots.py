@@ -155,13 +155,17 @@ def resumed_at_3(run: Path, dest: Path) -> dict[int, float]:
 @two_processes.SHARED
 def test_the_checkpoint_of_two_processes_holds_every_slot(runs):
     """Rank 1's slots (1 and 3: chunks k x 2 + 1) reach the file rank 0 writes, each in its place: the
-    one-process run's scales of the same slots, to the runs' fp32 difference (measured 2.7e-4 relative
-    after 3 steps; slots in the wrong places differ by 3%)."""
+    one-process run's scales of the same slots, to the runs' fp32 difference. That difference grows with
+    depth (fp8 roundings flip): measured after 3 steps, up to 3e-4 relative in the first MLP and 1.4%
+    in the fourth, whose slots lie 1-20% apart; so the places are checked in the first MLP (its slots
+    lie 3-35% apart), the presence in all."""
     one, two = act_scales(runs[1], 3), act_scales(runs[2], 3)
     assert one and sorted(one) == sorted(two)
     for name, scale in one.items():
         assert scale.shape == (4,) and len(set(scale.tolist())) == 4, name  # four measured, distinct
-        torch.testing.assert_close(two[name], scale, rtol=1e-3, atol=0)
+        torch.testing.assert_close(two[name], scale, rtol=5e-2, atol=0)  # none left at 1 or 0
+    first = min(one, key=lambda n: int(n.split(".")[1]))
+    torch.testing.assert_close(two[first], one[first], rtol=1e-3, atol=0)
 
 
 @pytest.mark.slow
