@@ -102,6 +102,8 @@ def train_step(
     overlap = getattr(optimizer, "overlap", None) if grad_clip <= 0 else None
     graphs = getattr(optimizer, "step_graphs", None)
     slotted = micro_slot_parts(model)
+    if slotted and slotted[0].act_scale.numel() < accumulation_steps * slot_of[1]:  # unsized (benchmarks,
+        size_micro_slots(model, accumulation_steps * slot_of[1])  # tests): the loop sizes before a resume
     for micro in range(accumulation_steps):
         x, y, *cu_seqlens = next_batch()
         if slotted:
