@@ -43,7 +43,13 @@ from speedrun.train.run.tracking import Tracker
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.signals import RunInterrupted, StopSignals
 from speedrun.train.stages import describe_stages
-from speedrun.train.step import autocast_dtype, autocast_label, train_step
+from speedrun.train.step import (
+    autocast_dtype,
+    autocast_label,
+    share_micro_slots,
+    size_micro_slots,
+    train_step,
+)
 from speedrun.train.timing import StepClock
 from speedrun.train.warmup import is_compiled, warm_up
 
@@ -244,6 +250,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         if t.stages:  # the batch above is only the rows of a step: the stages set its tokens
             run.log(describe_stages(stage_plan(cfg), accum, ctx.world_size))
         clock = StepClock(ctx.device)
+        size_micro_slots(model, ctx.world_size * accum)  # #89's delayed scales: one per micro-batch slot
         start_step, planned = restore(run, cfg, model, optimizer, loader, clock) if resume else (0, None)
         budget = Budget(cfg, planned) if t.time_budget_s > 0 else None  # rcfg.train.steps: its plan
         rcfg.train.steps = budget.steps if budget else t.steps
@@ -269,6 +276,7 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         def checkpoint(done: int) -> Path | None:
             state = training_state(done, optimizer, loader, clock, ctx.device, budget)
+            share_micro_slots(model, ctx.rank, ctx.world_size)  # every slot saved, for any process count
             path = None
             if ctx.is_main:
                 path = save_checkpoint(
@@ -305,8 +313,9 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
             after_step(model, step - 1)  # the family's refresh (#84/#89: FP8 copies this step trains with)
             with compile_errors(compiled):
                 loss = train_step(
-                    train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale
-                )
+                    train_model, optimizer, loader.next_batch, accum, dtype, clip, sched.grad_scale,
+                    (ctx.rank, ctx.world_size),  # slot_of: micro-step k is the step's chunk k x world + rank
+                )  # fmt: skip
             progress.add(loss)
 
             done = step + 1

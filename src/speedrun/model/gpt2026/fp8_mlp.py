@@ -9,10 +9,14 @@ records' (relu(pre) = √post). Evaluation and `torch.no_grad` run the twin: the
   the fp32 product is multiplied by the dequantization s_w·amax/448 before rounding to the MLP dtype.
 - Down (#89): post (≥ 0) is cast as min(post / s_a, 448) with the layer's activation scale s_a from
   the previous training forward (delayed); this forward's amax(post) sets the next one,
-  s_a = max(amax, 1e-12)·1.80/448. The weight W2 (d, hidden) is quantized at each refresh with the
-  scale the previous refresh measured, clamp(W2 / s, ±448); the refresh then measures the new amax,
-  s = max(amax|W2|, 1e-12)·1.12/448. For its first 16 steps the record bootstraps: s = amax/448 of the
-  current weights just before quantizing.
+  s_a = max(amax, 1e-12)·1.80/448. The scale is kept per micro-batch slot: `act_scale[slot]`, one
+  per micro-batch of the optimizer step, all processes together (its chunk of the global batch, written
+  to `micro_slot` by the training step before each forward). Slot m reads what slot m measured one step
+  earlier, the same on any number of processes (the record: 8 processes, one micro-batch each, each
+  reading its own previous step's). The weight W2 (d, hidden)
+  is quantized at each refresh with the scale the previous refresh measured, clamp(W2 / s, ±448); the
+  refresh then measures the new amax, s = max(amax|W2|, 1e-12)·1.12/448. For its first 16 steps the
+  record bootstraps: s = amax/448 of the current weights just before quantizing.
 
 The products go through `torch._scaled_mm` (model/fp8.scaled_mm: the real op on CUDA and, with
 SCALED_MM_ON_CPU, on CPU; otherwise its exact fp32 evaluation of the same fp8 operands).
@@ -48,7 +52,9 @@ class _Fp8Forward(torch.autograd.Function):
     """relu(x W1ᵀ)² W2ᵀ with FP8 products forward, the MLP dtype's matmuls backward."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, up_f8, up_scale, down_f8, down_scale, act_scale):  # noqa: ANN001
+    def forward(ctx, x, w1, w2, up_f8, up_scale, down_f8, down_scale, act_scales, slot):  # noqa: ANN001
+        index = slot.reshape(1)  # a 0-d tensor: another slot is another value, not another graph
+        act_scale = act_scales.index_select(0, index)
         flat = x.reshape(-1, x.size(-1))
         amax = flat.detach().abs().max().clamp(min=1e-12)
         x_f8 = (flat.detach() * (E4M3_MAX / amax)).to(torch.float8_e4m3fn)
@@ -58,7 +64,8 @@ class _Fp8Forward(torch.autograd.Function):
         post = F.relu(pre).square()
         post_f8 = (post.float() * (1.0 / act_scale)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
         out = fp8.scaled_mm(post_f8, down_f8.t(), act_scale, down_scale, x.dtype, True)
-        act_scale.copy_(post.float().amax().clamp(min=1e-12).reshape(1) * (ACT_HEADROOM / E4M3_MAX))
+        measured = post.float().amax().clamp(min=1e-12).reshape(1) * (ACT_HEADROOM / E4M3_MAX)
+        act_scales.index_copy_(0, index, measured)
         ctx.save_for_backward(x, w1, w2, post)
         return out.view(*x.shape[:-1], -1)
 
@@ -71,7 +78,7 @@ class _Fp8Forward(torch.autograd.Function):
         grad_pre = (g @ w2.to(g.dtype)) * (2 * post.sqrt())
         grad_w1 = grad_pre.t() @ flat
         grad_x = grad_pre @ w1.to(g.dtype)
-        return grad_x.view(x.shape), grad_w1, grad_w2, None, None, None, None, None
+        return grad_x.view(x.shape), grad_w1, grad_w2, None, None, None, None, None, None
 
 
 class Fp8MLP(MLP):
@@ -83,6 +90,13 @@ class Fp8MLP(MLP):
         self.register_buffer("down_f8", torch.zeros(dim, hidden, dtype=torch.float8_e4m3fn), persistent=False)
         for name in ("up_scale", "down_scale", "down_next_scale", "act_scale"):  # the record's init: ones
             self.register_buffer(name, torch.ones(1), persistent=name != "up_scale")
+        self.register_buffer("micro_slot", torch.zeros((), dtype=torch.long), persistent=False)
+
+    def set_micro_slots(self, slots: int) -> None:
+        """One delayed activation scale per micro-batch slot of an optimizer step (all processes'
+        micro-batches together), each starting at the record's 1; before a checkpoint is loaded."""
+        assert slots >= 1, slots
+        self.act_scale = torch.ones(slots, device=self.act_scale.device)
 
     @torch.no_grad()
     def refresh_fp8(self, step: int) -> None:
@@ -102,5 +116,5 @@ class Fp8MLP(MLP):
             return super().forward(x)
         return _Fp8Forward.apply(
             x, self.c_fc.weight, self.c_proj.weight, self.up_f8, self.up_scale, self.down_f8,
-            self.down_scale, self.act_scale,
+            self.down_scale, self.act_scale, self.micro_slot,
         )  # fmt: skip
