@@ -9,6 +9,8 @@
 #   2. the same with CUDA graphs by hand (SPEEDRUN_GRAPHS=manual, speedrun/perf/graphs.py, #92's way)
 #   3. the same with torch.compile's cudagraph trees (SPEEDRUN_GRAPHS=trees); 2 and 3 each print
 #      `graphs WAY ... plain/graphs R` against part 1 (benchmarks/graph_ratio.py): the loser is deleted
+#   3b. `speedrun bench --recipe anvil-2026-08 --stage 3` (#92) with a twentieth of its table (one GPU
+#      holds no more): today's record's algorithm compiled and timed on the device
 #   4. eager against compiled optimizer updates on record-2026-07's stage 3
 #      (benchmarks/bench_compiled_updates.py; speedrun/perf/compiled_updates.py)
 #   with --full only: a CUDA memory snapshot of stage 3 (benchmarks/memory_snapshot.py) and
@@ -35,8 +37,8 @@
 #               limits add up to about 715 s, sized for cold compiles (~150 s per gpt2026 graph on an
 #               H200): on a cold cache the deadline cuts from the end (kernels first); --full adds
 #               about 400 s (raise the deadline with it).
-# --parts LIST  comma-separated groups to run (default all): doctor,record,graphs,updates,pytest,muon,
-#               kernels; e.g. a second call of the lease with `--parts kernels` when the first was cut.
+# --parts LIST  comma-separated groups to run (default all): doctor,record,anvil,graphs,updates,pytest,
+#               muon,kernels; e.g. a second call of the lease with `--parts kernels` when the first was cut.
 # --full        also record-2026-07's stages 1 and 2, the memory snapshot and stages-2025-12's stage 3.
 # --steps N, --warmup N  timed and untimed steps per stage (default 5 and 2; the first compiles; with
 #               CUDA graphs the first captures and the second checks the replay against eager).
@@ -50,7 +52,7 @@ set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
 BENCH_LIMIT="" PYTEST_LIMIT=45 STEPS=5 WARMUP=2 CPU_OVERRIDES="" FULL=0
-PARTS=doctor,record,graphs,updates,pytest,muon,kernels
+PARTS=doctor,record,anvil,graphs,updates,pytest,muon,kernels
 WHEELS="" OUT="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)" DEADLINE=480 PY=${PYTHON:-python3}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,8 +72,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$BENCH_LIMIT" ] || { [ "$FULL" = 1 ] && BENCH_LIMIT=270 || BENCH_LIMIT=180; }
 for p in ${PARTS//,/ }; do
-  case "$p" in doctor|record|graphs|updates|pytest|muon|kernels) ;;
-    *) echo "gpu_check.sh: --parts takes doctor,record,graphs,updates,pytest,muon,kernels (not $p)" >&2; exit 2 ;;
+  case "$p" in doctor|record|anvil|graphs|updates|pytest|muon|kernels) ;;
+    *) echo "gpu_check.sh: --parts takes doctor,record,anvil,graphs,updates,pytest,muon,kernels (not $p)" >&2; exit 2 ;;
   esac
 done
 wanted() { case ",$PARTS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
@@ -151,11 +153,12 @@ overrides() {
   [ -n "$CPU_OVERRIDES" ] && [ -f "$CPU_OVERRIDES/$1.txt" ] && cat "$CPU_OVERRIDES/$1.txt"
   return 0
 }
-# bench NAME LIMIT RECIPE STAGES [GRAPHS]: `speedrun bench` of RECIPE's STAGES (with SPEEDRUN_GRAPHS=GRAPHS),
+# bench NAME LIMIT RECIPE STAGES [GRAPHS [OVERRIDE...]]: `speedrun bench` of RECIPE's STAGES (with
+# SPEEDRUN_GRAPHS=GRAPHS) and the part's overrides,
 # with recompile and graph-break logs
 bench() {
   local name=$1 limit=$2 recipe=$3 stages=$4 graphs=${5:-} ov
-  mapfile -t ov < <(overrides "$recipe")
+  mapfile -t ov < <([ $# -gt 5 ] && printf '%s\n' "${@:6}"; overrides "$recipe")  # the part's, then the CPU's
   part "$name" "$limit" env SPEEDRUN_GRAPHS="$graphs" TORCH_LOGS=recompiles,graph_breaks TORCH_LOGS_FORMAT="%(asctime)s %(name)s %(message)s" \
     "$PY" "$REPO/benchmarks/with_stacks.py" 30 "$OUT/stacks-$name.txt" speedrun bench --recipe "$recipe" \
     --stage "$stages" --steps "$STEPS" --warmup "$WARMUP" --device "$DEVICE" --json "$OUT/$name.json" "${ov[@]}"
@@ -196,6 +199,17 @@ for way in manual trees; do  # the step's CUDA graphs, two ways, each against pa
     say "graphs-$way: skipped: no CUDA"
   fi
 done
+if ! wanted anvil; then
+  say "bench-anvil-2026-08: skipped (--parts)"
+elif [ "$DEVICE" = cuda ]; then
+  # #92 on one GPU: its 84,602,880-row table needs 8 (dry-run: 179.9 GiB on one); a twentieth of it,
+  # 4,230,144 rows, an estimated 64.3 GiB; the table pulled outside the compiled graph, no CUDA graphs
+  bench bench-anvil-2026-08 150 anvil-2026-08 3 "" model.ngram.rows=4230144
+elif [ -n "$DEVICE" ] && [ -f "$CPU_OVERRIDES/anvil-2026-08.txt" ]; then
+  bench bench-anvil-2026-08 150 anvil-2026-08 3
+else
+  say "bench-anvil-2026-08: skipped: no CUDA"
+fi
 if ! wanted updates; then
   say "compiled-updates: skipped (--parts)"
 elif [ "$DEVICE" = cuda ]; then

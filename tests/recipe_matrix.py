@@ -76,8 +76,9 @@ def shrink(name: str, n_layer: int = 4) -> list[str]:
             out.append("model.value_embed_tables=1")
     if base.optim.ships.on():  # #92's terminal ships: windows inside the 10 steps, the cadence before them
         out += [
-            "optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=4", "optim.ships.value_embed_window=4",
-            "optim.ships.bank_blend_window=6", "optim.value_embed_every4_from=4",
+            "optim.ships.tail_ema_window=6", "optim.ships.tail_avg_window=4",
+            "optim.ships.value_embed_window=4", "optim.ships.bank_blend_window=6",
+            "optim.value_embed_every4_from=4",
         ]  # fmt: skip
     if base.train.val_seq_len:  # validation rows longer than the shrunk model's positions
         out.append("train.val_seq_len=0")
@@ -121,7 +122,7 @@ def _gpt2026_layers(m, L: int) -> list[str]:
     if m.attn_inputs:  # #77: the last layer attends to the output of the (shrunk) backout layer
         out.append(f"model.attn_inputs={[-1] * (L - 1) + [max(0, min(L - 2, 2 * L // 3))]}")
     if m.embed.bigram_dim:  # #89's script: 192 of 768 dims
-        out.append("model.bigram_dim=16")
+        out.append("model.embed.bigram_dim=16")
     if m.mudd.sources:  # #81: two sources below the last two layers (the record's [7, 3] of 11)
         out.append(f"model.mudd_sources={[L - 3, L - 4]}" if L >= 4 else "model.mudd_sources=[]")
     if m.mudd.gate_layer and L >= 4:  # #85: the post gate at layer 1 (record 4 of 11); gates on the first and

@@ -15,7 +15,12 @@ import torch
 from tests.recipe_matrix import shrink
 
 ROOT = Path(__file__).resolve().parent.parent
-GPU_PARTS = ("bench-record-2026-07", "memory-snapshot", "bench-stages-2025-12-stage3")  # --full's
+GPU_PARTS = (
+    "bench-record-2026-07",
+    "bench-anvil-2026-08",
+    "memory-snapshot",
+    "bench-stages-2025-12-stage3",
+)  # --full's
 AB_PARTS = ("bench-record-2026-07", "graphs-manual", "graphs-trees", "compiled-updates")  # the default kit
 # three scheduled stages of growing batch and windows, as the records' (the shrunk recipes have two)
 THREE_STAGES = (
@@ -70,15 +75,20 @@ def test_gpu_check_parts_run_on_cpu_and_report_each_stage_against_its_anchor(tmp
     overrides.mkdir()
     for recipe in ("record-2026-07", "stages-2025-12"):
         (overrides / f"{recipe}.txt").write_text("\n".join([*shrink(recipe), THREE_STAGES, *FAST]) + "\n")
+    anvil = [*shrink("anvil-2026-08"), "model.ngram.rows=4096", "model.ngram.sign_rows=64", *FAST]
+    anvil.append(THREE_STAGES.replace("frac=1/3;", "frac=1/3 sampled=384;", 2))  # #92 samples early
+    (overrides / "anvil-2026-08.txt").write_text("\n".join(anvil) + "\n")
     out = tmp_path / "results"
     proc = kit("--out", str(out), "--deadline", "500", "--steps", "1", "--warmup", "1", "--full",
                "--cpu-overrides", str(overrides))  # fmt: skip
     summary = (out / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stderr
     lines = [line for line in summary.splitlines() if line.startswith("bench-stage ")]
-    want = [("record-2026-07", 3), ("record-2026-07", 1), ("record-2026-07", 2), ("stages-2025-12", 3)]
+    want = [("record-2026-07", 3), ("record-2026-07", 1), ("record-2026-07", 2), ("anvil-2026-08", 3)]
+    want += [("stages-2025-12", 3)]
     assert [tuple(line.split()[1:4:2]) for line in lines] == [(r, str(s) + ":") for r, s in want], summary
-    assert all("ours/record" in line and "not like for like" in line for line in lines)  # the H100 anchors
+    anchored = [line for line in lines if "anvil" not in line]  # #92 has no one-GPU anchor (its table)
+    assert all("ours/record" in line and "not like for like" in line for line in anchored)
     assert "record peak 39,736 MiB allocated" in lines[0]  # stage 3 first
     assert "memory_snapshot record-2026-07 stage 3: no CUDA: no snapshot (hooked: True)" in summary
     for name in GPU_PARTS:

@@ -121,6 +121,43 @@ def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch
     torch.testing.assert_close(torch.tensor(rows_losses), torch.tensor(dense_losses), rtol=1e-6, atol=0)
 
 
+def test_compiled_model_reads_rows_pulled_outside_its_graph():
+    """torch.compile(fullgraph=True, dynamic=False) of a model with the row-sharded table (the loop's way:
+    `RunOptimizer.feed` pulls before each compiled call): no graph break (the pull's collectives and host
+    syncs stay outside), one graph for all steps though each step's tokens pull a different number of rows
+    (padded to one slot per id), and the losses and table equal the eager model's (aot_eager: the same
+    ops, so to fp32 rounding of a reordered graph; measured: equal)."""
+    cfg = load_recipe("demo-2026", [*SMALL, "optim.muon_ns_dtype=fp32"])
+    data = _batches(cfg, 8)
+
+    def run(compiled: bool):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        opt = build.build_optimizer(model, cfg)
+        net = model
+        if compiled:
+            net = torch.compile(model, fullgraph=True, dynamic=False, backend="aot_eager")
+            opt.feed(net)
+        rows, counts = opt.parts["ngram_rows"], []
+        pull = rows.pull
+        rows.pull = lambda idx: (pull(idx), counts.append(rows.part.pulled.n))
+        it = iter(data)
+        losses = [
+            train_step(net, opt, lambda: (lambda b: (b[:, :-1], b[:, 1:]))(next(it)), 2, None).item()
+            for _ in range(4)
+        ]
+        return losses, model.bigram.table.detach().clone(), counts
+
+    eager_losses, eager_table, eager_counts = run(False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        losses, table, counts = run(True)
+    assert counts == eager_counts and len(set(counts)) > 1  # the steps pulled different numbers of rows
+    assert table.abs().max() > 1e-3
+    torch.testing.assert_close(table, eager_table, rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-6, atol=0)
+
+
 def test_table_cadence_is_the_records():
     """track_1_short/ngram_table.py is_update_step and adam_beta2_and_wd_mul, written out: odd steps, then
     steps ≡ 3 (mod 4) from 336 with β2 squared and the decay multiplier 5 → 10."""

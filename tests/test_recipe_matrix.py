@@ -13,6 +13,7 @@ import torch
 
 from speedrun.config.families import model_facts
 from speedrun.model import attention
+from speedrun.optim.table_rows import table_part
 from speedrun.recipes import recipe_names
 from tests.recipe_cover import recipe_cover
 from tests.recipe_matrix import batch, build, compile_config, flex_overrides, rows, shrunk, train_losses
@@ -28,7 +29,9 @@ def test_every_parameter_gets_a_gradient(recipe):
     model, _ = build(cfg)
     x, y = batch(0, cfg)
     model(*rows(cfg, x[:1], y[:1])).backward()
-    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    table = table_part(model)  # #92's sharded table: no parameter; its gradient lands on the pulled rows
+    assert table is None or table.pulled.cache.grad is not None
 
 
 @pytest.mark.slow
@@ -58,17 +61,23 @@ def test_model_compiles_fullgraph_on_the_cuda_path_and_matches_eager_dense(recip
         math_only = [torch.nn.attention.SDPBackend.MATH]
         monkeypatch.setattr(attention, "_on_cuda", lambda t: True)
         monkeypatch.setattr(attention, "sdpa_kernel", lambda _: torch.nn.attention.sdpa_kernel(math_only))
-    model, _ = build(cfg)
+    model, optimizer = build(cfg)
     sdpa = [o.replace("=flex", "=sdpa") for o in flex_overrides(recipe)]
     ref, _ = build(shrunk(recipe, *sdpa, n_layer=2))
     ref.load_state_dict(model.state_dict())
     x, y = batch(0, cfg)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    optimizer.feed(compiled)  # as the loop: #92's table rows are pulled outside the graph
     loss, want = compiled(x, y), ref(x, y)
     loss.backward()
     want.backward()
     bf16 = model_facts(cfg.model).bf16_model  # bf16 parameters: the two paths round differently
     torch.testing.assert_close(loss, want, rtol=1e-2 if bf16 else 1e-5, atol=0)
+    if table_part(model) is not None:  # the sharded table's gradient: on the rows pulled for the call
+        got, ref_rows = table_part(model).pulled.cache.grad, table_part(ref).pulled.cache.grad
+        torch.testing.assert_close(got.float(), ref_rows.float(), rtol=1e-3, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        if not p.requires_grad:
+            continue
         tol = dict(rtol=5e-2, atol=1e-3) if bf16 or p.dtype == torch.bfloat16 else dict(rtol=1e-3, atol=1e-5)
         torch.testing.assert_close(p.grad.float(), q.grad.float(), **tol, msg=f"{recipe}: {name}")

@@ -238,6 +238,21 @@ def test_install_attaches_the_manual_graphs_with_the_plans_visits():
     assert graphs.warmup_steps(optimizer, [0]) == graphs.merge_visits([0], graphs.plan_visit_steps(cfg))
 
 
+def test_install_refuses_the_row_sharded_table_in_one_line():
+    """#92's table pulls its rows on the host before each forward: a replay would skip the pull."""
+    cfg = shrunk("anvil-2026-08")
+    model, optimizer = build(cfg)
+    assert "ngram_rows" in optimizer.parts
+    fake_cuda = type("D", (), {"type": "cuda"})()
+    backend = graphs.CudaBackend(torch.device("cpu"), FakeCuda())
+    for way in ("manual", "trees"):
+        with pytest.raises(ConfigError, match=f"SPEEDRUN_GRAPHS={way}: #92's row-sharded n-gram table") as e:
+            graphs.install(
+                optimizer, model, model, cfg, fake_cuda, 1, True, backend, {"SPEEDRUN_GRAPHS": way}
+            )
+        assert "\n" not in str(e.value) and not hasattr(optimizer, "step_graphs")
+
+
 def test_the_trees_way_runs_the_plain_step_through_its_compiled_model():
     data = batches(4)
     plain = Tiny()

@@ -5,7 +5,7 @@ its tokens read.
 Before the forward, `pull` takes the step's row ids, keeps their sorted distinct set ("want"), sends each
 owner the ids it owns (all-to-all of counts, then of ids), and the owners send those rows back: the rows
 land in a compact leaf (`Pulled.cache`, want order) that the model part reads instead of its table
-(model/gpt2026/ngram.py `rows_of`), so the backward's gradient lands on that leaf, never on a table-sized
+(model/gpt2026/ngram.py), so the backward's gradient lands on that leaf, never on a table-sized
 tensor. After the backward, `push` sends each pulled row's gradient back along the same routes reversed;
 each owner gets the gradients of exactly its touched rows (a row read by several processes once per
 process), divided by the world size: the mean over processes that data-parallel training takes. On one
@@ -29,20 +29,17 @@ from speedrun.model.labels import label, label_of
 
 @dataclass
 class Pulled:
-    """One step's pulled rows: `want` (sorted distinct global ids), the rows in that order in `cache`
-    (a leaf that gets the gradient), and the routes back."""
+    """One forward's pulled rows: `want` (sorted distinct global ids, then padding), the rows in that order
+    in `cache` (a leaf that gets the gradient), and the routes back."""
 
     want: Tensor
     cache: Tensor
     lo: int  # want[lo:hi] are this process's own rows
     hi: int
+    n: int  # want[:n] are the distinct ids, want[n:] padding (the table's row count, past every id)
     send_counts: list[int]  # ids asked of each process (0 for ourselves)
     recv_counts: list[int]  # ids each process asked of us
     asked: Tensor  # the global ids asked of us, by process
-
-    def rows(self, ids: Tensor) -> Tensor:
-        """The rows of `ids` (each among the pulled) → (*ids.shape, d)."""
-        return self.cache[torch.searchsorted(self.want, ids)]
 
 
 def _world(group) -> tuple[int, int]:
@@ -73,12 +70,16 @@ class RowShard:
 
     @torch.no_grad()
     def pull(self, ids: Tensor) -> Pulled:
-        """The rows of `ids` (any shape, int64 global ids) from their owners (a collective)."""
-        want = torch.unique(ids.reshape(-1))
+        """The rows of `ids` (any shape, int64 global ids) from their owners (a collective). The pulled set
+        has one slot per id whatever the tokens (distinct ids first, then `num_rows` as padding, zero
+        rows): a compiled forward that reads it sees the same shapes every step."""
+        distinct = torch.unique(ids.reshape(-1))
+        n = distinct.numel()
+        want = torch.cat([distinct, distinct.new_full((ids.numel() - n,), self.num_rows)])
         bounds = torch.arange(self.world + 1, device=want.device) * self.per_rank
-        cuts = torch.searchsorted(want, bounds).tolist()
+        cuts = torch.searchsorted(distinct, bounds).tolist()
         lo, hi = cuts[self.rank], cuts[self.rank + 1]
-        cache = self.shard.new_empty(want.numel(), self.shard.shape[1])
+        cache = self.shard.new_zeros(want.numel(), self.shard.shape[1])
         cache[lo:hi] = self.shard[want[lo:hi] - self.first]
         send = [0 if r == self.rank else cuts[r + 1] - cuts[r] for r in range(self.world)]
         recv, asked = [0] * self.world, want[:0]
@@ -87,12 +88,12 @@ class RowShard:
             recv_t = torch.empty_like(counts)
             dist.all_to_all_single(recv_t, counts, group=self.group)
             recv = recv_t.tolist()
-            peer = torch.cat([want[:lo], want[hi:]])
+            peer = torch.cat([want[:lo], want[hi:n]])
             asked = _all_to_all(peer, send, recv, self.group)
             served = self.shard[asked - self.first]
             got = _all_to_all(served, recv, send, self.group)
-            cache[:lo], cache[hi:] = got[:lo], got[lo:]
-        return Pulled(want, cache.requires_grad_(), lo, hi, send, recv, asked)
+            cache[:lo], cache[hi:n] = got[:lo], got[lo:]
+        return Pulled(want, cache.requires_grad_(), lo, hi, n, send, recv, asked)
 
     @torch.no_grad()
     def push(self, pulled: Pulled) -> tuple[Tensor, Tensor]:
@@ -104,7 +105,7 @@ class RowShard:
         lo, hi = pulled.lo, pulled.hi
         rows, grads = [pulled.want[lo:hi] - self.first], [grad[lo:hi]]
         if self.world > 1:
-            wire = torch.cat([grad[:lo], grad[hi:]])
+            wire = torch.cat([grad[:lo], grad[hi : pulled.n]])
             grads.append(_all_to_all(wire, pulled.send_counts, pulled.recv_counts, self.group))
             rows.append(pulled.asked - self.first)
         return torch.cat(rows), torch.cat(grads) / self.world
@@ -141,6 +142,7 @@ def shard_part(part, group=None, local: bool = False) -> RowShard:
     rows = part.table.data[rank * per_rank : (rank + 1) * per_rank]
     lab = label_of(part.table)
     part.table = torch.nn.Parameter(rows.clone() if world > 1 else rows, requires_grad=False)
+    part.sharded = True
     if lab is not None:
         label(part.table, lab.name, blocks=lab.blocks, lr_mul=lab.lr_mul)
     return RowShard(part.table.data, part.table.shape[0] * world, group, local)

@@ -1,13 +1,14 @@
 """#92's n-gram table as one part of the run's optimizer: row-sharded, pulled per forward, stepped by RowAdam.
 
-Each process keeps rows/world of the table (optim/row_shard.py `shard_part`). A forward pre-hook on the model
-part, installed here (around the model: the part itself communicates nothing), pulls the rows its tokens
-hash to into a compact leaf the part reads (`part.pulled`). In a training forward that leaf joins this
-part's param group, so the training step (train/step.py) divides and scales its gradient with the others'
-and zeroes it; `step()` pushes each micro-batch's row gradients to their owners (the mean over processes)
-and keeps them; on the table's update steps the kept gradients of the cycle are summed per row and one
-RowAdam step runs on exactly those rows (optim/row_adam.py: a dense Adam over every row, computed on the
-touched ones).
+Each process keeps rows/world of the table (optim/row_shard.py `shard_part`). A forward pre-hook on the
+model part, installed here (around the model: the part itself communicates nothing), pulls the rows its
+tokens hash to into a compact leaf the part reads (`part.pulled`); a compiled model is pulled for before its
+call instead (`pull_around`), so its graph holds no collective and no host sync. In a training forward that
+leaf joins this part's param group, so the training step (train/step.py) divides and scales its gradient
+with the others' and zeroes it; `step()` pushes each micro-batch's row gradients to their owners (the mean
+over processes) and keeps them; on the table's update steps the kept gradients of the cycle are summed per
+row and one RowAdam step runs on exactly those rows (optim/row_adam.py: a dense Adam over every row,
+computed on the touched ones).
 
 The cadence and rule are the record's (track_1_short/ngram_table.py): the table steps with the other Adam
 labels, every `adam_every`-th step (#92: odd steps), then from `every4_from` (#92: 336) on steps ≡ 3 (mod 4),
@@ -52,16 +53,33 @@ class TableRows:
         part.register_forward_pre_hook(self._pull, with_kwargs=True)
 
     def _pull(self, part: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Before each forward of the part: its tokens' rows from their owners (a collective)."""
+        """Before each forward of the part: its tokens' rows from their owners (a collective). A compiled
+        model traces its parts' hooks: there the rows were pulled around it (`pull_around`)."""
+        if torch.compiler.is_compiling():
+            return
         idx, *rest = args
         start = kwargs.get("start", rest[1] if len(rest) > 1 else 0)
         if start > 0:  # cached decoding: the part calls itself on the whole window, pulled then
             return
+        self.pull(idx)
+
+    def pull(self, idx: Tensor) -> None:
+        """The rows tokens `idx` (B, T) read, set as the part's `pulled`; in a training forward their leaf
+        joins this part's param group."""
         pulled = self.rows.pull(ngram_rows(idx, self.part.rows))
         self.part.pulled = pulled
         if torch.is_grad_enabled():
             self.pulls.append(pulled)
             self.param_groups[0]["params"].append(pulled.cache)
+
+    def pull_around(self, compiled: nn.Module) -> None:
+        """Pull before each call of the compiled model (its first argument is the tokens), outside its graph:
+        the graph reads the pulled rows as an input of fixed shape and communicates nothing."""
+
+        def before(_: nn.Module, args: tuple) -> None:  # returns None: the call's arguments stay as given
+            self.pull(args[0])
+
+        compiled.register_forward_pre_hook(before)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.pulls.clear()

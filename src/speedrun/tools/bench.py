@@ -156,6 +156,8 @@ def run_bench(
     model, train_model = build_model(cfg, ctx)
     compiled = is_compiled(train_model)  # the one rule (the loop also runs it under DDP)
     optimizer = build_optimizer(model, cfg)
+    if compiled:
+        optimizer.feed(train_model)
     print(compiled_updates.install(optimizer, cfg.train.perf, device), file=sys.stderr)  # as train does
     # CUDA graphs (SPEEDRUN_GRAPHS, the kit's A/B): each stage's two untimed steps capture, then check
     graphs_line = step_graphs.install(optimizer, model, train_model, cfg, device, 1, compiled)

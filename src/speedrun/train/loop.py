@@ -232,6 +232,8 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
         run.log(precision.describe())
         run.log(swaps.describe(rcfg.train.perf), console=False)
         optimizer = build_optimizer(model, rcfg)
+        if compiled:
+            optimizer.feed(train_model)
         if optimizer.describe():
             run.log(optimizer.describe())
         run.log(compiled_updates.install(optimizer, rcfg.train.perf, ctx.device))  # the speed layer's swaps

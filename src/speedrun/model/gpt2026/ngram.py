@@ -19,7 +19,7 @@ wrap-around, over the sequence of each row of `idx` (the record's one packed row
 does; the sign hashes read the tokens themselves). The products of ±1 rows are exact; the sum is
 rounded once to the table's dtype, as the record's kernel does. The table starts at zero.
 
-Where the rows come from is the part's `rows_of(ids)`: its own table (one process, or a run that keeps
+Where the rows come from is the part's own table (one process, or a run that keeps
 the whole table), or the rows a row-sharded table pulled for this step (optim/row_shard.py) — the pull
 happens around the model, before the forward, so the model itself does no communication. Cached
 decoding gives the part the two tokens before the new ones (the model's `lookback`, model/kv_cache.py).
@@ -85,17 +85,11 @@ class NgramEmbed(nn.Module):
         # drawn as the record's GPT.init_misc: randn(pool, dim).sign() in bf16 (a buffer, saved)
         self.register_buffer("sign_pool", torch.randn(sign_rows, dim).sign().to(torch.bfloat16))
         self.pulled = None  # the rows a sharded table pulled for this forward (optim/row_shard.py)
+        self.sharded = False  # the table holds only this process's rows (optim/row_shard.py `shard_part`)
 
     def reset_parameters(self) -> None:
         """Zero, as the record."""
         nn.init.zeros_(self.table)
-
-    def rows_of(self, ids: Tensor) -> Tensor:
-        """The table rows `ids` (any shape) → (*ids.shape, dim): pulled ones where a sharded table
-        pulled them, else the part's own."""
-        if self.pulled is not None:
-            return self.pulled.rows(ids)
-        return nn.functional.embedding(ids, self.table)
 
     def forward(self, idx: Tensor, prev: Tensor | None = None, start: int = 0) -> Tensor:
         """The summed rows (B, T, width) of tokens idx at positions start..; cached decoding passes the
@@ -104,6 +98,7 @@ class NgramEmbed(nn.Module):
             assert prev is not None and prev.size(1) == min(start, 2), "decoding passes the 2 tokens before"
             return self(torch.cat([prev, idx], dim=1))[:, prev.size(1) :]
         ids = ngram_rows(idx, self.rows)
+        assert self.pulled is not None or not self.sharded, "a sharded table reads the rows pulled for it"
         if self.pulled is not None:  # the pulled rows: where each id sits among them (Pulled.rows' index)
             source, slots = self.pulled.cache, torch.searchsorted(self.pulled.want, ids)
         else:

@@ -1,0 +1,81 @@
+"""`anvil-2026-08` (record #92) shrunk but with every switch it sets (tests/recipe_matrix.py `shrink`: ANVIL,
+the row-sharded n-gram table, the sampled softmax, mixed widths, the terminal ships), trained through the
+CLI on 1 and on 2 gloo processes: the same losses; a checkpoint saved on 2 processes (the ANVIL banks'
+sharded state with its uint16 mantissa sidecars, the table's row state) resumes on 1 to the same losses.
+
+The prefix loss and the canonical mask read GPT-2 token ids, which the test dataset (bpe:512) has not: they
+are off here (their own tests: tests/test_prefix*.py, tests/test_canonical*.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from speedrun.data.meta import load_meta
+from speedrun.train.run import checkpoint as ckpt
+from tests import two_processes
+from tests.conftest import read_metrics, run_speedrun
+from tests.recipe_matrix import shrink
+
+RECIPE = "anvil-2026-08"
+
+
+def args(data) -> list[str]:
+    eot = load_meta(data)["eot_id"]
+    own = [a for a in shrink(RECIPE) if not a.startswith(("model.vocab_size=", "model.eot_id="))]
+    return [
+        "--recipe", RECIPE, *own,
+        f"data.dir={data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
+        "model.head.prefix_loss_weight=0", "model.head.canonical_val_mask=false",
+        "train.log_every=1", "train.val_tokens=1024", "train.compile=off", "train.time_budget_s=0",
+        "train.budget_min_steps=0", "train.checkpoint_every=4", "train.checkpoint_keep=0",
+    ]  # fmt: skip
+
+
+two_processes.job("anvil-worlds", args)
+SHARED = two_processes.SHARED
+
+# fp32 on both sides; on 2 processes a step's mean gradient adds its micro-batches in another order, and the
+# run amplifies the last bits (tests/test_normuon_worlds.py's bounds): the first two losses to 1e-6, then 1e-3
+EARLY, REL = 1e-6, 1e-3
+
+
+def losses(run):
+    return [(r["step"], "val_loss" in r, r.get("val_loss", r.get("train_loss"))) for r in read_metrics(run)]
+
+
+def assert_same(a, b, first=1):
+    assert [x[:2] for x in a] == [x[:2] for x in b]
+    for x, y in zip(a, b, strict=True):
+        rel = EARLY if x[0] in (first, first + 1) and not x[1] else REL
+        assert y[2] == pytest.approx(x[2], rel=rel, abs=0), (x, y)
+
+
+@pytest.fixture(scope="module")
+def runs(text_data, tmp_path_factory):
+    one = tmp_path_factory.mktemp("anvil") / "w1"
+    proc = run_speedrun("train", "--out", str(one), *args(text_data))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {1: one, 2: two_processes.run_dir("anvil-worlds", text_data, tmp_path_factory)}
+
+
+@pytest.mark.slow
+@SHARED
+def test_one_and_two_processes_train_the_shrunk_record_alike(runs):
+    a, b = losses(runs[1]), losses(runs[2])
+    assert a[-1][1] and len(a) == 11  # ten training losses, one validation (#92's: once, at the end)
+    assert_same(a, b)
+
+
+@pytest.mark.slow
+@SHARED
+def test_saved_on_two_processes_it_resumes_on_one(runs, tmp_path):
+    resumed = tmp_path / "resumed"
+    shutil.copytree(runs[2], resumed)
+    for path in ckpt.list_checkpoints(resumed):
+        if ckpt.checkpoint_step(path) > 4:
+            shutil.rmtree(path)
+    proc = run_speedrun("train", "--resume", str(resumed))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same(losses(runs[2]), losses(resumed), first=5)
