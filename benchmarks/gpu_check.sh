@@ -110,7 +110,7 @@ part() {
 }
 
 : >"$OUT/summary.txt"
-say "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown) deadline ${DEADLINE}s"
+say "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) kit at commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown) deadline ${DEADLINE}s"
 
 # ---- install
 if [ -n "$WHEELS" ]; then
@@ -140,6 +140,15 @@ else
   say "install: skipped (no --wheels): using $("$PY" -c 'import speedrun; print(speedrun.__file__)')"
 fi
 "$PY" -c "import speedrun" 2>>"$OUT/summary.txt" || { say "speedrun does not import"; exit 1; }
+# which code the parts measure: this checkout (its commit, and whether it has uncommitted changes) or
+# another installed speedrun (its place: the kit's commit says nothing of it)
+MEASURED=$("$PY" -c "import speedrun, os; print(os.path.realpath(os.path.dirname(speedrun.__file__)))")
+if [ "$MEASURED" = "$(realpath "$REPO/src/speedrun" 2>/dev/null)" ]; then
+  dirty=""; [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=", with uncommitted changes"
+  say "code: this checkout, commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty"
+else
+  say "code: the speedrun installed at $MEASURED, not this checkout (the kit's commit is not what it measures)"
+fi
 
 # ---- environment
 {
@@ -202,8 +211,8 @@ done
 if ! wanted anvil; then
   say "bench-anvil-2026-08: skipped (--parts)"
 elif [ "$DEVICE" = cuda ]; then
-  # #92 on one GPU: its 84,602,880-row table needs 8 (dry-run: 179.9 GiB on one); a twentieth of it,
-  # 4,230,144 rows, an estimated 64.3 GiB; the table pulled outside the compiled graph, no CUDA graphs
+  # #92 on one GPU: its 84,602,880-row table needs 8 (dry-run: 181.2 GiB on one); a twentieth of it,
+  # 4,230,144 rows, an estimated 65.6 GiB; the table pulled outside the compiled graph, no CUDA graphs
   bench bench-anvil-2026-08 150 anvil-2026-08 3 "" model.ngram.rows=4230144
 elif [ -n "$DEVICE" ] && [ -f "$CPU_OVERRIDES/anvil-2026-08.txt" ]; then
   bench bench-anvil-2026-08 150 anvil-2026-08 3

@@ -15,8 +15,9 @@ import pytest
 from speedrun.data.meta import load_meta
 from speedrun.train.run import checkpoint as ckpt
 from tests import two_processes
-from tests.conftest import read_metrics, run_speedrun
+from tests.conftest import run_speedrun
 from tests.recipe_matrix import shrink
+from tests.world_losses import assert_same, losses
 
 RECIPE = "anvil-2026-08"
 
@@ -36,21 +37,6 @@ def args(data) -> list[str]:
 two_processes.job("anvil-worlds", args)
 SHARED = two_processes.SHARED
 
-# fp32 on both sides; on 2 processes a step's mean gradient adds its micro-batches in another order, and the
-# run amplifies the last bits (tests/test_normuon_worlds.py's bounds): the first two losses to 1e-6, then 1e-3
-EARLY, REL = 1e-6, 1e-3
-
-
-def losses(run):
-    return [(r["step"], "val_loss" in r, r.get("val_loss", r.get("train_loss"))) for r in read_metrics(run)]
-
-
-def assert_same(a, b, first=1):
-    assert [x[:2] for x in a] == [x[:2] for x in b]
-    for x, y in zip(a, b, strict=True):
-        rel = EARLY if x[0] in (first, first + 1) and not x[1] else REL
-        assert y[2] == pytest.approx(x[2], rel=rel, abs=0), (x, y)
-
 
 @pytest.fixture(scope="module")
 def runs(text_data, tmp_path_factory):
@@ -64,7 +50,7 @@ def runs(text_data, tmp_path_factory):
 @SHARED
 def test_one_and_two_processes_train_the_shrunk_record_alike(runs):
     a, b = losses(runs[1]), losses(runs[2])
-    assert a[-1][1] and len(a) == 11  # ten training losses, one validation (#92's: once, at the end)
+    assert a[-1][1] == "val" and len(a) == 11  # ten training losses, one validation (#92's: once, at the end)
     assert_same(a, b)
 
 

@@ -15,7 +15,7 @@ import pytest
 from speedrun.config import Config
 from speedrun.errors import DataError
 from tests import bad_input_runs
-from tests.bad_input_runs import _losses, copy_run, one_line
+from tests.bad_input_runs import FAST, _losses, copy_run, one_line
 from tests.conftest import run_speedrun
 
 finished = bad_input_runs.finished  # a fixture (a module-scoped one trains once per file)
@@ -134,3 +134,39 @@ def test_resume_still_continues_an_intact_history(resumable):
     assert [r["step"] for r in after if "train_loss" in r][-1] == 6
     kept = [r for r in before if r["step"] < 3 or (r["step"] == 3 and "val_loss" not in r)]
     assert after[: len(kept)] == kept  # the history up to the checkpoint is kept as it was
+
+
+def test_resume_names_the_data_a_run_trained_on_and_takes_a_moved_copy_of_it(text_data, tmp_path):
+    """A run started with a relative data.dir, resumed from another folder: one line naming the folder it
+    trained on and the remedy (before: the relative folder was looked up under the new folder, and a default
+    one prepared again). data.dir= a moved copy of the same data resumes to the uninterrupted run's losses
+    (before: refused, data.dir could not change); data.dir= other data is refused, naming the fingerprints."""
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir(), elsewhere.mkdir()
+    shutil.copytree(text_data, start / "shards")
+    run = tmp_path / "run"
+    steps = ["train.steps=6", "train.checkpoint_every=3", "train.checkpoint_keep=0"]
+    proc = run_speedrun("train", "--out", str(run), "data.dir=shards", *FAST, *steps, cwd=start)
+    assert proc.returncode == 0, proc.stderr
+    straight = _losses(run)
+    shutil.rmtree(run / "checkpoints" / "step_000006")
+    one_line(
+        run_speedrun("train", "--resume", str(run), cwd=elsewhere),
+        1,
+        f"shards (from {elsewhere}) holds no prepared data",
+        f"this run trained on {start / 'shards'} (meta sha256 ",
+        "resume from the folder the run started in, or add data.dir=FOLDER",
+    )
+    other = tmp_path / "other"
+    shutil.copytree(text_data, other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "note": "prepared again"}))  # another fingerprint
+    one_line(
+        run_speedrun("train", "--resume", str(run), f"data.dir={other}", cwd=elsewhere),
+        1,
+        "holds other data than this run trained on",
+    )
+    moved = Path(shutil.move(start / "shards", tmp_path / "moved"))
+    proc = run_speedrun("train", "--resume", str(run), f"data.dir={moved}", cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    assert _losses(run) == straight

@@ -5,6 +5,7 @@ in the summary; a deadline that has passed skips every part in one line each."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,12 +35,13 @@ FAST = ("model.block_dtype=fp32", "model.softcap_in_bf16=false", "model.ce_bf16=
         "model.fp8_head=false", "model.mlp_fp8=false")  # fmt: skip
 
 
-def kit(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def kit(*args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 
@@ -59,6 +61,7 @@ def test_gpu_check_runs_end_to_end_on_cpu_with_gpu_parts_skipped(tmp_path):
     order = [summary.index(f"{name}: skipped") for name in (*AB_PARTS, "pytest-gpu", "kernel-gram")]
     assert order == sorted(order)  # the A/B of the step first, the kernel parts last
     assert "muon-ops: ok" in summary
+    assert "code: this checkout, commit " in summary  # the package the parts measure
     assert "doctor: ok" in summary and "ok   torch: " in (out / "doctor.log").read_text()  # doctor first
     assert summary.index("doctor: ok") < summary.index("pytest-gpu: skipped")
     assert "aten ops per step()" in (out / "muon-ops.log").read_text()
@@ -155,3 +158,19 @@ def test_gpu_check_runs_only_the_parts_named(tmp_path):
     ):
         assert f"{name}: skipped (--parts)" in summary
     assert "kernel-gram: skipped: no CUDA" in summary and "muon-ops: ok" not in summary
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils timeout")
+def test_gpu_check_names_another_installed_package_as_what_it_measures(tmp_path):
+    """A speedrun imported from elsewhere than this checkout (an installed wheel): the summary says so
+    instead of giving the kit checkout's commit as the measured code's."""
+    elsewhere = tmp_path / "site" / "speedrun"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "__init__.py").write_text("")
+    out = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    proc = kit("--out", str(out), "--parts", "kernels", timeout=120, env=env)
+    summary = (out / "summary.txt").read_text()
+    assert proc.returncode == 0, summary + proc.stderr
+    assert f"code: the speedrun installed at {os.path.realpath(elsewhere)}, not this checkout" in summary
+    assert "code: this checkout" not in summary

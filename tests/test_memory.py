@@ -135,3 +135,28 @@ def test_compiled_estimate_is_within_15_percent_of_the_compiled_varlen_partition
     assert estimate.weights == pytest.approx(counted["weights"], abs=2**10)  # the same model
     modelled = estimate.activations + estimate.logits
     assert modelled == pytest.approx(counted["saved"] + counted["backward"], rel=0.15), (estimate, counted)
+
+
+def test_the_estimate_counts_the_ships_accumulators_as_the_ships_allocate_them():
+    """#92's terminal ships hold fp32 accumulators of this process's chunk of each shipped bank: the
+    estimate's optimizer share grows by exactly what `Ships` allocates on one process, and by a world's
+    chunk on 8."""
+    from speedrun.model.families import build_model
+    from speedrun.optim.ships import Ships, accumulator_bytes
+    from tests.recipe_matrix import shrink
+
+    cfg = load_recipe("anvil-2026-08", shrink("anvil-2026-08"))
+    off = ["tail_ema_window=0", "tail_avg_window=0", "value_embed_window=0", "bank_blend_window=0"]
+    off = [f"optim.ships.{o}" for o in [*off, "decontract=false"]]
+    without = load_recipe("anvil-2026-08", [*shrink("anvil-2026-08"), *off])
+    assert cfg.optim.ships.on() and not without.optim.ships.on()
+    model = build_model(cfg.model)
+    ships = Ships(model, cfg.optim.ships, cfg.train.steps)
+    held = sum(a.numel() * a.element_size() for ship in ships.ships for a in ship.acc.values())
+    assert held > 0 and accumulator_bytes(model, cfg.optim.ships, cfg.train.steps, 1) == held
+    for world in (1, 8):
+        grown = (
+            estimate_memory(cfg, world, False).optimizer - estimate_memory(without, world, False).optimizer
+        )
+        assert grown == accumulator_bytes(model, cfg.optim.ships, cfg.train.steps, world)
+    assert accumulator_bytes(model, cfg.optim.ships, cfg.train.steps, 8) < held  # each process its chunk

@@ -20,7 +20,8 @@ from speedrun.train.plan import memory
 from speedrun.train.run import checkpoint as ckpt
 from speedrun.train.step import train_step
 from tests import two_processes
-from tests.conftest import read_metrics, run_speedrun, speedrun_command
+from tests.conftest import run_speedrun, speedrun_command
+from tests.world_losses import assert_same, losses
 
 GiB = 2**30
 SMALL = [
@@ -211,22 +212,6 @@ def data_args(data) -> list[str]:
 
 two_processes.job("ngram-worlds", lambda data: [*TRAIN, *data_args(data), *WORLD])
 SHARED = two_processes.SHARED
-
-# Bound: fp32; on 2 processes a step's gradient is the mean over 4 micro-batches summed in another order, and
-# a row's pushed gradient arrives per process (halves summed by its owner), so last bits differ and the run
-# amplifies them (as tests/test_normuon_worlds.py: 1e-6 on the first losses, 1e-3 after).
-EARLY, REL = 1e-6, 1e-3
-
-
-def losses(run):
-    return [(r["step"], "val_loss" in r, r.get("val_loss", r.get("train_loss"))) for r in read_metrics(run)]
-
-
-def assert_same(a, b, first=1):
-    assert [x[:2] for x in a] == [x[:2] for x in b]
-    for x, y in zip(a, b, strict=True):
-        rel = EARLY if x[0] in (first, first + 1) and not x[1] else REL
-        assert y[2] == pytest.approx(x[2], rel=rel, abs=0), (x, y)
 
 
 @pytest.fixture(scope="module")

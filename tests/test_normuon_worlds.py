@@ -18,7 +18,8 @@ import pytest
 
 from speedrun.train.run import checkpoint as ckpt
 from tests import two_processes
-from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command
+from tests.conftest import TINY, run_speedrun, speedrun_command
+from tests.world_losses import assert_same, losses
 
 SETTINGS = [
     *TINY,
@@ -39,23 +40,8 @@ SETTINGS = [
     "optim.mlp_proj_lr_mul=2.0",  # HEAD's per-matrix multiplier
 ]
 
-# Bound: fp32, but a step's gradient is the mean of 4 micro-batch gradients summed in a different
-# association on each world size (((g1+g2)+g3)+g4 on one process, (g1+g2)+(g3+g4) on two, gloo's order
-# on four), and Polar Express runs in bf16, where such a last-bit difference can move a rounding and the
-# run amplifies it. Measured (2026-11-23), relative, first two training losses / all records: 1 vs 2
-# processes 4e-7 / 4.1e-4; 1 vs 4: 2.9e-7 / 4.6e-4; resumed on 4 from the 2-process step-3 checkpoint
-# vs the 2-process run: 8e-8 / 1.3e-4. So the first two losses must agree to 1e-6 (a bypassed or wrong
-# reduction changes the first update by far more) and every later one to 1e-3.
-EARLY, REL = 1e-6, 1e-3
 
 SHARED = two_processes.SHARED  # the 2-process run is a job of the suite's one launch
-
-
-def losses(run: Path) -> list[tuple[int, str, float]]:
-    return [
-        (r["step"], "val" if "val_loss" in r else "train", r.get("val_loss", r.get("train_loss")))
-        for r in read_metrics(run)
-    ]
 
 
 def state_bytes(run: Path) -> int:
@@ -84,14 +70,6 @@ def runs(text_data, tmp_path_factory) -> dict[int, Path]:
     proc = run_speedrun("train", *TRAIN, "--out", str(one), f"data.dir={text_data}", *SETTINGS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {0: one, 2: two_processes.run_dir("normuon-worlds", text_data, tmp_path_factory)}
-
-
-def assert_same(a: list, b: list, first: int = 1) -> None:
-    """Same records; losses of steps first and first + 1 within EARLY, the rest within REL."""
-    assert [x[:2] for x in a] == [x[:2] for x in b]
-    for x, y in zip(a, b, strict=True):
-        rel = EARLY if x[0] in (first, first + 1) and x[1] == "train" else REL
-        assert y[2] == pytest.approx(x[2], rel=rel, abs=0), (x, y)
 
 
 @pytest.mark.slow

@@ -167,6 +167,7 @@ RESUMABLE_CHANGES = (
     "train.checkpoint_every",
     "train.checkpoint_at_end",
     "train.checkpoint_keep",
+    "data.dir",  # a moved data folder: its data must be the run's (train/plan/run_data.py `ensure_data`)
     "train.sample_every",
     "train.wandb_project",
 )

@@ -180,6 +180,13 @@ def record_ships(s: ShipsConfig, total: int) -> list[Ship]:
     return ships
 
 
+def accumulator_bytes(model: nn.Module, s: ShipsConfig, total: int, world: int) -> int:
+    """The fp32 accumulators one process of `world` holds for the configured ships (rank 0's chunks, the
+    largest): what `Ships` allocates, counted without allocating (the memory estimate's share)."""
+    flats = {g: Flat(pieces, world, 0) for g, pieces in bank_pieces(model).items()}
+    return sum(4 * flats[g].own for ship in record_ships(s, total) for g in ship.groups if g in flats)
+
+
 class Ships:
     """The run's ships over ``model``'s weights; ``after_step(s)`` after optimizer step s (0-based),
     ``ship()`` once after the last. ``value_embed_steps``: a count the value embeddings' Adam raises when it

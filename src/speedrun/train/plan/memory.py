@@ -27,6 +27,7 @@ from speedrun.model.labels import MATMULS, labelled
 from speedrun.model.vocab import padded_vocab
 from speedrun.optim.build import model_rules
 from speedrun.optim.normuon import second_moment_shape
+from speedrun.optim.ships import accumulator_bytes
 from speedrun.optim.table import build_banks, build_rows
 from speedrun.optim.table_rows import table_part
 from speedrun.train.flops import config_model
@@ -82,6 +83,8 @@ def _optimizer_bytes(cfg: Config, model: torch.nn.Module, world: int) -> tuple[i
         return state, momentum + 4 * largest + 3 * 2 * largest
     rows = build_rows(entries, world)  # normuon: state only for this rank's shard (optim/sharded.py)
     state, rails = 0, 2 if cfg.optim.name == "anvil" else 1  # ANVIL: a fast and a slow velocity
+    if cfg.optim.ships.on():  # #92's terminal ships: fp32 accumulators of this rank's chunk of each bank
+        state += accumulator_bytes(model, cfg.optim.ships, cfg.train.steps, world)
     for bank in build_banks(rows, world):
         per_rank = bank.per_rank * bank.shape[0] * bank.shape[1]
         state += per_rank * (4 * rails + (2 if bank.dtype == torch.bfloat16 else 0))  # momentum (+ mantissa)

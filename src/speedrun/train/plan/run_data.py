@@ -4,6 +4,7 @@ validation token read once, the tokenizer and the bytes per token for bits per b
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from speedrun.data.meta import (
 )
 from speedrun.data.prepare import prepare
 from speedrun.data.tokenizers import Tokenizer
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, DataError
 from speedrun.train import distributed
 from speedrun.train.run.rundir import RunDir
 from speedrun.train.stages import stage_values
@@ -38,13 +39,27 @@ AUTO_PREPARED_SOURCES = ("wiki-vital",)  # bundled offline, so `speedrun train` 
 
 
 def ensure_data(
-    cfg: Config, ctx: distributed.DistContext, log=print, hold: Callable[[int | None], None] = lambda fd: None
+    cfg: Config,
+    ctx: distributed.DistContext,
+    log=print,
+    hold: Callable[[int | None], None] = lambda fd: None,
+    trained_on: tuple[str, str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """The shard folder and its meta.json, preparing bundled sources when missing; `hold` keeps the folder's
-    shared lock (data/folder_lock.py), so `prepare` cannot replace it while the run trains from it."""
+    shared lock (data/folder_lock.py), so `prepare` cannot replace it while the run trains from it. A resumed
+    run passes `trained_on`, the (folder, fingerprint) its last start trained on: the folder must hold that
+    data (any folder may: data.dir can change on a resume), and nothing is prepared behind its back."""
     data_dir = data_dir_for(cfg)
     default_dir = not cfg.data.dir  # an explicit data.dir is never filled behind the user's back
-    if default_dir and not (data_dir / META_FILE).exists() and cfg.data.source in AUTO_PREPARED_SOURCES:
+    missing = not (data_dir / META_FILE).exists()
+    if missing and trained_on is not None:
+        folder, fingerprint = trained_on
+        raise DataError(
+            f"{data_dir} (from {Path.cwd()}) holds no prepared data; this run trained on {folder} "
+            f"({DATA_FINGERPRINT}{fingerprint}): resume from the folder the run started in, or add "
+            "data.dir=FOLDER holding that data"
+        )
+    if default_dir and missing and cfg.data.source in AUTO_PREPARED_SOURCES:
         if ctx.is_main:
             log(f"data: {data_dir} missing, preparing {cfg.data.source} with tokenizer {cfg.data.tokenizer}")
             prepare(cfg.data.source, cfg.data.tokenizer, data_dir, log=log)
@@ -52,8 +67,28 @@ def ensure_data(
             torch.distributed.barrier()
     hold(hold_for_training(data_dir))
     meta = load_meta(data_dir)
+    if trained_on is not None and meta_fingerprint(meta) != trained_on[1]:
+        raise DataError(
+            f"{data_dir} holds other data than this run trained on ({DATA_FINGERPRINT}"
+            f"{meta_fingerprint(meta)}, the run's {trained_on[1]} in {trained_on[0]}); give data.dir=FOLDER "
+            "holding the run's data"
+        )
     check_fits(meta, cfg, data_dir)
     return data_dir, meta
+
+
+_DATA_LINE = re.compile(r"^data: (.+) \([^()]*" + re.escape(DATA_FINGERPRINT) + r"([0-9a-f]+)\)\s*$")
+
+
+def trained_data(run_path: Path) -> tuple[str, str] | None:
+    """(folder, fingerprint) of the data the run's latest start trained on, from its log.txt `data:` line
+    (None: a new run, or one from before the fingerprint)."""
+    try:
+        lines = (run_path / "log.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [m.groups() for m in map(_DATA_LINE.match, lines) if m]
+    return found[-1] if found else None
 
 
 def micro_batch_tokens(cfg: Config, world_size: int) -> int:
@@ -117,7 +152,8 @@ class RunData:
 def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData:
     """Find (or prepare) the shards, check them against the recipe and read all validation tokens
     once, so that any problem with the data surfaces before step 0."""
-    data_dir, meta = ensure_data(cfg, ctx, log=run.log, hold=run.keep)
+    trained_on = trained_data(run.path) if run.resumed else None
+    data_dir, meta = ensure_data(cfg, ctx, log=run.log, hold=run.keep, trained_on=trained_on)
     # the shards meta.json lists, not a glob: a stray *_train_*.bin copied into the folder is not trained on
     train_files, val_files = shard_paths(data_dir, "train", meta), shard_paths(data_dir, "val", meta)
     micro = micro_batch_tokens(cfg, ctx.world_size)
@@ -131,7 +167,7 @@ def load_data(cfg: Config, ctx: distributed.DistContext, run: RunDir) -> RunData
     tokenizer = tokenizer_for_data(data_dir, meta)
     token_bytes = torch.from_numpy(np.asarray(tokenizer.token_byte_lengths(), dtype=np.int64))
     run.log(
-        f"data: {data_dir} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
+        f"data: {data_dir.resolve()} ({meta['tokenizer']}, vocab {meta['vocab_size']}, "
         f"{meta['splits']['train']['tokens']:,} train / {meta['splits']['val']['tokens']:,} val tokens, "
         f"{DATA_FINGERPRINT}{meta_fingerprint(meta)})"
     )

@@ -204,6 +204,7 @@ class RunDir:
 
     def __init__(self, path: Path, enabled: bool = True, echo: bool = True, resume: bool = False):
         self.path = Path(path)
+        self.resumed = resume
         self.enabled = enabled
         self.echo = echo
         self._lock_fd = self._log = self._metrics = None
