@@ -306,3 +306,44 @@ def test_a_killed_prepare_s_temporary_folder_is_removed_and_a_running_one_refuse
     finally:
         live.kill()
         live.wait()
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["cpu", "prefetch-thread"])
+def test_a_shard_rewritten_under_the_loader_is_a_data_error_and_a_renamed_one_is_read_as_opened(
+    tmp_path, prefetch
+):
+    """The loaders read shards slice by slice from an open file (data/shards.py `ShardFile`), not through a
+    map: a shard cut or rewritten in place while a run reads it is one DataError naming it (before: the
+    mapped run died of SIGBUS with nothing on stderr), with the same size as well (its modification time);
+    a shard replaced by a rename keeps being read as the run opened it."""
+    import numpy as np
+
+    from speedrun.data.loader import TokenLoader
+    from speedrun.data.shards import write_shard
+
+    tokens = np.arange(4096, dtype=np.uint16) % 500
+    for how in ("truncate", "same-size", "rename"):
+        path = tmp_path / how / "d_train_000000.bin"
+        write_shard(path, tokens)
+        loader = TokenLoader([path], 256, 128, 64, prefetch=prefetch)
+        x, _ = loader.next_batch()
+        np.testing.assert_array_equal(x.flatten().numpy(), tokens[:128])
+        if how == "truncate":
+            with open(path, "r+b") as f:
+                f.truncate(2048)
+        elif how == "same-size":
+            os.utime(path, ns=(0, 0))  # an in-place rewrite moves the modification time
+        else:
+            write_shard(path.with_suffix(".new"), tokens[::-1].copy())
+            os.replace(path.with_suffix(".new"), path)
+        if how == "rename":
+            for k in range(1, 4):
+                x, _ = loader.next_batch()
+                np.testing.assert_array_equal(x.flatten().numpy(), tokens[128 * k : 128 * (k + 1)])
+            continue
+        with pytest.raises(DataError) as e:
+            for _ in range(3):
+                loader.next_batch()
+        assert str(e.value).startswith(
+            f"{path}: the shard changed while the run read it"
+        ) and "\n" not in str(e.value)

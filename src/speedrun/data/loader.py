@@ -24,11 +24,12 @@ import torch
 from speedrun.data.device_feed import DeviceFeed
 from speedrun.data.record_order import RankCursors
 from speedrun.data.shards import (
+    ShardFile,
     bos_positions,
     check_document_starts,
     check_token_range,
-    open_shard,
     read_header,
+    read_shard,
     shard_fingerprint,
 )
 from speedrun.errors import ConfigError, DataError
@@ -82,7 +83,7 @@ class ShardReader:
         self.files = [Path(f) for f in files]
         assert self.files, "run_data passes the shards meta.json lists (load_meta: never none)"
         self._lengths = [read_header(f) for f in self.files]
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, ShardFile] = {}
         self._fingerprint: list[str] | None = None
         self.last_wait_s = self.total_wait_s = 0.0  # what the last next_batch() waited, and all of them
         self._epoch = 0
@@ -93,9 +94,9 @@ class ShardReader:
         )
         self._future: Future | None = None
 
-    def _tokens(self, i: int) -> np.ndarray:
+    def _tokens(self, i: int) -> ShardFile:
         if i not in self._maps:
-            self._maps[i] = open_shard(self.files[i])
+            self._maps[i] = read_shard(self.files[i])
         return self._maps[i]
 
     @property
@@ -369,7 +370,7 @@ def val_batches(
             f"fewer than val_tokens {val_tokens} + 1"
         )
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    maps: dict[int, np.ndarray] = {}
+    maps: dict[int, ShardFile] = {}
     feed = DeviceFeed(torch.device(device), (micro_batch_tokens // seq_len, seq_len), slots=2)
 
     def read(a: int, b: int) -> tuple[np.ndarray, Path, int]:
@@ -379,7 +380,7 @@ def val_batches(
             lo, hi = max(a, offsets[i]) - offsets[i], min(b, offsets[i + 1]) - offsets[i]
             if hi > lo:
                 if i not in maps:
-                    maps[i] = open_shard(files[i])
+                    maps[i] = read_shard(files[i])
                 parts.append(np.asarray(maps[i][lo:hi]))
             if offsets[i + 1] >= b:
                 break

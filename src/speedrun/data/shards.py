@@ -126,6 +126,51 @@ def open_shard(path: Path, vocab_size: int | None = None) -> np.ndarray:
     return tokens
 
 
+class ShardFile:
+    """A validated shard's tokens, read from the file on each slice (os.pread), never mapped: what a run
+    trains and validates from. A shard cut or rewritten under a mapped run kills it with SIGBUS (no line, no
+    checkpoint); here each read checks that the file is the one validated (size and modification time of the
+    open file) and a changed one is a DataError naming it. A file replaced by a rename keeps being read as it
+    was: the run holds the old one open. Supports len() and slices [a:b] (read-only uint16 arrays)."""
+
+    def __init__(self, path: Path, count: int):
+        self.path, self.count = Path(path), count
+        self._fd = os.open(self.path, os.O_RDONLY)
+        st = os.fstat(self._fd)
+        self._stamp = (st.st_size, st.st_mtime_ns)
+        if st.st_size != HEADER_BYTES + 2 * count:  # changed between its validation and this open
+            self._changed(0, count)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        assert isinstance(key, slice) and key.step in (None, 1), "a shard is read by contiguous slices"
+        start, stop, _ = key.indices(self.count)
+        n = max(0, stop - start)
+        data = os.pread(self._fd, 2 * n, HEADER_BYTES + 2 * start) if n else b""
+        st = os.fstat(self._fd)
+        if len(data) != 2 * n or (st.st_size, st.st_mtime_ns) != self._stamp:
+            self._changed(start, n)
+        return np.frombuffer(data, dtype=_TOKEN_DTYPE)
+
+    def _changed(self, start: int, n: int) -> None:
+        raise DataError(
+            f"{self.path}: the shard changed while the run read it (tokens {start:,}..{start + n:,}; it "
+            f"was {self.count:,} tokens when the run opened it): a run trains on the data it started with; "
+            "restore the shard (or prepare into another folder) and resume from the last checkpoint"
+        )
+
+    def __del__(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.close(self._fd)
+
+
+def read_shard(path: Path) -> ShardFile:
+    """A validated shard read slice by slice (`ShardFile`): the training and validation loaders' way."""
+    return ShardFile(Path(path), read_header(Path(path)))
+
+
 def shard_fingerprint(path: Path, head_tokens: int = 1 << 16) -> str:
     """`<token count>:<sha256 of the first tokens, 16 hex>`: tells a shard prepared again under the same
     name (other text, another vocabulary) from the original, reading at most 128 KiB."""
