@@ -61,3 +61,33 @@ def test_a_finished_four_process_run_exits_zero_under_load(text_data, tmp_path):
     finally:
         burner.kill()
         burner.wait()
+
+
+@pytest.mark.slow
+def test_the_survivor_of_a_killed_rank_says_one_line_with_the_checkpoint_to_resume(text_data, tmp_path):
+    """torchrun notices a dead worker only at its monitor interval (5 s by default; 30 s here, as on a busy
+    or multi-node launch): the survivor meets the death first, in a collective. It says one line naming the
+    collective's error, the newest checkpoint and `--resume` (before: a 24-line gloo traceback)."""
+    out = tmp_path / "run"
+    cmd = speedrun_command(
+        "train", "--out", str(out), f"data.dir={text_data}", *TINY, "train.steps=1000000",
+        "train.warmdown_steps=4", "train.val_every=0", "train.checkpoint_every=3", nproc=2,
+    )  # fmt: skip
+    cmd.insert(cmd.index("--standalone"), "--monitor-interval=30")
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_metrics(out, 5)  # past the step-3 checkpoint
+        workers = subprocess.run(
+            ["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[-1]), signal.SIGKILL)  # rank 1 dies; rank 0 is in (or enters) a collective
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode != 0
+    ours = [line for line in stderr.splitlines() if "speedrun" in line and "error:" in line]
+    assert len(ours) == 1, stderr[-3000:]
+    assert "another process of this run stopped (" in ours[0], ours
+    assert "the newest checkpoint is " in ours[0] and f"resume with: speedrun train --resume {out}" in ours[0]
+    assert "[rank0]: Traceback" not in stderr and "RuntimeError" not in stderr, stderr[-3000:]

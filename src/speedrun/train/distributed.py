@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from speedrun.errors import ConfigError
+from speedrun.errors import ConfigError, SpeedrunError
 
 
 @dataclass
@@ -114,6 +114,43 @@ def teardown(clean: bool = True) -> None:
         if clean:
             dist.barrier()
         dist.destroy_process_group()
+
+
+#: what gloo and NCCL say when a peer process died or left: its socket closed, reset or timed out
+_PEER_GONE = (
+    "connection reset by peer", "connection closed by peer", "broken pipe", "connection refused",
+    "timed out", "timeout", "communicator was aborted", "nccl error", "socket",
+)  # fmt: skip
+
+
+def lost_peer(e: BaseException) -> bool:
+    """Whether `e`, raised in a collective, says another process of the run is gone."""
+    if isinstance(e, dist.DistError):
+        return True
+    return isinstance(e, RuntimeError) and any(k in str(e).lower() for k in _PEER_GONE)
+
+
+class PeerLost(SpeedrunError):
+    """Another process of a multi-process run died or left mid-step: one line on the survivors, naming the
+    collective's error, the newest checkpoint and the command that goes on (torchrun's summary names the
+    process that failed first)."""
+
+    exit_code = 1
+    rank_specific = True  # every survivor says it: the one that died may be rank 0, which speaks for all
+
+    @classmethod
+    def of(cls, e: BaseException, run_dir, newest) -> PeerLost:
+        said = " ".join(str(e).split())
+        said = said.split("] ", 1)[-1].split(". ", 1)[0]  # gloo's `[file:line] Read error [addr]: reason`
+        saved = (
+            f"the newest checkpoint is {newest}"
+            if newest is not None
+            else "no checkpoint yet: it starts over"
+        )
+        return cls(
+            f"another process of this run stopped ({said}; torchrun's summary names it); {saved}; "
+            f"resume with: speedrun train --resume {run_dir}"
+        )
 
 
 def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:

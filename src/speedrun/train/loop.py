@@ -342,6 +342,13 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
                 raise stopped
 
         return progress.finish()
+    except RuntimeError as e:  # a peer died mid-collective: one line, not a gloo or NCCL traceback
+        if not (ctx.distributed and run is not None and distributed.lost_peer(e)):
+            raise
+        checkpoints = list_checkpoints(run.path)
+        lost = distributed.PeerLost.of(e, run.path, checkpoints[-1] if checkpoints else None)
+        run.log(f"error: {lost}", console=False)
+        raise lost from None
     except (ConfigError, DataError, SpeedrunError) as e:
         if run is not None:
             run.log(f"error: {e}", console=False)
