@@ -258,7 +258,7 @@ if wanted muon; then
 else
   say "muon-ops: skipped (--parts)"
 fi
-for kernel in gram ba_plus_caa softcapped_ce relu2_linear softcapped_prefix_ce sampled_softcapped_ce ngram_embed; do  # the speed layer's A/B: kernel vs compiled twin
+for kernel in gram ba_plus_caa softcapped_ce relu2_linear softcapped_prefix_ce sampled_softcapped_ce ngram_embed row_adam_rows; do  # the speed layer's A/B: kernel vs compiled twin
   if ! wanted kernels; then
     say "kernel-$kernel: skipped (--parts)"
   elif [ "$DEVICE" = cuda ]; then
