@@ -5,18 +5,15 @@ and the memory guard's one line at full size."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
-from speedrun.errors import ConfigError, SpeedrunError
+from speedrun.errors import ConfigError
 from speedrun.model.gpt2026.ngram import NgramEmbed, ngram_rows, ngram_signs
 from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
 from speedrun.optim.row_adam import RowAdam
 from speedrun.optim.row_shard import shard_part
 from speedrun.recipes import load_recipe
-from speedrun.train.plan import memory
 from tests.test_kv_cache import _decode_all, _shrunk_model
 from tests.two_processes import SHARED
 
@@ -178,29 +175,6 @@ def test_sharded_table_on_two_gloo_processes_equals_one(library_results):
     the whole table on one, then the 2-process save resumed on one process for 4 more steps."""
     r = library_results["ngram_rows"]
     assert r["max_abs_diff"] <= 1e-12 and r["resumed_diff"] <= 1e-12 and r["moved"] > 0.01
-
-
-def test_full_size_table_on_one_process_is_refused_in_one_line_naming_what_fits(monkeypatch):
-    no_bigram = [
-        "bigram_rows=0",
-        "bigram_sign_rows=0",
-        "bigram_dim=0",
-        "bigram_in_x0=false",
-    ]  # #92 replaced it
-    overrides = ["train.dtype=bf16", "model.ngram.rows=84602880", *(f"model.embed.{k}" for k in no_bigram)]
-    cfg = load_recipe("record-2026-07", overrides)
-    monkeypatch.setattr(memory, "device_memory", lambda device: (139 * GiB, 141 * GiB))  # an H200
-    cuda = torch.device("cuda", 0)
-    with pytest.raises(SpeedrunError) as info:
-        memory.check_fits(cfg, 1, True, cuda)
-    message = str(info.value)
-    assert "\n" not in message and message.startswith("model.ngram.rows=84,602,880: ")
-    fits = int(re.search(r"model\.ngram\.rows=([\d,]+) fits", message).group(1).replace(",", ""))
-    assert 0 < fits < 84_602_880 and fits % 2 == 0
-    smaller = load_recipe("record-2026-07", [*overrides, f"model.ngram.rows={fits}"])
-    memory.check_fits(smaller, 1, True, cuda)  # what it names fits
-    # eight processes split it (tests/test_ngram_training.py): one eighth of the rows each
-    assert memory._table_parts(cfg, 8)[0] * 8 == memory._table_parts(cfg, 1)[0]
 
 
 def test_a_recipe_with_model_ngram_rows_feeds_the_bigram_input_and_trains_by_its_label():

@@ -195,6 +195,7 @@ def test_full_table_refused_on_one_process_in_one_line_and_accepted_on_eight(mon
     memory.check_fits(load_recipe("record-2026-07", [*FULL, f"model.ngram.rows={fits}"]), 1, True, cuda)
     shard, _ = memory._table_parts(cfg, 8)  # 15.13 GiB of bf16 rows per process, and 8 bytes of state per row
     assert shard == 84_602_880 // 8 * (768 * 2 + 8) and f"{84_602_880 // 8 * 768 * 2 / GiB:.2f}" == "15.13"
+    assert shard * 8 == memory._table_parts(cfg, 1)[0]  # eight processes split it: an eighth of the rows each
     memory.check_fits(cfg, 8, True, cuda)  # one eighth each: fits
 
 

@@ -36,19 +36,26 @@ def test_the_compiled_gram_kernels_equal_their_twins_on_cuda():
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_compiled_softcapped_ce_equals_its_twin_on_cuda(mtp):
+@pytest.mark.parametrize("arm", ["plain", "prefix"])
+def test_the_compiled_softcapped_ce_and_its_prefix_arm_equal_their_twins_on_cuda(arm, mtp):
     from speedrun.perf.kernels import softcapped_ce
 
     g = torch.Generator(device="cuda").manual_seed(0)
     raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
     targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
     weights = None if mtp is None else torch.tensor(mtp, device="cuda")
-    args = (targets, weights, 11.5, 7.5, 5.0, False, False)
+    if arm == "plain":
+        kernel, twin, extra = softcapped_ce.softcapped_ce, head.softcapped_ce.plain, ()
+    else:  # #88's prefix term: a table of prefix targets (−1: none) and its weight
+        table = torch.randint(-1, 50257, (50304,), device="cuda", generator=g)
+        kernel, twin = softcapped_ce.softcapped_prefix_ce, head.softcapped_prefix_ce.plain
+        extra = (table, torch.tensor(0.25, device="cuda"))
+    args = (targets, weights, *extra, 11.5, 7.5, 5.0, False, False)
     x = raw.clone().requires_grad_()
-    got = softcapped_ce.softcapped_ce(x, *args)
+    got = kernel(x, *args)
     got.backward()
     y = raw.float().requires_grad_()
-    want = head.softcapped_ce.plain(y, *args)
+    want = twin(y, *args)
     want.backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
@@ -72,28 +79,6 @@ def test_the_compiled_relu2_linear_equals_its_twin_on_cuda():
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gx, x.grad, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(gw, w.grad, rtol=2e-2, atol=5e-1)
-
-
-@pytest.mark.gpu
-@cuda
-@pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
-def test_the_compiled_prefix_arm_equals_its_twin_on_cuda(mtp):
-    from speedrun.perf.kernels import softcapped_ce
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    raw = (torch.randn(2, 2048, 50304, device="cuda", generator=g) * 8).bfloat16()
-    targets = torch.randint(0, 50257, (2, 2048), device="cuda", generator=g)
-    table = torch.randint(-1, 50257, (50304,), device="cuda", generator=g)
-    weights = None if mtp is None else torch.tensor(mtp, device="cuda")
-    args = (targets, weights, table, torch.tensor(0.25, device="cuda"), 11.5, 7.5, 5.0, False, False)
-    x = raw.clone().requires_grad_()
-    got = softcapped_ce.softcapped_prefix_ce(x, *args)
-    got.backward()
-    y = raw.float().requires_grad_()
-    want = head.softcapped_prefix_ce.plain(y, *args)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
 
 
 @pytest.mark.gpu

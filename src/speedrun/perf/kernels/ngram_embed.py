@@ -27,13 +27,20 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _gather_kernel(src_ptr, slots_ptr, sb_ptr, st_ptr, pool_ptr, out_ptr, T, D, s_row, BLOCK_D: tl.constexpr):
-    n = tl.program_id(0).to(tl.int64)  # token b·T + t
+def _rows_of(n, T, slots_ptr, sb_ptr, st_ptr):
+    """Token n = b·T + t: its bigram and trigram rows and their sign-pool rows."""
     b, t = n // T, n % T
     rb = tl.load(slots_ptr + b * 2 * T + t).to(tl.int64)
     rt = tl.load(slots_ptr + b * 2 * T + T + t).to(tl.int64)
     pb = tl.load(sb_ptr + n).to(tl.int64)
     pt = tl.load(st_ptr + n).to(tl.int64)
+    return rb, rt, pb, pt
+
+
+@triton.jit
+def _gather_kernel(src_ptr, slots_ptr, sb_ptr, st_ptr, pool_ptr, out_ptr, T, D, s_row, BLOCK_D: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)  # token b·T + t
+    rb, rt, pb, pt = _rows_of(n, T, slots_ptr, sb_ptr, st_ptr)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         inside = cols < D
@@ -47,11 +54,7 @@ def _gather_kernel(src_ptr, slots_ptr, sb_ptr, st_ptr, pool_ptr, out_ptr, T, D, 
 @triton.jit
 def _sink_kernel(g_ptr, slots_ptr, sb_ptr, st_ptr, pool_ptr, acc_ptr, T, D, BLOCK_D: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
-    b, t = n // T, n % T
-    rb = tl.load(slots_ptr + b * 2 * T + t).to(tl.int64)
-    rt = tl.load(slots_ptr + b * 2 * T + T + t).to(tl.int64)
-    pb = tl.load(sb_ptr + n).to(tl.int64)
-    pt = tl.load(st_ptr + n).to(tl.int64)
+    rb, rt, pb, pt = _rows_of(n, T, slots_ptr, sb_ptr, st_ptr)
     for d0 in range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         inside = cols < D
