@@ -94,6 +94,24 @@ def test_a_budget_plan_keeps_the_warm_up_and_then_the_warm_down():
     assert lr_multiplier(n - 1, t) < 1.0 and n <= cfg.train.steps  # ... and the warm-down follows
 
 
+def test_a_budget_shorter_than_the_fewest_steps_says_the_run_goes_past_it():
+    """A 1 s budget on a host at 1 s a step: the plan is its floor (the steps so far and the warm-down),
+    which runs past the budget; the plan's line says so and by about how much (before: silently 9.6 s)."""
+    from speedrun.train.plan.budget import Budget
+
+    cfg = load_recipe(
+        "demo", ["train.time_budget_s=1", "train.timing_warmup_steps=4", "train.warmdown_steps=3"]
+    )
+    budget = Budget(cfg)
+    line = budget.observe(done=8, interval_s=4.0, interval_steps=4, timed_s=4.0, timed_steps=4)
+    assert budget.floored and budget.steps == 8 + 3, line
+    assert line.endswith("; the budget is spent: the fewest steps a plan can have (step 8 and its 3-step "
+                         "warm-down) run past it, to about 7.0s"), line  # fmt: skip
+    roomy = Budget(load_recipe("demo", ["train.timing_warmup_steps=4"]))  # 150 s at 1 s a step: room
+    assert "budget is spent" not in roomy.observe(done=8, interval_s=4.0, interval_steps=4, timed_s=4.0,
+                                                  timed_steps=4)  # fmt: skip
+
+
 def test_dry_run_refuses_the_budget_the_run_refuses(capsys):
     """demo's 150 s budget with train.steps=6 given: the count could never be planned; --dry-run says
     so as the run does (settle_budget, its one owner), and a recipe's skipped budget prints as 0."""

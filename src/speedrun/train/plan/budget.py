@@ -131,9 +131,17 @@ class Budget:
         before, self.steps, self.planned = self.steps, plan, True
         self.floored = plan <= floor_steps(start, self.tail)  # budget spent: the warm-down runs in full
         was = f"{before}, the most" if before == self.cap else before
+        over = ""
+        ends = timed_s + (plan - done) * step_s
+        if self.floored and ends > self.budget_s:  # say it, do not hide it
+            over = (
+                f"; the budget is spent: the fewest steps a plan can have (step {start} and its "
+                f"{self.tail(plan)}-step warm-down) run past it, to about {ends:.1f}s"
+            )
         return (
             f"time budget {self.budget_s:g}s: {plan} steps (was {was}): {timed_s:.1f}s used in {timed_steps} "
             f"timed steps, median {step_s * 1000:.0f} ms/step over the last {len(self.recent)} log intervals"
+            + over
         )
 
     def final(self, done: int) -> bool:
