@@ -86,7 +86,10 @@ def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch
     from step 4: ten steps, updates at 1, 3 and 7) on one process: the losses and
     every table row equal the dense path's. Bounds: RowAdam computes in fp32, the reference in fp64, so each
     update of a row (values up to ≈ 5 here, at LR ×70) differs by fp32 rounding: 1e-5 absolute, a few ulps;
-    the losses (Newton-Schulz in fp32, so nothing amplifies it) to 1e-6 relative (measured: equal)."""
+    the losses (Newton-Schulz in fp32, so nothing amplifies it) to 1e-6 relative (measured: equal). Host
+    kernels: the dense table's backward and the pulled rows' add a row's repeated reads in another order,
+    and ANVIL's ten steps carry that last bit into later gradients: 5e-5 for ANVIL (measured 2026-12-05,
+    AMD AVX-512: within 1e-5; the same host as AVX2, ATEN_CPU_CAPABILITY=avx2: 2.3e-5 in 5 of 131,072)."""
     cfg = load_recipe("demo-2026", [*SMALL, "optim.muon_ns_dtype=fp32", *optimizer])
     steps = 10 if optimizer else 6  # ANVIL: updates at 1 and 3, then (period 4 from 4) at 7, β2², decay ×2
     data = _batches(cfg, 2 * steps)
@@ -118,7 +121,7 @@ def test_row_sharded_training_equals_the_dense_table_with_dense_adam(monkeypatch
     rows_losses, rows_table = run(False)
     dense_losses, dense_table = run(True)
     assert rows_table.abs().max() > 1e-3  # the table moved (three updates)
-    torch.testing.assert_close(rows_table, dense_table, rtol=0, atol=1e-5)
+    torch.testing.assert_close(rows_table, dense_table, rtol=0, atol=5e-5 if optimizer else 1e-5)
     torch.testing.assert_close(torch.tensor(rows_losses), torch.tensor(dense_losses), rtol=1e-6, atol=0)
 
 
