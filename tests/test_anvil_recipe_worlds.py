@@ -65,3 +65,17 @@ def test_saved_on_two_processes_it_resumes_on_one(runs, tmp_path):
     proc = run_speedrun("train", "--resume", str(resumed))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(losses(runs[2]), losses(resumed), first=5)
+
+
+def test_too_few_sampled_candidates_for_a_micro_batch_end_in_one_line(text_data, tmp_path):
+    """P below a micro-batch's distinct targets is found on the device (a config check cannot know the
+    data): the run ends with one line naming the setting and its remedy (before: a 40-line traceback)."""
+    few = "train.stages=tokens=512 windows=1/1 frac=1/2 sampled=16; tokens=512 windows=1/2 frac=1/2; " \
+          "tokens=512 windows=1/2 ext=0"  # fmt: skip
+    proc = run_speedrun("train", "--out", str(tmp_path / "run"), *args(text_data), few)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "speedrun: error: a micro-batch has more distinct targets"
+    ), lines
+    assert "raise sampled= in the stages that sample" in lines[0]

@@ -24,6 +24,7 @@ from speedrun.data.loader import TokenLoader
 from speedrun.errors import ConfigError, DataError, SpeedrunError, first_line
 from speedrun.hardware import bf16_is_probed
 from speedrun.model import families
+from speedrun.model.gpt2026 import sampled
 from speedrun.model.summary import model_summary
 from speedrun.optim.build import RunOptimizer, build_optimizer, sharded_optimizer
 from speedrun.perf import compiled_updates, graphs, overlap, swaps
@@ -343,6 +344,15 @@ def train(cfg: Config, out_dir: Path | None = None, resume: bool = False) -> dic
 
         return progress.finish()
     except RuntimeError as e:  # a peer died mid-collective: one line, not a gloo or NCCL traceback
+        if sampled.TOO_MANY_TARGETS in str(e):  # the data's, found on the device: no config check can know
+            too_few = SpeedrunError(
+                f"{sampled.TOO_MANY_TARGETS} (train.stages' sampled= count): a micro-batch's distinct "
+                "targets must fit among the candidates; raise sampled= in the stages that sample (at most "
+                "the vocabulary), or give fewer tokens per micro-batch"
+            )
+            if run is not None:
+                run.log(f"error: {too_few}", console=False)
+            raise too_few from None
         if not (ctx.distributed and run is not None and distributed.lost_peer(e)):
             raise
         checkpoints = list_checkpoints(run.path)

@@ -33,6 +33,9 @@ from speedrun.config.gpt2026.head import HeadConfig
 from speedrun.model.fp8 import fp8_linear
 from speedrun.model.layers import softcap
 
+#: the device assert's text, which the training loop turns into one line naming the setting (train/loop.py)
+TOO_MANY_TARGETS = "a micro-batch has more distinct targets than the sampled softmax's P"
+
 
 def sweep(vocab: int, stride: int) -> torch.Tensor:
     """The negatives' order: k·stride mod V for k = 0 … V−1 (int64), a permutation of the classes."""
@@ -50,7 +53,7 @@ def candidate_set(
     mark = torch.zeros(V, dtype=torch.bool, device=order.device)
     mark[targets.reshape(-1)] = True
     n = mark.sum()
-    torch._assert_async(n <= count, "a micro-batch has more distinct targets than the sampled softmax's P")
+    torch._assert_async(n <= count, TOO_MANY_TARGETS)
     window = order[(torch.arange(V, device=order.device) + start) % V]  # the sweep from `start`, cyclic
     free = ~mark[window]
     take = free & (free.cumsum(0) <= count - n)  # the first P − n free classes of the window
