@@ -90,12 +90,16 @@ class RunOptimizer:
             with self.tail.readout() if self.tail is not None else contextlib.nullcontext():
                 yield
 
+    @property
+    def feeders(self) -> list[Any]:
+        """The parts that hand the model inputs from outside its graph (#92's pulled table rows)."""
+        return [opt for opt in self.parts.values() if hasattr(opt, "pull_around")]
+
     def feed(self, compiled: torch.nn.Module) -> None:
-        """Parts that hand the model inputs (#92's pulled table rows) do it before each call of the compiled
-        model, outside its graph (a compiled model traces its parts' hooks)."""
-        for opt in self.parts.values():
-            if hasattr(opt, "pull_around"):
-                opt.pull_around(compiled)
+        """The feeders do it before each call of the compiled model, outside its graph (a compiled model
+        traces its parts' hooks)."""
+        for opt in self.feeders:
+            opt.pull_around(compiled)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():

@@ -257,7 +257,7 @@ def install(optimizer: Any, model: torch.nn.Module, train_model: torch.nn.Module
     if not way or not compiled:
         why = "" if not way else ", the warm-up needs train.compile"
         return f"CUDA graphs: off (train.perf={cfg.train.perf}, device {device.type}{why})"
-    if any(hasattr(part, "pull_around") for part in getattr(optimizer, "parts", {}).values()):
+    if getattr(optimizer, "feeders", None):
         raise ConfigError(
             f"SPEEDRUN_GRAPHS={way}: #92's row-sharded n-gram table pulls its rows on the host before each"
             " forward, which a replay would skip; unset SPEEDRUN_GRAPHS"
