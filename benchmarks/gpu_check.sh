@@ -47,7 +47,7 @@
 # --pytest-limit S seconds for `pytest -m gpu` (default 45; 0 skips it).
 # --cpu-overrides DIR  a test of the kit itself, not a measurement: without CUDA, run part 1 (and with
 #               --full the snapshot and stages-2025-12) on the CPU anyway, each recipe with the key=value
-#               lines of DIR/<recipe>.txt (tests/test_gpu_check.py).
+#               lines of DIR/<recipe>.txt (tests/e2e/test_gpu_check.py).
 set -u
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -241,7 +241,7 @@ if [ "$DEVICE" = cuda ]; then
   if ! wanted pytest; then
     say "pytest-gpu: skipped (--parts)"
   elif [ "$PYTEST_LIMIT" -gt 0 ]; then
-    TESTS=(tests/test_step_graphs.py tests/test_optimizer_graphs.py tests/test_perf_kernels.py)  # the speed layer's
+    TESTS=(tests/unit/test_step_graphs.py tests/unit/test_optimizer_graphs.py tests/unit/test_perf_kernels.py)  # the speed layer's
     [ "$FULL" = 1 ] && TESTS=(tests)
     part pytest-gpu "$PYTEST_LIMIT" "$PY" -m pytest -m gpu -n 0 -v -p no:cacheprovider --durations=0 \
       --junitxml="$OUT/pytest-gpu.xml" "${TESTS[@]}"

@@ -2,7 +2,7 @@
 switches, compiled by inductor with static shapes (dense attention stands in for FlexAttention, which
 has no CPU backward), trains a few steps while the LR, momentum and window change, beside an eager
 copy with the same weights and batches. Reports graph breaks, recompiles after the first step, and the
-largest loss and gradient differences. Used by tests/test_compile_paths.py (a fast subset) and
+largest loss and gradient differences. Used by tests/unit/test_compile_paths.py (a fast subset) and
 benchmarks/bench_compile_matrix.py (every recipe)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from speedrun.optim.build import RunOptimizer
 from speedrun.train.schedule import apply_schedule, schedule_at
 from speedrun.train.step import autocast_dtype, train_step
 from tests.recipe_matrix import MICRO, batch, build, shrunk
-from tests.test_architecture import randomize
+from tests.unit.test_architecture import randomize
 
 
 class GradTap:

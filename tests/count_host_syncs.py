@@ -2,7 +2,7 @@
 Tensor.item/tolist, CUDA synchronize, the loop's device wait and the control collectives (all_reduce,
 broadcast, barrier). `counting_host_syncs(PATH)` writes the totals and the running counts at the start of
 every training step to PATH, so the test can see which steps paid what. Used by tests/two_processes.py
-on each rank of a torchrun launch (tests/test_host_syncs.py).
+on each rank of a torchrun launch (tests/unit/test_host_syncs.py).
 """
 
 from __future__ import annotations

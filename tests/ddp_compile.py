@@ -1,4 +1,4 @@
-"""Worker of tests/test_ddp_compile.py: a shrunk recipe trains a few steps through the loop's
+"""Worker of tests/unit/test_ddp_compile.py: a shrunk recipe trains a few steps through the loop's
 `build_model` and `train_step` on 1 process or under torchrun with 2 gloo processes, eager or
 compiled (aot_eager: the CPU stand-in for inductor), and reports its losses and how dynamo compiled it.
 (under torchrun in tests/two_processes.py's one launch)

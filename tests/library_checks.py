@@ -1,8 +1,8 @@
 """The in-library 2-process checks, run by tests/two_processes.py's one torchrun launch after its
 `speedrun train` jobs, in the same process group: every recipe's losses (tests/recipe_matrix.py),
 compiled DDP (tests/ddp_compile.py), #71's sparse row exchange (tests/sparse_rows_check.py), #92's
-ANVIL (tests/test_anvil.py), #92's row-sharded n-gram table (tests/ngram_rows_check.py), the reductions
-from backward hooks (tests/overlap_check.py) and distributed Muon (tests/test_muon_distributed.py). Rank 0
+ANVIL (fidelity/test_anvil.py), #92's row-sharded n-gram table (tests/ngram_rows_check.py), the reductions
+from backward hooks (tests/overlap_check.py) and distributed Muon (tests/e2e/test_muon_distributed.py). Rank 0
 writes `results.json` into the launch's folder; the tensors of the Muon check are saved beside it."""
 
 from __future__ import annotations

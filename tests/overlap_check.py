@@ -1,4 +1,4 @@
-"""Worker of tests/test_overlap.py, run on every rank of tests/two_processes.py's one gloo launch (through
+"""Worker of tests/e2e/test_overlap.py, run on every rank of tests/two_processes.py's one gloo launch (through
 tests/library_checks.py): a shrunk recipe with the sharded optimizer trains a few steps twice from the same
 weights and data, with its reductions launched after the backward (optim/sharded.py's own path) and from
 backward hooks (perf/overlap.py), and reports whether the parameters agree bit for bit and where each

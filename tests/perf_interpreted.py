@@ -1,5 +1,5 @@
 """The speed layer's kernels run through Triton's CPU interpreter, in a child process of their own
-(tests/test_perf_kernels.py): TRITON_INTERPRET=1 has to be set before a kernel module is imported
+(tests/unit/test_perf_kernels.py): TRITON_INTERPRET=1 has to be set before a kernel module is imported
 (triton 3.9 decides at `@triton.jit` time), and a worker whose kernels were built interpreted must not
 run the GPU tests. `python tests/perf_interpreted.py OUT` saves each case's outputs to OUT/<case>.pt;
 the test rebuilds the same inputs (`inputs`) and compares them with the plain twins in its own process.

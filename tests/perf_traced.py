@@ -1,5 +1,5 @@
 """The CUDA branch of the speed layer, traced on the CPU (run by tests/perf_interpreted.py under Triton's
-interpreter; compared in tests/test_perf_kernels.py): `swaps.install` asked as if on CUDA installs every
+interpreter; compared in tests/unit/test_perf_kernels.py): `swaps.install` asked as if on CUDA installs every
 kernel, then record-2026-07's training step (shrunk; MTP weights 1, 0.5, 0.25; no FP8) and Polar Express (the
 Muon step's orthogonalization, wide and tall) are compiled with fullgraph=True, as CUDA compiles them: a
 graph break, or an import or a registry choice inside the graph, fails here instead of on a GPU lease.

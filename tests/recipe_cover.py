@@ -4,7 +4,7 @@ A per-recipe test whose cost is one model graph (a fullgraph compile, a cached d
 a recipe whose every setting another chosen recipe already exercises. `recipe_cover` picks, by a greedy
 set cover over (setting, value) pairs, a small set of recipes in which every value of every setting any
 recipe uses appears at least once. Values are compared, not recipe names, so a new recipe (or a new
-switch value in an old one) is picked up without editing a list. tests/test_recipe_cover.py proves the
+switch value in an old one) is picked up without editing a list. tests/unit/test_recipe_cover.py proves the
 cover, and that each chosen recipe is needed.
 
 What decides the graph, read from the code: the model is `GPT(cfg.model)`, so every model field counts;

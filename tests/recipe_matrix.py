@@ -166,7 +166,7 @@ def _anvil_layers(m, L: int, attn: list[int]) -> list[str]:
 
 def flex_overrides(name: str) -> list[str]:
     """attention=flex for the compile test; a staged varlen recipe drops its stages and YaRN for a fixed
-    window (its varlen path compiles in tests/test_stages_training.py)."""
+    window (its varlen path compiles in tests/e2e/test_stages_training.py)."""
     if load_recipe(name).train.stages:
         fixed = ["train.stages=", "train.cooldown_start=int", "model.yarn=false", "model.window=192"]
         fixed += ["train.stage_bounds=round", "model.mtp=0"]  # #53's stage-driven switches go with them

@@ -1,5 +1,6 @@
 """One command trained on 1 and on several processes: its metrics as (step, kind, loss) records and the
-bound the two runs meet (tests/test_normuon_worlds.py, test_ngram_training.py, test_anvil_recipe_worlds.py).
+bound the two runs meet (e2e/test_normuon_worlds.py, unit/test_ngram_training.py,
+e2e/test_anvil_recipe_worlds.py).
 
 Bound: fp32, but a step's gradient is the mean of its micro-batch gradients summed in a different
 association on each world size (((g1+g2)+g3)+g4 on one process, (g1+g2)+(g3+g4) on two, gloo's order on

@@ -5,7 +5,7 @@ tiny CPU size that keeps every per-layer feature it has, build the model, fill e
 generator seeded by its name (so the values do not depend on the order of creation), and record, in
 fp32: the loss and every gradient of one forward/backward, then the loss and every parameter after each
 of 3 optimizer steps through the training step and the run's optimizer. Values are sha256 of the bytes
-(bit for bit) with the fp64 norm beside them (to tell how far off a mismatch is). tests/test_families.py
+(bit for bit) with the fp64 norm beside them (to tell how far off a mismatch is). tests/unit/test_families.py
 imports `run` and compares the new family's values with `family_refs.json`; each recipe's entry also holds its
 shrunk config (as config.json holds it) and its seeded initialization.
 """

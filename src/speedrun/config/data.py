@@ -1,6 +1,6 @@
 """The names a config's data section may give, checked without reading anything: the sources
 (`data.source`) and the tokenizers (`data.tokenizer`). Torch- and tiktoken-free, so the config layer
-checks a recipe without the data package (tests/test_config_layers.py); the data package reads the same
+checks a recipe without the data package (tests/unit/test_config_layers.py); the data package reads the same
 rules from here.
 
 The hub spec, FineWeb's shard count and the BPE vocabulary bounds are the data package's facts, kept

@@ -1,7 +1,8 @@
 """The families' config-side record, torch-free: what the config layer needs of a family (its own model
 checks, and its facts: what shared code reads, which stage features it has, the memory bound's table
 count, the gates the optimizer rows see), keyed by `model.family`. model/families.py holds the model side;
-a rule that is one family's lives here, never as an `if family ==` elsewhere (tests/test_import_rules.py)."""
+a rule that is one family's lives here, never as an `if family ==` elsewhere
+(tests/unit/test_import_rules.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ cool-down carries into the lookahead), β = `optim.ema_nesterov_beta` (0.99), st
 lookahead, as the record's does. The run applies step s's lookahead right after step s − 1's update
 (the next forward is step s's), so validation before step s reads W_prev: the weights the record
 validates (`readout`). Each function computes in the parameters' dtype (fp64 for fp64 weights:
-tests/test_ema_nesterov.py compares with the record's class in fp64).
+tests/fidelity/test_ema_nesterov.py compares with the record's class in fp64).
 """
 
 from __future__ import annotations

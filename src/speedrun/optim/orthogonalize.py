@@ -25,7 +25,7 @@ Coefficients = tuple[float, float, float]
 NS_COEFFICIENTS: Coefficients = (3.4445, -4.7750, 2.0315)
 
 #: Polar Express coefficients, one (a, b, c) per iteration (modded-nanogpt HEAD).
-#: Re-derived in tests/test_muon.py with the paper's greedy construction: each step is the odd quintic
+#: Re-derived in tests/unit/test_muon.py with the paper's greedy construction: each step is the odd quintic
 #: that best approximates 1 (minimax) on [max(l, 0.02·u), u], starting from [1e-3, 1]; while the
 #: 0.02 "cushion" is active the polynomial is rescaled so p(l) + p(u) = 2; every step but the last is
 #: then stretched by a safety factor 1.02 (x → x/1.02), the same 1.02 that divides the input norm.
@@ -118,7 +118,7 @@ def newton_schulz(
     The input is divided by its Frobenius norm (+eps) so every singular value is <= 1, inside the
     polynomial's basin. Band (5 steps): an input singular value σ with σ/‖G‖_F >= 2e-3 comes out in
     [0.68, 1.21] (the exact scalar map gives [0.680, 1.202]; bf16 runs on random and condition-1e6
-    GPT-2-shaped matrices measured the same; tests/test_muon.py asserts [0.65, 1.25]). Smaller ones
+    GPT-2-shaped matrices measured the same; tests/unit/test_muon.py asserts [0.65, 1.25]). Smaller ones
     are amplified by about a^5 ≈ 490 and stay below the band; no output exceeds 1.21.
     ``form`` (``NS_FORMS``) picks the evaluation order of a record era.
     """
@@ -149,7 +149,7 @@ def polar_express(
     The input is divided by 1.02·‖G‖_F + eps (the safety factor the coefficients were built for).
     ``steps`` > 5 repeats the last triple, which is convergent near 1. Band (5 steps): σ with
     σ/‖G‖_F >= 1e-3 comes out in [0.85, 1.15] (exact scalar map [0.847, 1.141]; bf16 runs measured
-    [0.851, 1.142]; tests/test_muon.py asserts [0.82, 1.17]).
+    [0.851, 1.142]; tests/unit/test_muon.py asserts [0.82, 1.17]).
     """
     _check_matrix(g)
     if steps < 1:

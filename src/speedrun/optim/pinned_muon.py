@@ -19,7 +19,7 @@ Per matrix W with gradient G, each step (``PinnedMuon``; the record's ``Muon.ste
 ‖X‖₄ is the record's ``gram_frobenius_norm_estimate``: √‖XXᵀ‖_F, the Schatten-4 norm. Every rank
 computes every matrix's update from the same averaged gradients (replicated state), so results do not
 depend on the world size; track 3 counts steps, not seconds. Each function computes in fp32, or in fp64
-for fp64 inputs (tests/test_pinned_muon.py compares them with the record's lines in fp64).
+for fp64 inputs (tests/fidelity/test_pinned_muon.py compares them with the record's lines in fp64).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ lr·g/(|g| + eps)·(1 − β1)/√(1 − β2) instead of lr. #46 trains the gain
 
     m ← lerp(m, g, 1 − β1);  v ← lerp(v, g², 1 − β2);  p ← p − lr·m/(√v + eps)
 
-The second moment is kept in fp32 (fp64 for fp64 weights: tests/test_plain_adam.py compares with the
+The second moment is kept in fp32 (fp64 for fp64 weights: tests/fidelity/test_plain_adam.py compares with the
 record's class in fp64).
 """
 

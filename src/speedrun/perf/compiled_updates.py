@@ -8,7 +8,8 @@ One graph per bank (or Muon bucket) for the whole run: the schedule's scalars (l
 change every step, so they enter as 0-dim fp32 tensors on the device, refilled each call, never as
 Python numbers a graph would specialize on. The compiled update equals the eager one to rounding, not
 bit for bit: the eager twin rounds `1 − μ` from a double, the graph computes it in fp32 from fp32 μ,
-and inductor fuses the elementwise tail and reorders the NorMuon reductions (tests/test_compiled_updates.py
+and inductor fuses the elementwise tail and reorders the NorMuon reductions
+(tests/unit/test_compiled_updates.py
 states the tolerance). So `install` swaps it in only where it is meant to win (`train.perf=auto` on
 CUDA); `off`, and any CPU run, keep the eager twin, bit for bit the optimizer's own code.
 """

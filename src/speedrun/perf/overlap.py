@@ -4,7 +4,7 @@ from a backward hook (`register_post_accumulate_grad_hook`) as soon as its last 
 instead of after the backward when `step` launches them all.
 
 The plain twin is `ShardedNorMuonAdam.step`'s own launch; this changes when the collectives start, not
-what they compute, so the results are the same bit for bit (tests/test_overlap.py):
+what they compute, so the results are the same bit for bit (tests/e2e/test_overlap.py):
 - only on the last micro-batch of a step (`last_backward`, entered by train/step.py): gradients are
   final only then; the reduction reads a copy of them divided by the accumulation count and multiplied
   by the schedule's grad_scale with the same foreach ops `train_step` applies after the backward (a

@@ -63,7 +63,7 @@ def compiles(cfg: Config, device: torch.device) -> bool:
 def build_model(cfg: Config, ctx: distributed.DistContext) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The GPT, created on its device, and the module its forwards run through: compiled (CUDA, or
     `train.compile=on`) inside DDP under torchrun, so DDPOptimizer splits the graph at bucket boundaries
-    and the all-reduce overlaps the backward (tests/test_ddp_compile.py)."""
+    and the all-reduce overlaps the backward (tests/unit/test_ddp_compile.py)."""
     swaps.install(cfg.train.perf, ctx.device)  # the speed layer's kernels: chosen once, outside any graph
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank (DDP also broadcasts)
     with ctx.device:

@@ -6,7 +6,7 @@ Below layer 6 the signs are Rademacher draws from torch's generator; from layer 
 pairs (6, 7), (8, 9), …: per head of `head_dim` channels the first layer's signs have their +1 count
 pulled halfway to head_dim/2 and are shuffled; the second layer gets the opposite count, shuffled
 (antithetic and head-balanced), from a generator seeded by the run's seed and the layer. A lone last
-layer of a pair has no partner and its signs are dropped. tests/test_cgi_init.py compares with the
+layer of a pair has no partner and its signs are dropped. tests/fidelity/test_cgi_init.py compares with the
 record's `headmean_antithetic_pair` and loop.
 """
 

@@ -90,7 +90,7 @@ def paired_spec(spec: MaskSpec) -> MaskSpec:
 # The weights stay full width, as the record's banks do: the unread rows get no gradient. The record's
 # heads are interleaved pairs, whose leading half are its rotating pairs; ours are half-split, whose
 # rotating pairs are dims 0 … D/4 and D/2 … 3D/4: the same numbers under the Q/K row permutation that maps
-# the two layouts (tests/test_banks_model.py).
+# the two layouts (tests/fidelity/test_banks_model.py).
 
 
 def rotating_half(t: torch.Tensor) -> torch.Tensor:
