@@ -136,7 +136,18 @@ def wait_for_metrics(run_dir: Path, lines: int, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
+#: xdist groups whose tests share a child-process launch (tests/two_processes.py's torchrun of 2 gloo
+#: processes; tests/perf_interpreted.py's Triton interpreter): slow, whatever the folder they live in
+CHILD_LAUNCHES = ("two_processes", "perf_interpreted")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow (end-to-end, multi-process) tests first: the two pytest-xdist workers then finish together
-    on the many short ones instead of one waiting for a late long test."""
+    """Tests of a shared child-process launch are slow. Slow (end-to-end, multi-process) tests first: the
+    two pytest-xdist workers then finish together on the many short ones instead of one waiting for a late
+    long test."""
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and group.args and group.args[0] in CHILD_LAUNCHES:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

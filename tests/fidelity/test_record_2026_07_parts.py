@@ -562,6 +562,7 @@ def test_prefix_weight_follows_the_records_stages_at_every_step():
     assert ours[0] == 0.25 and ours[-1] == 0.0 and 0 < ours[635] < 0.25
 
 
+@pytest.mark.slow  # end to end through the CLI
 def test_speedrun_train_runs_the_step_4_switches_with_fp8_refreshed_by_the_loop(text_data, tmp_path):
     import json
     import math

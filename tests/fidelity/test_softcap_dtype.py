@@ -49,7 +49,7 @@ def _head_only(name: str) -> GPT:
             mlp_layers=[0], windows=[], value_embeds=[], skips=[], key_offset_layers=[], paired_layers=[],
             backout_layer=0, fp8_head=False, embed_dtype="fp32", attention="varlen", window=0,
             window_warmup="none", yarn=False, mtp=0, xsa_layers=[], attn_inputs=[], bigram_rows=0,
-            bigram_sign_rows=0, bigram_dim=0, bigram_in_x0=False,
+            bigram_sign_rows=0, bigram_dim=0, bigram_in_x0=False, ngram=replace(m.ngram, rows=0),
         )  # fmt: skip
     else:
         cfg = ModelConfig(

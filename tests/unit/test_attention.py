@@ -280,27 +280,28 @@ def test_cuda_flex_forward_and_backward_match_dense():
 # the backends inside the model (model helpers from tests/unit/test_architecture.py)
 
 
+#: the 2024 switches that touch attention, all on (each test adds its window and layout)
+EVERY_2024_SWITCH = dict(
+    document_mask=True,
+    window_granularity="block",
+    fused_qkv=True,
+    value_embeds="ends",
+    value_embed_tables=2,
+    value_mix="lambdas",
+    rope_half_truncated=True,
+    attn_scale=0.12,
+    unet=True,
+    x0_shortcut=True,
+)
+
+
 @pytest.mark.parametrize(
     "switches",
     [
         dict(document_mask=True),
         dict(document_mask=True, window=100, window_pattern="LSLSSL"),
         dict(window=256, window_granularity="block", window_pattern="LSSSSL", unet=True, x0_shortcut=True),
-        dict(
-            document_mask=True,
-            window=384,
-            window_granularity="block",
-            window_pattern="LSSLLS",
-            fused_qkv=True,
-            value_embeds="ends",
-            value_embed_tables=2,
-            value_mix="lambdas",
-            rope_half_truncated=True,
-            attn_scale=0.12,
-            no_attention_layers="3",
-            unet=True,
-            x0_shortcut=True,
-        ),
+        dict(EVERY_2024_SWITCH, window=384, window_pattern="LSSLLS", no_attention_layers="3"),
     ],
 )
 def test_flex_and_sdpa_backends_give_the_same_model(switches):
@@ -343,21 +344,7 @@ def test_window_schedule_changes_the_mask_without_recompiling():
 def test_cuda_compiled_flex_model_matches_dense_and_never_recompiles_for_new_windows():
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    switches = dict(
-        document_mask=True,
-        window=1024,
-        window_granularity="block",
-        window_pattern="LSSLSS",
-        fused_qkv=True,
-        value_embeds="ends",
-        value_embed_tables=2,
-        value_mix="lambdas",
-        unet=True,
-        x0_shortcut=True,
-        rope_half_truncated=True,
-        attn_scale=0.12,
-        max_seq_len=4096,
-    )
+    switches = dict(EVERY_2024_SWITCH, window=1024, window_pattern="LSSLSS", max_seq_len=4096)
     model = randomize(build_model(tiny(**switches))).cuda()
     x = docs_batch(4096).cuda()
     torch._dynamo.reset()  # an earlier test's compile of the same forward would make shapes dynamic here

@@ -206,6 +206,7 @@ def test_one_and_two_processes_make_the_same_choices_and_train_alike(text_data, 
                 assert y[key] == pytest.approx(x[key], rel=1e-4), (x, y)
 
 
+@pytest.mark.slow  # end to end: an ablation of several runs
 def test_ablate_trains_the_given_steps_and_arms_of_a_budget_train_the_baselines(text_data, tmp_path, capsys):
     """README: `ablate --recipe demo --set train.steps=60` trained 65 steps (the budget's plan); and each
     arm of a budgeted recipe planned its own count, so "vs baseline" mixed the switch with the steps."""

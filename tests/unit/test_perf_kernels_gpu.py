@@ -33,6 +33,19 @@ def test_the_compiled_gram_kernels_equal_their_twins_on_cuda():
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=5e-2)
 
 
+def assert_loss_and_gradient_equal(kernel, twin, logits, args, loss_atol, grad_atol):
+    """A CE kernel on bf16 logits against its plain twin on the same logits in fp32: the loss to rtol 1e-5,
+    the logits' gradient to one bf16 step."""
+    x = logits.clone().requires_grad_()
+    got = kernel(x, *args)
+    got.backward()
+    y = logits.float().requires_grad_()
+    want = twin(y, *args)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=loss_atol)
+    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=grad_atol)
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("mtp", [None, (1.0, 0.5, 0.25)])
@@ -51,14 +64,7 @@ def test_the_compiled_softcapped_ce_and_its_prefix_arm_equal_their_twins_on_cuda
         kernel, twin = softcapped_ce.softcapped_prefix_ce, head.softcapped_prefix_ce.plain
         extra = (table, torch.tensor(0.25, device="cuda"))
     args = (targets, weights, *extra, 11.5, 7.5, 5.0, False, False)
-    x = raw.clone().requires_grad_()
-    got = kernel(x, *args)
-    got.backward()
-    y = raw.float().requires_grad_()
-    want = twin(y, *args)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-9)
+    assert_loss_and_gradient_equal(kernel, twin, raw, args, loss_atol=1e-5, grad_atol=1e-9)
 
 
 @pytest.mark.gpu
@@ -93,14 +99,10 @@ def test_the_compiled_sampled_arm_equals_its_twin_on_cuda():
     pos = torch.randint(0, P, (1, 8192), device="cuda", generator=g)
     prefix_pos = torch.randint(-P // 4, P, (1, 8192), device="cuda", generator=g).clamp(min=-1)
     args = (pos, torch.tensor([1.0, 0.5], device="cuda"), prefix_pos, torch.tensor(0.25, device="cuda"))
-    x = logits.clone().requires_grad_()
-    got = softcapped_ce.sampled_softcapped_ce(x, *args, 11.5, 7.5, 5.0)
-    got.backward()
-    y = logits.float().requires_grad_()
-    want = sampled.sampled_softcapped_ce.plain(y, *args, 11.5, 7.5, 5.0)
-    want.backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
-    torch.testing.assert_close(x.grad.float(), y.grad, rtol=2**-7, atol=1e-6)
+    kernel, twin = softcapped_ce.sampled_softcapped_ce, sampled.sampled_softcapped_ce.plain
+    assert_loss_and_gradient_equal(
+        kernel, twin, logits, (*args, 11.5, 7.5, 5.0), loss_atol=1e-3, grad_atol=1e-6
+    )
 
 
 @pytest.mark.gpu
