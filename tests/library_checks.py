@@ -18,9 +18,9 @@ from tests import (
     overlap_check,
     recipe_matrix,
     sparse_rows_check,
-    test_anvil,
-    test_muon_distributed,
 )
+from tests.e2e import test_muon_distributed
+from tests.fidelity import test_anvil
 
 
 def run(folder: Path) -> None:
