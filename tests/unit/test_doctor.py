@@ -36,23 +36,8 @@ class FakeHost(Environment):
     libraries: tuple[str, ...] = (doctor.CUDART,)
     token_file: bool = False
 
-    def torch_build(self):
-        return self.build
-
-    def hf_token_file(self):
-        return self.token_file
-
     def gpus(self):
         return list(self.devices)
-
-    def driver_version(self):
-        return self.driver
-
-    def fa3(self):
-        return self.fa3_reason
-
-    def triton_version(self):
-        return self.triton
 
     def cache_dirs(self):
         return {"inductor": Path("/tmp/torchinductor_x"), "triton": Path("/home/x/.triton/cache")}
@@ -60,17 +45,16 @@ class FakeHost(Environment):
     def free_bytes(self, path):
         return self.free
 
-    def host_memory(self):
-        return self.ram
-
-    def shm_bytes(self):
-        return self.shm
-
-    def environ(self):
-        return self.env
-
     def has_library(self, soname):
         return soname in self.libraries
+
+
+#: the Environment methods without arguments that answer a field of the fake as it is
+for _method, _field in {
+    "torch_build": "build", "hf_token_file": "token_file", "driver_version": "driver", "fa3": "fa3_reason",
+    "triton_version": "triton", "host_memory": "ram", "shm_bytes": "shm", "environ": "env",
+}.items():  # fmt: skip
+    setattr(FakeHost, _method, lambda self, f=_field: getattr(self, f))
 
 
 def statuses(host: Environment, need=None) -> dict[str, tuple[str, str]]:
