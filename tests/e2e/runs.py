@@ -116,6 +116,8 @@ TABLE = [
         overrides=RESEARCH, seeds=(1, 2, 3), out="tiny", group="seed_runs"),
     Run("verify-seeds", "three demo runs differing only in train.seed, 6 timed steps",
         overrides=VERIFY, seeds=(1, 2, 3), out="r", group="verify_runs"),
+    Run("verify-resumable", "one such run with a checkpoint at steps 3 and 6 (test_verify's resumed starts)",
+        overrides=(*VERIFY, "train.checkpoint_every=3")),
     *(Run(f"foundation-{r}", f"{r} shrunk, 6 steps", recipe=r, overrides=FOUNDATION)
       for r in FOUNDATION_RECIPES),
     *(Run(f"demo-2026-{dtype}", f"demo-2026 shrunk, 8 steps in {dtype}", recipe="demo-2026", shrink="none",
