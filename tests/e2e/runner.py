@@ -64,12 +64,24 @@ def shrink(run: Run) -> list[str]:
     return []
 
 
-def arguments(run: Run, data: Path) -> list[str]:
-    """`speedrun train`'s arguments after `--out DIR`: the recipe, seeds, shrink, data and overrides."""
+def overrides(run: Run, data: Path) -> list[str]:
+    """The definition's key=value settings: the shrink, the test dataset, its own overrides."""
     eot = json.loads((data / "meta.json").read_text())["eot_id"]
+    return [*shrink(run), f"data.dir={data}", *(o.format(data=data, eot=eot) for o in run.overrides)]
+
+
+def arguments(run: Run, data: Path) -> list[str]:
+    """`speedrun train`'s arguments after `--out DIR`: the recipe, seeds and settings."""
     seeds = ["--seeds", ",".join(map(str, run.seeds))] if run.seeds else []
-    overrides = [o.format(data=data, eot=eot) for o in run.overrides]
-    return ["--recipe", run.recipe, *seeds, *shrink(run), f"data.dir={data}", *overrides]
+    return ["--recipe", run.recipe, *seeds, *overrides(run, data)]
+
+
+def config(name: str, data: Path, *extra: str):
+    """The resolved config of definition `name` (with `extra` overrides): for a test that calls the loop
+    itself (under a patch), on the run a definition describes."""
+    from speedrun.recipes import load_recipe
+
+    return load_recipe(RUNS[name].recipe, [*overrides(RUNS[name], data), *extra])
 
 
 def command(run: Run, out: Path, data: Path, *extra: str) -> list[str]:
