@@ -70,6 +70,13 @@ RESEARCH = (
 # test_verify: three seeds, every step timed
 VERIFY = ("train.steps=6", "train.warmdown_steps=2", "train.val_every=3", "train.timing_warmup_steps=0")
 
+# test_track3_runs: 6 timed steps; track3-2026-06's Tail-EMA (and #46's EMA-Nesterov) active within them
+TRACK3 = ("train.steps=6", "train.warmdown_steps=0", "train.val_every=3", "train.timing_warmup_steps=0")
+TAIL = (
+    "optim.tail_ema_start=2", "optim.tail_ema_end=5", "optim.tail_ema_tau=2",
+    "optim.ema_nesterov_start=1", "optim.ema_nesterov_end=5", "optim.power_cool_end=30",
+)
+
 # test_recipes_run: a foundation recipe, six steps at its own learning rates
 FOUNDATION = (
     "data.source=text:unused", "train.steps=6", "train.warmup_steps=0", "train.warmdown_steps=2",
@@ -124,6 +131,11 @@ TABLE = [
         overrides=VERIFY, seeds=(1, 2, 3), out="r", group="verify_runs"),
     Run("verify-resumable", "one such run with a checkpoint at steps 3 and 6 (test_verify's resumed starts)",
         overrides=(*VERIFY, "train.checkpoint_every=3")),
+    Run("track3-baseline", "track3-baseline at TINY's size, 6 timed steps, seeds 1 and 2",
+        recipe="track3-baseline", overrides=TRACK3, seeds=(1, 2), out="track3-baseline", group="track3_runs"),
+    Run("track3-2026-06", "track3-2026-06 at TINY's size with its Tail-EMA active, seeds 1 and 2",
+        recipe="track3-2026-06", overrides=(*TRACK3, *TAIL), seeds=(1, 2), out="track3-2026-06",
+        group="track3_runs"),
     *(Run(f"foundation-{r}", f"{r} shrunk, 6 steps", recipe=r, overrides=FOUNDATION)
       for r in FOUNDATION_RECIPES),
     *(Run(f"demo-2026-{dtype}", f"demo-2026 shrunk, 8 steps in {dtype}", recipe="demo-2026", shrink="none",
