@@ -89,6 +89,13 @@ def command(run: Run, out: Path, data: Path, *extra: str) -> list[str]:
     return ["train", "--out", str(out), *arguments(run, data), *extra]
 
 
+def launch_command(name: str, out: Path, data: Path, *extra: str) -> list[str]:
+    """The whole command line of definition `name` (`python -m speedrun ...`, or torchrun's with its
+    processes): for a test that starts it itself (to signal or kill it)."""
+    run = RUNS[name]
+    return speedrun_command(*command(run, out, data, *extra), nproc=run.processes if run.processes > 1 else 0)
+
+
 def cli(*args: str, processes: int = 1, child: bool = False) -> subprocess.CompletedProcess:
     """`speedrun ARGS` the one way: in this process, a child process, or torchrun with `processes`."""
     if processes > 1:

@@ -125,6 +125,11 @@ TABLE = [
     Run("demo-2", "the demo's micro-batch (its whole global batch) split over 2 processes, 2 steps",
         overrides=("train.global_batch_tokens=1024", "train.micro_batch_tokens=1024", "train.steps=2",
                    "train.warmdown_steps=1", "train.val_every=0"), processes=2),
+    Run("endless-2", "TINY's run on 2 processes for a million steps, started and killed by test_distributed"
+        " (runner.launch_command): never trained to its end", processes=2,
+        overrides=("train.steps=1000000", "train.warmdown_steps=4", "train.val_every=0")),
+    Run("two-steps-4", "2 steps on 4 gloo processes (test_distributed's exit code under load)",
+        overrides=("train.steps=2", "train.warmdown_steps=1", "train.val_every=0"), processes=4),
     Run("research-seeds", "three demo runs differing only in train.seed, 12 steps with a final checkpoint",
         overrides=RESEARCH, seeds=(1, 2, 3), out="tiny", group="seed_runs"),
     Run("verify-seeds", "three demo runs differing only in train.seed, 6 timed steps",
