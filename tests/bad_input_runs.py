@@ -1,5 +1,6 @@
-"""What the bad-input tests (tests/test_bad_inputs_*.py, docs/bad-inputs.md) share: the tiny run's
-overrides (FAST), the one-line checks of a failed command, and the tiny runs some files train once each."""
+"""What the bad-input tests (tests/e2e/test_bad_inputs_*.py, docs/bad-inputs.md) share: the tiny run's
+overrides (FAST), the one-line checks of a failed command. (The finished runs they read, and the damaged
+inputs several files make, are fixtures of tests/e2e/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -10,25 +11,9 @@ import stat
 import subprocess
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 from speedrun.cli import main
 from speedrun.config.stages import parse_stages
-from speedrun.data.shards import HEADER_BYTES
-from speedrun.recipes import load_recipe
 from tests.conftest import TINY, run_speedrun
-
-
-@pytest.fixture(scope="module")
-def finished(text_data, tmp_path_factory) -> Path:
-    """A finished tiny run with a checkpoint at every step (read-only: tests copy it to change it)."""
-    out = tmp_path_factory.mktemp("round3") / "run"
-    proc = run_speedrun(
-        "train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.checkpoint_every=1"
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 def copy_run(run: Path, dest: Path) -> Path:
@@ -68,15 +53,6 @@ def _edit_meta(folder: Path, edit) -> None:
 def _group_line(stdout: str) -> str:
     (line,) = [x for x in stdout.splitlines() if x.startswith("group ")]
     return line
-
-
-@pytest.fixture(scope="module")
-def uncheckpointed(text_data, tmp_path_factory) -> Path:
-    """A finished tiny run that saved no checkpoint (read-only: tests copy it to change it)."""
-    out = tmp_path_factory.mktemp("round3c") / "run"
-    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.val_every=1")
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 def _losses(run: Path) -> list[tuple]:
@@ -131,32 +107,6 @@ def error_line(proc, code: int, *words: str) -> str:
     return err
 
 
-@pytest.fixture
-def no_document_starts(data_copy) -> Path:
-    """The test data with every end-of-text token of the train shards replaced by another id."""
-    eot = json.loads((data_copy / "meta.json").read_text())["eot_id"]
-    for shard in data_copy.glob("*_train_*.bin"):
-        raw = bytearray(shard.read_bytes())
-        tokens = np.frombuffer(raw, dtype=np.uint16, offset=HEADER_BYTES).copy()
-        tokens[tokens == eot] = 5
-        shard.write_bytes(bytes(raw[:HEADER_BYTES]) + tokens.tobytes())
-    return data_copy
-
-
-@pytest.fixture
-def checkpoint(tmp_path) -> Path:
-    """A checkpoint of a tiny untrained model (save_checkpoint as the loop calls it)."""
-    import torch
-
-    from speedrun.model.gpt2024.model import GPT
-    from speedrun.train.run.checkpoint import save_checkpoint
-
-    cfg = load_recipe("demo", TINY)
-    return save_checkpoint(
-        tmp_path / "run", 4, GPT(cfg.model), {"step": 4, "x": torch.ones(1)}, cfg.to_dict(), 0
-    )
-
-
 FAST = [*TINY, "train.steps=3", "train.warmdown_steps=1", "train.val_every=0"]
 
 
@@ -175,13 +125,3 @@ LAUNCH_KEYS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 def _train(data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_speedrun("train", "--out", str(out), f"data.dir={data}", *FAST, *extra)
-
-
-@pytest.fixture
-def resumable(text_data, tmp_path) -> Path:
-    """A run stopped after step 3 of 6 with a checkpoint there (the step-6 checkpoint removed)."""
-    out = tmp_path / "run"
-    extra = ["train.steps=6", "train.checkpoint_every=3", "train.checkpoint_keep=0"]
-    assert _train(text_data, out, *extra).returncode == 0
-    shutil.rmtree(out / "checkpoints" / "step_000006")
-    return out

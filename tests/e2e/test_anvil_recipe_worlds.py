@@ -12,38 +12,18 @@ import shutil
 
 import pytest
 
-from speedrun.data.meta import load_meta
 from speedrun.train.run import checkpoint as ckpt
-from tests import two_processes
-from tests.conftest import run_speedrun
-from tests.recipe_matrix import shrink
+from tests.e2e import runner
 from tests.world_losses import assert_same, losses
 
-RECIPE = "anvil-2026-08"
+# The runs (tests/e2e/runs.py `anvil`, `anvil-2`): the shrunk record with its switches on the bpe:512 data, a
+# checkpoint every 4 steps; the 2-process one is a job of the suite's one launch.
+SHARED = runner.uses("anvil", "anvil-2")
 
 
-def args(data) -> list[str]:
-    eot = load_meta(data)["eot_id"]
-    own = [a for a in shrink(RECIPE) if not a.startswith(("model.vocab_size=", "model.eot_id="))]
-    return [
-        "--recipe", RECIPE, *own,
-        f"data.dir={data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
-        "model.head.prefix_loss_weight=0", "model.head.canonical_val_mask=false",
-        "train.log_every=1", "train.val_tokens=1024", "train.compile=off", "train.time_budget_s=0",
-        "train.budget_min_steps=0", "train.checkpoint_every=4", "train.checkpoint_keep=0",
-    ]  # fmt: skip
-
-
-two_processes.job("anvil-worlds", args)
-SHARED = two_processes.SHARED
-
-
-@pytest.fixture(scope="module")
-def runs(text_data, tmp_path_factory):
-    one = tmp_path_factory.mktemp("anvil") / "w1"
-    proc = run_speedrun("train", "--out", str(one), *args(text_data))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {1: one, 2: two_processes.run_dir("anvil-worlds", text_data, tmp_path_factory)}
+@pytest.fixture
+def runs(trained):
+    return {1: trained("anvil").folder, 2: trained("anvil-2").folder}
 
 
 @pytest.mark.slow
@@ -62,8 +42,8 @@ def test_saved_on_two_processes_it_resumes_on_one(runs, tmp_path):
     for path in ckpt.list_checkpoints(resumed):
         if ckpt.checkpoint_step(path) > 4:
             shutil.rmtree(path)
-    proc = run_speedrun("train", "--resume", str(resumed))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = runner.resume(resumed)
+    assert proc.code == 0, proc.stderr[-3000:]
     assert_same(losses(runs[2]), losses(resumed), first=5)
 
 
@@ -72,8 +52,8 @@ def test_too_few_sampled_candidates_for_a_micro_batch_end_in_one_line(text_data,
     data): the run ends with one line naming the setting and its remedy (before: a 40-line traceback)."""
     few = "train.stages=tokens=512 windows=1/1 frac=1/2 sampled=16; tokens=512 windows=1/2 frac=1/2; " \
           "tokens=512 windows=1/2 ext=0"  # fmt: skip
-    proc = run_speedrun("train", "--out", str(tmp_path / "run"), *args(text_data), few)
-    assert proc.returncode == 1, proc.stderr[-2000:]
+    proc = runner.execute("anvil", tmp_path / "run", text_data, few)  # the run, with the stages changed
+    assert proc.code == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         "speedrun: error: a micro-batch has more distinct targets"

@@ -4,6 +4,7 @@ Every case runs the real CLI in a subprocess, as a user would.
 """
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -148,11 +149,9 @@ def test_training_that_diverges_keeps_the_last_good_checkpoint(text_data, tmp_pa
 
 
 @pytest.fixture
-def finished_run(text_data, tmp_path) -> Path:
-    out = tmp_path / "finished"
-    proc = train(text_data, out, "train.checkpoint_at_end=true")
-    assert proc.returncode == 0, proc.stderr
-    return out
+def finished_run(finished, tmp_path) -> Path:
+    """A copy (to damage) of the finished 3-step run with its last checkpoint (runs.py `finished`)."""
+    return shutil.copytree(finished, tmp_path / "finished")
 
 
 def test_resume_of_a_finished_run(finished_run):

@@ -16,7 +16,6 @@ import pytest
 from speedrun.cli import main
 from speedrun.config.data import parse_fineweb_source
 from speedrun.errors import ConfigError, DataError
-from tests import bad_input_runs
 from tests.bad_input_runs import (
     FAST,
     SHORT,
@@ -29,9 +28,6 @@ from tests.bad_input_runs import (
     one_line,
 )
 from tests.conftest import TINY, run_speedrun
-
-finished = bad_input_runs.finished  # a fixture (a module-scoped one trains once per file)
-no_document_starts = bad_input_runs.no_document_starts  # a fixture (a module-scoped one trains once per file)
 
 
 def test_prepare_into_a_link_to_a_folder_fills_the_folder_and_keeps_the_link(tmp_path):

@@ -14,13 +14,8 @@ import pytest
 
 from speedrun.config import Config
 from speedrun.errors import DataError
-from tests import bad_input_runs
 from tests.bad_input_runs import FAST, _losses, copy_run, one_line
 from tests.conftest import run_speedrun
-
-finished = bad_input_runs.finished  # a fixture (a module-scoped one trains once per file)
-resumable = bad_input_runs.resumable  # a fixture (a module-scoped one trains once per file)
-uncheckpointed = bad_input_runs.uncheckpointed  # a fixture (a module-scoped one trains once per file)
 
 
 def test_resume_never_truncates_what_a_linked_lock_file_points_to(finished, tmp_path):

@@ -15,7 +15,6 @@ import pytest
 from speedrun import atomic
 from speedrun.errors import SpeedrunError
 from speedrun.recipes import load_recipe
-from tests import bad_input_runs
 from tests.bad_input_runs import (
     FAST,
     SHORT,
@@ -29,9 +28,6 @@ from tests.bad_input_runs import (
     one_line,
 )
 from tests.conftest import TINY, run_speedrun
-
-checkpoint = bad_input_runs.checkpoint  # a fixture (a module-scoped one trains once per file)
-finished = bad_input_runs.finished  # a fixture (a module-scoped one trains once per file)
 
 
 def test_files_we_write_never_follow_or_replace_links_pipes_or_devices(tmp_path):

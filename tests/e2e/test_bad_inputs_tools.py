@@ -13,18 +13,6 @@ from speedrun.tools.stats import below_target_test
 from tests.bad_input_runs import FAST, one_line
 from tests.conftest import TINY, run_speedrun
 
-
-@pytest.fixture(scope="module")
-def finished(text_data, tmp_path_factory) -> Path:
-    """A finished tiny run with a final checkpoint (read-only: tests copy it before changing it)."""
-    out = tmp_path_factory.mktemp("more") / "run"
-    proc = run_speedrun(
-        "train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.checkpoint_at_end=true"
-    )
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 # ------------------------------------------------------------------------------------ sample / bench
 
 

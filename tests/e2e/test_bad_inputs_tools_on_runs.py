@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from speedrun.cli import main
-from tests import bad_input_runs
 from tests.bad_input_runs import (
     FAST,
     REPORTS,
@@ -23,9 +22,6 @@ from tests.bad_input_runs import (
     one_line,
 )
 from tests.conftest import TINY, another_run, run_speedrun
-
-finished = bad_input_runs.finished  # a fixture (a module-scoped one trains once per file)
-uncheckpointed = bad_input_runs.uncheckpointed  # a fixture (a module-scoped one trains once per file)
 
 
 def test_compare_plot_and_bench_json_onto_a_link_or_fifo(finished, tmp_path):

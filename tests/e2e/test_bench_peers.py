@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY, read_metrics, run_speedrun
+from tests.conftest import read_metrics
+from tests.e2e import runner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_peers.py"
@@ -30,16 +31,13 @@ def _load():
 bp = _load()
 
 
-@pytest.fixture(scope="module")
-def tiny_run(text_data, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("peers") / "run"
-    r = run_speedrun(
-        "train", "--out", str(run), f"data.dir={text_data}", *TINY, "train.checkpoint_at_end=true"
-    )
-    assert r.returncode == 0, r.stderr
-    return run
+@pytest.fixture
+def tiny_run(trained) -> Path:
+    """TINY's 30 steps with a final checkpoint (runs.py `tiny`, test_cli's run folder too)."""
+    return trained("tiny").folder
 
 
+@runner.uses("tiny")
 def test_evaluator_matches_the_bpb_the_run_logged(tiny_run, text_data):
     """Scored over the tokens the run validated on, the evaluator's NLL and bpb are the run's own final
     val loss x tokens and val bpb (computed by the package's evaluate: another code path, fp32 loss)."""

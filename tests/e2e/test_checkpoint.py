@@ -15,20 +15,9 @@ from speedrun.errors import DataError, SpeedrunError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.run import checkpoint as ckpt
-from tests import two_processes
-from tests.conftest import TINY, TINY_ADAMW, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
-
-# fp32 on CPU: a resumed run must reproduce the uninterrupted one bit for bit.
-RESUMABLE = [
-    *TINY,
-    "train.dtype=fp32",
-    "train.steps=12",
-    "train.warmdown_steps=4",
-    "train.val_every=4",
-    "train.checkpoint_every=3",
-    "train.checkpoint_keep=0",
-    "train.checkpoint_at_end=true",
-]
+from tests.conftest import TINY, TINY_ADAMW, read_metrics, speedrun_command, wait_for_metrics
+from tests.e2e import runner
+from tests.e2e.runs import RUNS
 
 
 def losses(records: list[dict]) -> list[tuple]:
@@ -47,29 +36,23 @@ def rewind(run_dir: Path, copy: Path, step: int) -> None:
             shutil.rmtree(path)
 
 
-# Tests that share the runs below run on one pytest-xdist worker (--dist loadgroup), so each run is
-# trained once per suite; the two-process tests run on the worker of the suite's one torchrun launch
-# (where the one-process run, ~2 s, is trained once more).
-SHARED_RUNS = pytest.mark.xdist_group("checkpoint_runs")
+# The runs of tests/e2e/runs.py these tests read: `resumable` (12 fp32 steps on one process, a checkpoint
+# every 3: a resumed run must reproduce it bit for bit) and `resumable-2` (the same on 2 gloo processes, in
+# the suite's one torchrun launch). Their tests share that launch's pytest-xdist worker: each trains once.
+SHARED_RUNS = runner.uses("resumable", "resumable-2")
 
 
-@pytest.fixture(scope="module")
-def straight_run(text_data, tmp_path_factory) -> Path:
+@pytest.fixture
+def straight_run(trained) -> Path:
     """The uninterrupted run, on one process (2 micro-batches accumulated per step)."""
-    out = tmp_path_factory.mktemp("straight") / "run"
-    proc = run_speedrun("train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE)
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return trained("resumable").folder
 
 
-two_processes.job("checkpoint", lambda data: [f"data.dir={data}", *RESUMABLE])
-
-
-@pytest.fixture(scope="module")
-def two_process_run(text_data, tmp_path_factory) -> Path:
+@pytest.fixture
+def two_process_run(trained) -> Path:
     """The same run on 2 gloo processes under torchrun (1 micro-batch each per step), in the suite's
     one launch (tests/two_processes.py)."""
-    return two_processes.run_dir("checkpoint", text_data, tmp_path_factory)
+    return trained("resumable-2").folder
 
 
 @pytest.mark.slow
@@ -78,10 +61,8 @@ def two_process_run(text_data, tmp_path_factory) -> Path:
 def test_resume_reproduces_the_uninterrupted_run_exactly(straight_run, tmp_path, at_step):
     resumed = tmp_path / "resumed"
     rewind(straight_run, resumed, at_step)
-    proc = run_speedrun(
-        "train", "--resume", str(resumed), "train.log_every=2"
-    )  # a harmless change is allowed ...
-    assert proc.returncode == 0, proc.stderr
+    proc = runner.resume(resumed, "train.log_every=2")  # a harmless change is allowed ...
+    assert proc.code == 0, proc.stderr
     assert "resume: train.log_every changed from 1 to 2" in proc.stdout  # ... and reported
     after = read_metrics(resumed)
     straight = read_metrics(straight_run)
@@ -97,9 +78,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(straight_run, tmp_path,
 @SHARED_RUNS
 def test_sigterm_saves_and_resume_finishes_like_the_uninterrupted_run(straight_run, text_data, tmp_path):
     out = tmp_path / "run"
-    args = speedrun_command(
-        "train", "--out", str(out), f"data.dir={text_data}", *RESUMABLE, "train.checkpoint_every=0"
-    )
+    args = speedrun_command(*runner.command(RUNS["resumable"], out, text_data, "train.checkpoint_every=0"))
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_metrics(out, 4)
     proc.send_signal(signal.SIGTERM)
@@ -108,8 +87,8 @@ def test_sigterm_saves_and_resume_finishes_like_the_uninterrupted_run(straight_r
     assert f"resume with: speedrun train --resume {out}" in stderr and "Traceback" not in stderr
     stopped_at = int(ckpt.list_checkpoints(out)[-1].name.split("_")[1])
     assert 0 < stopped_at < 12
-    resumed = run_speedrun("train", "--resume", str(out))
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = runner.resume(out)
+    assert resumed.code == 0, resumed.stderr
     assert losses(read_metrics(out)) == losses(read_metrics(straight_run))
 
 
@@ -166,7 +145,7 @@ def test_tied_weights_round_trip(tmp_path):
 
 
 @pytest.mark.slow
-@two_processes.SHARED
+@SHARED_RUNS
 def test_two_processes_train_exactly_like_one_process_with_accumulation(straight_run, two_process_run):
     """World-size invariance through the whole loop (loader shards, DDP, Muon's distributed update,
     validation, checkpoints). fp32, so the only possible difference is rounding: DDP averages two
@@ -188,15 +167,15 @@ def test_two_processes_train_exactly_like_one_process_with_accumulation(straight
 
 
 @pytest.mark.slow
-@two_processes.SHARED
+@SHARED_RUNS
 def test_saved_on_two_processes_resumes_on_one_like_the_uninterrupted_run(two_process_run, tmp_path):
     """The checkpoint does not depend on the world size (the DDP path; the sharded optimizer's resume
     on 1 and 4 processes is tests/e2e/test_normuon_worlds.py). Resumed in this process: a second torchrun
     launch would cost ~13 s of a 2-core host. Same bound as the 1-vs-2-process test above."""
     resumed = tmp_path / "resumed"
     rewind(two_process_run, resumed, 6)
-    proc = run_speedrun("train", "--resume", str(resumed))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = runner.resume(resumed)
+    assert proc.code == 0, proc.stderr[-2000:]
     after, before = losses(read_metrics(resumed)), losses(read_metrics(two_process_run))
     assert [r[:2] for r in after] == [r[:2] for r in before]
     assert [r[2] for r in after] == pytest.approx([r[2] for r in before], rel=1e-6, abs=0)

@@ -8,16 +8,16 @@ import pytest
 
 from speedrun.cli import main
 from tests.conftest import TINY, run_speedrun
+from tests.e2e import runner
 
 
 @pytest.mark.slow
-def test_tiny_run_writes_run_directory_and_learns(text_data, tmp_path):
-    out = tmp_path / "run"
-    # in a child process, as a user runs it: the one test of `python -m speedrun` end to end
-    proc = run_speedrun(
-        "train", "--out", str(out), f"data.dir={text_data}", *TINY, subprocess_=True
-    )  # as a user runs it
-    assert proc.returncode == 0, proc.stderr
+@runner.uses("tiny")
+def test_tiny_run_writes_run_directory_and_learns(trained):
+    # in a child process, as a user runs it: the one test of `python -m speedrun` end to end (runs.py `tiny`)
+    proc = trained("tiny")
+    out = proc.folder
+    assert proc.code == 0, proc.stderr
     assert {"config.json", "metrics.jsonl", "log.txt"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["n_layer"] == 2 and config["train"]["steps"] == 30

@@ -5,7 +5,6 @@ a CPU without fast bf16, and trains a few steps shrunk (fp32 and bf16 autocast).
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -75,19 +74,9 @@ def test_a_cpu_without_fast_bf16_trains_it_in_fp32_with_nothing_in_bf16(monkeypa
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_it_trains_a_few_steps_shrunk(dtype, text_data, tmp_path):
-    from speedrun.train import loop
-
-    eot = json.loads((text_data / "meta.json").read_text())["eot_id"]
-    over = [f"data.dir={text_data}", "data.tokenizer=bpe:512", "model.vocab_size=512", f"model.eot_id={eot}",
-            "model.n_embd=64", "model.n_head=2", "model.bigram_rows=2048", "model.bigram_sign_rows=64",
-            "model.max_seq_len=1024", "model.window=256", "train.seq_len=1024",
-            "train.micro_batch_tokens=1024", "train.global_batch_tokens=1024", "train.steps=8",
-            "train.warmdown_steps=2", "train.val_every=4",
-            "train.val_tokens=2048", "train.time_budget_s=0", "train.budget_min_steps=0",
-            "train.timing_warmup_steps=0", f"train.dtype={dtype}"]  # fmt: skip
-    summary = loop.train(load_recipe(RECIPE, over), tmp_path / "run")
-    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    val = [r["val_loss"] for r in records if "val_loss" in r]
+def test_it_trains_a_few_steps_shrunk(dtype, trained):
+    """runs.py `demo-2026-DTYPE`: 8 steps at n_embd 64 on the bpe:512 data, validated every 4."""
+    run = trained(f"demo-2026-{dtype}")
+    val = [r["val_loss"] for r in run.metrics if "val_loss" in r]
     assert len(val) == 3 and all(math.isfinite(v) for v in val) and val[-1] < val[0], val
-    assert summary["precision"]["dtype"] == dtype and summary["steps"] == 8
+    assert run.summary["precision"]["dtype"] == dtype and run.summary["steps"] == 8

@@ -7,23 +7,14 @@ import subprocess
 
 import pytest
 
-from tests.conftest import TINY, read_metrics, speedrun_command, wait_for_metrics
+from tests.conftest import read_metrics, wait_for_metrics
+from tests.e2e import runner
 
 
 @pytest.mark.slow
 def test_a_dying_rank_stops_the_whole_run_instead_of_hanging(text_data, tmp_path):
     out = tmp_path / "run"
-    cmd = speedrun_command(
-        "train",
-        "--out",
-        str(out),
-        f"data.dir={text_data}",
-        *TINY,
-        "train.steps=1000000",
-        "train.warmdown_steps=4",
-        "train.val_every=0",
-        nproc=2,
-    )
+    cmd = runner.launch_command("endless-2", out, text_data)
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_metrics(out, 5)  # both ranks are inside the training loop
@@ -53,8 +44,7 @@ def test_a_finished_four_process_run_exits_zero_under_load(text_data, tmp_path):
     try:
         for i in range(2):
             out = tmp_path / f"run{i}"
-            short = [f"data.dir={text_data}", "train.steps=2", "train.warmdown_steps=1", "train.val_every=0"]
-            cmd = speedrun_command("train", "--out", str(out), *TINY, *short, nproc=4)
+            cmd = runner.launch_command("two-steps-4", out, text_data)
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             assert "done:" in proc.stdout + proc.stderr, proc.stderr[-3000:]
             assert proc.returncode == 0, (i, proc.stderr[-3000:])
@@ -69,10 +59,7 @@ def test_the_survivor_of_a_killed_rank_says_one_line_with_the_checkpoint_to_resu
     or multi-node launch): the survivor meets the death first, in a collective. It says one line naming the
     collective's error, the newest checkpoint and `--resume` (before: a 24-line gloo traceback)."""
     out = tmp_path / "run"
-    cmd = speedrun_command(
-        "train", "--out", str(out), f"data.dir={text_data}", *TINY, "train.steps=1000000",
-        "train.warmdown_steps=4", "train.val_every=0", "train.checkpoint_every=3", nproc=2,
-    )  # fmt: skip
+    cmd = runner.launch_command("endless-2", out, text_data, "train.checkpoint_every=3")
     cmd.insert(cmd.index("--standalone"), "--monitor-interval=30")
     launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

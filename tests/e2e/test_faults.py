@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from speedrun.cli import main
-from speedrun.recipes import load_recipe
 from speedrun.train.run import checkpoint as ckpt
 from speedrun.train.run import rundir
 from tests.conftest import TINY, read_metrics, run_speedrun, speedrun_command, wait_for_metrics
+from tests.e2e import runner
+from tests.e2e.runs import RUNS
 from tests.e2e.test_checkpoint import losses
 
 
@@ -95,15 +96,7 @@ def test_training_on_a_disk_that_fills(tiny_fs, text_data):
 
 # ------------------------------------------------------------------------------------ kill and resume
 
-KILLABLE = [
-    *TINY,
-    "train.dtype=fp32",  # bit-exact resume on CPU
-    "train.steps=9",  # no checkpoint at the last step: a kill during the final validation is resumable
-    "train.warmdown_steps=3",
-    "train.val_every=4",
-    "train.checkpoint_every=2",
-    "train.checkpoint_keep=2",
-]
+# the run killed and resumed: runs.py `killable` (9 fp32 steps, a checkpoint every 2, none at the last step)
 
 
 class Killed(BaseException):
@@ -151,15 +144,13 @@ def _train(cfg, out: Path, resume: bool) -> None:
 
 
 # the two kill tests share the uninterrupted run: one pytest-xdist worker trains it once
-STRAIGHT = pytest.mark.xdist_group("faults_straight")
+STRAIGHT = runner.uses("killable")
 
 
-@pytest.fixture(scope="module")
-def straight_losses(text_data, tmp_path_factory) -> list[tuple]:
-    """The losses of the uninterrupted run (`speedrun train` with KILLABLE), trained once per module."""
-    straight = tmp_path_factory.mktemp("straight") / "run"
-    _train(load_recipe("demo", [*KILLABLE, f"data.dir={text_data}"]), straight, resume=False)
-    return losses(read_metrics(straight))
+@pytest.fixture
+def straight_losses(trained) -> list[tuple]:
+    """The losses of the uninterrupted run (`speedrun train`, runs.py `killable`)."""
+    return losses(trained("killable").metrics)
 
 
 @pytest.mark.slow
@@ -167,7 +158,7 @@ def straight_losses(text_data, tmp_path_factory) -> list[tuple]:
 def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(
     text_data, tmp_path, capsys, straight_losses
 ):
-    cfg = load_recipe("demo", [*KILLABLE, f"data.dir={text_data}"])
+    cfg = runner.config("killable", text_data)
 
     # which kinds of write the kills hit depends on how many writes a segment makes: a new log line can
     # shift them (seed 11 stopped reaching a rename when the speed layer's two lines came, so 13)
@@ -195,9 +186,9 @@ def test_killed_at_random_writes_resume_always_matches_the_uninterrupted_run(
 @pytest.mark.slow
 @STRAIGHT
 def test_real_sigkills_during_writes_then_resume(text_data, tmp_path, straight_losses):
-    args = [f"data.dir={text_data}", *KILLABLE]
     out = tmp_path / "run"
-    proc = subprocess.Popen(speedrun_command("train", "--out", str(out), *args), stdout=subprocess.DEVNULL)
+    args = runner.command(RUNS["killable"], out, text_data)
+    proc = subprocess.Popen(speedrun_command(*args), stdout=subprocess.DEVNULL)
     wait_for_metrics(out, 4)  # inside the loop
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

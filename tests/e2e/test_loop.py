@@ -14,8 +14,8 @@ from speedrun.errors import ConfigError
 from speedrun.recipes import load_recipe
 from speedrun.train.plan.run_data import micro_batch_tokens
 from speedrun.train.timing import StepClock
-from tests import two_processes
 from tests.conftest import TINY, read_metrics
+from tests.e2e import runner
 
 FAST = [*TINY, "train.steps=4", "train.warmdown_steps=1", "train.val_every=0"]
 
@@ -64,18 +64,15 @@ def test_damaged_validation_data_fails_before_the_first_step(text_data, tmp_path
 
 def test_resume_finishes_a_run_killed_during_its_final_validation(text_data, tmp_path):
     out = tmp_path / "run"
-    assert (
-        main(["train", "--out", str(out), f"data.dir={text_data}", *FAST, "train.checkpoint_at_end=true"])
-        == 0
-    )
+    assert runner.execute("four-steps", out, text_data).code == 0
     complete = read_metrics(out)
     assert "val_loss" in complete[-1] and complete[-1]["step"] == 4
     metrics = out / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in complete[:-1]))  # killed before it was written
-    assert main(["train", "--resume", str(out)]) == 0
+    assert runner.resume(out).code == 0
     assert read_metrics(out) == complete[:-1] + [{**complete[-1], "time_s": read_metrics(out)[-1]["time_s"]}]
     assert read_metrics(out)[-1]["val_loss"] == complete[-1]["val_loss"]
-    assert main(["train", "--resume", str(out)]) == 1  # now it is finished
+    assert runner.resume(out).code == 1  # now it is finished
 
 
 def test_clock_counts_only_timed_intervals_and_survives_a_resume():
@@ -94,25 +91,12 @@ def test_clock_counts_only_timed_intervals_and_survives_a_resume():
     assert resumed.mean_step_s() == clock.timed_s / 4
 
 
-two_processes.job(
-    "demo",
-    lambda data: [
-        f"data.dir={data}",
-        *(o for o in TINY if "batch_tokens" not in o),  # the demo's 1 x global
-        "train.global_batch_tokens=1024",
-        "train.micro_batch_tokens=1024",
-        "train.steps=2",
-        "train.warmdown_steps=1",
-        "train.val_every=0",
-    ],  # fmt: skip
-)
-
-
 @pytest.mark.slow
-@two_processes.SHARED
-def test_demo_trains_under_torchrun_with_two_processes_without_overrides(text_data, tmp_path_factory):
-    """The demo's micro-batch (the whole global batch) is split over 2 processes (tests/two_processes.py)."""
-    out = two_processes.run_dir("demo", text_data, tmp_path_factory)
+@runner.uses("demo-2")
+def test_demo_trains_under_torchrun_with_two_processes_without_overrides(trained):
+    """The demo's micro-batch (the whole global batch) is split over 2 processes (runs.py `demo-2`, in
+    tests/two_processes.py's launch)."""
+    out = trained("demo-2").folder
     assert "2 processes x 1 micro-steps x 512 tokens" in (out / "log.txt").read_text()
     assert Path(out / "config.json").exists()
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2  # what `verify` compares

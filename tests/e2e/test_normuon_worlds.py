@@ -11,37 +11,18 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from speedrun.train.run import checkpoint as ckpt
-from tests import two_processes
-from tests.conftest import TINY, run_speedrun, speedrun_command
+from tests.e2e import runner
 from tests.world_losses import assert_same, losses
 
-SETTINGS = [
-    *TINY,
-    "train.dtype=fp32",
-    "train.micro_batch_tokens=256",  # 4 sequences of 64 per step: 4 x 1, 2 x 2 or 1 x 4 micro-batches
-    "train.global_batch_tokens=1024",
-    "train.steps=12",
-    "train.warmdown_steps=4",
-    "train.val_every=4",
-    "train.checkpoint_every=3",
-    "train.checkpoint_keep=0",
-    "optim.muon_momentum_warmup_steps=4",
-    "optim.muon_momentum_cooldown_steps=3",
-    "optim.tie_until=8",
-    "optim.embed_lr=0.02",
-    "optim.head_lr=0.02",
-    "optim.muon_qk_block_heads=1",  # per-head Q/K blocks (#80 pairs; TINY has 2 heads): a second bank
-    "optim.mlp_proj_lr_mul=2.0",  # HEAD's per-matrix multiplier
-]
-
-
-SHARED = two_processes.SHARED  # the 2-process run is a job of the suite's one launch
+# The runs (tests/e2e/runs.py `normuon`, `normuon-2`): demo-normuon with every new switch on, 12 fp32 steps
+# of 4 sequences (4 x 1, 2 x 2 or 1 x 4 micro-batches), a checkpoint every 3 steps; the 2-process one is a
+# job of the suite's one launch.
+SHARED = runner.uses("normuon", "normuon-2")
 
 
 def state_bytes(run: Path) -> int:
@@ -51,25 +32,10 @@ def state_bytes(run: Path) -> int:
     return int(found[-1].replace(",", ""))
 
 
-def launch(*args: str, nproc: int) -> subprocess.CompletedProcess:
-    """run_speedrun, with a longer limit for torchrun: on a loaded 2-core host, 4 processes start up
-    (imports, the MFU matmul-peak measurement) in about 400 s."""
-    if not nproc:
-        return run_speedrun(*args)
-    return subprocess.run(speedrun_command(*args, nproc=nproc), capture_output=True, text=True, timeout=1500)
-
-
-TRAIN = ("--recipe", "demo-normuon")
-two_processes.job("normuon-worlds", lambda data: [*TRAIN, f"data.dir={data}", *SETTINGS])
-
-
-@pytest.fixture(scope="module")
-def runs(text_data, tmp_path_factory) -> dict[int, Path]:
+@pytest.fixture
+def runs(trained) -> dict[int, Path]:
     """The run on one process (in this one) and on two (in the suite's one torchrun launch)."""
-    one = tmp_path_factory.mktemp("normuon") / "w0"
-    proc = run_speedrun("train", *TRAIN, "--out", str(one), f"data.dir={text_data}", *SETTINGS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {0: one, 2: two_processes.run_dir("normuon-worlds", text_data, tmp_path_factory)}
+    return {0: trained("normuon").folder, 2: trained("normuon-2").folder}
 
 
 @pytest.mark.slow
@@ -91,8 +57,8 @@ def test_saved_on_two_resumes_on_one_and_four(runs, nproc, tmp_path):
     for path in ckpt.list_checkpoints(resumed):
         if ckpt.checkpoint_step(path) > 3:
             shutil.rmtree(path)
-    proc = launch("train", "--resume", str(resumed), nproc=nproc)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = runner.resume(resumed, processes=max(nproc, 1))
+    assert proc.code == 0, proc.stderr[-3000:]
     assert_same(losses(runs[2]), losses(resumed), first=4)
     if nproc == 4:
         assert state_bytes(resumed) < 0.35 * state_bytes(runs[0])  # each of 4 ranks holds about 1/4

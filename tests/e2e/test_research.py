@@ -19,16 +19,11 @@ from speedrun.tools.results import load_run
 from speedrun.tools.runs import load_model, run_tokenizer
 from speedrun.tools.stats import below_target_test
 from tests.conftest import TINY, read_metrics
+from tests.e2e import runner
+from tests.e2e.runs import RESEARCH
 from tests.model_refs import generate_uncached
 
 SEEDS = (1, 2, 3)
-FAST = [
-    "train.steps=12",
-    "train.warmdown_steps=4",
-    "train.val_every=4",
-    "train.dtype=fp32",
-    "train.checkpoint_at_end=true",
-]
 
 
 def copy_with_config(run: Path, copy: Path, edit) -> Path:
@@ -41,16 +36,14 @@ def copy_with_config(run: Path, copy: Path, edit) -> Path:
 
 
 # the tests that read these runs share one pytest-xdist worker (--dist loadgroup): trained once
-SEED_RUNS = pytest.mark.xdist_group("seed_runs")
+SEED_RUNS = runner.uses("research-seeds")
 
 
-@pytest.fixture(scope="module")
-def seed_runs(tmp_path_factory, text_data):
-    """Three tiny demo runs differing only in train.seed, trained in-process (about 2 s each)."""
-    root = tmp_path_factory.mktemp("seeds")
-    args = ["train", "--recipe", "demo", "--out", str(root / "tiny"), "--seeds", "1,2,3"]
-    assert main([*args, *TINY, *FAST, f"data.dir={text_data}"]) == 0
-    return [root / f"tiny-seed{s}" for s in SEEDS]
+@pytest.fixture
+def seed_runs(trained):
+    """Three tiny demo runs differing only in train.seed, trained in-process (runs.py `research-seeds`:
+    12 fp32 steps with a final checkpoint, about 2 s each)."""
+    return trained("research-seeds").folders
 
 
 @pytest.mark.slow
@@ -240,7 +233,7 @@ def test_compare_reports_and_plots_the_flops_axis(seed_runs, tmp_path, capsys, m
     from speedrun.tools.flops import flops_per_token, train_flops
     from speedrun.train.flops import config_model, run_flops
 
-    cfg = load_recipe("demo", [*TINY, *FAST])
+    cfg = load_recipe("demo", [*TINY, *RESEARCH])  # the seed runs' config
     total = run_flops(config_model(cfg), cfg, 12)  # Σ tokens × each step's count
     per_token = total / (12 * 1024)
     summary = json.loads((seed_runs[0] / "summary.json").read_text())

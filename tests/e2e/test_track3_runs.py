@@ -13,30 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedrun.cli import main
 from speedrun.config.files import flatten
 from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.tools.results import load_runs
 from speedrun.tools.verify import TRACK3_FIXED, verify
 from tests.conftest import TINY, read_metrics
+from tests.e2e import runner
+from tests.e2e.runs import TAIL, TRACK3
 
-pytestmark = pytest.mark.xdist_group("track3_runs")
-FAST = ["train.steps=6", "train.warmdown_steps=0", "train.val_every=3", "train.timing_warmup_steps=0"]
-TAIL = ["optim.tail_ema_start=2", "optim.tail_ema_end=5", "optim.tail_ema_tau=2"]  # active in 6 steps
-TAIL += ["optim.ema_nesterov_start=1", "optim.ema_nesterov_end=5", "optim.power_cool_end=30"]  # #46's too
+RECIPES = ("track3-baseline", "track3-2026-06")
+pytestmark = runner.uses(*RECIPES)  # runs.py's definitions of the same names, trained once
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, text_data) -> dict[str, list[Path]]:
-    root = tmp_path_factory.mktemp("track3")
-    out = {}
-    for recipe in ("track3-baseline", "track3-2026-06"):
-        extra = TAIL if recipe == "track3-2026-06" else []
-        args = ["train", "--recipe", recipe, "--out", str(root / recipe), "--seeds", "1,2"]
-        assert main([*args, *TINY, *FAST, *extra, f"data.dir={text_data}"]) == 0
-        out[recipe] = [root / f"{recipe}-seed{s}" for s in (1, 2)]
-    return out
+@pytest.fixture
+def runs(trained) -> dict[str, list[Path]]:
+    """Each recipe shrunk, seeds 1 and 2 (runs.py `track3-baseline`, `track3-2026-06`: 6 timed steps)."""
+    return {recipe: trained(recipe).folders for recipe in RECIPES}
 
 
 def rules(paths: list[Path], target: float) -> dict[str, tuple[str, str]]:
@@ -84,7 +77,7 @@ def test_a_run_with_the_baselines_model_data_and_batch_passes_the_fixed_rule(run
 def test_tail_ema_readout_is_what_validation_sees(runs):
     """After the tail starts, `readout()` (which the loop wraps around validation) evaluates the blend,
     not the weights, and puts the weights back; the step count and EMA travel in the optimizer state."""
-    cfg = load_recipe("track3-2026-06", [*TINY, *FAST, *TAIL])
+    cfg = load_recipe("track3-2026-06", [*TINY, *TRACK3, *TAIL])
     from speedrun.model.gpt2024.model import GPT
 
     torch.manual_seed(0)

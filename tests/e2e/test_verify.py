@@ -15,20 +15,16 @@ from speedrun.tools.results import load_runs
 from speedrun.tools.verify import verify
 from speedrun.train.run.environment import DIFF_END, DIFF_START, code_version
 from speedrun.train.run.tracking import hardware_name
-from tests.conftest import TINY, read_metrics
+from tests.conftest import read_metrics
+from tests.e2e import runner
 
-SEEDS = (1, 2, 3)
-FAST = ["train.steps=6", "train.warmdown_steps=2", "train.val_every=3", "train.timing_warmup_steps=0"]
-pytestmark = pytest.mark.xdist_group("verify_runs")  # one worker trains the runs once
+pytestmark = runner.uses("verify-seeds")  # one worker trains the runs once
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, text_data) -> list[Path]:
-    """Three tiny demo runs that differ only in train.seed (about 1 s in all)."""
-    root = tmp_path_factory.mktemp("verify")
-    args = ["train", "--recipe", "demo", "--out", str(root / "r"), "--seeds", "1,2,3"]
-    assert main([*args, *TINY, *FAST, f"data.dir={text_data}"]) == 0
-    return [root / f"r-seed{s}" for s in SEEDS]
+@pytest.fixture
+def runs(trained) -> list[Path]:
+    """Three tiny demo runs that differ only in train.seed (runs.py `verify-seeds`, about 1 s in all)."""
+    return trained("verify-seeds").folders
 
 
 def copies(runs: list[Path], dst: Path, edit=None, which: int | None = None) -> list[Path]:
@@ -313,10 +309,10 @@ def train_and_resume(root: Path, text_data: Path, first: int, then: int) -> Path
     """A 6-step run with train.timing_warmup_steps=`first`, rewound to its step-3 checkpoint and resumed
     with `then`: the resumed config.json says only `then`."""
     run = root / "run"
-    args = ["train", "--recipe", "demo", "--out", str(run), *TINY, *FAST[:3], f"data.dir={text_data}"]
-    assert main([*args, f"train.timing_warmup_steps={first}", "train.checkpoint_every=3"]) == 0
+    started = runner.execute("verify-resumable", run, text_data, f"train.timing_warmup_steps={first}")
+    assert started.code == 0
     shutil.rmtree(run / "checkpoints" / "step_000006")
-    assert main(["train", "--resume", str(run), f"train.timing_warmup_steps={then}"]) == 0
+    assert runner.resume(run, f"train.timing_warmup_steps={then}").code == 0
     return run
 
 

@@ -16,18 +16,17 @@ import torch
 
 from speedrun.cli import main
 from tests.conftest import TINY
-from tests.e2e.test_verify import FAST, copies, edit_json, record_validation, rules
+from tests.e2e import runner
+from tests.e2e.runs import VERIFY
+from tests.e2e.test_verify import copies, edit_json, record_validation, rules
 
-pytestmark = pytest.mark.xdist_group("verify_rulings")
+pytestmark = runner.uses("verify-seeds")  # test_verify's worker: the runs train once for both files
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, text_data) -> list[Path]:
-    """Two tiny demo runs that differ only in train.seed."""
-    root = tmp_path_factory.mktemp("rulings")
-    args = ["train", "--recipe", "demo", "--out", str(root / "r"), "--seeds", "1,2"]
-    assert main([*args, *TINY, *FAST, f"data.dir={text_data}"]) == 0
-    return [root / f"r-seed{s}" for s in (1, 2)]
+@pytest.fixture
+def runs(trained) -> list[Path]:
+    """Two tiny demo runs that differ only in train.seed: seeds 1 and 2 of runs.py `verify-seeds`."""
+    return trained("verify-seeds").folders[:2]
 
 
 def judged(runs: list[Path], dst: Path, edit=None, which: int | None = None) -> list[Path]:
@@ -96,7 +95,7 @@ def test_the_loop_counts_a_validation_that_runs_a_backward_pass(text_data, tmp_p
         return real(model, *args, **kwargs)
 
     monkeypatch.setattr(loop, "evaluate", with_backward)
-    cfg = load_recipe("demo", [*TINY, *FAST, f"data.dir={text_data}"])
+    cfg = load_recipe("demo", [*TINY, *VERIFY, f"data.dir={text_data}"])
     summary = loop.train(cfg, tmp_path / "run")
     validations = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())]
     assert summary["eval_writes"] == sum("val_loss" in r for r in validations) == 3  # steps 0, 3, 6
