@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026.embeddings import bigram_hash
-from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.layers import softcap
 from speedrun.optim.build import build_table_optimizer, model_rules
 from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
     EXT,
@@ -290,11 +290,7 @@ def test_cached_decoding_with_bigram_table_and_paired_heads_equals_the_forward()
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :25], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
-        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        full = assert_cached_decoding_is_the_forward(model, idx, 25)
         model.blocks[1].attn.paired = False
         assert not torch.allclose(model(idx), full)  # pairing changes what the model computes
         model.blocks[1].attn.paired = True

@@ -17,6 +17,7 @@ from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import connections
 from speedrun.recipes import load_recipe
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.recipe_matrix import replace
 
 BASE = "banks-2026-01"
@@ -329,16 +330,10 @@ def test_mudd_trains_a_step_through_the_run_optimizer():
 
 
 def test_cached_decoding_equals_the_forward():
-    from speedrun.model.kv_cache import KVCache, forward_cached
 
     model = _model().eval()
     idx, _ = _batch()
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :40], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    assert_cached_decoding_is_the_forward(model, idx, 40)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.test_mudd import (
     BASE,
     H_SRC,
@@ -282,17 +283,11 @@ def test_gate_network_init_is_the_records_on_the_record_layout():
 def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
     from speedrun.config.gpt2026.mudd import GATE_LR_MUL as MUDD_GATE_LR_MUL
     from speedrun.config.labels import label_table
-    from speedrun.model.kv_cache import KVCache, forward_cached
     from speedrun.optim.rules import adam_groups, param_rules
 
     model = _model(**GATED).eval()
     idx, _ = _batch()
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :40], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    assert_cached_decoding_is_the_forward(model, idx, 40)
     o = load_recipe(BASE, []).optim
     entries = {e.name: e for e in param_rules(model, label_table(o, 32))}
     assert entries["mudd_gate.w1"].rule.group == entries["mudd_gate.w2"].rule.group == "mudd_gate"
@@ -425,17 +420,11 @@ def test_dc_in_the_model_is_the_records_loss_and_every_gradient():
 
 
 def test_dc_decodes_as_the_forward_and_varlen_equals_dense():
-    from speedrun.model.kv_cache import KVCache, forward_cached
     from speedrun.train.evaluate import row_cu_seqlens
 
     dense = _model(**GATED, dc_layers=[5])
     idx, tgt = _batch()
-    with torch.no_grad():
-        full = dense.eval()(idx)
-        cache = KVCache()
-        parts = [forward_cached(dense, idx[:, :40], cache)]
-        parts += [forward_cached(dense, idx[:, t : t + 1], cache) for t in range(40, 64)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    assert_cached_decoding_is_the_forward(dense.eval(), idx, 40)
     dense.train()
     varlen = build_model(replace(dense.cfg, attention="varlen"))
     varlen.load_state_dict(dense.state_dict())

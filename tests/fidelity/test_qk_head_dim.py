@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import windows
-from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.model.summary import model_summary
 from speedrun.optim.build import model_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.flops import first_and_last
+from tests.decoding import assert_cached_decoding_is_the_forward
 
 BASE = "banks-2026-01"
 EPS = 1.1920928955078125e-7  # the kernel's rms eps (fp32's)
@@ -172,12 +172,7 @@ def test_cached_decoding_equals_the_full_forward(attention):
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
     idx = torch.randint(0, 119, (1, 40), generator=torch.Generator().manual_seed(2))
     idx[0, 17] = model.cfg.eot_id  # a document boundary inside
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :25], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert_cached_decoding_is_the_forward(model, idx, 25, tol=1e-5)
 
 
 def test_parameter_count_flops_and_the_optimizers_qk_blocks():

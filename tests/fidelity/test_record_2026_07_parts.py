@@ -13,8 +13,8 @@ from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed, sign_index
 from speedrun.model.gpt2026.embeddings import bigram_hash
-from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.recipes import load_recipe
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
@@ -76,12 +76,7 @@ def test_model_with_sign_trick_decodes_like_its_forward_and_refuses_it_without_t
         for p in model.parameters():
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
     idx = torch.randint(0, 119, (1, 30), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :20], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(20, 30)]
-        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+    assert_cached_decoding_is_the_forward(model, idx, 20)
     with pytest.raises(ConfigError, match="bigram_sign_rows"):
         load_recipe(BASE, ["model.bigram_sign_rows=64"])
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.fidelity.test_record_2026 import RECORDS, STAGES, RecordSchedule
 from tests.fidelity.test_stages_recipe import BLOCK, record_key_shift, record_mtp_loss
@@ -239,7 +240,6 @@ def test_init_statistics_are_the_scripts():
 def test_cached_decoding_equals_the_forward():
     """The sublayer form, x0 carrying the first bigram share, the narrow signed bigram rows, #77's
     layer input and XSA, decoded token by token (kv_cache.forward_cached) as the full forward."""
-    from speedrun.model.kv_cache import KVCache, forward_cached
 
     cfg = tiny("record-2026-07", T=64, vocab=100)
     cfg.model = replace(
@@ -255,11 +255,7 @@ def test_cached_decoding_equals_the_forward():
             p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :25], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
-        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        full = assert_cached_decoding_is_the_forward(model, idx, 25)
         model.bigram_in_x0 = False  # decided at construction from model.embed.bigram_in_x0
         assert not torch.allclose(model(idx), full)  # x0 carrying the bigram share changes the model
 

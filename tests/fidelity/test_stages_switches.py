@@ -16,10 +16,10 @@ from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026.attention import offset_keys
 from speedrun.model.gpt2026.head import mtp_loss, write_weights
-from speedrun.model.kv_cache import KVCache, forward_cached
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import stage_values
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.test_stages_recipe import (
     BS,
     EXT,
@@ -67,11 +67,7 @@ def test_key_offset_changes_only_the_long_layers_and_cached_decoding_still_match
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
     model.eval()
     with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :25], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(25, 40)]
-        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        full = assert_cached_decoding_is_the_forward(model, idx, 25)
         for b in model.blocks:
             if b.attn is not None:
                 b.attn.key_offset = False

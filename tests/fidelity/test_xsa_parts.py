@@ -13,6 +13,7 @@ from speedrun.errors import ConfigError
 from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
+from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
@@ -214,17 +215,12 @@ def test_gated_xsa_in_the_model_is_82s_loss_and_every_gradient():
 
 
 def test_gated_xsa_starts_as_a_no_op_and_decodes_as_the_forward():
-    from speedrun.model.kv_cache import KVCache, forward_cached
 
     model = _small(xsa_layers=[1, 3])
     idx, _ = _batch()
     model.eval()
     with torch.no_grad():
-        full = model(idx)
-        cache = KVCache()
-        parts = [forward_cached(model, idx[:, :40], cache)]
-        parts += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(40, 64)]
-        torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-4, atol=1e-4)
+        assert_cached_decoding_is_the_forward(model, idx, 40)
         for b in model.blocks:
             if b.attn.xsa is not None:
                 b.attn.xsa.alpha.zero_()

@@ -7,8 +7,9 @@ import torch
 from speedrun.config import Config
 from speedrun.model.families import build_model
 from speedrun.model.gpt2024.model import GPT
-from speedrun.model.kv_cache import KVCache, forward_cached, generate
+from speedrun.model.kv_cache import generate
 from speedrun.recipes import load_recipe
+from tests.decoding import cached_logits
 from tests.model_refs import generate_uncached
 from tests.recipe_cover import recipe_cover
 from tests.recipe_matrix import shrunk
@@ -81,11 +82,7 @@ def test_cached_logits_match_full_forward(case):
     idx = _tokens(model, n)
     with torch.no_grad():
         full = model(idx)
-    cache = KVCache()
-    prefill = 5
-    pieces = [forward_cached(model, idx[:, :prefill], cache)]
-    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, n)]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cached_logits(model, idx, 5), full, rtol=1e-4, atol=1e-4)
 
 
 def test_the_window_and_document_mask_matter():
@@ -170,13 +167,6 @@ def _long_documents(model: GPT) -> torch.Tensor:
     return idx
 
 
-def _decode_all(model: GPT, idx: torch.Tensor, prefill: int) -> torch.Tensor:
-    cache = KVCache()
-    pieces = [forward_cached(model, idx[:, :prefill], cache)]
-    pieces += [forward_cached(model, idx[:, t : t + 1], cache) for t in range(prefill, idx.size(1))]
-    return torch.cat(pieces, dim=1)
-
-
 @pytest.mark.parametrize("recipe", [*recipe_cover(decode_config), *VARIANTS])
 def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
     """Every bundled recipe's switches (value residual, QK-norm order, rotary precision, bf16 model,
@@ -190,7 +180,7 @@ def test_every_recipe_decodes_with_the_cache_as_its_full_forward(recipe):
     idx = _long_documents(model)
     with torch.no_grad():
         full = model(idx)
-    torch.testing.assert_close(_decode_all(model, idx, 400), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cached_logits(model, idx, 400), full, rtol=1e-4, atol=1e-4)
 
 
 def test_block_listing_bites_at_the_decoding_tests_length():
