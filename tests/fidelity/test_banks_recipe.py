@@ -126,13 +126,13 @@ def test_the_parameter_count_is_the_records_without_layer_6s_attention_lambdas()
 def record_normuon_matrix_(p, g, st, lr, lr_mul, momentum, wd=1.2, beta2=0.95):
     """#65's _normuon_update on one matrix (world 1, fp32: the mantissa holds zeros): eff_lr = lr_mul·lr
     (shape and per-matrix multipliers), eff_wd = wd·lr (the schedule's lr alone)."""
-    from tests.fidelity.test_polar_recipe import record_polar_express
+    from tests.fidelity.refs.newton_schulz import record_38_polar_express
 
     buf = st.setdefault("momentum_buffer", torch.zeros_like(g))
     g = g.float().clone()
     buf.lerp_(g, 1 - momentum)
     updated = g.lerp_(buf, momentum)
-    v = record_polar_express(updated[None])
+    v = record_38_polar_express(updated[None])
     rows, cols = g.shape
     red_dim = -1 if rows >= cols else -2
     sq = st.setdefault("second", torch.zeros((1, rows, 1) if red_dim == -1 else (1, 1, cols)))

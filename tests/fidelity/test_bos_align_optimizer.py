@@ -15,26 +15,11 @@ from speedrun.optim.build import build_optimizer, sharded_optimizer
 from speedrun.optim.sharded import ShardedNorMuonAdam
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_schedule, schedule_at
+from tests.fidelity.refs import newton_schulz
 from tests.fidelity.test_bos_align_recipe import record_lr
 from tests.recipe_matrix import shrink
 
 RECIPE = "bos-align-2025-07"
-
-
-def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int) -> torch.Tensor:
-    """#26's iteration (its caller casts G to bf16)."""
-    a, b, c = (3.4445, -4.7750, 2.0315)
-    X = G
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
-        A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    return X
 
 
 @torch.no_grad()
@@ -47,7 +32,7 @@ def record_muon_step(params, state, lr, momentum, ns_dtype):
         p.mul_(1 - 0.0)
         buf.lerp_(grad, 1 - momentum)
         grad = grad.lerp_(buf, momentum)
-        v = zeropower_via_newtonschulz5(grad.to(ns_dtype), 5)
+        v = newton_schulz.record_26(grad.to(ns_dtype), 5)
         p.add_(other=v, alpha=-eff_lr)
 
 

@@ -11,6 +11,7 @@ import torch
 from speedrun.errors import ConfigError
 from speedrun.optim.pinned_muon import PinnedMuon, hyperball_step
 from speedrun.recipes import load_recipe
+from tests.fidelity.refs import newton_schulz
 
 
 def record_scale_invariant_update_(param, update, lr, eps=1e-10):
@@ -21,25 +22,12 @@ def record_scale_invariant_update_(param, update, lr, eps=1e-10):
     param.copy_(new_param / new_norm * p_norm)
 
 
-def record_newtonschulz(G):
-    """The script's zeropower_via_newtonschulz5 (12 steps of (2, −1.5, 0.5)), in G's dtype."""
-    X = G
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(12):
-        A = X @ X.mT
-        B = -1.5 * A + 0.5 * A @ A
-        X = 2 * X + B @ X
-    return X.mT if G.size(-2) > G.size(-1) else X
-
-
 def record_muonh_step(p, momentum, lr, mu=0.95):
     """MuonH.step for one matrix (muon_update, then scale_invariant_update_)."""
     grad = p.grad.clone()
     momentum.lerp_(grad, 1 - mu)
     update = grad.lerp_(momentum, mu)
-    update = record_newtonschulz(update)
+    update = newton_schulz.track3_simple(update, dtype=None)
     update *= max(1, grad.size(-2) / grad.size(-1)) ** 0.5
     record_scale_invariant_update_(p, update, lr)
 

@@ -19,7 +19,8 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.test_polar_recipe import record_polar_express, record_rotary
+from tests.fidelity.refs.newton_schulz import record_38_polar_express
+from tests.fidelity.test_polar_recipe import record_rotary
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 from tests.recipe_matrix import replace
 
@@ -255,7 +256,7 @@ def record_normuon_step(params, state, lr, momentum):
         if "second_momentum_buffer" not in st:
             like = updated[..., :, :1] if rows >= cols else updated[..., :1, :]
             st["second_momentum_buffer"] = torch.zeros_like(like)
-        v = record_normuon_(record_polar_express(updated), st["second_momentum_buffer"], p.shape)
+        v = record_normuon_(record_38_polar_express(updated), st["second_momentum_buffer"], p.shape)
         eff_lr = lr * max(1.0, rows / cols) ** 0.5 * getattr(p, "lr_mul", 1.0)
         p.add_(-eff_lr * v.view(p.shape))
 

@@ -14,6 +14,7 @@ from torch import nn
 from speedrun.model.labels import label
 from speedrun.optim import pinned_muon as pm
 from speedrun.optim.tail_ema import TailEMA
+from tests.fidelity.refs import newton_schulz as ns_refs
 
 D = torch.float64
 
@@ -347,30 +348,13 @@ def test_bad_track3_switches_are_one_line_config_errors(overrides, fragment):
 # ---------------------------------------------------------------- #46's Newton-Schulz
 
 
-def r_zeropower(G, steps=12):  # zeropower_via_newtonschulz5 + _ns_inner of #46, bf16 as the record runs it
-    X = G.bfloat16()
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    Xf = X.float()
-    gram = Xf.mT @ Xf if Xf.size(-2) > Xf.size(-1) else Xf @ Xf.mT
-    X = X / gram.norm(dim=(-2, -1), keepdim=True).sqrt().clamp_min(1e-7).to(X.dtype)
-    a, b, c = 2, -1.5, 0.5
-    for _ in range(steps):
-        A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    return X
-
-
 @pytest.mark.parametrize("shape", [(32, 48), (48, 32)])
 def test_the_2026_06_newton_schulz_is_the_records(shape):
     from speedrun.optim import newton_schulz
 
     g = rand(*shape, seed=7).float()
     for steps in (12, 2):  # after 2 steps the normalization still shows: the Frobenius one is caught
-        want = r_zeropower(g, steps)
+        want = ns_refs.record_46(g, steps)
         got = newton_schulz(g, steps, (2.0, -1.5, 0.5), form="2026-06", dtype=torch.bfloat16)
         assert torch.equal(got, want)
     frobenius = newton_schulz(g, 2, (2.0, -1.5, 0.5), form="2024-11-10", dtype=torch.bfloat16)

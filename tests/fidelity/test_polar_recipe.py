@@ -19,6 +19,7 @@ from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 from tests.recipe_matrix import replace
 
@@ -229,36 +230,13 @@ def test_skip_sources_leave_out_the_absent_layer():
 # ------------------------------------------------------------------ record #38's Polar Express
 
 
-def record_polar_express(G: torch.Tensor) -> torch.Tensor:
-    """#38's polar_express in fp32 (its Triton XXT / ba_plus_cAA mirror the upper triangle of the
-    symmetric products; the same values in exact arithmetic)."""
-    coeffs_list = [
-        (8.156554524902461, -22.48329292557795, 15.878769915207462),
-        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-    ]
-    X = G.float()
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)
-    for a, b, c in coeffs_list:
-        A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    return X
-
-
 @pytest.mark.parametrize("shape", [(4, 24, 96), (96, 24), (1, 12)])
 def test_polar_express_is_the_records(shape):
     """The recipe's orthogonalizer is #38's: coefficients, normalization and op order (fp32 here)."""
     assert load_recipe(RECIPE).optim.muon_backend == "polar_express"
     G = torch.randn(shape, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(
-        polar_express(G, dtype=torch.float32), record_polar_express(G), rtol=1e-5, atol=1e-6
+        polar_express(G, dtype=torch.float32), record_38_polar_express(G), rtol=1e-5, atol=1e-6
     )
 
 
@@ -311,7 +289,7 @@ def record_muon_step(params, state, lr, momentum):
         eff_lr = lr * max(1, p.size(-2) / p.size(-1)) ** 0.5
         buf = state.setdefault(id(p), torch.zeros_like(grad))
         buf.lerp_(grad, 1 - momentum)
-        p.add_(other=record_polar_express(grad.lerp(buf, momentum)), alpha=-eff_lr)
+        p.add_(other=record_38_polar_express(grad.lerp(buf, momentum)), alpha=-eff_lr)
 
 
 def test_three_steps_equal_record_38s_optimizer():

@@ -305,7 +305,7 @@ def record_normuon_variance_(v, buf, beta2, red_dim):
 def record_normuon_step(params, state, lr, momentum, wd=1.2, beta2=0.95):
     """#53's NorMuon.step for world_size 1, per parameter (its groups stack same-label parameters; the
     statistics stay per parameter), polar_express in fp32."""
-    from tests.fidelity.test_polar_recipe import record_polar_express
+    from tests.fidelity.refs.newton_schulz import record_38_polar_express
 
     for p in params:
         st = state.setdefault(id(p), {})
@@ -320,7 +320,7 @@ def record_normuon_step(params, state, lr, momentum, wd=1.2, beta2=0.95):
         if "second_momentum_buffer" not in st:
             like = updated[..., :, :1] if is_gate or rows >= cols else updated[..., :1, :]
             st["second_momentum_buffer"] = torch.zeros_like(like)
-        v = record_polar_express(updated)
+        v = record_38_polar_express(updated)
         red_dim = -1 if (is_gate or rows >= cols) else -2
         v = record_normuon_variance_(v, st["second_momentum_buffer"], beta2, red_dim).view(1, rows, cols)
         eff_lr = lr * max(1.0, rows / cols) ** 0.5 * getattr(p, "lr_mul", 1.0)

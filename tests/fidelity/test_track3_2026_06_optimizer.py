@@ -26,6 +26,7 @@ from speedrun.model.gpt2024.model import GPT
 from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_schedule, schedule_at
+from tests.fidelity.refs import newton_schulz
 from tests.fidelity.test_track3_fidelity import SMALL, TOKENS, randomized, script_names
 
 WINDOWS = [
@@ -49,18 +50,6 @@ def r_gram(G, keepdim=False, eps=1e-10):  # gram_frobenius_norm_estimate
     X = G.float()
     gram = X.mT @ X if X.size(-2) > X.size(-1) else X @ X.mT
     return gram.norm(dim=(-2, -1), keepdim=keepdim).sqrt().clamp_min(eps)
-
-
-def r_zeropower(G):  # zeropower_via_newtonschulz5 + _ns_inner
-    X = G.bfloat16()
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / r_gram(X, keepdim=True, eps=1e-7).to(X.dtype)
-    for _ in range(12):
-        A = X @ X.mT
-        B = -1.5 * A + 0.5 * A @ A
-        X = 2 * X + B @ X
-    return X.mT if G.size(-2) > G.size(-1) else X
 
 
 def r_cos(a, b, eps=1e-8):
@@ -121,7 +110,7 @@ def r_muon_step(p, grad, st, lr, mu, kind, step):  # Muon.step's body for one ma
         s = r_precondition(d, st)
         gate = r_gate(d, s, grad, step) if kind == "trust" else torch.ones(())
         d = r_blend(d, s, gate)
-    u = r_zeropower(d)
+    u = newton_schulz.record_46(d)
     u *= max(1, u.size(-2) / u.size(-1)) ** 0.5
     uf, pf = u.float(), p.float()  # scale_radial_update
     coeff = (uf * pf).sum() / (pf * pf).sum().clamp_min(1e-12)

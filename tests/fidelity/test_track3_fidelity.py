@@ -16,6 +16,7 @@ from speedrun.model.gpt2024.model import GPT
 from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_schedule, lr_multiplier, muon_momentum, schedule_at
+from tests.fidelity.refs import newton_schulz
 
 TOKENS = 2**19  # the script sums its loss over the step's 8·64·1024 tokens
 SMALL = dict(vocab_size=128, pad_vocab_to=128, n_layer=2, n_head=2, n_embd=64, max_seq_len=64)
@@ -185,21 +186,6 @@ def test_lr_and_momentum_at_every_step_are_the_scripts():
 # ---------------------------------------------------------------- optimizer
 
 
-def _newton_schulz5(G):  # zeropower_via_newtonschulz5 of the script
-    X = G.bfloat16()
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    a, b, c = 2, -1.5, 0.5
-    for _ in range(12):
-        A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    return X
-
-
 def script_steps(params: dict[str, torch.Tensor], grads: list[dict[str, torch.Tensor]], etas: list[float]):
     """optimizer1 (AdamW) + optimizer2 (Muon) of the script, on summed gradients, one step per eta."""
     embed, head = params["embed"], params["head.w"]
@@ -220,7 +206,7 @@ def script_steps(params: dict[str, torch.Tensor], grads: list[dict[str, torch.Te
         for p in matrices:  # muon_update + Muon.step
             m = momentum[id(p)]
             m.lerp_(p.grad, 1 - 0.95)
-            update = _newton_schulz5(p.grad.lerp_(m, 0.95))
+            update = newton_schulz.track3_simple(p.grad.lerp_(m, 0.95))
             update *= max(1, p.grad.size(-2) / p.grad.size(-1)) ** 0.5
             p.mul_(1 - lr * 0.05)
             p.add_(update, alpha=-lr)
