@@ -12,6 +12,7 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
 from tests.recipe_matrix import replace
 
@@ -225,11 +226,4 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
         ref = record_55_forward(
             weights, x, y, cu, (ws_short, ws_long), yarn, scale, mtp, heads, dim, training, (0, 2, 5, 9)
         )
-    ref = ref / T if training else ref
-    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
-    if not training:
-        return
-    loss.backward()
-    ref.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)

@@ -28,6 +28,7 @@ from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
     EXT,
@@ -257,14 +258,7 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
             training,
             (0, 2, 5, 9) if later else (),
         )
-    ref = ref / T if training else ref
-    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
-    if not training:
-        return
-    loss.backward()
-    ref.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)
 
 
 def test_untied_value_embeddings_are_the_63_layout():

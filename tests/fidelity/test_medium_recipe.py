@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.test_stages_recipe import record_key_shift, record_mtp_loss
 from tests.recipe_matrix import replace
 
@@ -266,14 +267,7 @@ def test_forward_loss_and_gradients_match_the_18_model_in_fp32(step):
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)
         ref = record_18_forward(weights, x, y, cu, ws, yarn, scale, record_mtp(step), heads, dim, training)
-    ref = ref / T if training else ref
-    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
-    if not training:
-        return
-    loss.backward()
-    ref.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)
 
 
 def test_initial_values_are_the_18_models():

@@ -19,6 +19,7 @@ from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 from tests.recipe_matrix import replace
@@ -177,15 +178,9 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)
         ref = record_forward(weights, x, y, cu, *record_ws(step), yarn, scale, L, heads, dim, training)
-    ref = ref / T if training else ref  # the record trains on the summed loss; our step on the mean
-    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6)
-    if not training:
-        return
-    loss.backward()
-    ref.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert model.smear.gate.weight.grad.abs().sum() > 0 and model.skip_weights.grad[5] == 0
+    assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)
+    if training:
+        assert model.smear.gate.weight.grad.abs().sum() > 0 and model.skip_weights.grad[5] == 0
 
 
 def test_smear_is_its_formula_and_decodes_with_the_previous_token():

@@ -19,6 +19,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.fidelity.test_record_2026 import RECORDS, STAGES, RecordSchedule
 from tests.fidelity.test_stages_recipe import BLOCK, record_key_shift, record_mtp_loss
@@ -185,14 +186,7 @@ def test_forward_loss_and_every_gradient_match_the_record_in_fp32(recipe, late):
         loss = model(x[None], y[None], cu)
         mtp = rec.mtp_weights(step) if training else [1.0]
         ref = record_forward(weights, signs, x, y, cu, ws, yarn_cs, scale, mtp, heads, training, v89)
-    ref = ref / T if training else ref
-    assert math.isclose(loss.item(), ref.item(), rel_tol=1e-6), (loss.item(), ref.item())
-    if not training:
-        return
-    loss.backward()
-    ref.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)
 
 
 def test_init_statistics_are_the_scripts():
