@@ -13,6 +13,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
 from tests.recipe_matrix import replace
 
@@ -212,13 +213,11 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
     apply_to_model(schedule_at(step, cfg), model)
     stage = rec.lookup(min(step, rec.total_steps - 1))[0]
     ws_short, ws_long = stage[2] if training else (6, 20)  # apply_final_ws_ext
-    yarn, scale, seen = RecordYarn(dim // heads, 2 * T), 0.1, [STAGES_65[0][2][1]]
-    for s in range(min(step, rec.total_steps - 1) + 1):
-        if rec.lookup(s)[0][2][1] != seen[-1]:
-            seen.append(rec.lookup(s)[0][2][1])
-    for old, new in zip(seen[:-1], seen[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    yarn = RecordYarn(dim // heads, 2 * T)
+    seen = windows_passed(
+        STAGES_65[0][2][1], lambda s: rec.lookup(s)[0][2][1], min(step, rec.total_steps - 1)
+    )
+    scale = yarn_through(yarn, seen)
     weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)

@@ -29,6 +29,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
     EXT,
@@ -234,13 +235,9 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     apply_to_model(schedule_at(step, cfg), model)
     _, ws_short, ws_long = record_bs_ws(step)
     ws_long = WS_POST_YARN if not training else ws_long
-    yarn, scale, seen = RecordYarn(dim // heads, 2 * T), 0.1, [WS[0]]  # #58 on: 2·max_seq_len tables
-    for s in range(min(step, N + EXT - 1) + 1):
-        if record_bs_ws(s)[2] != seen[-1]:
-            seen.append(record_bs_ws(s)[2])
-    for old, new in zip(seen[:-1], seen[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    yarn = RecordYarn(dim // heads, 2 * T)  # #58 on: 2·max_seq_len tables
+    seen = windows_passed(WS[0], lambda s: record_bs_ws(s)[2], min(step, N + EXT - 1))
+    scale = yarn_through(yarn, seen)
     weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)

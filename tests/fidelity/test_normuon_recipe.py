@@ -7,12 +7,10 @@ two, #39), and each new part (backout, NorMuon's column statistics) against its 
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
@@ -21,8 +19,9 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
-from tests.fidelity.test_polar_recipe import record_rotary
-from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
+from tests.fidelity.refs.yarn import yarn_through
+from tests.fidelity.test_polar_recipe import record_forward
+from tests.fidelity.test_yarn_recipe import RecordYarn
 from tests.recipe_matrix import replace
 
 RECIPE = "normuon-2025-10"
@@ -81,9 +80,7 @@ def test_schedule_at_chosen_steps_is_the_records(step):
     assert (v.batch_tokens, v.max_doc_len) == (2048 * 16 * 8, 128 * 16), step
     rec = RecordYarn(128, 4)
     windows, scale = record_yarn_windows(step), 0.1
-    for old, new in zip(windows[:-1], windows[1:], strict=True):
-        rec.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    scale = yarn_through(rec, windows, scale)
     freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn.scale)
     torch.testing.assert_close(freqs, rec.angular_freq, rtol=1e-6, atol=0, msg=str(step))
     assert got_scale == pytest.approx(scale, rel=1e-12), step
@@ -98,55 +95,6 @@ def test_batch_and_cu_seqlens_are_the_records():
 
 
 # ------------------------------------------------------------------ record #42's model, from its code
-
-
-def record_forward(
-    w, input_seq, target_seq, seqlens, ws_short, ws_long, yarn, scale, L, heads, dim, training
-):
-    """#42's GPT.forward (fp32: no FP8, its eval-mode matmul), the summed loss in training."""
-    hd, T = dim // heads, len(input_seq)
-    cos, sin = yarn.cos.bfloat16().float(), yarn.sin.bfloat16().float()  # #32: its tables are bf16
-    ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
-    ve = [None, ve[1], ve[2]] + [None] * (L - 6) + [ve[0], ve[1], ve[2]]
-    short_bm, long_bm = ws_short * BLOCK, ws_long * BLOCK
-    bm_sizes = [None, short_bm, short_bm, short_bm, long_bm, short_bm, short_bm, None, short_bm,
-                short_bm, short_bm, long_bm]  # fmt: skip
-    backout_lambda = w["backout.lamb"]
-    x = F.embedding(input_seq, w["wte.weight"])
-    smear_gate = w["smear.gate.weight"]
-    gate_out = w["smear.lamb"] * torch.sigmoid(F.linear(x[1:, : smear_gate.size(-1)], smear_gate))
-    x = torch.cat([x[:1], x[1:] + gate_out * x[:-1]])
-    x = x0 = norm(x[None])
-    skips, n = [], L // 2
-    x_backout, backout_layer = None, 8
-    for i in range(1, L):  # skip layer zero
-        if i >= n and i < 11:
-            x = x + torch.sigmoid(w["skip_weights"][i - n]) * skips.pop()
-        lam = w[f"blocks.{i}.lambdas"]
-        x = lam[0] * x + lam[1] * x0
-        if bm_sizes[i] is not None:
-            h = norm(x)
-            qkvo_w = record_qkvo(w, i, dim)
-            q, k, v = F.linear(h, qkvo_w[:3].flatten(end_dim=1)).view(1, T, 3 * heads, hd).chunk(3, dim=-2)
-            q, k = norm(q), norm(k)
-            q, k = record_rotary(q, cos, sin), record_rotary(k, cos, sin)
-            sa = w[f"blocks.{i}.attn.lambdas"]
-            v = sa[0] * v + sa[1] * ve[i].view_as(v) if ve[i] is not None else sa[0] * v
-            y = fa3_reference(q[0], k[0], v[0], seqlens, bm_sizes[i], scale).view(1, T, heads, hd)
-            gate = w[f"blocks.{i}.attn.gate.proj.weight"]
-            y = y * torch.sigmoid(F.linear(h[..., : gate.size(-1)], gate)).view(1, T, heads, 1)
-            x = x + F.linear(y.contiguous().view(1, T, dim), qkvo_w[3])
-        h = F.linear(norm(x), w[f"blocks.{i}.mlp.c_fc.weight"].T)
-        x = x + F.linear(F.relu(h).square(), w[f"blocks.{i}.mlp.c_proj.weight"])
-        if i < n:
-            skips.append(x)
-        if i == backout_layer:
-            x_backout = x
-    x = x - backout_lambda * x_backout  # #40 (the record subtracts in place)
-    logits = 30 * torch.sigmoid(F.linear(norm(x), w["lm_head.weight"]) / 7.5)
-    return F.cross_entropy(
-        logits.view(-1, logits.size(-1)), target_seq, reduction="sum" if training else "mean"
-    )
 
 
 def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
@@ -178,13 +126,13 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
     apply_to_model(schedule_at(step, cfg), model)
     yarn = RecordYarn(dim // heads, T)
     windows, scale = record_yarn_windows(step), 0.1
-    for old, new in zip(windows[:-1], windows[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    scale = yarn_through(yarn, windows, scale)
     weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)
-        ref = record_forward(weights, x, y, cu, *record_ws(step), yarn, scale, L, heads, dim, training)
+        ref = record_forward(  # #42's: #38's with #40's backout of layer 8
+            weights, x, y, cu, *record_ws(step), yarn, scale, L, heads, dim, training, backout_layer=8
+        )
     assert_loss_and_gradients_are_the_records(model, loss, ref, weights, T, training)
     if training:
         assert model.backout.lamb.grad.abs().sum() > 0

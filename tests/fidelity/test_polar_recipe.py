@@ -6,7 +6,6 @@ window mask of FA3's semantics, as tests/fidelity/test_yarn_recipe.py), its Pola
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
@@ -21,6 +20,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
+from tests.fidelity.refs.yarn import yarn_through
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
 from tests.recipe_matrix import replace
 
@@ -75,9 +75,7 @@ def test_schedule_at_chosen_steps_is_the_records(step):
     rec = RecordYarn(128, 4)
     windows = record_yarn_windows(step)
     scale = 0.1
-    for old, new in zip(windows[:-1], windows[1:], strict=True):
-        rec.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    scale = yarn_through(rec, windows, scale)
     freqs, got_scale = yarn_after([b * BLOCK for b in got.yarn], 128, cfg.model.attn.scale)
     torch.testing.assert_close(freqs, rec.angular_freq, rtol=1e-6, atol=0, msg=str(step))
     assert got_scale == pytest.approx(scale, rel=1e-12), step
@@ -94,9 +92,12 @@ def record_rotary(x_BTHD, cos, sin):
 
 
 def record_forward(
-    w, input_seq, target_seq, seqlens, ws_short, ws_long, yarn, scale, L, heads, dim, training
-):
-    """#38's GPT.forward (fp32: no FP8, its eval-mode matmul), the summed loss in training."""
+    w, input_seq, target_seq, seqlens, ws_short, ws_long, yarn, scale, L, heads, dim, training,
+    backout_layer=None,
+):  # fmt: skip
+    """#38's GPT.forward (fp32: no FP8, its eval-mode matmul), the summed loss in training. With
+    `backout_layer`, #42's: #40's backout subtracts λ times that layer's output before the head (the record
+    subtracts in place); the rest of #42's forward is #38's line for line."""
     hd, T = dim // heads, len(input_seq)
     cos, sin = yarn.cos.bfloat16().float(), yarn.sin.bfloat16().float()  # #32: its tables are bf16
     ve = [F.embedding(input_seq, w[f"value_embeds.{i}.weight"]) for i in range(3)]
@@ -131,6 +132,10 @@ def record_forward(
         x = x + F.linear(F.relu(h).square(), w[f"blocks.{i}.mlp.c_proj.weight"])
         if i < n:
             skips.append(x)
+        if i == backout_layer:
+            x_backout = x
+    if backout_layer is not None:
+        x = x - w["backout.lamb"] * x_backout
     logits = 30 * torch.sigmoid(F.linear(norm(x), w["lm_head.weight"]) / 7.5)
     return F.cross_entropy(
         logits.view(-1, logits.size(-1)), target_seq, reduction="sum" if training else "mean"
@@ -166,9 +171,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
     apply_to_model(schedule_at(step, cfg), model)
     yarn = RecordYarn(dim // heads, T)
     windows, scale = record_yarn_windows(step), 0.1
-    for old, new in zip(windows[:-1], windows[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    scale = yarn_through(yarn, windows, scale)
     rotary = model.blocks[1].attn.rotary  # #32: the YaRN tables rounded to bf16, as the record's buffers
     assert rotary.cos.dtype == torch.bfloat16
     torch.testing.assert_close(rotary.cos, yarn.cos.bfloat16(), rtol=0, atol=0)

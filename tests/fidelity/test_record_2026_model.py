@@ -20,6 +20,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.fidelity.test_record_2026 import RECORDS, STAGES, RecordSchedule
 from tests.fidelity.test_stages_recipe import BLOCK, record_key_shift, record_mtp_loss
@@ -170,13 +171,9 @@ def test_forward_loss_and_every_gradient_match_the_record_in_fp32(recipe, late):
     apply_to_model(schedule_at(step, cfg), model)
     stage = rec.lookup(min(step, rec.total_steps - 1))[0]
     ws = stage[3] if training else (6, 20)  # apply_final_ws_ext
-    yarn, scale, seen = RecordYarn(dim // heads, 2 * T), 0.1, [STAGES[0][3][1]]
-    for s in range(min(step, rec.total_steps - 1) + 1):
-        if rec.lookup(s)[0][3][1] != seen[-1]:
-            seen.append(rec.lookup(s)[0][3][1])
-    for old, new in zip(seen[:-1], seen[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    yarn = RecordYarn(dim // heads, 2 * T)
+    seen = windows_passed(STAGES[0][3][1], lambda s: rec.lookup(s)[0][3][1], min(step, rec.total_steps - 1))
+    scale = yarn_through(yarn, seen)
     yarn_cs = (yarn.cos.bfloat16().float(), yarn.sin.bfloat16().float())
     weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
     signs = getattr(model.bigram, "sign_table", None)

@@ -19,6 +19,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.recipe_matrix import replace
 
 RECIPE = "stages-2025-12"
@@ -218,7 +219,6 @@ def record_53_forward(
 
 @pytest.mark.parametrize("step", [100, 700, N + EXT])  # MTP 3 (windows 1/3), MTP 2 (YaRN 3 → 7), validation
 def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
-    import math
 
     from tests.fidelity.test_yarn_recipe import RecordYarn
 
@@ -244,13 +244,9 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
     apply_to_model(schedule_at(step, cfg), model)
     _, ws_short, ws_long = record_bs_ws(step)
     ws_long = WS_POST_YARN if not training else ws_long
-    yarn, scale, seen = RecordYarn(dim // heads, T), 0.1, [WS[0]]
-    for s in range(min(step, N + EXT - 1) + 1):
-        if record_bs_ws(s)[2] != seen[-1]:
-            seen.append(record_bs_ws(s)[2])
-    for old, new in zip(seen[:-1], seen[1:], strict=True):
-        yarn.apply_yarn(old, new)
-        scale *= 0.2 * math.log(new / old) + 1
+    yarn = RecordYarn(dim // heads, T)
+    seen = windows_passed(WS[0], lambda s: record_bs_ws(s)[2], min(step, N + EXT - 1))
+    scale = yarn_through(yarn, seen)
     weights = {n: p.detach().clone().requires_grad_(training) for n, p in model.named_parameters()}
     with torch.set_grad_enabled(training):
         loss = model(x[None], y[None], cu)
