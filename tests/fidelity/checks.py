@@ -1,5 +1,5 @@
-"""The check every whole-model fidelity test ends with: our loss against the record's, then (in training)
-every parameter's gradient against the record's gradient of the same weights."""
+"""What every whole-model fidelity test shares: its inputs (a two-document row, jittered weights) and its
+last check, our loss and every gradient against the record's on the same weights."""
 
 from __future__ import annotations
 
@@ -22,3 +22,23 @@ def assert_loss_and_gradients_are_the_records(
     ref.backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, weights[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def two_documents(vocab: int, T: int = 1024, slots: int = 128) -> tuple[Tensor, Tensor, Tensor]:
+    """The whole-model tests' row: T random tokens (seed 1) holding a 1,000-token document that both windows
+    cut, then a short one; inputs, targets and cu_seqlens padded to `slots` entries as records pad."""
+    gen = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
+    seq[[0, 1000]] = vocab - 1
+    cu = torch.full((slots,), T, dtype=torch.int32)
+    cu[:2] = torch.tensor([0, 1000])
+    return seq[:-1], seq[1:], cu
+
+
+@torch.no_grad()
+def jitter_(model: torch.nn.Module, matrix_std: float, vector_std: float = 0.3) -> torch.nn.Module:
+    """Add N(0, std²) noise (from the global generator) to every parameter: the records zero-init
+    projections, gates and heads, where a zero would hide a wrong gradient."""
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * (matrix_std if p.ndim > 1 else vector_std))
+    return model

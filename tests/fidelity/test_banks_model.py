@@ -12,7 +12,7 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, two_documents
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
 from tests.recipe_matrix import replace
@@ -201,12 +201,7 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
                 p.copy_(torch.randn_like(p))
             if n == "bigram.embed.weight":
                 p.normal_(std=0.5)
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    x, y = seq[:-1], seq[1:]
+    x, y, cu = two_documents(vocab, T)
     rec = RecordSchedule65()
     training = step < rec.total_steps
     model.train(training)

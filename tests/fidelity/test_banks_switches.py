@@ -28,7 +28,7 @@ from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
@@ -216,20 +216,14 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
     ]
     gates = [n for n, p in model.named_parameters() if "gate" in n and p.abs().sum() == 0]
     assert len(gates) == 1 + 11 - 1 + 5 + 1  # smear, 10 attention gates, 5 value-embedding gates, skip: zero
+    jitter_(model, 0.02)
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
         for n, p in model.named_parameters():
             if "ve_gate" in n or "skip_gate" in n:  # gates far from 1
                 p.copy_(torch.randn_like(p))
             if n == "bigram.embed.weight":  # rows of the size of the token embedding's
                 p.normal_(std=0.5)
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    x, y = seq[:-1], seq[1:]
+    x, y, cu = two_documents(vocab, T)
     training = step < N + EXT
     model.train(training)
     apply_to_model(schedule_at(step, cfg), model)
@@ -276,9 +270,7 @@ def test_cached_decoding_with_bigram_table_and_paired_heads_equals_the_forward()
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.05)
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = assert_cached_decoding_is_the_forward(model, idx, 25)

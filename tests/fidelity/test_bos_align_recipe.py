@@ -19,6 +19,7 @@ from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import schedule_at
 from tests import two_processes
 from tests.conftest import read_metrics, run_speedrun
+from tests.fidelity.checks import jitter_
 from tests.fidelity.test_bos_loader import BOS, make_shards, record26_generator
 from tests.recipe_matrix import replace, shrink
 
@@ -173,9 +174,7 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg)
-    with torch.no_grad():  # the record zero-inits the projections and the head: give them values
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.02)  # the record zero-inits the projections and the head: give them values
     model.set_attention_window(window)
     eot = vocab - 1
     gen = torch.Generator().manual_seed(1)

@@ -20,7 +20,7 @@ from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
-from tests.fidelity.test_polar_recipe import record_forward
+from tests.fidelity.test_polar_recipe import model_and_batch, record_forward
 from tests.fidelity.test_yarn_recipe import RecordYarn
 from tests.recipe_matrix import replace
 
@@ -97,29 +97,10 @@ def test_batch_and_cu_seqlens_are_the_records():
 # ------------------------------------------------------------------ record #42's model, from its code
 
 
-def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
-    cfg = load_recipe(RECIPE)
-    cfg.model = replace(
-        cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
-        embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    with torch.no_grad():  # the record zero-inits projections, gates, smear and the head: give them values
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1  # a 1,000-token document both windows cut, then a short one
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    return cfg, model, seq[:-1], seq[1:], cu
-
-
 @pytest.mark.parametrize("step", [749, N + EXT])  # windows 3/7 (YaRN 3 → 7) in training; 6/20 (YaRN 13)
 def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
     L, heads, dim = 12, 2, 64
-    cfg, model, x, y, cu = _model_and_batch(L, heads, dim)
+    cfg, model, x, y, cu = model_and_batch(L, heads, dim, recipe=RECIPE)
     T = len(x)
     training = step < N + EXT
     model.train(training)
@@ -146,7 +127,7 @@ def test_backout_is_its_formula():
     x, h = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 5, 8, generator=gen)
     backout = Backout(8)
     torch.testing.assert_close(backout(x, {8: h}), x - 0.5 * h)
-    cfg, model, idx, _, _ = _model_and_batch(L=12)
+    cfg, model, idx, _, _ = model_and_batch(L=12, recipe=RECIPE)
     idx = idx[:64]
     plain = build_model(replace(cfg.model, backout_layer=0))
     plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("backout.")})

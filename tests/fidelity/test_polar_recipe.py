@@ -18,7 +18,7 @@ from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
@@ -142,29 +142,25 @@ def record_forward(
     )
 
 
-def _model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024):
-    cfg = load_recipe(RECIPE)
+def model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024, recipe=RECIPE):
+    """The recipe's model shrunk (weights jittered: the record zero-inits some), a 1,000-token document
+    and a short one, and their cu_seqlens padded as the record pads them."""
+    cfg = load_recipe(recipe)
     cfg.model = replace(
         cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
         embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    with torch.no_grad():  # the record zero-inits projections, gates, smear and the head: give them values
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1  # a 1,000-token document both windows cut, then a short one
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    return cfg, model, seq[:-1], seq[1:], cu
+    jitter_(model, 0.02)  # the record zero-inits projections, gates, smear and the head: give them values
+    x, y, cu = two_documents(vocab, T)
+    return cfg, model, x, y, cu
 
 
 @pytest.mark.parametrize("step", [544, N + EXT])  # windows 3/7 (YaRN 3 → 7) in training; 6/20 (YaRN 13)
 def test_forward_loss_and_gradients_match_the_records_model_in_fp32(step):
     L, heads, dim = 12, 2, 64
-    cfg, model, x, y, cu = _model_and_batch(L, heads, dim)
+    cfg, model, x, y, cu = model_and_batch(L, heads, dim)
     T = len(x)
     training = step < N + EXT
     model.train(training)

@@ -21,6 +21,7 @@ from speedrun.optim.build import model_rules
 from speedrun.recipes import load_recipe
 from speedrun.train.flops import first_and_last
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import jitter_
 
 BASE = "banks-2026-01"
 EPS = 1.1920928955078125e-7  # the kernel's rms eps (fp32's)
@@ -167,9 +168,7 @@ def test_cached_decoding_equals_the_full_forward(attention):
     assert any(b.attn.paired for b in model.blocks if b.attn) and any(
         b.attn.key_offset for b in model.blocks if b.attn
     )
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.05)
     idx = torch.randint(0, 119, (1, 40), generator=torch.Generator().manual_seed(2))
     idx[0, 17] = model.cfg.eot_id  # a document boundary inside
     assert_cached_decoding_is_the_forward(model, idx, 25, tol=1e-5)

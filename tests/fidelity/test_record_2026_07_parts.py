@@ -15,6 +15,7 @@ from speedrun.model.gpt2026.bigram_sign import SignedBigramEmbed, sign_index
 from speedrun.model.gpt2026.embeddings import bigram_hash
 from speedrun.recipes import load_recipe
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import jitter_
 from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
@@ -72,9 +73,7 @@ def test_model_with_sign_trick_decodes_like_its_forward_and_refuses_it_without_t
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     assert isinstance(model.bigram, SignedBigramEmbed) and "bigram.sign_table" in model.state_dict()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.05)
     idx = torch.randint(0, 119, (1, 30), generator=torch.Generator().manual_seed(2))
     assert_cached_decoding_is_the_forward(model, idx, 20)
     with pytest.raises(ConfigError, match="bigram_sign_rows"):

@@ -19,7 +19,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.fidelity.test_record_2026 import RECORDS, STAGES, RecordSchedule
@@ -158,12 +158,7 @@ def test_forward_loss_and_every_gradient_match_the_record_in_fp32(recipe, late):
                 p.copy_(torch.randn_like(p))
             if n == "bigram.embed.weight":
                 p.normal_(std=0.5)
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1
-    cu = torch.full((64,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    x, y = seq[:-1], seq[1:]
+    x, y, cu = two_documents(vocab, T, 64)
     rec = RecordSchedule(*RECORDS[recipe])
     step = rec.total_steps if late else rec.boundaries[1][0] + 100
     training = step < rec.total_steps
@@ -241,9 +236,7 @@ def test_cached_decoding_equals_the_forward():
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.05)
     idx = torch.randint(0, 99, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = assert_cached_decoding_is_the_forward(model, idx, 25)

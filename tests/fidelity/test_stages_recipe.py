@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.recipe_matrix import replace
 
@@ -230,15 +230,8 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    x, y = seq[:-1], seq[1:]
+    jitter_(model, 0.02)
+    x, y, cu = two_documents(vocab, T)
     training = step < N + EXT
     model.train(training)
     apply_to_model(schedule_at(step, cfg), model)

@@ -20,6 +20,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import stage_values
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import jitter_
 from tests.fidelity.test_stages_recipe import (
     BS,
     EXT,
@@ -54,9 +55,7 @@ def _small(overrides=(), L=4, T=64, vocab=100, **model):
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    with torch.no_grad():  # zero-initialized projections, gates, head: give them values
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.05)  # zero-initialized projections, gates, head: give them values
     return cfg, model
 
 

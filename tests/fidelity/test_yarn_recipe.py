@@ -25,6 +25,7 @@ from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
 from tests import two_processes
+from tests.fidelity.checks import jitter_, two_documents
 from tests.fidelity.test_bos_align_optimizer import record_adam_step
 from tests.fidelity.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
 from tests.fidelity.test_bos_loader import BOS, make_shards
@@ -266,16 +267,9 @@ def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
     )  # fmt: skip
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    with torch.no_grad():  # the record zero-inits the projections, the gates and the head: give them values
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
+    jitter_(model, 0.02)  # the record zero-inits the projections, the gates and the head: give them values
     apply_to_model(schedule_at(step, cfg), model)
-    gen = torch.Generator().manual_seed(1)
-    seq = torch.randint(0, vocab - 1, (T + 1,), generator=gen)
-    seq[[0, 1000]] = vocab - 1  # a 1,000-token document both windows cut, then a short one
-    cu = torch.full((128,), T, dtype=torch.int32)
-    cu[:2] = torch.tensor([0, 1000])
-    x, y = seq[:-1], seq[1:]
+    x, y, cu = two_documents(vocab, T)
     loss = model(x[None], y[None], cu)
     loss.backward()
     weights = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
