@@ -42,3 +42,20 @@ def jitter_(model: torch.nn.Module, matrix_std: float, vector_std: float = 0.3) 
     for p in model.parameters():
         p.add_(torch.randn_like(p) * (matrix_std if p.ndim > 1 else vector_std))
     return model
+
+
+def fp32_model(recipe: str, overrides=(), *, seed: int | None = 0, **fields) -> tuple:
+    """The recipe (with `overrides`) at the test's size in fp32 storage, its end-of-text id the last token of
+    the vocabulary; built after torch.manual_seed(seed) unless seed is None. `fields`: n_head, n_embd,
+    vocab_size, max_seq_len and any other model field. Returns (cfg, model)."""
+    from speedrun.model.families import build_model
+    from speedrun.recipes import load_recipe
+    from tests.recipe_matrix import replace
+
+    cfg = load_recipe(recipe, list(overrides))
+    cfg.model = replace(
+        cfg.model, embed_dtype="fp32", fp8_head=False, eot_id=fields["vocab_size"] - 1, **fields
+    )
+    if seed is not None:
+        torch.manual_seed(seed)
+    return cfg, build_model(cfg.model)

@@ -12,10 +12,9 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, two_documents
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, fp32_model, two_documents
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
-from tests.recipe_matrix import replace
 
 # ------------------------------------------------------------------ #65's interleaved rotary pairs
 
@@ -187,13 +186,9 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
     from tests.fidelity.test_yarn_recipe import RecordYarn
 
     heads, dim, T, vocab = 4, 64, 1024, 120
-    cfg = load_recipe(RECIPE, ["model.block_dtype=fp32"])
-    cfg.model = replace(
-        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(
+        RECIPE, ["model.block_dtype=fp32"], n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T
+    )
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))

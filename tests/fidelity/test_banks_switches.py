@@ -28,7 +28,12 @@ from speedrun.optim.table import build_rows
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
+from tests.fidelity.checks import (
+    assert_loss_and_gradients_are_the_records,
+    fp32_model,
+    jitter_,
+    two_documents,
+)
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
@@ -204,13 +209,9 @@ def test_forward_loss_and_gradients_match_the_55_model_in_fp32(step, later):
         "model.value_embeds=[0, 1, -1, -1, -1, -1, -1, -1, 2, 3, 4]",  # #63's untied tables
         "model.paired_layers=[0, 2, 5, 9]",
     ]
-    cfg = load_recipe(BASE, GATED + later_switches * later)
-    cfg.model = replace(
-        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(
+        BASE, GATED + later_switches * later, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T
+    )
     assert [b.attn is not None and b.attn.paired for b in model.blocks] == [
         i in (0, 2, 5, 9) and later for i in range(11)
     ]

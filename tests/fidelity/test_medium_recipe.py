@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, fp32_model
 from tests.fidelity.test_stages_recipe import record_key_shift, record_mtp_loss
 from tests.recipe_matrix import replace
 
@@ -223,13 +223,7 @@ def record_18_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
 
 def tiny_medium(heads: int = 2, dim: int = 64, T: int = 1024, vocab: int = 120):
     """The recipe's model at 2 heads of 32, vocab 120, fp32, every parameter moved off its init."""
-    cfg = load_recipe(RECIPE)
-    cfg.model = replace(
-        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(RECIPE, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T)
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))

@@ -18,11 +18,15 @@ from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.optim.orthogonalize import polar_express
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
+from tests.fidelity.checks import (
+    assert_loss_and_gradients_are_the_records,
+    fp32_model,
+    jitter_,
+    two_documents,
+)
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
-from tests.recipe_matrix import replace
 
 RECIPE = "polar-2025-09"
 N, EXT, BLOCK = 1630, 40, 128  # num_iterations, iteration_extension, block_size
@@ -145,13 +149,7 @@ def record_forward(
 def model_and_batch(L=12, heads=2, dim=64, vocab=120, T=1024, recipe=RECIPE):
     """The recipe's model shrunk (weights jittered: the record zero-inits some), a 1,000-token document
     and a short one, and their cu_seqlens padded as the record pads them."""
-    cfg = load_recipe(recipe)
-    cfg.model = replace(
-        cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
-        embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(recipe, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T)
     jitter_(model, 0.02)  # the record zero-inits projections, gates, smear and the head: give them values
     x, y, cu = two_documents(vocab, T)
     return cfg, model, x, y, cu

@@ -18,7 +18,12 @@ import torch.nn.functional as F
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
+from tests.fidelity.checks import (
+    assert_loss_and_gradients_are_the_records,
+    fp32_model,
+    jitter_,
+    two_documents,
+)
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.recipe_matrix import replace
 
@@ -223,13 +228,7 @@ def test_forward_loss_and_gradients_match_the_53_model_in_fp32(step):
     from tests.fidelity.test_yarn_recipe import RecordYarn
 
     heads, dim, T, vocab = 2, 64, 1024, 120
-    cfg = load_recipe(RECIPE)
-    cfg.model = replace(
-        cfg.model, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(RECIPE, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T)
     jitter_(model, 0.02)
     x, y, cu = two_documents(vocab, T)
     training = step < N + EXT

@@ -13,14 +13,13 @@ import torch.nn.functional as F
 
 from speedrun.config.stages import parse_stages
 from speedrun.errors import ConfigError
-from speedrun.model.families import build_model
 from speedrun.model.gpt2026.attention import offset_keys
 from speedrun.model.gpt2026.head import mtp_loss, write_weights
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from speedrun.train.stages import stage_values
 from tests.decoding import assert_cached_decoding_is_the_forward
-from tests.fidelity.checks import jitter_
+from tests.fidelity.checks import fp32_model, jitter_
 from tests.fidelity.test_stages_recipe import (
     BS,
     EXT,
@@ -31,7 +30,6 @@ from tests.fidelity.test_stages_recipe import (
     record_mtp,
     record_mtp_loss,
 )
-from tests.recipe_matrix import replace
 
 BASE = "normuon-2025-10"
 
@@ -46,15 +44,11 @@ def test_key_offset_is_the_records_shift():
 
 
 def _small(overrides=(), L=4, T=64, vocab=100, **model):
-    cfg = load_recipe(BASE, list(overrides))
-    cfg.model = replace(
-        cfg.model, n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T, embed_dtype="fp32",
-        fp8_head=False, eot_id=vocab - 1, windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3],
-        mlp_layers=[0, 1, 2, 3], value_embeds=[0, -1, -1, 0], skips=[[1, 2], [0, 3]],
-        backout_layer=2, **model,
+    cfg, model = fp32_model(
+        BASE, list(overrides), n_layer=L, n_head=2, n_embd=64, vocab_size=vocab, max_seq_len=T,
+        windows=["L", "S", "S", "L"], attention_layers=[0, 1, 3], mlp_layers=[0, 1, 2, 3],
+        value_embeds=[0, -1, -1, 0], skips=[[1, 2], [0, 3]], backout_layer=2, **model,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
     jitter_(model, 0.05)  # zero-initialized projections, gates, head: give them values
     return cfg, model
 

@@ -25,11 +25,11 @@ from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
 from tests import two_processes
-from tests.fidelity.checks import jitter_, two_documents
+from tests.fidelity.checks import fp32_model, jitter_, two_documents
 from tests.fidelity.test_bos_align_optimizer import record_adam_step
 from tests.fidelity.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
 from tests.fidelity.test_bos_loader import BOS, make_shards
-from tests.recipe_matrix import replace, shrink
+from tests.recipe_matrix import shrink
 
 RECIPE = "yarn-2025-09"
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,13 +260,7 @@ def record_forward(w, input_seq, target_seq, seqlens, ws, yarn: RecordYarn, L, h
 
 def test_forward_loss_and_gradients_match_the_records_model_in_fp32():
     L, heads, dim, vocab, T, step = 12, 2, 64, 120, 1024, 557  # step 557: windows 3/7 blocks, YaRN 3 → 7
-    cfg = load_recipe(RECIPE)
-    cfg.model = replace(
-        cfg.model, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T,
-        embed_dtype="fp32", fp8_head=False, eot_id=vocab - 1,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    cfg, model = fp32_model(RECIPE, n_layer=L, n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T)
     jitter_(model, 0.02)  # the record zero-inits the projections, the gates and the head: give them values
     apply_to_model(schedule_at(step, cfg), model)
     x, y, cu = two_documents(vocab, T)
