@@ -34,6 +34,7 @@ from tests.fidelity.checks import (
     jitter_,
     two_documents,
 )
+from tests.fidelity.refs.head import record_54_loss
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_stages_recipe import (
     BLOCK,
@@ -44,7 +45,6 @@ from tests.fidelity.test_stages_recipe import (
     record_bs_ws,
     record_key_shift,
     record_mtp,
-    record_mtp_loss,
 )
 from tests.recipe_matrix import replace
 
@@ -190,11 +190,7 @@ def record_55_forward(
             skip_connections.append(x)
         if i == backout_layer:
             x_backout = x
-    x = x - w["backout.lamb"] * x_backout
-    logits = 23 * torch.sigmoid((F.linear(norm(x), w["lm_head.weight"]) + 5) / 7.5)[0]
-    if training and len(mtp) > 1:
-        return record_mtp_loss(logits, target_seq, torch.tensor(mtp))
-    return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
+    return record_54_loss(w, x, x_backout, target_seq, mtp, training)
 
 
 @pytest.mark.parametrize(

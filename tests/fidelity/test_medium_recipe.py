@@ -20,7 +20,8 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, fp32_model
-from tests.fidelity.test_stages_recipe import record_key_shift, record_mtp_loss
+from tests.fidelity.refs.head import record_54_loss
+from tests.fidelity.test_stages_recipe import record_key_shift
 from tests.recipe_matrix import replace
 
 RECIPE = "medium-2025-12"
@@ -214,11 +215,7 @@ def record_18_forward(w, input_seq, target_seq, seqlens, ws, yarn, scale, mtp, h
             skip_connections.append(x)
         if i == backout_layer:
             x_backout = x
-    x = x - w["backout.lamb"] * x_backout
-    logits = 23 * torch.sigmoid((F.linear(norm(x), w["lm_head.weight"]) + 5) / 7.5)[0]
-    if training and len(mtp) > 1:
-        return record_mtp_loss(logits, target_seq, torch.tensor(mtp))
-    return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
+    return record_54_loss(w, x, x_backout, target_seq, mtp, training)
 
 
 def tiny_medium(heads: int = 2, dim: int = 64, T: int = 1024, vocab: int = 120):

@@ -20,10 +20,11 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.decoding import assert_cached_decoding_is_the_forward
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, jitter_, two_documents
+from tests.fidelity.refs.head import record_54_loss
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_switches import record_58_paired_qkv, record_bigram_hash
 from tests.fidelity.test_record_2026 import RECORDS, STAGES, RecordSchedule
-from tests.fidelity.test_stages_recipe import BLOCK, record_key_shift, record_mtp_loss
+from tests.fidelity.test_stages_recipe import BLOCK, record_key_shift
 from tests.recipe_matrix import replace
 
 PAIRED = (0, 2, 5, 9)
@@ -119,11 +120,7 @@ def record_forward(w, signs, input_seq, target_seq, seqlens, ws, yarn_cs, scale,
             skip_connection = x
         if i == 7:
             x_backout = x
-    x = x - w["backout.lamb"] * x_backout
-    logits = 23 * torch.sigmoid((F.linear(norm(x), w["lm_head.weight"]) + 5) / 7.5)[0]
-    if training and len(mtp) > 1:
-        return record_mtp_loss(logits, target_seq, torch.tensor(mtp))
-    return F.cross_entropy(logits, target_seq, reduction="sum" if training else "mean")
+    return record_54_loss(w, x, x_backout, target_seq, mtp, training)
 
 
 #: #81's MUDD is compared with the record's own lines in fidelity/test_mudd.py; here #89 without it, with

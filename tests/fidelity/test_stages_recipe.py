@@ -24,6 +24,7 @@ from tests.fidelity.checks import (
     jitter_,
     two_documents,
 )
+from tests.fidelity.refs.head import record_mtp_loss
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.recipe_matrix import replace
 
@@ -36,19 +37,6 @@ def record_key_shift(k: torch.Tensor) -> torch.Tensor:
     k[:, 1:, :, hd // 4 : hd // 2] = src[:, :-1, :, hd // 4 : hd // 2]
     k[:, 1:, :, hd // 4 + hd // 2 :] = src[:, :-1, :, hd // 4 + hd // 2 :]
     return k
-
-
-def record_mtp_loss(
-    logits: torch.Tensor, target_seq: torch.Tensor, mtp_weights: torch.Tensor
-) -> torch.Tensor:
-    """#53's GPT.forward, training branch with n_predict > 1 (one packed row, summed)."""
-    n_predict = mtp_weights.size(0)
-    idx = F.pad(target_seq, (0, n_predict - 1)).unfold(0, n_predict, 1)
-    target_logits = logits.gather(1, idx)
-    cross_entropy = torch.logsumexp(logits, dim=-1).unsqueeze(1) - target_logits
-    for k in range(1, n_predict):
-        cross_entropy[-k:, k] = 0
-    return (cross_entropy * mtp_weights).sum()
 
 
 # ------------------------------------------------------------------ #53's schedules, from its code
