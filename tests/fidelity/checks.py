@@ -36,11 +36,19 @@ def two_documents(vocab: int, T: int = 1024, slots: int = 128) -> tuple[Tensor, 
 
 
 @torch.no_grad()
-def jitter_(model: torch.nn.Module, matrix_std: float, vector_std: float = 0.3) -> torch.nn.Module:
+def jitter_(
+    model: torch.nn.Module, matrix_std: float, vector_std: float = 0.3, gates_and_bigram: bool = False
+) -> torch.nn.Module:
     """Add N(0, std²) noise (from the global generator) to every parameter: the records zero-init
-    projections, gates and heads, where a zero would hide a wrong gradient."""
-    for p in model.parameters():
+    projections, gates and heads, where a zero would hide a wrong gradient. With `gates_and_bigram` (the
+    banked 2026 models), each value-embedding and skip gate is then drawn N(0, 1) (gates far from 1) and
+    the bigram table N(0, 0.5²) (rows of the token embedding's size), parameter by parameter."""
+    for n, p in model.named_parameters():
         p.add_(torch.randn_like(p) * (matrix_std if p.ndim > 1 else vector_std))
+        if gates_and_bigram and ("ve_gate" in n or "skip_gate" in n):
+            p.copy_(torch.randn_like(p))
+        if gates_and_bigram and n == "bigram.embed.weight":
+            p.normal_(std=0.5)
     return model
 
 

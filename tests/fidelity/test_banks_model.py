@@ -12,7 +12,12 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, fp32_model, two_documents
+from tests.fidelity.checks import (
+    assert_loss_and_gradients_are_the_records,
+    fp32_model,
+    jitter_,
+    two_documents,
+)
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.fidelity.test_banks_recipe import EXT, RECIPE, STAGES_65, N, RecordSchedule65
 
@@ -189,13 +194,7 @@ def test_forward_loss_and_gradients_match_the_65_model_in_fp32(step):
     cfg, model = fp32_model(
         RECIPE, ["model.block_dtype=fp32"], n_head=heads, n_embd=dim, vocab_size=vocab, max_seq_len=T
     )
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
-            if "ve_gate" in n or "skip_gate" in n:
-                p.copy_(torch.randn_like(p))
-            if n == "bigram.embed.weight":
-                p.normal_(std=0.5)
+    jitter_(model, 0.02, gates_and_bigram=True)
     x, y, cu = two_documents(vocab, T)
     rec = RecordSchedule65()
     training = step < rec.total_steps

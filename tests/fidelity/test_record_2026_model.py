@@ -148,13 +148,9 @@ def test_forward_loss_and_every_gradient_match_the_record_in_fp32(recipe, late):
     cfg = tiny(recipe, heads, dim, T, vocab)
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    with torch.no_grad():  # zero-initialized gates, XSA, bigram rows, c_proj: give them values
-        for n, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.02 if p.ndim > 1 else 0.3))
-            if "ve_gate" in n or "skip_gate" in n:
-                p.copy_(torch.randn_like(p))
-            if n == "bigram.embed.weight":
-                p.normal_(std=0.5)
+    jitter_(
+        model, 0.02, gates_and_bigram=True
+    )  # zero-initialized gates, XSA, bigram rows, c_proj: give them values
     x, y, cu = two_documents(vocab, T, 64)
     rec = RecordSchedule(*RECORDS[recipe])
     step = rec.total_steps if late else rec.boundaries[1][0] + 100
