@@ -16,6 +16,7 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import schedule_at
+from tests.fidelity.refs import schedules
 from tests.fidelity.test_banks_switches import RECORD_65_ADAM, record_65_label
 
 RECIPE = "banks-2026-01"
@@ -62,14 +63,8 @@ class RecordSchedule65:
         return [a + (b - a) * t for a, b in zip(stage[4], stage[5], strict=True)]
 
 
-def record_muon_momentum(step: int, total: int) -> float:
-    """#65's get_muon_momentum (warm-up 300, cool-down 50, 0.85 ↔ 0.95)."""
-    cd_start = total - 50
-    if step < 300:
-        return 0.85 + step / 300 * (0.95 - 0.85)
-    if step > cd_start:
-        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
-    return 0.95
+# get_muon_momentum: #42's lines, kept to #89
+record_muon_momentum = schedules.muon_momentum
 
 
 def test_the_schedule_at_every_step_is_the_records():

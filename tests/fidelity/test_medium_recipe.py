@@ -20,6 +20,7 @@ from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, fp32_model
+from tests.fidelity.refs import schedules
 from tests.fidelity.refs.head import record_54_loss
 from tests.fidelity.test_stages_recipe import record_key_shift
 from tests.recipe_matrix import replace
@@ -67,12 +68,7 @@ def record_lr(step: int) -> float:
 
 def record_momentum(step: int) -> float:
     """#18's get_muon_momentum (warm-up 300, cool-down 50 of num_iterations, 0.85 ↔ 0.95)."""
-    cd_start = N + EXT - 50
-    if step < 300:
-        return 0.85 + step / 300 * (0.95 - 0.85)
-    if step > cd_start:
-        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
-    return 0.95
+    return schedules.muon_momentum(step, N + EXT)
 
 
 def record_mtp(step: int) -> list[float]:

@@ -18,6 +18,7 @@ from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
 from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.refs import schedules
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
 from tests.fidelity.test_polar_recipe import model_and_batch, record_forward
@@ -31,12 +32,7 @@ WS_SCHEDULE, WS_FINAL, WS_POST_YARN = (3, 7, 11), 13, 20
 
 def record_lr(step: int) -> float:
     """#42's get_lr."""
-    x = min(0.9999, step / N)
-    lr = 1.0
-    if x >= 1 - 0.5:
-        w = (1 - x) / 0.5
-        lr = w * 1.0 + (1 - w) * 0.1
-    return lr
+    return schedules.lr_half_cooldown(step, N)
 
 
 def record_ws(step: int) -> tuple[int, int]:
@@ -51,12 +47,7 @@ def record_ws(step: int) -> tuple[int, int]:
 
 def record_momentum(step: int) -> float:
     """#42's get_muon_momentum (300 warm-up steps, 50 cool-down steps, 0.85 ↔ 0.95)."""
-    cd_start = N + EXT - 50
-    if step < 300:
-        return 0.85 + step / 300 * (0.95 - 0.85)
-    if step > cd_start:
-        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
-    return 0.95
+    return schedules.muon_momentum(step, N + EXT)
 
 
 def record_yarn_windows(step: int) -> list[int]:

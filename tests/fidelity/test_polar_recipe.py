@@ -24,6 +24,7 @@ from tests.fidelity.checks import (
     jitter_,
     two_documents,
 )
+from tests.fidelity.refs import schedules
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
 from tests.fidelity.test_yarn_recipe import RecordYarn, fa3_reference, norm, record_qkvo
@@ -35,12 +36,7 @@ WS_SCHEDULE, WS_VALIDATE, WS_LONG_VALIDATE = (3, 7, 11), 13, 20
 
 def record_lr(step: int) -> float:
     """#38's get_lr."""
-    x = min(0.9999, step / N)
-    lr = 1.0
-    if x >= 1 - 0.5:
-        w = (1 - x) / 0.5
-        lr = w * 1.0 + (1 - w) * 0.1
-    return lr
+    return schedules.lr_half_cooldown(step, N)
 
 
 def record_ws(step: int) -> tuple[int, int]:

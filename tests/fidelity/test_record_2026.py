@@ -21,6 +21,7 @@ from speedrun.data.bos_loader import record_max_docs
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import schedule_at
+from tests.fidelity.refs import schedules
 
 # (recipe, num_scheduled_iterations, num_extension_iterations) of each script's Hyperparameters
 RECORDS = {"xsa-2026-04": (1410, 40), "record-2026-07": (1380, 10)}
@@ -73,14 +74,8 @@ class RecordSchedule:
         return [a + (b - a) * t for a, b in zip(stage[5], stage[6], strict=True)]
 
 
-def record_muon_momentum(step: int, total: int) -> float:
-    """get_muon_momentum(step) (warm-up 300, cool-down 50, 0.85 ↔ 0.95)."""
-    cd_start = total - 50
-    if step < 300:
-        return 0.85 + step / 300 * (0.95 - 0.85)
-    if step > cd_start:
-        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
-    return 0.95
+# get_muon_momentum: #42's lines, kept to #89
+record_muon_momentum = schedules.muon_momentum
 
 
 @pytest.mark.parametrize("recipe", RECORDS)

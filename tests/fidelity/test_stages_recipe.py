@@ -24,6 +24,7 @@ from tests.fidelity.checks import (
     jitter_,
     two_documents,
 )
+from tests.fidelity.refs import schedules
 from tests.fidelity.refs.head import record_mtp_loss
 from tests.fidelity.refs.yarn import windows_passed, yarn_through
 from tests.recipe_matrix import replace
@@ -85,12 +86,7 @@ def record_mtp(step: int) -> list[float]:
 
 def record_momentum(step: int) -> float:
     """#53's get_muon_momentum (300 warm-up steps, 50 cool-down steps of all 1,920, 0.85 ↔ 0.95)."""
-    cd_start = N + EXT - 50
-    if step < 300:
-        return 0.85 + step / 300 * (0.95 - 0.85)
-    if step > cd_start:
-        return 0.95 - (step - cd_start) / 50 * (0.95 - 0.85)
-    return 0.95
+    return schedules.muon_momentum(step, N + EXT)
 
 
 def record_frozen(step: int) -> bool:
