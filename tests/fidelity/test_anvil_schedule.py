@@ -87,6 +87,7 @@ class Schedule92(RecordSchedule):
     ws_post_yarn_ext=20) with the growth, get_lr's LR_FLOOR, and the step functions around it."""
 
     stages = STAGES_92
+    lr_floor = LR_FLOOR
 
     def __init__(self, scheduled: int = 1122, extension: int = 20):
         self.cooldown_frac = 0.80
@@ -102,15 +103,6 @@ class Schedule92(RecordSchedule):
         self.ends = ends
         self.boundaries = list(zip(ends[:-1], ends[1:], strict=True))
         self.split_step = self.boundaries[4][0] | 1
-
-    def get_lr(self, step: int) -> float:
-        stage, _ = self.lookup(step)
-        lr = stage[4]
-        cd_start = int(self.scheduled * (1 - self.cooldown_frac))
-        if step >= cd_start:
-            t = min(1.0, (step - cd_start) / (self.scheduled - cd_start))
-            lr = lr * (1 - t) + LR_FLOOR * t
-        return lr
 
     def rail_beta(self, step: int) -> float:
         """get_rail_beta(step): ANVIL's scheduled fast-rail beta and Nesterov lookahead."""

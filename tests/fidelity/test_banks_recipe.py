@@ -8,7 +8,6 @@ from its code on a shrunk model in fp32. Its model: tests/fidelity/test_banks_mo
 from __future__ import annotations
 
 import math
-from itertools import accumulate
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from speedrun.recipes import load_recipe
 from speedrun.train.schedule import schedule_at
 from tests.fidelity.refs import schedules
 from tests.fidelity.test_banks_switches import RECORD_65_ADAM, record_65_label
+from tests.fidelity.test_record_2026 import RecordSchedule
 
 RECIPE = "banks-2026-01"
 N, EXT = 1535, 40  # args.num_scheduled_iterations, num_extension_iterations
@@ -31,32 +31,14 @@ STAGES_65 = [
 ]
 
 
-class RecordSchedule65:
-    """#65's TrainingSchedule (cooldown_frac 0.55, split_embed_stage 2, ws_post_yarn_ext 20)."""
+class RecordSchedule65(RecordSchedule):
+    """#65's TrainingSchedule (cooldown_frac 0.55, split_embed_stage 2, ws_post_yarn_ext 20): #82's class on
+    #65's stages, whose lr_mul is their fourth entry, with get_lr's floor 0.1."""
+
+    stages, lr_index, lr_floor = STAGES_65, 3, 0.1
 
     def __init__(self, scheduled: int = N, extension: int = EXT, cooldown_frac: float = 0.55):
-        self.scheduled, self.cooldown_frac = scheduled, cooldown_frac
-        self.total_steps = scheduled + extension
-        cum = accumulate(s[0] for s in STAGES_65[:-1])
-        ends = [0] + [round(c * scheduled) for c in cum] + [self.total_steps]
-        assert ends[-2] == scheduled
-        self.boundaries = list(zip(ends[:-1], ends[1:], strict=True))
-        self.split_step = self.boundaries[2][0] | 1
-
-    def lookup(self, step: int):
-        for i, (start, end) in enumerate(self.boundaries):
-            if step < end:
-                return STAGES_65[i], (step - start) / (end - start)
-        return STAGES_65[-1], 1.0
-
-    def get_lr(self, step: int) -> float:
-        stage, _ = self.lookup(step)
-        lr = stage[3]
-        cd_start = int(self.scheduled * (1 - self.cooldown_frac))
-        if step >= cd_start:
-            t = min(1.0, (step - cd_start) / (self.scheduled - cd_start))
-            lr = lr * (1 - t) + 0.1 * t
-        return lr
+        super().__init__(scheduled, extension, cooldown_frac)
 
     def mtp_weights(self, step: int) -> list[float]:
         stage, t = self.lookup(step)

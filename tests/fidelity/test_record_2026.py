@@ -41,6 +41,7 @@ class RecordSchedule:
     ws_post_yarn_ext 20) with get_lr's floor 0.15 (#72); `stages`: the script's TRAINING_STAGES."""
 
     stages = STAGES
+    lr_index, lr_floor, split_embed_stage = 4, 0.15, 2  # where a stage holds lr_mul; get_lr's floor
 
     def __init__(self, scheduled: int, extension: int, cooldown_frac: float = 0.60):
         self.scheduled, self.cooldown_frac = scheduled, cooldown_frac
@@ -52,7 +53,7 @@ class RecordSchedule:
         ]
         assert ends[-2] == scheduled
         self.boundaries = list(zip(ends[:-1], ends[1:], strict=True))
-        self.split_step = self.boundaries[2][0] | 1
+        self.split_step = self.boundaries[self.split_embed_stage][0] | 1
 
     def lookup(self, step: int):
         for i, (start, end) in enumerate(self.boundaries):
@@ -62,11 +63,11 @@ class RecordSchedule:
 
     def get_lr(self, step: int) -> float:
         stage, _ = self.lookup(step)
-        lr = stage[4]
+        lr = stage[self.lr_index]
         cd_start = int(self.scheduled * (1 - self.cooldown_frac))
         if step >= cd_start:
             t = min(1.0, (step - cd_start) / (self.scheduled - cd_start))
-            lr = lr * (1 - t) + 0.15 * t
+            lr = lr * (1 - t) + self.lr_floor * t
         return lr
 
     def mtp_weights(self, step: int) -> list[float]:
