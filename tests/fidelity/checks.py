@@ -67,3 +67,17 @@ def fp32_model(recipe: str, overrides=(), *, seed: int | None = 0, **fields) -> 
     if seed is not None:
         torch.manual_seed(seed)
     return cfg, build_model(cfg.model)
+
+
+def shrunk_with_optimizer(recipe: str, extra=()) -> tuple:
+    """The recipe shrunk as the recipe matrix shrinks it (then `extra`), its model built after
+    torch.manual_seed(0) and the run's optimizer over it: (cfg, model, optimizer, parameters by name)."""
+    from speedrun.model.families import build_model
+    from speedrun.optim.build import build_optimizer
+    from speedrun.recipes import load_recipe
+    from tests.recipe_matrix import shrink
+
+    cfg = load_recipe(recipe, [*shrink(recipe), *extra])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    return cfg, model, build_optimizer(model, cfg), dict(model.named_parameters())

@@ -15,6 +15,7 @@ import torch
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import schedule_at
+from tests.fidelity.checks import shrunk_with_optimizer
 from tests.fidelity.refs import schedules
 from tests.fidelity.test_banks_switches import RECORD_65_ADAM, record_65_label
 from tests.fidelity.test_record_2026 import RecordSchedule
@@ -151,19 +152,13 @@ def test_eight_steps_equal_record_65s_normuon_and_adam(beta2):
     c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam on odd steps with the param_table's
     betas, LR and decay multipliers, the gradients kept over even steps; the embedding tied to the head
     until copy_lm_state_to_embed. Shrunk: 10 steps, untie after step 3, fp32."""
-    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
-    from tests.recipe_matrix import shrink
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
     extra += ["optim.tie_until=4", "model.bigram_rows=300", "model.block_dtype=fp32"]
     extra += [f"optim.normuon_beta2={beta2}"] * (beta2 != 0.95)
-    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    cfg, model, opt, ours = shrunk_with_optimizer(RECIPE, extra)
     d = cfg.model.n_embd
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg)
-    ours = dict(model.named_parameters())
     for p in ours.values():  # the zero-initialized parts move too, so every update is seen
         with torch.no_grad():
             p.add_(torch.randn_like(p) * 0.02)

@@ -17,7 +17,7 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026.yarn import yarn_after
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import apply_to_model, schedule_at
-from tests.fidelity.checks import assert_loss_and_gradients_are_the_records
+from tests.fidelity.checks import assert_loss_and_gradients_are_the_records, shrunk_with_optimizer
 from tests.fidelity.refs import schedules
 from tests.fidelity.refs.newton_schulz import record_38_polar_express
 from tests.fidelity.refs.yarn import yarn_through
@@ -179,18 +179,12 @@ def record_normuon_step(params, state, lr, momentum):
 def test_six_steps_equal_record_42s_optimizers():
     """NorMuon (lr 0.03, c_fc x2, beta2 0.95; gates among its matrices) every step; DistAdam (lr 0.008 x
     lr_mul, betas 0.65/0.95, eps 1e-8) on odd steps on the gradients of two steps (#39), fp32."""
-    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.fidelity.test_bos_align_optimizer import record_adam_step
-    from tests.recipe_matrix import shrink
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
-    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    cfg, model, opt, ours = shrunk_with_optimizer(RECIPE, extra)
     dim = cfg.model.n_embd
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg)
-    ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: qkvo_w per layer as (d, 4d), c_fc and c_proj as (d, 4d)
     for name, p in ours.items():
         if name.endswith("attn.c_proj.weight"):

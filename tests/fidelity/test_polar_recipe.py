@@ -22,6 +22,7 @@ from tests.fidelity.checks import (
     assert_loss_and_gradients_are_the_records,
     fp32_model,
     jitter_,
+    shrunk_with_optimizer,
     two_documents,
 )
 from tests.fidelity.refs import schedules
@@ -283,19 +284,13 @@ def record_muon_step(params, state, lr, momentum):
 def test_three_steps_equal_record_38s_optimizer():
     """Muon (lr 0.06, Polar Express; the attention gates and the smear gate among its matrices, #38's
     gate_params) and DistAdam (lr 0.008 x lr_mul, eps 1e-8), fp32, against #38's code."""
-    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.fidelity.test_bos_align_optimizer import record_adam_step
     from tests.fidelity.test_yarn_recipe import record_layout
-    from tests.recipe_matrix import shrink
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32"]
-    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    cfg, model, opt, ours = shrunk_with_optimizer(RECIPE, extra)
     dim, n = cfg.model.n_embd, cfg.train.steps
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg)
-    ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: qkvo_w per layer as (4, d, d)
     for name, p in ours.items():
         if name.endswith("attn.c_proj.weight"):

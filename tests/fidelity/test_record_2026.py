@@ -21,6 +21,7 @@ from speedrun.data.bos_loader import record_max_docs
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from speedrun.train.schedule import schedule_at
+from tests.fidelity.checks import shrunk_with_optimizer
 from tests.fidelity.refs import schedules
 
 # (recipe, num_scheduled_iterations, num_extension_iterations) of each script's Hyperparameters
@@ -203,19 +204,13 @@ def test_eight_steps_equal_the_records_normuon_and_adam(recipe):
     shape multiplier), vo_bank's V and O, c_fc and c_proj as (3072, 768) (shape x2, c_proj x2 more); Adam
     on odd steps with #82's param_table rows (its new λ rows: betas 0.9/0.95, resid x5), gradients kept
     over even steps; tie → untie. Shrunk (4 layers, 4 heads: two pairs), 10 steps, untie after step 3."""
-    from speedrun.optim.build import build_optimizer
     from speedrun.train.schedule import apply_schedule
     from tests.fidelity.test_banks_recipe import record_adam_, record_normuon_matrix_
-    from tests.recipe_matrix import shrink
 
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", "optim.muon_ns_dtype=fp32", "model.n_head=4"]
     extra += ["optim.tie_until=4", "model.bigram_rows=300", "model.block_dtype=fp32", "model.mlp_fp8=false"]
-    cfg = load_recipe(recipe, [*shrink(recipe), *extra])
+    cfg, model, opt, ours = shrunk_with_optimizer(recipe, extra)
     d, hd = cfg.model.n_embd, cfg.model.n_embd // cfg.model.n_head
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg)
-    ours = dict(model.named_parameters())
     for p in ours.values():  # the zero-initialized parts move too, so every update is seen
         with torch.no_grad():
             p.add_(torch.randn_like(p) * 0.02)

@@ -19,13 +19,12 @@ import torch.nn.functional as F
 from speedrun.errors import ConfigError
 from speedrun.model.families import build_model
 from speedrun.model.gpt2026.yarn import yarn_after
-from speedrun.optim.build import build_optimizer
 from speedrun.recipes import load_recipe
 from speedrun.train.evaluate import row_cu_seqlens
 from speedrun.train.plan.run_data import RunData, open_loader
 from speedrun.train.schedule import apply_schedule, apply_to_model, schedule_at
 from tests import two_processes
-from tests.fidelity.checks import fp32_model, jitter_, two_documents
+from tests.fidelity.checks import fp32_model, jitter_, shrunk_with_optimizer, two_documents
 from tests.fidelity.test_bos_align_optimizer import record_adam_step
 from tests.fidelity.test_bos_align_recipe import _ctx, assert_one_and_two_processes_train_alike
 from tests.fidelity.test_bos_loader import BOS, make_shards
@@ -325,12 +324,8 @@ def record_layout(name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
 @pytest.mark.parametrize("ns_dtype", ["fp32", "bf16"])
 def test_three_steps_equal_record_31s_optimizer(ns_dtype):
     extra = ["model.embed_dtype=fp32", "model.fp8_head=false", f"optim.muon_ns_dtype={ns_dtype}"]
-    cfg = load_recipe(RECIPE, [*shrink(RECIPE), *extra])
+    cfg, model, opt, ours = shrunk_with_optimizer(RECIPE, extra)
     dim = cfg.model.n_embd
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    opt = build_optimizer(model, cfg)
-    ours = dict(model.named_parameters())
     rec = {}  # the record's parameters: blocks' matrices (qkvo_w per layer) to Muon, the rest to DistAdam
     for name, p in ours.items():
         if name.endswith("attn.c_proj.weight"):
