@@ -81,3 +81,12 @@ def shrunk_with_optimizer(recipe: str, extra=()) -> tuple:
     torch.manual_seed(0)
     model = build_model(cfg.model)
     return cfg, model, build_optimizer(model, cfg), dict(model.named_parameters())
+
+
+def short_documents(vocab: int = 100, T: int = 64) -> tuple[Tensor, Tensor]:
+    """The part tests' batch: one row of T random tokens (seed 1) cut into documents at 0, 20 and 41, and
+    random targets."""
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, vocab - 1, (1, T), generator=g)
+    idx[0, [0, 20, 41]] = vocab - 1
+    return idx, torch.randint(0, vocab - 1, (1, T), generator=g)

@@ -18,6 +18,7 @@ from speedrun.model.families import build_model
 from speedrun.model.gpt2026 import connections
 from speedrun.recipes import load_recipe
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import jitter_, short_documents
 from tests.recipe_matrix import replace
 
 BASE = "banks-2026-01"
@@ -44,17 +45,11 @@ def _cfg(mudd=True, **model):
 def _model(mudd=True, seed=0, **model):
     torch.manual_seed(seed)
     m = build_model(_cfg(mudd, **model))
-    with torch.no_grad():  # zero-initialized W2, projections, gates, head: give them values
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(m, 0.05)  # zero-initialized W2, projections, gates, head: give them values
     return m
 
 
-def _batch(vocab=100, T=64):
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, vocab - 1, (1, T), generator=g)
-    idx[0, [0, 20, 41]] = vocab - 1  # documents
-    return idx, torch.randint(0, vocab - 1, (1, T), generator=g)
+_batch = short_documents
 
 
 # --- the record, transcribed ------------------------------------------------------------------------------

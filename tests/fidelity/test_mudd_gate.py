@@ -297,13 +297,11 @@ def test_gate_network_decodes_as_the_forward_and_trains_in_its_rows():
     assert groups["mudd_gate_bias"].weight_decay == 0
 
 
-def test_gate_network_under_varlen_attention_equals_the_masked_attention():
+def _assert_varlen_is_the_masked_model(dense, varlen, idx, tgt):
+    """The same weights under varlen attention (cu_seqlens from the row's documents) and under the dense
+    document mask: the loss to 1e-6, every gradient to 1e-4."""
     from speedrun.train.evaluate import row_cu_seqlens
 
-    dense = _model(**GATED)
-    varlen = build_model(replace(dense.cfg, attention="varlen"))
-    varlen.load_state_dict(dense.state_dict())
-    idx, tgt = _batch()
     cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
     out = []
     for model, args in ((dense, ()), (varlen, (cu,))):
@@ -314,6 +312,15 @@ def test_gate_network_under_varlen_attention_equals_the_masked_attention():
     torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-6)
     for n in out[0][1]:
         _close(out[1][1][n], out[0][1][n], 1e-4, n)
+
+
+def test_gate_network_under_varlen_attention_equals_the_masked_attention():
+
+    dense = _model(**GATED)
+    varlen = build_model(replace(dense.cfg, attention="varlen"))
+    varlen.load_state_dict(dense.state_dict())
+    idx, tgt = _batch()
+    _assert_varlen_is_the_masked_model(dense, varlen, idx, tgt)
 
 
 @pytest.mark.parametrize(
@@ -420,7 +427,6 @@ def test_dc_in_the_model_is_the_records_loss_and_every_gradient():
 
 
 def test_dc_decodes_as_the_forward_and_varlen_equals_dense():
-    from speedrun.train.evaluate import row_cu_seqlens
 
     dense = _model(**GATED, dc_layers=[5])
     idx, tgt = _batch()
@@ -428,13 +434,4 @@ def test_dc_decodes_as_the_forward_and_varlen_equals_dense():
     dense.train()
     varlen = build_model(replace(dense.cfg, attention="varlen"))
     varlen.load_state_dict(dense.state_dict())
-    cu = row_cu_seqlens(idx, type("Cfg", (), {"model": varlen.cfg})())
-    out = []
-    for model, args in ((dense, ()), (varlen, (cu,))):
-        model.zero_grad()
-        loss = model(idx, tgt, *args)
-        loss.backward()
-        out.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    torch.testing.assert_close(out[1][0], out[0][0], rtol=1e-6, atol=1e-6)
-    for n in out[0][1]:
-        _close(out[1][1][n], out[0][1][n], 1e-4, n)
+    _assert_varlen_is_the_masked_model(dense, varlen, idx, tgt)

@@ -14,6 +14,7 @@ from speedrun.model.contexts import Masked
 from speedrun.model.families import build_model
 from speedrun.recipes import load_recipe
 from tests.decoding import assert_cached_decoding_is_the_forward
+from tests.fidelity.checks import jitter_, short_documents
 from tests.recipe_matrix import replace
 
 BASE = "stages-2025-12"
@@ -30,17 +31,11 @@ def _small(L=5, vocab=100, T=64, **model):
     )  # fmt: skip
     torch.manual_seed(0)
     m = build_model(cfg.model)
-    with torch.no_grad():  # zero-initialized projections, gates, head: give them values
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * (0.05 if p.ndim > 1 else 0.3))
+    jitter_(m, 0.05)  # zero-initialized projections, gates, head: give them values
     return m
 
 
-def _batch(vocab=100, T=64):
-    g = torch.Generator().manual_seed(1)
-    idx = torch.randint(0, vocab - 1, (1, T), generator=g)
-    idx[0, [0, 20, 41]] = vocab - 1  # documents
-    return idx, torch.randint(0, vocab - 1, (1, T), generator=g)
+_batch = short_documents
 
 
 def record_77_hidden(model, idx):
