@@ -14,8 +14,9 @@ from speedrun.optim.cautious_adam import AdamLabel, cautious_adam_
 from speedrun.optim.row_adam import RowAdam
 from speedrun.optim.row_shard import shard_part
 from speedrun.recipes import load_recipe
+from tests.decoding import cached_logits
 from tests.two_processes import SHARED
-from tests.unit.test_kv_cache import _decode_all, _shrunk_model
+from tests.unit.test_kv_cache import _shrunk_model
 
 GiB = 2**30
 
@@ -208,4 +209,4 @@ def test_cached_decoding_reads_the_two_tokens_back_as_the_full_forward():
     idx = torch.randint(0, 250, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = model(idx)
-        torch.testing.assert_close(_decode_all(model, idx, 1), full, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cached_logits(model, idx, 1), full, rtol=1e-4, atol=1e-4)
