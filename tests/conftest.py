@@ -80,6 +80,18 @@ def library_results(text_data, tmp_path_factory) -> dict:
     return two_processes.library_results(text_data, tmp_path_factory)
 
 
+def inductor_cpu_codegen():
+    """A context for compiling with inductor on this CPU. Where torch runs its AVX2 kernels (an AVX2-only CPU,
+    or ATEN_CPU_CAPABILITY=avx2), torch 2.13's vectorized C++ miscompiles two of the suite's graphs: #85's
+    MUDD gate network (an index out of bounds) and #344's FP8 Q/K/V (inf). There they compile to scalar C++
+    (cpp.simdlen = 1). The tests check the graph (no break, no recompile, eager's numbers), not CPU SIMD."""
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        return torch._inductor.config.patch({"cpp.simdlen": 1})
+    return contextlib.nullcontext()
+
+
 def speedrun_command(*args: str, nproc: int = 0) -> list[str]:
     """`python -m speedrun ARGS`, under torchrun with `nproc` processes when nproc > 0."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
